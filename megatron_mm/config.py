@@ -1,0 +1,202 @@
+"""Model configuration: plain dataclasses that validate themselves.
+
+No torch import here: the planner and the CLI validate a configuration before any process
+group exists. Error messages name the command-line flag to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; the message says which flag to change."""
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+@dataclass
+class VisionEncoderConfig:
+    """A ViT: ``clip`` (class token, pre-norm ``ln_pre``, quick-GELU) or ``siglip``.
+
+    ``feature_layer`` follows Hugging Face's ``vision_feature_layer``: index into the
+    hidden states, where 0 is the embedding output and k the output of layer k; negative
+    counts from the end (-1: last layer, -2: LLaVA-1.5's choice). Only the layers up to the
+    feature layer are built, since later ones would never run.
+    """
+
+    model_type: str = "clip"
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_attention_heads: int = 4
+    ffn_hidden_size: Optional[int] = None
+    img_h: int = 28
+    img_w: int = 28
+    patch_dim: int = 7
+    feature_layer: int = -1
+    drop_class_token: bool = False  # --disable-vision-class-token drops it (LLaVA does)
+    apply_post_layernorm: bool = False  # LLaVA-style models take pre-norm hidden states
+    layernorm_epsilon: Optional[float] = None
+    flag_prefix: str = "--vision-"
+
+    def __post_init__(self):
+        p = self.flag_prefix
+        _require(self.model_type in ("clip", "siglip"),
+                 f"{p}model-type must be clip or siglip, got {self.model_type!r}")
+        if self.ffn_hidden_size is None:
+            self.ffn_hidden_size = 4 * self.hidden_size
+        if self.layernorm_epsilon is None:
+            self.layernorm_epsilon = 1e-5 if self.model_type == "clip" else 1e-6
+        _require(self.hidden_size % self.num_attention_heads == 0,
+                 f"{p}hidden-size ({self.hidden_size}) must be divisible by "
+                 f"{p}num-attention-heads ({self.num_attention_heads})")
+        for name, size in (("--img-h", self.img_h), ("--img-w", self.img_w)):
+            _require(size % self.patch_dim == 0,
+                     f"{name} ({size}) must be divisible by --patch-dim ({self.patch_dim})")
+        _require(1 <= self.num_layers_built <= self.num_layers,
+                 f"{p}feature-layer {self.feature_layer} selects no transformer layer of "
+                 f"{self.num_layers}; use a value in [1, {self.num_layers}] or "
+                 f"[-{self.num_layers}, -1]")
+
+    @property
+    def has_class_token(self) -> bool:
+        return self.model_type == "clip"
+
+    @property
+    def num_patches(self) -> int:
+        return (self.img_h // self.patch_dim) * (self.img_w // self.patch_dim)
+
+    @property
+    def num_layers_built(self) -> int:
+        k = self.feature_layer
+        return k if k >= 0 else self.num_layers + 1 + k
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens per image handed to the projector (the placeholder expansion count)."""
+        keep_cls = self.has_class_token and not self.drop_class_token
+        return self.num_patches + int(keep_cls)
+
+
+@dataclass
+class ProjectorConfig:
+    """LLaVA's MLP projector: Linear -> GELU -> Linear, tensor-parallel."""
+
+    projector_type: str = "mlp"
+    ffn_hidden_size: Optional[int] = None  # defaults to the LLM's hidden size
+
+    def __post_init__(self):
+        _require(self.projector_type in ("mlp", "affine"),
+                 f"--projector-type must be mlp or affine, got {self.projector_type!r}")
+
+
+@dataclass
+class LanguageModelConfig:
+    """A Llama / Qwen2 style decoder on Megatron-Core's GPTModel."""
+
+    vocab_size: int = 32000
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_attention_heads: int = 4
+    num_query_groups: Optional[int] = None  # None: multi-head attention
+    ffn_hidden_size: Optional[int] = None
+    seq_length: int = 128
+    max_position_embeddings: Optional[int] = None
+    rotary_base: float = 10000.0
+    add_qkv_bias: bool = False  # Qwen2
+    qk_layernorm: bool = False  # Qwen3
+    untie_embeddings_and_output_weights: bool = False  # Megatron default: tied
+    norm_epsilon: float = 1e-6
+    make_vocab_size_divisible_by: int = 128
+
+    def __post_init__(self):
+        if self.num_query_groups is None:
+            self.num_query_groups = self.num_attention_heads
+        if self.ffn_hidden_size is None:
+            self.ffn_hidden_size = 4 * self.hidden_size
+        if self.max_position_embeddings is None:
+            self.max_position_embeddings = self.seq_length
+        _require(self.hidden_size % self.num_attention_heads == 0,
+                 f"--hidden-size ({self.hidden_size}) must be divisible by "
+                 f"--num-attention-heads ({self.num_attention_heads})")
+        _require(self.num_attention_heads % self.num_query_groups == 0,
+                 f"--num-attention-heads ({self.num_attention_heads}) must be divisible by "
+                 f"--num-query-groups ({self.num_query_groups})")
+        _require(self.seq_length <= self.max_position_embeddings,
+                 f"--seq-length ({self.seq_length}) exceeds --max-position-embeddings "
+                 f"({self.max_position_embeddings})")
+
+    def padded_vocab_size(self, tensor_model_parallel_size: int) -> int:
+        """Megatron's rule: pad to a multiple of make_vocab_size_divisible_by * TP."""
+        multiple = self.make_vocab_size_divisible_by * tensor_model_parallel_size
+        return -(-self.vocab_size // multiple) * multiple
+
+
+@dataclass
+class FreezeConfig:
+    """What is frozen. Frozen parameters get no gradient and are not in the optimizer."""
+
+    language_model: bool = False
+    encoders: frozenset = frozenset()
+    projectors: frozenset = frozenset()
+
+    def __post_init__(self):
+        self.encoders = frozenset(self.encoders)
+        self.projectors = frozenset(self.projectors)
+
+
+@dataclass
+class MultimodalModelConfig:
+    """Named encoders (each with its projector) feeding one language model."""
+
+    encoders: Dict[str, VisionEncoderConfig] = field(
+        default_factory=lambda: {"vision": VisionEncoderConfig()})
+    projectors: Dict[str, ProjectorConfig] = field(default_factory=dict)
+    language: LanguageModelConfig = field(default_factory=LanguageModelConfig)
+    freeze: FreezeConfig = field(default_factory=FreezeConfig)
+
+    def __post_init__(self):
+        for name in self.encoders:
+            self.projectors.setdefault(name, ProjectorConfig())
+        extra = set(self.projectors) - set(self.encoders)
+        _require(not extra, f"projectors {sorted(extra)} have no encoder")
+        for kind, names in (("encoders", self.freeze.encoders),
+                            ("projectors", self.freeze.projectors)):
+            unknown = set(names) - set(self.encoders)
+            _require(not unknown, f"frozen {kind} {sorted(unknown)} are not in the model "
+                                  f"(it has {sorted(self.encoders)})")
+        _require(not self.fully_frozen,
+                 "every module is frozen (--freeze-LM, --freeze-ViT, --freeze-projector): "
+                 "nothing would train; drop one of these flags")
+
+    @property
+    def fully_frozen(self) -> bool:
+        return (self.freeze.language_model
+                and self.freeze.encoders == set(self.encoders)
+                and self.freeze.projectors == set(self.encoders))
+
+    def validate_parallel(self, tensor_model_parallel_size: int) -> None:
+        """Divisibility rules of tensor parallelism, checked before any process starts."""
+        tp = tensor_model_parallel_size
+        lm = self.language
+        checks = [
+            (lm.hidden_size, "--hidden-size"),
+            (lm.num_attention_heads, "--num-attention-heads"),
+            (lm.num_query_groups, "--num-query-groups"),
+            (lm.ffn_hidden_size, "--ffn-hidden-size"),
+        ]
+        for enc in self.encoders.values():
+            checks += [(enc.hidden_size, f"{enc.flag_prefix}hidden-size"),
+                       (enc.num_attention_heads, f"{enc.flag_prefix}num-attention-heads"),
+                       (enc.ffn_hidden_size, f"{enc.flag_prefix}ffn-hidden-size")]
+        for name, proj in self.projectors.items():
+            size = proj.ffn_hidden_size or lm.hidden_size
+            checks.append((size, "--projector-ffn-hidden-size"))
+        for value, flag in checks:
+            _require(value % tp == 0,
+                     f"{flag} ({value}) is not divisible by --tensor-model-parallel-size "
+                     f"({tp}); change one of them")

@@ -1,0 +1,11 @@
+"""Model code: single-device modules built from Megatron-Core parts; parallelism comes from
+Megatron-Core's tensor-parallel layers and the process groups set up outside."""
+
+from megatron_mm.patches import apply_cpu_patches
+
+apply_cpu_patches()  # before any megatron.core import below (no-op with CUDA)
+
+from .build import BuildSettings, build_model  # noqa: E402
+from .multimodal import MultimodalModel  # noqa: E402
+
+__all__ = ["BuildSettings", "MultimodalModel", "build_model"]

@@ -1,0 +1,48 @@
+"""Build a MultimodalModel from its config (inside an initialised Megatron-Core world)."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.vision.multimodal_projector import MultimodalProjector
+
+from ..config import MultimodalModelConfig
+from .multimodal import MultimodalModel
+from .specs import get_layer_specs
+from .transformer_configs import (
+    BuildSettings,
+    language_transformer_config,
+    projector_transformer_config,
+    vision_transformer_config,
+)
+from .vision import VisionTransformer
+
+__all__ = ["BuildSettings", "build_model"]
+
+
+def build_model(config: MultimodalModelConfig, settings: BuildSettings,
+                media_token_ids: Mapping[str, int]) -> MultimodalModel:
+    config.validate_parallel(settings.tensor_model_parallel_size)
+    lm = config.language
+    specs = get_layer_specs(settings.transformer_impl, qk_layernorm=lm.qk_layernorm)
+    language_model = GPTModel(
+        config=language_transformer_config(lm, settings),
+        transformer_layer_spec=specs.language_layer,
+        vocab_size=lm.padded_vocab_size(settings.tensor_model_parallel_size),
+        max_sequence_length=lm.max_position_embeddings,
+        share_embeddings_and_output_weights=not lm.untie_embeddings_and_output_weights,
+        position_embedding_type="rope",
+        rotary_base=lm.rotary_base,
+    )
+    encoders, projectors = {}, {}
+    for name, enc in config.encoders.items():
+        encoders[name] = VisionTransformer(vision_transformer_config(enc, settings), enc,
+                                           specs.vision_layer, specs.vision_norm)
+        proj = config.projectors[name]
+        projectors[name] = MultimodalProjector(
+            projector_transformer_config(proj, lm, settings), specs.projector,
+            proj.projector_type, input_size=enc.hidden_size)
+    model = MultimodalModel(config, language_model, encoders, projectors, media_token_ids)
+    model.freeze()
+    return model

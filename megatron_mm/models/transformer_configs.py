@@ -1,0 +1,115 @@
+"""Megatron-Core ``TransformerConfig`` for each module, from our dataclasses.
+
+All modules share the parallel and precision settings (``BuildSettings``); architecture
+details (norm, activation, biases) follow the model family each module copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from megatron.core.activations import quick_gelu
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from ..config import LanguageModelConfig, ProjectorConfig, VisionEncoderConfig
+
+
+@dataclass
+class BuildSettings:
+    """Parallel layout, precision and regularisation shared by every module."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    transformer_impl: str = "local"
+    bf16: bool = False
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    init_method_std: float = 0.02
+    # Full weights built on the CPU from one RNG stream, then split: the model then does
+    # not depend on the TP size (what the TP-equals-TP=1 tests rely on).
+    use_cpu_initialization: bool = True
+
+    def common(self) -> dict:
+        dtype = torch.bfloat16 if self.bf16 else torch.float32
+        return dict(
+            tensor_model_parallel_size=self.tensor_model_parallel_size,
+            pipeline_model_parallel_size=self.pipeline_model_parallel_size,
+            bf16=self.bf16,
+            params_dtype=dtype,
+            pipeline_dtype=dtype,
+            hidden_dropout=self.hidden_dropout,
+            attention_dropout=self.attention_dropout,
+            init_method_std=self.init_method_std,
+            use_cpu_initialization=self.use_cpu_initialization,
+            # Loss is summed per token and divided by the global token count (exact DP
+            # equivalence at a fixed global batch, whatever the micro-batch split).
+            calculate_per_token_loss=True,
+            # The fused kernels below are torch.compile'd or CUDA-only; TE brings its own.
+            bias_activation_fusion=False,
+            bias_dropout_fusion=False,
+            masked_softmax_fusion=False,
+            apply_rope_fusion=False,
+            gradient_accumulation_fusion=False,
+            persist_layer_norm=False,
+            attention_softmax_in_fp32=True,
+            apply_query_key_layer_scaling=False,
+        )
+
+
+def language_transformer_config(lm: LanguageModelConfig, s: BuildSettings) -> TransformerConfig:
+    return TransformerConfig(
+        num_layers=lm.num_layers,
+        hidden_size=lm.hidden_size,
+        ffn_hidden_size=lm.ffn_hidden_size,
+        num_attention_heads=lm.num_attention_heads,
+        num_query_groups=lm.num_query_groups,
+        kv_channels=lm.hidden_size // lm.num_attention_heads,
+        normalization="RMSNorm",
+        layernorm_epsilon=lm.norm_epsilon,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=lm.add_qkv_bias,
+        qk_layernorm=lm.qk_layernorm,
+        **s.common(),
+    )
+
+
+def vision_transformer_config(enc: VisionEncoderConfig, s: BuildSettings) -> TransformerConfig:
+    activation = quick_gelu if enc.model_type == "clip" else partial_tanh_gelu
+    return TransformerConfig(
+        num_layers=enc.num_layers_built,
+        hidden_size=enc.hidden_size,
+        ffn_hidden_size=enc.ffn_hidden_size,
+        num_attention_heads=enc.num_attention_heads,
+        kv_channels=enc.hidden_size // enc.num_attention_heads,
+        normalization="LayerNorm",
+        layernorm_epsilon=enc.layernorm_epsilon,
+        gated_linear_unit=False,
+        activation_func=activation,
+        add_bias_linear=True,
+        add_qkv_bias=True,
+        **s.common(),
+    )
+
+
+def projector_transformer_config(proj: ProjectorConfig, lm: LanguageModelConfig,
+                                 s: BuildSettings) -> TransformerConfig:
+    # The MLP maps the encoder width to ffn_hidden_size, then to hidden_size (the LLM's).
+    return TransformerConfig(
+        num_layers=1,
+        hidden_size=lm.hidden_size,
+        ffn_hidden_size=proj.ffn_hidden_size or lm.hidden_size,
+        num_attention_heads=1,
+        gated_linear_unit=False,
+        activation_func=F.gelu,
+        add_bias_linear=True,
+        **s.common(),
+    )
+
+
+def partial_tanh_gelu(x: torch.Tensor) -> torch.Tensor:
+    """SigLIP's ``gelu_pytorch_tanh``."""
+    return F.gelu(x, approximate="tanh")

@@ -1,0 +1,65 @@
+"""A ViT on Megatron-Core's TransformerBlock: CLIP (class token, ``ln_pre``) or SigLIP.
+
+Parameter names match Megatron-Core's ``CLIPViTModel`` (``conv1``, ``position_embeddings``,
+``class_token``, ``ln_pre``, ``decoder``, ``ln_post``) so checkpoints and converters carry
+over. Unlike it, only the layers up to the feature layer are built, the output is the
+hidden state LLaVA-style models consume (class token dropped on request), and the norm
+comes from the layer-spec table rather than a TE-or-torch guess.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+from megatron.core.transformer.transformer_block import TransformerBlock
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from ..config import VisionEncoderConfig
+
+
+class VisionTransformer(MegatronModule):
+    def __init__(self, config: TransformerConfig, encoder: VisionEncoderConfig,
+                 layer_spec: ModuleSpec, norm_impl: type):
+        super().__init__(config=config)
+        self.encoder_config = encoder
+        hidden = encoder.hidden_size
+        clip = encoder.model_type == "clip"
+        self.conv1 = torch.nn.Conv2d(3, hidden, kernel_size=encoder.patch_dim,
+                                     stride=encoder.patch_dim, bias=not clip,
+                                     dtype=config.params_dtype)
+        self.class_token_len = 1 if encoder.has_class_token else 0
+        self.seq_length = encoder.num_patches + self.class_token_len
+        self.position_embeddings = torch.nn.Embedding(self.seq_length, hidden,
+                                                      dtype=config.params_dtype)
+        config.init_method(self.position_embeddings.weight)
+        if self.class_token_len:
+            self.class_token = torch.nn.Parameter(
+                torch.randn(1, 1, hidden, dtype=config.params_dtype))
+        self.ln_pre = (build_module(norm_impl, config=config, hidden_size=hidden,
+                                    eps=config.layernorm_epsilon) if clip else None)
+        self.decoder = TransformerBlock(config=config, spec=layer_spec,
+                                        pre_process=True, post_process=False)
+        self.ln_post = (build_module(norm_impl, config=config, hidden_size=hidden,
+                                     eps=config.layernorm_epsilon)
+                        if encoder.apply_post_layernorm else None)
+
+    def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
+        self.decoder.set_input_tensor(input_tensor)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """[N, 3, H, W] images -> [N, T, hidden] features (T = ``num_output_tokens``)."""
+        x = self.conv1(images.to(self.conv1.weight.dtype))
+        x = x.flatten(2).transpose(1, 2)  # [N, patches, hidden]
+        if self.class_token_len:
+            x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = x + self.position_embeddings.weight.unsqueeze(0)
+        if self.ln_pre is not None:
+            x = self.ln_pre(x)
+        x = self.decoder(x.transpose(0, 1).contiguous(), attention_mask=None)
+        if self.ln_post is not None:
+            x = self.ln_post(x)
+        x = x.transpose(0, 1)  # [N, T, hidden]
+        if self.class_token_len and self.encoder_config.drop_class_token:
+            x = x[:, self.class_token_len:]
+        return x.contiguous()

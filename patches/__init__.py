@@ -1,0 +1,13 @@
+"""Runtime patches that let megatron-core run on a CPU-only torch with gloo.
+
+Each patch names the upstream function it replaces and the megatron-core version it was
+checked against. ``apply_cpu_patches()`` applies them only when CUDA is absent, so the
+CUDA path never depends on them. Apply before any other ``megatron.core`` import: some
+patched functions are bound by name at import time elsewhere.
+
+Installed as ``megatron_mm.patches`` (see ``pyproject.toml``).
+"""
+
+from .registry import PATCHES, CHECKED_MEGATRON_CORE, apply_cpu_patches, applied_patches
+
+__all__ = ["PATCHES", "CHECKED_MEGATRON_CORE", "apply_cpu_patches", "applied_patches"]

@@ -1,0 +1,91 @@
+"""The patch registry: a table of named patches, applied once per process."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import warnings
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+CHECKED_MEGATRON_CORE = "0.19.2"
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    replaces: str  # the upstream symbol(s) replaced, for readers and for the tests
+    module: str  # the file in this folder that implements it
+    needed_with_cuda: bool = False  # true only for import-time fixes that CUDA boxes need too
+
+    def apply(self) -> None:
+        importlib.import_module(f"{__package__}.{self.module}").apply()
+
+PATCHES: tuple[Patch, ...] = (
+    Patch("triton_stub", "megatron.core.transformer.moe.ops.paged_stash (module)", "triton_stub",
+          needed_with_cuda=True),
+    Patch("rng", "megatron.core.tensor_parallel.random._get_cuda_rng_state/_set_cuda_rng_state,"
+          " CudaRNGStatesTracker.add/fork", "rng"),
+    Patch("causal_mask", "megatron.core.transformer.utils.get_default_causal_mask,"
+          " get_sliding_window_causal_mask", "causal_mask"),
+    Patch("cuda_literals", "module-global `torch` of the schedules, optimizer and rope_utils"
+          " modules (device='cuda' / pin_memory=True factories)", "cuda_literals"),
+    Patch("distopt_load", "megatron.core.optimizer.distrib_optimizer.DistributedOptimizer."
+          "_set_main_param_and_optimizer_states, load_state_dict", "distopt_load"),
+    Patch("tensor_cuda_noop", "torch.Tensor.cuda", "tensor_cuda_noop"),
+    Patch("synchronize_noop", "torch.cuda.synchronize", "synchronize_noop"),
+    Patch("clip_vit_norm", "megatron.core.models.vision.clip_vit_model.CLIPViTModel.__init__"
+          " defaults ln_pre_impl/ln_post_impl", "clip_vit_norm"),
+    Patch("current_stream", "torch.cuda.current_stream", "current_stream"),
+    Patch("l2_norm", "megatron.core.utils.local_multi_tensor_l2_norm,"
+          " megatron.core.optimizer.clip_grads.l2_norm_impl", "l2_norm"),
+    Patch("tensor_type_str", "torch.Tensor.type (no-argument form)", "tensor_type_str"),
+    Patch("current_device", "torch.cuda.current_device", "current_device"),
+    Patch("destroy_resets_embedding_ranks",
+          "megatron.core.parallel_state.destroy_model_parallel", "destroy_resets_embedding_ranks"),
+)
+
+_applied: list[str] = []
+
+def applied_patches() -> list[str]:
+    return list(_applied)
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+def apply_cpu_patches(names: Optional[Sequence[str]] = None, force: bool = False) -> list[str]:
+    """Apply the patches (all, or those named) once; a no-op on a CUDA machine.
+
+    ``force`` applies them even when CUDA is present (tests only).
+    """
+    by_name = {p.name: p for p in PATCHES}
+    unknown = set(names or ()) - set(by_name)
+    if unknown:
+        raise ValueError(f"unknown patches {sorted(unknown)}; known: {sorted(by_name)}")
+    cuda = _cuda_available() and not force
+    _check_version()
+    for patch in PATCHES:
+        if names is not None and patch.name not in names:
+            continue
+        if patch.name in _applied or (cuda and not patch.needed_with_cuda):
+            continue
+        patch.apply()
+        _applied.append(patch.name)
+    return applied_patches()
+
+def _check_version() -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("megatron-core")
+    except PackageNotFoundError:
+        return
+    if found != CHECKED_MEGATRON_CORE:
+        warnings.warn(
+            f"megatron_mm's CPU patches were checked against megatron-core "
+            f"{CHECKED_MEGATRON_CORE}, found {found}", stacklevel=3
+        )
+
+def module_available(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
