@@ -1,0 +1,229 @@
+"""Megatron-style command-line arguments, validated up front.
+
+Flags keep Megatron-LM's names and meanings (``--tensor-model-parallel-size``,
+``--freeze-LM``, ``--eval-iters`` ...); flags for new ideas follow the same style. No torch
+import: a bad flag is reported before any process group exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Optional, Sequence
+
+from ..config import (
+    ConfigError,
+    FreezeConfig,
+    LanguageModelConfig,
+    MultimodalModelConfig,
+    ProjectorConfig,
+    VisionEncoderConfig,
+)
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("language model")
+    g.add_argument("--num-layers", type=int, default=2)
+    g.add_argument("--hidden-size", type=int, default=128)
+    g.add_argument("--ffn-hidden-size", type=int, default=None)
+    g.add_argument("--num-attention-heads", type=int, default=4)
+    g.add_argument("--group-query-attention", action="store_true")
+    g.add_argument("--num-query-groups", type=int, default=1)
+    g.add_argument("--seq-length", type=int, default=128)
+    g.add_argument("--max-position-embeddings", type=int, default=None)
+    g.add_argument("--rotary-base", type=float, default=10000.0)
+    g.add_argument("--add-qkv-bias", action="store_true")
+    g.add_argument("--qk-layernorm", action="store_true")
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    g.add_argument("--norm-epsilon", type=float, default=1e-6)
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    g.add_argument("--hidden-dropout", type=float, default=0.0)
+    g.add_argument("--attention-dropout", type=float, default=0.0)
+    g.add_argument("--init-method-std", type=float, default=0.02)
+    g.add_argument("--transformer-impl", choices=["local", "transformer_engine"], default=None,
+                   help="default: transformer_engine when TE and CUDA are available")
+    g.add_argument("--use-cpu-initialization", action="store_true", default=None,
+                   help="build full weights on the CPU then split (TP-independent init; "
+                        "always on without CUDA)")
+
+    g = p.add_argument_group("vision encoder")
+    g.add_argument("--vision-model-type", choices=["clip", "siglip"], default="clip")
+    g.add_argument("--vision-hidden-size", type=int, default=64)
+    g.add_argument("--vision-num-layers", type=int, default=2)
+    g.add_argument("--vision-num-attention-heads", type=int, default=4)
+    g.add_argument("--vision-ffn-hidden-size", type=int, default=None)
+    g.add_argument("--vision-feature-layer", type=int, default=-1)
+    g.add_argument("--img-h", type=int, default=28)
+    g.add_argument("--img-w", type=int, default=28)
+    g.add_argument("--patch-dim", type=int, default=7)
+    g.add_argument("--disable-vision-class-token", action="store_true",
+                   help="drop the class token from the encoder output (LLaVA does)")
+    g.add_argument("--projector-type", choices=["mlp", "affine"], default="mlp")
+    g.add_argument("--projector-ffn-hidden-size", type=int, default=None)
+
+    g = p.add_argument_group("freezing")
+    g.add_argument("--freeze-LM", action="store_true")
+    g.add_argument("--freeze-ViT", action="store_true")
+    g.add_argument("--freeze-projector", action="store_true")
+
+
+def _training_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("parallelism")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--use-distributed-optimizer", action="store_true")
+    g.add_argument("--overlap-grad-reduce", action="store_true")
+    g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None,
+                   help="default: nccl with CUDA, gloo without")
+    g.add_argument("--distributed-timeout-minutes", type=int, default=10)
+
+    g = p.add_argument_group("training")
+    g.add_argument("--micro-batch-size", type=int, default=8)
+    g.add_argument("--global-batch-size", type=int, default=None)
+    g.add_argument("--train-iters", type=int, default=100)
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--lr-decay-style", default="cosine",
+                   choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
+    g.add_argument("--lr-decay-iters", type=int, default=None)
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-warmup-init", type=float, default=0.0)
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.999)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--bf16", action="store_true")
+
+    g = p.add_argument_group("checkpointing")
+    g.add_argument("--save", default=None)
+    g.add_argument("--load", default=None)
+    g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--no-load-optim", action="store_true")
+    g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--finetune", action="store_true",
+                   help="load model weights only and start at iteration 0")
+    g.add_argument("--exit-on-missing-checkpoint", action="store_true",
+                   help="kept for Megatron compatibility: a --load without a checkpoint is "
+                        "always an error unless --load equals --save (auto-resume)")
+
+    g = p.add_argument_group("data, logging and evaluation")
+    g.add_argument("--data-path", default=None,
+                   help="a directory with train.jsonl and valid.jsonl, or a train .jsonl "
+                        "(then pass --valid-data-path); default: the built-in digits data")
+    g.add_argument("--valid-data-path", default=None)
+    g.add_argument("--data-cache-path", default=None,
+                   help="where the built-in dataset is written (default ~/.cache/megatron_mm)")
+    g.add_argument("--tokenizer-type", default="MistralV1SentencePiece")
+    g.add_argument("--tokenizer-model", default=None)
+    g.add_argument("--num-workers", type=int, default=0)
+    g.add_argument("--log-interval", type=int, default=10)
+    g.add_argument("--eval-interval", type=int, default=None)
+    g.add_argument("--eval-iters", type=int, default=10)
+    g.add_argument("--eval-max-new-tokens", type=int, default=8,
+                   help="greedy-decoding budget for the answer accuracy")
+    g.add_argument("--skip-final-eval", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="Train a multimodal LLM with Megatron-Core (megatron_mm)",
+        allow_abbrev=False)
+    _model_args(p)
+    _training_args(p)
+    return p
+
+
+def parse_args(argv: Optional[Sequence[str]] = None,
+               world_size: Optional[int] = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        validate_args(args, world_size)
+    except ConfigError as e:
+        parser.error(str(e))
+    return args
+
+
+def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) -> None:
+    """Check the flags together and derive Megatron's dependent values."""
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    if pp != 1:
+        raise ConfigError("--pipeline-model-parallel-size > 1 is not supported yet")
+    if world_size % (tp * pp):
+        raise ConfigError(
+            f"world size {world_size} is not divisible by --tensor-model-parallel-size ({tp})"
+            f" x --pipeline-model-parallel-size ({pp})")
+    args.world_size = world_size
+    args.data_parallel_size = world_size // (tp * pp)
+    dp, mbs = args.data_parallel_size, args.micro_batch_size
+    if args.global_batch_size is None:
+        args.global_batch_size = mbs * dp
+    if args.global_batch_size % (mbs * dp):
+        raise ConfigError(
+            f"--global-batch-size ({args.global_batch_size}) must be a multiple of "
+            f"--micro-batch-size ({mbs}) x data-parallel size ({dp})")
+    args.num_microbatches = args.global_batch_size // (mbs * dp)
+    if not args.group_query_attention:
+        args.num_query_groups = args.num_attention_heads
+    if args.lr_decay_iters is None:
+        args.lr_decay_iters = args.train_iters
+    if args.lr_warmup_iters > args.lr_decay_iters:
+        raise ConfigError(f"--lr-warmup-iters ({args.lr_warmup_iters}) exceeds "
+                          f"--lr-decay-iters ({args.lr_decay_iters})")
+    if args.min_lr > args.lr:
+        raise ConfigError(f"--min-lr ({args.min_lr}) exceeds --lr ({args.lr})")
+    if args.save_interval is not None and args.save is None:
+        raise ConfigError("--save-interval needs --save DIR")
+    if args.eval_interval is None:
+        args.eval_interval = args.train_iters
+    for flag in ("train_iters", "log_interval", "eval_interval", "eval_iters"):
+        if getattr(args, flag) <= 0:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be positive")
+    if args.data_path and args.data_path.endswith(".jsonl") and not args.valid_data_path:
+        raise ConfigError("--data-path is a single .jsonl file: pass --valid-data-path too, "
+                          "or point --data-path at a directory with train.jsonl/valid.jsonl")
+    args.model_config = model_config_from_args(args)
+    args.model_config.validate_parallel(tp)
+
+
+def model_config_from_args(args: argparse.Namespace) -> MultimodalModelConfig:
+    vision = VisionEncoderConfig(
+        model_type=args.vision_model_type,
+        hidden_size=args.vision_hidden_size,
+        num_layers=args.vision_num_layers,
+        num_attention_heads=args.vision_num_attention_heads,
+        ffn_hidden_size=args.vision_ffn_hidden_size,
+        img_h=args.img_h, img_w=args.img_w, patch_dim=args.patch_dim,
+        feature_layer=args.vision_feature_layer,
+        drop_class_token=args.disable_vision_class_token,
+    )
+    language = LanguageModelConfig(
+        vocab_size=0,  # set from the tokenizer once it is loaded
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+        num_attention_heads=args.num_attention_heads,
+        num_query_groups=args.num_query_groups,
+        ffn_hidden_size=args.ffn_hidden_size,
+        seq_length=args.seq_length,
+        max_position_embeddings=args.max_position_embeddings,
+        rotary_base=args.rotary_base,
+        add_qkv_bias=args.add_qkv_bias,
+        qk_layernorm=args.qk_layernorm,
+        untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
+        norm_epsilon=args.norm_epsilon,
+        make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+    )
+    freeze = FreezeConfig(
+        language_model=args.freeze_LM,
+        encoders={"vision"} if args.freeze_ViT else set(),
+        projectors={"vision"} if args.freeze_projector else set(),
+    )
+    return MultimodalModelConfig(
+        encoders={"vision": vision},
+        projectors={"vision": ProjectorConfig(args.projector_type,
+                                              args.projector_ffn_hidden_size)},
+        language=language, freeze=freeze)

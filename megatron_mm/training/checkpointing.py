@@ -1,0 +1,161 @@
+"""Megatron-Core distributed checkpoints (``torch_dist``), saved so a crash never spoils one.
+
+Layout, as Megatron-LM writes it::
+
+    <save>/latest_checkpointed_iteration.txt      the last complete iteration
+    <save>/iter_0000100/                          .metadata, *.distcp, common.pt, metadata.json
+
+A checkpoint is written into ``iter_XXXXXXX.inprogress`` and renamed into place only after
+every rank finished; the tracker file is replaced atomically afterwards. A crash mid-save
+therefore leaves the previous checkpoint and the tracker untouched. Weights and optimizer
+state are resharded on load, so a checkpoint saved at one TP size loads at another.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict
+from typing import Optional
+
+import torch
+from megatron.core import dist_checkpointing, tensor_parallel
+from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+TRACKER = "latest_checkpointed_iteration.txt"
+MODEL_CONFIG = "model_config.json"
+CHECKPOINT_VERSION = 3.0
+# Reshardable across TP/DP changes (the deprecated default cannot be loaded at all).
+OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def iteration_dir(root: str, iteration: int) -> str:
+    return os.path.join(root, f"iter_{iteration:07d}")
+
+
+def read_tracker(root: str) -> Optional[int]:
+    path = os.path.join(root, TRACKER)
+    if not os.path.isfile(path):
+        return None
+    text = open(path).read().strip()
+    if text == "release":
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise CheckpointError(f"{path} holds {text!r}, not an iteration number") from None
+
+
+def _rng_state() -> ShardedObject:
+    # One entry per rank: dropout streams differ per TP rank and per pipeline stage.
+    state = {
+        "torch": torch.get_rng_state(),
+        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+    }
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    return ShardedObject("rng_state", state, (world,), (rank,), replica_id=0)
+
+
+def _state_dict(model, optimizer, scheduler, args, iteration: int, with_optim: bool,
+                with_rng: bool, loading: bool) -> dict:
+    model_sd = model.sharded_state_dict()
+    state = {"model": model_sd, "checkpoint_version": CHECKPOINT_VERSION,
+             "iteration": iteration}
+    if with_optim:
+        state["optimizer"] = optimizer.sharded_state_dict(
+            model_sd, is_loading=loading, metadata=OPTIM_METADATA)
+        state["opt_param_scheduler"] = scheduler.state_dict()
+    if with_rng:
+        state["rng_state"] = _rng_state()
+    if not loading:
+        state["args"] = {k: v for k, v in vars(args).items() if _plain(v)}
+        state["args"]["consumed_train_samples"] = iteration * args.global_batch_size
+    return state
+
+
+def _plain(value) -> bool:
+    return isinstance(value, (int, float, str, bool, type(None), list, tuple))
+
+
+def save_checkpoint(args, iteration: int, model, optimizer, scheduler) -> str:
+    """Save iteration ``iteration`` of ``model`` (the unwrapped module) and its optimizer."""
+    root = args.save
+    final = iteration_dir(root, iteration)
+    staging = final + ".inprogress"
+    rank0 = torch.distributed.get_rank() == 0
+    if rank0:
+        os.makedirs(root, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)  # leftovers of a crashed save
+        os.makedirs(staging)
+    torch.distributed.barrier()
+    state = _state_dict(model, optimizer, scheduler, args, iteration, with_optim=True,
+                        with_rng=True, loading=False)
+    dist_checkpointing.save(state, staging, async_sharded_save=False)
+    torch.distributed.barrier()
+    if rank0:
+        with open(os.path.join(staging, MODEL_CONFIG), "w") as f:
+            json.dump(asdict(args.model_config), f, indent=1, default=sorted)
+        if os.path.exists(final):  # re-saving an iteration: keep the old one until done
+            shutil.rmtree(final + ".old", ignore_errors=True)
+            os.rename(final, final + ".old")
+        os.rename(staging, final)
+        shutil.rmtree(final + ".old", ignore_errors=True)
+        tmp = os.path.join(root, TRACKER + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(str(iteration))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(root, TRACKER))
+    torch.distributed.barrier()
+    return final
+
+
+def load_checkpoint(args, model, optimizer, scheduler) -> int:
+    """Load the latest checkpoint under ``args.load``; returns the iteration to resume at.
+
+    A ``--load`` directory without a checkpoint is an error, except when it is also the
+    ``--save`` directory (auto-resume: the first run starts from scratch).
+    """
+    root = args.load
+    iteration = read_tracker(root) if os.path.isdir(root) else None
+    if iteration is None:
+        if args.save and os.path.abspath(args.save) == os.path.abspath(root):
+            return 0
+        found = sorted(os.listdir(root)) if os.path.isdir(root) else None
+        raise CheckpointError(
+            f"--load {root}: no checkpoint found ("
+            + ("the directory does not exist" if found is None else
+               f"no {TRACKER}; it contains {found[:5] or 'nothing'}")
+            + "). Point --load at a directory written by --save, or drop --load to start "
+              "from scratch.")
+    path = iteration_dir(root, iteration)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{TRACKER} in {root} names iteration {iteration} but {path} "
+                              "is missing")
+    saved_args = dist_checkpointing.load_common_state_dict(path).get("args", {})
+    same_layout = all(saved_args.get(k) == getattr(args, k) for k in
+                      ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                       "world_size"))
+    with_optim = not (args.no_load_optim or args.finetune)
+    with_rng = not (args.no_load_rng or args.finetune) and same_layout
+    template = _state_dict(model, optimizer, scheduler, args, iteration, with_optim,
+                           with_rng, loading=True)
+    state = dist_checkpointing.load(template, path)
+    model.load_state_dict(state["model"], strict=True)
+    if with_optim:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["opt_param_scheduler"])
+    if with_rng:
+        rng = state["rng_state"]
+        torch.set_rng_state(rng["torch"])
+        tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
+        if rng["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+    return 0 if args.finetune else iteration
+

@@ -1,0 +1,51 @@
+"""Process groups and seeds, as Megatron-LM's ``initialize_megatron`` sets them up."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+
+import numpy as np
+import torch
+from megatron.core import parallel_state, tensor_parallel
+
+
+def device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def initialize_distributed(args) -> None:
+    """torch.distributed (NCCL with CUDA, gloo without) and Megatron-Core's groups."""
+    if not torch.distributed.is_initialized():
+        backend = args.distributed_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if "MASTER_ADDR" not in os.environ:  # a plain `python script.py` is a 1-rank world
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=_free_port(),
+                              RANK="0", WORLD_SIZE="1")
+        torch.distributed.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes))
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size)
+
+
+def set_random_seed(seed: int) -> None:
+    """Megatron's rule: the seed differs per pipeline stage, the TP streams per TP rank."""
+    seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def _free_port() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])

@@ -1,0 +1,221 @@
+"""The training loop: Megatron-LM's ``pretrain`` for multimodal models, on Megatron-Core."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from datetime import datetime
+from functools import partial
+from typing import Callable, Optional
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.transformer.module import Float16Module
+from torch.utils.data import DataLoader
+
+from ..data import (
+    ImageProcessorConfig,
+    MegatronPretrainingSampler,
+    MultimodalDataset,
+    build_tokenizer,
+    collate,
+    prepare_digits,
+)
+from ..models import BuildSettings, MultimodalModel, build_model
+from ..models.specs import default_transformer_impl
+from .checkpointing import load_checkpoint, save_checkpoint
+from .evaluation import answer_accuracy, evaluate_loss
+from .initialize import initialize_distributed, set_random_seed
+from .step import TokenCounter, train_step
+
+
+def print_rank_0(msg: str) -> None:
+    if torch.distributed.get_rank() == 0:
+        print(msg, flush=True)
+
+
+def print_rank_last(msg: str) -> None:
+    if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
+        print(msg, flush=True)
+
+
+def build_settings(args) -> BuildSettings:
+    impl = args.transformer_impl or default_transformer_impl()
+    cpu_init = args.use_cpu_initialization or not torch.cuda.is_available()
+    return BuildSettings(
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        transformer_impl=impl, bf16=args.bf16, hidden_dropout=args.hidden_dropout,
+        attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
+        use_cpu_initialization=cpu_init)
+
+
+def data_paths(args) -> tuple[str, str]:
+    if args.data_path is None:
+        cache = args.data_cache_path or os.path.join(os.path.expanduser("~"), ".cache",
+                                                     "megatron_mm")
+        out = os.path.join(cache, "digits")
+        if torch.distributed.get_rank() == 0:
+            prepare_digits(out)
+        torch.distributed.barrier()
+        return os.path.join(out, "train.jsonl"), os.path.join(out, "valid.jsonl")
+    if os.path.isdir(args.data_path):
+        train = os.path.join(args.data_path, "train.jsonl")
+        valid = args.valid_data_path or os.path.join(args.data_path, "valid.jsonl")
+    else:
+        train, valid = args.data_path, args.valid_data_path
+    for flag, path in (("--data-path", train), ("--valid-data-path", valid)):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{flag}: {path} does not exist")
+    return train, valid
+
+
+def build_datasets(args, tokenizer):
+    counts = {"image": args.model_config.encoders["vision"].num_output_tokens}
+    image_cfg = ImageProcessorConfig(image_size=args.img_h)
+    train, valid = data_paths(args)
+    return tuple(MultimodalDataset(p, tokenizer, counts, image_cfg, max_seq_length=args.seq_length)
+                 for p in (train, valid))
+
+
+def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: bool):
+    sampler = MegatronPretrainingSampler(
+        total_samples=len(dataset), consumed_samples=consumed_samples,
+        micro_batch_size=args.micro_batch_size,
+        data_parallel_rank=parallel_state.get_data_parallel_rank(),
+        data_parallel_size=parallel_state.get_data_parallel_world_size(),
+        shuffle=shuffle, seed=args.seed)
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
+                        collate_fn=partial(collate, pad_id=tokenizer.pad_id))
+    return iter(loader)
+
+
+def setup_model_and_optimizer(args, model: MultimodalModel):
+    config = model.config
+    wrapped = Float16Module(config, model) if args.bf16 else model
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
+        use_distributed_optimizer=args.use_distributed_optimizer)
+    ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=wrapped)
+    optimizer = get_megatron_optimizer(OptimizerConfig(
+        optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
+        clip_grad=args.clip_grad, bf16=args.bf16, params_dtype=config.params_dtype,
+        use_distributed_optimizer=args.use_distributed_optimizer), [ddp])
+    gbs = args.global_batch_size
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=args.lr_warmup_init, max_lr=args.lr, min_lr=args.min_lr,
+        lr_warmup_steps=args.lr_warmup_iters * gbs, lr_decay_steps=args.lr_decay_iters * gbs,
+        lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay,
+        end_wd=args.weight_decay, wd_incr_steps=args.train_iters * gbs,
+        wd_incr_style="constant")
+    # The hooks Megatron-LM's training loop installs on the model config.
+    config.grad_scale_func = optimizer.scale_loss
+    config.finalize_model_grads_func = finalize_model_grads
+    if args.overlap_grad_reduce:
+        config.no_sync_func = ddp.no_sync
+    return [ddp], optimizer, scheduler
+
+
+def training_log(args, iteration: int, loss: float, grad_norm, lr: float, elapsed: float,
+                 tokens_per_second: float, skipped: int) -> None:
+    consumed = iteration * args.global_batch_size
+    line = (f" [{datetime.now():%Y-%m-%d %H:%M:%S}] iteration {iteration:8d}/{args.train_iters:8d}"
+            f" | consumed samples: {consumed:12d}"
+            f" | elapsed time per iteration (ms): {elapsed * 1000:.1f}"
+            f" | tokens per second: {tokens_per_second:.1f}"
+            f" | learning rate: {lr:.6E}"
+            f" | global batch size: {args.global_batch_size:5d}"
+            f" | lm loss: {loss:.6E}"
+            f" | loss scale: 1.0"
+            f" | grad norm: {float(grad_norm or 0.0):.3f}"
+            f" | number of skipped iterations: {skipped:3d}"
+            f" | number of nan iterations: {int(loss != loss):3d} |")
+    print_rank_last(line)
+
+
+def evaluate_and_print(args, iteration, model_chunks, unwrapped, valid_ds, tokenizer,
+                       label: str = "") -> dict:
+    batches = batch_iterator(args, valid_ds, tokenizer, 0, shuffle=False)
+    loss = evaluate_loss(args, model_chunks, batches)
+    n = min(len(valid_ds), args.eval_iters * args.global_batch_size)
+    accuracy = answer_accuracy(args, unwrapped, valid_ds, tokenizer, range(n))
+    line = (f" validation loss at iteration {iteration}{label} | lm loss value: {loss:.6E}"
+            f" | lm loss PPL: {math.exp(min(20.0, loss)):.6E}"
+            f" | val answer accuracy: {accuracy:.4f} ({n} samples) |")
+    print_rank_last("-" * len(line) + "\n" + line + "\n" + "-" * len(line))
+    return {"val_loss": loss, "val_accuracy": accuracy}
+
+
+def pretrain(args, on_step: Optional[Callable] = None) -> dict:
+    """Train as the flags say; returns a summary (losses per iteration, last evaluation).
+
+    ``on_step(iteration, model_chunks, loss)`` runs after every optimizer step (tests use it
+    to read gradients before the next step clears them).
+    """
+    initialize_distributed(args)
+    set_random_seed(args.seed)
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    args.model_config.language.vocab_size = tokenizer.vocab_size
+    train_ds, valid_ds = build_datasets(args, tokenizer)
+    print_rank_0(f"> building multimodal model ({build_settings(args).transformer_impl} "
+                 f"specs), {len(train_ds)} train / {len(valid_ds)} validation samples ...")
+    model = build_model(args.model_config, build_settings(args),
+                        {"image": tokenizer.media_token_id("image")})
+    n_params = sum(p.numel() for p in model.parameters())
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    print_rank_0(f" > number of parameters on (tensor, pipeline) model parallel rank "
+                 f"({parallel_state.get_tensor_model_parallel_rank()}, "
+                 f"{parallel_state.get_pipeline_model_parallel_rank()}): {n_params} "
+                 f"({n_train} trainable)")
+    model_chunks, optimizer, scheduler = setup_model_and_optimizer(args, model)
+
+    iteration = load_checkpoint(args, model, optimizer, scheduler) if args.load else 0
+    if iteration:
+        print_rank_0(f" > loaded checkpoint from {args.load} at iteration {iteration}")
+    train_iter = TokenCounter(batch_iterator(args, train_ds, tokenizer,
+                                             iteration * args.global_batch_size, shuffle=True))
+    summary = {"losses": {}, "grad_norms": {}}
+    skipped, last_saved = 0, None
+    interval_start = time.perf_counter()
+    while iteration < args.train_iters:
+        loss, grad_norm, ok = train_step(args, model_chunks, optimizer, scheduler, train_iter)
+        iteration += 1
+        skipped += int(not ok)
+        summary["losses"][iteration] = loss
+        summary["grad_norms"][iteration] = float(grad_norm or 0.0)
+        if on_step is not None:
+            on_step(iteration, model_chunks, loss)
+        if iteration % args.log_interval == 0:
+            elapsed = time.perf_counter() - interval_start
+            training_log(args, iteration, loss, grad_norm,
+                         scheduler.get_lr(optimizer.param_groups[0]),
+                         elapsed / args.log_interval, train_iter.take_global() / elapsed,
+                         skipped)
+            interval_start = time.perf_counter()
+        if args.save and args.save_interval and iteration % args.save_interval == 0:
+            save_checkpoint(args, iteration, model, optimizer, scheduler)
+            last_saved = iteration
+            print_rank_0(f"  successfully saved checkpoint at iteration {iteration} to "
+                         f"{args.save}")
+        if iteration % args.eval_interval == 0 and iteration < args.train_iters:
+            summary.update(evaluate_and_print(args, iteration, model_chunks, model,
+                                              valid_ds, tokenizer))
+        if iteration % args.log_interval == 0:
+            interval_start = time.perf_counter()  # evaluation and saving are not step time
+    if args.save and last_saved != iteration:
+        save_checkpoint(args, iteration, model, optimizer, scheduler)
+        print_rank_0(f"  successfully saved checkpoint at iteration {iteration} to {args.save}")
+    if not args.skip_final_eval:
+        summary.update(evaluate_and_print(args, iteration, model_chunks, model, valid_ds,
+                                          tokenizer, label=" on validation set"))
+    summary["iteration"] = iteration
+    return summary

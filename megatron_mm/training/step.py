@@ -1,0 +1,88 @@
+"""One training iteration on Megatron-Core's schedules (``get_forward_backward_func``)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Iterator, List
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from .initialize import device
+
+
+def batch_to_device(batch: dict) -> dict:
+    dev = device()
+    out = dict(batch)
+    for key in ("tokens", "labels", "loss_mask", "position_ids"):
+        out[key] = batch[key].to(dev, non_blocking=True)
+    out["media"] = {k: v.to(dev, non_blocking=True) for k, v in batch["media"].items()}
+    return out
+
+
+class TokenCounter:
+    """Wraps a batch iterator and counts the token positions it hands out."""
+
+    def __init__(self, iterator: Iterator):
+        self.iterator, self.tokens = iterator, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        batch = next(self.iterator)
+        self.tokens += batch["tokens"].numel()
+        return batch
+
+    def take_global(self) -> int:
+        """Positions seen by all data-parallel ranks since the last call."""
+        count = torch.tensor([self.tokens], dtype=torch.float64, device=device())
+        torch.distributed.all_reduce(count, group=parallel_state.get_data_parallel_group())
+        self.tokens = 0
+        return int(count.item())
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    """Megatron's per-token loss contract: (loss sum, token count, {"lm loss": [sum, count]})."""
+    mask = loss_mask.reshape(-1).float()
+    loss = torch.sum(output_tensor.reshape(-1).float() * mask)
+    num_tokens = mask.sum().to(torch.int)
+    report = torch.stack([loss.detach().clone(), num_tokens.float()])
+    return loss, num_tokens, {"lm loss": report}
+
+
+def forward_step(data_iterator: Iterator, model):
+    batch = batch_to_device(next(data_iterator))
+    output = model(batch["tokens"], batch["position_ids"], batch["media"],
+                   labels=batch["labels"])
+    return output, partial(loss_func, batch["loss_mask"])
+
+
+def run_schedule(args, model: List, data_iterator: Iterator, forward_only: bool) -> List[dict]:
+    forward_backward = get_forward_backward_func()
+    return forward_backward(
+        forward_step_func=forward_step, data_iterator=data_iterator, model=model,
+        num_microbatches=args.num_microbatches, seq_length=args.seq_length,
+        micro_batch_size=args.micro_batch_size, forward_only=forward_only)
+
+
+def reduce_lm_loss(losses: List[dict]) -> float:
+    """Token-weighted mean over micro-batches and data-parallel ranks (last stage only)."""
+    if not losses:
+        return float("nan")
+    total = torch.stack([x["lm loss"] for x in losses]).sum(0).to(device())
+    torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
+    return (total[0] / total[1].clamp(min=1)).item()
+
+
+def train_step(args, model: List, optimizer, scheduler, data_iterator: Iterator):
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    losses = run_schedule(args, model, data_iterator, forward_only=False)
+    update_successful, grad_norm, _ = optimizer.step()
+    if update_successful:
+        scheduler.step(increment=args.global_batch_size)
+    loss = reduce_lm_loss(losses) if parallel_state.is_pipeline_last_stage() else float("nan")
+    return loss, grad_norm, update_successful
