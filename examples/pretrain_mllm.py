@@ -1,14 +1,21 @@
 """Train a multimodal LLM (vision encoder + projector + LLM) with Megatron-Core.
 
-    torchrun --nproc-per-node 2 examples/pretrain_mllm.py --tensor-model-parallel-size 2 \
+    torchrun --nproc-per-node 2 examples/pretrain_mllm.py --tensor-model-parallel-size 2 \\
         --micro-batch-size 16 --global-batch-size 32 --train-iters 300 --lr 1e-3 ...
 
 The same command runs on GPUs (NCCL) and on CPUs (gloo); without --data-path it trains on
 the built-in handwritten-digits question answering data. See --help for the flags.
 """
 
+import sys
+
 from megatron_mm.training.arguments import parse_args
-from megatron_mm.training.pretrain import pretrain
+from megatron_mm.training.pretrain import USER_ERRORS, pretrain
 
 if __name__ == "__main__":  # required: checkpoint saving spawns helper processes
-    pretrain(parse_args())
+    args = parse_args()
+    try:
+        pretrain(args)
+    except USER_ERRORS as e:  # bad input: say what to fix, without a traceback
+        print(f"{sys.argv[0]}: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)

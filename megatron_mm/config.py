@@ -112,6 +112,8 @@ class LanguageModelConfig:
     untie_embeddings_and_output_weights: bool = False  # Megatron default: tied
     norm_epsilon: float = 1e-6
     make_vocab_size_divisible_by: int = 128
+    # Set to keep a checkpoint's padded vocabulary when loading it at another TP size.
+    padded_vocab_size: Optional[int] = None
 
     def __post_init__(self):
         if self.num_query_groups is None:
@@ -130,9 +132,19 @@ class LanguageModelConfig:
                  f"--seq-length ({self.seq_length}) exceeds --max-position-embeddings "
                  f"({self.max_position_embeddings})")
 
-    def padded_vocab_size(self, tensor_model_parallel_size: int) -> int:
-        """Megatron's rule: pad to a multiple of make_vocab_size_divisible_by * TP."""
-        multiple = self.make_vocab_size_divisible_by * tensor_model_parallel_size
+    def vocab_size_padded(self, tensor_model_parallel_size: int) -> int:
+        """Megatron's rule: pad to a multiple of make_vocab_size_divisible_by * TP.
+
+        The padded rows take part in the softmax, so runs compare exactly only at equal
+        padded sizes; ``padded_vocab_size`` pins it (checkpoints do, across TP sizes).
+        """
+        tp = tensor_model_parallel_size
+        if self.padded_vocab_size is not None:
+            _require(self.padded_vocab_size % tp == 0 and self.padded_vocab_size >= self.vocab_size,
+                     f"padded vocabulary {self.padded_vocab_size} (from the checkpoint) is not "
+                     f"divisible by --tensor-model-parallel-size ({tp})")
+            return self.padded_vocab_size
+        multiple = self.make_vocab_size_divisible_by * tp
         return -(-self.vocab_size // multiple) * multiple
 
 

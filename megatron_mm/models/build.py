@@ -29,7 +29,7 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
     language_model = GPTModel(
         config=language_transformer_config(lm, settings),
         transformer_layer_spec=specs.language_layer,
-        vocab_size=lm.padded_vocab_size(settings.tensor_model_parallel_size),
+        vocab_size=lm.vocab_size_padded(settings.tensor_model_parallel_size),
         max_sequence_length=lm.max_position_embeddings,
         share_embeddings_and_output_weights=not lm.untie_embeddings_and_output_weights,
         position_embedding_type="rope",

@@ -98,11 +98,12 @@ def vision_transformer_config(enc: VisionEncoderConfig, s: BuildSettings) -> Tra
 def projector_transformer_config(proj: ProjectorConfig, lm: LanguageModelConfig,
                                  s: BuildSettings) -> TransformerConfig:
     # The MLP maps the encoder width to ffn_hidden_size, then to hidden_size (the LLM's).
+    # Attention fields are unused; the LLM's head count passes TransformerConfig's TP checks.
     return TransformerConfig(
         num_layers=1,
         hidden_size=lm.hidden_size,
         ffn_hidden_size=proj.ffn_hidden_size or lm.hidden_size,
-        num_attention_heads=1,
+        num_attention_heads=lm.num_attention_heads,
         gated_linear_unit=False,
         activation_func=F.gelu,
         add_bias_linear=True,

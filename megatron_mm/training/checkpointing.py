@@ -51,6 +51,15 @@ def read_tracker(root: str) -> Optional[int]:
         raise CheckpointError(f"{path} holds {text!r}, not an iteration number") from None
 
 
+def saved_args(root: str) -> dict:
+    """The flags a checkpoint under ``root`` was saved with ({} when there is none)."""
+    iteration = read_tracker(root) if os.path.isdir(root) else None
+    if iteration is None or not os.path.isdir(iteration_dir(root, iteration)):
+        return {}
+    return dist_checkpointing.load_common_state_dict(iteration_dir(root, iteration)).get(
+        "args", {})
+
+
 def _rng_state() -> ShardedObject:
     # One entry per rank: dropout streams differ per TP rank and per pipeline stage.
     state = {
@@ -138,8 +147,8 @@ def load_checkpoint(args, model, optimizer, scheduler) -> int:
     if not os.path.isdir(path):
         raise CheckpointError(f"{TRACKER} in {root} names iteration {iteration} but {path} "
                               "is missing")
-    saved_args = dist_checkpointing.load_common_state_dict(path).get("args", {})
-    same_layout = all(saved_args.get(k) == getattr(args, k) for k in
+    saved = saved_args(root)
+    same_layout = all(saved.get(k) == getattr(args, k) for k in
                       ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                        "world_size"))
     with_optim = not (args.no_load_optim or args.finetune)

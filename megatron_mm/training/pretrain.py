@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from typing import Callable, Optional
@@ -21,7 +22,9 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer.module import Float16Module
 from torch.utils.data import DataLoader
 
+from ..config import ConfigError
 from ..data import (
+    DataRecordError,
     ImageProcessorConfig,
     MegatronPretrainingSampler,
     MultimodalDataset,
@@ -30,11 +33,16 @@ from ..data import (
     prepare_digits,
 )
 from ..models import BuildSettings, MultimodalModel, build_model
+from ..models.multimodal import MediaMismatchError
 from ..models.specs import default_transformer_impl
-from .checkpointing import load_checkpoint, save_checkpoint
+from .checkpointing import CheckpointError, load_checkpoint, save_checkpoint, saved_args
 from .evaluation import answer_accuracy, evaluate_loss
 from .initialize import initialize_distributed, set_random_seed
 from .step import TokenCounter, train_step
+
+# Errors caused by the user's flags or data; scripts report them without a traceback.
+USER_ERRORS = (ConfigError, DataRecordError, CheckpointError, MediaMismatchError,
+               FileNotFoundError)
 
 
 def print_rank_0(msg: str) -> None:
@@ -155,16 +163,25 @@ def evaluate_and_print(args, iteration, model_chunks, unwrapped, valid_ds, token
     return {"val_loss": loss, "val_accuracy": accuracy}
 
 
-def pretrain(args, on_step: Optional[Callable] = None) -> dict:
-    """Train as the flags say; returns a summary (losses per iteration, last evaluation).
+@dataclass
+class TrainingCallbacks:
+    """Hooks into the loop (tests use them to watch the model and read gradients)."""
 
-    ``on_step(iteration, model_chunks, loss)`` runs after every optimizer step (tests use it
-    to read gradients before the next step clears them).
-    """
+    on_model_built: Optional[Callable] = None  # (model, model_chunks, optimizer)
+    on_step: Optional[Callable] = None  # (iteration, model, loss), before grads are cleared
+
+
+def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
+    """Train as the flags say; returns a summary (losses per iteration, last evaluation)."""
+    callbacks = callbacks or TrainingCallbacks()
     initialize_distributed(args)
     set_random_seed(args.seed)
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
-    args.model_config.language.vocab_size = tokenizer.vocab_size
+    lm = args.model_config.language
+    lm.vocab_size = tokenizer.vocab_size
+    if args.load:  # keep the checkpoint's vocabulary padding, whatever TP it was saved at
+        lm.padded_vocab_size = saved_args(args.load).get("padded_vocab_size")
+    args.padded_vocab_size = lm.vocab_size_padded(args.tensor_model_parallel_size)
     train_ds, valid_ds = build_datasets(args, tokenizer)
     print_rank_0(f"> building multimodal model ({build_settings(args).transformer_impl} "
                  f"specs), {len(train_ds)} train / {len(valid_ds)} validation samples ...")
@@ -177,6 +194,8 @@ def pretrain(args, on_step: Optional[Callable] = None) -> dict:
                  f"{parallel_state.get_pipeline_model_parallel_rank()}): {n_params} "
                  f"({n_train} trainable)")
     model_chunks, optimizer, scheduler = setup_model_and_optimizer(args, model)
+    if callbacks.on_model_built is not None:
+        callbacks.on_model_built(model, model_chunks, optimizer)
 
     iteration = load_checkpoint(args, model, optimizer, scheduler) if args.load else 0
     if iteration:
@@ -192,8 +211,8 @@ def pretrain(args, on_step: Optional[Callable] = None) -> dict:
         skipped += int(not ok)
         summary["losses"][iteration] = loss
         summary["grad_norms"][iteration] = float(grad_norm or 0.0)
-        if on_step is not None:
-            on_step(iteration, model_chunks, loss)
+        if callbacks.on_step is not None:
+            callbacks.on_step(iteration, model, loss)
         if iteration % args.log_interval == 0:
             elapsed = time.perf_counter() - interval_start
             training_log(args, iteration, loss, grad_norm,

@@ -1,0 +1,72 @@
+"""Image loading (file path or inline base64) and CLIP-style preprocessing."""
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .records import DataRecordError, MediaRef
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+@dataclass(frozen=True)
+class ImageProcessorConfig:
+    image_size: int = 224  # square output side; the vision tower's input size
+    mean: tuple[float, float, float] = CLIP_MEAN
+    std: tuple[float, float, float] = CLIP_STD
+
+
+def _decode_data(data: str) -> bytes:
+    """Bytes of a data URI ("data:image/png;base64,...") or of bare base64."""
+    if data.startswith("data:"):
+        header, sep, payload = data.partition(",")
+        if not sep or not header.endswith(";base64"):
+            raise ValueError("only base64 data URIs are supported (data:<mime>;base64,<payload>)")
+        data = payload
+    return base64.b64decode(data, validate=True)
+
+
+def load_image(ref: MediaRef | str | dict, base_dir: str | None = None, context: str = "") -> Image.Image:
+    """Decode one image to PIL RGB.
+
+    `ref` is a MediaRef, a path (relative to `base_dir`), a data URI string or a
+    {"data": ...} object; failures raise DataRecordError prefixed with `context`.
+    """
+    if isinstance(ref, dict):
+        ref = MediaRef(data=ref.get("data"))
+    elif isinstance(ref, str):
+        if ref.startswith("data:"):
+            ref = MediaRef(data=ref)
+        else:
+            ref = MediaRef(path=ref if base_dir is None or os.path.isabs(ref) else os.path.join(base_dir, ref))
+    prefix = f"{context}: " if context else ""
+    try:
+        if ref.path is not None:
+            if not os.path.exists(ref.path):
+                raise DataRecordError(f"{prefix}image file not found: {ref.path}")
+            with Image.open(ref.path) as im:
+                return im.convert("RGB")  # convert() forces the full decode while the file is open
+        with Image.open(io.BytesIO(_decode_data(ref.data or ""))) as im:
+            return im.convert("RGB")
+    except DataRecordError:
+        raise
+    except (OSError, ValueError, binascii.Error, Image.DecompressionBombError) as e:
+        raise DataRecordError(f"{prefix}cannot decode image {ref.describe()}: {e}") from e
+
+
+def preprocess_image(img: Image.Image, cfg: ImageProcessorConfig) -> torch.Tensor:
+    """PIL image -> float32 [3, S, S]: bicubic resize, scale to [0, 1], normalise."""
+    img = img.convert("RGB")
+    if img.size != (cfg.image_size, cfg.image_size):
+        img = img.resize((cfg.image_size, cfg.image_size), Image.Resampling.BICUBIC)
+    x = np.asarray(img, dtype=np.float32) / 255.0  # [H, W, 3]
+    x = (x - np.asarray(cfg.mean, dtype=np.float32)) / np.asarray(cfg.std, dtype=np.float32)
+    return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))

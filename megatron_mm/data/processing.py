@@ -1,0 +1,157 @@
+"""Record -> token sample (placeholder expansion, loss mask) and batch collation.
+
+Conversation template (LLaVA v1 / Vicuna style), per (human, assistant) pair:
+    [bos] once, then  tok("USER: " + human + " ASSISTANT:")  tok(" " + answer) [eos]
+Loss is on the answer tokens and their eos. Text records: [bos] text [eos] with
+loss on text tokens and eos. Media tokens, bos and prompts never carry loss.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .media import ImageProcessorConfig, load_image, preprocess_image
+from .records import MODALITIES, DataRecordError, MediaRef, Record, placeholder_pattern
+from .tokenizer import MultimodalTokenizer
+
+USER_PREFIX = "USER: "
+ASSISTANT_PREFIX = " ASSISTANT:"
+
+
+@dataclass
+class Sample:
+    tokens: torch.Tensor  # int64 [S]
+    labels: torch.Tensor  # int64 [S]; labels[t] = tokens[t + 1], last = pad
+    loss_mask: torch.Tensor  # float32 [S]; 1 iff tokens[t + 1] is a loss token
+    media: dict[str, torch.Tensor] = field(default_factory=dict)  # "image": [N, 3, H, W]
+    prompt_len: int = 0  # tokens up to and including the last "ASSISTANT:" (decode from here)
+    answer: str = ""  # last assistant answer (stripped), the greedy-decoding target
+    record_id: str = ""
+
+
+@dataclass
+class TokenizedRecord:
+    """Text-only encoding (no media decoded): enough to check lengths cheaply."""
+
+    ids: list[int]
+    is_loss: list[bool]  # per token: is this token a prediction target?
+    prompt_len: int
+    answer: str
+
+
+def _append_text(text: str, loss: bool, out: TokenizedRecord, tokenizer: MultimodalTokenizer,
+                 counts: dict[str, int], where: str) -> None:
+    """Tokenize `text` segment by segment; each placeholder becomes counts[m] media ids (no loss)."""
+    by_placeholder = {m.placeholder: name for name, m in MODALITIES.items()}
+    pos = 0
+    for match in placeholder_pattern().finditer(text):
+        ids = tokenizer.tokenize(text[pos:match.start()])
+        out.ids += ids
+        out.is_loss += [loss] * len(ids)
+        name = by_placeholder[match.group(0)]
+        n = counts.get(name)
+        if not isinstance(n, int) or n < 1:
+            raise DataRecordError(f"{where}: uses {match.group(0)} but media_token_counts[{name!r}] "
+                                  f"is {n!r} (need a positive int)")
+        out.ids += [tokenizer.media_token_id(name)] * n
+        out.is_loss += [False] * n
+        pos = match.end()
+    ids = tokenizer.tokenize(text[pos:])
+    out.ids += ids
+    out.is_loss += [loss] * len(ids)
+
+
+def tokenize_record(record: Record, tokenizer: MultimodalTokenizer,
+                    media_token_counts: dict[str, int]) -> TokenizedRecord:
+    out = TokenizedRecord(ids=[tokenizer.bos_id], is_loss=[False], prompt_len=1, answer="")
+    where = record.where()
+    if record.turns is not None:
+        for human, gpt in zip(record.turns[0::2], record.turns[1::2]):
+            _append_text(USER_PREFIX + human.text + ASSISTANT_PREFIX, False, out, tokenizer,
+                         media_token_counts, where)
+            out.prompt_len = len(out.ids)
+            _append_text(" " + gpt.text, True, out, tokenizer, media_token_counts, where)
+            out.ids.append(tokenizer.eos_id)
+            out.is_loss.append(True)
+            out.answer = gpt.text.strip()
+    else:
+        text = record.text or ""
+        _append_text(text, True, out, tokenizer, media_token_counts, where)
+        out.ids.append(tokenizer.eos_id)
+        out.is_loss.append(True)
+        # For captions the "prompt" is everything up to the last media token.
+        media_ids = {tokenizer.media_token_id(m) for m in MODALITIES}
+        last_media = max((i for i, t in enumerate(out.ids) if t in media_ids), default=0)
+        out.prompt_len = last_media + 1
+        tail = placeholder_pattern().split(text)[-1]
+        out.answer = tail.strip()
+    return out
+
+
+def _load_images(refs: list[MediaRef], cfg: ImageProcessorConfig, where: str) -> torch.Tensor:
+    if not refs:
+        return torch.empty(0, 3, cfg.image_size, cfg.image_size)
+    return torch.stack([preprocess_image(load_image(r, context=where), cfg) for r in refs])
+
+
+def encode_record(record: Record, tokenizer: MultimodalTokenizer, media_token_counts: dict[str, int],
+                  image_cfg: ImageProcessorConfig, max_seq_length: int | None = None) -> Sample:
+    """Encode one record; raises DataRecordError if longer than `max_seq_length` (no truncation)."""
+    tr = tokenize_record(record, tokenizer, media_token_counts)
+    if max_seq_length is not None and len(tr.ids) > max_seq_length:
+        raise DataRecordError(f"{record.where()}: {len(tr.ids)} tokens exceed max_seq_length="
+                              f"{max_seq_length} (reduce media_token_counts or drop the record)")
+    media: dict[str, torch.Tensor] = {}
+    for name, refs in record.media.items():
+        if name != "image":  # new modalities need a loader here
+            if refs:
+                raise DataRecordError(f"{record.where()}: no loader for modality {name!r}")
+            continue
+        media[name] = _load_images(refs, image_cfg, record.where())
+    media.setdefault("image", torch.empty(0, 3, image_cfg.image_size, image_cfg.image_size))
+
+    tokens = torch.tensor(tr.ids, dtype=torch.long)
+    labels = torch.full_like(tokens, tokenizer.pad_id)
+    labels[:-1] = tokens[1:]
+    loss_mask = torch.zeros(len(tr.ids), dtype=torch.float32)
+    loss_mask[:-1] = torch.tensor(tr.is_loss[1:], dtype=torch.float32)
+    return Sample(tokens=tokens, labels=labels, loss_mask=loss_mask, media=media,
+                  prompt_len=tr.prompt_len, answer=tr.answer, record_id=record.id)
+
+
+def collate(samples: list[Sample], pad_id: int, pad_to_multiple_of: int = 1,
+            seq_length: int | None = None) -> dict:
+    """Right-pad samples into a batch.
+
+    Length is `seq_length` if given (fixed shapes), else the longest sample, then
+    rounded up to `pad_to_multiple_of`. media[m] concatenates samples in batch
+    order, each in appearance order: the model fills media positions in
+    row-major (batch, position) order with features in this order.
+    """
+    if not samples:
+        raise ValueError("collate() got an empty list of samples")
+    longest = max(len(s.tokens) for s in samples)
+    if seq_length is not None and longest > seq_length:
+        raise ValueError(f"a sample has {longest} tokens > seq_length={seq_length}")
+    length = seq_length if seq_length is not None else longest
+    length = -(-length // pad_to_multiple_of) * pad_to_multiple_of
+    b = len(samples)
+    tokens = torch.full((b, length), pad_id, dtype=torch.long)
+    labels = torch.full((b, length), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros((b, length), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        n = len(s.tokens)
+        tokens[i, :n], labels[i, :n], loss_mask[i, :n] = s.tokens, s.labels, s.loss_mask
+    names = [m for m in MODALITIES if any(m in s.media for s in samples)]
+    media = {m: torch.cat([s.media[m] for s in samples if m in s.media]) for m in names}
+    return {
+        "tokens": tokens,
+        "labels": labels,
+        "loss_mask": loss_mask,
+        "position_ids": torch.arange(length, dtype=torch.long).unsqueeze(0).expand(b, -1).contiguous(),
+        "media": media,
+        "prompt_lens": [s.prompt_len for s in samples],
+        "answers": [s.answer for s in samples],
+        "record_ids": [s.record_id for s in samples],
+    }

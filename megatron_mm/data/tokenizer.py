@@ -1,0 +1,116 @@
+"""Offline SentencePiece tokenizer with one special token per media modality.
+
+Default model: the Llama/Mistral-7B-v0.1 tokenizer (`tokenizer.model.v1`, 32,000
+pieces) shipped inside the `mistral-common` wheel, so no Hub access is needed.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from functools import lru_cache
+
+import sentencepiece as spm
+
+from .records import MODALITIES
+
+MISTRAL_COMMON_PIP = "pip install --no-deps mistral-common==1.13.1"
+# A newline is a byte-fallback piece in Llama-style models, so no BPE merge can
+# cross it: encoding "\n" + text and dropping the "\n" ids gives `text` without
+# SentencePiece's dummy-prefix space (same idea as HF LlamaTokenizer legacy=False).
+_SENTINEL = "\n"
+
+
+def default_tokenizer_model() -> str:
+    """Path of mistral-common's `tokenizer.model.v1`, located without importing the package."""
+    spec = importlib.util.find_spec("mistral_common")
+    if spec is not None and spec.submodule_search_locations:
+        path = os.path.join(list(spec.submodule_search_locations)[0], "data", "tokenizer.model.v1")
+        if os.path.exists(path):
+            return path
+    raise FileNotFoundError(
+        "The default tokenizer (mistral_common/data/tokenizer.model.v1) is not installed. "
+        f"Install it with: {MISTRAL_COMMON_PIP}  (or pass --tokenizer-model PATH to a SentencePiece .model)")
+
+
+class MultimodalTokenizer:
+    """SentencePiece text tokenizer + media tokens appended after the base vocab.
+
+    `tokenize` is *literal*: it never inserts the dummy-prefix space, so segments
+    tokenized separately (text around placeholders) concatenate to the exact text,
+    and `detokenize(tokenize(s)) == s` for Llama-style models.
+    """
+
+    def __init__(self, model_path: str | os.PathLike):
+        self.model_path = os.fspath(model_path)
+        self._sp = spm.SentencePieceProcessor(model_file=self.model_path)
+        self.base_vocab_size = self._sp.vocab_size()
+        self.bos_id = self._sp.bos_id()
+        self.eos_id = self._sp.eos_id()
+        self.pad_id = self._sp.pad_id() if self._sp.pad_id() >= 0 else self.eos_id
+        self._media_ids = {name: self.base_vocab_size + i for i, name in enumerate(MODALITIES)}
+        self._sentinel_ids = self._sp.encode(_SENTINEL)
+        # Models that normalise whitespace away cannot tokenize literally; fall back.
+        self._literal = bool(self._sentinel_ids) and all(
+            self._sp.encode(_SENTINEL + p)[: len(self._sentinel_ids)] == self._sentinel_ids
+            for p in ("x", " x", "=", "\n"))
+        self._encode = lru_cache(maxsize=65536)(self._encode_uncached)  # prompts repeat a lot
+
+    # SentencePiece processors and lru_cache wrappers do not pickle; rebuild from the
+    # path so the tokenizer can go to spawn/forkserver DataLoader workers.
+    def __getstate__(self) -> dict:
+        return {"model_path": self.model_path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["model_path"])
+
+    @property
+    def vocab_size(self) -> int:
+        """Base vocabulary + one id per modality (e.g. <image> = 32000 for Mistral v1)."""
+        return self.base_vocab_size + len(self._media_ids)
+
+    @property
+    def eod(self) -> int:  # Megatron's name for the end-of-document id
+        return self.eos_id
+
+    def media_token_id(self, modality: str) -> int:
+        if modality not in self._media_ids:
+            raise KeyError(f"unknown modality {modality!r}; known: {list(self._media_ids)}")
+        return self._media_ids[modality]
+
+    def _encode_uncached(self, text: str) -> tuple[int, ...]:
+        if not text:
+            return ()
+        if self._literal:
+            ids = self._sp.encode(_SENTINEL + text)
+            k = len(self._sentinel_ids)
+            if ids[:k] == self._sentinel_ids:
+                return tuple(ids[k:])
+        return tuple(self._sp.encode(text))
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of `text` (no BOS/EOS, no dummy-prefix space, placeholders not special)."""
+        return list(self._encode(text))
+
+    def detokenize(self, ids) -> str:
+        """Text of `ids`, skipping media, BOS/EOS/pad and other control ids."""
+        ids = [int(i) for i in ids]
+        ids = [i for i in ids if 0 <= i < self.base_vocab_size and not self._sp.is_control(i)]
+        if self._literal:  # decode after the sentinel so a leading space is kept
+            out = self._sp.decode(self._sentinel_ids + ids)
+            if out.startswith(_SENTINEL):
+                return out[len(_SENTINEL):]
+        return self._sp.decode(ids)
+
+
+def build_tokenizer(tokenizer_type: str = "MistralV1SentencePiece",
+                    tokenizer_model: str | os.PathLike | None = None) -> MultimodalTokenizer:
+    """Factory: "MistralV1SentencePiece" (default model, or `tokenizer_model` to override)
+    or "SentencePiece" (requires `tokenizer_model`, any SentencePiece .model file)."""
+    if tokenizer_type == "MistralV1SentencePiece":
+        return MultimodalTokenizer(tokenizer_model or default_tokenizer_model())
+    if tokenizer_type == "SentencePiece":
+        if tokenizer_model is None:
+            raise ValueError("tokenizer_type='SentencePiece' needs tokenizer_model=PATH")
+        return MultimodalTokenizer(tokenizer_model)
+    raise ValueError(f"unknown tokenizer_type {tokenizer_type!r}; "
+                     "expected 'MistralV1SentencePiece' or 'SentencePiece'")

@@ -1,0 +1,53 @@
+"""Run a function in N gloo processes (spawned, patched like any megatron_mm process) and
+collect each rank's return value; a rank's exception fails the test with its traceback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import traceback
+
+import torch
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, fn, world_size, port, out_dir, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    import megatron_mm.training  # noqa: F401  (applies the CPU patches first)
+
+    try:
+        result = fn(rank, *args)
+    except BaseException:
+        torch.save({"error": traceback.format_exc()}, os.path.join(out_dir, f"{rank}.pt"))
+        raise
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    torch.save({"result": result}, os.path.join(out_dir, f"{rank}.pt"))
+
+
+def run_distributed(fn, world_size: int, *args):
+    """``fn(rank, *args)`` on ``world_size`` ranks; returns the list of results by rank."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        try:
+            mp.start_processes(_entry, args=(fn, world_size, _free_port(), out_dir, args),
+                               nprocs=world_size, start_method="spawn", join=True)
+        except mp.ProcessRaisedException:
+            errors = []
+            for rank in range(world_size):
+                path = os.path.join(out_dir, f"{rank}.pt")
+                if os.path.exists(path):
+                    saved = torch.load(path, weights_only=False)
+                    errors.append(f"rank {rank}:\n" + saved.get("error", "ok"))
+            raise AssertionError("\n".join(errors)) from None
+        return [torch.load(os.path.join(out_dir, f"{r}.pt"), weights_only=False)["result"]
+                for r in range(world_size)]

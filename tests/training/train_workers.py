@@ -1,0 +1,70 @@
+"""Workers that run the real training script in spawned ranks and report losses,
+gradients and parameters gathered to their full (TP=1) shapes."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+# A model small enough for 2 CPU cores, with every architectural feature switched on.
+TINY_MODEL = [
+    "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128",
+    "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2",
+    "--add-qkv-bias", "--untie-embeddings-and-output-weights", "--seq-length", "64",
+    "--vision-hidden-size", "32", "--vision-num-layers", "2",
+    "--vision-num-attention-heads", "2", "--img-h", "16", "--img-w", "16", "--patch-dim", "4",
+    "--disable-vision-class-token", "--projector-ffn-hidden-size", "64",
+    "--lr", "1e-3", "--lr-decay-style", "constant", "--weight-decay", "0.0",
+    "--log-interval", "1", "--eval-iters", "1", "--skip-final-eval",
+]
+
+
+def full_tensor(param: torch.nn.Parameter, tensor: torch.Tensor) -> torch.Tensor:
+    """Gather a tensor-parallel shard to the TP=1 layout (Megatron's partition_dim/stride)."""
+    from megatron.core import parallel_state
+
+    if not getattr(param, "tensor_model_parallel", False):
+        return tensor.detach().float().clone()
+    group = parallel_state.get_tensor_model_parallel_group()
+    shards = [torch.empty_like(tensor) for _ in range(torch.distributed.get_world_size(group))]
+    torch.distributed.all_gather(shards, tensor.contiguous(), group=group)
+    dim, stride = param.partition_dim, getattr(param, "partition_stride", 1)
+    # A stride-2 weight ([gate; up] per rank) interleaves its pieces across ranks.
+    pieces = [s.chunk(stride, dim) for s in shards]
+    return torch.cat([p[k] for k in range(stride) for p in pieces], dim).float()
+
+
+def full_state(model, grads: bool) -> dict:
+    out = {}
+    for name, param in model.named_parameters():
+        if grads:
+            grad = getattr(param, "main_grad", None)
+            out[name] = None if grad is None else full_tensor(param, grad)
+        else:
+            out[name] = full_tensor(param, param.data)
+    return out
+
+
+def train(rank: int, argv: list, grad_steps=(), hooks=None) -> dict:
+    from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.pretrain import TrainingCallbacks, pretrain
+
+    args = parse_args(argv, world_size=int(os.environ["WORLD_SIZE"]))
+    grads, holder = {}, {}
+
+    def on_model_built(model, chunks, optimizer):
+        holder["model"] = model
+        if hooks is not None:
+            hooks(model, optimizer, holder)
+
+    def on_step(iteration, model, loss):
+        if iteration in grad_steps:
+            grads[iteration] = full_state(model, grads=True)
+
+    summary = pretrain(args, TrainingCallbacks(on_model_built, on_step))
+    summary["grads"] = grads
+    summary["params"] = full_state(holder["model"], grads=False)
+    summary["observed"] = {k: v for k, v in holder.items() if k != "model"}
+    return summary
