@@ -100,9 +100,12 @@ def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: boo
         micro_batch_size=args.micro_batch_size,
         data_parallel_rank=parallel_state.get_data_parallel_rank(),
         data_parallel_size=parallel_state.get_data_parallel_world_size(),
-        shuffle=shuffle, seed=args.seed)
+        shuffle=shuffle, seed=args.seed, global_batch_size=args.global_batch_size)
+    # Its own generator: the loader must not draw from the global RNG, whose state a
+    # checkpoint restores (resume would otherwise be one draw off).
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
-                        collate_fn=partial(collate, pad_id=tokenizer.pad_id))
+                        collate_fn=partial(collate, pad_id=tokenizer.pad_id),
+                        generator=torch.Generator().manual_seed(args.seed))
     return iter(loader)
 
 
