@@ -51,13 +51,13 @@ def read_tracker(root: str) -> Optional[int]:
         raise CheckpointError(f"{path} holds {text!r}, not an iteration number") from None
 
 
-def saved_args(root: str) -> dict:
-    """The flags a checkpoint under ``root`` was saved with ({} when there is none)."""
-    iteration = read_tracker(root) if os.path.isdir(root) else None
-    if iteration is None or not os.path.isdir(iteration_dir(root, iteration)):
+def saved_args(args) -> dict:
+    """The flags the checkpoint ``--load`` names was saved with ({} for a fresh start)."""
+    iteration = locate_checkpoint(args)
+    if iteration is None:
         return {}
-    return dist_checkpointing.load_common_state_dict(iteration_dir(root, iteration)).get(
-        "args", {})
+    path = iteration_dir(args.load, iteration)
+    return dist_checkpointing.load_common_state_dict(path).get("args", {})
 
 
 def _rng_state() -> ShardedObject:
@@ -125,8 +125,8 @@ def save_checkpoint(args, iteration: int, model, optimizer, scheduler) -> str:
     return final
 
 
-def load_checkpoint(args, model, optimizer, scheduler) -> int:
-    """Load the latest checkpoint under ``args.load``; returns the iteration to resume at.
+def locate_checkpoint(args) -> Optional[int]:
+    """The iteration ``--load`` resumes from; None for a fresh auto-resume directory.
 
     A ``--load`` directory without a checkpoint is an error, except when it is also the
     ``--save`` directory (auto-resume: the first run starts from scratch).
@@ -135,7 +135,7 @@ def load_checkpoint(args, model, optimizer, scheduler) -> int:
     iteration = read_tracker(root) if os.path.isdir(root) else None
     if iteration is None:
         if args.save and os.path.abspath(args.save) == os.path.abspath(root):
-            return 0
+            return None
         found = sorted(os.listdir(root)) if os.path.isdir(root) else None
         raise CheckpointError(
             f"--load {root}: no checkpoint found ("
@@ -143,11 +143,20 @@ def load_checkpoint(args, model, optimizer, scheduler) -> int:
                f"no {TRACKER}; it contains {found[:5] or 'nothing'}")
             + "). Point --load at a directory written by --save, or drop --load to start "
               "from scratch.")
+    if not os.path.isdir(iteration_dir(root, iteration)):
+        raise CheckpointError(f"{TRACKER} in {root} names iteration {iteration} but "
+                              f"{iteration_dir(root, iteration)} is missing")
+    return iteration
+
+
+def load_checkpoint(args, model, optimizer, scheduler) -> int:
+    """Load the latest checkpoint under ``args.load``; returns the iteration to resume at."""
+    iteration = locate_checkpoint(args)
+    if iteration is None:
+        return 0
+    root = args.load
     path = iteration_dir(root, iteration)
-    if not os.path.isdir(path):
-        raise CheckpointError(f"{TRACKER} in {root} names iteration {iteration} but {path} "
-                              "is missing")
-    saved = saved_args(root)
+    saved = saved_args(args)
     same_layout = all(saved.get(k) == getattr(args, k) for k in
                       ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                        "world_size"))

@@ -183,7 +183,7 @@ def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
     lm = args.model_config.language
     lm.vocab_size = tokenizer.vocab_size
     if args.load:  # keep the checkpoint's vocabulary padding, whatever TP it was saved at
-        lm.padded_vocab_size = saved_args(args.load).get("padded_vocab_size")
+        lm.padded_vocab_size = saved_args(args).get("padded_vocab_size")
     args.padded_vocab_size = lm.vocab_size_padded(args.tensor_model_parallel_size)
     train_ds, valid_ds = build_datasets(args, tokenizer)
     print_rank_0(f"> building multimodal model ({build_settings(args).transformer_impl} "

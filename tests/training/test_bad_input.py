@@ -1,0 +1,86 @@
+"""Bad flags and bad data stop with a clear message that names what to fix."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from megatron_mm.training.arguments import parse_args
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
+
+
+@pytest.mark.parametrize("argv, world, message", [
+    (["--tensor-model-parallel-size", "2", "--hidden-size", "96", "--num-attention-heads", "3"],
+     2, "--num-attention-heads (3) is not divisible by --tensor-model-parallel-size (2)"),
+    (["--tensor-model-parallel-size", "2", "--vision-hidden-size", "48",
+      "--vision-num-attention-heads", "3"],
+     2, "--vision-num-attention-heads (3) is not divisible by --tensor-model-parallel-size"),
+    (["--tensor-model-parallel-size", "2", "--ffn-hidden-size", "129"],
+     2, "--ffn-hidden-size (129) is not divisible by --tensor-model-parallel-size (2)"),
+    (["--hidden-size", "100", "--num-attention-heads", "3"],
+     1, "--hidden-size (100) must be divisible by --num-attention-heads (3)"),
+    (["--tensor-model-parallel-size", "2"], 3,
+     "world size 3 is not divisible by --tensor-model-parallel-size (2)"),
+    (["--micro-batch-size", "4", "--global-batch-size", "6"], 1,
+     "--global-batch-size (6) must be a multiple of --micro-batch-size (4)"),
+    (["--img-h", "30", "--patch-dim", "7"], 1, "--img-h (30) must be divisible by --patch-dim"),
+])
+def test_bad_flags_name_the_flag(capsys, argv, world, message):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv, world_size=world)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def _run_script(*argv):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, SCRIPT, "--train-iters", "1", *argv],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def _write_data(tmp_path, train_records):
+    valid = {"id": "v0", "conversations": [{"from": "human", "value": "hi"},
+                                           {"from": "gpt", "value": "hello"}]}
+    with open(tmp_path / "train.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in train_records)
+    with open(tmp_path / "valid.jsonl", "w") as f:
+        f.write(json.dumps(valid) + "\n")
+    return str(tmp_path)
+
+
+def _conversation(rid, prompt, images):
+    return {"id": rid, "images": images,
+            "conversations": [{"from": "human", "value": prompt},
+                              {"from": "gpt", "value": "seven"}]}
+
+
+def test_placeholder_mismatch_names_the_record(tmp_path):
+    data = _write_data(tmp_path, [
+        _conversation("ok-1", "<image>\nWhat digit?", ["a.png"]),
+        _conversation("bad-2", "<image> and <image>?", ["a.png"]),
+    ])
+    (tmp_path / "a.png").write_bytes(b"")  # existence is enough to pass the first check
+    out = _run_script("--data-path", data)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "record 'bad-2'" in out.stderr and "line 2" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+
+
+def test_missing_image_file_names_path_and_record(tmp_path):
+    data = _write_data(tmp_path, [_conversation("r1", "<image>\nWhat?", ["nope/missing.png"])])
+    out = _run_script("--data-path", data)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "missing.png" in out.stderr and "record 'r1'" in out.stderr, out.stderr[-2000:]
+
+
+def test_load_without_a_checkpoint(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = _run_script("--load", str(empty))
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"--load {empty}: no checkpoint found" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
