@@ -97,9 +97,35 @@ class MultimodalModel(MegatronModule):
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor,
                 media: Optional[Mapping[str, torch.Tensor]] = None,
-                labels: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Per-token loss [B, S] when ``labels`` are given, else vocab-parallel logits."""
+                labels: Optional[torch.Tensor] = None,
+                loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Per-token loss [B, S] when ``labels`` are given, else vocab-parallel logits.
+
+        With a ``loss_mask`` the output layer runs only where the loss is taken (answer
+        tokens; not media or prompt), and the loss elsewhere is 0.
+        """
         decoder_input = self.embed(tokens, position_ids, media or {})
-        return self.language_model(input_ids=tokens, position_ids=position_ids,
-                                   attention_mask=None, decoder_input=decoder_input,
-                                   labels=labels)
+        sparse = (labels is not None and loss_mask is not None
+                  and not self.language_model.config.sequence_parallel)
+        return self.language_model(
+            input_ids=tokens, position_ids=position_ids, attention_mask=None,
+            decoder_input=decoder_input, labels=labels,
+            loss_mask=loss_mask if sparse else None,
+            output_processor=loss_at_masked_positions if sparse else None)
+
+
+def loss_at_masked_positions(*, hidden_states, output_layer, output_weight, labels, loss_mask,
+                             compute_language_model_loss, scale_logits, **_):
+    """GPTModel output hook: logits and cross entropy only where ``loss_mask`` is set.
+
+    In multimodal SFT most positions are media or prompt tokens, so this skips most of the
+    vocabulary-sized matmul and softmax; the per-token losses are the same as the full path.
+    """
+    keep = loss_mask.transpose(0, 1) > 0  # [S, B], as hidden_states
+    selected = hidden_states[keep].unsqueeze(1)  # [n, 1, H]
+    logits, _ = output_layer(selected, weight=output_weight)
+    per_token = compute_language_model_loss(labels.transpose(0, 1)[keep].unsqueeze(0),
+                                            scale_logits(logits))  # [1, n]
+    loss = torch.zeros(keep.shape, dtype=per_token.dtype, device=per_token.device)
+    loss[keep] = per_token.squeeze(0)
+    return loss.transpose(0, 1)  # [B, S] like GPTModel's loss

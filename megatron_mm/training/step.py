@@ -55,7 +55,7 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 def forward_step(data_iterator: Iterator, model):
     batch = batch_to_device(next(data_iterator))
     output = model(batch["tokens"], batch["position_ids"], batch["media"],
-                   labels=batch["labels"])
+                   labels=batch["labels"], loss_mask=batch["loss_mask"])
     return output, partial(loss_func, batch["loss_mask"])
 
 
