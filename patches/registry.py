@@ -30,7 +30,7 @@ PATCHES: tuple[Patch, ...] = (
     Patch("cuda_literals", "module-global `torch` of the schedules, optimizer and rope_utils"
           " modules (device='cuda' / pin_memory=True factories)", "cuda_literals"),
     Patch("distopt_load", "megatron.core.optimizer.distrib_optimizer.DistributedOptimizer."
-          "_set_main_param_and_optimizer_states, load_state_dict", "distopt_load"),
+          "_set_main_param_and_optimizer_states, load_state_dict, state_dict", "distopt_load"),
     Patch("tensor_cuda_noop", "torch.Tensor.cuda", "tensor_cuda_noop"),
     Patch("synchronize_noop", "torch.cuda.synchronize", "synchronize_noop"),
     Patch("clip_vit_norm", "megatron.core.models.vision.clip_vit_model.CLIPViTModel.__init__"

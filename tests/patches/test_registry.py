@@ -1,0 +1,77 @@
+"""The patch table (``patches/registry.py``): what ``apply_cpu_patches`` applies, and what
+each entry documents."""
+
+import importlib
+import re
+from importlib.metadata import version
+
+import pytest
+
+from megatron_mm.patches import CHECKED_MEGATRON_CORE, PATCHES, apply_cpu_patches, applied_patches
+
+ALL = [p.name for p in PATCHES]
+
+
+def test_thirteen_patches_all_applied_here():
+    assert len(ALL) == len(set(ALL)) == 13
+    assert applied_patches() == ALL  # by conftest, in table order
+    assert apply_cpu_patches() == ALL  # applying again changes nothing
+    with pytest.raises(ValueError, match="unknown patches"):
+        apply_cpu_patches(["no_such_patch"])
+
+
+def test_only_triton_stub_when_cuda_is_available(registry_under_cuda):
+    got = registry_under_cuda
+    assert got["returned"] == got["again"] == got["applied"] == ["triton_stub"]
+    assert got["stub_installed"]  # needed with CUDA too, when triton is missing
+    assert all(got["torch_cuda_unchanged"].values()), got["torch_cuda_unchanged"]
+    assert all(got["torch_tensor_unchanged"].values()), got["torch_tensor_unchanged"]
+    # No other patch module was even imported, so none of their apply() ran.
+    assert got["patch_modules_imported"] == ["megatron_mm.patches.registry",
+                                             "megatron_mm.patches.triton_stub"]
+    assert not got["megatron_core_imported"]
+
+
+def _symbols(replaces: str) -> list[str]:
+    """The code names in a ``Patch.replaces`` text (parenthesised remarks left out):
+    backticked names, dotted or snake/Camel-case identifiers, and ``a/b`` alternatives."""
+    text = re.sub(r"\([^)]*\)", " ", replaces)
+    names = []
+    for ticked, word, alternative in re.findall(
+            r"`([^`]+)`|(?<![/\w.])([A-Za-z_][\w.]*)|/([A-Za-z_][\w.]*)", text):
+        name = ticked or alternative or word
+        if ticked or alternative or "." in name or "_" in name or name != name.lower():
+            names.append(name)
+    return names
+
+
+def _named(symbol: str, doc: str) -> bool:
+    tail = ".".join(symbol.split(".")[-2:])  # e.g. ``Tensor.cuda``, ``random._get_cuda_rng_state``
+    return re.search(rf"(?<![\w]){re.escape(tail)}(?![\w])", doc) is not None
+
+
+def _resolve(dotted: str):
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(dotted)
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=ALL)
+def test_docstring_names_version_and_replaced_symbols(patch):
+    assert CHECKED_MEGATRON_CORE == "0.19.2" == version("megatron-core")
+    doc = importlib.import_module(f"megatron_mm.patches.{patch.module}").__doc__
+    assert doc and "0.19.2" in doc, f"{patch.name}: the docstring must name megatron-core 0.19.2"
+    symbols = _symbols(patch.replaces)
+    assert symbols, patch.replaces
+    missing = [s for s in symbols if not _named(s, doc)]
+    assert not missing, f"{patch.name}: docstring does not name {missing}"
+    for symbol in symbols:  # fully qualified names must exist in the checked versions
+        if symbol.startswith(("megatron.", "torch.")):
+            _resolve(symbol)
