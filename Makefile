@@ -13,15 +13,17 @@ NPROC  ?= 2
 setup: $(VENV)/.installed
 
 # torch first and pinned, so no later requirement pulls a different (CUDA) build.
-# megatron-core 0.19.2 says Requires-Python >=3.12 but its cp311 wheel works: hence
-# --ignore-requires-python. mistral-common only ships the demo's SentencePiece tokenizer
-# file; --no-deps keeps its unrelated requirements out.
+# megatron-core 0.19.2 says Requires-Python >=3.12 but its cp311 wheel works: it alone is
+# installed with --ignore-requires-python (for everything, pip would pick releases that
+# need 3.12 and build them from source); its own requirements come with the package's.
+# mistral-common only ships the demo's SentencePiece tokenizer file: --no-deps.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q --no-deps mistral-common==1.13.1
-	$(PIP) install -q --ignore-requires-python -e ".[test]"
+	$(PIP) install -q --no-deps --ignore-requires-python megatron-core==0.19.2
+	$(PIP) install -q --no-deps --no-warn-conflicts mistral-common==1.13.1
+	$(PIP) install -q --no-warn-conflicts -e ".[test]"
 	touch $@
 
 # The demo: CLIP-style ViT + MLP projector + Llama-style LLM on real handwritten digits,
