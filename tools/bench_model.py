@@ -94,6 +94,8 @@ def parse_args(argv=None):
     a("--transformer-impl", default=None, choices=("local", "transformer_engine"),
       help="layer specs for both models (default: TE when usable, else local)")
     a("--seed", type=int, default=1234)
+    a("--answer-tokens", type=int, default=0,
+      help="loss only on the last N tokens of each sample (SFT-style); 0: on all text")
     # ViT (CLIP: class token, ln_pre, quick-GELU)
     a("--vision-num-layers", type=int, default=4)
     a("--vision-hidden-size", type=int, default=256)
@@ -205,7 +207,8 @@ def wrap(name, model, bf16: bool, cuda: bool, inputs, mask) -> Trainee:
     return Trainee(name, ddp, opt, inputs, mask, [])
 
 
-def make_batches(cfg: MultimodalModelConfig, mbs: int, image_id: int, seed: int, device):
+def make_batches(cfg: MultimodalModelConfig, mbs: int, image_id: int, seed: int, device,
+                 answer_tokens: int = 0):
     """One batch, two conventions: each sample is [bos, image, text...] with S tokens in all.
 
     Ours: the image already expanded to T = num_output_tokens placeholder ids.
@@ -225,6 +228,8 @@ def make_batches(cfg: MultimodalModelConfig, mbs: int, image_id: int, seed: int,
         labels = torch.cat([ids[:, 1:], ids[:, :1]], dim=1)
         mask = ((ids != image_id) & (labels != image_id)).float()
         mask[:, -1] = 0
+        if answer_tokens:
+            mask[:, :-answer_tokens - 1] = 0
         return labels, mask
 
     ours = torch.cat([text[:, :1], torch.full((mbs, T), image_id), text[:, 2:]], dim=1)
@@ -234,7 +239,9 @@ def make_batches(cfg: MultimodalModelConfig, mbs: int, image_id: int, seed: int,
     ours, ours_labels, ours_mask, text, llava_labels, llava_mask, images = to(
         ours, ours_labels, ours_mask, text, llava_labels, llava_mask, images)
     pos = lambda ids: torch.arange(ids.shape[1], device=device).expand_as(ids)  # noqa: E731
-    ours_inputs = ((ours, pos(ours)), dict(media={"image": images}, labels=ours_labels))
+    # Ours gets the loss mask as in training: its output layer runs only where the loss is.
+    ours_inputs = ((ours, pos(ours)), dict(media={"image": images}, labels=ours_labels,
+                                           loss_mask=ours_mask))
     # LLaVAModel(images, input_ids, position_ids, attention_mask, labels=, loss_mask=)
     llava_inputs = ((images, text, pos(text), None), dict(labels=llava_labels,
                                                           loss_mask=llava_mask))
@@ -374,7 +381,7 @@ def main(argv=None) -> dict:
     n_params = [count_params(m, device) for m in (ours_model, llava_model)]
 
     (ours_in, ours_mask), (llava_in, _) = make_batches(
-        cfg, args.micro_batch_size, image_id, args.seed, device)
+        cfg, args.micro_batch_size, image_id, args.seed, device, args.answer_tokens)
     trainees = [wrap("megatron_mm MultimodalModel", ours_model, args.bf16, cuda, ours_in,
                      ours_mask),
                 wrap("megatron.core LLaVAModel", llava_model, args.bf16, cuda, llava_in, None)]
