@@ -190,6 +190,8 @@ def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
                  f"specs), {len(train_ds)} train / {len(valid_ds)} validation samples ...")
     model = build_model(args.model_config, build_settings(args),
                         {"image": tokenizer.media_token_id("image")})
+    if torch.cuda.is_available():  # as Megatron-LM's get_model: modules built on the host too
+        model.cuda(torch.cuda.current_device())
     n_params = sum(p.numel() for p in model.parameters())
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     print_rank_0(f" > number of parameters on (tensor, pipeline) model parallel rank "
