@@ -2,7 +2,9 @@
 Megatron-Core's tensor-parallel layers and the process groups set up outside."""
 
 from megatron_mm.patches import apply_cpu_patches
+from megatron_mm.quiet import silence_expected_warnings
 
+silence_expected_warnings()
 apply_cpu_patches()  # before any megatron.core import below (no-op with CUDA)
 
 from .build import BuildSettings, build_model  # noqa: E402

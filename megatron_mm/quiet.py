@@ -1,0 +1,27 @@
+"""Silence megatron-core import warnings that say nothing actionable here.
+
+Without CUDA, Transformer Engine and Apex cannot be installed, so their fallback warnings
+(a dozen per process) only bury the training log; with CUDA they stay visible, since there
+a missing TE or Apex is worth knowing. The rest are upstream notices about code we do not
+use (MIMO, absl logging, CUDA-graph scopes).
+"""
+
+import warnings
+
+ALWAYS = (
+    r"absl\.logging is not installed",
+    r"MimoModelConfig is experimental",
+    r"full scope is deprecated",
+)
+WITHOUT_CUDA = (
+    r"Apex is not installed",
+    r"Transformer Engine and Apex are not installed",
+)
+
+
+def silence_expected_warnings() -> None:
+    import torch
+
+    patterns = ALWAYS + (() if torch.cuda.is_available() else WITHOUT_CUDA)
+    for pattern in patterns:
+        warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
