@@ -5,13 +5,11 @@ import io
 import json
 from collections import Counter
 
-import numpy as np
 import pytest
 import sentencepiece as spm
 import torch
 from PIL import Image
 
-from megatron_mm.data import tokenizer as tokenizer_mod
 from megatron_mm.data.dataset import MegatronPretrainingSampler, MultimodalDataset
 from megatron_mm.data.media import ImageProcessorConfig
 from megatron_mm.data.processing import collate, encode_record
