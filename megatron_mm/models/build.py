@@ -22,7 +22,10 @@ __all__ = ["BuildSettings", "build_model"]
 
 
 def build_model(config: MultimodalModelConfig, settings: BuildSettings,
-                media_token_ids: Mapping[str, int]) -> MultimodalModel:
+                media_token_ids: Mapping[str, int], pre_process: bool = True,
+                post_process: bool = True) -> MultimodalModel:
+    """The model, or its pipeline stage: encoders and projectors are built with the LLM's
+    embedding (``pre_process``, the first stage), the output layer with ``post_process``."""
     config.validate_parallel(settings.tensor_model_parallel_size)
     lm = config.language
     specs = get_layer_specs(settings.transformer_impl, qk_layernorm=lm.qk_layernorm)
@@ -34,9 +37,11 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
         share_embeddings_and_output_weights=not lm.untie_embeddings_and_output_weights,
         position_embedding_type="rope",
         rotary_base=lm.rotary_base,
+        pre_process=pre_process,
+        post_process=post_process,
     )
     encoders, projectors = {}, {}
-    for name, enc in config.encoders.items():
+    for name, enc in (config.encoders.items() if pre_process else ()):
         encoders[name] = VisionTransformer(vision_transformer_config(enc, settings), enc,
                                            specs.vision_layer, specs.vision_norm)
         proj = config.projectors[name]

@@ -41,6 +41,15 @@ class MultimodalModel(MegatronModule):
             setattr(self, f"{name}_model", encoders[name])
             setattr(self, f"{name}_projection", projectors[name])
         self.language_model = language_model
+        # Read by Megatron-Core's schedules (first / last pipeline stage of this chunk).
+        self.pre_process = language_model.pre_process
+        self.post_process = language_model.post_process
+        self.share_embeddings_and_output_weights = (
+            language_model.share_embeddings_and_output_weights)
+
+    def shared_embedding_or_output_weight(self):
+        """For ``finalize_model_grads``: the tied weight whose grads meet across stages."""
+        return self.language_model.shared_embedding_or_output_weight()
 
     def encoder(self, name: str) -> VisionTransformer:
         return getattr(self, f"{name}_model")
@@ -104,7 +113,9 @@ class MultimodalModel(MegatronModule):
         With a ``loss_mask`` the output layer runs only where the loss is taken (answer
         tokens; not media or prompt), and the loss elsewhere is 0.
         """
-        decoder_input = self.embed(tokens, position_ids, media or {})
+        # Later pipeline stages get their input from the previous stage (set_input_tensor).
+        decoder_input = (self.embed(tokens, position_ids, media or {})
+                         if self.pre_process else None)
         sparse = (labels is not None and loss_mask is not None
                   and not self.language_model.config.sequence_parallel)
         return self.language_model(

@@ -31,11 +31,18 @@ class BuildSettings:
     # not depend on the TP size (what the TP-equals-TP=1 tests rely on).
     use_cpu_initialization: bool = True
 
-    def common(self) -> dict:
+    def common(self, pipelined: bool = False) -> dict:
+        """Settings of every module; only the LLM is split over pipeline stages (the
+        encoders and projectors live whole on the first stage)."""
         dtype = torch.bfloat16 if self.bf16 else torch.float32
+        pp = self.pipeline_model_parallel_size if pipelined else 1
         return dict(
             tensor_model_parallel_size=self.tensor_model_parallel_size,
-            pipeline_model_parallel_size=self.pipeline_model_parallel_size,
+            pipeline_model_parallel_size=pp,
+            # Micro-batches are padded to their own longest sample, so the p2p shapes vary
+            # (the alltoall dispatcher is what config validation accepts with that).
+            variable_seq_lengths=pp > 1,
+            moe_token_dispatcher_type="alltoall",
             bf16=self.bf16,
             params_dtype=dtype,
             pipeline_dtype=dtype,
@@ -73,7 +80,7 @@ def language_transformer_config(lm: LanguageModelConfig, s: BuildSettings) -> Tr
         add_bias_linear=False,
         add_qkv_bias=lm.add_qkv_bias,
         qk_layernorm=lm.qk_layernorm,
-        **s.common(),
+        **s.common(pipelined=True),
     )
 
 

@@ -151,8 +151,9 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    if pp != 1:
-        raise ConfigError("--pipeline-model-parallel-size > 1 is not supported yet")
+    if args.num_layers % pp:
+        raise ConfigError(f"--num-layers ({args.num_layers}) is not divisible by "
+                          f"--pipeline-model-parallel-size ({pp})")
     if world_size % (tp * pp):
         raise ConfigError(
             f"world size {world_size} is not divisible by --tensor-model-parallel-size ({tp})"
@@ -170,7 +171,7 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
     if not args.group_query_attention:
         args.num_query_groups = args.num_attention_heads
     if args.lr_decay_iters is None:
-        args.lr_decay_iters = args.train_iters
+        args.lr_decay_iters = max(args.train_iters, 1)
     if args.lr_warmup_iters > args.lr_decay_iters:
         raise ConfigError(f"--lr-warmup-iters ({args.lr_warmup_iters}) exceeds "
                           f"--lr-decay-iters ({args.lr_decay_iters})")
@@ -179,8 +180,10 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
     if args.save_interval is not None and args.save is None:
         raise ConfigError("--save-interval needs --save DIR")
     if args.eval_interval is None:
-        args.eval_interval = args.train_iters
-    for flag in ("train_iters", "log_interval", "eval_interval", "eval_iters"):
+        args.eval_interval = max(args.train_iters, 1)
+    if args.train_iters < 0:  # 0 with --save writes the initial checkpoint
+        raise ConfigError("--train-iters must not be negative")
+    for flag in ("log_interval", "eval_interval", "eval_iters"):
         if getattr(args, flag) <= 0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive")
     if args.data_path and args.data_path.endswith(".jsonl") and not args.valid_data_path:

@@ -153,12 +153,12 @@ def training_log(args, iteration: int, loss: float, grad_norm, lr: float, elapse
     print_rank_last(line)
 
 
-def evaluate_and_print(args, iteration, model_chunks, unwrapped, valid_ds, tokenizer,
+def evaluate_and_print(args, iteration, model_chunks, valid_ds, tokenizer,
                        label: str = "") -> dict:
     batches = batch_iterator(args, valid_ds, tokenizer, 0, shuffle=False)
     loss = evaluate_loss(args, model_chunks, batches)
     n = min(len(valid_ds), args.eval_iters * args.global_batch_size)
-    accuracy = answer_accuracy(args, unwrapped, valid_ds, tokenizer, range(n))
+    accuracy = answer_accuracy(args, model_chunks, valid_ds, tokenizer, range(n))
     line = (f" validation loss at iteration {iteration}{label} | lm loss value: {loss:.6E}"
             f" | lm loss PPL: {math.exp(min(20.0, loss)):.6E}"
             f" | val answer accuracy: {accuracy:.4f} ({n} samples) |")
@@ -189,7 +189,9 @@ def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
     print_rank_0(f"> building multimodal model ({build_settings(args).transformer_impl} "
                  f"specs), {len(train_ds)} train / {len(valid_ds)} validation samples ...")
     model = build_model(args.model_config, build_settings(args),
-                        {"image": tokenizer.media_token_id("image")})
+                        {"image": tokenizer.media_token_id("image")},
+                        pre_process=parallel_state.is_pipeline_first_stage(),
+                        post_process=parallel_state.is_pipeline_last_stage())
     if torch.cuda.is_available():  # as Megatron-LM's get_model: modules built on the host too
         model.cuda(torch.cuda.current_device())
     n_params = sum(p.numel() for p in model.parameters())
@@ -231,15 +233,15 @@ def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
             print_rank_0(f"  successfully saved checkpoint at iteration {iteration} to "
                          f"{args.save}")
         if iteration % args.eval_interval == 0 and iteration < args.train_iters:
-            summary.update(evaluate_and_print(args, iteration, model_chunks, model,
-                                              valid_ds, tokenizer))
+            summary.update(evaluate_and_print(args, iteration, model_chunks, valid_ds,
+                                              tokenizer))
         if iteration % args.log_interval == 0:
             interval_start = time.perf_counter()  # evaluation and saving are not step time
     if args.save and last_saved != iteration:
         save_checkpoint(args, iteration, model, optimizer, scheduler)
         print_rank_0(f"  successfully saved checkpoint at iteration {iteration} to {args.save}")
     if not args.skip_final_eval:
-        summary.update(evaluate_and_print(args, iteration, model_chunks, model, valid_ds,
-                                          tokenizer, label=" on validation set"))
+        summary.update(evaluate_and_print(args, iteration, model_chunks, valid_ds, tokenizer,
+                                          label=" on validation set"))
     summary["iteration"] = iteration
     return summary

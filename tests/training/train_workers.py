@@ -36,9 +36,26 @@ def full_tensor(param: torch.nn.Parameter, tensor: torch.Tensor) -> torch.Tensor
     return torch.cat([p[k] for k in range(stride) for p in pieces], dim).float()
 
 
+def global_names(model) -> dict:
+    """Parameter name -> its name in the whole (PP=1) model: a pipeline stage numbers its
+    transformer layers from 0, Megatron's ``layer_number`` is global (1-based)."""
+    renamed = {}
+    for prefix, module in model.named_modules():
+        head, _, index = prefix.rpartition(".layers.")
+        if index.isdigit() and hasattr(module, "layer_number"):
+            renamed[prefix] = f"{head}.layers.{module.layer_number - 1}"
+    out = {}
+    for name, _ in model.named_parameters():
+        prefix = max((p for p in renamed if name.startswith(p + ".")), key=len, default=None)
+        out[name] = renamed[prefix] + name[len(prefix):] if prefix else name
+    return out
+
+
 def full_state(model, grads: bool) -> dict:
     out = {}
-    for name, param in model.named_parameters():
+    names = global_names(model)
+    for local, param in model.named_parameters():
+        name = names[local]
         if grads:
             grad = getattr(param, "main_grad", None)
             out[name] = None if grad is None else full_tensor(param, grad)
