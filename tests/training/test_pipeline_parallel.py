@@ -1,5 +1,5 @@
-"""PP=2 (encoder and projector on the first stage, LLM layers split) equals PP=1 from the
-same initial checkpoint: losses, gradients and parameters."""
+"""PP=2 and TP=2 x PP=2 (encoder and projector on the first stage, LLM layers split) equal
+one process from the same initial checkpoint: losses, gradients and parameters."""
 
 import pytest
 import torch
@@ -19,15 +19,20 @@ def _merge(ranks, key, step=None):
     return merged
 
 
-@pytest.mark.parametrize("freeze", [[], ["--freeze-ViT"]])
-def test_pipeline_parallel_2_equals_1(digits_dir, tmp_path, freeze):
+@pytest.mark.parametrize("world, layout, freeze", [
+    (2, ["--pipeline-model-parallel-size", "2"], []),
+    (2, ["--pipeline-model-parallel-size", "2"], ["--freeze-ViT"]),
+    (4, ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2"], []),
+])
+def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path, world, layout, freeze):
     # Stages draw different random streams, so both runs start from one saved init.
     common = TINY_MODEL + ["--data-path", digits_dir, "--micro-batch-size", "2",
                            "--global-batch-size", "8", *freeze]
     run_distributed(train, 1, common + ["--train-iters", "0", "--save", str(tmp_path)])
     argv = common + ["--train-iters", str(STEPS), "--load", str(tmp_path), "--no-load-optim"]
     ref = run_distributed(train, 1, argv, (1, STEPS))[0]
-    pp2 = run_distributed(train, 2, argv + ["--pipeline-model-parallel-size", "2"], (1, STEPS))
+    ranks = run_distributed(train, world, argv + layout, (1, STEPS))
+    pp2 = ranks[:: world // 2]  # TP rank 0 of each stage: full (TP-gathered) tensors
     last = pp2[1]  # the loss lives on the last stage
     for it in range(1, STEPS + 1):
         assert last["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
