@@ -1,0 +1,34 @@
+"""Pipeline planning, pure Python (no torch): frozen-aware costs, partitions, estimates.
+
+    model = model_zoo.model_pair("VLM-S").with_freeze(encoders=True, projectors=False,
+                                                     llm=True)
+    chain = build_chain(model, Workload(seq_length=4096, recompute=True))
+    part = partition(chain, pp=4, vpp=1, policy=parse_partition_flag("auto"))
+    est = estimate(chain, part, num_microbatches=24)
+
+Everything a plan holds is a dataclass with ``to_dict`` / ``from_dict`` (``Record``), so
+the runtime that executes a plan and a simulator that replays it read the same data.
+"""
+
+from .chain import build_chain
+from .comparison import Comparison, Scenario, compare, cornstarch_scenarios, optimus_scenarios
+from .describe import describe_chunk
+from .errors import PlanError
+from .estimate import PipelineEstimate, estimate
+from .hardware import Hardware, MemoryModel
+from .layers import KINDS, Layer, resolve_backward
+from .minmax import minmax_split
+from .model import EncoderSpec, ModelSpec, TransformerSpec, Workload
+from .partition import POLICIES, StagePartition, parse_partition_flag, partition
+from .planner import PipelinePlan, plan_pipeline
+from .record import Record
+from .schedule import inflight_microbatches
+
+__all__ = [
+    "KINDS", "POLICIES", "Comparison", "EncoderSpec", "Hardware", "Layer", "MemoryModel",
+    "ModelSpec", "PipelineEstimate", "PipelinePlan", "PlanError", "Record", "Scenario",
+    "StagePartition", "TransformerSpec", "Workload", "build_chain", "compare",
+    "cornstarch_scenarios", "describe_chunk", "estimate", "inflight_microbatches",
+    "minmax_split", "optimus_scenarios", "parse_partition_flag", "partition",
+    "plan_pipeline", "resolve_backward",
+]

@@ -1,0 +1,178 @@
+"""What is being planned: model sizes, freezing, and the per-micro-batch workload.
+
+Sizes only; no weights. ``ModelSpec.from_config`` reads the training configuration
+(``megatron_mm.config``) so the planner and the trainer describe the same model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from .errors import PlanError
+from .record import Record
+
+
+@dataclass
+class TransformerSpec(Record):
+    """One transformer stack; names follow Megatron's TransformerConfig."""
+
+    hidden_size: int
+    num_layers: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: Optional[int] = None  # GQA; None: multi-head
+    kv_channels: Optional[int] = None  # head dim; None: hidden / heads (Gemma-2 differs)
+    gated_linear_unit: bool = False  # SwiGLU / GeGLU: three FFN matrices instead of two
+    add_bias_linear: bool = False
+    num_experts: int = 1  # MoE: parameters of all experts, FLOPs of the routed top-k
+    moe_router_topk: int = 1
+    vocab_size: int = 0  # LLMs only
+
+    def __post_init__(self):
+        if self.num_query_groups is None:
+            self.num_query_groups = self.num_attention_heads
+        if self.kv_channels is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise PlanError(f"hidden size {self.hidden_size} is not divisible by "
+                                f"{self.num_attention_heads} heads; give kv_channels")
+            self.kv_channels = self.hidden_size // self.num_attention_heads
+        if self.num_attention_heads % self.num_query_groups:
+            raise PlanError(f"{self.num_attention_heads} heads are not divisible by "
+                            f"{self.num_query_groups} query groups")
+        for name in ("hidden_size", "num_layers", "ffn_hidden_size", "num_attention_heads"):
+            if getattr(self, name) <= 0:
+                raise PlanError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_attention_heads * self.kv_channels
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_query_groups * self.kv_channels
+
+
+@dataclass
+class EncoderSpec(Record):
+    """An encoder and its projector. ``name`` prefixes the modules: vision -> vision_model."""
+
+    name: str
+    modality: str  # vision | audio (the layer kinds)
+    transformer: TransformerSpec
+    tokens_per_item: int  # encoder sequence per image tile / audio clip
+    llm_tokens_per_item: int  # tokens handed to the LLM after the encoder's own merge/pool
+    items_per_sample: int = 1
+    embed_flops_per_token: float = 0.0  # forward FLOPs of the patch / conv stem per token
+    embed_params: int = 0
+    projector_input_size: Optional[int] = None  # default: the encoder's hidden size
+    projector_ffn_hidden_size: Optional[int] = None  # default: the LLM's hidden size
+    projector_type: str = "mlp"  # mlp: Linear-GELU-Linear (LLaVA); affine: one Linear
+
+    def __post_init__(self):
+        if self.modality not in ("vision", "audio"):
+            raise PlanError(f"encoder {self.name!r}: modality must be vision or audio, "
+                            f"got {self.modality!r}")
+        if self.projector_type not in ("mlp", "affine"):
+            raise PlanError(f"encoder {self.name!r}: projector type must be mlp or affine")
+        if min(self.tokens_per_item, self.llm_tokens_per_item, self.items_per_sample) <= 0:
+            raise PlanError(f"encoder {self.name!r}: token and item counts must be positive")
+        if self.projector_input_size is None:
+            self.projector_input_size = self.transformer.hidden_size
+
+    @property
+    def media_tokens_per_sample(self) -> int:
+        return self.items_per_sample * self.llm_tokens_per_item
+
+
+@dataclass
+class ModelSpec(Record):
+    """Encoders -> projectors -> LLM, and what is frozen."""
+
+    name: str
+    encoders: List[EncoderSpec]
+    llm: TransformerSpec
+    frozen_encoders: List[str] = field(default_factory=list)
+    frozen_projectors: List[str] = field(default_factory=list)
+    freeze_llm: bool = False
+
+    def __post_init__(self):
+        names = [e.name for e in self.encoders]
+        if len(set(names)) != len(names):
+            raise PlanError(f"encoder names must be unique, got {names}")
+        for what, frozen in (("encoders", self.frozen_encoders),
+                             ("projectors", self.frozen_projectors)):
+            unknown = sorted(set(frozen) - set(names))
+            if unknown:
+                raise PlanError(f"frozen {what} {unknown} are not in the model ({names})")
+        if self.llm.vocab_size <= 0:
+            raise PlanError("the LLM needs a vocabulary size (--vocab-size)")
+
+    @property
+    def media_tokens_per_sample(self) -> int:
+        return sum(e.media_tokens_per_sample for e in self.encoders)
+
+    def with_freeze(self, encoders: bool, projectors: bool, llm: bool) -> "ModelSpec":
+        """The same model with every encoder / projector / the LLM frozen or not."""
+        names = [e.name for e in self.encoders]
+        return dataclasses.replace(self, frozen_encoders=names if encoders else [],
+                                   frozen_projectors=names if projectors else [],
+                                   freeze_llm=llm)
+
+    @classmethod
+    def from_config(cls, config, images_per_sample: int = 1,
+                    name: str = "config") -> "ModelSpec":
+        """From a ``megatron_mm.config.MultimodalModelConfig`` (our ViTs + Llama-style LLM)."""
+        encoders = []
+        for enc_name, enc in config.encoders.items():
+            proj = config.projectors[enc_name]
+            tokens = enc.num_patches + int(enc.has_class_token)
+            encoders.append(EncoderSpec(
+                name=enc_name, modality="vision",
+                transformer=TransformerSpec(
+                    hidden_size=enc.hidden_size, num_layers=enc.num_layers_built,
+                    ffn_hidden_size=enc.ffn_hidden_size,
+                    num_attention_heads=enc.num_attention_heads, add_bias_linear=True),
+                tokens_per_item=tokens, llm_tokens_per_item=enc.num_output_tokens,
+                items_per_sample=images_per_sample,
+                embed_flops_per_token=patch_embed_flops(enc.patch_dim, enc.hidden_size),
+                embed_params=(3 * enc.patch_dim ** 2 + tokens + 1) * enc.hidden_size,
+                projector_ffn_hidden_size=proj.ffn_hidden_size,
+                projector_type=proj.projector_type))
+        lm = config.language
+        llm = TransformerSpec(
+            hidden_size=lm.hidden_size, num_layers=lm.num_layers,
+            ffn_hidden_size=lm.ffn_hidden_size, num_attention_heads=lm.num_attention_heads,
+            num_query_groups=lm.num_query_groups, gated_linear_unit=True,
+            vocab_size=lm.vocab_size_padded(1) if lm.vocab_size > 0 else 0)
+        return cls(name=name, encoders=encoders, llm=llm,
+                   frozen_encoders=sorted(config.freeze.encoders),
+                   frozen_projectors=sorted(config.freeze.projectors),
+                   freeze_llm=config.freeze.language_model)
+
+
+@dataclass
+class Workload(Record):
+    """Per-micro-batch work and the knobs that change per-layer cost."""
+
+    seq_length: int  # LLM tokens per sample, media tokens included (Megatron's --seq-length)
+    micro_batch_size: int = 1
+    recompute: bool = False  # --recompute-granularity full: every transformer layer
+    tensor_model_parallel_size: int = 1  # ideal split of FLOPs, weights and activations
+
+    def __post_init__(self):
+        for name in ("seq_length", "micro_batch_size", "tensor_model_parallel_size"):
+            if getattr(self, name) <= 0:
+                raise PlanError(f"--{name.replace('_', '-')} must be positive")
+
+
+def patch_embed_flops(patch: int, hidden: int, channels: int = 3, frames: int = 1) -> float:
+    """Forward FLOPs per token of a ViT patch convolution (one matmul per patch)."""
+    return 2.0 * channels * frames * patch * patch * hidden
+
+
+def whisper_stem_flops(mel_bins: int, hidden: int) -> float:
+    """Forward FLOPs per encoder frame of Whisper's stem: conv1 (k=3) on the two mel frames
+    behind each output frame, then conv2 (k=3, stride 2)."""
+    return 2.0 * (2 * 3 * mel_bins * hidden + 3 * hidden * hidden)

@@ -1,0 +1,26 @@
+"""The planner reads the training configuration (megatron_mm.config) directly."""
+
+from megatron_mm.config import (FreezeConfig, LanguageModelConfig, MultimodalModelConfig,
+                                VisionEncoderConfig)
+from megatron_mm.plan import ModelSpec, Workload, build_chain
+
+
+def test_from_config():
+    config = MultimodalModelConfig(
+        encoders={"vision": VisionEncoderConfig(hidden_size=64, num_layers=4, feature_layer=-2,
+                                                img_h=28, img_w=28, patch_dim=7,
+                                                drop_class_token=True)},
+        language=LanguageModelConfig(vocab_size=1000, hidden_size=128, num_layers=3,
+                                     num_attention_heads=4, num_query_groups=2),
+        freeze=FreezeConfig(language_model=True, encoders={"vision"}))
+    spec = ModelSpec.from_config(config, images_per_sample=2)
+    enc = spec.encoders[0]
+    assert enc.transformer.num_layers == 3  # feature layer -2: the last layer is not built
+    assert (enc.tokens_per_item, enc.llm_tokens_per_item) == (17, 16)  # class token dropped
+    assert spec.media_tokens_per_sample == 32
+    assert spec.llm.vocab_size == 1024 and spec.llm.num_query_groups == 2  # padded to 128
+    assert spec.llm.gated_linear_unit and spec.freeze_llm
+    assert spec.frozen_encoders == ["vision"] and spec.frozen_projectors == []
+    chain = build_chain(spec, Workload(seq_length=64))
+    assert [l.kind for l in chain].count("vision_layer") == 3
+    assert [l.total_flops / l.fwd_flops for l in chain if l.kind == "vision_layer"] == [1.0] * 3

@@ -1,0 +1,360 @@
+"""Pipeline partition planner: frozen-aware vs Megatron's uniform layout, with estimates.
+
+For a model (a zoo pair or sizes on the command line), its freezing, PP / VPP and the
+micro-batch count, prints the chosen partition stage by stage and the estimated iteration
+time of Megatron-Core's uniform layout, the freeze-unaware balanced one and the
+frozen-aware one. Pure Python: no torch, runs anywhere.
+
+    python tools/plan.py --model-pair VLM-S --freeze-ViT --freeze-LM \\
+        --pipeline-model-parallel-size 4 --num-microbatches 24 --recompute-granularity full
+    python tools/plan.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 \\
+        --group-query-attention --num-query-groups 8 --ffn-hidden-size 14336 --swiglu \\
+        --vocab-size 128256 --vision-num-layers 24 --vision-hidden-size 1024 \\
+        --vision-num-attention-heads 16 --img-h 336 --img-w 336 --patch-dim 14 \\
+        --freeze-ViT --freeze-LM --pipeline-partition 20,14,14,12
+    python tools/plan.py --cornstarch-table        # the nine Cornstarch MLLMs
+    python tools/plan.py --optimus-table           # Optimus' ViT + LLaMA / GPT models
+
+The estimate's formula, the cost model and its assumptions are in megatron_mm/plan
+(estimate.py, flops.py, layers.py). ``--json PATH`` writes the plan(s) as data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from megatron_mm.plan import (  # noqa: E402
+    EncoderSpec, Hardware, MemoryModel, ModelSpec, PlanError, Scenario, TransformerSpec,
+    Workload, build_chain, compare, cornstarch_scenarios, describe_chunk,
+    optimus_scenarios, parse_partition_flag, plan_pipeline)
+from megatron_mm.plan import model_zoo  # noqa: E402
+from megatron_mm.plan.comparison import COMPARED  # noqa: E402
+from megatron_mm.plan.model import patch_embed_flops  # noqa: E402
+
+GiB = 1024 ** 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("what to print")
+    g.add_argument("--cornstarch-table", action="store_true",
+                   help="uniform vs frozen-aware for Cornstarch's nine MLLMs (encoders and "
+                        "LLM frozen, projectors trained)")
+    g.add_argument("--optimus-table", action="store_true",
+                   help="the same for Optimus' models, all trained and Cornstarch-frozen")
+    g.add_argument("--json", default=None, help="write the plan(s) as JSON to this path")
+
+    g = p.add_argument_group("model: a zoo pair or sizes")
+    g.add_argument("--model-pair", choices=sorted(model_zoo.PAIRS), default=None)
+    g.add_argument("--num-layers", type=int)
+    g.add_argument("--hidden-size", type=int)
+    g.add_argument("--ffn-hidden-size", type=int, help="default 4 x hidden")
+    g.add_argument("--num-attention-heads", type=int)
+    g.add_argument("--group-query-attention", action="store_true")
+    g.add_argument("--num-query-groups", type=int, default=1)
+    g.add_argument("--kv-channels", type=int, default=None)
+    g.add_argument("--swiglu", action="store_true", help="gated MLP (3 FFN matrices)")
+    g.add_argument("--vocab-size", type=int)
+    g.add_argument("--num-experts", type=int, default=1)
+    g.add_argument("--moe-router-topk", type=int, default=1)
+    g.add_argument("--vision-num-layers", type=int, help="adds a ViT (with --vision-*)")
+    g.add_argument("--vision-hidden-size", type=int)
+    g.add_argument("--vision-ffn-hidden-size", type=int, help="default 4 x hidden")
+    g.add_argument("--vision-num-attention-heads", type=int)
+    g.add_argument("--patch-dim", type=int, default=14)
+    g.add_argument("--disable-vision-class-token", action="store_true")
+    g.add_argument("--images-per-sample", type=int, default=1,
+                   help="images (tiles) per sample for a ViT given by sizes")
+    g.add_argument("--img-h", type=int, default=None,
+                   help="image height: a --vision-* ViT takes it whole (default 336); zoo "
+                        "encoders tile it at their native resolution (default 720)")
+    g.add_argument("--img-w", type=int, default=None, help="image width (default 336 / 1280)")
+    g.add_argument("--audio-seconds", type=float, default=30.0, help="zoo audio encoders")
+
+    g = p.add_argument_group("freezing (Megatron flags)")
+    g.add_argument("--freeze-LM", action="store_true")
+    g.add_argument("--freeze-ViT", action="store_true", help="freezes every encoder")
+    g.add_argument("--freeze-projector", action="store_true")
+
+    g = p.add_argument_group("parallelism and batch")
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=None,
+                   help="default 4 (tables: 4 for Cornstarch, Optimus' own per model)")
+    g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None)
+    g.add_argument("--tensor-model-parallel-size", type=int, default=None,
+                   help="ideal division of FLOPs, weights and activations (default 1)")
+    g.add_argument("--pipeline-partition", default="auto",
+                   help="auto | uniform | balanced | layers per stage, e.g. 4,8,8,8")
+    g.add_argument("--num-microbatches", type=int, default=None)
+    g.add_argument("--global-batch-size", type=int, default=None)
+    g.add_argument("--micro-batch-size", type=int, default=None, help="default 1")
+    g.add_argument("--data-parallel-size", type=int, default=1)
+    g.add_argument("--seq-length", type=int, default=None,
+                   help="LLM tokens per sample, media included (default: text + media)")
+    g.add_argument("--text-seq-length", type=int, default=1024,
+                   help="text tokens when --seq-length is not given")
+    g.add_argument("--recompute-granularity", choices=["full"], default=None)
+
+    g = p.add_argument_group("hardware and memory")
+    g.add_argument("--peak-tflops", type=float, default=989.0, help="H100 bf16 dense")
+    g.add_argument("--efficiency", type=float, default=0.5)
+    g.add_argument("--p2p-bandwidth-gbps", type=float, default=None,
+                   help="GB/s between neighbouring stages (default: transfers are free)")
+    g.add_argument("--p2p-latency-us", type=float, default=0.0)
+    g.add_argument("--memory-limit-gb", type=float, default=None,
+                   help="GiB per GPU the partition must fit")
+    g.add_argument("--bytes-per-trainable-param", type=float, default=16.0)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        hardware = Hardware(peak_flops=args.peak_tflops * 1e12, efficiency=args.efficiency,
+                            p2p_bandwidth=(args.p2p_bandwidth_gbps * 1e9
+                                           if args.p2p_bandwidth_gbps else None),
+                            p2p_latency_s=args.p2p_latency_us * 1e-6)
+        memory = MemoryModel(bytes_per_trainable_param=args.bytes_per_trainable_param)
+        limit = args.memory_limit_gb * GiB if args.memory_limit_gb else None
+        if args.cornstarch_table or args.optimus_table:
+            return print_tables(args, hardware, memory, limit)
+        return print_plan(args, hardware, memory, limit)
+    except PlanError as e:
+        parser.error(str(e))
+    return 2
+
+
+# -- one model -------------------------------------------------------------------------
+
+def model_from_args(args) -> ModelSpec:
+    if args.model_pair:
+        model = model_zoo.model_pair(args.model_pair, args.img_h or 720, args.img_w or 1280,
+                                     args.audio_seconds)
+    else:
+        missing = [f"--{n.replace('_', '-')}" for n in
+                   ("num_layers", "hidden_size", "num_attention_heads", "vocab_size")
+                   if getattr(args, n) is None]
+        if missing:
+            raise PlanError(f"give --model-pair NAME or the model sizes; missing "
+                            f"{', '.join(missing)}")
+        llm = TransformerSpec(
+            hidden_size=args.hidden_size, num_layers=args.num_layers,
+            ffn_hidden_size=args.ffn_hidden_size or 4 * args.hidden_size,
+            num_attention_heads=args.num_attention_heads,
+            num_query_groups=(args.num_query_groups if args.group_query_attention else None),
+            kv_channels=args.kv_channels, gated_linear_unit=args.swiglu,
+            num_experts=args.num_experts, moe_router_topk=args.moe_router_topk,
+            vocab_size=args.vocab_size)
+        encoders = [vit_from_args(args)] if args.vision_num_layers else []
+        model = ModelSpec(name="command-line model", encoders=encoders, llm=llm)
+    return model.with_freeze(args.freeze_ViT, args.freeze_projector, args.freeze_LM)
+
+
+def vit_from_args(args) -> EncoderSpec:
+    if not (args.vision_hidden_size and args.vision_num_attention_heads):
+        raise PlanError("--vision-num-layers needs --vision-hidden-size and "
+                        "--vision-num-attention-heads")
+    img_h, img_w, p = args.img_h or 336, args.img_w or 336, args.patch_dim
+    if img_h % p or img_w % p:
+        raise PlanError(f"--img-h/--img-w ({img_h}x{img_w}) must be divisible by "
+                        f"--patch-dim ({p})")
+    h = args.vision_hidden_size
+    patches = (img_h // p) * (img_w // p)
+    return EncoderSpec(
+        name="vision", modality="vision",
+        transformer=TransformerSpec(
+            hidden_size=h, num_layers=args.vision_num_layers,
+            ffn_hidden_size=args.vision_ffn_hidden_size or 4 * h,
+            num_attention_heads=args.vision_num_attention_heads, add_bias_linear=True),
+        tokens_per_item=patches + 1,
+        llm_tokens_per_item=patches + (0 if args.disable_vision_class_token else 1),
+        items_per_sample=args.images_per_sample, embed_flops_per_token=patch_embed_flops(p, h),
+        embed_params=(3 * p * p + patches + 2) * h)
+
+
+def num_microbatches(args) -> int:
+    if args.num_microbatches is not None:
+        if args.global_batch_size is not None:
+            raise PlanError("give --num-microbatches or --global-batch-size, not both")
+        m = args.num_microbatches
+    elif args.global_batch_size is not None:
+        per = (args.micro_batch_size or 1) * args.data_parallel_size
+        if args.global_batch_size % per:
+            raise PlanError(f"--global-batch-size ({args.global_batch_size}) must be a "
+                            f"multiple of --micro-batch-size x --data-parallel-size ({per})")
+        m = args.global_batch_size // per
+    else:
+        m = 24  # Cornstarch's harness
+    if m < 1:
+        raise PlanError("the number of micro-batches must be >= 1")
+    return m
+
+
+def print_plan(args, hardware: Hardware, memory: MemoryModel, limit) -> int:
+    model = model_from_args(args)
+    media = model.media_tokens_per_sample
+    seq = args.seq_length or args.text_seq_length + media
+    workload = Workload(seq_length=seq, micro_batch_size=args.micro_batch_size or 1,
+                        recompute=args.recompute_granularity == "full",
+                        tensor_model_parallel_size=args.tensor_model_parallel_size or 1)
+    chain = build_chain(model, workload)
+    pp = args.pipeline_model_parallel_size or 4
+    vpp = args.virtual_pipeline_model_parallel_size or 1
+    m = num_microbatches(args)
+    chosen = parse_partition_flag(args.pipeline_partition)
+
+    print(f"model: {model.name}")
+    print(f"frozen: {freeze_words(model)}")
+    print(f"workload: micro-batch {workload.micro_batch_size} x {seq} LLM tokens "
+          f"({media} media), recompute {'full' if workload.recompute else 'off'}, "
+          f"TP {workload.tensor_model_parallel_size}, {m} micro-batches; "
+          f"{hardware.name} at {hardware.peak_flops / 1e12:.0f} TFLOP/s x "
+          f"{hardware.efficiency}")
+    print(f"chain: {len(chain)} layers; cost per layer in forwards F "
+          f"(F + backward parts that run + recompute):")
+    for kind, first in first_of_kind(chain):
+        print(f"  {kind:<13} x{sum(l.kind == kind for l in chain):<3} "
+              f"{first.total_flops / first.fwd_flops if first.fwd_flops else 0:.2f} F  "
+              f"({why(first)})")
+    plan = plan_pipeline(chain, pp, vpp, chosen, m, hardware, memory, limit)
+    print()
+    print_stages(plan)
+    print()
+    print("| policy | layers per stage | iteration (s) | speedup vs uniform | peak GiB |")
+    print("| --- | --- | --- | --- | --- |")
+    rows = {}
+    for policy in COMPARED:
+        try:
+            rows[policy] = plan_pipeline(chain, pp, vpp, policy, m, hardware, memory,
+                                         limit if policy == "auto" else None)
+        except PlanError as e:
+            print(f"| {policy} | infeasible: {e} | | | |")
+    if isinstance(chosen, list):
+        rows["explicit"] = plan
+    base = rows.get("uniform")
+    for policy, p in rows.items():
+        e = p.estimate
+        speedup = f"{base.estimate.iteration_s / e.iteration_s:.2f}x" if base else "-"
+        print(f"| {policy} | {counts(p)} | {e.iteration_s:.3f} | {speedup} | "
+              f"{max(e.stage_memory_bytes) / GiB:.1f} |")
+    if args.json:
+        Path(args.json).write_text(plan.to_json(indent=1))
+        print(f"\nwrote the {plan.partition.policy} plan to {args.json}")
+    return 0
+
+
+def print_stages(plan) -> None:
+    part, est = plan.partition, plan.estimate
+    bounds = part.chunk_bounds()
+    print(f"{part.policy} partition, PP {part.pipeline_model_parallel_size} x VPP "
+          f"{part.virtual_pipeline_model_parallel_size}, {est.schedule}: iteration "
+          f"{est.iteration_s:.3f} s (bubble {est.bubble_s:.3f} s, bottleneck stage "
+          f"{est.bottleneck_stage})")
+    print("| chunk | rank | layers | fwd ms | bwd ms | in flight | rank GiB | modules |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    pp = part.pipeline_model_parallel_size
+    for c, (s, e) in enumerate(bounds):
+        r, v = c % pp, c // pp
+        print(f"| {c} | {r} | {e - s} | {est.chunk_forward_s[c] * 1e3:.1f} | "
+              f"{est.chunk_backward_s[c] * 1e3:.1f} | {est.inflight_microbatches[r][v]} | "
+              f"{est.stage_memory_bytes[r] / GiB:.1f} | {describe_chunk(plan.chain, s, e)} |")
+
+
+def first_of_kind(chain):
+    seen = {}
+    for layer in chain:
+        seen.setdefault(layer.kind, layer)
+    return seen.items()
+
+
+def why(layer) -> str:
+    parts = ["trained" if layer.trainable else "frozen"]
+    parts.append("input grads" if layer.needs_dgrad else "no input grads")
+    if layer.recompute and layer.runs_backward:
+        parts.append("recompute")
+    return ", ".join(parts)
+
+
+def freeze_words(model: ModelSpec) -> str:
+    words = [f"encoders {model.frozen_encoders}" if model.frozen_encoders else "",
+             f"projectors {model.frozen_projectors}" if model.frozen_projectors else "",
+             "LLM" if model.freeze_llm else ""]
+    return ", ".join(w for w in words if w) or "nothing"
+
+
+def counts(plan) -> str:
+    return ",".join(str(n) for n in plan.partition.layers_per_chunk)
+
+
+# -- tables ----------------------------------------------------------------------------
+
+def print_tables(args, hardware: Hardware, memory: MemoryModel, limit) -> int:
+    overrides = {}
+    for flag, key in (("pipeline_model_parallel_size", "pipeline_model_parallel_size"),
+                      ("virtual_pipeline_model_parallel_size",
+                       "virtual_pipeline_model_parallel_size"),
+                      ("tensor_model_parallel_size", "tensor_model_parallel_size"),
+                      ("num_microbatches", "num_microbatches"),
+                      ("micro_batch_size", "micro_batch_size")):
+        if getattr(args, flag) is not None:
+            overrides[key] = getattr(args, flag)
+    if args.recompute_granularity:
+        overrides["recompute"] = True
+    results = []
+    if args.cornstarch_table:
+        scenarios = cornstarch_scenarios(**overrides)
+        s = scenarios[0]
+        print(f"Cornstarch's nine MLLMs: encoders and LLM frozen, projectors trained, "
+              f"recompute {'full' if s.recompute else 'off'}; Megatron chain PP "
+              f"{s.pipeline_model_parallel_size} x VPP {s.virtual_pipeline_model_parallel_size}"
+              f", TP {s.tensor_model_parallel_size}, {s.num_microbatches} micro-batches of "
+              f"{s.micro_batch_size}; {s.text_tokens} text tokens + media ({s.img_w}x{s.img_h} "
+              f"image, {s.audio_seconds:g} s audio); {hardware.peak_flops / 1e12:.0f} TFLOP/s "
+              f"x {hardware.efficiency}")
+        results += table(scenarios, hardware, memory, limit)
+    if args.optimus_table:
+        for trainable in (True, False):
+            setting = ("everything trained" if trainable
+                       else "encoders and LLM frozen, projectors trained")
+            print(f"\nOptimus' models, {setting}; Megatron layouts of Optimus Appendix D (PP, TP, M), micro-batch 2, "
+                  f"2048 tokens incl. one 448x448 image, VPP 1, no recompute")
+            results += table(optimus_scenarios(trainable, **overrides), hardware, memory,
+                             limit)
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.to_dict() for r in results], indent=1))
+        print(f"\nwrote {len(results)} comparisons to {args.json}")
+    return 0
+
+
+def table(scenarios: List[Scenario], hardware, memory, limit):
+    print("| pair | model | PP | M | LLM seq | uniform s | balanced s | frozen-aware s | "
+          "speedup | vs balanced | uniform layers/stage | frozen-aware layers/stage | "
+          "peak GiB u / a |")
+    print("| --- " * 13 + "|")
+    results = []
+    for s in scenarios:
+        r = compare(s, hardware, memory, limit)
+        u, a = r.plans["uniform"], r.plans["auto"]
+        print(f"| {s.pair} | {r.model_name.split(' (')[1].rstrip(')')} | "
+              f"{s.pipeline_model_parallel_size} | {s.num_microbatches} | {r.seq_length} | "
+              f"{r.iteration_s('uniform'):.2f} | {r.iteration_s('balanced'):.2f} | "
+              f"{r.iteration_s('auto'):.2f} | {r.speedup:.2f}x | "
+              f"{r.speedup_over_balanced:.2f}x | {counts(u)} | {counts(a)} | "
+              f"{max(u.estimate.stage_memory_bytes) / GiB:.0f} / "
+              f"{max(a.estimate.stage_memory_bytes) / GiB:.0f} |")
+        results.append(r)
+    speedups = [r.speedup for r in results]
+    print(f"mean speedup over uniform {sum(speedups) / len(speedups):.2f}x, "
+          f"max {max(speedups):.2f}x")
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main())
