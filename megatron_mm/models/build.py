@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Optional
 
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.vision.multimodal_projector import MultimodalProjector
@@ -23,9 +23,10 @@ __all__ = ["BuildSettings", "build_model"]
 
 def build_model(config: MultimodalModelConfig, settings: BuildSettings,
                 media_token_ids: Mapping[str, int], pre_process: bool = True,
-                post_process: bool = True) -> MultimodalModel:
-    """The model, or its pipeline stage: encoders and projectors are built with the LLM's
-    embedding (``pre_process``, the first stage), the output layer with ``post_process``."""
+                post_process: bool = True, vp_stage: Optional[int] = None) -> MultimodalModel:
+    """The model, or one pipeline chunk of it (``vp_stage`` with virtual stages): encoders
+    and projectors are built with the LLM's embedding (``pre_process``, the first chunk),
+    the output layer with ``post_process``."""
     config.validate_parallel(settings.tensor_model_parallel_size)
     lm = config.language
     specs = get_layer_specs(settings.transformer_impl, qk_layernorm=lm.qk_layernorm)
@@ -39,6 +40,7 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
         rotary_base=lm.rotary_base,
         pre_process=pre_process,
         post_process=post_process,
+        vp_stage=vp_stage,
     )
     encoders, projectors = {}, {}
     for name, enc in (config.encoders.items() if pre_process else ()):

@@ -7,6 +7,7 @@ details (norm, activation, biases) follow the model family each module copies.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ class BuildSettings:
 
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: Optional[int] = None
     transformer_impl: str = "local"
     bf16: bool = False
     hidden_dropout: float = 0.0
@@ -36,9 +38,15 @@ class BuildSettings:
         encoders and projectors live whole on the first stage)."""
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         pp = self.pipeline_model_parallel_size if pipelined else 1
+        vpp = self.virtual_pipeline_model_parallel_size if pipelined else None
         return dict(
             tensor_model_parallel_size=self.tensor_model_parallel_size,
             pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=vpp,
+            # Interleaving with batched p2p is wrong at PP=2 and deadlocks with variable
+            # lengths (Megatron-LM #1450); Megatron-LM's own interleaved default is this.
+            overlap_p2p_comm=vpp is not None,
+            batch_p2p_comm=vpp is None,
             # Micro-batches are padded to their own longest sample, so the p2p shapes vary
             # (the alltoall dispatcher is what config validation accepts with that).
             variable_seq_lengths=pp > 1,

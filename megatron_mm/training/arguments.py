@@ -71,6 +71,9 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("parallelism")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None,
+                   help="model chunks per pipeline rank (interleaved 1F1B)")
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
     g.add_argument("--use-distributed-optimizer", action="store_true")
     g.add_argument("--overlap-grad-reduce", action="store_true")
     g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None,
@@ -151,9 +154,25 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    if args.num_layers % pp:
+    if args.num_layers_per_virtual_pipeline_stage is not None:
+        if args.virtual_pipeline_model_parallel_size is not None:
+            raise ConfigError("pass --virtual-pipeline-model-parallel-size or "
+                              "--num-layers-per-virtual-pipeline-stage, not both")
+        per_rank, rem = divmod(args.num_layers // max(pp, 1),
+                               args.num_layers_per_virtual_pipeline_stage)
+        if rem:
+            raise ConfigError("--num-layers-per-virtual-pipeline-stage must divide the "
+                              "layers per pipeline rank")
+        args.virtual_pipeline_model_parallel_size = per_rank
+    vpp = args.virtual_pipeline_model_parallel_size
+    if vpp is not None and vpp <= 1:
+        args.virtual_pipeline_model_parallel_size = vpp = None
+    if vpp is not None and pp < 2:
+        raise ConfigError("virtual pipeline stages need --pipeline-model-parallel-size >= 2")
+    if args.num_layers % (pp * (vpp or 1)):
         raise ConfigError(f"--num-layers ({args.num_layers}) is not divisible by "
-                          f"--pipeline-model-parallel-size ({pp})")
+                          f"--pipeline-model-parallel-size ({pp})"
+                          + (f" x --virtual-pipeline-model-parallel-size ({vpp})" if vpp else ""))
     if world_size % (tp * pp):
         raise ConfigError(
             f"world size {world_size} is not divisible by --tensor-model-parallel-size ({tp})"
@@ -168,6 +187,11 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
             f"--global-batch-size ({args.global_batch_size}) must be a multiple of "
             f"--micro-batch-size ({mbs}) x data-parallel size ({dp})")
     args.num_microbatches = args.global_batch_size // (mbs * dp)
+    if vpp is not None and args.num_microbatches % pp:
+        raise ConfigError(
+            f"interleaved 1F1B needs the micro-batches per step ({args.num_microbatches} = "
+            f"--global-batch-size / (--micro-batch-size x data-parallel size)) to be a "
+            f"multiple of --pipeline-model-parallel-size ({pp})")
     if not args.group_query_attention:
         args.num_query_groups = args.num_attention_heads
     if args.lr_decay_iters is None:

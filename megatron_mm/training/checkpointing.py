@@ -71,11 +71,17 @@ def _rng_state() -> ShardedObject:
     return ShardedObject("rng_state", state, (world,), (rank,), replica_id=0)
 
 
-def _state_dict(model, optimizer, scheduler, args, iteration: int, with_optim: bool,
+def _model_keys(chunks) -> list:
+    # Megatron-LM's names: "model", or "model0", "model1", ... with virtual stages. Tensors
+    # are matched by their global names, so layouts with and without chunks interchange.
+    return ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
+
+
+def _state_dict(chunks, optimizer, scheduler, args, iteration: int, with_optim: bool,
                 with_rng: bool, loading: bool) -> dict:
-    model_sd = model.sharded_state_dict()
-    state = {"model": model_sd, "checkpoint_version": CHECKPOINT_VERSION,
-             "iteration": iteration}
+    model_sd = {key: chunk.sharded_state_dict()
+                for key, chunk in zip(_model_keys(chunks), chunks)}
+    state = {**model_sd, "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration}
     if with_optim:
         state["optimizer"] = optimizer.sharded_state_dict(
             model_sd, is_loading=loading, metadata=OPTIM_METADATA)
@@ -92,8 +98,8 @@ def _plain(value) -> bool:
     return isinstance(value, (int, float, str, bool, type(None), list, tuple))
 
 
-def save_checkpoint(args, iteration: int, model, optimizer, scheduler) -> str:
-    """Save iteration ``iteration`` of ``model`` (the unwrapped module) and its optimizer."""
+def save_checkpoint(args, iteration: int, chunks, optimizer, scheduler) -> str:
+    """Save iteration ``iteration`` of the model chunks (unwrapped) and their optimizer."""
     root = args.save
     final = iteration_dir(root, iteration)
     staging = final + ".inprogress"
@@ -103,7 +109,7 @@ def save_checkpoint(args, iteration: int, model, optimizer, scheduler) -> str:
         shutil.rmtree(staging, ignore_errors=True)  # leftovers of a crashed save
         os.makedirs(staging)
     torch.distributed.barrier()
-    state = _state_dict(model, optimizer, scheduler, args, iteration, with_optim=True,
+    state = _state_dict(chunks, optimizer, scheduler, args, iteration, with_optim=True,
                         with_rng=True, loading=False)
     dist_checkpointing.save(state, staging, async_sharded_save=False)
     torch.distributed.barrier()
@@ -149,7 +155,7 @@ def locate_checkpoint(args) -> Optional[int]:
     return iteration
 
 
-def load_checkpoint(args, model, optimizer, scheduler) -> int:
+def load_checkpoint(args, chunks, optimizer, scheduler) -> int:
     """Load the latest checkpoint under ``args.load``; returns the iteration to resume at."""
     iteration = locate_checkpoint(args)
     if iteration is None:
@@ -162,10 +168,11 @@ def load_checkpoint(args, model, optimizer, scheduler) -> int:
                        "world_size"))
     with_optim = not (args.no_load_optim or args.finetune)
     with_rng = not (args.no_load_rng or args.finetune) and same_layout
-    template = _state_dict(model, optimizer, scheduler, args, iteration, with_optim,
+    template = _state_dict(chunks, optimizer, scheduler, args, iteration, with_optim,
                            with_rng, loading=True)
     state = dist_checkpointing.load(template, path)
-    model.load_state_dict(state["model"], strict=True)
+    for key, chunk in zip(_model_keys(chunks), chunks):
+        chunk.load_state_dict(state[key], strict=True)
     if with_optim:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["opt_param_scheduler"])

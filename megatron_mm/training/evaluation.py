@@ -3,6 +3,7 @@ decoding through the same pipeline schedules as training (any TP / PP layout).""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import List, Sequence
@@ -12,7 +13,7 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-from ..data import collate
+from ..data import Sample, collate
 from .initialize import device
 from .step import batch_to_device, reduce_lm_loss, run_schedule
 
@@ -30,11 +31,12 @@ def evaluate_loss(args, model: List, batches) -> float:
     return reduce_lm_loss(losses)
 
 
-def next_tokens(model: List, batch: dict, vocab_size: int) -> torch.Tensor:
-    """Greedy next token of each row, by one forward-only pass through the pipeline (the
-    schedule Megatron-Core picks for the layout); every pipeline rank gets the result."""
+def next_tokens(model: List, micro_batches: List[dict], vocab_size: int) -> torch.Tensor:
+    """Greedy next token of every row of ``micro_batches``, by one forward-only pass through
+    the pipeline (the schedule Megatron-Core picks for the layout); all pipeline ranks get
+    the result."""
     def forward_step(data_iterator, chunk):
-        b = next(data_iterator)
+        b = batch_to_device(next(data_iterator))
         logits = chunk(b["tokens"], b["position_ids"], b["media"])  # [B, S, V / TP] at the end
 
         def argmax_last(output, non_loss_data=True):
@@ -43,38 +45,48 @@ def next_tokens(model: List, batch: dict, vocab_size: int) -> torch.Tensor:
             return last.argmax(-1)
         return logits, argmax_last
 
-    tokens = batch["tokens"]
+    first = micro_batches[0]["tokens"]
+    iterators = [iter(micro_batches) for _ in model] if len(model) > 1 else iter(micro_batches)
     collected = get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=iter([batch]), model=model,
-        num_microbatches=1, seq_length=tokens.shape[1], micro_batch_size=tokens.shape[0],
-        forward_only=True, collect_non_loss_data=True)
-    nxt = collected[0] if parallel_state.is_pipeline_last_stage() else torch.empty_like(
-        tokens[:, 0])
+        forward_step_func=forward_step, data_iterator=iterators, model=model,
+        num_microbatches=len(micro_batches), seq_length=first.shape[1],
+        micro_batch_size=first.shape[0], forward_only=True, collect_non_loss_data=True)
+    rows = sum(len(b["tokens"]) for b in micro_batches)
+    nxt = (torch.cat(collected) if parallel_state.is_pipeline_last_stage()
+           else torch.empty(rows, dtype=torch.long, device=device()))
     torch.distributed.broadcast(nxt, src=parallel_state.get_pipeline_model_parallel_last_rank(),
                                 group=parallel_state.get_pipeline_model_parallel_group())
     return nxt
 
 
 @torch.no_grad()
-def greedy_generate(model: List, batch: dict, max_new_tokens: int, eos_id: int,
-                    vocab_size: int) -> List[List[int]]:
+def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tokens: int,
+                    eos_id: int, vocab_size: int) -> List[List[int]]:
     """Greedy continuation of prompts of equal length; returns new ids up to EOS."""
-    out = [[] for _ in range(batch["tokens"].shape[0])]
-    done = torch.zeros(len(out), dtype=torch.bool, device=batch["tokens"].device)
-    batch = dict(batch)
+    # Interleaved 1F1B runs whole groups of PP equal micro-batches: pad with repeats.
+    pieces = parallel_state.get_pipeline_model_parallel_world_size() if len(model) > 1 else 1
+    rows = list(prompts) + [prompts[-1]] * (-len(prompts) % pieces)
+    out = [[] for _ in prompts]
+    done = [False] * len(prompts)
     for _ in range(max_new_tokens):
-        nxt = next_tokens(model, batch, vocab_size)
-        for i, t in enumerate(nxt.tolist()):
+        size = len(rows) // pieces
+        micro = [collate(rows[i:i + size], pad_id=pad_id) for i in range(0, len(rows), size)]
+        nxt = next_tokens(model, micro, vocab_size).tolist()
+        for i, t in enumerate(nxt[:len(prompts)]):
             if not done[i]:
                 out[i].append(t)
-        done |= nxt == eos_id
-        if bool(done.all()):
+                done[i] = t == eos_id
+        if all(done):
             break
-        tokens = torch.cat([batch["tokens"], nxt[:, None]], dim=1)
-        batch["tokens"] = tokens
-        batch["position_ids"] = torch.arange(tokens.shape[1], device=tokens.device).expand_as(
-            tokens)
+        rows = [_extend(row, t) for row, t in zip(rows, nxt)]
     return [ids[:-1] if ids and ids[-1] == eos_id else ids for ids in out]
+
+
+def _extend(sample: Sample, token: int) -> Sample:
+    tail = torch.tensor([token], dtype=sample.tokens.dtype)
+    return dataclasses.replace(sample, tokens=torch.cat([sample.tokens, tail]),
+                               labels=torch.cat([sample.labels, tail]),
+                               loss_mask=torch.cat([sample.loss_mask, torch.zeros(1)]))
 
 
 def normalize_answer(text: str) -> str:
@@ -103,11 +115,11 @@ def answer_accuracy(args, model: List, dataset, tokenizer, indices: Sequence[int
     for _, group in itertools.groupby(prompts, key=lambda s: len(s.tokens)):
         group = list(group)
         for start in range(0, len(group), args.micro_batch_size):
-            chunk = group[start:start + args.micro_batch_size]
-            batch = batch_to_device(collate(chunk, pad_id=tokenizer.pad_id))
-            generated = greedy_generate(model, batch, args.eval_max_new_tokens,
-                                        tokenizer.eos_id, tokenizer.base_vocab_size)
-            for sample, ids in zip(chunk, generated):
+            batch = group[start:start + args.micro_batch_size]
+            generated = greedy_generate(model, batch, tokenizer.pad_id,
+                                        args.eval_max_new_tokens, tokenizer.eos_id,
+                                        tokenizer.base_vocab_size)
+            for sample, ids in zip(batch, generated):
                 guess = normalize_answer(tokenizer.detokenize(ids))
                 correct += int(guess == normalize_answer(sample.answer))
     for chunk in model:

@@ -31,7 +31,8 @@ def initialize_distributed(args) -> None:
             timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes))
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=args.tensor_model_parallel_size,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size)
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size)
 
 
 def set_random_seed(seed: int) -> None:

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import torch
 from megatron.core import parallel_state
@@ -61,6 +61,7 @@ def build_settings(args) -> BuildSettings:
     return BuildSettings(
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
         transformer_impl=impl, bf16=args.bf16, hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
         use_cpu_initialization=cpu_init)
@@ -94,6 +95,14 @@ def build_datasets(args, tokenizer):
                  for p in (train, valid))
 
 
+def batch_iterators(args, dataset, tokenizer, consumed_samples: int, shuffle: bool):
+    """The iterator the schedule takes: one, or one per model chunk (virtual stages), each
+    yielding the same micro-batches."""
+    make = partial(batch_iterator, args, dataset, tokenizer, consumed_samples, shuffle)
+    vpp = args.virtual_pipeline_model_parallel_size
+    return make() if vpp is None else [make() for _ in range(vpp)]
+
+
 def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: bool):
     sampler = MegatronPretrainingSampler(
         total_samples=len(dataset), consumed_samples=consumed_samples,
@@ -109,18 +118,38 @@ def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: boo
     return iter(loader)
 
 
-def setup_model_and_optimizer(args, model: MultimodalModel):
-    config = model.config
-    wrapped = Float16Module(config, model) if args.bf16 else model
+def build_model_chunks(args, tokenizer) -> List[MultimodalModel]:
+    """This rank's pipeline chunks: one, or one per virtual stage (interleaved 1F1B)."""
+    vpp = args.virtual_pipeline_model_parallel_size
+    chunks = []
+    for vp in range(vpp) if vpp else [None]:
+        chunks.append(build_model(
+            args.model_config, build_settings(args),
+            {"image": tokenizer.media_token_id("image")},
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False,
+                                                               vp_stage=vp),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False,
+                                                               vp_stage=vp),
+            vp_stage=vp))
+        if torch.cuda.is_available():  # as Megatron-LM's get_model: host-built modules too
+            chunks[-1].cuda(torch.cuda.current_device())
+    return chunks
+
+
+def setup_model_and_optimizer(args, chunks: List[MultimodalModel]):
+    config = chunks[0].config  # the one the schedules read their hooks from
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
         use_distributed_optimizer=args.use_distributed_optimizer)
-    ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=wrapped)
+    ddp = [DistributedDataParallel(config=chunk.config, ddp_config=ddp_config,
+                                   module=Float16Module(chunk.config, chunk) if args.bf16
+                                   else chunk)
+           for chunk in chunks]
     optimizer = get_megatron_optimizer(OptimizerConfig(
         optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
         adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
         clip_grad=args.clip_grad, bf16=args.bf16, params_dtype=config.params_dtype,
-        use_distributed_optimizer=args.use_distributed_optimizer), [ddp])
+        use_distributed_optimizer=args.use_distributed_optimizer), ddp)
     gbs = args.global_batch_size
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=args.lr_warmup_init, max_lr=args.lr, min_lr=args.min_lr,
@@ -132,8 +161,9 @@ def setup_model_and_optimizer(args, model: MultimodalModel):
     config.grad_scale_func = optimizer.scale_loss
     config.finalize_model_grads_func = finalize_model_grads
     if args.overlap_grad_reduce:
-        config.no_sync_func = ddp.no_sync
-    return [ddp], optimizer, scheduler
+        no_sync = [chunk.no_sync for chunk in ddp]
+        config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+    return ddp, optimizer, scheduler
 
 
 def training_log(args, iteration: int, loss: float, grad_norm, lr: float, elapsed: float,
@@ -155,7 +185,7 @@ def training_log(args, iteration: int, loss: float, grad_norm, lr: float, elapse
 
 def evaluate_and_print(args, iteration, model_chunks, valid_ds, tokenizer,
                        label: str = "") -> dict:
-    batches = batch_iterator(args, valid_ds, tokenizer, 0, shuffle=False)
+    batches = batch_iterators(args, valid_ds, tokenizer, 0, shuffle=False)
     loss = evaluate_loss(args, model_chunks, batches)
     n = min(len(valid_ds), args.eval_iters * args.global_batch_size)
     accuracy = answer_accuracy(args, model_chunks, valid_ds, tokenizer, range(n))
@@ -170,8 +200,8 @@ def evaluate_and_print(args, iteration, model_chunks, valid_ds, tokenizer,
 class TrainingCallbacks:
     """Hooks into the loop (tests use them to watch the model and read gradients)."""
 
-    on_model_built: Optional[Callable] = None  # (model, model_chunks, optimizer)
-    on_step: Optional[Callable] = None  # (iteration, model, loss), before grads are cleared
+    on_model_built: Optional[Callable] = None  # (chunks, wrapped chunks, optimizer)
+    on_step: Optional[Callable] = None  # (iteration, chunks, loss), before grads are cleared
 
 
 def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
@@ -188,14 +218,9 @@ def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
     train_ds, valid_ds = build_datasets(args, tokenizer)
     print_rank_0(f"> building multimodal model ({build_settings(args).transformer_impl} "
                  f"specs), {len(train_ds)} train / {len(valid_ds)} validation samples ...")
-    model = build_model(args.model_config, build_settings(args),
-                        {"image": tokenizer.media_token_id("image")},
-                        pre_process=parallel_state.is_pipeline_first_stage(),
-                        post_process=parallel_state.is_pipeline_last_stage())
-    if torch.cuda.is_available():  # as Megatron-LM's get_model: modules built on the host too
-        model.cuda(torch.cuda.current_device())
-    n_params = sum(p.numel() for p in model.parameters())
-    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    model = build_model_chunks(args, tokenizer)
+    n_params = sum(p.numel() for chunk in model for p in chunk.parameters())
+    n_train = sum(p.numel() for chunk in model for p in chunk.parameters() if p.requires_grad)
     print_rank_0(f" > number of parameters on (tensor, pipeline) model parallel rank "
                  f"({parallel_state.get_tensor_model_parallel_rank()}, "
                  f"{parallel_state.get_pipeline_model_parallel_rank()}): {n_params} "
@@ -207,8 +232,12 @@ def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
     iteration = load_checkpoint(args, model, optimizer, scheduler) if args.load else 0
     if iteration:
         print_rank_0(f" > loaded checkpoint from {args.load} at iteration {iteration}")
-    train_iter = TokenCounter(batch_iterator(args, train_ds, tokenizer,
-                                             iteration * args.global_batch_size, shuffle=True))
+    train_iter = batch_iterators(args, train_ds, tokenizer,
+                                 iteration * args.global_batch_size, shuffle=True)
+    if isinstance(train_iter, list):  # count the tokens of one chunk's copy of the data
+        train_iter[0] = counter = TokenCounter(train_iter[0])
+    else:
+        train_iter = counter = TokenCounter(train_iter)
     summary = {"losses": {}, "grad_norms": {}}
     skipped, last_saved = 0, None
     interval_start = time.perf_counter()
@@ -224,7 +253,7 @@ def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
             elapsed = time.perf_counter() - interval_start
             training_log(args, iteration, loss, grad_norm,
                          scheduler.get_lr(optimizer.param_groups[0]),
-                         elapsed / args.log_interval, train_iter.take_global() / elapsed,
+                         elapsed / args.log_interval, counter.take_global() / elapsed,
                          skipped)
             interval_start = time.perf_counter()
         if args.save and args.save_interval and iteration % args.save_interval == 0:

@@ -9,9 +9,10 @@ from train_workers import TINY_MODEL, full_state, train
 MODULES = ("vision_model", "vision_projection", "language_model")
 
 
-def watch(model, optimizer, holder):
+def watch(chunks, optimizer, holder):
     """Snapshot the weights, list optimizer params, count forward and backward calls."""
-    holder["init"] = full_state(model, grads=False)
+    holder["init"] = full_state(chunks, grads=False)
+    (model,) = chunks
     in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"]}
     holder["in_optimizer"] = {n: id(p) in in_optimizer for n, p in model.named_parameters()}
     counts = holder["counts"] = {f"{m}.{k}": 0 for m in MODULES for k in ("fwd", "bwd")}

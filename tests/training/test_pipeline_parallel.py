@@ -1,5 +1,6 @@
-"""PP=2 and TP=2 x PP=2 (encoder and projector on the first stage, LLM layers split) equal
-one process from the same initial checkpoint: losses, gradients and parameters."""
+"""PP=2 (also interleaved, VPP=2) and TP=2 x PP=2 (encoder and projector on the first
+stage, LLM layers split) equal one process from the same initial checkpoint: losses,
+gradients and parameters."""
 
 import pytest
 import torch
@@ -19,15 +20,19 @@ def _merge(ranks, key, step=None):
     return merged
 
 
-@pytest.mark.parametrize("world, layout, freeze", [
-    (2, ["--pipeline-model-parallel-size", "2"], []),
-    (2, ["--pipeline-model-parallel-size", "2"], ["--freeze-ViT"]),
-    (4, ["--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2"], []),
-])
-def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path, world, layout, freeze):
+PP2 = ["--pipeline-model-parallel-size", "2"]
+
+
+@pytest.mark.parametrize("world, layout, model", [
+    (2, PP2, []),
+    (2, PP2, ["--freeze-ViT"]),
+    (2, PP2 + ["--virtual-pipeline-model-parallel-size", "2"], ["--num-layers", "4"]),
+    (4, PP2 + ["--tensor-model-parallel-size", "2"], []),
+], ids=["pp2", "pp2-frozen-vit", "pp2-vpp2", "tp2-pp2"])
+def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path, world, layout, model):
     # Stages draw different random streams, so both runs start from one saved init.
     common = TINY_MODEL + ["--data-path", digits_dir, "--micro-batch-size", "2",
-                           "--global-batch-size", "8", *freeze]
+                           "--global-batch-size", "8", *model]
     run_distributed(train, 1, common + ["--train-iters", "0", "--save", str(tmp_path)])
     argv = common + ["--train-iters", str(STEPS), "--load", str(tmp_path), "--no-load-optim"]
     ref = run_distributed(train, 1, argv, (1, STEPS))[0]

@@ -51,11 +51,12 @@ def global_names(model) -> dict:
     return out
 
 
-def full_state(model, grads: bool) -> dict:
+def full_state(chunks, grads: bool) -> dict:
+    """Every parameter (or gradient) of this rank's model chunks, by global name."""
     out = {}
-    names = global_names(model)
-    for local, param in model.named_parameters():
-        name = names[local]
+    named = [(global_names(chunk)[local], param) for chunk in chunks
+             for local, param in chunk.named_parameters()]
+    for name, param in named:
         if grads:
             grad = getattr(param, "main_grad", None)
             out[name] = None if grad is None else full_tensor(param, grad)
