@@ -20,6 +20,22 @@ def _merge(ranks, key, step=None):
     return merged
 
 
+_REFERENCES = {}
+
+
+def _reference(digits_dir, tmp_path_factory, model):
+    """Initial checkpoint + one-process run for a model variant, shared by the layouts."""
+    key = tuple(model)
+    if key not in _REFERENCES:
+        init = tmp_path_factory.mktemp("init")
+        common = TINY_MODEL + ["--data-path", digits_dir, "--micro-batch-size", "2",
+                               "--global-batch-size", "8", *model]
+        run_distributed(train, 1, common + ["--train-iters", "0", "--save", str(init)])
+        argv = common + ["--train-iters", str(STEPS), "--load", str(init), "--no-load-optim"]
+        _REFERENCES[key] = argv, run_distributed(train, 1, argv, (1, STEPS))[0]
+    return _REFERENCES[key]
+
+
 PP2 = ["--pipeline-model-parallel-size", "2"]
 
 
@@ -29,13 +45,10 @@ PP2 = ["--pipeline-model-parallel-size", "2"]
     (2, PP2 + ["--virtual-pipeline-model-parallel-size", "2"], ["--num-layers", "4"]),
     (4, PP2 + ["--tensor-model-parallel-size", "2"], []),
 ], ids=["pp2", "pp2-frozen-vit", "pp2-vpp2", "tp2-pp2"])
-def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path, world, layout, model):
+def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout,
+                                              model):
     # Stages draw different random streams, so both runs start from one saved init.
-    common = TINY_MODEL + ["--data-path", digits_dir, "--micro-batch-size", "2",
-                           "--global-batch-size", "8", *model]
-    run_distributed(train, 1, common + ["--train-iters", "0", "--save", str(tmp_path)])
-    argv = common + ["--train-iters", str(STEPS), "--load", str(tmp_path), "--no-load-optim"]
-    ref = run_distributed(train, 1, argv, (1, STEPS))[0]
+    argv, ref = _reference(digits_dir, tmp_path_factory, model)
     ranks = run_distributed(train, world, argv + layout, (1, STEPS))
     pp2 = ranks[:: world // 2]  # TP rank 0 of each stage: full (TP-gathered) tensors
     last = pp2[1]  # the loss lives on the last stage
