@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -39,7 +39,7 @@ def run_distributed(fn, world_size: int, *args):
     """``fn(rank, *args)`` on ``world_size`` ranks; returns the list of results by rank."""
     with tempfile.TemporaryDirectory() as out_dir:
         try:
-            mp.start_processes(_entry, args=(fn, world_size, _free_port(), out_dir, args),
+            mp.start_processes(_entry, args=(fn, world_size, free_port(), out_dir, args),
                                nprocs=world_size, start_method="spawn", join=True)
         except mp.ProcessRaisedException:
             errors = []

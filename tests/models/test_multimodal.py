@@ -40,7 +40,7 @@ def _batch(n_tokens, images_per_sample=(1, 2), seq=48):
     dict(model_type="clip", drop_class_token=True, feature_layer=-2),
     dict(model_type="siglip", apply_post_layernorm=True),
 ])
-def test_media_features_replace_placeholders(one_rank_world, vision):
+def test_media_features_replace_placeholders(gloo_world, vision):
     model, enc = _build(**vision)
     assert len(model.vision_model.decoder.layers) == enc.num_layers_built
     assert (model.vision_model.class_token_len == 1) == (enc.model_type == "clip")
@@ -55,7 +55,7 @@ def test_media_features_replace_placeholders(one_rank_world, vision):
     torch.testing.assert_close(merged[:3], text[:3])
 
 
-def test_sparse_output_layer_equals_full_loss(one_rank_world):
+def test_sparse_output_layer_equals_full_loss(gloo_world):
     model, enc = _build()
     tokens, pos, images = _batch(enc.num_output_tokens)
     labels = torch.randint(0, 200, tokens.shape)
@@ -69,7 +69,7 @@ def test_sparse_output_layer_equals_full_loss(one_rank_world):
     assert model.vision_model.conv1.weight.grad.abs().sum() > 0
 
 
-def test_placeholder_media_mismatch_is_an_error(one_rank_world):
+def test_placeholder_media_mismatch_is_an_error(gloo_world):
     from megatron_mm.models.multimodal import MediaMismatchError
 
     model, enc = _build()

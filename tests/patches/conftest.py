@@ -6,7 +6,7 @@
   subprocess (``_upstream_probe.py``) per session.
 * ``registry_under_cuda``: ``apply_cpu_patches()`` in a fresh subprocess whose
   ``torch.cuda.is_available`` answers True.
-* ``gloo_world``: a 1-rank gloo world with model parallel state (TP=PP=1), per module.
+* ``gloo_world`` (from ``tests/conftest.py``): a 1-rank gloo world, TP=PP=1, per module.
 
 Both subprocesses start in ``pytest_configure``, before this process imports megatron-core,
 so that they run alongside the tests (importing megatron-core costs several seconds).
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -176,32 +175,6 @@ def registry_under_cuda() -> dict:
     if "registry" not in _BACKGROUND:
         pytest.skip("runs only without CUDA")
     return _BACKGROUND["registry"].result()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def gloo_world():
-    """A 1-rank gloo world, model parallel state TP=PP=1, RNG tracker seeded."""
-    import torch
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-
-    owns_group = not torch.distributed.is_initialized()
-    if owns_group:
-        torch.distributed.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(1, 1)
-    model_parallel_cuda_manual_seed(1234)
-    yield parallel_state
-    parallel_state.destroy_model_parallel()
-    if owns_group:
-        torch.distributed.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
