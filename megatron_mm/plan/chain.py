@@ -1,8 +1,11 @@
 """Build the layer chain of a model for a workload.
 
-Order (Megatron's colocated chain): for each encoder, its embedding, transformer layers and
-projector; then the LLM embedding, decoder layers and output layer + loss. Module names are
-those of ``megatron_mm.models.MultimodalModel`` so a runtime can map a plan onto the model.
+Order: the LLM's word embedding; for each encoder, its embedding, transformer layers and
+projector; then the LLM decoder layers and output layer + loss. The word embedding comes
+first because Megatron-Core keeps it on the first pipeline stage (its pipeline layout and the
+tied-embedding group require it); the text embeddings then travel with the encoder
+activations, and each projector merges its features into them. Module names are those of
+``megatron_mm.models.MultimodalModel`` so the runtime maps a plan onto the model.
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ def build_chain(model: ModelSpec, workload: Workload) -> List[Layer]:
                            act_bytes=cost.act, recompute_act_bytes=cost.recompute_act,
                            out_bytes=cost.out, trainable=trainable, recompute=recompute))
 
+    llm_trainable = not model.freeze_llm
+    tokens = b * workload.seq_length
+    add("llm_embed", "language_model.embedding", LLM, flops.llm_embed(model.llm, tokens),
+        llm_trainable)
+
     for enc in model.encoders:
         trainable = enc.name not in model.frozen_encoders
         sequences = b * enc.items_per_sample
@@ -45,14 +53,10 @@ def build_chain(model: ModelSpec, workload: Workload) -> List[Layer]:
             flops.projector(enc, model.llm.hidden_size, sequences),
             enc.name not in model.frozen_projectors)
 
-    trainable = not model.freeze_llm
-    tokens = b * workload.seq_length
-    add("llm_embed", "language_model.embedding", LLM, flops.llm_embed(model.llm, tokens),
-        trainable)
     layer = flops.transformer_layer(model.llm, b, workload.seq_length, causal=True)
     for i in range(model.llm.num_layers):
-        add("llm_layer", f"language_model.decoder.layers.{i}", LLM, layer, trainable,
+        add("llm_layer", f"language_model.decoder.layers.{i}", LLM, layer, llm_trainable,
             workload.recompute)
     add("llm_head", "language_model.output_layer", LLM, flops.llm_head(model.llm, tokens),
-        trainable)
+        llm_trainable)
     return resolve_backward(chain)

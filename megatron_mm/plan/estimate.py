@@ -90,13 +90,18 @@ def estimate(chain: Sequence[Layer], part: StagePartition, num_microbatches: int
 
 
 def _boundary_bytes(chain: Sequence[Layer], end: int):
-    """(forward, backward) bytes crossing a cut before layer ``end``: the last layer's
-    output plus projector outputs still on their way to the LLM embedding (encoders placed
-    after them in the chain do not consume them). A gradient comes back only for tensors
-    whose producer runs a backward."""
-    live = [chain[end - 1]]
-    if chain[end - 1].branch != LLM:
-        live += [l for l in chain[:end - 1] if l.kind == "projector"]
-    forward = sum(l.out_bytes for l in live)
-    backward = sum(l.out_bytes for l in live if l.runs_backward)
+    """(forward, backward) bytes crossing a cut before layer ``end``. Before the LLM's decoder
+    layers two tensors travel: the text embeddings (with the features of the projectors
+    passed so far merged in) and, inside an encoder, its hidden state. A gradient comes back
+    only for tensors whose producers run a backward."""
+    last = chain[end - 1]
+    if last.branch == LLM and last.kind != "llm_embed":
+        return last.out_bytes, last.out_bytes if last.runs_backward else 0.0
+    text = chain[0]
+    merged = [l for l in chain[:end] if l.kind == "projector"] + [text]
+    forward = text.out_bytes
+    backward = text.out_bytes if any(l.runs_backward for l in merged) else 0.0
+    if last.kind != "projector" and last is not text:  # inside an encoder
+        forward += last.out_bytes
+        backward += last.out_bytes if last.runs_backward else 0.0
     return forward, backward

@@ -1,8 +1,8 @@
 """The layer chain and the frozen-aware backward rule.
 
-A model is planned as a chain of layers in execution order: each encoder (embed, its
-transformer layers, its projector), then the LLM (embedding, decoder layers, output layer +
-loss). A layer carries its own costs per micro-batch; what its backward costs depends on
+A model is planned as a chain of layers in execution order: the LLM's word embedding, each
+encoder (embed, its transformer layers, its projector, which merges its features into the
+text embeddings), then the LLM's decoder layers and output layer + loss. A layer carries its own costs per micro-batch; what its backward costs depends on
 freezing:
 
 - input-gradient part (``dgrad_flops``): runs iff some trainable parameter lies upstream of
@@ -91,7 +91,7 @@ def resolve_backward(chain: Sequence[Layer]) -> List[Layer]:
     out = []
     for layer in chain:
         upstream = seen.get(layer.branch, False)
-        if layer.branch == LLM:
+        if layer.branch == LLM and layer.kind != "llm_embed":  # after the merge
             upstream = upstream or any_encoder_trainable
         out.append(dataclasses.replace(layer, needs_dgrad=upstream))
         seen[layer.branch] = seen.get(layer.branch, False) or layer.trainable
@@ -99,19 +99,24 @@ def resolve_backward(chain: Sequence[Layer]) -> List[Layer]:
 
 
 def validate_chain(chain: Sequence[Layer]) -> None:
-    """Encoder branches first, each contiguous; then one LLM branch, embedding to head."""
+    """The LLM embedding first; encoder branches, each contiguous; the LLM's decoder layers
+    and head last."""
     if not chain:
         raise PlanError("the layer chain is empty")
-    llm = [i for i, l in enumerate(chain) if l.branch == LLM]
+    if chain[0].kind != "llm_embed":
+        raise PlanError("the chain must start with the LLM embedding (llm_embed), which "
+                        "Megatron-Core keeps on the first pipeline stage")
+    llm = [i for i, l in enumerate(chain) if l.branch == LLM and i > 0]
     if not llm or llm != list(range(llm[0], len(chain))):
-        raise PlanError("the chain must end with the LLM branch (llm_embed ... llm_head), "
+        raise PlanError("the chain must end with the LLM's layers (llm_layer ... llm_head), "
                         "after every encoder")
-    for i in llm:
-        if chain[i].kind not in LLM_KINDS:
-            raise PlanError(f"layer {chain[i].module!r} of kind {chain[i].kind} is in the LLM "
-                            "branch; LLM layers are llm_embed, llm_layer or llm_head")
+    for i in [0] + llm:
+        if chain[i].kind not in LLM_KINDS or (i > 0 and chain[i].kind == "llm_embed"):
+            raise PlanError(f"layer {chain[i].module!r} of kind {chain[i].kind} is out of "
+                            "place in the LLM branch (llm_embed first, then llm_layer ... "
+                            "llm_head)")
     closed = set()
-    for prev, layer in zip(chain, chain[1:]):
+    for prev, layer in zip(chain[1:], chain[2:]):
         if layer.branch != prev.branch:
             closed.add(prev.branch)
             if layer.branch in closed:

@@ -18,12 +18,12 @@ def layer(kind, i=0, branch=None, fwd=1.0, dgrad=None, wgrad=None, params=0.0, a
 
 def vlm_chain(n_vision, n_llm, freeze_vit=True, freeze_proj=False, freeze_llm=True,
               recompute=False, fwd=1.0):
-    """vision_embed, n_vision ViT layers, projector, llm_embed, n_llm layers, llm_head."""
-    chain = [layer("vision_embed", trainable=not freeze_vit, fwd=fwd)]
+    """llm_embed, vision_embed, n_vision ViT layers, projector, n_llm layers, llm_head."""
+    chain = [layer("llm_embed", trainable=not freeze_llm, fwd=fwd),
+             layer("vision_embed", trainable=not freeze_vit, fwd=fwd)]
     chain += [layer("vision_layer", i, trainable=not freeze_vit, recompute=recompute, fwd=fwd)
               for i in range(n_vision)]
     chain.append(layer("projector", trainable=not freeze_proj, fwd=fwd))
-    chain.append(layer("llm_embed", trainable=not freeze_llm, fwd=fwd))
     chain += [layer("llm_layer", i, trainable=not freeze_llm, recompute=recompute, fwd=fwd)
               for i in range(n_llm)]
     chain.append(layer("llm_head", trainable=not freeze_llm, fwd=fwd))
@@ -41,10 +41,9 @@ def random_chain(rng: random.Random, n_vision, n_llm):
                      act=rng.randint(0, 30), recompute_act=rng.randint(0, 5),
                      trainable=not frozen, recompute=rng.random() < 0.5)
 
-    chain = [rand("vision_embed", 0, freeze_vit)]
+    chain = [rand("llm_embed", 0, freeze_llm), rand("vision_embed", 0, freeze_vit)]
     chain += [rand("vision_layer", i, freeze_vit) for i in range(n_vision)]
     chain.append(rand("projector", 0, freeze_proj))
-    chain.append(rand("llm_embed", 0, freeze_llm))
     chain += [rand("llm_layer", i, freeze_llm) for i in range(n_llm)]
     chain.append(rand("llm_head", 0, freeze_llm))
     return resolve_backward(chain)

@@ -52,16 +52,17 @@ def test_recompute_adds_a_forward_only_where_backward_runs(freeze_vit, freeze_ll
 def test_upstream_follows_dataflow_not_chain_order():
     # vision (trained projector) then audio (all frozen) then the LLM: the audio encoder is
     # after the vision projector in the chain but does not consume it
-    chain = [layer("vision_layer", 0, trainable=False), layer("projector", 0),
+    chain = [layer("llm_embed", trainable=False),
+             layer("vision_layer", 0, trainable=False), layer("projector", 0),
              layer("audio_layer", 0, branch="audio", trainable=False),
              layer("audio_layer", 1, branch="audio", trainable=False),
              layer("projector", 1, branch="audio", trainable=False),
-             layer("llm_embed", trainable=False), layer("llm_layer", 0, trainable=False),
-             layer("llm_head", trainable=False)]
+             layer("llm_layer", 0, trainable=False), layer("llm_head", trainable=False)]
     chain = resolve_backward(chain)
-    assert [l.needs_dgrad for l in chain] == [False, False, False, False, False,
-                                              True, True, True]
-    assert [l.total_flops for l in chain] == [1, 2, 1, 1, 1, 2, 2, 2]
+    # the embedding is upstream of the merge, not behind it: no input gradient there
+    assert [l.needs_dgrad for l in chain] == [False, False, False, False, False, False,
+                                              True, True]
+    assert [l.total_flops for l in chain] == [1, 1, 2, 1, 1, 1, 2, 2]
 
 
 def test_transformer_layer_backward_split():
@@ -89,14 +90,14 @@ def test_build_chain_modules_tokens_and_freezing():
                       freeze_llm=True)
     chain = build_chain(model, Workload(seq_length=50, micro_batch_size=2))
     assert [l.module for l in chain] == [
-        "vision_model", "vision_model.decoder.layers.0", "vision_model.decoder.layers.1",
-        "vision_projection", "language_model.embedding", "language_model.decoder.layers.0",
+        "language_model.embedding", "vision_model", "vision_model.decoder.layers.0",
+        "vision_model.decoder.layers.1", "vision_projection", "language_model.decoder.layers.0",
         "language_model.decoder.layers.1", "language_model.decoder.layers.2",
         "language_model.output_layer"]
     enc_layer = transformer_layer(vit, sequences=4, seq_len=17, causal=False)
-    assert chain[1].fwd_flops == enc_layer.fwd  # 2 samples x 2 images of 17 tokens
+    assert chain[2].fwd_flops == enc_layer.fwd  # 2 samples x 2 images of 17 tokens
     assert chain[5].fwd_flops == transformer_layer(llm, 2, 50, causal=True).fwd
-    assert [l.trainable for l in chain] == [False] * 3 + [True] + [False] * 5
+    assert [l.trainable for l in chain] == [False] * 4 + [True] + [False] * 4
     tp2 = build_chain(model, Workload(seq_length=50, micro_batch_size=2,
                                       tensor_model_parallel_size=2))
     assert tp2[5].fwd_flops == chain[5].fwd_flops / 2 and tp2[5].params == chain[5].params / 2

@@ -79,4 +79,4 @@ def test_sizes_on_the_command_line():
                "--freeze-ViT", "--freeze-LM", "--pipeline-model-parallel-size", "2",
                "--pipeline-partition", "uniform", "--seq-length", "1024")
     assert proc.returncode == 0, proc.stderr
-    assert "vision[embed, 0-5, projector] llm[embedding, 0-3]" in proc.stdout
+    assert "llm[embedding] vision[embed, 0-5, projector] llm[0-3]" in proc.stdout
