@@ -3,9 +3,11 @@
 Without CUDA, Transformer Engine and Apex cannot be installed, so their fallback warnings
 (a dozen per process) only bury the training log; with CUDA they stay visible, since there
 a missing TE or Apex is worth knowing. The rest are upstream notices about code we do not
-use (MIMO, absl logging, CUDA-graph scopes).
+use (MIMO, absl logging, CUDA-graph scopes), and GPTModel's deprecation notice, which
+points users of this package at a migration that is ours to make.
 """
 
+import logging
 import warnings
 
 ALWAYS = (
@@ -25,3 +27,9 @@ def silence_expected_warnings() -> None:
     patterns = ALWAYS + (() if torch.cuda.is_available() else WITHOUT_CUDA)
     for pattern in patterns:
         warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
+    logging.getLogger("megatron.core.models.gpt.gpt_model").addFilter(_NotGPTDeprecation())
+
+
+class _NotGPTDeprecation(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "GPTModel IS DEPRECATED" not in record.getMessage()

@@ -36,6 +36,7 @@ from megatron_mm.plan import (  # noqa: E402
 from megatron_mm.plan import model_zoo  # noqa: E402
 from megatron_mm.plan.comparison import COMPARED  # noqa: E402
 from megatron_mm.plan.model import patch_embed_flops  # noqa: E402
+from megatron_mm.plan.profile import MEASURED, LayerProfile, apply_profile  # noqa: E402
 
 GiB = 1024 ** 3
 
@@ -110,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--memory-limit-gb", type=float, default=None,
                    help="GiB per GPU the partition must fit")
     g.add_argument("--bytes-per-trainable-param", type=float, default=16.0)
+    g.add_argument("--pipeline-profile", default=None, metavar="FILE",
+                   help="measured per-layer times (tools/profile_layers.py) instead of FLOPs "
+                        "and the hardware model; the sizes must describe the profiled model")
     return p
 
 
@@ -205,6 +209,9 @@ def print_plan(args, hardware: Hardware, memory: MemoryModel, limit) -> int:
                         recompute=args.recompute_granularity == "full",
                         tensor_model_parallel_size=args.tensor_model_parallel_size or 1)
     chain = build_chain(model, workload)
+    if args.pipeline_profile:
+        chain = apply_profile(chain, LayerProfile.load(args.pipeline_profile))
+        hardware = MEASURED
     pp = args.pipeline_model_parallel_size or 4
     vpp = args.virtual_pipeline_model_parallel_size or 1
     m = num_microbatches(args)
@@ -214,9 +221,9 @@ def print_plan(args, hardware: Hardware, memory: MemoryModel, limit) -> int:
     print(f"frozen: {freeze_words(model)}")
     print(f"workload: micro-batch {workload.micro_batch_size} x {seq} LLM tokens "
           f"({media} media), recompute {'full' if workload.recompute else 'off'}, "
-          f"TP {workload.tensor_model_parallel_size}, {m} micro-batches; "
-          f"{hardware.name} at {hardware.peak_flops / 1e12:.0f} TFLOP/s x "
-          f"{hardware.efficiency}")
+          f"TP {workload.tensor_model_parallel_size}, {m} micro-batches; {hardware.name}"
+          + ("" if hardware is MEASURED else f" at {hardware.peak_flops / 1e12:.0f} TFLOP/s "
+             f"x {hardware.efficiency}"))
     print(f"chain: {len(chain)} layers; cost per layer in forwards F "
           f"(F + backward parts that run + recompute):")
     for kind, first in first_of_kind(chain):

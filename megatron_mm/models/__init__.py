@@ -7,7 +7,7 @@ from megatron_mm.quiet import silence_expected_warnings
 silence_expected_warnings()
 apply_cpu_patches()  # before any megatron.core import below (no-op with CUDA)
 
-from .build import BuildSettings, build_model  # noqa: E402
+from .build import BuildSettings, build_model, model_chain  # noqa: E402
 from .multimodal import MultimodalModel  # noqa: E402
 
-__all__ = ["BuildSettings", "MultimodalModel", "build_model"]
+__all__ = ["BuildSettings", "MultimodalModel", "build_model", "model_chain"]

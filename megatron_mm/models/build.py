@@ -8,6 +8,8 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.vision.multimodal_projector import MultimodalProjector
 
 from ..config import MultimodalModelConfig
+from ..plan import ModelSpec, Workload, build_chain
+from ..plan.placement import ChunkPlacement, whole_model
 from .multimodal import MultimodalModel
 from .specs import get_layer_specs
 from .transformer_configs import (
@@ -18,16 +20,19 @@ from .transformer_configs import (
 )
 from .vision import VisionTransformer
 
-__all__ = ["BuildSettings", "build_model"]
+__all__ = ["BuildSettings", "build_model", "model_chain"]
 
 
 def build_model(config: MultimodalModelConfig, settings: BuildSettings,
-                media_token_ids: Mapping[str, int], pre_process: bool = True,
-                post_process: bool = True, vp_stage: Optional[int] = None) -> MultimodalModel:
-    """The model, or one pipeline chunk of it (``vp_stage`` with virtual stages): encoders
-    and projectors are built with the LLM's embedding (``pre_process``, the first chunk),
-    the output layer with ``post_process``."""
+                media_token_ids: Mapping[str, int],
+                placement: Optional[ChunkPlacement] = None,
+                vp_stage: Optional[int] = None) -> MultimodalModel:
+    """The model, or the pipeline chunk ``placement`` describes (``vp_stage``: its virtual
+    stage with interleaving). ``settings.placements`` holds every chunk's placement: the
+    layer layout Megatron-Core builds each transformer stack from."""
     config.validate_parallel(settings.tensor_model_parallel_size)
+    if placement is None:
+        placement = whole_model_placement(config)
     lm = config.language
     specs = get_layer_specs(settings.transformer_impl, qk_layernorm=lm.qk_layernorm)
     language_model = GPTModel(
@@ -38,18 +43,39 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
         share_embeddings_and_output_weights=not lm.untie_embeddings_and_output_weights,
         position_embedding_type="rope",
         rotary_base=lm.rotary_base,
-        pre_process=pre_process,
-        post_process=post_process,
+        pre_process=placement.llm_embed,
+        post_process=placement.llm_head,
         vp_stage=vp_stage,
     )
     encoders, projectors = {}, {}
-    for name, enc in (config.encoders.items() if pre_process else ()):
-        encoders[name] = VisionTransformer(vision_transformer_config(enc, settings), enc,
-                                           specs.vision_layer, specs.vision_norm)
-        proj = config.projectors[name]
-        projectors[name] = MultimodalProjector(
-            projector_transformer_config(proj, lm, settings), specs.projector,
-            proj.projector_type, input_size=enc.hidden_size)
-    model = MultimodalModel(config, language_model, encoders, projectors, media_token_ids)
+    for part in placement.encoders:
+        enc = config.encoders[part.name]
+        encoders[part.name] = VisionTransformer(
+            vision_transformer_config(enc, settings, part.name), enc, specs.vision_layer,
+            specs.vision_norm, embed=part.embed, build_layers=part.num_layers > 0,
+            post=part.projector, vp_stage=vp_stage)
+        if part.projector:
+            proj = config.projectors[part.name]
+            projectors[part.name] = MultimodalProjector(
+                projector_transformer_config(proj, lm, settings), specs.projector,
+                proj.projector_type, input_size=enc.hidden_size)
+    model = MultimodalModel(config, language_model, encoders, projectors, media_token_ids,
+                            placement)
     model.freeze()
     return model
+
+
+def whole_model_placement(config: MultimodalModelConfig) -> ChunkPlacement:
+    """Every module in one chunk (no pipeline parallelism)."""
+    return whole_model(model_chain(config))
+
+
+def model_chain(config: MultimodalModelConfig, seq_length: Optional[int] = None,
+                micro_batch_size: int = 1, tensor_model_parallel_size: int = 1):
+    """The planner's layer chain of this model (module names and per-layer costs)."""
+    spec = ModelSpec.from_config(config)
+    workload = Workload(seq_length=seq_length or max(config.language.seq_length,
+                                                     spec.media_tokens_per_sample),
+                        micro_batch_size=micro_batch_size,
+                        tensor_model_parallel_size=tensor_model_parallel_size)
+    return build_chain(spec, workload)

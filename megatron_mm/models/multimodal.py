@@ -17,6 +17,7 @@ from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
 
 from ..config import MultimodalModelConfig
+from ..plan.placement import ChunkPlacement
 from .vision import VisionTransformer
 
 # Which batch media key feeds each encoder kind.
@@ -28,19 +29,33 @@ class MediaMismatchError(ValueError):
 
 
 class MultimodalModel(MegatronModule):
+    """The whole model, or the pipeline chunk ``placement`` describes.
+
+    A chunk runs, in chain order, whatever parts it holds: the word embedding (chunk 0),
+    encoder embeddings, encoder layers, projectors (each merges its features into the text
+    embeddings), LLM decoder layers and the output layer. Between chunks travel the text
+    embeddings (or, once the LLM runs, its hidden state) and, when a cut falls inside an
+    encoder, that encoder's hidden state: both packed into one flat tensor for Megatron-Core's
+    p2p, which carries one tensor of variable shape. The receiving chunk knows the shapes
+    from its own copy of the micro-batch.
+    """
+
     def __init__(self, config: MultimodalModelConfig, language_model: GPTModel,
                  encoders: Mapping[str, VisionTransformer],
                  projectors: Mapping[str, MultimodalProjector],
-                 media_token_ids: Mapping[str, int]):
+                 media_token_ids: Mapping[str, int], placement: ChunkPlacement):
         super().__init__(config=language_model.config)
         self.mm_config = config
+        self.placement = placement
         self.model_type = ModelType.encoder_or_decoder
-        self.encoder_names = tuple(encoders)
+        self.encoder_names = tuple(e.name for e in placement.encoders)
         self.media_token_ids: Dict[str, int] = dict(media_token_ids)
         for name in self.encoder_names:
             setattr(self, f"{name}_model", encoders[name])
-            setattr(self, f"{name}_projection", projectors[name])
+            if name in projectors:
+                setattr(self, f"{name}_projection", projectors[name])
         self.language_model = language_model
+        self.input_tensor: Optional[torch.Tensor] = None
         # Read by Megatron-Core's schedules (first / last pipeline stage of this chunk).
         self.pre_process = language_model.pre_process
         self.post_process = language_model.post_process
@@ -58,7 +73,10 @@ class MultimodalModel(MegatronModule):
         return getattr(self, f"{name}_projection")
 
     def set_input_tensor(self, input_tensor) -> None:
-        self.language_model.set_input_tensor(input_tensor)
+        if isinstance(input_tensor, (list, tuple)):
+            assert len(input_tensor) == 1, "one tensor travels between chunks"
+            input_tensor = input_tensor[0]
+        self.input_tensor = input_tensor
 
     def freeze(self) -> None:
         """Apply the freeze config: frozen parameters stop requiring gradients."""
@@ -66,56 +84,132 @@ class MultimodalModel(MegatronModule):
         modules = [(self.language_model, freeze.language_model)]
         for name in self.encoder_names:
             modules.append((self.encoder(name), name in freeze.encoders))
-            modules.append((self.projector(name), name in freeze.projectors))
+            if hasattr(self, f"{name}_projection"):
+                modules.append((self.projector(name), name in freeze.projectors))
         for module, frozen in modules:
             if frozen:
                 for p in module.parameters():
                     p.requires_grad_(False)
 
-    def encode(self, name: str, media: torch.Tensor) -> torch.Tensor:
-        """Encoder then projector: [N, ...] media -> [N, T, llm hidden] features."""
+    def _modality(self, name: str) -> str:
+        return ENCODER_MODALITY[self.mm_config.encoders[name].model_type]
+
+    def _items(self, name: str, media: Mapping[str, torch.Tensor]) -> Optional[torch.Tensor]:
+        items = media.get(self._modality(name))
+        return None if items is None or items.shape[0] == 0 else items
+
+    def run_encoder(self, name: str, media: Mapping[str, torch.Tensor],
+                    hidden: Optional[torch.Tensor]) -> torch.Tensor:
+        """This chunk's part of encoder ``name``: [T, N, H] hidden state out."""
+        part = self.placement.encoder(name)
         encoder = self.encoder(name)
-        # A frozen encoder has nothing trainable upstream (its input is data), so it
-        # runs without autograd: no backward, no saved activations.
-        trainable = any(p.requires_grad for p in encoder.parameters())
+        # A frozen encoder has nothing trainable upstream (its input is data), so it runs
+        # without autograd: no backward, no saved activations, on every stage it spans.
+        trainable = name not in self.mm_config.freeze.encoders
         with torch.set_grad_enabled(torch.is_grad_enabled() and trainable):
-            features = encoder(media)
+            if part.embed:
+                hidden = encoder.embed(self._items(name, media))
+            return encoder.layers(hidden)
+
+    def project(self, name: str, hidden: torch.Tensor) -> torch.Tensor:
+        """Encoder output norm and projector: [T, N, H_enc] -> [N, T', H_llm]."""
+        features = self.encoder(name).features(hidden)
         n, t, h = features.shape
         return self.projector(name)(features.reshape(n * t, h)).reshape(n, t, -1)
+
+    def encode(self, name: str, media: torch.Tensor) -> torch.Tensor:
+        """The whole encoder and projector (a chunk that holds them): [N, ...] media ->
+        [N, T', H_llm] features."""
+        return self.project(name, self.run_encoder(name, {self._modality(name): media}, None))
+
+    def merge(self, name: str, tokens: torch.Tensor, text: torch.Tensor,
+              media: Mapping[str, torch.Tensor], hidden: Optional[torch.Tensor]) -> torch.Tensor:
+        """Project encoder ``name``'s output into the placeholder positions of ``text``."""
+        modality = self._modality(name)
+        slots = tokens == self.media_token_ids[modality]
+        items = self._items(name, media)
+        n_items = 0 if items is None else items.shape[0]
+        per_item = self.mm_config.encoders[name].num_output_tokens
+        if int(slots.sum()) != n_items * per_item:
+            raise MediaMismatchError(
+                f"batch has {int(slots.sum())} {modality} placeholder tokens but "
+                f"{n_items} {modality} items x {per_item} tokens each")
+        if n_items == 0:
+            return text
+        features = self.project(name, hidden)
+        merged = text.transpose(0, 1)  # [B, S, H]: row-major order matches the media
+        merged = merged.masked_scatter(slots.unsqueeze(-1), features.to(merged.dtype))
+        return merged.transpose(0, 1).contiguous()
 
     def embed(self, tokens: torch.Tensor, position_ids: torch.Tensor,
               media: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Text embeddings with media features at the placeholder positions: [S, B, H]."""
-        embeddings = self.language_model.embedding(input_ids=tokens, position_ids=position_ids)
-        merged = embeddings.transpose(0, 1)  # [B, S, H]: row-major order matches the media
+        text, hidden = self.front(tokens, position_ids, media)
+        assert hidden is None, "this chunk ends inside an encoder"
+        return text
+
+    def front(self, tokens: torch.Tensor, position_ids: torch.Tensor,
+              media: Mapping[str, torch.Tensor]):
+        """This chunk's share of embedding and encoding: (text embeddings with the features
+        merged so far, the hidden state of an encoder the chunk ends inside, or None)."""
+        place = self.placement
+        if place.llm_embed:
+            text = self.language_model.embedding(input_ids=tokens, position_ids=position_ids)
+            hidden = None
+        else:
+            text, hidden = self.unpack(self.input_tensor, tokens, media)
         for name in self.encoder_names:
-            modality = ENCODER_MODALITY[self.mm_config.encoders[name].model_type]
-            slots = tokens == self.media_token_ids[modality]
-            items = media.get(modality)
-            n_items = 0 if items is None else items.shape[0]
-            per_item = self.mm_config.encoders[name].num_output_tokens
-            if int(slots.sum()) != n_items * per_item:
-                raise MediaMismatchError(
-                    f"batch has {int(slots.sum())} {modality} placeholder tokens but "
-                    f"{n_items} {modality} items x {per_item} tokens each")
-            if n_items == 0:
-                continue
-            features = self.encode(name, items).to(merged.dtype)
-            merged = merged.masked_scatter(slots.unsqueeze(-1), features)
-        return merged.transpose(0, 1).contiguous()
+            if self._items(name, media) is not None:
+                hidden = self.run_encoder(name, media, hidden)
+            if self.placement.encoder(name).projector:
+                text = self.merge(name, tokens, text, media, hidden)
+                hidden = None
+        return text, hidden
+
+    def pack(self, text: torch.Tensor, hidden: Optional[torch.Tensor]) -> torch.Tensor:
+        """What this chunk sends on: the text embeddings, with an encoder's hidden state."""
+        if hidden is None:
+            return text
+        hidden = hidden.to(text.dtype)
+        return torch.cat([text.reshape(-1), hidden.reshape(-1)]).view(-1, 1, 1)
+
+    def unpack(self, received: torch.Tensor, tokens: torch.Tensor,
+               media: Mapping[str, torch.Tensor]):
+        """(text [S, B, H], encoder hidden [T, N, H_enc] or None) from ``pack``'s tensor."""
+        name = self.placement.receives_encoder
+        if name is None or self._items(name, media) is None:
+            return received, None
+        b, s = tokens.shape
+        n_text = s * b * self.language_model.config.hidden_size
+        enc = self.mm_config.encoders[name]
+        n_items = self._items(name, media).shape[0]
+        flat = received.reshape(-1)
+        hidden = flat[n_text:].view(self.encoder(name).seq_length, n_items, enc.hidden_size)
+        return flat[:n_text].view(s, b, -1), hidden
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor,
                 media: Optional[Mapping[str, torch.Tensor]] = None,
                 labels: Optional[torch.Tensor] = None,
                 loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Per-token loss [B, S] when ``labels`` are given, else vocab-parallel logits.
+        """Per-token loss [B, S] when ``labels`` are given, else vocab-parallel logits (on the
+        last chunk; earlier chunks return what the next one receives).
 
         With a ``loss_mask`` the output layer runs only where the loss is taken (answer
         tokens; not media or prompt), and the loss elsewhere is 0.
         """
-        # Later pipeline stages get their input from the previous stage (set_input_tensor).
-        decoder_input = (self.embed(tokens, position_ids, media or {})
-                         if self.pre_process else None)
+        media = media or {}
+        place = self.placement
+        if place.llm_embed or place.encoders:
+            hidden_in, encoder_hidden = self.front(tokens, position_ids, media)
+            if not place.runs_llm:
+                return self.pack(hidden_in, encoder_hidden)
+        else:
+            hidden_in = self.input_tensor
+        if self.language_model.pre_process:
+            decoder_input = hidden_in
+        else:  # GPTModel's decoder reads a chunk's input from set_input_tensor
+            self.language_model.set_input_tensor(hidden_in)
+            decoder_input = None
         sparse = (labels is not None and loss_mask is not None
                   and not self.language_model.config.sequence_parallel)
         return self.language_model(

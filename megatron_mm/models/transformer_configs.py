@@ -7,7 +7,7 @@ details (norm, activation, biases) follow the model family each module copies.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +15,7 @@ from megatron.core.activations import quick_gelu
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from ..config import LanguageModelConfig, ProjectorConfig, VisionEncoderConfig
+from ..plan.placement import ChunkPlacement, megatron_layout
 
 
 @dataclass
@@ -32,14 +33,25 @@ class BuildSettings:
     # Full weights built on the CPU from one RNG stream, then split: the model then does
     # not depend on the TP size (what the TP-equals-TP=1 tests rely on).
     use_cpu_initialization: bool = True
+    # Every chunk's modules (chunk order), from the pipeline plan; None: one chunk.
+    placements: Optional[List[ChunkPlacement]] = None
 
-    def common(self, pipelined: bool = False) -> dict:
-        """Settings of every module; only the LLM is split over pipeline stages (the
-        encoders and projectors live whole on the first stage)."""
+    def common(self, stack: Optional[str] = None) -> dict:
+        """Settings of every module. The transformer stacks split over pipeline stages
+        (``stack``: "llm" or an encoder's name) get Megatron-Core's pipeline layout from the
+        placements, so each chunk builds its layers with their global numbers (checkpoints
+        then do not depend on the partition); projectors are never split."""
         dtype = torch.bfloat16 if self.bf16 else torch.float32
+        pipelined = stack is not None and self.pipeline_model_parallel_size > 1
         pp = self.pipeline_model_parallel_size if pipelined else 1
         vpp = self.virtual_pipeline_model_parallel_size if pipelined else None
+        layout = None
+        if pipelined:
+            if self.placements is None:
+                raise ValueError("pipeline parallelism needs BuildSettings.placements")
+            layout = megatron_layout(self.placements, None if stack == "llm" else stack)
         return dict(
+            pipeline_model_parallel_layout=layout,
             tensor_model_parallel_size=self.tensor_model_parallel_size,
             pipeline_model_parallel_size=pp,
             virtual_pipeline_model_parallel_size=vpp,
@@ -88,11 +100,12 @@ def language_transformer_config(lm: LanguageModelConfig, s: BuildSettings) -> Tr
         add_bias_linear=False,
         add_qkv_bias=lm.add_qkv_bias,
         qk_layernorm=lm.qk_layernorm,
-        **s.common(pipelined=True),
+        **s.common("llm"),
     )
 
 
-def vision_transformer_config(enc: VisionEncoderConfig, s: BuildSettings) -> TransformerConfig:
+def vision_transformer_config(enc: VisionEncoderConfig, s: BuildSettings,
+                              name: str = "vision") -> TransformerConfig:
     activation = quick_gelu if enc.model_type == "clip" else partial_tanh_gelu
     return TransformerConfig(
         num_layers=enc.num_layers_built,
@@ -106,7 +119,7 @@ def vision_transformer_config(enc: VisionEncoderConfig, s: BuildSettings) -> Tra
         activation_func=activation,
         add_bias_linear=True,
         add_qkv_bias=True,
-        **s.common(),
+        **s.common(name),
     )
 
 

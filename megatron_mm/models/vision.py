@@ -19,36 +19,45 @@ from ..config import VisionEncoderConfig
 
 
 class VisionTransformer(MegatronModule):
+    """The ViT, or the part of it one pipeline chunk holds: the patch embedding (``embed``),
+    the transformer layers Megatron-Core's layout gives this chunk (``build_layers``), and
+    the output norm and class-token drop in front of the projector (``post``)."""
+
     def __init__(self, config: TransformerConfig, encoder: VisionEncoderConfig,
-                 layer_spec: ModuleSpec, norm_impl: type):
+                 layer_spec: ModuleSpec, norm_impl: type, embed: bool = True,
+                 build_layers: bool = True, post: bool = True, vp_stage=None):
         super().__init__(config=config)
         self.encoder_config = encoder
         hidden = encoder.hidden_size
         clip = encoder.model_type == "clip"
-        self.conv1 = torch.nn.Conv2d(3, hidden, kernel_size=encoder.patch_dim,
-                                     stride=encoder.patch_dim, bias=not clip,
-                                     dtype=config.params_dtype)
         self.class_token_len = 1 if encoder.has_class_token else 0
         self.seq_length = encoder.num_patches + self.class_token_len
-        self.position_embeddings = torch.nn.Embedding(self.seq_length, hidden,
-                                                      dtype=config.params_dtype)
-        config.init_method(self.position_embeddings.weight)
-        if self.class_token_len:
-            self.class_token = torch.nn.Parameter(
-                torch.randn(1, 1, hidden, dtype=config.params_dtype))
-        self.ln_pre = (build_module(norm_impl, config=config, hidden_size=hidden,
-                                    eps=config.layernorm_epsilon) if clip else None)
-        self.decoder = TransformerBlock(config=config, spec=layer_spec,
-                                        pre_process=True, post_process=False)
+        self.has_embed = embed
+        if embed:
+            self.conv1 = torch.nn.Conv2d(3, hidden, kernel_size=encoder.patch_dim,
+                                         stride=encoder.patch_dim, bias=not clip,
+                                         dtype=config.params_dtype)
+            self.position_embeddings = torch.nn.Embedding(self.seq_length, hidden,
+                                                          dtype=config.params_dtype)
+            config.init_method(self.position_embeddings.weight)
+            if self.class_token_len:
+                self.class_token = torch.nn.Parameter(
+                    torch.randn(1, 1, hidden, dtype=config.params_dtype))
+            self.ln_pre = (build_module(norm_impl, config=config, hidden_size=hidden,
+                                        eps=config.layernorm_epsilon) if clip else None)
+        self.decoder = (TransformerBlock(config=config, spec=layer_spec, pre_process=True,
+                                         post_process=False, vp_stage=vp_stage)
+                        if build_layers else None)
+        self.has_post = post
         self.ln_post = (build_module(norm_impl, config=config, hidden_size=hidden,
                                      eps=config.layernorm_epsilon)
-                        if encoder.apply_post_layernorm else None)
+                        if post and encoder.apply_post_layernorm else None)
 
     def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
-        self.decoder.set_input_tensor(input_tensor)
+        """Unused: the multimodal model hands each part its input explicitly."""
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """[N, 3, H, W] images -> [N, T, hidden] features (T = ``num_output_tokens``)."""
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """[N, 3, H, W] images -> [T, N, hidden] (Megatron's sequence-first layout)."""
         x = self.conv1(images.to(self.conv1.weight.dtype))
         x = x.flatten(2).transpose(1, 2)  # [N, patches, hidden]
         if self.class_token_len:
@@ -56,10 +65,22 @@ class VisionTransformer(MegatronModule):
         x = x + self.position_embeddings.weight.unsqueeze(0)
         if self.ln_pre is not None:
             x = self.ln_pre(x)
-        x = self.decoder(x.transpose(0, 1).contiguous(), attention_mask=None)
+        return x.transpose(0, 1).contiguous()
+
+    def layers(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.decoder is None:
+            return hidden
+        return self.decoder(hidden, attention_mask=None)
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[T, N, hidden] -> [N, T', hidden] features (T' = ``num_output_tokens``)."""
         if self.ln_post is not None:
-            x = self.ln_post(x)
-        x = x.transpose(0, 1)  # [N, T, hidden]
+            hidden = self.ln_post(hidden)
+        x = hidden.transpose(0, 1)
         if self.class_token_len and self.encoder_config.drop_class_token:
             x = x[:, self.class_token_len:]
         return x.contiguous()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """The whole encoder: [N, 3, H, W] images -> [N, T', hidden] features."""
+        return self.features(self.layers(self.embed(images)))

@@ -168,8 +168,8 @@ def check_memory(chain: Sequence[Layer], part: StagePartition, limit: float,
         if p + a > limit:
             raise PlanError(
                 f"{part.policy} partition {part.layers_per_chunk}: pipeline stage {rank} needs "
-                f"{(p + a) / GiB:.1f} GiB ({p / GiB:.1f} model state + {a / GiB:.1f} "
-                f"activations), over the memory limit of {limit / GiB:.1f} GiB per stage "
+                f"{(p + a) / GiB:.3g} GiB ({p / GiB:.3g} model state + {a / GiB:.3g} "
+                f"activations), over the memory limit of {limit / GiB:.3g} GiB per stage "
                 "(--memory-limit-gb); use --pipeline-partition auto, more stages, or "
                 "--recompute-granularity full")
 
@@ -195,8 +195,8 @@ def _minmax(chain, weights, pp, vpp, limit, num_microbatches, memory) -> List[in
         per = " per model chunk (limit / VPP)" if vpp > 1 else ""
         raise PlanError(
             f"no split of the {len(chain)}-layer chain into PP x VPP = {chunks} stages fits "
-            f"the memory limit of {limit / GiB:.1f} GiB per stage (--memory-limit-gb): the "
-            f"best split needs {best / GiB:.1f} GiB{per} on its fullest stage; raise the "
+            f"the memory limit of {limit / GiB:.3g} GiB per stage (--memory-limit-gb): the "
+            f"best split needs {best / GiB:.3g} GiB{per} on its fullest stage; raise the "
             "limit, add pipeline stages, or use --recompute-granularity full")
     return counts
 

@@ -8,6 +8,7 @@ import: a bad flag is reported before any process group exists.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 from typing import Optional, Sequence
 
@@ -19,6 +20,8 @@ from ..config import (
     ProjectorConfig,
     VisionEncoderConfig,
 )
+from ..plan import ModelSpec, Workload, build_chain
+from ..plan.partition import parse_partition_flag, partition
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -74,6 +77,19 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None,
                    help="model chunks per pipeline rank (interleaved 1F1B)")
     g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
+    g.add_argument("--pipeline-partition", default="uniform",
+                   help="which layers each pipeline stage holds: uniform (Megatron-Core: "
+                        "encoders on the first stage, LLM layers split evenly), auto "
+                        "(frozen-aware min-max over encoder, projector and LLM layers), "
+                        "balanced (min-max as if everything trained), or layers per stage "
+                        "in chunk order, e.g. 6,4 (tools/plan.py lists the chain)")
+    g.add_argument("--memory-limit-gb", type=float, default=None,
+                   help="memory per pipeline stage the partition must fit (the planner's "
+                        "memory model: weights, gradients, optimizer state, in-flight "
+                        "activations)")
+    g.add_argument("--pipeline-profile", default=None, metavar="FILE",
+                   help="measured per-layer times (tools/profile_layers.py) for "
+                        "--pipeline-partition auto, instead of the FLOP cost model")
     g.add_argument("--use-distributed-optimizer", action="store_true")
     g.add_argument("--overlap-grad-reduce", action="store_true")
     g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None,
@@ -169,10 +185,13 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
         args.virtual_pipeline_model_parallel_size = vpp = None
     if vpp is not None and pp < 2:
         raise ConfigError("virtual pipeline stages need --pipeline-model-parallel-size >= 2")
-    if args.num_layers % (pp * (vpp or 1)):
-        raise ConfigError(f"--num-layers ({args.num_layers}) is not divisible by "
-                          f"--pipeline-model-parallel-size ({pp})"
-                          + (f" x --virtual-pipeline-model-parallel-size ({vpp})" if vpp else ""))
+    args.pipeline_partition = parse_partition_flag(args.pipeline_partition)
+    if isinstance(args.pipeline_partition, list) and len(args.pipeline_partition) != pp * (vpp or 1):
+        raise ConfigError(
+            f"--pipeline-partition lists {len(args.pipeline_partition)} stages, but "
+            f"--pipeline-model-parallel-size ({pp})"
+            + (f" x --virtual-pipeline-model-parallel-size ({vpp})" if vpp else "")
+            + f" = {pp * (vpp or 1)}; give one layer count per stage")
     if world_size % (tp * pp):
         raise ConfigError(
             f"world size {world_size} is not divisible by --tensor-model-parallel-size ({tp})"
@@ -215,6 +234,25 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
                           "or point --data-path at a directory with train.jsonl/valid.jsonl")
     args.model_config = model_config_from_args(args)
     args.model_config.validate_parallel(tp)
+    check_pipeline_partition(args)
+
+
+def check_pipeline_partition(args: argparse.Namespace) -> None:
+    """Plan the partition once on the model's structure so a partition that cannot work
+    fails here. The vocabulary is not known before the tokenizer loads; a stand-in only
+    shifts costs, and the run plans again with the real one."""
+    config = copy.deepcopy(args.model_config)
+    config.language.vocab_size = config.language.vocab_size or 1
+    chain = build_chain(ModelSpec.from_config(config),
+                        Workload(seq_length=args.seq_length,
+                                 micro_batch_size=args.micro_batch_size,
+                                 tensor_model_parallel_size=args.tensor_model_parallel_size))
+    if args.pipeline_model_parallel_size > 1 or args.memory_limit_gb:
+        partition(chain, args.pipeline_model_parallel_size,
+                  args.virtual_pipeline_model_parallel_size or 1, args.pipeline_partition,
+                  memory_limit_bytes=(args.memory_limit_gb * 1024 ** 3
+                                      if args.memory_limit_gb else None),
+                  num_microbatches=args.num_microbatches)
 
 
 def model_config_from_args(args: argparse.Namespace) -> MultimodalModelConfig:

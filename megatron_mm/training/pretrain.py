@@ -38,6 +38,7 @@ from ..models.specs import default_transformer_impl
 from .checkpointing import CheckpointError, load_checkpoint, save_checkpoint, saved_args
 from .evaluation import answer_accuracy, evaluate_loss
 from .initialize import initialize_distributed, set_random_seed
+from .pipeline_plan import describe_plan, plan_pipeline
 from .step import TokenCounter, train_step
 
 # Errors caused by the user's flags or data; scripts report them without a traceback.
@@ -55,7 +56,7 @@ def print_rank_last(msg: str) -> None:
         print(msg, flush=True)
 
 
-def build_settings(args) -> BuildSettings:
+def build_settings(args, placements=None) -> BuildSettings:
     impl = args.transformer_impl or default_transformer_impl()
     cpu_init = args.use_cpu_initialization or not torch.cuda.is_available()
     return BuildSettings(
@@ -64,7 +65,7 @@ def build_settings(args) -> BuildSettings:
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
         transformer_impl=impl, bf16=args.bf16, hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
-        use_cpu_initialization=cpu_init)
+        use_cpu_initialization=cpu_init, placements=placements)
 
 
 def data_paths(args) -> tuple[str, str]:
@@ -119,18 +120,19 @@ def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: boo
 
 
 def build_model_chunks(args, tokenizer) -> List[MultimodalModel]:
-    """This rank's pipeline chunks: one, or one per virtual stage (interleaved 1F1B)."""
+    """This rank's pipeline chunks: one, or one per virtual stage (interleaved 1F1B), each
+    holding the modules the pipeline plan gives it."""
+    part, placements = plan_pipeline(args)
+    if args.pipeline_model_parallel_size > 1:
+        print_rank_0(describe_plan(args, part))
+    settings = build_settings(args, placements)
+    pp, rank = args.pipeline_model_parallel_size, parallel_state.get_pipeline_model_parallel_rank()
     vpp = args.virtual_pipeline_model_parallel_size
     chunks = []
     for vp in range(vpp) if vpp else [None]:
         chunks.append(build_model(
-            args.model_config, build_settings(args),
-            {"image": tokenizer.media_token_id("image")},
-            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False,
-                                                               vp_stage=vp),
-            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False,
-                                                               vp_stage=vp),
-            vp_stage=vp))
+            args.model_config, settings, {"image": tokenizer.media_token_id("image")},
+            placement=placements[(vp or 0) * pp + rank], vp_stage=vp))
         if torch.cuda.is_available():  # as Megatron-LM's get_model: host-built modules too
             chunks[-1].cuda(torch.cuda.current_device())
     return chunks
@@ -204,9 +206,21 @@ class TrainingCallbacks:
     on_step: Optional[Callable] = None  # (iteration, chunks, loss), before grads are cleared
 
 
-def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
-    """Train as the flags say; returns a summary (losses per iteration, last evaluation)."""
-    callbacks = callbacks or TrainingCallbacks()
+@dataclass
+class TrainingSetup:
+    """Everything a training loop needs, built from the flags."""
+
+    tokenizer: object
+    train_ds: MultimodalDataset
+    valid_ds: MultimodalDataset
+    model: List[MultimodalModel]  # this rank's chunks
+    model_chunks: list  # the same, wrapped (DDP, Float16Module)
+    optimizer: object
+    scheduler: OptimizerParamScheduler
+
+
+def setup_training(args) -> TrainingSetup:
+    """Process groups, tokenizer, data, model chunks, optimizer and scheduler."""
     initialize_distributed(args)
     set_random_seed(args.seed)
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
@@ -226,6 +240,17 @@ def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
                  f"{parallel_state.get_pipeline_model_parallel_rank()}): {n_params} "
                  f"({n_train} trainable)")
     model_chunks, optimizer, scheduler = setup_model_and_optimizer(args, model)
+    return TrainingSetup(tokenizer, train_ds, valid_ds, model, model_chunks, optimizer,
+                         scheduler)
+
+
+def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
+    """Train as the flags say; returns a summary (losses per iteration, last evaluation)."""
+    callbacks = callbacks or TrainingCallbacks()
+    run = setup_training(args)
+    tokenizer, train_ds, valid_ds = run.tokenizer, run.train_ds, run.valid_ds
+    model, model_chunks = run.model, run.model_chunks
+    optimizer, scheduler = run.optimizer, run.scheduler
     if callbacks.on_model_built is not None:
         callbacks.on_model_built(model, model_chunks, optimizer)
 

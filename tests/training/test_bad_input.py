@@ -28,6 +28,24 @@ SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
     (["--micro-batch-size", "4", "--global-batch-size", "6"], 1,
      "--global-batch-size (6) must be a multiple of --micro-batch-size (4)"),
     (["--img-h", "30", "--patch-dim", "7"], 1, "--img-h (30) must be divisible by --patch-dim"),
+    # pipeline partitions (the default model's chain: embedding, ViT embed, 2 ViT layers,
+    # projector, 2 LLM layers, output = 8 layers)
+    (["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "5",
+      "--micro-batch-size", "1", "--global-batch-size", "2"],
+     2, "the chain has 8 layers, fewer than PP x VPP = 10 pipeline stages"),
+    (["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,4"], 2,
+     "--pipeline-partition counts sum to 7, but the chain has 8 layers (1 llm_embed + "
+     "1 vision_embed + 2 vision_layer + 1 projector + 2 llm_layer + 1 llm_head)"),
+    (["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,3,2"], 2,
+     "--pipeline-partition lists 3 stages, but --pipeline-model-parallel-size (2) = 2"),
+    (["--pipeline-model-parallel-size", "2", "--pipeline-partition", "fast"], 2,
+     "--pipeline-partition must be auto, uniform, balanced or a comma-separated list"),
+    (["--pipeline-model-parallel-size", "4"], 4,
+     "uniform partition: 2 LLM layers cannot fill PP x VPP = 4 stages"),
+    (["--pipeline-model-parallel-size", "2", "--memory-limit-gb", "0.001"], 2,
+     "uniform partition [6, 2]: pipeline stage 0 needs"),
+    (["--pipeline-model-parallel-size", "2", "--pipeline-partition", "auto",
+      "--memory-limit-gb", "0.001"], 2, "no split of the 8-layer chain into PP x VPP = 2"),
 ])
 def test_bad_flags_name_the_flag(capsys, argv, world, message):
     with pytest.raises(SystemExit) as exit_info:

@@ -1,5 +1,5 @@
-"""Distributed checkpoints: exact resume, resharding TP=2 -> TP=1, and a crash mid-save
-that leaves the last good checkpoint loadable."""
+"""Distributed checkpoints: exact resume, resharding TP=2 -> TP=1 and PP=2 -> PP=1 / PP=4
+(any partition), and a crash mid-save that leaves the last good checkpoint loadable."""
 
 import os
 
@@ -47,6 +47,25 @@ def test_checkpoint_saved_at_tp2_loads_at_tp1(digits_dir, tmp_path):
     tp1 = run_distributed(train, 1, common + ["--load", str(tmp_path)])[0]
     assert list(tp1["losses"]) == [3]
     assert tp1["losses"][3] == pytest.approx(tp2[0]["losses"][3], rel=1e-5)
+
+
+def test_checkpoint_saved_at_pp2_loads_at_pp1_and_pp4(digits_dir, tmp_path):
+    # Saved with the ViT split over two stages; loaded whole, and over four stages with a
+    # different cut: layers keep their global numbers in the checkpoint, so any partition
+    # reads it (weights and optimizer state: the third step matches).
+    common = _argv(digits_dir, "--train-iters", "3")
+    pp2 = run_distributed(train, 2, common + ["--pipeline-model-parallel-size", "2",
+                                              "--pipeline-partition", "3,5",
+                                              "--save", str(tmp_path), "--save-interval", "2"])
+    _point_tracker(tmp_path, 2)
+    pp1 = run_distributed(train, 1, common + ["--load", str(tmp_path)])[0]
+    pp4 = run_distributed(train, 4, common + ["--pipeline-model-parallel-size", "4",
+                                              "--pipeline-partition", "2,2,2,2",
+                                              "--load", str(tmp_path)])
+    expected = pp2[-1]["losses"][3]
+    assert list(pp1["losses"]) == [3] and list(pp4[-1]["losses"]) == [3]
+    assert pp1["losses"][3] == pytest.approx(expected, rel=1e-5)
+    assert pp4[-1]["losses"][3] == pytest.approx(expected, rel=1e-5)
 
 
 def crash_on_second_save(rank, argv):

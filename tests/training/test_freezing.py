@@ -23,7 +23,8 @@ def watch(chunks, optimizer, holder):
         return hook
 
     for name in MODULES:
-        module = getattr(model, name)
+        # the ViT's transformer layers (its parts run one by one, not through forward())
+        module = model.get_submodule("vision_model.decoder" if name == "vision_model" else name)
         module.register_forward_hook(bump(f"{name}.fwd"))
         module.register_full_backward_hook(bump(f"{name}.bwd"))
 

@@ -1,6 +1,7 @@
-"""PP=2 (also interleaved, VPP=2) and TP=2 x PP=2 (encoder and projector on the first
-stage, LLM layers split) equal one process from the same initial checkpoint: losses,
-gradients and parameters."""
+"""Pipeline layouts equal one process from the same initial checkpoint (losses, gradients,
+parameters): PP=2 with Megatron's layout (encoder on the first stage), with the ViT split
+across stages and with the frozen-aware partition; PP=2 x VPP=2 and PP=4 with encoder-only
+middle chunks; TP=2 x PP=2. A frozen ViT runs no backward on any stage it spans."""
 
 import pytest
 import torch
@@ -36,26 +37,54 @@ def _reference(digits_dir, tmp_path_factory, model):
     return _REFERENCES[key]
 
 
+def count_vit_layer_calls(chunks, optimizer, holder):
+    """Count forward and backward calls of the ViT layers this rank holds."""
+    counts = holder["vit_calls"] = {"fwd": 0, "bwd": 0, "layers": 0}
+
+    def bump(key):
+        def hook(*_):
+            counts[key] += 1
+        return hook
+
+    for chunk in chunks:
+        vit = getattr(chunk, "vision_model", None)
+        for layer in (vit.decoder.layers if vit is not None and vit.decoder else ()):
+            counts["layers"] += 1
+            layer.register_forward_hook(bump("fwd"))
+            layer.register_full_backward_hook(bump("bwd"))
+
+
 PP2 = ["--pipeline-model-parallel-size", "2"]
+PP4 = ["--pipeline-model-parallel-size", "4"]
+SPLIT_VIT = ["--pipeline-partition", "3,5"]  # [embedding, ViT embed, ViT 0] [ViT 1, ...]
+FOUR_LAYERS = ["--num-layers", "4"]  # chain: 1 + 1 + 2 + 1 + 4 + 1 = 10
 
 
 @pytest.mark.parametrize("world, layout, model", [
     (2, PP2, []),
-    (2, PP2, ["--freeze-ViT"]),
-    (2, PP2 + ["--virtual-pipeline-model-parallel-size", "2"], ["--num-layers", "4"]),
+    (2, PP2 + SPLIT_VIT, ["--freeze-ViT"]),
+    # frozen-aware: [everything but the output layer] [output layer + loss]
+    (2, PP2 + ["--pipeline-partition", "auto"], ["--freeze-ViT"]),
+    # [embedding, ViT embed, ViT 0] [ViT 1, projector] [LLM 0-2] [LLM 3, output]
+    (2, PP2 + ["--virtual-pipeline-model-parallel-size", "2", "--pipeline-partition",
+               "3,2,3,2"], FOUR_LAYERS),
+    # [embedding, ViT embed] [ViT 0-1] [projector, LLM 0-1] [LLM 2-3, output]
+    (4, PP4 + ["--pipeline-partition", "2,2,3,3"], FOUR_LAYERS + ["--freeze-ViT"]),
     (4, PP2 + ["--tensor-model-parallel-size", "2"], []),
-], ids=["pp2", "pp2-frozen-vit", "pp2-vpp2", "tp2-pp2"])
+], ids=["pp2", "pp2-split-frozen-vit", "pp2-auto-frozen-vit", "pp2-vpp2-split-vit",
+        "pp4-frozen-vit", "tp2-pp2"])
 def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout,
                                               model):
     # Stages draw different random streams, so both runs start from one saved init.
     argv, ref = _reference(digits_dir, tmp_path_factory, model)
-    ranks = run_distributed(train, world, argv + layout, (1, STEPS))
-    pp2 = ranks[:: world // 2]  # TP rank 0 of each stage: full (TP-gathered) tensors
-    last = pp2[1]  # the loss lives on the last stage
+    ranks = run_distributed(train, world, argv + layout, (1, STEPS), count_vit_layer_calls)
+    pp = 4 if layout[:2] == PP4[:2] else 2
+    stages = ranks[:: world // pp]  # TP rank 0 of each stage: full (TP-gathered) tensors
+    last = stages[-1]  # the loss lives on the last stage
     for it in range(1, STEPS + 1):
         assert last["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
     for what, step, atol in (("grads", 1, 1e-6), ("grads", STEPS, 1e-6), ("params", None, 1e-5)):
-        ours = _merge(pp2, what, step)
+        ours = _merge(stages, what, step)
         theirs = ref[what] if step is None else ref[what][step]
         assert ours.keys() == theirs.keys()
         for name, value in theirs.items():
@@ -64,3 +93,10 @@ def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, worl
                 continue
             torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=atol,
                                        msg=lambda m: f"{what} {step} {name}: {m}")
+    calls = [out["observed"]["vit_calls"] for out in stages]
+    assert sum(c["layers"] for c in calls) == 2
+    for c in calls:
+        if c["layers"]:
+            assert c["fwd"] > 0, calls
+            # frozen: autograd never enters the ViT, on whichever stage it runs
+            assert (c["bwd"] == 0) == ("--freeze-ViT" in model), calls

@@ -1,0 +1,42 @@
+"""The pipeline plan of a training run: which modules each model chunk holds.
+
+``--pipeline-partition`` picks the policy (``uniform``: Megatron-Core's layout; ``auto``:
+frozen-aware min-max; or layers per stage), over the planner's chain of this model with
+its costs from the cost model or, with ``--pipeline-profile``, from measured times.
+"""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+from ..models import model_chain
+from ..plan import StagePartition, partition
+from ..plan.describe import describe_chunk
+from ..plan.placement import ChunkPlacement, chunk_placements
+from ..plan.profile import LayerProfile, apply_profile
+
+
+def training_chain(args):
+    chain = model_chain(args.model_config, args.seq_length, args.micro_batch_size,
+                        args.tensor_model_parallel_size)
+    if getattr(args, "pipeline_profile", None):
+        chain = apply_profile(chain, LayerProfile.load(args.pipeline_profile))
+    return chain
+
+
+def plan_pipeline(args) -> Tuple[StagePartition, List[ChunkPlacement]]:
+    chain = training_chain(args)
+    limit = args.memory_limit_gb * 1024 ** 3 if args.memory_limit_gb else None
+    part = partition(chain, args.pipeline_model_parallel_size,
+                     args.virtual_pipeline_model_parallel_size or 1, args.pipeline_partition,
+                     memory_limit_bytes=limit, num_microbatches=args.num_microbatches)
+    return part, chunk_placements(chain, part)
+
+
+def describe_plan(args, part: StagePartition) -> str:
+    chain = training_chain(args)
+    lines = [f"> pipeline partition ({part.policy}): layers per stage {part.layers_per_chunk}"]
+    for c, (start, end) in enumerate(part.chunk_bounds()):
+        lines.append(f"   chunk {c} (pipeline rank {part.rank_of_chunk(c)}): "
+                     f"{describe_chunk(chain, start, end)}")
+    return "\n".join(lines)
