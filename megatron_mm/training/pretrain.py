@@ -87,9 +87,18 @@ def data_paths(args) -> tuple[str, str]:
     return train, valid
 
 
+def image_processor_config(args) -> ImageProcessorConfig:
+    if args.image_processor_config:  # a Hugging Face preprocessor_config.json
+        from ..hf.image_processor import image_processor_from_hf
+
+        return image_processor_from_hf(args.image_processor_config)
+    return ImageProcessorConfig(image_size=args.img_h)
+
+
 def build_datasets(args, tokenizer):
-    counts = {"image": args.model_config.encoders["vision"].num_output_tokens}
-    image_cfg = ImageProcessorConfig(image_size=args.img_h)
+    counts = {"image": enc.num_output_tokens
+              for name, enc in args.model_config.encoders.items()}
+    image_cfg = image_processor_config(args)
     train, valid = data_paths(args)
     return tuple(MultimodalDataset(p, tokenizer, counts, image_cfg, max_seq_length=args.seq_length)
                  for p in (train, valid))
@@ -125,7 +134,7 @@ def build_model_chunks(args, tokenizer) -> List[MultimodalModel]:
     for vp in range(vpp) if vpp else [None]:
         chunks.append(build_model(
             args.model_config, build_settings(args),
-            {"image": tokenizer.media_token_id("image")},
+            {"image": tokenizer.media_token_id("image")} if args.model_config.encoders else {},
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False,
                                                                vp_stage=vp),
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False,
@@ -209,7 +218,8 @@ def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
     callbacks = callbacks or TrainingCallbacks()
     initialize_distributed(args)
     set_random_seed(args.seed)
-    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model,
+                                image_token_id=args.image_token_id)
     lm = args.model_config.language
     lm.vocab_size = tokenizer.vocab_size
     if args.load:  # keep the checkpoint's vocabulary padding, whatever TP it was saved at
