@@ -47,12 +47,12 @@ MODELS = {
 }
 
 
-def build(name: str, seed: int = 0):
+def build(name: str, seed: int = 0, vocab_size: int = VOCAB, image_token: int = IMAGE_TOKEN):
     import transformers
     from transformers import AutoConfig
 
     arch, text_type, text_kw, vision_type, vision_kw, top_kw = MODELS[name]
-    text = AutoConfig.for_model(text_type, **{**_TEXT, **text_kw})
+    text = AutoConfig.for_model(text_type, **{**_TEXT, **text_kw, "vocab_size": vocab_size})
     if vision_type is None:
         config = text
     else:
@@ -60,7 +60,7 @@ def build(name: str, seed: int = 0):
         model_type = "llava_onevision" if "Onevision" in arch else "llava"
         config = AutoConfig.for_model(model_type, text_config=text.to_dict(),
                                       vision_config=vision.to_dict(),
-                                      image_token_index=IMAGE_TOKEN, **top_kw)
+                                      image_token_index=image_token, **top_kw)
     config.architectures = [arch]
     torch.manual_seed(seed)
     model = getattr(transformers, arch)(config).eval()
