@@ -1,5 +1,3 @@
-import os
-
 import pytest
 
 pytest.importorskip("transformers", reason="the hf extra: pip install -e '.[hf]'")
@@ -33,7 +31,3 @@ def references(converted):
     return {name: (*tiny_models.inputs(name),
                    tiny_models.reference_logits(model, *tiny_models.inputs(name)))
             for name, (model, _, _) in converted.items()}
-
-
-def pytest_configure(config):
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
