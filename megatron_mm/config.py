@@ -104,6 +104,7 @@ class LanguageModelConfig:
     num_attention_heads: int = 4
     num_query_groups: Optional[int] = None  # None: multi-head attention
     ffn_hidden_size: Optional[int] = None
+    kv_channels: Optional[int] = None  # head dim; None: hidden / heads (Qwen3 differs)
     seq_length: int = 128
     max_position_embeddings: Optional[int] = None
     rotary_base: float = 10000.0
@@ -120,11 +121,13 @@ class LanguageModelConfig:
             self.num_query_groups = self.num_attention_heads
         if self.ffn_hidden_size is None:
             self.ffn_hidden_size = 4 * self.hidden_size
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads == 0:
+            self.kv_channels = self.hidden_size // self.num_attention_heads
         if self.max_position_embeddings is None:
             self.max_position_embeddings = self.seq_length
-        _require(self.hidden_size % self.num_attention_heads == 0,
+        _require(self.kv_channels is not None,
                  f"--hidden-size ({self.hidden_size}) must be divisible by "
-                 f"--num-attention-heads ({self.num_attention_heads})")
+                 f"--num-attention-heads ({self.num_attention_heads}), or pass --kv-channels")
         _require(self.num_attention_heads % self.num_query_groups == 0,
                  f"--num-attention-heads ({self.num_attention_heads}) must be divisible by "
                  f"--num-query-groups ({self.num_query_groups})")

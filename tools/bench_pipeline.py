@@ -36,7 +36,7 @@ sys.path.insert(0, ROOT)
 MODEL = [
     "--num-layers", "8", "--hidden-size", "256", "--ffn-hidden-size", "1024",
     "--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "4",
-    "--seq-length", "160", "--vision-hidden-size", "256", "--vision-num-layers", "8",
+    "--seq-length", "160", "--vision-hidden-size", "256", "--vision-num-layers", "16",
     "--vision-num-attention-heads", "8", "--img-h", "32", "--img-w", "32",
     "--patch-dim", "4", "--disable-vision-class-token",
     "--freeze-ViT", "--freeze-LM", "--micro-batch-size", "4", "--global-batch-size", "32",
@@ -48,12 +48,13 @@ POLICIES = ("uniform", "auto")
 def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     """One rank of a timed PP run (under torchrun)."""
     import torch
-    from megatron.core import parallel_state
-    from megatron.core.timers import Timers
 
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.pretrain import batch_iterator, setup_training
     from megatron_mm.training.step import train_step
+    # after megatron_mm.training: it patches megatron-core's CUDA-only calls on CPU
+    from megatron.core import parallel_state
+    from megatron.core.timers import Timers
 
     torch.set_num_threads(1)
     args = parse_args(argv)
@@ -141,7 +142,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def report(results: dict, profile: str) -> None:
-    print("PP=2, frozen ViT (8 layers) + trainable projector + frozen LLM (8 layers), "
+    print("PP=2, frozen ViT (16 layers) + trainable projector + frozen LLM (8 layers), "
           "8 micro-batches of 4 per iteration, 1 thread per rank; busy = Megatron-Core's "
           "forward-compute + backward-compute per iteration")
     print("| partition | layers per stage | stage 0 busy s | stage 1 busy s | max/mean | "

@@ -19,9 +19,18 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 @dataclass(frozen=True)
 class ImageProcessorConfig:
+    """The steps of Hugging Face's CLIP / SigLIP image processors, in their order.
+
+    Default: bicubic resize straight to an ``image_size`` square (SigLIP's way). CLIP's
+    way: resize the shortest edge to ``shortest_edge`` (aspect ratio kept), then center
+    crop an ``image_size`` square.
+    """
+
     image_size: int = 224  # square output side; the vision tower's input size
     mean: tuple[float, float, float] = CLIP_MEAN
     std: tuple[float, float, float] = CLIP_STD
+    shortest_edge: int | None = None
+    rescale_factor: float = 1 / 255
 
 
 def _decode_data(data: str) -> bytes:
@@ -62,11 +71,26 @@ def load_image(ref: MediaRef | str | dict, base_dir: str | None = None, context:
         raise DataRecordError(f"{prefix}cannot decode image {ref.describe()}: {e}") from e
 
 
+def _resized_size(width: int, height: int, cfg: ImageProcessorConfig) -> tuple[int, int]:
+    """(width, height) after the resize; Hugging Face's rounding (int() of the long side)."""
+    edge = cfg.shortest_edge
+    if edge is None:
+        return cfg.image_size, cfg.image_size
+    short, long = sorted((width, height))
+    new_long = int(edge * long / short)
+    return (edge, new_long) if width <= height else (new_long, edge)
+
+
 def preprocess_image(img: Image.Image, cfg: ImageProcessorConfig) -> torch.Tensor:
-    """PIL image -> float32 [3, S, S]: bicubic resize, scale to [0, 1], normalise."""
+    """PIL image -> float32 [3, S, S]: bicubic resize (on uint8, as Hugging Face's PIL
+    backend), center crop, rescale in float64 then float32, normalise in float32."""
     img = img.convert("RGB")
-    if img.size != (cfg.image_size, cfg.image_size):
-        img = img.resize((cfg.image_size, cfg.image_size), Image.Resampling.BICUBIC)
-    x = np.asarray(img, dtype=np.float32) / 255.0  # [H, W, 3]
+    size = _resized_size(*img.size, cfg)
+    if img.size != size:
+        img = img.resize(size, Image.Resampling.BICUBIC)
+    x = np.asarray(img)  # [H, W, 3] uint8
+    top, left = (x.shape[0] - cfg.image_size) // 2, (x.shape[1] - cfg.image_size) // 2
+    x = x[top:top + cfg.image_size, left:left + cfg.image_size]
+    x = (x.astype(np.float64) * cfg.rescale_factor).astype(np.float32)
     x = (x - np.asarray(cfg.mean, dtype=np.float32)) / np.asarray(cfg.std, dtype=np.float32)
     return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))

@@ -92,7 +92,7 @@ def language_transformer_config(lm: LanguageModelConfig, s: BuildSettings) -> Tr
         ffn_hidden_size=lm.ffn_hidden_size,
         num_attention_heads=lm.num_attention_heads,
         num_query_groups=lm.num_query_groups,
-        kv_channels=lm.hidden_size // lm.num_attention_heads,
+        kv_channels=lm.kv_channels,
         normalization="RMSNorm",
         layernorm_epsilon=lm.norm_epsilon,
         gated_linear_unit=True,

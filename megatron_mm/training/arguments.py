@@ -32,6 +32,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-attention-heads", type=int, default=4)
     g.add_argument("--group-query-attention", action="store_true")
     g.add_argument("--num-query-groups", type=int, default=1)
+    g.add_argument("--kv-channels", type=int, default=None,
+                   help="attention head dimension (default: hidden size / heads)")
     g.add_argument("--seq-length", type=int, default=128)
     g.add_argument("--max-position-embeddings", type=int, default=None)
     g.add_argument("--rotary-base", type=float, default=10000.0)
@@ -50,12 +52,15 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "always on without CUDA)")
 
     g = p.add_argument_group("vision encoder")
-    g.add_argument("--vision-model-type", choices=["clip", "siglip"], default="clip")
+    g.add_argument("--vision-model-type", choices=["clip", "siglip", "none"], default="clip",
+                   help="none: a language model only")
     g.add_argument("--vision-hidden-size", type=int, default=64)
     g.add_argument("--vision-num-layers", type=int, default=2)
     g.add_argument("--vision-num-attention-heads", type=int, default=4)
     g.add_argument("--vision-ffn-hidden-size", type=int, default=None)
     g.add_argument("--vision-feature-layer", type=int, default=-1)
+    g.add_argument("--vision-norm-epsilon", type=float, default=None,
+                   help="default: 1e-5 for clip, 1e-6 for siglip")
     g.add_argument("--img-h", type=int, default=28)
     g.add_argument("--img-w", type=int, default=28)
     g.add_argument("--patch-dim", type=int, default=7)
@@ -63,6 +68,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="drop the class token from the encoder output (LLaVA does)")
     g.add_argument("--projector-type", choices=["mlp", "affine"], default="mlp")
     g.add_argument("--projector-ffn-hidden-size", type=int, default=None)
+    g.add_argument("--image-token-id", type=int, default=None,
+                   help="the image placeholder's token id (default: the tokenizer's own, "
+                        "after its vocabulary)")
 
     g = p.add_argument_group("freezing")
     g.add_argument("--freeze-LM", action="store_true")
@@ -121,6 +129,8 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save-interval", type=int, default=None)
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--no-save-optim", action="store_true")
+    g.add_argument("--no-save-rng", action="store_true")
     g.add_argument("--finetune", action="store_true",
                    help="load model weights only and start at iteration 0")
     g.add_argument("--exit-on-missing-checkpoint", action="store_true",
@@ -134,8 +144,13 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--valid-data-path", default=None)
     g.add_argument("--data-cache-path", default=None,
                    help="where the built-in dataset is written (default ~/.cache/megatron_mm)")
-    g.add_argument("--tokenizer-type", default="MistralV1SentencePiece")
-    g.add_argument("--tokenizer-model", default=None)
+    g.add_argument("--tokenizer-type", default="MistralV1SentencePiece",
+                   choices=["MistralV1SentencePiece", "SentencePiece", "HuggingFaceTokenizer"])
+    g.add_argument("--tokenizer-model", default=None,
+                   help="a SentencePiece .model, or a directory with tokenizer.json")
+    g.add_argument("--image-processor-config", default=None,
+                   help="a Hugging Face preprocessor_config.json (CLIP / SigLIP image "
+                        "processor); default: bicubic resize to --img-h with CLIP's mean/std")
     g.add_argument("--num-workers", type=int, default=0)
     g.add_argument("--log-interval", type=int, default=10)
     g.add_argument("--eval-interval", type=int, default=None)
@@ -159,6 +174,7 @@ def parse_args(argv: Optional[Sequence[str]] = None,
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        apply_checkpoint_args(args, given_flags(argv))
         validate_args(args, world_size)
     except ConfigError as e:
         parser.error(str(e))
@@ -255,8 +271,59 @@ def check_pipeline_partition(args: argparse.Namespace) -> None:
                   num_microbatches=args.num_microbatches)
 
 
+# What a checkpoint's saved flags decide when --load names it (Megatron-LM's
+# --use-checkpoint-args, always on): the architecture, its tokenizer and image processor.
+CHECKPOINT_FLAGS = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+    "group_query_attention", "num_query_groups", "kv_channels", "max_position_embeddings",
+    "rotary_base", "add_qkv_bias", "qk_layernorm", "untie_embeddings_and_output_weights",
+    "norm_epsilon", "make_vocab_size_divisible_by", "vision_model_type", "vision_hidden_size",
+    "vision_num_layers", "vision_num_attention_heads", "vision_ffn_hidden_size",
+    "vision_feature_layer", "vision_norm_epsilon", "img_h", "img_w", "patch_dim",
+    "disable_vision_class_token", "projector_type", "projector_ffn_hidden_size",
+    "image_token_id", "tokenizer_type", "tokenizer_model", "image_processor_config",
+)
+# Saved relative to the checkpoint directory (files the converter put there).
+CHECKPOINT_PATH_FLAGS = ("tokenizer_model", "image_processor_config")
+
+
+def given_flags(argv: Optional[Sequence[str]]) -> set:
+    """The dests of the flags written on the command line (not left at their default)."""
+    probe = build_parser()
+    for action in probe._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(probe.parse_args(argv)))
+
+
+def apply_checkpoint_args(args: argparse.Namespace, given: set) -> None:
+    """Take the architecture from the checkpoint ``--load`` names: flags left out come
+    from it, flags given must agree with it."""
+    if not args.load:
+        return
+    from .checkpointing import CheckpointError, saved_args  # torch: only with --load
+
+    try:
+        saved = saved_args(args)
+    except CheckpointError:
+        return  # reported with the other --load problems when loading
+    for dest in CHECKPOINT_FLAGS:
+        if dest not in saved:
+            continue
+        value = saved[dest]
+        if dest in CHECKPOINT_PATH_FLAGS and value and not os.path.isabs(value):
+            value = os.path.join(args.load, value)
+        if isinstance(value, list):
+            value = tuple(value)
+        if dest in given and getattr(args, dest) != value:
+            flag = "--" + dest.replace("_", "-")
+            raise ConfigError(f"{flag} {getattr(args, dest)} disagrees with the checkpoint in "
+                              f"--load {args.load} ({value}); drop the flag to use the "
+                              f"checkpoint's value")
+        setattr(args, dest, value)
+
+
 def model_config_from_args(args: argparse.Namespace) -> MultimodalModelConfig:
-    vision = VisionEncoderConfig(
+    vision = None if args.vision_model_type == "none" else VisionEncoderConfig(
         model_type=args.vision_model_type,
         hidden_size=args.vision_hidden_size,
         num_layers=args.vision_num_layers,
@@ -265,6 +332,7 @@ def model_config_from_args(args: argparse.Namespace) -> MultimodalModelConfig:
         img_h=args.img_h, img_w=args.img_w, patch_dim=args.patch_dim,
         feature_layer=args.vision_feature_layer,
         drop_class_token=args.disable_vision_class_token,
+        layernorm_epsilon=args.vision_norm_epsilon,
     )
     language = LanguageModelConfig(
         vocab_size=0,  # set from the tokenizer once it is loaded
@@ -273,6 +341,7 @@ def model_config_from_args(args: argparse.Namespace) -> MultimodalModelConfig:
         num_attention_heads=args.num_attention_heads,
         num_query_groups=args.num_query_groups,
         ffn_hidden_size=args.ffn_hidden_size,
+        kv_channels=args.kv_channels,
         seq_length=args.seq_length,
         max_position_embeddings=args.max_position_embeddings,
         rotary_base=args.rotary_base,
@@ -282,13 +351,14 @@ def model_config_from_args(args: argparse.Namespace) -> MultimodalModelConfig:
         norm_epsilon=args.norm_epsilon,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
     )
+    encoders = {} if vision is None else {"vision": vision}
     freeze = FreezeConfig(
         language_model=args.freeze_LM,
-        encoders={"vision"} if args.freeze_ViT else set(),
-        projectors={"vision"} if args.freeze_projector else set(),
+        encoders=set(encoders) if args.freeze_ViT else set(),
+        projectors=set(encoders) if args.freeze_projector else set(),
     )
     return MultimodalModelConfig(
-        encoders={"vision": vision},
-        projectors={"vision": ProjectorConfig(args.projector_type,
-                                              args.projector_ffn_hidden_size)},
+        encoders=encoders,
+        projectors={name: ProjectorConfig(args.projector_type, args.projector_ffn_hidden_size)
+                    for name in encoders},
         language=language, freeze=freeze)

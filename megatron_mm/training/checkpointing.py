@@ -109,8 +109,10 @@ def save_checkpoint(args, iteration: int, chunks, optimizer, scheduler) -> str:
         shutil.rmtree(staging, ignore_errors=True)  # leftovers of a crashed save
         os.makedirs(staging)
     torch.distributed.barrier()
-    state = _state_dict(chunks, optimizer, scheduler, args, iteration, with_optim=True,
-                        with_rng=True, loading=False)
+    # --no-save-optim / --no-save-rng: weights only (converted checkpoints are).
+    state = _state_dict(chunks, optimizer, scheduler, args, iteration,
+                        with_optim=not getattr(args, "no_save_optim", False),
+                        with_rng=not getattr(args, "no_save_rng", False), loading=False)
     dist_checkpointing.save(state, staging, async_sharded_save=False)
     torch.distributed.barrier()
     if rank0:
@@ -166,8 +168,9 @@ def load_checkpoint(args, chunks, optimizer, scheduler) -> int:
     same_layout = all(saved.get(k) == getattr(args, k) for k in
                       ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                        "world_size"))
-    with_optim = not (args.no_load_optim or args.finetune)
-    with_rng = not (args.no_load_rng or args.finetune) and same_layout
+    with_optim = not (args.no_load_optim or args.finetune or saved.get("no_save_optim"))
+    with_rng = (not (args.no_load_rng or args.finetune or saved.get("no_save_rng"))
+                and same_layout)
     template = _state_dict(chunks, optimizer, scheduler, args, iteration, with_optim,
                            with_rng, loading=True)
     state = dist_checkpointing.load(template, path)

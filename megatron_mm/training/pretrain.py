@@ -88,9 +88,18 @@ def data_paths(args) -> tuple[str, str]:
     return train, valid
 
 
+def image_processor_config(args) -> ImageProcessorConfig:
+    if args.image_processor_config:  # a Hugging Face preprocessor_config.json
+        from ..hf.image_processor import image_processor_from_hf
+
+        return image_processor_from_hf(args.image_processor_config)
+    return ImageProcessorConfig(image_size=args.img_h)
+
+
 def build_datasets(args, tokenizer):
-    counts = {"image": args.model_config.encoders["vision"].num_output_tokens}
-    image_cfg = ImageProcessorConfig(image_size=args.img_h)
+    counts = {"image": enc.num_output_tokens
+              for name, enc in args.model_config.encoders.items()}
+    image_cfg = image_processor_config(args)
     train, valid = data_paths(args)
     return tuple(MultimodalDataset(p, tokenizer, counts, image_cfg, max_seq_length=args.seq_length)
                  for p in (train, valid))
@@ -131,7 +140,8 @@ def build_model_chunks(args, tokenizer) -> List[MultimodalModel]:
     chunks = []
     for vp in range(vpp) if vpp else [None]:
         chunks.append(build_model(
-            args.model_config, settings, {"image": tokenizer.media_token_id("image")},
+            args.model_config, settings,
+            {"image": tokenizer.media_token_id("image")} if args.model_config.encoders else {},
             placement=placements[(vp or 0) * pp + rank], vp_stage=vp))
         if torch.cuda.is_available():  # as Megatron-LM's get_model: host-built modules too
             chunks[-1].cuda(torch.cuda.current_device())
@@ -223,7 +233,8 @@ def setup_training(args) -> TrainingSetup:
     """Process groups, tokenizer, data, model chunks, optimizer and scheduler."""
     initialize_distributed(args)
     set_random_seed(args.seed)
-    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
+    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model,
+                                image_token_id=args.image_token_id)
     lm = args.model_config.language
     lm.vocab_size = tokenizer.vocab_size
     if args.load:  # keep the checkpoint's vocabulary padding, whatever TP it was saved at

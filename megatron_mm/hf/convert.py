@@ -1,0 +1,199 @@
+"""Hugging Face checkpoint <-> megatron_mm distributed checkpoint.
+
+Import builds the whole megatron_mm model at TP = PP = 1 (in a one-rank world, see
+``world.py``), fills it through the family's weight table and saves it with the training
+script's own ``save_checkpoint``: iteration 0, weights only, and the model's flags in the
+saved args, so ``examples/pretrain_mllm.py --load`` rebuilds it at any TP / PP (the
+distributed checkpoint reshards). Everything else of the Hugging Face directory (config,
+tokenizer, image processor, tensors the model does not use) is carried in ``<save>/hf/``;
+export reads it back to write a directory transformers loads.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Dict, List, Optional
+
+import torch
+
+from ..config import ConfigError, MultimodalModelConfig
+from .errors import ConversionError
+from .families import Family, family_for, model_flags
+from .mapping import MappingTable
+from .safetensors_io import read_weights, write_weights
+from .transforms import Context
+
+HF_SUBDIR = "hf"
+UNUSED = "unused.safetensors"
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json", ".msgpack", ".h5")
+
+
+def _hf_config(directory: str):
+    from transformers import AutoConfig
+
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        raise ConversionError(f"{directory}: no config.json (not a Hugging Face model "
+                              f"directory)")
+    return AutoConfig.from_pretrained(directory)
+
+
+def _args(argv: List[str]):
+    """The training script's arguments, validated, without exiting on a bad flag."""
+    from ..training.arguments import apply_checkpoint_args, build_parser, given_flags
+    from ..training.arguments import validate_args
+
+    args = build_parser().parse_args(argv)
+    apply_checkpoint_args(args, given_flags(argv))
+    validate_args(args, world_size=1)
+    return args
+
+
+def _context(config: MultimodalModelConfig, vocab_size: int) -> Context:
+    lm = config.language
+    heads = {"language": (lm.num_attention_heads, lm.num_query_groups)}
+    for enc in config.encoders.values():
+        heads["vision"] = (enc.num_attention_heads, enc.num_attention_heads)
+    return Context(heads=heads, vocab_size=vocab_size,
+                   padded_vocab_size=lm.padded_vocab_size)
+
+
+def _build(config: MultimodalModelConfig, image_token_id: Optional[int]):
+    from ..models import BuildSettings, build_model
+
+    media = {"image": image_token_id} if config.encoders else {}
+    return build_model(config, BuildSettings(transformer_impl="local"), media)
+
+
+def _tensors(model) -> Dict[str, torch.Tensor]:
+    return {k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}
+
+
+def check_tensor_parallel(config: MultimodalModelConfig, tp: int) -> None:
+    groups = config.language.num_query_groups
+    if groups % tp:
+        raise ConversionError(
+            f"--tensor-model-parallel-size {tp} does not divide the {groups} key/value "
+            f"heads (num_key_value_heads): each TP rank must hold whole key/value groups")
+    try:
+        config.validate_parallel(tp)
+    except ConfigError as e:
+        raise ConversionError(str(e)) from None
+
+
+def _carry_files(src: str, dst: str) -> List[str]:
+    os.makedirs(dst, exist_ok=True)
+    names = [n for n in sorted(os.listdir(src))
+             if os.path.isfile(os.path.join(src, n)) and not n.endswith(_WEIGHT_SUFFIXES)]
+    for name in names:
+        shutil.copy2(os.path.join(src, name), os.path.join(dst, name))
+    return names
+
+
+def _data_flags(carried: List[str]) -> List[str]:
+    """Tokenizer and image processor of the Hugging Face directory, relative to the
+    checkpoint root (the loader resolves them against --load)."""
+    flags = []
+    if "tokenizer.model" in carried:  # SentencePiece (Llama / Mistral): literal encoding
+        flags += ["--tokenizer-type", "SentencePiece", "--tokenizer-model",
+                  os.path.join(HF_SUBDIR, "tokenizer.model")]
+    elif "tokenizer.json" in carried:
+        flags += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", HF_SUBDIR]
+    if "preprocessor_config.json" in carried:
+        flags += ["--image-processor-config",
+                  os.path.join(HF_SUBDIR, "preprocessor_config.json")]
+    return flags
+
+
+def _leftovers(hf: Dict[str, torch.Tensor], used: set, family: Family,
+               tied: bool) -> Dict[str, torch.Tensor]:
+    import re
+
+    rest = {k: v for k, v in hf.items() if k not in used}
+    if tied and "lm_head.weight" in rest:  # transformers' in-memory copy of the embedding
+        embed = next(v for k, v in hf.items() if k.endswith("embed_tokens.weight"))
+        if not torch.equal(rest.pop("lm_head.weight"), embed):
+            raise ConversionError("lm_head.weight differs from embed_tokens.weight but "
+                                  "tie_word_embeddings=True")
+    patterns = [re.compile(p) for p in family.unused]
+    bad = [k for k in rest if not any(p.fullmatch(k) for p in patterns)]
+    if bad:
+        raise ConversionError(f"no place in the megatron_mm model for {', '.join(bad[:5])}"
+                              f" ({family.architecture}); an unsupported option?")
+    return rest
+
+
+def import_hf(hf_dir: str, save_dir: str, tensor_model_parallel_size: int = 1,
+              make_vocab_size_divisible_by: int = 128) -> str:
+    """Convert ``hf_dir`` into a checkpoint under ``save_dir``; returns its iteration
+    directory. Runs in a Megatron world with TP = PP = 1. ``tensor_model_parallel_size``
+    is the largest TP the checkpoint will be loaded at (vocabulary padding, divisibility)."""
+    from ..training.checkpointing import save_checkpoint
+
+    hf_config = _hf_config(hf_dir)
+    family = family_for(hf_config)
+    text = hf_config.get_text_config()
+    flags = model_flags(hf_config)
+    hf = family.layout.normalise(read_weights(hf_dir))
+    carried = _carry_files(hf_dir, os.path.join(save_dir, HF_SUBDIR))
+    args = _args(flags + _data_flags(carried) + [
+        "--make-vocab-size-divisible-by", str(make_vocab_size_divisible_by),
+        "--seq-length", str(min(128, text.max_position_embeddings)),
+        "--save", save_dir, "--no-save-optim", "--no-save-rng", "--train-iters", "0"])
+    config = args.model_config
+    check_tensor_parallel(config, tensor_model_parallel_size)
+    lm = config.language
+    lm.vocab_size = text.vocab_size
+    args.padded_vocab_size = lm.padded_vocab_size = lm.vocab_size_padded(
+        tensor_model_parallel_size)
+    model = _build(config, args.image_token_id)
+    expected = _tensors(model)
+    mapped, used = MappingTable(family.rules()).to_megatron(hf, expected,
+                                                             _context(config, text.vocab_size))
+    unused = _leftovers(hf, used, family, tied=not lm.untie_embeddings_and_output_weights)
+    model.load_state_dict({**model.state_dict(), **mapped}, strict=True)
+    path = save_checkpoint(args, 0, [model], None, None)
+    if unused and torch.distributed.get_rank() == 0:
+        write_weights(unused, os.path.join(save_dir, HF_SUBDIR), UNUSED)
+    return path
+
+
+def export_hf(load_dir: str, out_dir: str) -> str:
+    """Write the checkpoint under ``load_dir`` (its latest iteration) as a Hugging Face
+    directory ``out_dir``. Runs in a Megatron world with TP = PP = 1."""
+    from ..training.checkpointing import load_checkpoint, saved_args
+
+    hf_dir = os.path.join(load_dir, HF_SUBDIR)
+    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+        raise ConversionError(f"--load {load_dir}: no {HF_SUBDIR}/config.json; export needs "
+                              f"a checkpoint written by `convert_hf.py import` (or a run "
+                              f"that --save'd into its directory)")
+    hf_config = _hf_config(hf_dir)
+    family = family_for(hf_config)
+    text = hf_config.get_text_config()
+    args = _args(["--load", load_dir, "--no-load-optim", "--no-load-rng"])
+    config = args.model_config
+    config.language.vocab_size = text.vocab_size
+    config.language.padded_vocab_size = saved_args(args).get("padded_vocab_size")
+    model = _build(config, args.image_token_id)
+    load_checkpoint(args, [model], None, None)
+    table = MappingTable(family.rules())
+    hf = table.to_hf(_tensors(model), _context(config, text.vocab_size))
+    unused = os.path.join(hf_dir, UNUSED)
+    if os.path.isfile(unused):
+        hf.update(read_weights_file(unused))
+    dtype = getattr(hf_config, "dtype", None) or torch.float32
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    on_disk = {family.layout.on_disk(k): v.to(dtype) for k, v in hf.items()}
+    os.makedirs(out_dir, exist_ok=True)
+    for name in os.listdir(hf_dir):
+        if name != UNUSED:
+            shutil.copy2(os.path.join(hf_dir, name), os.path.join(out_dir, name))
+    write_weights(on_disk, out_dir)
+    return out_dir
+
+
+def read_weights_file(path: str) -> Dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(path)

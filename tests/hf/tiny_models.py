@@ -1,0 +1,108 @@
+"""Tiny random-weight Hugging Face models, built from configs (no hub), one per detail a
+converter can get wrong, and reference logits computed with transformers itself."""
+
+from __future__ import annotations
+
+import torch
+
+VOCAB = 250  # not a multiple of 128: the vocabulary gets padded
+IMAGE_TOKEN = 249
+IMG, PATCH = 28, 14  # 4 patches
+
+_TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+             rms_norm_eps=1e-5)
+_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+               num_attention_heads=2, image_size=IMG, patch_size=PATCH)
+
+# name -> (architecture, text model type, text overrides, vision type, vision overrides,
+#          top-level overrides)
+MODELS = {
+    # grouped-query attention, untied output layer, RoPE base 500000
+    "llama": ("LlamaForCausalLM", "llama",
+              dict(tie_word_embeddings=False, rope_parameters={"rope_type": "default",
+                                                               "rope_theta": 5e5}),
+              None, None, {}),
+    # tied embeddings
+    "mistral": ("MistralForCausalLM", "mistral", dict(tie_word_embeddings=True), None, None, {}),
+    # QKV bias, tied
+    "qwen2": ("Qwen2ForCausalLM", "qwen2", dict(tie_word_embeddings=True), None, None, {}),
+    # q/k norm and a head dim that is not hidden / heads
+    "qwen3": ("Qwen3ForCausalLM", "qwen3", dict(head_dim=32, tie_word_embeddings=False),
+              None, None, {}),
+    # LLaVA-1.5: CLIP, feature layer -2, class token dropped ("default")
+    "llava_llama": ("LlavaForConditionalGeneration", "llama", dict(tie_word_embeddings=False),
+                    "clip_vision_model", {}, dict(vision_feature_layer=-2)),
+    "llava_mistral": ("LlavaForConditionalGeneration", "mistral",
+                      dict(tie_word_embeddings=False), "clip_vision_model", {},
+                      dict(vision_feature_layer=-2)),
+    # class token kept ("full"), last layer, Qwen2 LLM with QKV bias
+    "llava_qwen2": ("LlavaForConditionalGeneration", "qwen2", dict(tie_word_embeddings=False),
+                    "clip_vision_model", {},
+                    dict(vision_feature_layer=-1, vision_feature_select_strategy="full")),
+    # LLaVA-OneVision: SigLIP + Qwen2, one tile (no any-resolution tiling)
+    "onevision": ("LlavaOnevisionForConditionalGeneration", "qwen2",
+                  dict(tie_word_embeddings=True), "siglip_vision_model", {},
+                  dict(vision_feature_layer=-1, vision_feature_select_strategy="full")),
+}
+
+
+def build(name: str, seed: int = 0, vocab_size: int = VOCAB, image_token: int = IMAGE_TOKEN):
+    import transformers
+    from transformers import AutoConfig
+
+    arch, text_type, text_kw, vision_type, vision_kw, top_kw = MODELS[name]
+    text = AutoConfig.for_model(text_type, **{**_TEXT, **text_kw, "vocab_size": vocab_size})
+    if vision_type is None:
+        config = text
+    else:
+        vision = AutoConfig.for_model(vision_type, **{**_VISION, **vision_kw})
+        model_type = "llava_onevision" if "Onevision" in arch else "llava"
+        config = AutoConfig.for_model(model_type, text_config=text.to_dict(),
+                                      vision_config=vision.to_dict(),
+                                      image_token_index=image_token, **top_kw)
+    config.architectures = [arch]
+    torch.manual_seed(seed)
+    model = getattr(transformers, arch)(config).eval()
+    with torch.no_grad():  # random norms and biases: a mapping mix-up cannot hide
+        for n, p in model.named_parameters():
+            if "norm" in n or n.endswith("bias") or "layrnorm" in n:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def image_tokens(name: str) -> int:
+    _, _, _, vision_type, _, top_kw = MODELS[name]
+    keep_cls = vision_type == "clip_vision_model" and top_kw.get(
+        "vision_feature_select_strategy") == "full"
+    return (IMG // PATCH) ** 2 + int(keep_cls)
+
+
+def inputs(name: str, seq: int = 12, batch: int = 2, seed: int = 1):
+    """Token ids (one image's placeholders after the first token when the model has a
+    tower) and pixel values."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, IMAGE_TOKEN, (batch, seq), generator=g)
+    pixels = None
+    if MODELS[name][3] is not None:
+        n = image_tokens(name)
+        tokens[:, 1:1 + n] = IMAGE_TOKEN
+        pixels = torch.randn(batch, 3, IMG, IMG, generator=g)
+    return tokens, pixels
+
+
+@torch.no_grad()
+def reference_logits(model, tokens, pixels) -> torch.Tensor:
+    if pixels is None:
+        return model(input_ids=tokens).logits
+    if type(model).__name__.startswith("LlavaOnevision"):
+        # Its forward always tiles (any resolution); one tile is the encoder, projector
+        # and language model of the same Hugging Face model, composed as its forward does.
+        cfg, inner = model.config, model.model
+        hidden = inner.vision_tower(pixels, output_hidden_states=True).hidden_states
+        features = inner.multi_modal_projector(hidden[cfg.vision_feature_layer])
+        embeds = inner.get_input_embeddings()(tokens)
+        embeds = embeds.masked_scatter((tokens == IMAGE_TOKEN)[..., None], features)
+        out = inner.language_model(inputs_embeds=embeds).last_hidden_state
+        return model.lm_head(out)
+    return model(input_ids=tokens, pixel_values=pixels).logits

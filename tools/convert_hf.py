@@ -1,0 +1,53 @@
+"""Convert Hugging Face checkpoints to megatron_mm distributed checkpoints and back.
+
+    python tools/convert_hf.py import --hf-dir llava-1.5-7b-hf --save ckpts/llava \\
+        --tensor-model-parallel-size 4
+    torchrun ... examples/pretrain_mllm.py --load ckpts/llava --save ckpts/llava ...
+    python tools/convert_hf.py export --load ckpts/llava --hf-dir llava-finetuned-hf
+
+Import writes iteration 0 (weights only) with the model's flags, tokenizer and image
+processor, so ``--load`` needs no architecture flags and loads at any TP / PP.
+``--tensor-model-parallel-size`` on import is the largest TP it will be loaded at (the
+vocabulary is padded for it). Supported architectures: see ``--help``.
+"""
+
+import argparse
+import sys
+
+from megatron_mm.hf import FAMILIES, ConversionError
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
+                                epilog="supported: " + ", ".join(sorted(FAMILIES)))
+    sub = p.add_subparsers(dest="command", required=True)
+    imp = sub.add_parser("import", help="Hugging Face directory -> megatron_mm checkpoint")
+    imp.add_argument("--hf-dir", required=True)
+    imp.add_argument("--save", required=True)
+    imp.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    imp.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    exp = sub.add_parser("export", help="megatron_mm checkpoint -> Hugging Face directory")
+    exp.add_argument("--load", required=True)
+    exp.add_argument("--hf-dir", required=True)
+    args = p.parse_args(argv)
+
+    from megatron_mm.hf.convert import export_hf, import_hf
+    from megatron_mm.hf.world import single_rank_world
+    from megatron_mm.training.pretrain import USER_ERRORS
+
+    try:
+        with single_rank_world():
+            if args.command == "import":
+                out = import_hf(args.hf_dir, args.save, args.tensor_model_parallel_size,
+                                args.make_vocab_size_divisible_by)
+            else:
+                out = export_hf(args.load, args.hf_dir)
+    except (ConversionError, *USER_ERRORS) as e:
+        print(f"{sys.argv[0]}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
