@@ -81,7 +81,9 @@ def search_bounds(loads: Sequence[SampleLoad], dp: int, samples_per_group: float
     # and down below the target (each group's tiles are about target * mean tiles).
     start = max(top_v, round(samples_per_group * tiles / len(loads)))
     q_v = start
-    while spg(run(q_v, q_v * r)) <= samples_per_group + 1 and q_v < 64 * start:
+    # (Past the token cap more tiles change little: stop one tile's tokens beyond it.)
+    while (spg(run(q_v, q_v * r)) <= samples_per_group + 1 and q_v < 64 * start
+           and (max_tokens is None or (q_v - 1) * r <= max_tokens)):
         q_v += 1
     q_v = start - 1
     while q_v >= top_v and spg(run(q_v, q_v * r)) >= samples_per_group:
