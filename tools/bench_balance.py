@@ -105,7 +105,7 @@ def worker(a) -> None:
         length = {rec.id: len(tokenize_record(rec, tokenizer, dataset.media_token_counts).ids)
                   for rec in dataset.records}
         for batch in make(args_, dataset, tokenizer, consumed, shuffle):
-            if len(stamps) > a.warmup or (len(stamps) == a.warmup and shuffle):
+            if len(stamps) >= a.warmup:  # batches of the timed steps
                 counts["real"] += sum(length[r] for r in batch["record_ids"])
                 counts["computed"] += batch["tokens"].numel()
                 counts["samples"] += len(batch["record_ids"])
