@@ -13,6 +13,7 @@ _EXPORTS = {
     "Sample": "processing", "collate": "processing", "encode_record": "processing",
     "MultimodalDataset": "dataset", "MegatronPretrainingSampler": "dataset",
     "prepare_digits": "digits",
+    "collate_packed": "packing", "packed_causal_mask": "packing",
 }
 __all__ = sorted(_EXPORTS)
 

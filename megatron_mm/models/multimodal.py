@@ -190,12 +190,14 @@ class MultimodalModel(MegatronModule):
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor,
                 media: Optional[Mapping[str, torch.Tensor]] = None,
                 labels: Optional[torch.Tensor] = None,
-                loss_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                loss_mask: Optional[torch.Tensor] = None,
+                attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Per-token loss [B, S] when ``labels`` are given, else vocab-parallel logits (on the
         last chunk; earlier chunks return what the next one receives).
 
         With a ``loss_mask`` the output layer runs only where the loss is taken (answer
-        tokens; not media or prompt), and the loss elsewhere is 0.
+        tokens; not media or prompt), and the loss elsewhere is 0. ``attention_mask``
+        ([B, 1, S, S] bool, True = masked; None = causal) isolates packed samples.
         """
         media = media or {}
         place = self.placement
@@ -213,7 +215,7 @@ class MultimodalModel(MegatronModule):
         sparse = (labels is not None and loss_mask is not None
                   and not self.language_model.config.sequence_parallel)
         return self.language_model(
-            input_ids=tokens, position_ids=position_ids, attention_mask=None,
+            input_ids=tokens, position_ids=position_ids, attention_mask=attention_mask,
             decoder_input=decoder_input, labels=labels,
             loss_mask=loss_mask if sparse else None,
             output_processor=loss_at_masked_positions if sparse else None)

@@ -152,6 +152,16 @@ def _training_args(p: argparse.ArgumentParser) -> None:
                    help="a Hugging Face preprocessor_config.json (CLIP / SigLIP image "
                         "processor); default: bicubic resize to --img-h with CLIP's mean/std")
     g.add_argument("--num-workers", type=int, default=0)
+    g.add_argument("--data-balance", choices=["none", "isf", "isf-sorted"], default="none",
+                   help="pack training samples into sequences balanced on vision and LLM "
+                        "work across data-parallel ranks (OmniBal ISF); isf-sorted also "
+                        "gives each step's ranks groups of matched work. --micro-batch-size "
+                        "is then the mean samples per packed micro-batch")
+    g.add_argument("--data-balance-bounds", default="auto",
+                   help="auto (searched for the dataset) or Q_v,Q_t[,Q'_v,Q'_t]: images and "
+                        "tokens per packed sequence, and when a group counts as full")
+    g.add_argument("--data-balance-iters", type=int, default=10,
+                   help="ISF iterations (re-packing rounds)")
     g.add_argument("--log-interval", type=int, default=10)
     g.add_argument("--eval-interval", type=int, default=None)
     g.add_argument("--eval-iters", type=int, default=10)
@@ -248,6 +258,7 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
     if args.data_path and args.data_path.endswith(".jsonl") and not args.valid_data_path:
         raise ConfigError("--data-path is a single .jsonl file: pass --valid-data-path too, "
                           "or point --data-path at a directory with train.jsonl/valid.jsonl")
+    _validate_data_balance(args)
     args.model_config = model_config_from_args(args)
     args.model_config.validate_parallel(tp)
     check_pipeline_partition(args)
@@ -320,6 +331,22 @@ def apply_checkpoint_args(args: argparse.Namespace, given: set) -> None:
                               f"--load {args.load} ({value}); drop the flag to use the "
                               f"checkpoint's value")
         setattr(args, dest, value)
+
+
+def _validate_data_balance(args: argparse.Namespace) -> None:
+    from ..plan.balance import parse_bounds  # pure Python
+
+    if args.data_balance == "none":
+        return
+    parse_bounds(args.data_balance_bounds)  # a PlanError (ConfigError) names the flag
+    if args.data_balance_iters < 1:
+        raise ConfigError("--data-balance-iters must be >= 1")
+    if args.pipeline_model_parallel_size > 1:
+        raise ConfigError("--data-balance is not wired into pipeline parallelism yet: "
+                          "use --pipeline-model-parallel-size 1")
+    if args.transformer_impl == "transformer_engine":
+        raise ConfigError("--data-balance needs --transformer-impl local (packed samples "
+                          "are isolated by a dense mask, which TE's causal attention ignores)")
 
 
 def model_config_from_args(args: argparse.Namespace) -> MultimodalModelConfig:

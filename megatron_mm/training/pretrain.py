@@ -35,6 +35,7 @@ from ..data import (
 from ..models import BuildSettings, MultimodalModel, build_model
 from ..models.multimodal import MediaMismatchError
 from ..models.specs import default_transformer_impl
+from .balanced_data import balanced_batch_iterator
 from .checkpointing import CheckpointError, load_checkpoint, save_checkpoint, saved_args
 from .evaluation import answer_accuracy, evaluate_loss
 from .initialize import initialize_distributed, set_random_seed
@@ -114,6 +115,9 @@ def batch_iterators(args, dataset, tokenizer, consumed_samples: int, shuffle: bo
 
 
 def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: bool):
+    if shuffle and args.data_balance != "none":  # training data; evaluation stays padded
+        return balanced_batch_iterator(args, dataset, tokenizer, consumed_samples,
+                                       build_settings(args).transformer_impl)
     sampler = MegatronPretrainingSampler(
         total_samples=len(dataset), consumed_samples=consumed_samples,
         micro_batch_size=args.micro_batch_size,

@@ -18,6 +18,8 @@ def batch_to_device(batch: dict) -> dict:
     for key in ("tokens", "labels", "loss_mask", "position_ids"):
         out[key] = batch[key].to(dev, non_blocking=True)
     out["media"] = {k: v.to(dev, non_blocking=True) for k, v in batch["media"].items()}
+    if "attention_mask" in batch:  # packed samples (--data-balance)
+        out["attention_mask"] = batch["attention_mask"].to(dev, non_blocking=True)
     return out
 
 
@@ -55,7 +57,8 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 def forward_step(data_iterator: Iterator, model):
     batch = batch_to_device(next(data_iterator))
     output = model(batch["tokens"], batch["position_ids"], batch["media"],
-                   labels=batch["labels"], loss_mask=batch["loss_mask"])
+                   labels=batch["labels"], loss_mask=batch["loss_mask"],
+                   attention_mask=batch.get("attention_mask"))
     return output, partial(loss_func, batch["loss_mask"])
 
 

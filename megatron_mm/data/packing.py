@@ -1,0 +1,48 @@
+"""Packed micro-batches: several samples in one sequence, none attending to another.
+
+Balanced batching (``--data-balance``) makes each micro-batch one packed sequence of a
+group of samples: no pad tokens. Isolation is a block-diagonal causal mask (each sample's
+tokens see only earlier tokens of the same sample), which Megatron-Core's local
+``DotProductAttention`` applies as given; position ids restart at 0 for every sample
+(GPTModel's RoPE is relative, so a sample's attention does not depend on its offset).
+A sample's last token carries no loss, so no sample learns to predict the next one.
+"""
+from __future__ import annotations
+
+import torch
+
+from .processing import Sample
+
+
+def packed_causal_mask(lengths: list[int]) -> torch.Tensor:
+    """[1, 1, S, S] bool, True = masked: causal inside each sample, nothing across."""
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    s = len(doc)
+    future = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)
+    return (future | (doc[:, None] != doc[None, :]))[None, None]
+
+
+def collate_packed(samples: list[Sample], pad_id: int) -> dict:
+    """One packed sequence of ``samples`` (batch of 1), the keys of ``collate`` plus
+    ``attention_mask`` and ``cu_seqlens`` (sample boundaries, as PackedSeqParams takes)."""
+    if not samples:
+        raise ValueError("collate_packed() got an empty list of samples")
+    lengths = [len(s.tokens) for s in samples]
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    media = {}
+    for name in sorted({m for s in samples for m in s.media}):
+        media[name] = torch.cat([s.media[name] for s in samples if name in s.media])
+    return {
+        "tokens": torch.cat([s.tokens for s in samples])[None],
+        "labels": torch.cat([s.labels for s in samples])[None],
+        "loss_mask": torch.cat([s.loss_mask for s in samples])[None],
+        "position_ids": torch.cat([torch.arange(n) for n in lengths])[None],
+        "attention_mask": packed_causal_mask(lengths),
+        "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
+        "media": media,
+        "prompt_lens": [s.prompt_len for s in samples],
+        "answers": [s.answer for s in samples],
+        "record_ids": [s.record_id for s in samples],
+    }

@@ -1,0 +1,67 @@
+"""The training data iterator for ``--data-balance``: packed, rank-balanced micro-batches.
+
+Each sample's work is measured once up front (images and token count, no image decoding);
+the balance bounds are searched for this dataset at this data-parallel size (or taken from
+``--data-balance-bounds``), with the packed length capped at ``--seq-length``; then every
+rank draws its share from the same deterministic ``BalancedSampler`` plan.
+``--micro-batch-size`` is the target mean number of samples per packed micro-batch, so a
+global batch holds about ``--global-batch-size`` samples; resuming at iteration i skips
+i x (micro-batches per step) x (data-parallel size) packed micro-batches.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from megatron.core import parallel_state
+from torch.utils.data import DataLoader
+
+from ..config import ConfigError
+from ..data.packing import collate_packed
+from ..data.processing import tokenize_record
+from ..plan.balance import BalancedSampler, SampleLoad, parse_bounds, search_bounds
+
+
+def sample_loads(dataset) -> list[SampleLoad]:
+    """Vision work (images) and LLM work (tokens, media tokens included) per record."""
+    return [SampleLoad(len(rec.media.get("image", [])),
+                       len(tokenize_record(rec, dataset.tokenizer,
+                                           dataset.media_token_counts).ids))
+            for rec in dataset.records]
+
+
+def balanced_batch_iterator(args, dataset, tokenizer, consumed_samples: int,
+                            transformer_impl: str):
+    if transformer_impl != "local":
+        # TE's causal attention ignores a dense mask; packing there needs PackedSeqParams.
+        raise ConfigError("--data-balance packs samples into one sequence with a "
+                          "block-diagonal mask, which only the local specs apply: pass "
+                          "--transformer-impl local")
+    loads = sample_loads(dataset)
+    for rec, load in zip(dataset.records, loads):
+        if load.tokens > args.seq_length:
+            raise ConfigError(f"{rec.where()}: {load.tokens} tokens exceed --seq-length "
+                              f"{args.seq_length} (the packed sequence length)")
+    dp = parallel_state.get_data_parallel_world_size()
+    bounds = parse_bounds(args.data_balance_bounds)
+    if bounds is None:
+        best = search_bounds(loads, dp, args.micro_batch_size, args.data_balance,
+                             args.data_balance_iters, args.seed, max_tokens=args.seq_length)
+        bounds, m = best.bounds, best.metrics
+        if torch.distributed.get_rank() == 0:
+            print(f" > data balance {args.data_balance}: bounds {bounds}; "
+                  f"{m.samples_per_microbatch:.2f} samples per micro-batch, vision imbalance "
+                  f"{m.vision_imbalance:.4f}, LLM imbalance {m.llm_imbalance:.4f}", flush=True)
+    elif bounds.max_tokens > args.seq_length:
+        raise ConfigError(f"--data-balance-bounds: {bounds.max_tokens} tokens per packed "
+                          f"sequence exceed --seq-length {args.seq_length}")
+    sampler = BalancedSampler(
+        loads, bounds, parallel_state.get_data_parallel_rank(), dp, args.num_microbatches,
+        seed=args.seed, consumed_microbatches=consumed_samples // args.micro_batch_size,
+        method=args.data_balance, iterations=args.data_balance_iters,
+        sample_names=[rec.where() for rec in dataset.records])
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
+                        collate_fn=partial(collate_packed, pad_id=tokenizer.pad_id),
+                        generator=torch.Generator().manual_seed(args.seed))
+    return iter(loader)
