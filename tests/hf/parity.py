@@ -13,6 +13,7 @@ def load_converted(ckpt: str, tp: int = 1, pp: int = 1):
     from megatron_mm.models import build_model
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.checkpointing import load_checkpoint, saved_args
+    from megatron_mm.training.pipeline_plan import plan_pipeline
     from megatron_mm.training.pretrain import build_settings
 
     args = parse_args(["--load", ckpt, "--tensor-model-parallel-size", str(tp),
@@ -20,9 +21,9 @@ def load_converted(ckpt: str, tp: int = 1, pp: int = 1):
     lm = args.model_config.language
     lm.padded_vocab_size = lm.vocab_size = saved_args(args)["padded_vocab_size"]
     media = {"image": args.image_token_id} if args.model_config.encoders else {}
-    model = build_model(args.model_config, build_settings(args), media,
-                        pre_process=parallel_state.is_pipeline_first_stage(),
-                        post_process=parallel_state.is_pipeline_last_stage())
+    _, placements = plan_pipeline(args)  # --pipeline-partition uniform: Megatron's layout
+    model = build_model(args.model_config, build_settings(args, placements), media,
+                        placement=placements[parallel_state.get_pipeline_model_parallel_rank()])
     load_checkpoint(args, [model], None, None)
     return model.eval()
 
