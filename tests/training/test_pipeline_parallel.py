@@ -62,17 +62,17 @@ FOUR_LAYERS = ["--num-layers", "4"]  # chain: 1 + 1 + 2 + 1 + 4 + 1 = 10
 
 @pytest.mark.parametrize("world, layout, model", [
     (2, PP2, []),
-    (2, PP2 + SPLIT_VIT, ["--freeze-ViT"]),
+    (2, PP2 + SPLIT_VIT, []),
+    (4, PP2 + ["--tensor-model-parallel-size", "2"], []),
     # frozen-aware: [everything but the output layer] [output layer + loss]
     (2, PP2 + ["--pipeline-partition", "auto"], ["--freeze-ViT"]),
     # [embedding, ViT embed, ViT 0] [ViT 1, projector] [LLM 0-2] [LLM 3, output]
     (2, PP2 + ["--virtual-pipeline-model-parallel-size", "2", "--pipeline-partition",
-               "3,2,3,2"], FOUR_LAYERS),
+               "3,2,3,2"], FOUR_LAYERS + ["--freeze-ViT"]),
     # [embedding, ViT embed] [ViT 0-1] [projector, LLM 0-1] [LLM 2-3, output]
     (4, PP4 + ["--pipeline-partition", "2,2,3,3"], FOUR_LAYERS + ["--freeze-ViT"]),
-    (4, PP2 + ["--tensor-model-parallel-size", "2"], []),
-], ids=["pp2", "pp2-split-frozen-vit", "pp2-auto-frozen-vit", "pp2-vpp2-split-vit",
-        "pp4-frozen-vit", "tp2-pp2"])
+], ids=["pp2", "pp2-split-vit", "tp2-pp2", "pp2-auto-frozen-vit", "pp2-vpp2-split-frozen-vit",
+        "pp4-frozen-vit"])
 def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout,
                                               model):
     # Stages draw different random streams, so both runs start from one saved init.
