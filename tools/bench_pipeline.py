@@ -146,19 +146,20 @@ def report(results: dict, profile: str) -> None:
           "8 micro-batches of 4 per iteration, 1 thread per rank; busy = Megatron-Core's "
           "forward-compute + backward-compute per iteration")
     print("| partition | layers per stage | stage 0 busy s | stage 1 busy s | max/mean | "
-          "predicted stage 0 / 1 s | prediction error 0 / 1 | iteration s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "predicted stage 0 / 1 s | prediction error 0 / 1 | iteration s | "
+          "predicted iteration s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     iteration = {}
     for policy in POLICIES:
         runs = results[policy]
         busy = [statistics.median(b for r in runs for b in r["busy_all"][s]) for s in (0, 1)]
         iteration[policy] = statistics.median(w for r in runs for w in r["walls"])
-        part, pred, _ = predicted(policy, profile)
+        part, pred, pred_iteration = predicted(policy, profile)
         err = [(p - b) / b for p, b in zip(pred, busy)]
         print(f"| {policy} | {','.join(map(str, part.layers_per_chunk))} | {busy[0]:.3f} | "
               f"{busy[1]:.3f} | {max(busy) / statistics.mean(busy):.3f} | "
               f"{pred[0]:.3f} / {pred[1]:.3f} | {err[0]:+.1%} / {err[1]:+.1%} | "
-              f"{iteration[policy]:.3f} |")
+              f"{iteration[policy]:.3f} | {pred_iteration:.3f} |")
     print(f"iteration time uniform / frozen-aware: "
           f"{iteration['uniform'] / iteration['auto']:.3f}x")
 

@@ -1,0 +1,76 @@
+"""Schedule generators producing ``actions.Schedule``.
+
+- ``megatron``: Megatron-Core's 1F1B (VPP = 1) or interleaved 1F1B order, the encoder
+  inside LLM chunk 0 on the first stage (the baseline);
+- ``coarse``: the encoder as its own pipeline over ``encoder_stages`` ranks, every encoder
+  forward before the LLM's work and every encoder backward after it (Optimus' coarse
+  baseline).
+
+Optimus' ``bubble`` schedule, which moves encoder pieces into the LLM's bubbles, is not
+here yet.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from .actions import Action, Schedule
+from .errors import PlanError
+
+
+def llm_order(pp: int, vpp: int, m: int, rank: int) -> List[Action]:
+    """Megatron-Core's forward/backward order on ``rank`` (schedules.py: warm-up forwards,
+    1F1B steady state, cool-down backwards; chunk and micro-batch of the k-th forward or
+    backward as ``get_model_chunk_id`` / ``get_microbatch_id_in_model_chunk`` compute)."""
+    if vpp > 1 and m % pp:
+        raise PlanError(f"interleaved 1F1B needs the micro-batches ({m}) to be a multiple "
+                        f"of --pipeline-model-parallel-size ({pp})")
+    total = m * vpp
+    if vpp == 1:
+        warmup = min(pp - rank - 1, total)
+    else:
+        warmup = min((pp - rank - 1) * 2 + (vpp - 1) * pp, total)
+
+    def unit(k: int, forward: bool) -> Action:
+        group = k % (pp * vpp)
+        v = group // pp
+        if not forward:
+            v = vpp - 1 - v
+        mb = (k // (pp * vpp)) * pp + k % pp if vpp > 1 else k
+        return Action("F" if forward else "B", mb, v * pp + rank)
+
+    order = [unit(k, True) for k in range(warmup)]
+    for i in range(total - warmup):
+        order.append(unit(warmup + i, True))
+        order.append(unit(i, False))
+    order += [unit(i, False) for i in range(total - warmup, total)]
+    return order
+
+
+def megatron(pp: int, vpp: int, num_microbatches: int) -> Schedule:
+    return Schedule(name="megatron", pipeline_model_parallel_size=pp,
+                    virtual_pipeline_model_parallel_size=vpp,
+                    num_microbatches=num_microbatches,
+                    ranks=[llm_order(pp, vpp, num_microbatches, r) for r in range(pp)])
+
+
+def coarse(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
+           encoder_stages: Optional[int] = None) -> Schedule:
+    """Encoder stage s on rank s * (PP / encoder stages); encoder PP must divide LLM PP."""
+    stages = encoder_stages or pp
+    if pp % stages:
+        raise PlanError(f"--encoder-pipeline-model-parallel-size ({stages}) must divide "
+                        f"--pipeline-model-parallel-size ({pp})")
+    encoder_ranks = [s * (pp // stages) for s in range(stages)]
+    ranks = []
+    for r in range(pp):
+        mine = [s for s in range(stages) if encoder_ranks[s] == r]
+        before = [Action("EF", mb, s) for s in mine for mb in range(num_microbatches)]
+        after = ([Action("EB", mb, s) for s in reversed(mine) for mb in range(num_microbatches)]
+                 if encoder_trainable else [])
+        ranks.append(before + llm_order(pp, vpp, num_microbatches, r) + after)
+    return Schedule(name="coarse", pipeline_model_parallel_size=pp,
+                    virtual_pipeline_model_parallel_size=vpp,
+                    num_microbatches=num_microbatches, encoder_stages=stages,
+                    encoder_trainable=encoder_trainable, encoder_ranks=encoder_ranks,
+                    ranks=ranks)
