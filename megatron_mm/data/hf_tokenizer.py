@@ -38,6 +38,9 @@ class HuggingFaceTokenizer:
         self.pad_id = self.eos_id if ids["pad"] is None else ids["pad"]
         image = image_token_id if image_token_id is not None else self._id("<image>")
         self._media_ids = {} if image is None else {"image": image}
+        audio = self._id("<|AUDIO|>") or self._id("<audio>")  # Qwen2-Audio's, or ours
+        if audio is not None:
+            self._media_ids["audio"] = audio
         self.base_vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 
     def _id(self, token: Optional[str]) -> Optional[int]:
