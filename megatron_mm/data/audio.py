@@ -147,3 +147,18 @@ def check_clip_length(num_samples: int, cfg: AudioProcessorConfig, ref: MediaRef
             f"({cfg.frames(num_samples)} mel frames), longer than the audio encoder takes "
             f"({cfg.max_frames} frames = {cfg.max_samples / cfg.sample_rate:.2f} s); raise "
             f"{cfg.max_flag} or cut the clip")
+
+
+@dataclass(frozen=True)
+class ClipTokenCount:
+    """Placeholder tokens of one clip, from its WAV header (no decoding): the value of
+    ``media_token_counts["audio"]``. ``tokens_for_frames`` is the encoder's rule
+    (``AudioEncoderConfig.output_tokens``)."""
+
+    cfg: AudioProcessorConfig
+    tokens_for_frames: object  # Callable[[int], int]; picklable for DataLoader workers
+
+    def __call__(self, ref: MediaRef, where: str) -> int:
+        samples = clip_samples(ref, self.cfg, where)
+        check_clip_length(samples, self.cfg, ref, where)
+        return self.tokens_for_frames(self.cfg.frames(samples))
