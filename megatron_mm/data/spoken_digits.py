@@ -4,10 +4,10 @@
 
 Clips: the words "zero" ... "nine" spoken by espeak-ng in 8 English voices x 3 speeds x
 3 pitches (720 clips, deterministic), resampled to 16 kHz WAV files under DIR/audio/.
-One clip in six (a seed-0 permutation) is held out. Records pair a handwritten digit
-(sklearn's, split as in ``digits.py``, inline PNG) with a clip and ask whether the spoken
-digit is the written one; half the answers are "yes" (chance: 50%). Train and validation
-share no clip and no image. Needs the ``espeak-ng`` program (Debian/Ubuntu:
+One clip in six (a seed-0 permutation) is held out. Records pair a random handwritten digit
+(sklearn's, split as in ``digits.py``, inline PNG) with a random clip and ask for their sum,
+answered with the work shown: "seven plus three is ten" (the answer is right only if both
+digits are; chance: 1 in 100). Train and validation share no clip and no image. Needs the ``espeak-ng`` program (Debian/Ubuntu:
 ``apt-get install -y espeak-ng``); re-running is a no-op when the files already match.
 """
 from __future__ import annotations
@@ -26,14 +26,16 @@ import numpy as np
 
 from .digits import WORDS, _sha256, _write_atomic, load_digits_arrays, png_bytes, split_indices
 
-SPOKEN_DIGITS_VERSION = 1
+SPOKEN_DIGITS_VERSION = 2
 VOICES = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-029", "en-gb-x-gbclan",
           "en-us+f3", "en-gb+f2")
 SPEEDS = (140, 175, 210)  # words per minute
 PITCHES = (30, 50, 70)
 SAMPLE_RATE = 16000
 NUM_TRAIN, NUM_VALID = 3000, 300
-QUESTION = "<image>\n<audio>\nIs the spoken digit the same as the written one?"
+QUESTION = "<image>\n<audio>\nAdd the written and the spoken digit."
+SUMS = WORDS + ("ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen",
+                "seventeen", "eighteen")
 MANIFEST = "spoken_digits_manifest.json"
 INSTALL_HINT = ("the spoken-digits data needs the espeak-ng program: install it with "
                 "`apt-get install -y espeak-ng` (Debian/Ubuntu) or `brew install espeak-ng` "
@@ -83,27 +85,27 @@ def clip_grid() -> list[tuple[int, str, int, int]]:
     return [(d, v, s, p) for v in VOICES for s in SPEEDS for p in PITCHES for d in range(10)]
 
 
+def answer(written: int, spoken: int) -> str:
+    return f"{WORDS[written]} plus {WORDS[spoken]} is {SUMS[written + spoken]}"
+
+
 def _pair_records(split: str, n: int, clips: list[tuple[int, str]], images: np.ndarray,
                   targets: np.ndarray, image_idx: np.ndarray, rng: np.random.Generator
                   ) -> list[str]:
-    """``n`` records: a random image of the split, and a clip of the same digit (half of
-    them) or of another digit."""
-    by_digit = {d: [c for c in clips if c[0] == d] for d in range(10)}
+    """``n`` records, each a random image and a random clip of the split."""
     lines = []
     for i in range(n):
         src = int(image_idx[rng.integers(len(image_idx))])
         written = int(targets[src])
-        same = i % 2 == 0
-        spoken = written if same else int((written + rng.integers(1, 10)) % 10)
-        digit, rel = by_digit[spoken][rng.integers(len(by_digit[spoken]))]
+        spoken, rel = clips[rng.integers(len(clips))]
         png = base64.b64encode(png_bytes(images[src])).decode("ascii")
         rec = {
             "id": f"spoken-digits-{split}-{i:05d}",
             "conversations": [{"from": "human", "value": QUESTION},
-                              {"from": "gpt", "value": "yes" if same else "no"}],
+                              {"from": "gpt", "value": answer(written, spoken)}],
             "images": [{"data": "data:image/png;base64," + png}],
             "audios": [rel],
-            "written": written, "spoken": digit,  # extra fields are ignored by the reader
+            "written": written, "spoken": spoken,  # extra fields are ignored by the reader
         }
         lines.append(json.dumps(rec, separators=(",", ":")))
     return lines
