@@ -38,7 +38,8 @@ class HuggingFaceTokenizer:
         self.pad_id = self.eos_id if ids["pad"] is None else ids["pad"]
         image = image_token_id if image_token_id is not None else self._id("<image>")
         self._media_ids = {} if image is None else {"image": image}
-        audio = self._id("<|AUDIO|>") or self._id("<audio>")  # Qwen2-Audio's, or ours
+        audio = (audio_token_id if audio_token_id is not None  # Qwen2-Audio's, or ours
+                 else self._id("<|AUDIO|>") or self._id("<audio>"))
         if audio is not None:
             self._media_ids["audio"] = audio
         self.base_vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
@@ -47,10 +48,11 @@ class HuggingFaceTokenizer:
         return None if token is None else self._tok.token_to_id(token)
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "image_token_id": self.image_token_id}
+        return {"path": self.path, "image_token_id": self.image_token_id,
+                "audio_token_id": self.audio_token_id}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"], state["image_token_id"])
+        self.__init__(state["path"], state["image_token_id"], state.get("audio_token_id"))
 
     @property
     def vocab_size(self) -> int:

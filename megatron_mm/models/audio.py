@@ -48,10 +48,10 @@ class AudioEncoder(MegatronModule):
                                          padding=1, dtype=dtype)
             self.conv2 = torch.nn.Conv1d(hidden, hidden, kernel_size=3, stride=2, padding=1,
                                          dtype=dtype)
-            # Fixed, not learned (as in Whisper): a non-persistent buffer, not checkpointed.
+            # Not learned (Whisper's are frozen): a buffer, but checkpointed and converted,
+            # since a checkpoint's table need not be exactly these sinusoids.
             self.register_buffer("position_embeddings",
-                                 sinusoids(self.seq_length, hidden).to(dtype),
-                                 persistent=False)
+                                 sinusoids(self.seq_length, hidden).to(dtype))
         self.decoder = (TransformerBlock(config=config, spec=layer_spec, pre_process=True,
                                          post_process=False, vp_stage=vp_stage)
                         if build_layers else None)

@@ -91,6 +91,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--audio-norm-epsilon", type=float, default=1e-5)
     g.add_argument("--audio-projector-type", choices=["mlp", "affine"], default=None,
                    help="default: --projector-type")
+    g.add_argument("--audio-token-id", type=int, default=None,
+                   help="the audio placeholder's token id (default: the tokenizer's own)")
 
     g = p.add_argument_group("freezing")
     g.add_argument("--freeze-LM", action="store_true")
@@ -316,7 +318,7 @@ CHECKPOINT_FLAGS = (
     "disable_vision_class_token", "projector_type", "projector_ffn_hidden_size",
     "audio_model_type", "audio_hidden_size", "audio_num_layers", "audio_num_attention_heads",
     "audio_ffn_hidden_size", "audio_num_mel_bins", "audio_max_source_positions",
-    "audio_pool_stride", "audio_norm_epsilon", "audio_projector_type",
+    "audio_pool_stride", "audio_norm_epsilon", "audio_projector_type", "audio_token_id",
     "image_token_id", "tokenizer_type", "tokenizer_model", "image_processor_config",
 )
 # Saved relative to the checkpoint directory (files the converter put there).

@@ -274,7 +274,8 @@ def setup_training(args) -> TrainingSetup:
     initialize_distributed(args)
     set_random_seed(args.seed)
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model,
-                                image_token_id=args.image_token_id)
+                                image_token_id=args.image_token_id,
+                                audio_token_id=args.audio_token_id)
     lm = args.model_config.language
     lm.vocab_size = tokenizer.vocab_size
     if args.load:  # keep the checkpoint's vocabulary padding, whatever TP it was saved at
