@@ -157,7 +157,8 @@ class MultimodalModel(MegatronModule):
             per_item = self.mm_config.encoders[name].num_output_tokens
             expected, what = n_items * per_item, f"x {per_item} tokens each"
         else:
-            expected, what = int(keep.sum()), "(their lengths give " + str(int(keep.sum())) + ")"
+            expected = int(keep.sum())
+            what = f"(their lengths give {expected} tokens)"
         if int(slots.sum()) != expected:
             raise MediaMismatchError(
                 f"batch has {int(slots.sum())} {modality} placeholder tokens but "
