@@ -7,6 +7,7 @@ import torch
 from megatron_mm.config import (
     AudioEncoderConfig,
     ConfigError,
+    FreezeConfig,
     LanguageModelConfig,
     MultimodalModelConfig,
     ProjectorConfig,
@@ -16,7 +17,7 @@ from megatron_mm.config import (
 IMAGE_ID, AUDIO_ID = 250, 251
 
 
-def _build():
+def _build(freeze=FreezeConfig()):
     from megatron_mm.models import BuildSettings, build_model
 
     vision = VisionEncoderConfig(hidden_size=32, num_layers=1, num_attention_heads=2, img_h=8,
@@ -26,7 +27,8 @@ def _build():
     cfg = MultimodalModelConfig(
         encoders={"vision": vision, "audio": audio},
         projectors={"audio": ProjectorConfig("affine")},
-        language=LanguageModelConfig(vocab_size=256, hidden_size=64, num_attention_heads=4))
+        language=LanguageModelConfig(vocab_size=256, hidden_size=64, num_attention_heads=4),
+        freeze=freeze)
     return build_model(cfg, BuildSettings(), {"image": IMAGE_ID, "audio": AUDIO_ID}), audio
 
 
@@ -59,6 +61,28 @@ def test_clips_of_different_lengths_fill_their_placeholders(gloo_world):
     # A clip's padding is silence the encoder sees, not other clips: its features are its own.
     alone = model.encode("audio", mels[1:2])
     torch.testing.assert_close(alone[0], features[1])
+
+
+def test_frozen_audio_encoder_runs_no_backward(gloo_world):
+    model, enc = _build(FreezeConfig(encoders={"audio"}))
+    calls = {"fwd": 0, "bwd": 0}
+    for layer in model.audio_model.decoder.layers:
+        layer.register_forward_hook(lambda *_: calls.__setitem__("fwd", calls["fwd"] + 1))
+        layer.register_full_backward_hook(
+            lambda *_: calls.__setitem__("bwd", calls["bwd"] + 1))
+    tokens = torch.randint(0, 200, (2, 24))
+    tokens[0, 2:8] = AUDIO_ID
+    tokens[1, 2:7] = IMAGE_ID
+    media = {"image": torch.randn(1, 3, 8, 8),
+             "audio": torch.randn(1, enc.num_mel_bins, enc.max_frames),
+             "audio_frames": torch.tensor([24])}
+    loss = model(tokens, torch.arange(24).expand(2, -1), media, labels=tokens)
+    loss.sum().backward()
+    assert calls == {"fwd": 2, "bwd": 0}  # autograd never enters the frozen encoder
+    assert all(p.grad is None and not p.requires_grad
+               for p in model.audio_model.parameters())
+    assert all(p.grad is not None for p in model.audio_projection.parameters())
+    assert model.vision_model.conv1.weight.grad is not None
 
 
 def test_audio_placeholder_mismatch_is_an_error(gloo_world):
