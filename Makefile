@@ -1,6 +1,8 @@
 # Two commands do everything on a fresh machine:
 #   make demo   set up .venv, then train the built-in demo and print its held-out accuracy
 #   make test   set up .venv, then run the test suite
+# and one more for the vision + audio model:
+#   make demo-audio   the same with spoken digits (needs espeak-ng, which setup installs)
 PYTHON ?= python3.11
 VENV   ?= .venv
 # On a GPU machine pass the CUDA build you want, e.g. TORCH="torch==2.13.0 --index-url ...".
@@ -8,9 +10,21 @@ TORCH  ?= torch==2.13.0
 PIP    := $(VENV)/bin/python -m pip
 NPROC  ?= 2
 
-.PHONY: demo test setup clean
+.PHONY: demo demo-audio test setup espeak-ng clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed espeak-ng
+
+# espeak-ng (a Debian package, GPL-3.0, run as a program) speaks the audio demo's digits.
+# Installed when missing and apt-get can run (root, or sudo without a password); otherwise
+# say how, and only the audio demo and its data test need it.
+espeak-ng:
+	@command -v espeak-ng >/dev/null 2>&1 || \
+	{ if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
+	  $$SUDO apt-get install -y -q espeak-ng >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null 2>&1 && \
+	    $$SUDO apt-get install -y -q espeak-ng >/dev/null 2>&1; } || \
+	  echo "note: espeak-ng is not installed (make demo-audio needs it): run" \
+	       "'sudo apt-get install -y espeak-ng' (Debian/Ubuntu) or 'brew install espeak-ng'"; }
 
 # torch first and pinned, so no later requirement pulls a different (CUDA) build.
 # megatron-core 0.19.2 says Requires-Python >=3.12 but its cp311 wheel works: it alone is
@@ -42,6 +56,19 @@ DEMO_FLAGS = \
 demo: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
 		examples/pretrain_mllm.py $(DEMO_FLAGS)
+
+# The vision + audio demo: the ViT above plus a Whisper-style audio encoder, on handwritten
+# digits paired with digits spoken by espeak-ng ("seven plus three is ten").
+DEMO_AUDIO_FLAGS = $(subst --save runs/demo/,--save runs/demo-audio/,$(DEMO_FLAGS)) \
+	--audio-model-type whisper --audio-hidden-size 64 --audio-num-layers 2 \
+	--audio-num-attention-heads 4 --audio-num-mel-bins 80 --audio-max-source-positions 64 \
+	--audio-pool-stride 4
+
+demo-audio: setup
+	@command -v espeak-ng >/dev/null 2>&1 || { echo "make demo-audio needs espeak-ng:" \
+	  "sudo apt-get install -y espeak-ng (Debian/Ubuntu) or brew install espeak-ng"; exit 2; }
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
+		examples/pretrain_mllm.py $(DEMO_AUDIO_FLAGS)
 
 test: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q tests

@@ -1,10 +1,11 @@
-"""Train a multimodal LLM (vision encoder + projector + LLM) with Megatron-Core.
+"""Train a multimodal LLM (vision and/or audio encoders + projectors + LLM) with Megatron-Core.
 
     torchrun --nproc-per-node 2 examples/pretrain_mllm.py --tensor-model-parallel-size 2 \\
         --micro-batch-size 16 --global-batch-size 32 --train-iters 300 --lr 1e-3 ...
 
 The same command runs on GPUs (NCCL) and on CPUs (gloo); without --data-path it trains on
-the built-in handwritten-digits question answering data. See --help for the flags.
+the built-in handwritten-digits question answering data (with --audio-model-type whisper:
+handwritten + spoken digits, "Add the written and the spoken digit."). See --help.
 """
 
 import sys

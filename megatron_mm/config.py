@@ -7,7 +7,7 @@ group exists. Error messages name the command-line flag to change.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, Optional, Union
 
 
 class ConfigError(ValueError):
@@ -80,6 +80,71 @@ class VisionEncoderConfig:
         """Tokens per image handed to the projector (the placeholder expansion count)."""
         keep_cls = self.has_class_token and not self.drop_class_token
         return self.num_patches + int(keep_cls)
+
+
+@dataclass
+class AudioEncoderConfig:
+    """A Whisper-style encoder: two 1-D convolutions over log-mel frames (the second with
+    stride 2), sinusoidal positions, pre-norm transformer layers, a final norm, then an
+    optional average pooling of frames (Qwen2-Audio pools by 2).
+
+    Every clip is padded to ``max_frames`` mel frames, as Whisper pads to 30 s, so a clip's
+    features do not depend on the batch it is in; only its first ``output_tokens(frames)``
+    features reach the LLM.
+    """
+
+    model_type: str = "whisper"
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_attention_heads: int = 4
+    ffn_hidden_size: Optional[int] = None
+    num_mel_bins: int = 80
+    max_source_positions: int = 100  # encoder frames after the stride-2 conv (Whisper: 1500)
+    pool_stride: int = 1  # average pooling of encoder frames (Qwen2-Audio: 2)
+    layernorm_epsilon: float = 1e-5
+    flag_prefix: str = "--audio-"
+
+    def __post_init__(self):
+        p = self.flag_prefix
+        _require(self.model_type == "whisper",
+                 f"{p}model-type must be whisper, got {self.model_type!r}")
+        if self.ffn_hidden_size is None:
+            self.ffn_hidden_size = 4 * self.hidden_size
+        _require(self.hidden_size % self.num_attention_heads == 0,
+                 f"{p}hidden-size ({self.hidden_size}) must be divisible by "
+                 f"{p}num-attention-heads ({self.num_attention_heads})")
+        _require(self.hidden_size % 2 == 0,
+                 f"{p}hidden-size ({self.hidden_size}) must be even (sinusoidal positions)")
+        _require(self.num_layers >= 1, f"{p}num-layers must be at least 1")
+        _require(self.num_mel_bins >= 1, f"{p}num-mel-bins must be positive")
+        _require(self.pool_stride >= 1, f"{p}pool-stride must be at least 1")
+        _require(self.max_source_positions >= self.pool_stride,
+                 f"{p}max-source-positions ({self.max_source_positions}) must be at least "
+                 f"{p}pool-stride ({self.pool_stride})")
+
+    @property
+    def num_layers_built(self) -> int:
+        return self.num_layers
+
+    @property
+    def max_frames(self) -> int:
+        """Mel frames every clip is padded to (the longest clip the encoder takes)."""
+        return 2 * self.max_source_positions
+
+    @property
+    def seq_length(self) -> int:
+        return self.max_source_positions
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Features per clip out of the encoder (before dropping a clip's padding)."""
+        return self.max_source_positions // self.pool_stride
+
+    def output_tokens(self, frames: int) -> int:
+        """Placeholder tokens of a clip of ``frames`` mel frames: the encoder frames its
+        audio reaches (stride-2 conv), pooled; at least one."""
+        encoder_frames = (frames - 1) // 2 + 1
+        return max(1, min(encoder_frames // self.pool_stride, self.num_output_tokens))
 
 
 @dataclass
@@ -168,7 +233,7 @@ class FreezeConfig:
 class MultimodalModelConfig:
     """Named encoders (each with its projector) feeding one language model."""
 
-    encoders: Dict[str, VisionEncoderConfig] = field(
+    encoders: Dict[str, Union[VisionEncoderConfig, AudioEncoderConfig]] = field(
         default_factory=lambda: {"vision": VisionEncoderConfig()})
     projectors: Dict[str, ProjectorConfig] = field(default_factory=dict)
     language: LanguageModelConfig = field(default_factory=LanguageModelConfig)
@@ -185,7 +250,8 @@ class MultimodalModelConfig:
             _require(not unknown, f"frozen {kind} {sorted(unknown)} are not in the model "
                                   f"(it has {sorted(self.encoders)})")
         _require(not self.fully_frozen,
-                 "every module is frozen (--freeze-LM, --freeze-ViT, --freeze-projector): "
+                 "every module is frozen (--freeze-LM, --freeze-ViT, --freeze-audio, "
+                 "--freeze-projector): "
                  "nothing would train; drop one of these flags")
 
     @property

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 from torch.utils.data import Dataset
 
+from .audio import AudioProcessorConfig, check_clip_length, clip_samples
 from .media import ImageProcessorConfig
 from .processing import Sample, encode_record, tokenize_record
 from .records import DataRecordError, read_records
@@ -18,20 +19,32 @@ class MultimodalDataset(Dataset):
 
     def __init__(self, path: str | os.PathLike, tokenizer: MultimodalTokenizer,
                  media_token_counts: dict[str, int], image_cfg: ImageProcessorConfig,
-                 max_seq_length: int | None = None):
+                 max_seq_length: int | None = None,
+                 audio_cfg: AudioProcessorConfig | None = None):
         self.path = os.fspath(path)
         self.tokenizer = tokenizer
         self.media_token_counts = dict(media_token_counts)
         self.image_cfg = image_cfg
+        self.audio_cfg = audio_cfg
         self.max_seq_length = max_seq_length
         self.records = read_records(self.path)
+        if audio_cfg is not None:
+            self.check_audio()
+
+    def check_audio(self) -> None:
+        """Refuse, before training, a clip longer than the audio encoder takes (WAV headers
+        only; the error names the record)."""
+        for rec in self.records:
+            for ref in rec.media.get("audio", []):
+                check_clip_length(clip_samples(ref, self.audio_cfg, rec.where()),
+                                  self.audio_cfg, ref, rec.where())
 
     def __len__(self) -> int:
         return len(self.records)
 
     def __getitem__(self, idx: int) -> Sample:
         return encode_record(self.records[idx], self.tokenizer, self.media_token_counts,
-                             self.image_cfg, self.max_seq_length)
+                             self.image_cfg, self.max_seq_length, self.audio_cfg)
 
     def check_lengths(self) -> int:
         """Tokenize every record (no image decoding) and raise DataRecordError on the

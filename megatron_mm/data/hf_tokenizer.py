@@ -18,10 +18,12 @@ def _token_text(value) -> Optional[str]:
 
 
 class HuggingFaceTokenizer:
-    def __init__(self, path: str | os.PathLike, image_token_id: Optional[int] = None):
+    def __init__(self, path: str | os.PathLike, image_token_id: Optional[int] = None,
+                 audio_token_id: Optional[int] = None):
         from tokenizers import Tokenizer
 
         self.path, self.image_token_id = os.fspath(path), image_token_id
+        self.audio_token_id = audio_token_id
         file = os.path.join(self.path, "tokenizer.json")
         if not os.path.isfile(file):
             raise FileNotFoundError(f"--tokenizer-model {self.path}: no tokenizer.json there")
@@ -38,16 +40,23 @@ class HuggingFaceTokenizer:
         self.pad_id = self.eos_id if ids["pad"] is None else ids["pad"]
         image = image_token_id if image_token_id is not None else self._id("<image>")
         self._media_ids = {} if image is None else {"image": image}
+        audio = audio_token_id
+        for name in ("<|AUDIO|>", "<audio>"):  # Qwen2-Audio's, or ours
+            if audio is None:
+                audio = self._id(name)
+        if audio is not None:
+            self._media_ids["audio"] = audio
         self.base_vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 
     def _id(self, token: Optional[str]) -> Optional[int]:
         return None if token is None else self._tok.token_to_id(token)
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "image_token_id": self.image_token_id}
+        return {"path": self.path, "image_token_id": self.image_token_id,
+                "audio_token_id": self.audio_token_id}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"], state["image_token_id"])
+        self.__init__(state["path"], state["image_token_id"], state.get("audio_token_id"))
 
     @property
     def vocab_size(self) -> int:

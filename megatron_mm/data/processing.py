@@ -8,9 +8,11 @@ loss on text tokens and eos. Media tokens, bos and prompts never carry loss.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Union
 
 import torch
 
+from .audio import AudioProcessorConfig, audio_features
 from .media import ImageProcessorConfig, load_image, preprocess_image
 from .records import MODALITIES, DataRecordError, MediaRef, Record, placeholder_pattern
 from .tokenizer import MultimodalTokenizer
@@ -24,7 +26,8 @@ class Sample:
     tokens: torch.Tensor  # int64 [S]
     labels: torch.Tensor  # int64 [S]; labels[t] = tokens[t + 1], last = pad
     loss_mask: torch.Tensor  # float32 [S]; 1 iff tokens[t + 1] is a loss token
-    media: dict[str, torch.Tensor] = field(default_factory=dict)  # "image": [N, 3, H, W]
+    # "image": [N, 3, H, W]; "audio": [N, mel bins, frames], "audio_frames": [N] (true lengths)
+    media: dict[str, torch.Tensor] = field(default_factory=dict)
     prompt_len: int = 0  # tokens up to and including the last "ASSISTANT:" (decode from here)
     answer: str = ""  # last assistant answer (stripped), the greedy-decoding target
     record_id: str = ""
@@ -40,9 +43,16 @@ class TokenizedRecord:
     answer: str
 
 
+# Placeholder tokens per media item: a fixed count (images), or a function of the item
+# (audio: its length, read from the file header) called as f(ref, where).
+MediaTokenCount = Union[int, Callable[[MediaRef, str], int]]
+
+
 def _append_text(text: str, loss: bool, out: TokenizedRecord, tokenizer: MultimodalTokenizer,
-                 counts: dict[str, int], where: str) -> None:
-    """Tokenize `text` segment by segment; each placeholder becomes counts[m] media ids (no loss)."""
+                 counts: dict[str, MediaTokenCount], where: str, record: Record,
+                 seen: dict[str, int]) -> None:
+    """Tokenize `text` segment by segment; each placeholder becomes counts[m] media ids (no
+    loss). `seen` counts the items of each modality placed so far (in appearance order)."""
     by_placeholder = {m.placeholder: name for name, m in MODALITIES.items()}
     pos = 0
     for match in placeholder_pattern().finditer(text):
@@ -51,6 +61,10 @@ def _append_text(text: str, loss: bool, out: TokenizedRecord, tokenizer: Multimo
         out.is_loss += [loss] * len(ids)
         name = by_placeholder[match.group(0)]
         n = counts.get(name)
+        index = seen.get(name, 0)
+        seen[name] = index + 1
+        if callable(n):
+            n = n(record.media[name][index], where)
         if not isinstance(n, int) or n < 1:
             raise DataRecordError(f"{where}: uses {match.group(0)} but media_token_counts[{name!r}] "
                                   f"is {n!r} (need a positive int)")
@@ -63,25 +77,27 @@ def _append_text(text: str, loss: bool, out: TokenizedRecord, tokenizer: Multimo
 
 
 def tokenize_record(record: Record, tokenizer: MultimodalTokenizer,
-                    media_token_counts: dict[str, int]) -> TokenizedRecord:
+                    media_token_counts: dict[str, MediaTokenCount]) -> TokenizedRecord:
     out = TokenizedRecord(ids=[tokenizer.bos_id], is_loss=[False], prompt_len=1, answer="")
     where = record.where()
+    seen: dict[str, int] = {}
     if record.turns is not None:
         for human, gpt in zip(record.turns[0::2], record.turns[1::2]):
             _append_text(USER_PREFIX + human.text + ASSISTANT_PREFIX, False, out, tokenizer,
-                         media_token_counts, where)
+                         media_token_counts, where, record, seen)
             out.prompt_len = len(out.ids)
-            _append_text(" " + gpt.text, True, out, tokenizer, media_token_counts, where)
+            _append_text(" " + gpt.text, True, out, tokenizer, media_token_counts, where,
+                         record, seen)
             out.ids.append(tokenizer.eos_id)
             out.is_loss.append(True)
             out.answer = gpt.text.strip()
     else:
         text = record.text or ""
-        _append_text(text, True, out, tokenizer, media_token_counts, where)
+        _append_text(text, True, out, tokenizer, media_token_counts, where, record, seen)
         out.ids.append(tokenizer.eos_id)
         out.is_loss.append(True)
         # For captions the "prompt" is everything up to the last media token.
-        media_ids = {tokenizer.media_token_id(m) for m in MODALITIES}
+        media_ids = {tokenizer.media_token_id(m) for m in record.media if record.media[m]}
         last_media = max((i for i, t in enumerate(out.ids) if t in media_ids), default=0)
         out.prompt_len = last_media + 1
         tail = placeholder_pattern().split(text)[-1]
@@ -95,21 +111,39 @@ def _load_images(refs: list[MediaRef], cfg: ImageProcessorConfig, where: str) ->
     return torch.stack([preprocess_image(load_image(r, context=where), cfg) for r in refs])
 
 
-def encode_record(record: Record, tokenizer: MultimodalTokenizer, media_token_counts: dict[str, int],
-                  image_cfg: ImageProcessorConfig, max_seq_length: int | None = None) -> Sample:
-    """Encode one record; raises DataRecordError if longer than `max_seq_length` (no truncation)."""
+def _load_audios(refs: list[MediaRef], cfg: AudioProcessorConfig, where: str
+                 ) -> dict[str, torch.Tensor]:
+    feats = [audio_features(r, cfg, where) for r in refs]
+    mels = (torch.stack([m for m, _ in feats]) if feats
+            else torch.empty(0, cfg.num_mel_bins, cfg.max_frames))
+    return {"audio": mels, "audio_frames": torch.tensor([n for _, n in feats], dtype=torch.long)}
+
+
+def encode_record(record: Record, tokenizer: MultimodalTokenizer,
+                  media_token_counts: dict[str, MediaTokenCount],
+                  image_cfg: ImageProcessorConfig, max_seq_length: int | None = None,
+                  audio_cfg: AudioProcessorConfig | None = None) -> Sample:
+    """Encode one record; raises DataRecordError if longer than `max_seq_length` (no
+    truncation) or if a clip is longer than the audio encoder takes. Audio needs
+    `audio_cfg` (the model's audio encoder)."""
     tr = tokenize_record(record, tokenizer, media_token_counts)
     if max_seq_length is not None and len(tr.ids) > max_seq_length:
         raise DataRecordError(f"{record.where()}: {len(tr.ids)} tokens exceed max_seq_length="
                               f"{max_seq_length} (reduce media_token_counts or drop the record)")
     media: dict[str, torch.Tensor] = {}
     for name, refs in record.media.items():
-        if name != "image":  # new modalities need a loader here
-            if refs:
-                raise DataRecordError(f"{record.where()}: no loader for modality {name!r}")
-            continue
-        media[name] = _load_images(refs, image_cfg, record.where())
+        if name == "image":
+            media[name] = _load_images(refs, image_cfg, record.where())
+        elif name == "audio" and audio_cfg is not None:
+            media.update(_load_audios(refs, audio_cfg, record.where()))
+        elif refs:  # new modalities need a loader here
+            raise DataRecordError(f"{record.where()}: has {name} items but the model has no "
+                                  f"{name} encoder" + (" (--audio-model-type whisper)"
+                                                       if name == "audio" else ""))
     media.setdefault("image", torch.empty(0, 3, image_cfg.image_size, image_cfg.image_size))
+    if audio_cfg is not None:
+        media.update({k: v for k, v in _load_audios([], audio_cfg, "").items()
+                      if k not in media})
 
     tokens = torch.tensor(tr.ids, dtype=torch.long)
     labels = torch.full_like(tokens, tokenizer.pad_id)
@@ -143,7 +177,7 @@ def collate(samples: list[Sample], pad_id: int, pad_to_multiple_of: int = 1,
     for i, s in enumerate(samples):
         n = len(s.tokens)
         tokens[i, :n], labels[i, :n], loss_mask[i, :n] = s.tokens, s.labels, s.loss_mask
-    names = [m for m in MODALITIES if any(m in s.media for s in samples)]
+    names = list(dict.fromkeys(k for s in samples for k in s.media))  # audio_frames too
     media = {m: torch.cat([s.media[m] for s in samples if m in s.media]) for m in names}
     return {
         "tokens": tokens,

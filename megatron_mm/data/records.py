@@ -25,11 +25,12 @@ class ModalitySpec:
     record_key: str
 
 
-# Adding a modality (e.g. ModalitySpec("audio", "<audio>", "audios")) only needs
-# an entry here plus a media loader in processing.py; the tokenizer appends one
-# special token per entry, in this order, after the base vocabulary.
+# Adding a modality only needs an entry here plus a media loader in processing.py;
+# the tokenizer appends one special token per entry, in this order, after the base
+# vocabulary (<image>, then <audio>).
 MODALITIES: dict[str, ModalitySpec] = {
     "image": ModalitySpec(name="image", placeholder="<image>", record_key="images"),
+    "audio": ModalitySpec(name="audio", placeholder="<audio>", record_key="audios"),
 }
 
 HUMAN_ROLES = ("human", "user")

@@ -52,16 +52,17 @@ def _args(argv: List[str]):
 def _context(config: MultimodalModelConfig, vocab_size: int) -> Context:
     lm = config.language
     heads = {"language": (lm.num_attention_heads, lm.num_query_groups)}
-    for enc in config.encoders.values():
-        heads["vision"] = (enc.num_attention_heads, enc.num_attention_heads)
+    for name, enc in config.encoders.items():
+        heads[name] = (enc.num_attention_heads, enc.num_attention_heads)
     return Context(heads=heads, vocab_size=vocab_size,
                    padded_vocab_size=lm.padded_vocab_size)
 
 
-def _build(config: MultimodalModelConfig, image_token_id: Optional[int]):
+def _build(config: MultimodalModelConfig, args):
     from ..models import BuildSettings, build_model
 
-    media = {"image": image_token_id} if config.encoders else {}
+    ids = {"vision": ("image", args.image_token_id), "audio": ("audio", args.audio_token_id)}
+    media = dict(ids[name] for name in config.encoders)
     return build_model(config, BuildSettings(transformer_impl="local"), media)
 
 
@@ -146,7 +147,7 @@ def import_hf(hf_dir: str, save_dir: str, tensor_model_parallel_size: int = 1,
     lm.vocab_size = text.vocab_size
     args.padded_vocab_size = lm.padded_vocab_size = lm.vocab_size_padded(
         tensor_model_parallel_size)
-    model = _build(config, args.image_token_id)
+    model = _build(config, args)
     expected = _tensors(model)
     mapped, used = MappingTable(family.rules()).to_megatron(hf, expected,
                                                              _context(config, text.vocab_size))
@@ -175,7 +176,7 @@ def export_hf(load_dir: str, out_dir: str) -> str:
     config = args.model_config
     config.language.vocab_size = text.vocab_size
     config.language.padded_vocab_size = saved_args(args).get("padded_vocab_size")
-    model = _build(config, args.image_token_id)
+    model = _build(config, args)
     load_checkpoint(args, [model], None, None)
     table = MappingTable(family.rules())
     hf = table.to_hf(_tensors(model), _context(config, text.vocab_size))

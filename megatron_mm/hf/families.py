@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Callable, List, Tuple
 
 from .errors import ConversionError
-from .layouts import CAUSAL_LM, LLAVA, Layout
-from .tables import causal_lm_rules, llava_rules
+from .layouts import CAUSAL_LM, LLAVA, QWEN2_AUDIO, Layout
+from .tables import causal_lm_rules, llava_rules, qwen2_audio_rules
 
 LANGUAGE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 VISION_TYPES = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}
@@ -43,6 +43,8 @@ FAMILIES = {f.architecture: f for f in (
     # Without any-resolution tiling: one image = one tile at the tower's resolution.
     Family("LlavaOnevisionForConditionalGeneration", LLAVA, llava_rules, True,
            _VISION_UNUSED + (r"model\.image_newline",)),
+    # Whisper encoder (pooled by 2) + one Linear + Qwen2.
+    Family("Qwen2AudioForConditionalGeneration", QWEN2_AUDIO, qwen2_audio_rules, True),
 )}
 
 
@@ -131,8 +133,27 @@ def vision_flags(hf_config) -> List[str]:
     return [str(f) for f in flags]
 
 
+def audio_flags(hf_config) -> List[str]:
+    audio = hf_config.audio_config
+    _need(audio.activation_function == "gelu",
+          f"audio_config.activation_function {audio.activation_function!r}: only 'gelu'")
+    _need(not getattr(audio, "scale_embedding", False),
+          "audio_config.scale_embedding=True is not supported")
+    flags = ["--vision-model-type", "none", "--audio-model-type", "whisper",
+             "--audio-hidden-size", audio.d_model, "--audio-num-layers", audio.encoder_layers,
+             "--audio-num-attention-heads", audio.encoder_attention_heads,
+             "--audio-ffn-hidden-size", audio.encoder_ffn_dim,
+             "--audio-num-mel-bins", audio.num_mel_bins,
+             "--audio-max-source-positions", audio.max_source_positions,
+             "--audio-pool-stride", 2, "--audio-norm-epsilon", 1e-5,  # nn.LayerNorm's
+             "--audio-projector-type", "affine", "--audio-token-id", hf_config.audio_token_id]
+    return [str(f) for f in flags]
+
+
 def model_flags(hf_config) -> List[str]:
     family = family_for(hf_config)
     if not family.multimodal:
         return language_flags(hf_config) + ["--vision-model-type", "none"]
+    if family.layout is QWEN2_AUDIO:
+        return language_flags(hf_config.get_text_config()) + audio_flags(hf_config)
     return language_flags(hf_config.get_text_config()) + vision_flags(hf_config)

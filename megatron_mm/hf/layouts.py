@@ -62,3 +62,19 @@ LLAVA = Layout(
         ("model.image_newline", "image_newline"),
     ),
 )
+
+# Qwen2-Audio (hf-offline notes, section 3): hub files use the legacy prefixes.
+QWEN2_AUDIO = Layout(
+    aliases=(
+        ("language_model.model.", "model.language_model."),
+        ("language_model.lm_head.", "lm_head."),
+        ("audio_tower.", "model.audio_tower."),
+        ("multi_modal_projector.", "model.multi_modal_projector."),
+    ),
+    export=(
+        ("model.language_model.", "language_model.model."),
+        ("lm_head.", "language_model.lm_head."),
+        ("model.audio_tower.", "audio_tower."),
+        ("model.multi_modal_projector.", "multi_modal_projector."),
+    ),
+)

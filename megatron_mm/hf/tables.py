@@ -6,7 +6,7 @@ Each table is written relative to its submodule; ``prefixed`` places it in a mod
 from __future__ import annotations
 
 from .mapping import Rule, prefixed
-from .transforms import CLASS_TOKEN, GATE_UP, VOCAB, QKVPerGroup
+from .transforms import CLASS_TOKEN, GATE_UP, VOCAB, QKVBiasWithoutKey, QKVPerGroup
 
 _LAYER = "decoder.layers.{i}."
 _QKV_LM = QKVPerGroup("language")
@@ -51,6 +51,29 @@ VISION = (
     )),
 )
 
+# Whisper / Qwen2-Audio encoders (AudioEncoder <- WhisperEncoder / Qwen2AudioEncoder).
+_QKV_AUDIO = QKVPerGroup("audio")
+AUDIO = (
+    *(Rule(f"conv{n}.{p}", (f"conv{n}.{p}",)) for n in (1, 2) for p in ("weight", "bias")),
+    Rule("position_embeddings", ("embed_positions.weight",)),
+    *(Rule(f"ln_post.{p}", (f"layer_norm.{p}",)) for p in ("weight", "bias")),
+    Rule(_LAYER + "self_attention.linear_qkv.weight",
+         tuple(f"layers.{{i}}.self_attn.{x}_proj.weight" for x in "qkv"), _QKV_AUDIO),
+    Rule(_LAYER + "self_attention.linear_qkv.bias",
+         ("layers.{i}.self_attn.q_proj.bias", "layers.{i}.self_attn.v_proj.bias"),
+         QKVBiasWithoutKey("audio")),
+    *(r for p in ("weight", "bias") for r in (
+        Rule(_LAYER + f"input_layernorm.{p}", (f"layers.{{i}}.self_attn_layer_norm.{p}",)),
+        Rule(_LAYER + f"self_attention.linear_proj.{p}",
+             (f"layers.{{i}}.self_attn.out_proj.{p}",)),
+        Rule(_LAYER + f"pre_mlp_layernorm.{p}", (f"layers.{{i}}.final_layer_norm.{p}",)),
+        Rule(_LAYER + f"mlp.linear_fc1.{p}", (f"layers.{{i}}.fc1.{p}",)),
+        Rule(_LAYER + f"mlp.linear_fc2.{p}", (f"layers.{{i}}.fc2.{p}",)),
+    )),
+)
+# Qwen2-Audio's projector: one Linear (MultimodalProjector "affine").
+AFFINE_PROJECTOR = tuple(Rule(f"encoder.{p}", (f"linear.{p}",)) for p in ("weight", "bias"))
+
 # LLaVA's MLP projector (MultimodalProjector <- LlavaMultiModalProjector).
 PROJECTOR = tuple(Rule(f"encoder.linear_fc{n}.{p}", (f"linear_{n}.{p}",))
                   for n in (1, 2) for p in ("weight", "bias"))
@@ -66,3 +89,10 @@ def llava_rules():
             + prefixed(OUTPUT_LAYER, "language_model.", "")
             + prefixed(VISION, "vision_model.", "model.vision_tower.")
             + prefixed(PROJECTOR, "vision_projection.", "model.multi_modal_projector."))
+
+
+def qwen2_audio_rules():
+    return (prefixed(LANGUAGE, "language_model.", "model.language_model.")
+            + prefixed(OUTPUT_LAYER, "language_model.", "")
+            + prefixed(AUDIO, "audio_model.", "model.audio_tower.")
+            + prefixed(AFFINE_PROJECTOR, "audio_projection.", "model.multi_modal_projector."))

@@ -79,6 +79,24 @@ class QKVPerGroup(Transform):
         return [t.reshape(-1, *rest).contiguous() for t in (q, k, v)]
 
 
+class QKVBiasWithoutKey(QKVPerGroup):
+    """Whisper's q and v biases (its key projection has none) -> the fused QKV bias with a
+    zero key bias. Export drops the key bias: it adds q.b to every score of a query, which
+    the softmax cancels, so it never affects the output (nor gets a gradient)."""
+
+    def __init__(self, stack: str):
+        super().__init__(stack)
+        self.name = f"qkv_bias_without_key[{stack}]"
+
+    def to_megatron(self, tensors, ctx):
+        q, v = tensors
+        return super().to_megatron([q, torch.zeros_like(v), v], ctx)
+
+    def to_hf(self, tensor, ctx):
+        q, _, v = super().to_hf(tensor, ctx)
+        return [q, v]
+
+
 class GateUpFusion(Transform):
     """SwiGLU gate and up projections -> Megatron's ``linear_fc1`` = [gate; up]."""
 

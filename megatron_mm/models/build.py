@@ -7,16 +7,17 @@ from typing import Mapping, Optional
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.vision.multimodal_projector import MultimodalProjector
 
-from ..config import MultimodalModelConfig
+from ..config import AudioEncoderConfig, MultimodalModelConfig
 from ..plan import ModelSpec, Workload, build_chain
 from ..plan.placement import ChunkPlacement, whole_model
+from .audio import AudioEncoder
 from .multimodal import MultimodalModel
 from .specs import get_layer_specs
 from .transformer_configs import (
     BuildSettings,
+    encoder_transformer_config,
     language_transformer_config,
     projector_transformer_config,
-    vision_transformer_config,
 )
 from .vision import VisionTransformer
 
@@ -50,8 +51,10 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
     encoders, projectors = {}, {}
     for part in placement.encoders:
         enc = config.encoders[part.name]
-        encoders[part.name] = VisionTransformer(
-            vision_transformer_config(enc, settings, part.name), enc, specs.vision_layer,
+        # Both encoders are pre-norm LayerNorm transformers without a mask: one layer spec.
+        cls = AudioEncoder if isinstance(enc, AudioEncoderConfig) else VisionTransformer
+        encoders[part.name] = cls(
+            encoder_transformer_config(enc, settings, part.name), enc, specs.vision_layer,
             specs.vision_norm, embed=part.embed, build_layers=part.num_layers > 0,
             post=part.projector, vp_stage=vp_stage)
         if part.projector:

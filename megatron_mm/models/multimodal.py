@@ -8,7 +8,7 @@ embeddings. Submodules are named ``{name}_model`` / ``{name}_projection`` /
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional
+from typing import Dict, Mapping, Optional, Union
 
 import torch
 from megatron.core.models.gpt import GPTModel
@@ -18,10 +18,15 @@ from megatron.core.transformer.module import MegatronModule
 
 from ..config import MultimodalModelConfig
 from ..plan.placement import ChunkPlacement
+from .audio import AudioEncoder
 from .vision import VisionTransformer
 
+Encoder = Union[VisionTransformer, AudioEncoder]
+
 # Which batch media key feeds each encoder kind.
-ENCODER_MODALITY = {"clip": "image", "siglip": "image"}
+ENCODER_MODALITY = {"clip": "image", "siglip": "image", "whisper": "audio"}
+# Batch media key with each clip's true length (mel frames) for variable-length modalities.
+LENGTHS_KEY = {"audio": "audio_frames"}
 
 
 class MediaMismatchError(ValueError):
@@ -41,7 +46,7 @@ class MultimodalModel(MegatronModule):
     """
 
     def __init__(self, config: MultimodalModelConfig, language_model: GPTModel,
-                 encoders: Mapping[str, VisionTransformer],
+                 encoders: Mapping[str, Encoder],
                  projectors: Mapping[str, MultimodalProjector],
                  media_token_ids: Mapping[str, int], placement: ChunkPlacement):
         super().__init__(config=language_model.config)
@@ -66,7 +71,7 @@ class MultimodalModel(MegatronModule):
         """For ``finalize_model_grads``: the tied weight whose grads meet across stages."""
         return self.language_model.shared_embedding_or_output_weight()
 
-    def encoder(self, name: str) -> VisionTransformer:
+    def encoder(self, name: str) -> Encoder:
         return getattr(self, f"{name}_model")
 
     def projector(self, name: str) -> MultimodalProjector:
@@ -122,6 +127,24 @@ class MultimodalModel(MegatronModule):
         [N, T', H_llm] features."""
         return self.project(name, self.run_encoder(name, {self._modality(name): media}, None))
 
+    def _keep(self, name: str, media: Mapping[str, torch.Tensor], n_items: int):
+        """Which features of each item go to the LLM: None (all of them), or a [N, T'] mask
+        (a clip's first ``output_tokens(frames)``; the rest come from its padding)."""
+        key = LENGTHS_KEY.get(self._modality(name))
+        if key is None:
+            return None
+        frames = media.get(key)
+        if frames is None or frames.shape[0] != n_items:
+            raise MediaMismatchError(f"batch has {n_items} {self._modality(name)} items but "
+                                     f"{'no' if frames is None else frames.shape[0]} "
+                                     f"lengths in media[{key!r}]")
+        # From the config, not the module: a chunk may hold only the encoder's projector.
+        enc = self.mm_config.encoders[name]
+        per_clip = torch.tensor([enc.output_tokens(int(f)) for f in frames.tolist()],
+                                dtype=torch.long, device=frames.device)
+        width = enc.num_output_tokens
+        return torch.arange(width, device=per_clip.device)[None, :] < per_clip[:, None]
+
     def merge(self, name: str, tokens: torch.Tensor, text: torch.Tensor,
               media: Mapping[str, torch.Tensor], hidden: Optional[torch.Tensor]) -> torch.Tensor:
         """Project encoder ``name``'s output into the placeholder positions of ``text``."""
@@ -129,14 +152,22 @@ class MultimodalModel(MegatronModule):
         slots = tokens == self.media_token_ids[modality]
         items = self._items(name, media)
         n_items = 0 if items is None else items.shape[0]
-        per_item = self.mm_config.encoders[name].num_output_tokens
-        if int(slots.sum()) != n_items * per_item:
+        keep = self._keep(name, media, n_items) if n_items else None
+        if keep is None:
+            per_item = self.mm_config.encoders[name].num_output_tokens
+            expected, what = n_items * per_item, f"x {per_item} tokens each"
+        else:
+            expected = int(keep.sum())
+            what = f"(their lengths give {expected} tokens)"
+        if int(slots.sum()) != expected:
             raise MediaMismatchError(
                 f"batch has {int(slots.sum())} {modality} placeholder tokens but "
-                f"{n_items} {modality} items x {per_item} tokens each")
+                f"{n_items} {modality} items {what}")
         if n_items == 0:
             return text
         features = self.project(name, hidden)
+        if keep is not None:  # variable-length items: drop each one's padding features
+            features = features[keep]
         merged = text.transpose(0, 1)  # [B, S, H]: row-major order matches the media
         merged = merged.masked_scatter(slots.unsqueeze(-1), features.to(merged.dtype))
         return merged.transpose(0, 1).contiguous()

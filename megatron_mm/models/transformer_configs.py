@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from megatron.core.activations import quick_gelu
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from ..config import LanguageModelConfig, ProjectorConfig, VisionEncoderConfig
+from ..config import AudioEncoderConfig, LanguageModelConfig, ProjectorConfig, VisionEncoderConfig
 from ..plan.placement import ChunkPlacement, megatron_layout
 
 
@@ -121,6 +121,32 @@ def vision_transformer_config(enc: VisionEncoderConfig, s: BuildSettings,
         add_qkv_bias=True,
         **s.common(name),
     )
+
+
+def audio_transformer_config(enc: AudioEncoderConfig, s: BuildSettings,
+                             name: str = "audio") -> TransformerConfig:
+    """Whisper's layers: LayerNorm, exact GELU, biases (Whisper's key projection has none:
+    a converter writes zeros there)."""
+    return TransformerConfig(
+        num_layers=enc.num_layers_built,
+        hidden_size=enc.hidden_size,
+        ffn_hidden_size=enc.ffn_hidden_size,
+        num_attention_heads=enc.num_attention_heads,
+        kv_channels=enc.hidden_size // enc.num_attention_heads,
+        normalization="LayerNorm",
+        layernorm_epsilon=enc.layernorm_epsilon,
+        gated_linear_unit=False,
+        activation_func=F.gelu,
+        add_bias_linear=True,
+        add_qkv_bias=True,
+        **s.common(name),
+    )
+
+
+def encoder_transformer_config(enc, s: BuildSettings, name: str) -> TransformerConfig:
+    if isinstance(enc, AudioEncoderConfig):
+        return audio_transformer_config(enc, s, name)
+    return vision_transformer_config(enc, s, name)
 
 
 def projector_transformer_config(proj: ProjectorConfig, lm: LanguageModelConfig,

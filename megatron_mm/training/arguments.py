@@ -13,6 +13,7 @@ import os
 from typing import Optional, Sequence
 
 from ..config import (
+    AudioEncoderConfig,
     ConfigError,
     FreezeConfig,
     LanguageModelConfig,
@@ -72,9 +73,32 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="the image placeholder's token id (default: the tokenizer's own, "
                         "after its vocabulary)")
 
+    g = p.add_argument_group("audio encoder")
+    g.add_argument("--audio-model-type", choices=["whisper", "none"], default="none",
+                   help="whisper: a Whisper-style encoder (conv stem, sinusoidal positions, "
+                        "pre-norm layers) as the \"audio\" encoder, fed <audio> clips")
+    g.add_argument("--audio-hidden-size", type=int, default=64)
+    g.add_argument("--audio-num-layers", type=int, default=2)
+    g.add_argument("--audio-num-attention-heads", type=int, default=4)
+    g.add_argument("--audio-ffn-hidden-size", type=int, default=None)
+    g.add_argument("--audio-num-mel-bins", type=int, default=80)
+    g.add_argument("--audio-max-source-positions", type=int, default=1500,
+                   help="encoder frames after the stride-2 convolution; clips are padded to "
+                        "twice this many 10 ms mel frames (Whisper: 1500 = 30 s) and longer "
+                        "clips are refused")
+    g.add_argument("--audio-pool-stride", type=int, default=1,
+                   help="average-pool encoder frames by this factor (Qwen2-Audio: 2)")
+    g.add_argument("--audio-norm-epsilon", type=float, default=1e-5)
+    g.add_argument("--audio-projector-type", choices=["mlp", "affine"], default=None,
+                   help="default: --projector-type")
+    g.add_argument("--audio-token-id", type=int, default=None,
+                   help="the audio placeholder's token id (default: the tokenizer's own)")
+
     g = p.add_argument_group("freezing")
     g.add_argument("--freeze-LM", action="store_true")
     g.add_argument("--freeze-ViT", action="store_true")
+    g.add_argument("--freeze-audio", action="store_true",
+                   help="freeze the audio encoder (its projector: --freeze-projector)")
     g.add_argument("--freeze-projector", action="store_true")
 
 
@@ -292,6 +316,9 @@ CHECKPOINT_FLAGS = (
     "vision_num_layers", "vision_num_attention_heads", "vision_ffn_hidden_size",
     "vision_feature_layer", "vision_norm_epsilon", "img_h", "img_w", "patch_dim",
     "disable_vision_class_token", "projector_type", "projector_ffn_hidden_size",
+    "audio_model_type", "audio_hidden_size", "audio_num_layers", "audio_num_attention_heads",
+    "audio_ffn_hidden_size", "audio_num_mel_bins", "audio_max_source_positions",
+    "audio_pool_stride", "audio_norm_epsilon", "audio_projector_type", "audio_token_id",
     "image_token_id", "tokenizer_type", "tokenizer_model", "image_processor_config",
 )
 # Saved relative to the checkpoint directory (files the converter put there).
@@ -379,13 +406,33 @@ def model_config_from_args(args: argparse.Namespace) -> MultimodalModelConfig:
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
     )
     encoders = {} if vision is None else {"vision": vision}
+    projectors = {name: ProjectorConfig(args.projector_type, args.projector_ffn_hidden_size)
+                  for name in encoders}
+    if args.audio_model_type != "none":
+        encoders["audio"] = AudioEncoderConfig(
+            model_type=args.audio_model_type,
+            hidden_size=args.audio_hidden_size,
+            num_layers=args.audio_num_layers,
+            num_attention_heads=args.audio_num_attention_heads,
+            ffn_hidden_size=args.audio_ffn_hidden_size,
+            num_mel_bins=args.audio_num_mel_bins,
+            max_source_positions=args.audio_max_source_positions,
+            pool_stride=args.audio_pool_stride,
+            layernorm_epsilon=args.audio_norm_epsilon,
+        )
+        projectors["audio"] = ProjectorConfig(args.audio_projector_type or args.projector_type,
+                                              args.projector_ffn_hidden_size)
+    if args.freeze_ViT and "vision" not in encoders:
+        raise ConfigError("--freeze-ViT needs a vision encoder (--vision-model-type)")
+    if args.freeze_audio and "audio" not in encoders:
+        raise ConfigError("--freeze-audio needs an audio encoder (--audio-model-type whisper)")
+    frozen = {"vision"} & set(encoders) if args.freeze_ViT else set()
+    if args.freeze_audio:
+        frozen.add("audio")
     freeze = FreezeConfig(
         language_model=args.freeze_LM,
-        encoders=set(encoders) if args.freeze_ViT else set(),
+        encoders=frozen,
         projectors=set(encoders) if args.freeze_projector else set(),
     )
     return MultimodalModelConfig(
-        encoders=encoders,
-        projectors={name: ProjectorConfig(args.projector_type, args.projector_ffn_hidden_size)
-                    for name in encoders},
-        language=language, freeze=freeze)
+        encoders=encoders, projectors=projectors, language=language, freeze=freeze)

@@ -32,13 +32,15 @@ from ..data import (
     collate,
     prepare_digits,
 )
+from ..data.audio import AudioProcessorConfig, ClipTokenCount
+from ..data.spoken_digits import prepare_spoken_digits
 from ..models import BuildSettings, MultimodalModel, build_model
-from ..models.multimodal import MediaMismatchError
+from ..models.multimodal import ENCODER_MODALITY, MediaMismatchError
 from ..models.specs import default_transformer_impl
 from .balanced_data import balanced_batch_iterator
 from .checkpointing import CheckpointError, load_checkpoint, save_checkpoint, saved_args
 from .evaluation import answer_accuracy, evaluate_loss
-from .initialize import initialize_distributed, set_random_seed
+from .initialize import device, initialize_distributed, set_random_seed
 from .pipeline_plan import describe_plan, plan_pipeline
 from .step import TokenCounter, train_step
 
@@ -70,13 +72,26 @@ def build_settings(args, placements=None) -> BuildSettings:
 
 
 def data_paths(args) -> tuple[str, str]:
-    if args.data_path is None:
+    if args.data_path is None:  # built-in data: digits, or spoken + written digits with audio
         cache = args.data_cache_path or os.path.join(os.path.expanduser("~"), ".cache",
                                                      "megatron_mm")
-        out = os.path.join(cache, "digits")
+        audio = "audio" in args.model_config.encoders
+        out = os.path.join(cache, "spoken_digits" if audio else "digits")
         if torch.distributed.get_rank() == 0:
-            prepare_digits(out)
-        torch.distributed.barrier()
+            try:
+                (prepare_spoken_digits if audio else prepare_digits)(out)
+            except FileNotFoundError as e:  # no espeak-ng: every rank must stop, not hang
+                error = e
+            else:
+                error = None
+        else:
+            error = None
+        failed = torch.tensor([int(error is not None)], device=device())
+        torch.distributed.all_reduce(failed)
+        if error is not None:
+            raise error
+        if failed.item():
+            raise FileNotFoundError("the built-in data could not be prepared (see rank 0)")
         return os.path.join(out, "train.jsonl"), os.path.join(out, "valid.jsonl")
     if os.path.isdir(args.data_path):
         train = os.path.join(args.data_path, "train.jsonl")
@@ -97,12 +112,32 @@ def image_processor_config(args) -> ImageProcessorConfig:
     return ImageProcessorConfig(image_size=args.img_h)
 
 
+def audio_processor_config(args) -> Optional[AudioProcessorConfig]:
+    enc = args.model_config.encoders.get("audio")
+    if enc is None:
+        return None
+    return AudioProcessorConfig(num_mel_bins=enc.num_mel_bins, max_frames=enc.max_frames)
+
+
+def media_token_counts(args) -> dict:
+    """Placeholder tokens per item: fixed for images, from each clip's length for audio."""
+    counts = {}
+    for name, enc in args.model_config.encoders.items():
+        modality = ENCODER_MODALITY[enc.model_type]
+        if modality == "audio":
+            counts[modality] = ClipTokenCount(audio_processor_config(args), enc.output_tokens)
+        else:
+            counts[modality] = enc.num_output_tokens
+    return counts
+
+
 def build_datasets(args, tokenizer):
-    counts = {"image": enc.num_output_tokens
-              for name, enc in args.model_config.encoders.items()}
+    counts = media_token_counts(args)
     image_cfg = image_processor_config(args)
+    audio_cfg = audio_processor_config(args)
     train, valid = data_paths(args)
-    return tuple(MultimodalDataset(p, tokenizer, counts, image_cfg, max_seq_length=args.seq_length)
+    return tuple(MultimodalDataset(p, tokenizer, counts, image_cfg, max_seq_length=args.seq_length,
+                                   audio_cfg=audio_cfg)
                  for p in (train, valid))
 
 
@@ -145,7 +180,8 @@ def build_model_chunks(args, tokenizer) -> List[MultimodalModel]:
     for vp in range(vpp) if vpp else [None]:
         chunks.append(build_model(
             args.model_config, settings,
-            {"image": tokenizer.media_token_id("image")} if args.model_config.encoders else {},
+            {ENCODER_MODALITY[enc.model_type]: tokenizer.media_token_id(
+                ENCODER_MODALITY[enc.model_type]) for enc in args.model_config.encoders.values()},
             placement=placements[(vp or 0) * pp + rank], vp_stage=vp))
         if torch.cuda.is_available():  # as Megatron-LM's get_model: host-built modules too
             chunks[-1].cuda(torch.cuda.current_device())
@@ -238,7 +274,8 @@ def setup_training(args) -> TrainingSetup:
     initialize_distributed(args)
     set_random_seed(args.seed)
     tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model,
-                                image_token_id=args.image_token_id)
+                                image_token_id=args.image_token_id,
+                                audio_token_id=args.audio_token_id)
     lm = args.model_config.language
     lm.vocab_size = tokenizer.vocab_size
     if args.load:  # keep the checkpoint's vocabulary padding, whatever TP it was saved at

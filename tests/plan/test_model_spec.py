@@ -24,3 +24,33 @@ def test_from_config():
     chain = build_chain(spec, Workload(seq_length=64))
     assert [l.kind for l in chain].count("vision_layer") == 3
     assert [l.total_flops / l.fwd_flops for l in chain if l.kind == "vision_layer"] == [1.0] * 3
+
+
+def test_from_config_with_vision_and_audio():
+    from megatron_mm.config import AudioEncoderConfig
+    from megatron_mm.plan.placement import chunk_placements
+    from megatron_mm.plan.partition import partition
+
+    config = MultimodalModelConfig(
+        encoders={"vision": VisionEncoderConfig(hidden_size=64, num_layers=2, img_h=16,
+                                                img_w=16, patch_dim=4),
+                  "audio": AudioEncoderConfig(hidden_size=64, num_layers=3,
+                                              max_source_positions=50, pool_stride=2)},
+        language=LanguageModelConfig(vocab_size=1000, hidden_size=128, num_layers=2,
+                                     num_attention_heads=4),
+        freeze=FreezeConfig(encoders={"audio"}))
+    spec = ModelSpec.from_config(config)
+    audio = spec.encoders[1]
+    assert (audio.name, audio.modality) == ("audio", "audio")
+    assert (audio.tokens_per_item, audio.llm_tokens_per_item) == (50, 25)
+    assert spec.media_tokens_per_sample == 17 + 25
+    chain = build_chain(spec, Workload(seq_length=64))
+    kinds = [l.kind for l in chain]
+    assert kinds.count("audio_layer") == 3 and kinds.count("audio_embed") == 1
+    # frozen audio: forward only (nothing trainable upstream in its own branch)
+    assert all(l.bwd_flops == 0 for l in chain if l.branch == "audio" and l.kind != "projector")
+    # both encoders are one stream of work for the partitioner: a cut may fall in either
+    part = partition(chain, 2, 1, [8, len(chain) - 8])  # ... audio embed, audio 0-1 | ...
+    first, second = chunk_placements(chain, part)
+    assert first.sends_encoder == "audio" and second.receives_encoder == "audio"
+    assert first.encoder("audio").layers == [0, 2] and second.encoder("audio").layers == [2, 3]

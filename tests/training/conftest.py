@@ -9,3 +9,11 @@ def digits_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("digits")
     prepare_digits(out)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def audio_digits_dir(tmp_path_factory):
+    """Images and tones of different lengths, for the two-encoder training tests."""
+    from audio_data import write_audio_digits
+
+    return write_audio_digits(str(tmp_path_factory.mktemp("audio_digits")))

@@ -1,0 +1,92 @@
+"""A Whisper-style audio encoder on Megatron-Core's TransformerBlock.
+
+Whisper's encoder (``conv1``, ``conv2``, sinusoidal positions, pre-norm layers, final
+``ln_post``), with Qwen2-Audio's optional average pooling of frames before the final norm.
+Parameter names follow the ViT (``models/vision.py``) so both encoders checkpoint, split
+over pipeline stages and convert the same way. The convolutions are small and replicated
+across tensor-parallel ranks, like the ViT's patch convolution; the layers are Megatron's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+from megatron.core.transformer.transformer_block import TransformerBlock
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from ..config import AudioEncoderConfig
+
+
+def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
+    """Whisper's fixed position table [length, channels]: sin half, then cos half."""
+    step = math.log(max_timescale) / (channels // 2 - 1)
+    inv = torch.exp(-step * torch.arange(channels // 2, dtype=torch.float32))
+    scaled = torch.arange(length, dtype=torch.float32)[:, None] * inv[None, :]
+    return torch.cat([torch.sin(scaled), torch.cos(scaled)], dim=1)
+
+
+class AudioEncoder(MegatronModule):
+    """The encoder, or the part one pipeline chunk holds: the convolution stem and positions
+    (``embed``), a range of transformer layers (``build_layers``), and pooling plus the
+    output norm (``post``)."""
+
+    def __init__(self, config: TransformerConfig, encoder: AudioEncoderConfig,
+                 layer_spec: ModuleSpec, norm_impl: type, embed: bool = True,
+                 build_layers: bool = True, post: bool = True, vp_stage=None):
+        super().__init__(config=config)
+        self.encoder_config = encoder
+        hidden = encoder.hidden_size
+        self.seq_length = encoder.seq_length
+        self.has_embed = embed
+        if embed:
+            dtype = config.params_dtype
+            self.conv1 = torch.nn.Conv1d(encoder.num_mel_bins, hidden, kernel_size=3,
+                                         padding=1, dtype=dtype)
+            self.conv2 = torch.nn.Conv1d(hidden, hidden, kernel_size=3, stride=2, padding=1,
+                                         dtype=dtype)
+            # Not learned (Whisper's are frozen): a buffer, but checkpointed and converted,
+            # since a checkpoint's table need not be exactly these sinusoids.
+            self.register_buffer("position_embeddings",
+                                 sinusoids(self.seq_length, hidden).to(dtype))
+        self.decoder = (TransformerBlock(config=config, spec=layer_spec, pre_process=True,
+                                         post_process=False, vp_stage=vp_stage)
+                        if build_layers else None)
+        self.has_post = post
+        self.ln_post = (build_module(norm_impl, config=config, hidden_size=hidden,
+                                     eps=config.layernorm_epsilon) if post else None)
+
+    def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
+        """Unused: the multimodal model hands each part its input explicitly."""
+
+    def embed(self, mels: torch.Tensor) -> torch.Tensor:
+        """[N, mel bins, 2 * max_source_positions] log-mel -> [T, N, hidden]."""
+        enc = self.encoder_config
+        if mels.shape[1:] != (enc.num_mel_bins, enc.max_frames):
+            raise ValueError(f"audio features must be [N, {enc.num_mel_bins}, {enc.max_frames}] "
+                             f"(mel bins, padded frames), got {list(mels.shape)}")
+        x = F.gelu(self.conv1(mels.to(self.conv1.weight.dtype)))
+        x = F.gelu(self.conv2(x))  # [N, hidden, T]
+        x = x.transpose(1, 2) + self.position_embeddings.unsqueeze(0)
+        return x.transpose(0, 1).contiguous()
+
+    def layers(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.decoder is None:
+            return hidden
+        return self.decoder(hidden, attention_mask=None)
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[T, N, hidden] -> [N, T // pool_stride, hidden]: pooled, then normed
+        (Qwen2-Audio's order; without pooling it is Whisper's final norm)."""
+        x = hidden.transpose(0, 1)
+        stride = self.encoder_config.pool_stride
+        if stride > 1:
+            x = F.avg_pool1d(x.transpose(1, 2), stride, stride).transpose(1, 2)
+        return self.ln_post(x).contiguous()
+
+    def forward(self, mels: torch.Tensor) -> torch.Tensor:
+        """The whole encoder: [N, mel bins, frames] -> [N, T', hidden] features."""
+        return self.features(self.layers(self.embed(mels)))
