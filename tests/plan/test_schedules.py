@@ -1,0 +1,59 @@
+"""Schedules as data: generators pass the validator, broken schedules are named, and the
+simulator reproduces the textbook 1F1B bubble."""
+
+import json
+
+import pytest
+
+from megatron_mm.plan import PlanError
+from megatron_mm.plan.actions import Action, Schedule, validate
+from megatron_mm.plan.generate import coarse, llm_order, megatron
+from megatron_mm.plan.simulate import ActionCosts, simulate
+
+
+@pytest.mark.parametrize("pp, vpp, m", [(2, 1, 4), (4, 1, 8), (2, 2, 4), (4, 2, 8), (4, 1, 2)])
+def test_megatron_schedules_are_valid(pp, vpp, m):
+    validate(megatron(pp, vpp, m))
+
+
+@pytest.mark.parametrize("pp, vpp, stages, trainable", [
+    (2, 1, 2, True), (4, 1, 4, False), (4, 2, 2, True), (2, 2, 1, False)])
+def test_coarse_schedules_are_valid(pp, vpp, stages, trainable):
+    validate(coarse(pp, vpp, 2 * pp, trainable, stages))
+
+
+def test_megatron_1f1b_order_on_the_first_rank():
+    # PP=2: one warm-up forward, then 1F1B, then the last backward
+    assert [str(a.kind) + str(a.microbatch) for a in llm_order(2, 1, 3, 0)] == [
+        "F0", "F1", "B0", "F2", "B1", "B2"]
+
+
+def test_simulated_1f1b_has_the_textbook_bubble():
+    # equal stages (forward 1 s, backward 2 s): (M + PP - 1) x 3 s
+    pp, m = 4, 8
+    sim = simulate(megatron(pp, 1, m), ActionCosts([1.0] * pp, [2.0] * pp))
+    assert sim.iteration_s == pytest.approx((m + pp - 1) * 3.0)
+    assert sim.bubble_fraction == pytest.approx((pp - 1) / (m + pp - 1))
+    assert all(b == pytest.approx(m * 3.0) for b in sim.busy_s)
+    interleaved = simulate(megatron(pp, 2, m), ActionCosts([0.5] * 8, [1.0] * 8))
+    assert interleaved.iteration_s < sim.iteration_s  # VPP shrinks the bubble
+    trace = sim.chrome_trace()
+    assert len([e for e in trace["traceEvents"] if e["ph"] == "X"]) == 2 * pp * m
+    json.dumps(trace)
+
+
+def test_broken_schedules_name_the_problem():
+    good = megatron(2, 1, 2)
+    swapped = Schedule.from_dict(good.to_dict())
+    swapped.ranks[1] = [Action("B", 0, 1), Action("F", 0, 1)] + swapped.ranks[1][2:]
+    with pytest.raises(PlanError, match=r"rank 1 waits in B\(micro-batch 0, chunk 1\) for "
+                                        r"F\(micro-batch 0, chunk 1\)"):
+        validate(swapped)
+    missing = Schedule.from_dict(good.to_dict())
+    missing.ranks[0] = missing.ranks[0][:-1]
+    with pytest.raises(PlanError, match=r"never runs B\(micro-batch 1, chunk 0\)"):
+        validate(missing)
+    frozen = coarse(2, 1, 2, encoder_trainable=False)
+    frozen.ranks[0].append(Action("EB", 0, 0))
+    with pytest.raises(PlanError, match="a frozen encoder has no backward"):
+        validate(frozen)
