@@ -13,7 +13,7 @@ A frozen ViT, a trainable projector and a frozen LLM (Cornstarch's setting). Ste
    ``forward-compute`` + ``backward-compute`` timers), max/mean, the cost model's
    prediction from the profile and its error, and the iteration-time ratio.
 
-Every process runs one thread (two ranks on two cores); micro-batches are loaded before
+Every process runs one thread pinned to its own core; micro-batches are loaded before
 timing so the stages' busy time is model work. Times are medians over iterations and
 rounds.
 """
@@ -57,6 +57,8 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     from megatron.core.timers import Timers
 
     torch.set_num_threads(1)
+    # each rank on its own core: a stage waiting for its neighbour is idle, not sharing
+    os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % os.cpu_count()})
     args = parse_args(argv)
     run = setup_training(args)
     source = batch_iterator(args, run.train_ds, run.tokenizer, 0, shuffle=True)
@@ -143,7 +145,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def report(results: dict, profile: str) -> None:
     print("PP=2, frozen ViT (16 layers) + trainable projector + frozen LLM (8 layers), "
-          "8 micro-batches of 4 per iteration, 1 thread per rank; busy = Megatron-Core's "
+          "8 micro-batches of 4 per iteration, 1 thread per rank, one core each; busy = Megatron-Core's "
           "forward-compute + backward-compute per iteration")
     print("| partition | layers per stage | stage 0 busy s | stage 1 busy s | max/mean | "
           "predicted stage 0 / 1 s | prediction error 0 / 1 | iteration s | "
