@@ -57,3 +57,21 @@ def test_broken_schedules_name_the_problem():
     frozen.ranks[0].append(Action("EB", 0, 0))
     with pytest.raises(PlanError, match="a frozen encoder has no backward"):
         validate(frozen)
+
+
+def test_simulate_schedule_tool(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[2] / "tools" / "simulate_schedule.py"
+    proc = subprocess.run([sys.executable, str(tool), "--encoder-forward", "2",
+                           "--encoder-backward", "4", "--trace-out", str(tmp_path / "t.json"),
+                           "--png-out", str(tmp_path / "t.png")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    # the encoder on stage 0 makes it the bottleneck: (2 + 4 + 3) x 8 micro-batches
+    assert "| megatron | 72.00 | 0.500 |" in proc.stdout
+    assert "| coarse | 45.00 | 0.200 |" in proc.stdout
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"

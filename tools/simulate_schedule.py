@@ -1,0 +1,118 @@
+"""Replay pipeline schedules on per-action costs; write the timeline as a Chrome trace and
+a PNG, print iteration time, busy and idle time per rank and the bubble fraction.
+
+    python tools/simulate_schedule.py --pipeline-model-parallel-size 4 \
+        --num-microbatches 8 --encoder-forward 2 --encoder-backward 4 --trace-out t.json \
+        --png-out t.png
+
+Costs are per micro-batch, in any unit: an LLM chunk's forward and backward (every chunk
+alike), and the whole encoder's forward and backward. ``megatron`` puts the encoder inside
+chunk 0; ``coarse`` splits it evenly over the ranks as its own pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Optional, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megatron_mm.plan import PlanError  # noqa: E402
+from megatron_mm.plan.actions import validate  # noqa: E402
+from megatron_mm.plan.generate import coarse, megatron  # noqa: E402
+from megatron_mm.plan.simulate import ActionCosts, Simulation, simulate  # noqa: E402
+
+COLOURS = {"F": (66, 133, 244), "B": (25, 80, 170), "EF": (251, 188, 5), "EB": (219, 120, 0)}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pipeline-model-parallel-size", type=int, default=4)
+    p.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=1)
+    p.add_argument("--num-microbatches", type=int, default=8)
+    p.add_argument("--llm-forward", type=float, default=1.0, help="per chunk")
+    p.add_argument("--llm-backward", type=float, default=2.0, help="per chunk")
+    p.add_argument("--encoder-forward", type=float, default=0.0, help="whole encoder")
+    p.add_argument("--encoder-backward", type=float, default=0.0,
+                   help="whole encoder; 0: frozen")
+    p.add_argument("--p2p", type=float, default=0.0, help="per transfer between ranks")
+    p.add_argument("--trace-out", default=None, help="Chrome trace (JSON) of every schedule")
+    p.add_argument("--png-out", default=None, help="timeline PNG of every schedule")
+    args = p.parse_args(argv)
+    pp, vpp, m = (args.pipeline_model_parallel_size,
+                  args.virtual_pipeline_model_parallel_size, args.num_microbatches)
+    chunks = pp * vpp
+    trainable = args.encoder_backward > 0
+    try:
+        baseline = megatron(pp, vpp, m)
+        first = ActionCosts([args.llm_forward + args.encoder_forward * (c == 0)
+                             for c in range(chunks)],
+                            [args.llm_backward + args.encoder_backward * (c == 0)
+                             for c in range(chunks)], p2p_s=args.p2p)
+        spread = coarse(pp, vpp, m, trainable)
+        split = ActionCosts([args.llm_forward] * chunks, [args.llm_backward] * chunks,
+                            [args.encoder_forward / pp] * pp,
+                            [args.encoder_backward / pp] * pp, p2p_s=args.p2p)
+        runs = []
+        for schedule, costs in ((baseline, first), (spread, split)):
+            validate(schedule)
+            runs.append(simulate(schedule, costs))
+    except PlanError as e:
+        p.error(str(e))
+    print(f"PP {pp} x VPP {vpp}, {m} micro-batches; LLM chunk F {args.llm_forward} "
+          f"B {args.llm_backward}; encoder F {args.encoder_forward} B {args.encoder_backward}")
+    print("| schedule | iteration | bubble fraction | busy per rank | idle per rank |")
+    print("| --- | --- | --- | --- | --- |")
+    for sim in runs:
+        print(f"| {sim.schedule} | {sim.iteration_s:.2f} | {sim.bubble_fraction:.3f} | "
+              f"{', '.join(f'{b:.1f}' for b in sim.busy_s)} | "
+              f"{', '.join(f'{i:.1f}' for i in sim.idle_s)} |")
+    if args.trace_out:
+        events = []
+        for pid, sim in enumerate(runs):
+            trace = sim.chrome_trace()["traceEvents"]
+            events += [dict(e, pid=pid) for e in trace]
+            events.append({"name": "process_name", "ph": "M", "pid": pid,
+                           "args": {"name": sim.schedule}})
+        with open(args.trace_out, "w") as f:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+    if args.png_out:
+        write_png(runs, args.png_out)
+    return 0
+
+
+def write_png(runs, path: str, width: int = 1200, row: int = 28) -> None:
+    """Ranks as rows per schedule, LLM work blue, encoder work orange, bubbles white."""
+    from PIL import Image, ImageDraw
+
+    ranks = len(runs[0].busy_s)
+    longest = max(sim.iteration_s for sim in runs)
+    left, header = 110, 22
+    height = sum(header + ranks * row + 10 for _ in runs)
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    scale = (width - left - 10) / longest
+    y = 0
+    for sim in runs:
+        draw.text((4, y + 4), f"{sim.schedule}: {sim.iteration_s:.2f}, bubble "
+                              f"{sim.bubble_fraction:.0%}", fill="black")
+        y += header
+        for r in range(ranks):
+            draw.text((4, y + r * row + 8), f"rank {r}", fill="black")
+            draw.rectangle([left, y + r * row + 2, left + longest * scale,
+                            y + (r + 1) * row - 2], outline=(200, 200, 200))
+        for t in sim.timeline:
+            x0, x1 = left + t.start_s * scale, left + t.end_s * scale
+            top = y + t.rank * row + 2
+            draw.rectangle([x0, top, max(x0 + 1, x1 - 1), top + row - 4], fill=COLOURS[t.kind])
+            if x1 - x0 > 18:
+                draw.text((x0 + 3, top + 6), f"{t.kind}{t.microbatch}", fill="white")
+        y += ranks * row + 10
+    image.save(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
