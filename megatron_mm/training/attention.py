@@ -29,15 +29,18 @@ class AttentionSettings:
         return cls(media, args.media_attention, args.context_parallel_size,
                    args.context_parallel_assignment, args.context_parallel_block)
 
-    def mask_for(self, batch: dict) -> Union[None, torch.Tensor, ContextParallelMask]:
+    def mask_for(self, batch: dict,
+                 split: bool = True) -> Union[None, torch.Tensor, ContextParallelMask]:
         """What the model takes as ``attention_mask`` for ``batch`` (already on device):
         today's mask (None = causal, or the packed block-diagonal one) when neither option
-        is on, else the multimodal mask, dense or for this CP rank."""
-        if self.context_parallel_size == 1 and self.media_attention == "causal":
+        is on, else the multimodal mask: for this CP rank, or dense (``split=False``, or
+        no context parallelism)."""
+        cp = self.context_parallel_size if split else 1
+        if cp == 1 and self.media_attention == "causal":
             return batch.get("attention_mask")
         tokens = batch["tokens"]
         codes = batch_codes(tokens, self.media_tokens, doc_ids(batch), self.media_attention)
-        if self.context_parallel_size == 1:
+        if cp == 1:
             return dense_mask(codes, tokens.device)
         return context_parallel_mask(
             codes, self.context_parallel_size, parallel_state.get_context_parallel_rank(),

@@ -56,7 +56,10 @@ def reference(mixed_dir, tmp_path_factory):
     """One initial checkpoint (pipeline stages draw their own init streams) and the
     one-process run from it, shared by every layout."""
     init = tmp_path_factory.mktemp("init")
-    common = TINY_MODEL + ["--data-path", mixed_dir, "--micro-batch-size", "4",
+    # With the final evaluation: validation loss (split like training) and greedy answers
+    # (every CP rank decodes the whole prompt under the same mask) must match too.
+    model = [a for a in TINY_MODEL if a != "--skip-final-eval"]
+    common = model + ["--data-path", mixed_dir, "--micro-batch-size", "4",
                            "--global-batch-size", "8", *CP_FLAGS]
     run_distributed(train, 1, common + ["--train-iters", "0", "--save", str(init)])
     argv = common + ["--train-iters", str(STEPS), "--load", str(init), "--no-load-optim"]
@@ -79,6 +82,9 @@ def test_context_parallel_equals_one_process(reference, world, layout):
     stages = ranks[:: world // pp]  # TP and CP rank 0 of each stage
     for it in range(1, STEPS + 1):
         assert stages[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    last = stages[-1]
+    assert last["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-5)
+    assert last["val_accuracy"] == ref["val_accuracy"]
     for it in (1, STEPS):
         ours = {}
         for stage in stages:
