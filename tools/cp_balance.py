@@ -5,6 +5,7 @@ packed documents mixing these) and sequence length, prints max / mean attention 
 CP rank (work = attention tiles of block x block tokens the rank's queries compute) for the
 contiguous, zigzag, LPT and our (LPT + local search) assignments: the worst over
 ``--seeds`` random masks of each family, so one lucky mask does not hide a bad one.
+``bound`` is the lower bound of any block assignment (the heaviest block, or the mean).
 
     python tools/cp_balance.py --context-parallel-size 8 --seq-lengths 16384 32768 65536
 
@@ -20,7 +21,7 @@ from typing import List, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from megatron_mm.plan.cp_assignment import METHODS, assign_tokens  # noqa: E402
+from megatron_mm.plan.cp_assignment import METHODS, assign_tokens, block_loads  # noqa: E402
 from megatron_mm.plan.mask_families import FAMILIES, family_codes  # noqa: E402
 
 
@@ -39,12 +40,16 @@ def table(cp: int, lengths: Sequence[int], block: int, families: Sequence[str],
     rows = []
     for family in families:
         for s in lengths:
-            worst = {m: 1.0 for m in METHODS}
+            worst = {m: 1.0 for m in METHODS + ("bound",)}
             for seed in range(seeds):
                 codes = family_codes(family, s, seed)
                 for m in METHODS:
                     a = assign_tokens(codes, cp, m, block=block)
                     worst[m] = max(worst[m], a.imbalance("attention"))
+                # No assignment of whole blocks beats its heaviest block.
+                tiles, _ = block_loads(codes, block)
+                mean = tiles.sum() / cp
+                worst["bound"] = max(worst["bound"], max(tiles.max(), mean) / mean)
             rows.append({"family": family, "seq_length": s, **worst})
     return rows
 
@@ -58,10 +63,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  args.families, args.seeds)
     print(f"max/mean attention work per rank, {args.context_parallel_size} ranks, "
           f"block {args.context_parallel_block}, worst of {args.seeds} masks")
-    print(f"{'family':<18}{'seq':>7}" + "".join(f"{m:>12}" for m in METHODS))
+    columns = METHODS + ("bound",)
+    print(f"{'family':<18}{'seq':>7}" + "".join(f"{m:>12}" for m in columns))
     for r in rows:
         print(f"{r['family']:<18}{r['seq_length']:>7}"
-              + "".join(f"{r[m]:>12.3f}" for m in METHODS))
+              + "".join(f"{r[m]:>12.3f}" for m in columns))
     return 0
 
 

@@ -8,7 +8,9 @@ term per token (``linear_weight`` tiles per full block). Methods:
 - ``zigzag``: 2P runs, rank r takes runs r and 2P-1-r (Megatron-Core's causal split);
 - ``lpt``: heaviest block first to the least-loaded rank (Graham: within 4/3 of optimal);
 - ``ours``: LPT, then a local search that moves or swaps blocks between the most-loaded
-  rank and any other while that lowers the larger of the two loads.
+  rank and any other while that lowers the larger of the two loads; with few blocks
+  (<= ``EXACT_MAX_BLOCKS``, where one block is a large share of a rank and both
+  heuristics can be far off) a branch-and-bound search for the optimum, from there.
 
 Ranks end up with different token counts; each rank's tokens are sorted, and their
 positions stay global (RoPE and the mask are evaluated at global positions). A micro-batch
@@ -29,6 +31,8 @@ from .errors import PlanError
 from .record import Record
 
 METHODS = ("contiguous", "zigzag", "lpt", "ours")
+EXACT_MAX_BLOCKS = 32
+EXACT_NODE_LIMIT = 5_000  # runs per micro-batch: keeps its best so far when it runs out
 
 
 @dataclass
@@ -154,8 +158,46 @@ def refine(load: np.ndarray, owner: np.ndarray, p: int, max_rounds: int = 10000)
     return owner
 
 
+def exact(load: np.ndarray, owner: np.ndarray, p: int,
+          node_limit: int = EXACT_NODE_LIMIT) -> np.ndarray:
+    """Branch and bound on the makespan from the incumbent ``owner``: blocks heaviest
+    first, each to a rank (ranks of equal load tried once); a branch is cut when its
+    current maximum or the perfect split of what is left cannot beat the incumbent."""
+    order = sorted(range(len(load)), key=lambda i: (-load[i], i))
+    w = [float(load[i]) for i in order]
+    rest = np.concatenate([np.cumsum(w[::-1])[::-1], [0.0]])
+    best = [max(load[owner == r].sum() for r in range(p)), owner.copy()]
+    totals, chosen, nodes = [0.0] * p, [0] * len(w), [0]
+
+    def search(k: int, top: float) -> None:
+        nodes[0] += 1
+        if nodes[0] > node_limit:
+            return
+        if k == len(w):
+            if top < best[0] - 1e-9:
+                best[0] = top
+                best[1] = np.empty(len(load), np.int64)
+                best[1][order] = chosen
+            return
+        if max(top, (sum(totals) + rest[k]) / p) >= best[0] - 1e-9:
+            return
+        tried = set()
+        for r in sorted(range(p), key=lambda r: totals[r]):
+            if totals[r] in tried or totals[r] + w[k] >= best[0] - 1e-9:
+                continue
+            tried.add(totals[r])
+            totals[r] += w[k]
+            chosen[k] = r
+            search(k + 1, max(top, totals[r]))
+            totals[r] -= w[k]
+
+    search(0, 0.0)
+    return best[1]
+
+
 def ours(load: np.ndarray, p: int) -> np.ndarray:
-    return refine(load, lpt(load, p), p)
+    owner = refine(load, lpt(load, p), p)
+    return exact(load, owner, p) if len(load) <= EXACT_MAX_BLOCKS else owner
 
 
 def _runs_owner(n: int, runs: int, owners: List[int]) -> np.ndarray:

@@ -74,3 +74,20 @@ def test_record_round_trip_and_bad_method():
     assert CPAssignment.from_json(a.to_json()) == a
     with pytest.raises(PlanError, match="--context-parallel-assignment"):
         assign_tokens(family_codes("causal", 64), 2, "random")
+
+
+def test_exact_search_finds_the_optimum_on_few_blocks():
+    # 7 blocks on 3 ranks: the makespan equals brute force over all 3^7 assignments.
+    import itertools
+
+    from megatron_mm.plan.cp_assignment import exact, ours
+
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        load = rng.integers(1, 20, size=7).astype(float)
+        best = min(max(sum(load[i] for i in range(7) if a[i] == r) for r in range(3))
+                   for a in itertools.product(range(3), repeat=7))
+        owner = ours(load, 3)
+        assert max(load[owner == r].sum() for r in range(3)) == best
+        from_lpt = exact(load, lpt(load, 3), 3)
+        assert max(load[from_lpt == r].sum() for r in range(3)) == best
