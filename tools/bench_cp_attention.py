@@ -5,9 +5,9 @@
 Four ranks (one thread each) run ``ContextParallelAttention`` on one mask of ``--family``
 for each token assignment (contiguous, zigzag, LPT, ours). K and V are all-gathered once
 outside the timed region; each rank then times its own attention work, forward and
-backward over its query runs (what the plan's tiles count), median over ``--iters``, with
-a barrier before every iteration. Prints per rank the planned tiles and the measured
-milliseconds, and max/mean of both.
+backward over its query runs (what the plan's tiles count), median over ``--iters``, the
+ranks taking turns so that each timing has a core to itself. Prints per rank the planned
+tiles, tokens and measured milliseconds, and max/mean of planned and measured.
 """
 
 from __future__ import annotations
@@ -63,22 +63,30 @@ def _worker(rank, args, port, out_dir):
     codes = family_codes(args.family, s, args.seed)[None]
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(s, 1, h, d, generator=g) for _ in range(3))
-    lines = []
+    inputs = {}
     for method in METHODS:
         cpm = context_parallel_mask(codes, args.context_parallel_size, rank, method,
                                     args.context_parallel_block, group, "cpu")
-        ql = q[cpm.local].clone().requires_grad_()
         kf = _GatherSequence.apply(k[cpm.local], cpm.counts, cpm.order, group)
         vf = _GatherSequence.apply(v[cpm.local], cpm.counts, cpm.order, group)
-        kf, vf = kf.detach().requires_grad_(), vf.detach().requires_grad_()
-        times = []
-        for _ in range(args.iters + 1):
+        inputs[method] = (cpm, q[cpm.local].clone().requires_grad_(),
+                          kf.detach().requires_grad_(), vf.detach().requires_grad_())
+    # Ranks take turns (the others wait in a barrier), methods interleaved per round: on a
+    # machine with fewer cores than ranks, each timing then has a core to itself, and a
+    # drift in background load hits every method alike.
+    times = {m: [] for m in METHODS}
+    for _ in range(args.iters + 1):
+        for method in METHODS:
+            cpm, ql, kf, vf = inputs[method]
+            for turn in range(args.context_parallel_size):
+                torch.distributed.barrier()
+                if turn == rank:
+                    t0 = time.perf_counter()
+                    attn._runs(ql, kf, vf, cpm, 1).sum().backward()
+                    times[method].append(time.perf_counter() - t0)
             torch.distributed.barrier()
-            t0 = time.perf_counter()
-            out = attn._runs(ql, kf, vf, cpm, 1)
-            out.sum().backward()
-            times.append(time.perf_counter() - t0)
-        lines.append(f"{method} {len(cpm.local)} {statistics.median(times[1:]) * 1e3:.2f}")
+    lines = [f"{m} {len(inputs[m][0].local)} {statistics.median(times[m][1:]) * 1e3:.2f}"
+             for m in METHODS]
     Path(out_dir, f"{rank}.txt").write_text("\n".join(lines))
     torch.distributed.destroy_process_group()
 
