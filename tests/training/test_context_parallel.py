@@ -3,13 +3,15 @@ process from the same initial checkpoint: losses and gradients of CP=4, CP=2 x T
 CP=2 x PP=2 (CP=2 alone is their CP part, not run on its own), media attending
 bidirectionally inside each image, on data mixing one-image, two-image (adjacent items)
 and text-only samples; ranks hold unequal token counts, and batches too short to split
-run replicated."""
+run replicated. The CP=4 run also checks the CP attention itself against dense attention
+on every mask family, CP=2 and CP=4 (cp_attention_check), saving a launch of its own."""
 
 import json
 import os
 
 import pytest
 import torch
+from cp_attention_check import assert_attention_errors, check_attention
 from dist_harness import run_distributed
 from train_workers import TINY_MODEL, train
 
@@ -37,6 +39,13 @@ def mixed_dir(digits_dir, tmp_path_factory):
         with open(out / name, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in mixed)
     return str(out)
+
+
+def _watch_masks_and_check_attention(model, optimizer, holder):
+    """``_watch_masks``, and first the CP attention on every mask family, CP=2 and CP=4
+    (cp_attention_check) in this already running 4-rank world."""
+    holder["attention"] = check_attention(torch.distributed.get_rank())
+    _watch_masks(model, optimizer, holder)
 
 
 def _watch_masks(model, optimizer, holder):
@@ -79,7 +88,11 @@ CP2 = ["--context-parallel-size", "2"]
 ], ids=["cp4", "cp2-tp2", "cp2-pp2"])
 def test_context_parallel_equals_one_process(reference, world, layout, some_unsplit):
     argv, ref = reference
-    ranks = run_distributed(train, world, argv + layout, (1, STEPS), _watch_masks)
+    check = world == 4 and "4" in layout  # the CP=4 run hosts the attention check
+    ranks = run_distributed(train, world, argv + layout, (1, STEPS),
+                            _watch_masks_and_check_attention if check else _watch_masks)
+    if check:
+        assert_attention_errors([out["observed"]["attention"] for out in ranks])
     pp = 2 if "--pipeline-model-parallel-size" in layout else 1
     stages = ranks[:: world // pp]  # TP and CP rank 0 of each stage
     for it in range(1, STEPS + 1):

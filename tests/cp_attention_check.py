@@ -1,11 +1,11 @@
 """ContextParallelAttention against dense attention on the reference mask, for every mask
 family, CP=2 and CP=4 and each token assignment: outputs and the gradients of queries,
-keys and values (reduce-scattered back to each key's owner), in one 4-rank gloo world."""
+keys and values (reduce-scattered back to each key's owner). Runs inside a 4-rank world
+another test already launches (tests/training/test_context_parallel.py), so it costs no
+process start of its own; ``assert_attention_errors`` judges what it returns."""
 
 import numpy as np
-import pytest
 import torch
-from dist_harness import run_distributed
 
 FAMILIES = ("causal", "prefix_lm", "encoder_embedded", "packed")
 S, BLOCK, HEADS, GROUPS, DIM = 40, 4, 4, 2, 8
@@ -22,16 +22,14 @@ def _dense(q, k, v, codes):
     return torch.einsum("bhqk,kbhd->qbhd", probs, vv).reshape(q.shape[0], q.shape[1], -1)
 
 
-def _worker(rank):
-    from megatron.core import parallel_state
+def check_attention(rank: int) -> dict:
+    """Every rank of a 4-rank world (megatron-core state initialised) calls this."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from megatron_mm.models.context_parallel import context_parallel_mask
     from megatron_mm.models.cp_attention import ContextParallelAttention
     from megatron_mm.plan.mask_families import family_codes
 
-    torch.distributed.init_process_group("gloo")
-    parallel_state.initialize_model_parallel(1, 1)
     groups = {4: torch.distributed.new_group([0, 1, 2, 3]),
               2: [torch.distributed.new_group([0, 1]), torch.distributed.new_group([2, 3])]}
     config = TransformerConfig(num_layers=1, hidden_size=HEADS * DIM, num_attention_heads=HEADS,
@@ -71,8 +69,7 @@ def _worker(rank):
     return errors
 
 
-def test_cp_attention_matches_dense_reference():
-    ranks = run_distributed(_worker, 4)
+def assert_attention_errors(ranks: list) -> None:
     unequal = False
     for errors in ranks:
         for case, (err, counts, replicated) in errors.items():
