@@ -23,7 +23,8 @@ from megatron.core.transformer.module import MegatronModule
 
 from .context_parallel import ContextParallelMask, allowed
 
-# Key/value heads gathered at a time: bounds the gathered K/V of one step.
+# Key/value heads gathered at a time: bounds each all-gather's buffer. Autograd still keeps
+# every group's gathered K/V until backward (no re-gather in backward yet).
 KV_HEADS_PER_STEP = 2
 
 
