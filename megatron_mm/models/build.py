@@ -35,7 +35,8 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
     if placement is None:
         placement = whole_model_placement(config)
     lm = config.language
-    specs = get_layer_specs(settings.transformer_impl, qk_layernorm=lm.qk_layernorm)
+    specs = get_layer_specs(settings.transformer_impl, qk_layernorm=lm.qk_layernorm,
+                            context_parallel=settings.context_parallel_size > 1)
     language_model = GPTModel(
         config=language_transformer_config(lm, settings),
         transformer_layer_spec=specs.language_layer,

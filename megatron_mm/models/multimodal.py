@@ -19,6 +19,7 @@ from megatron.core.transformer.module import MegatronModule
 from ..config import MultimodalModelConfig
 from ..plan.placement import ChunkPlacement
 from .audio import AudioEncoder
+from .context_parallel import ContextParallelMask
 from .vision import VisionTransformer
 
 Encoder = Union[VisionTransformer, AudioEncoder]
@@ -66,6 +67,19 @@ class MultimodalModel(MegatronModule):
         self.post_process = language_model.post_process
         self.share_embeddings_and_output_weights = (
             language_model.share_embeddings_and_output_weights)
+        # With context parallelism a rank holds tokens from anywhere in the sequence: RoPE
+        # must rotate each at its global position, not at its offset in the local chunk.
+        self._rope_positions: Optional[torch.Tensor] = None
+        rotary = getattr(language_model, "rotary_pos_emb", None)
+        if rotary is not None:
+            rotary.cp_group = None  # no zigzag slicing: our positions are exact
+            rotary.register_forward_hook(self._rope_at_global_positions)
+
+    def _rope_at_global_positions(self, module, args, output):
+        pos = self._rope_positions
+        if pos is None:
+            return output
+        return module.get_emb(int(pos.max()) + 1)[pos.to(output.device)]
 
     def shared_embedding_or_output_weight(self):
         """For ``finalize_model_grads``: the tied weight whose grads meet across stages."""
@@ -228,8 +242,12 @@ class MultimodalModel(MegatronModule):
 
         With a ``loss_mask`` the output layer runs only where the loss is taken (answer
         tokens; not media or prompt), and the loss elsewhere is 0. ``attention_mask``
-        ([B, 1, S, S] bool, True = masked; None = causal) isolates packed samples.
+        ([B, 1, S, S] bool, True = masked; None = causal) isolates packed samples; a
+        ``ContextParallelMask`` instead runs this CP rank's tokens only: ``tokens``,
+        ``labels``, ``loss_mask`` and ``position_ids`` stay whole-sequence, the loss comes
+        back for the rank's tokens ([B, S_local], in ``attention_mask.local`` order).
         """
+        cpm = attention_mask if isinstance(attention_mask, ContextParallelMask) else None
         media = media or {}
         place = self.placement
         if place.llm_embed or place.encoders:
@@ -238,6 +256,14 @@ class MultimodalModel(MegatronModule):
                 return self.pack(hidden_in, encoder_hidden)
         else:
             hidden_in = self.input_tensor
+        if cpm is not None:
+            # The text embeddings are whole until the first chunk running LLM layers takes
+            # this rank's tokens; a full-length input (the chunk before held no LLM layer,
+            # or nothing is split) is whole, a shorter one already this rank's.
+            if hidden_in.shape[0] == tokens.shape[1]:
+                hidden_in = hidden_in[cpm.local.to(hidden_in.device)]
+            tokens, position_ids = cpm.take(tokens), cpm.take(position_ids)
+            labels, loss_mask = cpm.take(labels), cpm.take_loss_mask(loss_mask)
         if self.language_model.pre_process:
             decoder_input = hidden_in
         else:  # GPTModel's decoder reads a chunk's input from set_input_tensor
@@ -245,11 +271,15 @@ class MultimodalModel(MegatronModule):
             decoder_input = None
         sparse = (labels is not None and loss_mask is not None
                   and not self.language_model.config.sequence_parallel)
-        return self.language_model(
-            input_ids=tokens, position_ids=position_ids, attention_mask=attention_mask,
-            decoder_input=decoder_input, labels=labels,
-            loss_mask=loss_mask if sparse else None,
-            output_processor=loss_at_masked_positions if sparse else None)
+        self._rope_positions = None if cpm is None else cpm.local
+        try:
+            return self.language_model(
+                input_ids=tokens, position_ids=position_ids, attention_mask=attention_mask,
+                decoder_input=decoder_input, labels=labels,
+                loss_mask=loss_mask if sparse else None,
+                output_processor=loss_at_masked_positions if sparse else None)
+        finally:
+            self._rope_positions = None
 
 
 def loss_at_masked_positions(*, hidden_states, output_layer, output_weight, labels, loss_mask,

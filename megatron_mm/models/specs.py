@@ -3,10 +3,17 @@
 ``transformer_engine`` needs TE importable and a CUDA device; ``local`` uses only
 Megatron-Core's own layers and runs anywhere. Everything else in the package asks this
 module for its specs and never imports TE itself.
+
+Context parallelism (``context_parallel=True``) swaps the LLM layers' core attention for
+``ContextParallelAttention`` with either impl: Megatron-Core's own CP attention needs TE
+and knows only causal masks (and zigzag token splits), ours takes any multimodal mask and
+any token assignment. The LLM's ``TransformerConfig`` then keeps ``context_parallel_size=1``
+so that no Megatron-Core module applies its own CP (RoPE slicing, the TE-only assert).
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
@@ -23,6 +30,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
 from ..config import ConfigError
+from .cp_attention import ContextParallelAttention
 
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
 
@@ -53,7 +61,19 @@ class LayerSpecs:
     vision_norm: type
 
 
-def get_layer_specs(transformer_impl: str, qk_layernorm: bool = False) -> LayerSpecs:
+def get_layer_specs(transformer_impl: str, qk_layernorm: bool = False,
+                    context_parallel: bool = False) -> LayerSpecs:
+    specs = _impl_specs(transformer_impl, qk_layernorm)
+    if not context_parallel:
+        return specs
+    language_layer = copy.deepcopy(specs.language_layer)
+    language_layer.submodules.self_attention.submodules.core_attention = (
+        ContextParallelAttention)
+    return LayerSpecs(specs.impl, specs.vision_layer, language_layer, specs.projector,
+                      specs.vision_norm)
+
+
+def _impl_specs(transformer_impl: str, qk_layernorm: bool) -> LayerSpecs:
     if transformer_impl not in TRANSFORMER_IMPLS:
         raise ConfigError(f"--transformer-impl must be one of {TRANSFORMER_IMPLS}, "
                           f"got {transformer_impl!r}")

@@ -25,6 +25,8 @@ class BuildSettings:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: Optional[int] = None
+    # Our CP (ContextParallelAttention); never passed to TransformerConfig (see specs.py).
+    context_parallel_size: int = 1
     transformer_impl: str = "local"
     bf16: bool = False
     hidden_dropout: float = 0.0

@@ -1,4 +1,5 @@
-"""Pipeline planning, pure Python (no torch): frozen-aware costs, partitions, estimates.
+"""Planning, pure Python (no torch): frozen-aware costs, partitions, estimates; the
+multimodal attention mask and context-parallel token assignment (numpy).
 
     model = model_zoo.model_pair("VLM-S").with_freeze(encoders=True, projectors=False,
                                                      llm=True)
@@ -10,8 +11,10 @@ Everything a plan holds is a dataclass with ``to_dict`` / ``from_dict`` (``Recor
 the runtime that executes a plan and a simulator that replays it read the same data.
 """
 
+from .attention_mask import dense_allowed, mask_codes
 from .chain import build_chain
 from .comparison import Comparison, Scenario, compare, cornstarch_scenarios, optimus_scenarios
+from .cp_assignment import CPAssignment, assign_tokens
 from .describe import describe_chunk
 from .errors import PlanError
 from .estimate import PipelineEstimate, estimate
@@ -25,9 +28,10 @@ from .record import Record
 from .schedule import inflight_microbatches
 
 __all__ = [
-    "KINDS", "POLICIES", "Comparison", "EncoderSpec", "Hardware", "Layer", "MemoryModel",
+    "KINDS", "POLICIES", "CPAssignment", "Comparison", "EncoderSpec", "Hardware", "Layer", "MemoryModel",
     "ModelSpec", "PipelineEstimate", "PipelinePlan", "PlanError", "Record", "Scenario",
-    "StagePartition", "TransformerSpec", "Workload", "build_chain", "compare",
+    "StagePartition", "TransformerSpec", "Workload", "assign_tokens", "build_chain",
+    "compare", "dense_allowed", "mask_codes",
     "cornstarch_scenarios", "describe_chunk", "estimate", "inflight_microbatches",
     "minmax_split", "optimus_scenarios", "parse_partition_flag", "partition",
     "plan_pipeline", "resolve_backward",

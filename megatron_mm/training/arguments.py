@@ -106,6 +106,19 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("parallelism")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--context-parallel-size", type=int, default=1,
+                   help="ranks sharing one sequence (any --media-attention mask; tokens "
+                        "assigned by --context-parallel-assignment)")
+    g.add_argument("--context-parallel-assignment", default="ours",
+                   choices=["contiguous", "zigzag", "lpt", "ours"],
+                   help="how tokens go to CP ranks: blocks by position (contiguous, zigzag) "
+                        "or by their attention work (lpt; ours = LPT + local search)")
+    g.add_argument("--context-parallel-block", type=int, default=128,
+                   help="tokens per assignment block; shorter sequences than "
+                        "block x CP size are not split")
+    g.add_argument("--media-attention", choices=["causal", "bidirectional"], default="causal",
+                   help="how media tokens attend in the LLM: causally like text, or "
+                        "bidirectionally within their own item (text stays causal)")
     g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None,
                    help="model chunks per pipeline rank (interleaved 1F1B)")
     g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
@@ -242,12 +255,21 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
             f"--pipeline-model-parallel-size ({pp})"
             + (f" x --virtual-pipeline-model-parallel-size ({vpp})" if vpp else "")
             + f" = {pp * (vpp or 1)}; give one layer count per stage")
-    if world_size % (tp * pp):
+    cp = args.context_parallel_size
+    if cp < 1:
+        raise ConfigError("--context-parallel-size must be >= 1")
+    if args.context_parallel_block < 1:
+        raise ConfigError("--context-parallel-block must be >= 1")
+    if cp > 1 and vpp is not None:
+        raise ConfigError("--context-parallel-size > 1 is not wired into interleaved "
+                          "pipelines yet: drop --virtual-pipeline-model-parallel-size")
+    if world_size % (tp * pp * cp):
         raise ConfigError(
             f"world size {world_size} is not divisible by --tensor-model-parallel-size ({tp})"
-            f" x --pipeline-model-parallel-size ({pp})")
+            f" x --pipeline-model-parallel-size ({pp})"
+            f" x --context-parallel-size ({cp})")
     args.world_size = world_size
-    args.data_parallel_size = world_size // (tp * pp)
+    args.data_parallel_size = world_size // (tp * pp * cp)
     dp, mbs = args.data_parallel_size, args.micro_batch_size
     if args.global_batch_size is None:
         args.global_batch_size = mbs * dp

@@ -31,13 +31,17 @@ def evaluate_loss(args, model: List, batches) -> float:
     return reduce_lm_loss(losses)
 
 
-def next_tokens(model: List, micro_batches: List[dict], vocab_size: int) -> torch.Tensor:
+def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
+                attention=None) -> torch.Tensor:
     """Greedy next token of every row of ``micro_batches``, by one forward-only pass through
     the pipeline (the schedule Megatron-Core picks for the layout); all pipeline ranks get
-    the result."""
+    the result. ``attention`` (AttentionSettings) gives the training mask, whole-sequence:
+    with context parallelism every CP rank decodes the whole prompt."""
     def forward_step(data_iterator, chunk):
         b = batch_to_device(next(data_iterator))
-        logits = chunk(b["tokens"], b["position_ids"], b["media"])  # [B, S, V / TP] at the end
+        mask = None if attention is None else attention.mask_for(b, split=False)
+        logits = chunk(b["tokens"], b["position_ids"], b["media"],
+                       attention_mask=mask)  # [B, S, V / TP] at the end
 
         def argmax_last(output, non_loss_data=True):
             last = gather_from_tensor_model_parallel_region(output[:, -1].contiguous()).float()
@@ -61,7 +65,7 @@ def next_tokens(model: List, micro_batches: List[dict], vocab_size: int) -> torc
 
 @torch.no_grad()
 def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tokens: int,
-                    eos_id: int, vocab_size: int) -> List[List[int]]:
+                    eos_id: int, vocab_size: int, attention=None) -> List[List[int]]:
     """Greedy continuation of prompts of equal length; returns new ids up to EOS."""
     # Interleaved 1F1B runs whole groups of PP equal micro-batches: pad with repeats.
     pieces = parallel_state.get_pipeline_model_parallel_world_size() if len(model) > 1 else 1
@@ -71,7 +75,7 @@ def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tok
     for _ in range(max_new_tokens):
         size = len(rows) // pieces
         micro = [collate(rows[i:i + size], pad_id=pad_id) for i in range(0, len(rows), size)]
-        nxt = next_tokens(model, micro, vocab_size).tolist()
+        nxt = next_tokens(model, micro, vocab_size, attention).tolist()
         for i, t in enumerate(nxt[:len(prompts)]):
             if not done[i]:
                 out[i].append(t)
@@ -118,7 +122,8 @@ def answer_accuracy(args, model: List, dataset, tokenizer, indices: Sequence[int
             batch = group[start:start + args.micro_batch_size]
             generated = greedy_generate(model, batch, tokenizer.pad_id,
                                         args.eval_max_new_tokens, tokenizer.eos_id,
-                                        tokenizer.base_vocab_size)
+                                        tokenizer.base_vocab_size,
+                                        getattr(args, "attention", None))
             for sample, ids in zip(batch, generated):
                 guess = normalize_answer(tokenizer.detokenize(ids))
                 correct += int(guess == normalize_answer(sample.answer))

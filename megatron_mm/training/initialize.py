@@ -32,6 +32,7 @@ def initialize_distributed(args) -> None:
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        context_parallel_size=args.context_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size)
 
 

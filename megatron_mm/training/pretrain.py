@@ -37,6 +37,7 @@ from ..data.spoken_digits import prepare_spoken_digits
 from ..models import BuildSettings, MultimodalModel, build_model
 from ..models.multimodal import ENCODER_MODALITY, MediaMismatchError
 from ..models.specs import default_transformer_impl
+from .attention import AttentionSettings
 from .balanced_data import balanced_batch_iterator
 from .checkpointing import CheckpointError, load_checkpoint, save_checkpoint, saved_args
 from .evaluation import answer_accuracy, evaluate_loss
@@ -66,7 +67,7 @@ def build_settings(args, placements=None) -> BuildSettings:
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
-        transformer_impl=impl, bf16=args.bf16, hidden_dropout=args.hidden_dropout,
+        context_parallel_size=args.context_parallel_size, transformer_impl=impl, bf16=args.bf16, hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
         use_cpu_initialization=cpu_init, placements=placements)
 
@@ -282,6 +283,7 @@ def setup_training(args) -> TrainingSetup:
         lm.padded_vocab_size = saved_args(args).get("padded_vocab_size")
     args.padded_vocab_size = lm.vocab_size_padded(args.tensor_model_parallel_size)
     train_ds, valid_ds = build_datasets(args, tokenizer)
+    args.attention = AttentionSettings.from_args(args, tokenizer)
     print_rank_0(f"> building multimodal model ({build_settings(args).transformer_impl} "
                  f"specs), {len(train_ds)} train / {len(valid_ds)} validation samples ...")
     model = build_model_chunks(args, tokenizer)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 import torch
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from ..models.context_parallel import ContextParallelMask
+from .attention import AttentionSettings
 from .initialize import device
 
 
@@ -54,28 +56,36 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     return loss, num_tokens, {"lm loss": report}
 
 
-def forward_step(data_iterator: Iterator, model):
+def forward_step(data_iterator: Iterator, model,
+                 attention: Optional[AttentionSettings] = None):
     batch = batch_to_device(next(data_iterator))
+    mask = batch.get("attention_mask") if attention is None else attention.mask_for(batch)
     output = model(batch["tokens"], batch["position_ids"], batch["media"],
                    labels=batch["labels"], loss_mask=batch["loss_mask"],
-                   attention_mask=batch.get("attention_mask"))
-    return output, partial(loss_func, batch["loss_mask"])
+                   attention_mask=mask)
+    loss_mask = batch["loss_mask"]
+    if isinstance(mask, ContextParallelMask):  # the loss of this CP rank's tokens only
+        loss_mask = mask.take_loss_mask(loss_mask)
+    return output, partial(loss_func, loss_mask)
 
 
 def run_schedule(args, model: List, data_iterator: Iterator, forward_only: bool) -> List[dict]:
     forward_backward = get_forward_backward_func()
     return forward_backward(
-        forward_step_func=forward_step, data_iterator=data_iterator, model=model,
+        forward_step_func=partial(forward_step, attention=getattr(args, "attention", None)),
+        data_iterator=data_iterator, model=model,
         num_microbatches=args.num_microbatches, seq_length=args.seq_length,
         micro_batch_size=args.micro_batch_size, forward_only=forward_only)
 
 
 def reduce_lm_loss(losses: List[dict]) -> float:
-    """Token-weighted mean over micro-batches and data-parallel ranks (last stage only)."""
+    """Token-weighted mean over micro-batches, data- and context-parallel ranks (each CP
+    rank holds the loss of its own tokens; last stage only)."""
     if not losses:
         return float("nan")
     total = torch.stack([x["lm loss"] for x in losses]).sum(0).to(device())
-    torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
+    torch.distributed.all_reduce(
+        total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
     return (total[0] / total[1].clamp(min=1)).item()
 
 

@@ -22,3 +22,16 @@ def test_transformer_engine_requested_without_it():
         get_layer_specs("transformer_engine")
     with pytest.raises(ConfigError, match="--transformer-impl must be one of"):
         get_layer_specs("apex")
+
+
+def test_context_parallel_swaps_only_the_llm_core_attention():
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from megatron_mm.models.cp_attention import ContextParallelAttention
+
+    plain = get_layer_specs("local")
+    cp = get_layer_specs("local", context_parallel=True)
+    core = lambda s: s.submodules.self_attention.submodules.core_attention  # noqa: E731
+    assert core(cp.language_layer) is ContextParallelAttention
+    assert core(plain.language_layer) is DotProductAttention  # the shared spec is untouched
+    assert core(cp.vision_layer) is core(plain.vision_layer)

@@ -46,6 +46,16 @@ SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
      "uniform partition [6, 2]: pipeline stage 0 needs"),
     (["--pipeline-model-parallel-size", "2", "--pipeline-partition", "auto",
       "--memory-limit-gb", "0.001"], 2, "no split of the 8-layer chain into PP x VPP = 2"),
+    # context parallelism
+    (["--context-parallel-size", "0"], 1, "--context-parallel-size must be >= 1"),
+    (["--context-parallel-size", "2", "--context-parallel-block", "0"], 2,
+     "--context-parallel-block must be >= 1"),
+    (["--context-parallel-size", "2", "--tensor-model-parallel-size", "2"], 2,
+     "world size 2 is not divisible by --tensor-model-parallel-size (2) x "
+     "--pipeline-model-parallel-size (1) x --context-parallel-size (2)"),
+    (["--context-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+      "--virtual-pipeline-model-parallel-size", "2"], 4,
+     "--context-parallel-size > 1 is not wired into interleaved pipelines yet"),
 ])
 def test_bad_flags_name_the_flag(capsys, argv, world, message):
     with pytest.raises(SystemExit) as exit_info:

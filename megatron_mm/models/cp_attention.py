@@ -1,0 +1,130 @@
+"""Context-parallel core attention for any mask, without Transformer Engine.
+
+A drop-in for Megatron-Core's ``DotProductAttention`` in the layer spec. Each CP rank holds
+the queries, keys and values of its own tokens (any subset of the sequence, as the token
+assignment gives it). Per group of a few key/value heads it all-gathers K and V over the CP
+group, puts them in global order, and runs each run of its local queries against only the
+key interval those queries attend (``ContextParallelMask.runs``), with the mask evaluated
+at global positions: the work per rank is the attention tiles the plan counted. In
+backward the gather's gradient is reduce-scattered back to the owners of the keys.
+
+Without a ``ContextParallelMask`` (inference, or a batch that is not split) it is plain
+attention with the given dense mask (None = causal), on whatever tokens it is handed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional
+
+import torch
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.transformer.module import MegatronModule
+
+from .context_parallel import ContextParallelMask, allowed
+
+# Key/value heads gathered at a time: bounds each all-gather's buffer. Autograd still keeps
+# every group's gathered K/V until backward (no re-gather in backward yet).
+KV_HEADS_PER_STEP = 2
+
+
+class _GatherSequence(torch.autograd.Function):
+    """[S_local, ...] per rank -> [S, ...] in global order; backward sums the gradients of
+    every rank's copy and returns each owner its rows (reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, x, counts: List[int], order: torch.Tensor, group):
+        ctx.counts, ctx.order, ctx.group = counts, order, group
+        longest = max(counts)
+        padded = x.new_zeros((longest,) + x.shape[1:])
+        padded[:x.shape[0]] = x
+        parts = [torch.empty_like(padded) for _ in counts]
+        torch.distributed.all_gather(parts, padded.contiguous(), group=group)
+        ranked = torch.cat([p[:n] for p, n in zip(parts, counts)])
+        out = torch.empty_like(ranked)
+        out[order] = ranked
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        counts, group = ctx.counts, ctx.group
+        ranked = grad[ctx.order]
+        longest = max(counts)
+        padded = grad.new_zeros((len(counts), longest) + grad.shape[1:])
+        for r, piece in enumerate(torch.split(ranked, counts)):
+            padded[r, :counts[r]] = piece
+        rank = torch.distributed.get_rank(group)
+        if torch.distributed.get_backend(group) == "gloo":  # gloo has no reduce_scatter
+            torch.distributed.all_reduce(padded, group=group)
+            mine = padded[rank]
+        else:
+            mine = grad.new_empty(padded.shape[1:])
+            torch.distributed.reduce_scatter_tensor(mine, padded.contiguous(), group=group)
+        return mine[:counts[rank]], None, None, None
+
+
+class ContextParallelAttention(MegatronModule):
+    """Core attention (Megatron-Core's signature): [s, b, heads, dim] in, [s, b, h] out."""
+
+    def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str,
+                 attention_dropout: Optional[float] = None,
+                 softmax_scale: Optional[float] = None, cp_comm_type: Optional[str] = None,
+                 pg_collection=None):
+        super().__init__(config=config)
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        self.heads = config.num_attention_heads // tp
+        self.groups = config.num_query_groups // tp
+        self.head_dim = config.kv_channels
+        self.softmax_scale = softmax_scale or 1.0 / math.sqrt(self.head_dim)
+        p = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.dropout = torch.nn.Dropout(p)
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None,
+                attention_bias=None, packed_seq_params=None):
+        assert attention_bias is None and packed_seq_params is None, (
+            "ContextParallelAttention takes its mask as a ContextParallelMask")
+        cpm = attention_mask if isinstance(attention_mask, ContextParallelMask) else None
+        per_group = self.heads // self.groups
+        outputs = []
+        for g0 in range(0, self.groups, KV_HEADS_PER_STEP):
+            g1 = min(self.groups, g0 + KV_HEADS_PER_STEP)
+            q = query[:, :, g0 * per_group:g1 * per_group]
+            k, v = key[:, :, g0:g1], value[:, :, g0:g1]
+            if cpm is None:
+                outputs.append(self._dense(q, k, v, attention_mask, per_group))
+            else:
+                if not cpm.replicated:
+                    k = _GatherSequence.apply(k, cpm.counts, cpm.order, cpm.group)
+                    v = _GatherSequence.apply(v, cpm.counts, cpm.order, cpm.group)
+                outputs.append(self._runs(q, k, v, cpm, per_group))
+        out = torch.cat(outputs, dim=2)  # [s, b, heads, dim]
+        return out.reshape(out.shape[0], out.shape[1], -1)
+
+    def _attend(self, q, k, v, allow, per_group):
+        """q [sq, b, hq, d], k/v [sk, b, hk, d], allow [b, sq, sk] -> [sq, b, hq, d]."""
+        k = k.repeat_interleave(per_group, dim=2)
+        v = v.repeat_interleave(per_group, dim=2)
+        scores = torch.einsum("qbhd,kbhd->bhqk", q, k).float() * self.softmax_scale
+        scores = scores.masked_fill(~allow[:, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        if self.dropout.p > 0:
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                probs = self.dropout(probs)
+        return torch.einsum("bhqk,kbhd->qbhd", probs, v)
+
+    def _runs(self, q, k, v, cpm: ContextParallelMask, per_group):
+        pieces = []
+        for start, end, lo, hi in cpm.runs:
+            pos_q = cpm.local[start:end]
+            pos_k = torch.arange(lo, hi, device=pos_q.device)
+            allow = allowed(cpm.codes[:, pos_q], pos_q, cpm.codes[:, lo:hi], pos_k)
+            pieces.append(self._attend(q[start:end], k[lo:hi], v[lo:hi], allow, per_group))
+        return torch.cat(pieces)
+
+    def _dense(self, q, k, v, attention_mask, per_group):
+        s = q.shape[0]
+        if attention_mask is None:
+            allow = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()[None]
+        else:
+            allow = ~attention_mask[:, 0]
+        return self._attend(q, k, v, allow.expand(q.shape[1], s, s), per_group)

@@ -1,0 +1,57 @@
+"""The LLM attention mask of each micro-batch, from the flags: ``--media-attention`` and,
+with ``--context-parallel-size`` > 1, this CP rank's share of the tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional, Union
+
+import torch
+from megatron.core import parallel_state
+
+from ..models.context_parallel import (
+    ContextParallelMask, batch_codes, context_parallel_mask, dense_mask)
+
+
+@dataclass(frozen=True)
+class AttentionSettings:
+    media_tokens: Mapping[int, int]  # placeholder id -> tokens per media item
+    media_attention: str = "causal"
+    context_parallel_size: int = 1
+    assignment: str = "ours"
+    block: int = 128
+
+    @classmethod
+    def from_args(cls, args, tokenizer) -> "AttentionSettings":
+        media = {}
+        for enc in args.model_config.encoders.values():
+            media[tokenizer.media_token_id("image")] = enc.num_output_tokens
+        return cls(media, args.media_attention, args.context_parallel_size,
+                   args.context_parallel_assignment, args.context_parallel_block)
+
+    def mask_for(self, batch: dict,
+                 split: bool = True) -> Union[None, torch.Tensor, ContextParallelMask]:
+        """What the model takes as ``attention_mask`` for ``batch`` (already on device):
+        today's mask (None = causal, or the packed block-diagonal one) when neither option
+        is on, else the multimodal mask: for this CP rank, or dense (``split=False``, or
+        no context parallelism)."""
+        cp = self.context_parallel_size if split else 1
+        if cp == 1 and self.media_attention == "causal":
+            return batch.get("attention_mask")
+        tokens = batch["tokens"]
+        codes = batch_codes(tokens, self.media_tokens, doc_ids(batch), self.media_attention)
+        if cp == 1:
+            return dense_mask(codes, tokens.device)
+        return context_parallel_mask(
+            codes, self.context_parallel_size, parallel_state.get_context_parallel_rank(),
+            self.assignment, self.block, parallel_state.get_context_parallel_group(),
+            tokens.device)
+
+
+def doc_ids(batch: dict) -> Optional[torch.Tensor]:
+    """Packed-sample number per token ([B, S]) of a packed batch, None otherwise."""
+    cu = batch.get("cu_seqlens")
+    if cu is None:
+        return None
+    lengths = (cu[1:] - cu[:-1]).long().cpu()
+    return torch.repeat_interleave(torch.arange(len(lengths)), lengths)[None]

@@ -1,0 +1,44 @@
+"""The mask each micro-batch gets from the flags (one process, no context parallelism)."""
+
+import numpy as np
+import torch
+
+import megatron_mm.models  # noqa: F401  (CPU patches first)
+from megatron_mm.data.packing import packed_causal_mask
+from megatron_mm.plan.attention_mask import dense_allowed, encode
+from megatron_mm.training.attention import AttentionSettings
+
+IMG = 50
+
+
+def _batch(tokens, **extra):
+    return {"tokens": torch.tensor(tokens), **extra}
+
+
+def test_causal_media_keeps_todays_masks():
+    settings = AttentionSettings({IMG: 2})
+    assert settings.mask_for(_batch([[1, IMG, IMG, 2]])) is None
+    packed = packed_causal_mask([2, 2])
+    assert settings.mask_for(_batch([[1, 2, 3, 4]], attention_mask=packed)) is packed
+
+
+def test_bidirectional_media_dense_mask():
+    settings = AttentionSettings({IMG: 2}, media_attention="bidirectional")
+    mask = settings.mask_for(_batch([[1, IMG, IMG, 2], [IMG, IMG, 3, 4]]))
+    expected = ~dense_allowed(encode(np.zeros((2, 4), int), [[0, 1, 1, 0], [1, 1, 0, 0]]))
+    assert mask.shape == (2, 1, 4, 4)
+    assert (mask[:, 0].numpy() == expected).all()
+
+
+def test_packed_batch_documents_from_cu_seqlens():
+    # Two packed samples: [t I I] [t t]; the image sees itself, nothing crosses samples.
+    settings = AttentionSettings({IMG: 2}, media_attention="bidirectional")
+    batch = _batch([[1, IMG, IMG, 3, 4]], cu_seqlens=torch.tensor([0, 3, 5]),
+                   attention_mask=packed_causal_mask([3, 2]))
+    allowed = ~settings.mask_for(batch)[0, 0]
+    expected = torch.tensor([[1, 0, 0, 0, 0],
+                             [0, 1, 1, 0, 0],
+                             [0, 1, 1, 0, 0],
+                             [0, 0, 0, 1, 0],
+                             [0, 0, 0, 1, 1]], dtype=torch.bool)
+    assert (allowed == expected).all()

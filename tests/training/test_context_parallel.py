@@ -1,0 +1,113 @@
+"""Context parallelism (our CP attention, workload-balanced token assignment) equals one
+process from the same initial checkpoint: losses and gradients of CP=4, CP=2 x TP=2 and
+CP=2 x PP=2 (CP=2 alone is their CP part, not run on its own), media attending
+bidirectionally inside each image, on data mixing one-image, two-image (adjacent items)
+and text-only samples; ranks hold unequal token counts, and batches too short to split
+run replicated. The CP=4 run also checks the CP attention itself against dense attention
+on every mask family, CP=2 and CP=4 (cp_attention_check), saving a launch of its own."""
+
+import json
+import os
+
+import pytest
+import torch
+from cp_attention_check import assert_attention_errors, check_attention
+from dist_harness import run_distributed
+from train_workers import TINY_MODEL, train
+
+STEPS = 2
+# Blocks of 8 tokens: the batches (about 30-50 tokens) split into 4-7 blocks over CP ranks.
+CP_FLAGS = ["--media-attention", "bidirectional", "--context-parallel-block", "8"]
+
+
+@pytest.fixture(scope="module")
+def mixed_dir(digits_dir, tmp_path_factory):
+    """Digits records, every 4th one text only and every 8th one with two images (the
+    micro-batches without one are short)."""
+    out = tmp_path_factory.mktemp("mixed")
+    with open(os.path.join(digits_dir, "train.jsonl")) as f:
+        records = [json.loads(line) for _, line in zip(range(64), f)]
+    mixed = []
+    for i, r in enumerate(records):
+        if i % 4 == 1:
+            r = {"id": r["id"], "text": f"the digit {r['conversations'][1]['value']}"}
+        elif i % 8 == 2:
+            r = {"id": r["id"], "text": "<image><image> two digits",
+                 "images": r["images"] + records[i - 1]["images"]}
+        mixed.append(r)
+    for name in ("train.jsonl", "valid.jsonl"):
+        with open(out / name, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in mixed)
+    return str(out)
+
+
+def _watch_masks_and_check_attention(model, optimizer, holder):
+    """``_watch_masks``, and first the CP attention on every mask family, CP=2 and CP=4
+    (cp_attention_check) in this already running 4-rank world."""
+    holder["attention"] = check_attention(torch.distributed.get_rank())
+    _watch_masks(model, optimizer, holder)
+
+
+def _watch_masks(model, optimizer, holder):
+    """Record each micro-batch's CP split (token counts per rank, replicated or not)."""
+    from megatron_mm.models.context_parallel import ContextParallelMask
+
+    seen = holder.setdefault("splits", [])
+    for chunk in model:
+        def hook(module, args, kwargs):
+            mask = kwargs.get("attention_mask")
+            if isinstance(mask, ContextParallelMask):
+                seen.append((tuple(mask.counts), mask.replicated))
+        chunk.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+@pytest.fixture(scope="module")
+def reference(mixed_dir, tmp_path_factory):
+    """One initial checkpoint (pipeline stages draw their own init streams) and the
+    one-process run from it, shared by every layout."""
+    init = tmp_path_factory.mktemp("init")
+    # With the final evaluation: validation loss (split like training) and greedy answers
+    # (every CP rank decodes the whole prompt under the same mask) must match too.
+    model = [a for a in TINY_MODEL if a != "--skip-final-eval"]
+    common = model + ["--data-path", mixed_dir, "--micro-batch-size", "4",
+                           "--global-batch-size", "8", *CP_FLAGS]
+    run_distributed(train, 1, common + ["--train-iters", "0", "--save", str(init)])
+    argv = common + ["--train-iters", str(STEPS), "--load", str(init), "--no-load-optim"]
+    return argv, run_distributed(train, 1, argv, (1, STEPS))[0]
+
+
+CP2 = ["--context-parallel-size", "2"]
+
+
+@pytest.mark.parametrize("world, layout, some_unsplit", [
+    # Blocks of 12: micro-batches with a two-image sample (37 tokens) split 4 ways,
+    # shorter ones (32-35 tokens: 3 blocks) run replicated on every CP rank.
+    (4, ["--context-parallel-size", "4", "--context-parallel-block", "12"], True),
+    (4, CP2 + ["--tensor-model-parallel-size", "2"], False),
+    (4, CP2 + ["--pipeline-model-parallel-size", "2"], False),
+], ids=["cp4", "cp2-tp2", "cp2-pp2"])
+def test_context_parallel_equals_one_process(reference, world, layout, some_unsplit):
+    argv, ref = reference
+    check = world == 4 and "4" in layout  # the CP=4 run hosts the attention check
+    ranks = run_distributed(train, world, argv + layout, (1, STEPS),
+                            _watch_masks_and_check_attention if check else _watch_masks)
+    if check:
+        assert_attention_errors([out["observed"]["attention"] for out in ranks])
+    pp = 2 if "--pipeline-model-parallel-size" in layout else 1
+    stages = ranks[:: world // pp]  # TP and CP rank 0 of each stage
+    for it in range(1, STEPS + 1):
+        assert stages[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    last = stages[-1]
+    assert last["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-5)
+    assert last["val_accuracy"] == ref["val_accuracy"]
+    for it in (1, STEPS):
+        ours = {}
+        for stage in stages:
+            ours.update(stage["grads"][it])
+        assert ours.keys() == ref["grads"][it].keys()
+        for name, value in ref["grads"][it].items():
+            torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=1e-6,
+                                       msg=lambda m: f"grad {it} {name}: {m}")
+    splits = [s for out in ranks for s in out["observed"]["splits"]]
+    assert any(len(set(c)) > 1 for c, rep in splits if not rep), splits
+    assert any(rep for _, rep in splits) == some_unsplit, splits
