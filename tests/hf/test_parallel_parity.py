@@ -20,6 +20,7 @@ def logits_of_each(rank, checkpoints, tp, pp, inputs):
     class Layout:  # what initialize_distributed reads
         tensor_model_parallel_size, pipeline_model_parallel_size = tp, pp
         virtual_pipeline_model_parallel_size, distributed_backend = None, "gloo"
+        context_parallel_size = 1
         distributed_timeout_minutes = 5
 
     initialize_distributed(Layout)
