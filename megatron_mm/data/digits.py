@@ -87,10 +87,15 @@ def _sha256(data: bytes) -> str:
 
 
 def _up_to_date(out_dir: str, image_files: bool) -> bool:
+    return manifest_matches(out_dir, {"version": DIGITS_VERSION, "image_files": image_files})
+
+
+def manifest_matches(out_dir: str, fields: dict) -> bool:
+    """Whether ``out_dir``'s manifest has these fields and every file it lists is intact."""
     try:
         with open(os.path.join(out_dir, MANIFEST)) as f:
             manifest = json.load(f)
-        if manifest.get("version") != DIGITS_VERSION or manifest.get("image_files") != image_files:
+        if any(manifest.get(k) != v for k, v in fields.items()):
             return False
         for rel, digest in manifest["sha256"].items():
             with open(os.path.join(out_dir, rel), "rb") as f:

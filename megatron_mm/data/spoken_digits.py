@@ -24,7 +24,8 @@ import wave
 
 import numpy as np
 
-from .digits import WORDS, _sha256, _write_atomic, load_digits_arrays, png_bytes, split_indices
+from .digits import (WORDS, _sha256, _write_atomic, load_digits_arrays, manifest_matches,
+                     png_bytes, split_indices)
 
 SPOKEN_DIGITS_VERSION = 2
 VOICES = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-029", "en-gb-x-gbclan",
@@ -133,18 +134,7 @@ def build_files() -> dict[str, bytes]:
 
 
 def _up_to_date(out_dir: str) -> bool:
-    try:
-        with open(os.path.join(out_dir, MANIFEST)) as f:
-            manifest = json.load(f)
-        if manifest.get("version") != SPOKEN_DIGITS_VERSION:
-            return False
-        for rel, digest in manifest["sha256"].items():
-            with open(os.path.join(out_dir, rel), "rb") as f:
-                if _sha256(f.read()) != digest:
-                    return False
-        return True
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+    return manifest_matches(out_dir, {"version": SPOKEN_DIGITS_VERSION})
 
 
 def prepare_spoken_digits(out_dir: str | os.PathLike, force: bool = False) -> tuple[str, str]:
