@@ -6,13 +6,13 @@
   forward before the LLM's work and every encoder backward after it (Optimus' coarse
   baseline).
 
-Optimus' ``bubble`` schedule, which moves encoder pieces into the LLM's bubbles, is not
-here yet.
+Optimus' ``bubble`` schedule, which moves encoder pieces into the LLM's bubbles, is in
+``bubble.py``.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .actions import Action, Schedule
 from .errors import PlanError
@@ -54,19 +54,33 @@ def megatron(pp: int, vpp: int, num_microbatches: int) -> Schedule:
                     ranks=[llm_order(pp, vpp, num_microbatches, r) for r in range(pp)])
 
 
-def coarse(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
-           encoder_stages: Optional[int] = None) -> Schedule:
-    """Encoder stage s on rank s * (PP / encoder stages); encoder PP must divide LLM PP."""
+def encoder_placement(pp: int, encoder_stages: Optional[int] = None, pieces: int = 1,
+                      reverse: bool = False) -> Tuple[int, List[int]]:
+    """(encoder stages, the rank of each encoder piece): stage s on rank s * (PP / stages)
+    (``reverse``: counted from the last rank, so the encoder ends on the rank the LLM
+    starts on), cut into ``pieces`` consecutive pieces there; encoder PP must divide LLM
+    PP."""
     stages = encoder_stages or pp
-    if pp % stages:
+    if stages < 1 or pp % stages:
         raise PlanError(f"--encoder-pipeline-model-parallel-size ({stages}) must divide "
                         f"--pipeline-model-parallel-size ({pp})")
-    encoder_ranks = [s * (pp // stages) for s in range(stages)]
+    if pieces < 1:
+        raise PlanError(f"--encoder-pieces must be at least 1 (got {pieces})")
+    ranks = [(p // pieces) * (pp // stages) for p in range(stages * pieces)]
+    return stages, [pp - 1 - r for r in ranks] if reverse else ranks
+
+
+def coarse(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
+           encoder_stages: Optional[int] = None, pieces: int = 1,
+           reverse: bool = False) -> Schedule:
+    """Every encoder forward first, then the LLM, then every encoder backward."""
+    _, encoder_ranks = encoder_placement(pp, encoder_stages, pieces, reverse)
+    stages = len(encoder_ranks)
     ranks = []
     for r in range(pp):
         mine = [s for s in range(stages) if encoder_ranks[s] == r]
-        before = [Action("EF", mb, s) for s in mine for mb in range(num_microbatches)]
-        after = ([Action("EB", mb, s) for s in reversed(mine) for mb in range(num_microbatches)]
+        before = [Action("EF", mb, s) for mb in range(num_microbatches) for s in mine]
+        after = ([Action("EB", mb, s) for mb in range(num_microbatches) for s in reversed(mine)]
                  if encoder_trainable else [])
         ranks.append(before + llm_order(pp, vpp, num_microbatches, r) + after)
     return Schedule(name="coarse", pipeline_model_parallel_size=pp,

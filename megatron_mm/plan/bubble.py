@@ -1,0 +1,161 @@
+"""Optimus' ``bubble`` schedule: encoder work moved into the LLM pipeline's idle time.
+
+The LLM keeps Megatron-Core's order on every rank (``generate.llm_order``). The encoder runs
+as its own pipeline (``encoder_stages`` stages, each cut into ``pieces`` consecutive pieces
+on the same rank, so that work fits into short bubbles), and its actions are placed by list
+scheduling on the per-action costs:
+
+- a rank runs its next LLM action when its inputs are there, unless an encoder action that
+  is ready ends before that LLM action could start (it fills the bubble);
+- while its next LLM action waits for another rank, the rank runs encoder work that ends
+  before the earliest that input can arrive (estimated from the producer rank's clock and
+  the LLM work queued in front of it), or that the LLM action needs itself;
+- encoder forwards go in micro-batch order (the i-th encoder output feeds LLM micro-batch
+  i); encoder backwards wait for the gradient of the merged embeddings (``B(m, 0)``). A
+  frozen encoder schedules forwards only.
+
+The result is plain data (``actions.Schedule``), checked by ``validate`` and replayed by
+``simulate`` like any other schedule.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+from .actions import Action, Schedule, validate
+from .errors import PlanError
+from .generate import encoder_placement, llm_order
+from .simulate import ActionCosts
+
+Key = Tuple[str, int, int]
+
+
+def bubble(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
+           costs: ActionCosts, encoder_stages: Optional[int] = None,
+           pieces: int = 1, reverse: bool = False) -> Schedule:
+    """The bubble-filling schedule for these per-action costs (``costs.encoder_*_s`` per
+    encoder piece: ``encoder_stages * pieces`` entries)."""
+    _, ranks_of_piece = encoder_placement(pp, encoder_stages, pieces, reverse)
+    n = len(ranks_of_piece)
+    if len(costs.encoder_forward_s) < n or (encoder_trainable
+                                            and len(costs.encoder_backward_s) < n):
+        raise PlanError(f"the bubble schedule needs encoder costs for all {n} encoder pieces")
+    schedule = Schedule(name="bubble", pipeline_model_parallel_size=pp,
+                        virtual_pipeline_model_parallel_size=vpp,
+                        num_microbatches=num_microbatches, encoder_stages=n,
+                        encoder_trainable=encoder_trainable, encoder_ranks=ranks_of_piece)
+    llm = [llm_order(pp, vpp, num_microbatches, r) for r in range(pp)]
+    forwards = [[Action("EF", mb, s) for mb in range(num_microbatches)
+                 for s in range(n) if ranks_of_piece[s] == r] for r in range(pp)]
+    backwards = [[Action("EB", mb, s) for mb in range(num_microbatches)
+                  for s in reversed(range(n)) if ranks_of_piece[s] == r]
+                 if encoder_trainable else [] for r in range(pp)]
+    _ListScheduler(schedule, costs, llm, forwards, backwards).run()
+    validate(schedule)
+    return schedule
+
+
+class _ListScheduler:
+    def __init__(self, schedule: Schedule, costs: ActionCosts, llm: List[List[Action]],
+                 forwards: List[List[Action]], backwards: List[List[Action]]):
+        self.s, self.costs = schedule, costs
+        self.llm, self.forwards, self.backwards = llm, forwards, backwards
+        pp = schedule.pipeline_model_parallel_size
+        self.pos = [0] * pp
+        self.clock = [0.0] * pp
+        self.finish: Dict[Key, float] = {}
+        self.owner: Dict[Key, int] = {}
+        self.orders: List[List[Action]] = [[] for _ in range(pp)]
+        self.llm_index = [{a.key: i for i, a in enumerate(order)} for order in llm]
+
+    def cost(self, a: Action) -> float:
+        return self.costs.of(a.kind, a.chunk)
+
+    def arrival(self, a: Action, rank: int) -> Optional[float]:
+        """When ``a``'s inputs are on ``rank``; None while one is not yet scheduled."""
+        t = 0.0
+        for d in self.s.dependencies(a):
+            if d not in self.finish:
+                return None
+            t = max(t, self.finish[d] + (self.costs.p2p_s if self.owner[d] != rank else 0.0))
+        return t
+
+    def estimate(self, key: Key, rank: int, memo: Dict[Key, float]) -> float:
+        """Earliest plausible arrival on ``rank`` of unscheduled ``key``: its producer's
+        clock plus the LLM work queued before it there, after its own inputs."""
+        if key in self.finish:
+            return self.finish[key] + (self.costs.p2p_s if self.owner[key] != rank else 0.0)
+        if key not in memo:
+            a = Action(*key)
+            q = self.s.rank_of(a)
+            index = self.llm_index[q].get(key)
+            queued = (sum(self.cost(b) for b in self.llm[q][self.pos[q]:index])
+                      if index is not None else 0.0)
+            ready = max([self.estimate(d, q, memo) for d in self.s.dependencies(a)],
+                        default=0.0)
+            memo[key] = max(self.clock[q] + queued, ready) + self.cost(a)
+        return memo[key] + (self.costs.p2p_s if self.s.rank_of(Action(*key)) != rank else 0.0)
+
+    def latest_start(self, a: Action) -> float:
+        """For an encoder forward: the latest start that does not hold up ``F(m, 0)``, the
+        LLM's first chunk, were rank 0 to run its queued LLM work back to back."""
+        if a.kind != "EF":
+            return float("inf")
+        first = ("F", a.microbatch, 0)
+        queued = sum(self.cost(b) for b in self.llm[0][self.pos[0]:self.llm_index[0][first]])
+        rest = sum(self.costs.of("EF", s) + self.costs.p2p_s
+                   for s in range(a.chunk + 1, self.s.encoder_stages))
+        return self.clock[0] + queued - rest - self.cost(a) - self.costs.p2p_s
+
+    def ready_encoder(self, rank: int) -> Optional[Tuple[float, Action]]:
+        for queue in (self.forwards[rank], self.backwards[rank]):
+            for a in queue:
+                t = self.arrival(a, rank)
+                if t is not None:
+                    return max(self.clock[rank], t), a
+        return None
+
+    def choice(self, rank: int) -> Optional[Tuple[float, Action, bool]]:
+        """(start, action, forced) this rank would run next; None: it waits for others."""
+        llm = self.llm[rank][self.pos[rank]] if self.pos[rank] < len(self.llm[rank]) else None
+        enc = self.ready_encoder(rank)
+        if llm is None:
+            return None if enc is None else (enc[0], enc[1], False)
+        t = self.arrival(llm, rank)
+        if t is not None:
+            start = max(self.clock[rank], t)
+            if enc is not None and (enc[0] + self.cost(enc[1]) <= start + 1e-12
+                                    or start + self.cost(llm) > self.latest_start(enc[1])):
+                return enc[0], enc[1], False
+            return start, llm, False
+        if enc is None:
+            return None
+        needed = enc[1].kind == "EF" and enc[1].microbatch <= llm.microbatch
+        deps = [self.estimate(d, rank, {}) for d in self.s.dependencies(llm)]
+        fits = enc[0] + self.cost(enc[1]) <= max([self.clock[rank]] + deps) + 1e-12
+        if needed or fits:
+            return enc[0], enc[1], False
+        return enc[0], enc[1], True  # only if no rank has anything better
+
+    def run(self) -> None:
+        total = sum(map(len, self.llm)) + sum(map(len, self.forwards)) + sum(
+            map(len, self.backwards))
+        for _ in range(total):
+            options = [(c[2], c[0], r, c[1]) for r in range(len(self.llm))
+                       if (c := self.choice(r)) is not None]
+            if not options:
+                raise PlanError("the bubble schedule deadlocks: no rank can run its next "
+                                "action (is an encoder piece's cost missing?)")
+            _, start, rank, a = min(options, key=lambda o: (o[0], o[1], o[2]))
+            self.commit(rank, a, start)
+        self.s.ranks = self.orders
+
+    def commit(self, rank: int, a: Action, start: float) -> None:
+        end = start + self.cost(a)
+        self.finish[a.key], self.owner[a.key] = end, rank
+        self.clock[rank] = end
+        self.orders[rank].append(a)
+        if a.kind in ("F", "B"):
+            self.pos[rank] += 1
+        else:
+            (self.forwards if a.kind == "EF" else self.backwards)[rank].remove(a)
