@@ -13,7 +13,6 @@ chunk 0; ``coarse`` splits it evenly over the ranks as its own pipeline.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Optional, Sequence
@@ -23,10 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from megatron_mm.plan import PlanError  # noqa: E402
 from megatron_mm.plan.actions import validate  # noqa: E402
 from megatron_mm.plan.generate import coarse, megatron  # noqa: E402
-from megatron_mm.plan.simulate import ActionCosts, Simulation, simulate  # noqa: E402
-
-COLOURS = {"F": (66, 133, 244), "B": (25, 80, 170), "EF": (251, 188, 5), "EB": (219, 120, 0)}
-
+from megatron_mm.plan.simulate import ActionCosts, simulate  # noqa: E402
+from megatron_mm.plan.timeline import write_chrome_trace, write_png  # noqa: E402
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -71,47 +68,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{', '.join(f'{b:.1f}' for b in sim.busy_s)} | "
               f"{', '.join(f'{i:.1f}' for i in sim.idle_s)} |")
     if args.trace_out:
-        events = []
-        for pid, sim in enumerate(runs):
-            trace = sim.chrome_trace()["traceEvents"]
-            events += [dict(e, pid=pid) for e in trace]
-            events.append({"name": "process_name", "ph": "M", "pid": pid,
-                           "args": {"name": sim.schedule}})
-        with open(args.trace_out, "w") as f:
-            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+        write_chrome_trace(runs, args.trace_out)
     if args.png_out:
         write_png(runs, args.png_out)
     return 0
-
-
-def write_png(runs, path: str, width: int = 1200, row: int = 28) -> None:
-    """Ranks as rows per schedule, LLM work blue, encoder work orange, bubbles white."""
-    from PIL import Image, ImageDraw
-
-    ranks = len(runs[0].busy_s)
-    longest = max(sim.iteration_s for sim in runs)
-    left, header = 110, 22
-    height = sum(header + ranks * row + 10 for _ in runs)
-    image = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(image)
-    scale = (width - left - 10) / longest
-    y = 0
-    for sim in runs:
-        draw.text((4, y + 4), f"{sim.schedule}: {sim.iteration_s:.2f}, bubble "
-                              f"{sim.bubble_fraction:.0%}", fill="black")
-        y += header
-        for r in range(ranks):
-            draw.text((4, y + r * row + 8), f"rank {r}", fill="black")
-            draw.rectangle([left, y + r * row + 2, left + longest * scale,
-                            y + (r + 1) * row - 2], outline=(200, 200, 200))
-        for t in sim.timeline:
-            x0, x1 = left + t.start_s * scale, left + t.end_s * scale
-            top = y + t.rank * row + 2
-            draw.rectangle([x0, top, max(x0 + 1, x1 - 1), top + row - 4], fill=COLOURS[t.kind])
-            if x1 - x0 > 18:
-                draw.text((x0 + 3, top + 6), f"{t.kind}{t.microbatch}", fill="white")
-        y += ranks * row + 10
-    image.save(path)
 
 
 if __name__ == "__main__":
