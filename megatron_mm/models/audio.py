@@ -19,6 +19,7 @@ from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from ..config import AudioEncoderConfig
+from .encoder_parts import EncoderParts
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
@@ -29,7 +30,7 @@ def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> tor
     return torch.cat([torch.sin(scaled), torch.cos(scaled)], dim=1)
 
 
-class AudioEncoder(MegatronModule):
+class AudioEncoder(EncoderParts, MegatronModule):
     """The encoder, or the part one pipeline chunk holds: the convolution stem and positions
     (``embed``), a range of transformer layers (``build_layers``), and pooling plus the
     output norm (``post``)."""
@@ -59,9 +60,6 @@ class AudioEncoder(MegatronModule):
         self.ln_post = (build_module(norm_impl, config=config, hidden_size=hidden,
                                      eps=config.layernorm_epsilon) if post else None)
 
-    def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
-        """Unused: the multimodal model hands each part its input explicitly."""
-
     def embed(self, mels: torch.Tensor) -> torch.Tensor:
         """[N, mel bins, 2 * max_source_positions] log-mel -> [T, N, hidden]."""
         enc = self.encoder_config
@@ -72,11 +70,6 @@ class AudioEncoder(MegatronModule):
         x = F.gelu(self.conv2(x))  # [N, hidden, T]
         x = x.transpose(1, 2) + self.position_embeddings.unsqueeze(0)
         return x.transpose(0, 1).contiguous()
-
-    def layers(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.decoder is None:
-            return hidden
-        return self.decoder(hidden, attention_mask=None)
 
     def features(self, hidden: torch.Tensor) -> torch.Tensor:
         """[T, N, hidden] -> [N, T // pool_stride, hidden]: pooled, then normed

@@ -62,6 +62,8 @@ class MultimodalModel(MegatronModule):
                 setattr(self, f"{name}_projection", projectors[name])
         self.language_model = language_model
         self.input_tensor: Optional[torch.Tensor] = None
+        # Encoder outputs handed to chunk 0 when the encoder runs as its own pipeline.
+        self.encoder_inputs: Dict[str, Optional[torch.Tensor]] = {}
         # Read by Megatron-Core's schedules (first / last pipeline stage of this chunk).
         self.pre_process = language_model.pre_process
         self.post_process = language_model.post_process
@@ -129,6 +131,24 @@ class MultimodalModel(MegatronModule):
             if part.embed:
                 hidden = encoder.embed(self._items(name, media))
             return encoder.layers(hidden)
+
+    def run_encoder_piece(self, name: str, media: Mapping[str, torch.Tensor],
+                          hidden: Optional[torch.Tensor], layers) -> Optional[torch.Tensor]:
+        """One piece of encoder ``name`` run as its own action: the patch embedding when
+        ``hidden`` is None, then its layers ``[start, end)``; None for a micro-batch
+        without this encoder's media."""
+        if self._items(name, media) is None:
+            return None
+        encoder = self.encoder(name)
+        trainable = name not in self.mm_config.freeze.encoders
+        with torch.set_grad_enabled(torch.is_grad_enabled() and trainable):
+            if hidden is None:
+                hidden = encoder.embed(self._items(name, media))
+            return encoder.layers(hidden, *layers)
+
+    def set_encoder_inputs(self, inputs: Mapping[str, Optional[torch.Tensor]]) -> None:
+        """The encoders' last hidden states for chunk 0 (``encoder_separate`` placements)."""
+        self.encoder_inputs = dict(inputs)
 
     def project(self, name: str, hidden: torch.Tensor) -> torch.Tensor:
         """Encoder output norm and projector: [T, N, H_enc] -> [N, T', H_llm]."""
@@ -203,6 +223,11 @@ class MultimodalModel(MegatronModule):
             hidden = None
         else:
             text, hidden = self.unpack(self.input_tensor, tokens, media)
+        if place.encoder_separate:  # the encoder ran as its own actions
+            for name in self.encoder_names:
+                if self.placement.encoder(name).projector:
+                    text = self.merge(name, tokens, text, media, self.encoder_inputs.get(name))
+            return text, None
         for name in self.encoder_names:
             if self._items(name, media) is not None:
                 hidden = self.run_encoder(name, media, hidden)
@@ -250,7 +275,7 @@ class MultimodalModel(MegatronModule):
         cpm = attention_mask if isinstance(attention_mask, ContextParallelMask) else None
         media = media or {}
         place = self.placement
-        if place.llm_embed or place.encoders:
+        if place.llm_embed or (place.encoders and not place.encoder_separate):
             hidden_in, encoder_hidden = self.front(tokens, position_ids, media)
             if not place.runs_llm:
                 return self.pack(hidden_in, encoder_hidden)

@@ -16,9 +16,10 @@ from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from ..config import VisionEncoderConfig
+from .encoder_parts import EncoderParts
 
 
-class VisionTransformer(MegatronModule):
+class VisionTransformer(EncoderParts, MegatronModule):
     """The ViT, or the part of it one pipeline chunk holds: the patch embedding (``embed``),
     the transformer layers Megatron-Core's layout gives this chunk (``build_layers``), and
     the output norm and class-token drop in front of the projector (``post``)."""
@@ -53,9 +54,6 @@ class VisionTransformer(MegatronModule):
                                      eps=config.layernorm_epsilon)
                         if post and encoder.apply_post_layernorm else None)
 
-    def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
-        """Unused: the multimodal model hands each part its input explicitly."""
-
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """[N, 3, H, W] images -> [T, N, hidden] (Megatron's sequence-first layout)."""
         x = self.conv1(images.to(self.conv1.weight.dtype))
@@ -66,11 +64,6 @@ class VisionTransformer(MegatronModule):
         if self.ln_pre is not None:
             x = self.ln_pre(x)
         return x.transpose(0, 1).contiguous()
-
-    def layers(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.decoder is None:
-            return hidden
-        return self.decoder(hidden, attention_mask=None)
 
     def features(self, hidden: torch.Tensor) -> torch.Tensor:
         """[T, N, hidden] -> [N, T', hidden] features (T' = ``num_output_tokens``)."""

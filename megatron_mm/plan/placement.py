@@ -42,6 +42,9 @@ class ChunkPlacement(Record):
     llm_head: bool = False
     receives_encoder: Optional[str] = None  # cut inside this encoder before the chunk
     sends_encoder: Optional[str] = None  # cut inside this encoder after the chunk
+    # The encoder runs as its own pipeline (encoder_pipeline.py): this chunk's encoder part
+    # runs as separate actions, and chunk 0 merges features handed to it.
+    encoder_separate: bool = False
 
     @property
     def num_llm_layers(self) -> int:

@@ -22,6 +22,7 @@ from ..config import (
     VisionEncoderConfig,
 )
 from ..plan import ModelSpec, Workload, build_chain
+from ..plan.encoder_pipeline import plan_encoder_pipeline
 from ..plan.partition import parse_partition_flag, partition
 
 
@@ -135,6 +136,23 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pipeline-profile", default=None, metavar="FILE",
                    help="measured per-layer times (tools/profile_layers.py) for "
                         "--pipeline-partition auto, instead of the FLOP cost model")
+    g.add_argument("--encoder-schedule", choices=["megatron", "coarse", "bubble"],
+                   default="megatron",
+                   help="megatron: Megatron-Core's schedules, encoders inside the pipeline "
+                        "chunks that --pipeline-partition gives them; coarse: the encoder as "
+                        "its own pipeline over the ranks, all its forwards before the LLM's "
+                        "work and its backwards after; bubble: its pieces placed in the "
+                        "LLM pipeline's bubbles (Optimus)")
+    g.add_argument("--encoder-pipeline-model-parallel-size", type=int, default=None,
+                   help="encoder pipeline stages for --encoder-schedule coarse|bubble; "
+                        "divides --pipeline-model-parallel-size (default: equal to it)")
+    g.add_argument("--encoder-tensor-model-parallel-size", type=int, default=None,
+                   help="the encoder's tensor parallelism (default and, in this runtime, "
+                        "only value: --tensor-model-parallel-size; tools/plan.py simulates "
+                        "others)")
+    g.add_argument("--encoder-pieces", type=int, default=1,
+                   help="pieces per encoder stage with coarse|bubble: finer pieces fit "
+                        "shorter bubbles")
     g.add_argument("--use-distributed-optimizer", action="store_true")
     g.add_argument("--overlap-grad-reduce", action="store_true")
     g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None,
@@ -307,7 +325,37 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
     _validate_data_balance(args)
     args.model_config = model_config_from_args(args)
     args.model_config.validate_parallel(tp)
+    _validate_encoder_schedule(args)
     check_pipeline_partition(args)
+
+
+def _validate_encoder_schedule(args: argparse.Namespace) -> None:
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    if args.encoder_schedule == "megatron":
+        for flag in ("encoder_pipeline_model_parallel_size",
+                     "encoder_tensor_model_parallel_size"):
+            if getattr(args, flag) is not None:
+                raise ConfigError(f"--{flag.replace('_', '-')} needs --encoder-schedule "
+                                  "coarse or bubble")
+        return
+    if args.encoder_pipeline_model_parallel_size is None:
+        args.encoder_pipeline_model_parallel_size = pp
+    etp = args.encoder_tensor_model_parallel_size
+    if etp is not None and (etp < 1 or tp % etp):
+        raise ConfigError(f"--encoder-tensor-model-parallel-size ({etp}) must divide "
+                          f"--tensor-model-parallel-size ({tp})")
+    if etp is not None and etp != tp:
+        raise ConfigError(f"--encoder-tensor-model-parallel-size {etp} != "
+                          f"--tensor-model-parallel-size {tp} is not supported by the runtime "
+                          "yet (tools/plan.py simulates it): drop the flag")
+    args.encoder_tensor_model_parallel_size = tp
+    blockers = [(args.context_parallel_size > 1, "--context-parallel-size > 1"),
+                (args.data_balance != "none", "--data-balance"),
+                (args.overlap_grad_reduce, "--overlap-grad-reduce")]
+    for blocked, flag in blockers:
+        if blocked:
+            raise ConfigError(f"--encoder-schedule {args.encoder_schedule} does not combine "
+                              f"with {flag} yet: drop one of them")
 
 
 def check_pipeline_partition(args: argparse.Namespace) -> None:
@@ -320,7 +368,12 @@ def check_pipeline_partition(args: argparse.Namespace) -> None:
                         Workload(seq_length=args.seq_length,
                                  micro_batch_size=args.micro_batch_size,
                                  tensor_model_parallel_size=args.tensor_model_parallel_size))
-    if args.pipeline_model_parallel_size > 1 or args.memory_limit_gb:
+    if args.encoder_schedule != "megatron":
+        plan_encoder_pipeline(chain, args.pipeline_model_parallel_size,
+                              args.virtual_pipeline_model_parallel_size or 1,
+                              args.pipeline_partition, args.encoder_pipeline_model_parallel_size,
+                              args.encoder_pieces, args.num_microbatches)
+    elif args.pipeline_model_parallel_size > 1 or args.memory_limit_gb:
         partition(chain, args.pipeline_model_parallel_size,
                   args.virtual_pipeline_model_parallel_size or 1, args.pipeline_partition,
                   memory_limit_bytes=(args.memory_limit_gb * 1024 ** 3

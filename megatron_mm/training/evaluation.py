@@ -15,7 +15,7 @@ from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_regi
 
 from ..data import Sample, collate
 from .initialize import device
-from .step import batch_to_device, reduce_lm_loss, run_schedule
+from .step import batch_to_device, forward_backward_func, reduce_lm_loss, run_schedule
 
 
 def evaluate_loss(args, model: List, batches) -> float:
@@ -32,7 +32,7 @@ def evaluate_loss(args, model: List, batches) -> float:
 
 
 def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
-                attention=None) -> torch.Tensor:
+                attention=None, forward_backward=None) -> torch.Tensor:
     """Greedy next token of every row of ``micro_batches``, by one forward-only pass through
     the pipeline (the schedule Megatron-Core picks for the layout); all pipeline ranks get
     the result. ``attention`` (AttentionSettings) gives the training mask, whole-sequence:
@@ -51,7 +51,7 @@ def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
 
     first = micro_batches[0]["tokens"]
     iterators = [iter(micro_batches) for _ in model] if len(model) > 1 else iter(micro_batches)
-    collected = get_forward_backward_func()(
+    collected = (forward_backward or get_forward_backward_func())(
         forward_step_func=forward_step, data_iterator=iterators, model=model,
         num_microbatches=len(micro_batches), seq_length=first.shape[1],
         micro_batch_size=first.shape[0], forward_only=True, collect_non_loss_data=True)
@@ -65,7 +65,8 @@ def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
 
 @torch.no_grad()
 def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tokens: int,
-                    eos_id: int, vocab_size: int, attention=None) -> List[List[int]]:
+                    eos_id: int, vocab_size: int, attention=None,
+                    forward_backward=None) -> List[List[int]]:
     """Greedy continuation of prompts of equal length; returns new ids up to EOS."""
     # Interleaved 1F1B runs whole groups of PP equal micro-batches: pad with repeats.
     pieces = parallel_state.get_pipeline_model_parallel_world_size() if len(model) > 1 else 1
@@ -75,7 +76,7 @@ def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tok
     for _ in range(max_new_tokens):
         size = len(rows) // pieces
         micro = [collate(rows[i:i + size], pad_id=pad_id) for i in range(0, len(rows), size)]
-        nxt = next_tokens(model, micro, vocab_size, attention).tolist()
+        nxt = next_tokens(model, micro, vocab_size, attention, forward_backward).tolist()
         for i, t in enumerate(nxt[:len(prompts)]):
             if not done[i]:
                 out[i].append(t)
@@ -123,7 +124,8 @@ def answer_accuracy(args, model: List, dataset, tokenizer, indices: Sequence[int
             generated = greedy_generate(model, batch, tokenizer.pad_id,
                                         args.eval_max_new_tokens, tokenizer.eos_id,
                                         tokenizer.base_vocab_size,
-                                        getattr(args, "attention", None))
+                                        getattr(args, "attention", None),
+                                        forward_backward_func(args))
             for sample, ids in zip(batch, generated):
                 guess = normalize_answer(tokenizer.detokenize(ids))
                 correct += int(guess == normalize_answer(sample.answer))

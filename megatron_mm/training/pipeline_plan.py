@@ -40,3 +40,16 @@ def describe_plan(args, part: StagePartition) -> str:
         lines.append(f"   chunk {c} (pipeline rank {part.rank_of_chunk(c)}): "
                      f"{describe_chunk(chain, start, end)}")
     return "\n".join(lines)
+
+
+def describe_encoder_plan(args, plan) -> str:
+    """The LLM chunks and the encoder pieces of ``--encoder-schedule coarse|bubble``."""
+    part, pieces = plan.llm_partition, plan.pieces
+    lines = [f"> encoder schedule {args.encoder_schedule}: LLM layers per chunk "
+             f"{part.layers_per_chunk} ({part.policy}); {pieces.name} "
+             f"{'trainable' if plan.encoder_trainable else 'frozen'}, "
+             f"{len(pieces.ranks)} pieces"]
+    for p, (layers, rank) in enumerate(zip(pieces.layers, pieces.ranks)):
+        lines.append(f"   {pieces.name} piece {p} (pipeline rank {rank}): layers "
+                     f"{layers[0]}-{layers[1] - 1}")
+    return "\n".join(lines)

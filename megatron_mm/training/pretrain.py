@@ -40,9 +40,10 @@ from ..models.specs import default_transformer_impl
 from .attention import AttentionSettings
 from .balanced_data import balanced_batch_iterator
 from .checkpointing import CheckpointError, load_checkpoint, save_checkpoint, saved_args
+from .encoder_schedule import build_executor, encoder_pipeline_plan, separate_encoder
 from .evaluation import answer_accuracy, evaluate_loss
 from .initialize import device, initialize_distributed, set_random_seed
-from .pipeline_plan import describe_plan, plan_pipeline
+from .pipeline_plan import describe_encoder_plan, describe_plan, plan_pipeline
 from .step import TokenCounter, train_step
 
 # Errors caused by the user's flags or data; scripts report them without a traceback.
@@ -171,9 +172,15 @@ def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: boo
 def build_model_chunks(args, tokenizer) -> List[MultimodalModel]:
     """This rank's pipeline chunks: one, or one per virtual stage (interleaved 1F1B), each
     holding the modules the pipeline plan gives it."""
-    part, placements = plan_pipeline(args)
-    if args.pipeline_model_parallel_size > 1:
-        print_rank_0(describe_plan(args, part))
+    if separate_encoder(args):
+        plan = encoder_pipeline_plan(args)
+        placements = plan.placements
+        args.schedule_executor = build_executor(args, plan)
+        print_rank_0(describe_encoder_plan(args, plan))
+    else:
+        part, placements = plan_pipeline(args)
+        if args.pipeline_model_parallel_size > 1:
+            print_rank_0(describe_plan(args, part))
     settings = build_settings(args, placements)
     pp, rank = args.pipeline_model_parallel_size, parallel_state.get_pipeline_model_parallel_rank()
     vpp = args.virtual_pipeline_model_parallel_size

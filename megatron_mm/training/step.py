@@ -69,8 +69,14 @@ def forward_step(data_iterator: Iterator, model,
     return output, partial(loss_func, loss_mask)
 
 
+def forward_backward_func(args):
+    """Megatron-Core's schedule for the layout, or the schedule executor that
+    ``--encoder-schedule coarse|bubble`` installs (called the same way)."""
+    return getattr(args, "schedule_executor", None) or get_forward_backward_func()
+
+
 def run_schedule(args, model: List, data_iterator: Iterator, forward_only: bool) -> List[dict]:
-    forward_backward = get_forward_backward_func()
+    forward_backward = forward_backward_func(args)
     return forward_backward(
         forward_step_func=partial(forward_step, attention=getattr(args, "attention", None)),
         data_iterator=data_iterator, model=model,

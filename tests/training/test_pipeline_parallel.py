@@ -58,6 +58,8 @@ PP2 = ["--pipeline-model-parallel-size", "2"]
 PP4 = ["--pipeline-model-parallel-size", "4"]
 SPLIT_VIT = ["--pipeline-partition", "3,5"]  # [embedding, ViT embed, ViT 0] [ViT 1, ...]
 FOUR_LAYERS = ["--num-layers", "4"]  # chain: 1 + 1 + 2 + 1 + 4 + 1 = 10
+COARSE = ["--encoder-schedule", "coarse"]
+BUBBLE = ["--encoder-schedule", "bubble"]
 
 
 @pytest.mark.parametrize("world, layout, model", [
@@ -71,8 +73,20 @@ FOUR_LAYERS = ["--num-layers", "4"]  # chain: 1 + 1 + 2 + 1 + 4 + 1 = 10
                "3,2,3,2"], FOUR_LAYERS + ["--freeze-ViT"]),
     # [embedding, ViT embed] [ViT 0-1] [projector, LLM 0-1] [LLM 2-3, output]
     (4, PP4 + ["--pipeline-partition", "2,2,3,3"], FOUR_LAYERS + ["--freeze-ViT"]),
+    # The ViT as its own pipeline, run by the schedule executor (--encoder-schedule):
+    # [ViT 0 | ViT 1] over the two ranks, all forwards first (coarse) or in the bubbles
+    (2, PP2 + COARSE, []),
+    (4, PP2 + ["--tensor-model-parallel-size", "2"] + BUBBLE, []),
+    # both ViT layers as two pieces on rank 0, the LLM interleaved over 4 chunks
+    (2, PP2 + ["--virtual-pipeline-model-parallel-size", "2"] + BUBBLE +
+     ["--encoder-pipeline-model-parallel-size", "1", "--encoder-pieces", "2"],
+     FOUR_LAYERS + ["--freeze-ViT"]),
+    # ViT 0 on rank 0, ViT 1 on rank 2
+    (4, PP4 + BUBBLE + ["--encoder-pipeline-model-parallel-size", "2"],
+     FOUR_LAYERS + ["--freeze-ViT"]),
 ], ids=["pp2", "pp2-split-vit", "tp2-pp2", "pp2-auto-frozen-vit", "pp2-vpp2-split-frozen-vit",
-        "pp4-frozen-vit"])
+        "pp4-frozen-vit", "pp2-coarse", "tp2-pp2-bubble", "pp2-vpp2-bubble-frozen-vit",
+        "pp4-bubble-frozen-vit"])
 def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout,
                                               model):
     # Stages draw different random streams, so both runs start from one saved init.

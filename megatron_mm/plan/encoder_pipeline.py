@@ -1,0 +1,146 @@
+"""The encoder as its own pipeline (Optimus): its pieces, where they run, what they cost.
+
+With ``--encoder-schedule coarse|bubble`` the LLM is partitioned over the pipeline's model
+chunks on its own chain (word embedding, decoder layers, head) and the encoder's
+transformer layers are cut into consecutive pieces, piece p on rank
+``encoder_ranks[p]`` (``generate.encoder_placement``). Each rank's pieces live in its first
+model chunk (virtual stage 0). The encoder's patch embedding runs with piece 0; its output
+norm and the projector run with LLM chunk 0, which merges the features into the text, so a
+frozen encoder with a trainable projector needs no encoder backward.
+
+The same records drive the runtime (which modules a chunk builds, which layers an ``EF``
+action runs) and the simulator (``action_costs``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+from .errors import PlanError
+from .hardware import Hardware
+from .layers import LLM, Layer
+from .generate import encoder_placement
+from .partition import StagePartition, partition
+from .placement import ChunkPlacement, EncoderPlacement, chunk_placements
+from .record import Record
+from .simulate import ActionCosts
+
+
+@dataclass
+class EncoderPieces(Record):
+    """Encoder ``name``'s layers ``[start, end)`` per piece and the rank running each."""
+
+    name: str
+    layers: List[List[int]] = field(default_factory=list)
+    ranks: List[int] = field(default_factory=list)
+
+    def of_rank(self, rank: int) -> List[int]:
+        return [p for p, r in enumerate(self.ranks) if r == rank]
+
+
+def split_chain(chain: Sequence[Layer]) -> Tuple[str, List[Layer], List[Layer]]:
+    """(encoder name, its layers in chain order, the LLM's layers); one encoder only."""
+    names = sorted({l.branch for l in chain if l.branch != LLM})
+    if len(names) != 1:
+        raise PlanError(f"--encoder-schedule coarse|bubble runs one encoder as its own "
+                        f"pipeline; this model has {len(names)} ({', '.join(names) or 'none'})")
+    return (names[0], [l for l in chain if l.branch != LLM],
+            [l for l in chain if l.branch == LLM])
+
+
+def encoder_pieces(chain: Sequence[Layer], encoder_ranks: Sequence[int]) -> EncoderPieces:
+    """Cut the encoder's transformer layers into ``len(encoder_ranks)`` pieces of equal
+    count (the first ones one layer longer); every piece holds at least one layer."""
+    name, encoder, _ = split_chain(chain)
+    n_layers = sum(1 for l in encoder if l.kind.endswith("_layer"))
+    n = len(encoder_ranks)
+    if n > n_layers:
+        raise PlanError(f"{n} encoder pieces but the encoder has {n_layers} layers: lower "
+                        "--encoder-pieces or --encoder-pipeline-model-parallel-size")
+    if list(encoder_ranks) != sorted(encoder_ranks):
+        raise PlanError("encoder pieces must run on non-decreasing pipeline ranks (Megatron-"
+                        "Core numbers a stack's layers in pipeline order)")
+    bounds, start = [], 0
+    for p in range(n):
+        size = n_layers // n + (p < n_layers % n)
+        bounds.append([start, start + size])
+        start += size
+    return EncoderPieces(name=name, layers=bounds, ranks=list(encoder_ranks))
+
+
+def separate_placements(chain: Sequence[Layer], llm_partition: StagePartition,
+                        pieces: EncoderPieces) -> List[ChunkPlacement]:
+    """Every chunk's modules: the LLM by ``llm_partition`` (over the LLM's own chain), each
+    rank's encoder pieces in its first chunk, the encoder's output norm and projector in
+    chunk 0."""
+    _, _, llm = split_chain(chain)
+    placements = chunk_placements(llm, llm_partition)
+    for place in placements:
+        place.encoder_separate = True
+    for rank in sorted(set(pieces.ranks)):
+        mine = pieces.of_rank(rank)
+        placements[rank].encoders.append(EncoderPlacement(
+            name=pieces.name, embed=0 in mine,
+            layers=[pieces.layers[mine[0]][0], pieces.layers[mine[-1]][1]]))
+    first = placements[0].encoder(pieces.name)
+    if first is None:
+        first = EncoderPlacement(name=pieces.name)
+        placements[0].encoders.append(first)
+    first.projector = True
+    return placements
+
+
+def action_costs(chain: Sequence[Layer], llm_partition: StagePartition,
+                 pieces: EncoderPieces, hardware: Hardware, p2p_s: float = 0.0
+                 ) -> ActionCosts:
+    """Per-action seconds of one micro-batch: LLM chunk c's layers (chunk 0 with the
+    projector), encoder piece p's layers (piece 0 with the patch embedding)."""
+    _, encoder, llm = split_chain(chain)
+    fwd = lambda layers: sum(hardware.seconds(l.fwd_flops) for l in layers)  # noqa: E731
+    bwd = lambda layers: sum(hardware.seconds(l.bwd_flops) for l in layers)  # noqa: E731
+    chunks = [llm[s:e] for s, e in llm_partition.chunk_bounds()]
+    chunks[0] = chunks[0] + [l for l in encoder if l.kind == "projector"]
+    embed = [l for l in encoder if l.kind.endswith("_embed")]
+    layers = [l for l in encoder if l.kind.endswith("_layer")]
+    per_piece = [layers[s:e] + (embed if p == 0 else [])
+                 for p, (s, e) in enumerate(pieces.layers)]
+    return ActionCosts(forward_s=[fwd(c) for c in chunks], backward_s=[bwd(c) for c in chunks],
+                       encoder_forward_s=[fwd(p) for p in per_piece],
+                       encoder_backward_s=[bwd(p) for p in per_piece], p2p_s=p2p_s)
+
+
+def baseline_costs(chain: Sequence[Layer], partition: StagePartition, hardware: Hardware,
+                   p2p_s: float = 0.0) -> ActionCosts:
+    """Per-chunk seconds of the whole chain partitioned as Megatron runs it (the encoder
+    inside the chunks that hold it): the ``megatron`` schedule's costs."""
+    bounds = partition.chunk_bounds()
+    return ActionCosts(
+        forward_s=[sum(hardware.seconds(l.fwd_flops) for l in chain[s:e]) for s, e in bounds],
+        backward_s=[sum(hardware.seconds(l.bwd_flops) for l in chain[s:e]) for s, e in bounds],
+        p2p_s=p2p_s)
+
+
+@dataclass
+class EncoderPipelinePlan(Record):
+    """Where the LLM chunks and the encoder pieces run, and whether the encoder trains."""
+
+    llm_partition: StagePartition
+    pieces: EncoderPieces
+    placements: List[ChunkPlacement]
+    encoder_trainable: bool
+
+
+def plan_encoder_pipeline(chain: Sequence[Layer], pp: int, vpp: int, policy,
+                          encoder_pp: Optional[int] = None, pieces_per_stage: int = 1,
+                          num_microbatches: int = 1) -> EncoderPipelinePlan:
+    """The LLM partitioned over its own chain by ``policy`` (as ``--pipeline-partition``),
+    the encoder over ``encoder_pp`` stages of ``pieces_per_stage`` pieces."""
+    _, encoder, llm = split_chain(chain)
+    part = partition(llm, pp, vpp, policy, num_microbatches=num_microbatches)
+    _, ranks = encoder_placement(pp, encoder_pp, pieces_per_stage)
+    pieces = encoder_pieces(chain, ranks)
+    return EncoderPipelinePlan(
+        llm_partition=part, pieces=pieces, placements=separate_placements(chain, part, pieces),
+        encoder_trainable=any(l.trainable for l in encoder if l.kind.endswith(("_layer",
+                                                                             "_embed"))))

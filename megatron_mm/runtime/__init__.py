@@ -1,0 +1,5 @@
+"""Executing plans: the schedule executor and the messages between pipeline ranks."""
+
+from .executor import ScheduleExecutor
+
+__all__ = ["ScheduleExecutor"]

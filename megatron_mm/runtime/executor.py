@@ -1,0 +1,213 @@
+"""Run any valid ``plan.actions.Schedule`` with Megatron-Core's building blocks.
+
+Each rank walks its own action list: ``F`` / ``B`` are Megatron-Core's ``forward_step`` /
+``backward_step`` on an LLM model chunk (losses, per-token scaling, grad-scale hooks as
+in its schedules), ``EF`` / ``EB`` run and differentiate one encoder piece
+(``MultimodalModel.run_encoder_piece``). Tensors between actions travel through a
+``Mailbox`` (or stay local when producer and consumer share a rank) and are cut from the
+producer's graph there, so every action's backward stops at its own inputs; the gradient
+of each input goes back to its producer. After the last action, Megatron-Core's
+``finalize_model_grads`` reduces gradients over data-parallel ranks and tied embeddings
+exactly as after its own schedules.
+
+``ScheduleExecutor`` is called like the function ``get_forward_backward_func()`` returns,
+so training, evaluation and generation run through it unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.pipeline_parallel.schedules import backward_step, forward_step
+from megatron.core.utils import get_attr_wrapped_model, get_model_config
+
+from ..plan.actions import Action, Schedule
+from ..plan.encoder_pipeline import EncoderPieces
+from ..plan.simulate import TimedAction
+from .mailbox import Mailbox
+
+Key = Tuple[str, int, int]
+
+
+class ScheduleExecutor:
+    """``make_schedule(num_microbatches)`` gives the schedule of an iteration (cached per
+    micro-batch count); ``pieces`` says which encoder layers each ``EF`` runs."""
+
+    def __init__(self, make_schedule: Callable[[int], Schedule],
+                 pieces: Optional[EncoderPieces], to_device: Callable[[dict], dict]):
+        self.make_schedule = make_schedule
+        self.pieces = pieces
+        self.to_device = to_device
+        self._schedules: Dict[int, Schedule] = {}
+        self.record_timeline = False
+        self.timeline: List[TimedAction] = []  # the last iteration's, when recorded
+
+    def schedule(self, num_microbatches: int) -> Schedule:
+        if num_microbatches not in self._schedules:
+            self._schedules[num_microbatches] = self.make_schedule(num_microbatches)
+        return self._schedules[num_microbatches]
+
+    def __call__(self, *, forward_step_func, data_iterator, model, num_microbatches: int,
+                 seq_length=None, micro_batch_size=None, forward_only: bool = False,
+                 collect_non_loss_data: bool = False, **_) -> list:
+        model = model if isinstance(model, list) else [model]
+        iterators = data_iterator if isinstance(data_iterator, list) else [data_iterator]
+        batches = [next(iterators[0]) for _ in range(num_microbatches)]
+        for other in iterators[1:]:  # the per-chunk copies stay in step
+            for _ in range(num_microbatches):
+                next(other)
+        run = _Iteration(self, self.schedule(num_microbatches), model, batches,
+                         forward_step_func, forward_only, collect_non_loss_data)
+        run.execute()
+        if self.record_timeline:
+            self.timeline = run.timeline
+        return run.forward_data_store
+
+
+class _Iteration:
+    def __init__(self, executor: ScheduleExecutor, schedule: Schedule, model: List,
+                 batches: List[dict], forward_step_func, forward_only: bool,
+                 collect_non_loss_data: bool):
+        self.x, self.s, self.model, self.batches = executor, schedule, model, batches
+        self.forward_step_func = forward_step_func
+        self.forward_only, self.collect = forward_only, collect_non_loss_data
+        self.config = get_model_config(model[0])
+        self.rank = parallel_state.get_pipeline_model_parallel_rank()
+        self.mailbox = Mailbox(parallel_state.get_pipeline_model_parallel_group(),
+                               _device_of(model[0]))
+        self.local: Dict[Key, Optional[torch.Tensor]] = {}  # messages to this same rank
+        self.saved: Dict[Key, Tuple] = {}  # (inputs, output) per forward, for its backward
+        self.forward_data_store: list = []
+        self.num_tokens = torch.zeros((), dtype=torch.int, device=self.mailbox.device)
+        self.media: Dict[int, dict] = {}
+        self.timeline: List[TimedAction] = []
+        self.encoder = executor.pieces.name if executor.pieces else None
+
+    # -- plumbing --------------------------------------------------------------------
+    def rank_of(self, kind: str, chunk: int) -> int:
+        return self.s.rank_of(Action(kind, 0, chunk))
+
+    def send(self, to_rank: int, key: Key, tensor: Optional[torch.Tensor]) -> None:
+        if tensor is not None:
+            tensor = tensor.detach()
+        if to_rank == self.rank:
+            self.local[key] = tensor
+        else:
+            self.mailbox.send(to_rank, key, tensor)
+
+    def receive(self, from_rank: int, key: Key, needs_grad: bool) -> Optional[torch.Tensor]:
+        """The tensor ``key`` as a fresh leaf of this action's graph."""
+        if from_rank == self.rank:
+            tensor = self.local.pop(key)
+        else:
+            tensor = self.mailbox.recv(from_rank, key)
+        if tensor is not None:
+            tensor = tensor.detach().requires_grad_(needs_grad and tensor.is_floating_point())
+        return tensor
+
+    def media_of(self, m: int) -> dict:
+        if m not in self.media:
+            self.media[m] = self.x.to_device({**self.batches[m]})["media"]
+        return self.media[m]
+
+    def chunk(self, c: int):
+        return self.model[c // self.s.pipeline_model_parallel_size]
+
+    @property
+    def encoder_trainable(self) -> bool:
+        return self.s.encoder_trainable and not self.forward_only
+
+    # -- actions -----------------------------------------------------------------------
+    def execute(self) -> None:
+        actions = self.s.ranks[self.rank]
+        if self.forward_only:  # forwards only need forwards; their order stays valid
+            actions = [a for a in actions if a.kind in ("F", "EF")]
+        if self.x.record_timeline:
+            torch.distributed.barrier(group=parallel_state.get_pipeline_model_parallel_group())
+        origin = time.time()
+        for a in actions:
+            start = time.time()
+            getattr(self, "run_" + a.kind)(a.microbatch, a.chunk)
+            if self.x.record_timeline:
+                self.timeline.append(TimedAction(self.rank, a.kind, a.microbatch, a.chunk,
+                                                 start - origin, time.time() - origin))
+        self.mailbox.wait()
+        assert not self.local, f"local messages never used: {sorted(self.local)}"
+        if not self.forward_only and self.config.finalize_model_grads_func is not None:
+            self.config.finalize_model_grads_func(
+                self.model, self.num_tokens if self.config.calculate_per_token_loss else None)
+
+    def run_EF(self, m: int, p: int) -> None:
+        pieces = self.x.pieces
+        hidden = (None if p == 0 else
+                  self.receive(self.rank_of("EF", p - 1), ("EF", m, p - 1),
+                               self.encoder_trainable))
+        run_piece = get_attr_wrapped_model(self.model[0], "run_encoder_piece")
+        with torch.set_grad_enabled(self.encoder_trainable):
+            out = run_piece(pieces.name, self.media_of(m), hidden, pieces.layers[p])
+        last = p == self.s.encoder_stages - 1
+        self.send(self.rank_of("F", 0) if last else self.rank_of("EF", p + 1), ("EF", m, p),
+                  out)
+        if self.encoder_trainable:
+            self.saved[("EF", m, p)] = (hidden, out)
+
+    def run_F(self, m: int, c: int) -> None:
+        chunk = self.chunk(c)
+        if c == 0:
+            inputs = None
+            if self.encoder is not None:
+                inputs = self.receive(self.rank_of("EF", self.s.encoder_stages - 1),
+                                      ("EF", m, self.s.encoder_stages - 1),
+                                      self.encoder_trainable)
+                get_attr_wrapped_model(chunk, "set_encoder_inputs")({self.encoder: inputs})
+        else:
+            inputs = self.receive(self.rank_of("F", c - 1), ("F", m, c - 1),
+                                  not self.forward_only)
+        last = c == self.s.num_chunks - 1
+        with torch.set_grad_enabled(not self.forward_only):
+            output, num_tokens = forward_step(
+                self.forward_step_func, iter([self.batches[m]]), chunk,
+                self.s.num_microbatches, None if c == 0 else inputs, self.forward_data_store,
+                self.config, cp_group_size=1, collect_non_loss_data=self.collect,
+                is_first_microbatch=m == 0, vp_stage=c // self.s.pipeline_model_parallel_size,
+                is_last_stage=last)
+        if c == 0 and self.encoder is not None:
+            get_attr_wrapped_model(chunk, "set_encoder_inputs")({})
+        self.num_tokens += num_tokens.to(self.num_tokens.device)
+        if not last:
+            self.send(self.rank_of("F", c + 1), ("F", m, c), output)
+        if not self.forward_only:
+            self.saved[("F", m, c)] = (inputs, output)
+
+    def run_B(self, m: int, c: int) -> None:
+        inputs, output = self.saved.pop(("F", m, c))
+        last = c == self.s.num_chunks - 1
+        grad = None if last else self.receive(self.rank_of("B", c + 1), ("B", m, c + 1), False)
+        if inputs is not None and not inputs.requires_grad:
+            inputs = None  # a frozen encoder's output: no gradient to hand back
+        if output.requires_grad:
+            input_grad = backward_step(inputs, output, grad, self.config)
+        else:  # nothing trainable upstream of the loss (Megatron's backward_step skips too)
+            input_grad = None
+        if c > 0:
+            self.send(self.rank_of("B", c - 1), ("B", m, c), input_grad)
+        elif self.encoder_trainable:
+            self.send(self.rank_of("EB", self.s.encoder_stages - 1), ("B", m, 0), input_grad)
+
+    def run_EB(self, m: int, p: int) -> None:
+        hidden, out = self.saved.pop(("EF", m, p))
+        last = p == self.s.encoder_stages - 1
+        grad = (self.receive(self.rank_of("B", 0), ("B", m, 0), False) if last else
+                self.receive(self.rank_of("EB", p + 1), ("EB", m, p + 1), False))
+        input_grad = None
+        if out is not None and out.requires_grad and grad is not None:
+            input_grad = backward_step(hidden, out, grad, self.config)
+        if p > 0:
+            self.send(self.rank_of("EB", p - 1), ("EB", m, p), input_grad)
+
+
+def _device_of(module) -> torch.device:
+    return next(module.parameters()).device

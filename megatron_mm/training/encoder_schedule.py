@@ -1,0 +1,48 @@
+"""``--encoder-schedule coarse|bubble``: the encoder as its own pipeline, run by the
+schedule executor instead of Megatron-Core's schedules (``megatron``, the default).
+
+The plan (LLM partition, encoder pieces and their ranks) comes from the training chain; the
+``bubble`` schedule is generated on its per-action costs, from the cost model or measured
+per-layer times (``--pipeline-profile``), once per micro-batch count.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..plan.bubble import bubble
+from ..plan.encoder_pipeline import EncoderPipelinePlan, action_costs, plan_encoder_pipeline
+from ..plan.generate import coarse
+from ..plan.hardware import Hardware
+from ..plan.profile import MEASURED
+from ..runtime import ScheduleExecutor
+from .pipeline_plan import training_chain
+from .step import batch_to_device
+
+
+def separate_encoder(args) -> bool:
+    return getattr(args, "encoder_schedule", "megatron") != "megatron"
+
+
+def encoder_pipeline_plan(args, chain=None) -> EncoderPipelinePlan:
+    return plan_encoder_pipeline(
+        chain if chain is not None else training_chain(args),
+        args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1,
+        args.pipeline_partition, args.encoder_pipeline_model_parallel_size,
+        args.encoder_pieces, args.num_microbatches)
+
+
+def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int):
+    pp, vpp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1
+    stages, pieces = args.encoder_pipeline_model_parallel_size, args.encoder_pieces
+    if args.encoder_schedule == "coarse":
+        return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, stages, pieces)
+    hardware = MEASURED if getattr(args, "pipeline_profile", None) else Hardware()
+    costs = action_costs(training_chain(args), plan.llm_partition, plan.pieces, hardware)
+    return bubble(pp, vpp, num_microbatches, plan.encoder_trainable, costs, stages, pieces)
+
+
+def build_executor(args, plan: Optional[EncoderPipelinePlan] = None) -> ScheduleExecutor:
+    plan = plan or encoder_pipeline_plan(args)
+    return ScheduleExecutor(lambda m: make_schedule(args, plan, m), plan.pieces,
+                            batch_to_device)
