@@ -56,6 +56,21 @@ SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
     (["--context-parallel-size", "2", "--pipeline-model-parallel-size", "2",
       "--virtual-pipeline-model-parallel-size", "2"], 4,
      "--context-parallel-size > 1 is not wired into interleaved pipelines yet"),
+    # the encoder as its own pipeline
+    (["--pipeline-model-parallel-size", "4", "--num-layers", "4", "--encoder-schedule",
+      "bubble", "--encoder-pipeline-model-parallel-size", "3"], 4,
+     "--encoder-pipeline-model-parallel-size (3) must divide --pipeline-model-parallel-size"),
+    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "coarse",
+      "--encoder-pieces", "2"], 2, "4 encoder pieces but the encoder has 2 layers"),
+    (["--tensor-model-parallel-size", "2", "--encoder-schedule", "bubble",
+      "--encoder-tensor-model-parallel-size", "1"], 2,
+     "--encoder-tensor-model-parallel-size 1 != --tensor-model-parallel-size 2 is not "
+     "supported by the runtime yet"),
+    (["--pipeline-model-parallel-size", "2", "--encoder-pipeline-model-parallel-size", "2"],
+     2, "--encoder-pipeline-model-parallel-size needs --encoder-schedule coarse or bubble"),
+    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble",
+      "--overlap-grad-reduce"], 2, "--encoder-schedule bubble does not combine with "
+                                   "--overlap-grad-reduce yet"),
 ])
 def test_bad_flags_name_the_flag(capsys, argv, world, message):
     with pytest.raises(SystemExit) as exit_info:

@@ -1,0 +1,64 @@
+"""The encoder as its own pipeline: pieces, where each runs, the chunks' modules, and the
+per-action costs the bubble schedule and the simulator use."""
+
+import pytest
+
+from megatron_mm.plan import PlanError, StagePartition
+from megatron_mm.plan.encoder_pipeline import (
+    action_costs,
+    encoder_pieces,
+    plan_encoder_pipeline,
+    separate_placements,
+)
+from megatron_mm.plan.hardware import Hardware
+from megatron_mm.plan.placement import megatron_layout
+
+from helpers import layer, vlm_chain
+
+UNIT = Hardware(name="1 FLOP per second", peak_flops=1.0, efficiency=1.0)
+
+
+def test_pieces_cut_the_encoder_layers_evenly_in_pipeline_order():
+    pieces = encoder_pieces(vlm_chain(5, 4), [0, 0, 1])
+    assert pieces.name == "vision" and pieces.layers == [[0, 2], [2, 4], [4, 5]]
+    assert pieces.of_rank(0) == [0, 1]
+    with pytest.raises(PlanError, match="--encoder-pieces"):
+        encoder_pieces(vlm_chain(2, 4), [0, 0, 1])
+    with pytest.raises(PlanError, match="non-decreasing"):
+        encoder_pieces(vlm_chain(4, 4), [1, 0])
+
+
+def test_placements_put_pieces_in_first_chunks_and_the_projector_in_chunk_0():
+    chain = vlm_chain(4, 4)
+    # LLM chain: embed, 4 layers, head over PP=2 x VPP=2 chunks
+    llm = StagePartition(2, 2, [2, 1, 1, 2])
+    places = separate_placements(chain, llm, encoder_pieces(chain, [0, 1]))
+    assert all(p.encoder_separate for p in places)
+    vit0, vit1 = places[0].encoder("vision"), places[1].encoder("vision")
+    assert (vit0.embed, vit0.layers, vit0.projector) == (True, [0, 2], True)
+    assert (vit1.embed, vit1.layers, vit1.projector) == (False, [2, 4], False)
+    assert places[2].encoder("vision") is None and places[3].encoder("vision") is None
+    assert places[0].llm_embed and places[0].llm_layers == [0, 1] and places[3].llm_head
+    # Megatron-Core numbers the ViT layers in pipeline order: 2 on rank 0, 2 on rank 1
+    assert megatron_layout(places, "vision") == [["embedding", "decoder", "decoder"],
+                                                 ["decoder", "decoder"], [], ["loss"]]
+
+
+def test_action_costs_sum_their_layers():
+    chain = vlm_chain(4, 2, freeze_vit=False, freeze_llm=False)
+    plan = plan_encoder_pipeline(chain, 2, 1, "uniform")
+    costs = action_costs(chain, plan.llm_partition, plan.pieces, UNIT)
+    # unit forward per layer: chunk 0 = embed + LLM 0 + projector, chunk 1 = LLM 1 + head;
+    # piece 0 = ViT 0-1 + patch embedding, piece 1 = ViT 2-3
+    assert plan.llm_partition.layers_per_chunk == [2, 2]
+    assert costs.forward_s == [3.0, 2.0] and costs.encoder_forward_s == [3.0, 2.0]
+    assert plan.encoder_trainable
+    assert not plan_encoder_pipeline(vlm_chain(4, 2), 2, 1, "uniform").encoder_trainable
+
+
+def test_one_encoder_only():
+    chain = vlm_chain(2, 2)
+    audio = [layer("audio_embed", branch="audio"), layer("audio_layer", 0, branch="audio"),
+             layer("projector", branch="audio")]
+    with pytest.raises(PlanError, match="one encoder as its own pipeline; this model has 2"):
+        plan_encoder_pipeline(chain[:1] + audio + chain[1:], 2, 1, "uniform")

@@ -1,0 +1,226 @@
+"""Encoder work in the pipeline bubbles, measured on this machine (PP=2, gloo).
+
+    python tools/bench_encoder_schedule.py [--iters 4] [--rounds 2] [--png-out t.png]
+
+An encoder-heavy model (a trainable 8-layer ViT in front of a 4-layer LLM), two pipeline
+ranks, each one process with one thread pinned to its own core (a bubble is real idle
+time). Steps:
+
+1. ``tools/profile_layers.py`` measures every layer's forward and backward time;
+2. two-rank runs train with Megatron-Core's own 1F1B schedule, the encoder on stage 0
+   (``--encoder-schedule megatron``, ``--pipeline-partition uniform``), and with the
+   encoder as its own pipeline over both ranks (``coarse``, ``bubble``; the bubble schedule
+   generated on the measured profile), alternating, ``--rounds`` times;
+3. it prints the median iteration time of each, its ratio to Megatron-Core's, and the
+   simulator's prediction of each from the profile (``plan.simulate`` on the same
+   schedules), and writes the measured timelines (the executor records them) beside the
+   simulated ones as a PNG and a Chrome trace.
+
+Micro-batches are loaded before timing, so iteration time is model work plus waiting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Optional, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+MODEL = [
+    "--num-layers", "4", "--hidden-size", "256", "--ffn-hidden-size", "1024",
+    "--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "4",
+    "--seq-length", "160", "--vision-hidden-size", "256", "--vision-num-layers", "8",
+    "--vision-num-attention-heads", "8", "--img-h", "32", "--img-w", "32",
+    "--patch-dim", "4", "--disable-vision-class-token",
+    "--micro-batch-size", "4", "--global-batch-size", "32", "--lr", "1e-4",
+    "--skip-final-eval",
+]
+SCHEDULES = ("megatron", "coarse", "bubble")
+
+
+def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
+    """One rank of a timed PP run (under torchrun)."""
+    import torch
+
+    from megatron_mm.training import step
+    from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.pretrain import batch_iterator, setup_training
+    from megatron.core import parallel_state
+
+    torch.set_num_threads(1)
+    os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % os.cpu_count()})
+    args = parse_args(argv)
+    run = setup_training(args)
+    source = batch_iterator(args, run.train_ds, run.tokenizer, 0, shuffle=True)
+    batches = [next(source) for _ in range(args.num_microbatches)]
+    executor = getattr(args, "schedule_executor", None)
+    walls, schedules, timeline = [], [], []
+    run_schedule = step.run_schedule
+
+    def timed_schedule(*a, **k):  # the forward-backward part of train_step
+        start = time.perf_counter()
+        out = run_schedule(*a, **k)
+        schedules.append(time.perf_counter() - start)
+        return out
+
+    step.run_schedule = timed_schedule
+    for it in range(warmup + iters):
+        if executor is not None:
+            executor.record_timeline = it == warmup + iters - 1
+        torch.distributed.barrier()
+        start = time.perf_counter()
+        step.train_step(args, run.model_chunks, run.optimizer, run.scheduler, iter(batches))
+        torch.distributed.barrier()
+        walls.append(time.perf_counter() - start)
+    walls, schedules = walls[warmup:], schedules[warmup:]
+    if executor is not None:
+        timeline = [t.to_dict() for t in executor.timeline]
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, {
+        "stage": parallel_state.get_pipeline_model_parallel_rank(), "wall": walls,
+        "schedule": schedules, "timeline": timeline})
+    if torch.distributed.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump(gathered, f)
+
+
+def run_schedule(schedule: str, profile: str, workdir: str, iters: int, warmup: int) -> dict:
+    out = os.path.join(workdir, f"{schedule}.json")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-port", _free_port(), os.path.abspath(__file__), "--worker", "--out", out,
+           "--iters", str(iters), "--warmup", str(warmup), "--", *MODEL,
+           "--pipeline-model-parallel-size", "2", "--encoder-schedule", schedule,
+           "--pipeline-profile", profile]
+    _run(cmd)
+    with open(out) as f:
+        ranks = json.load(f)
+    return {"walls": ranks[0]["wall"], "schedules": ranks[0]["schedule"],
+            "timeline": [t for r in ranks for t in r["timeline"]]}
+
+
+def simulated(schedule: str, profile_path: str):
+    """The simulator's replay of ``schedule`` on the measured per-layer profile."""
+    from megatron_mm.data import build_tokenizer
+    from megatron_mm.plan import partition
+    from megatron_mm.plan.encoder_pipeline import action_costs, baseline_costs
+    from megatron_mm.plan.generate import megatron
+    from megatron_mm.plan.profile import MEASURED
+    from megatron_mm.plan.simulate import simulate
+    from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.encoder_schedule import encoder_pipeline_plan, make_schedule
+    from megatron_mm.training.pipeline_plan import training_chain
+
+    args = parse_args(MODEL + ["--pipeline-model-parallel-size", "2", "--encoder-schedule",
+                               schedule, "--pipeline-profile", profile_path], world_size=2)
+    args.model_config.language.vocab_size = build_tokenizer(
+        args.tokenizer_type, args.tokenizer_model).vocab_size
+    chain = training_chain(args)  # costs: the measured profile
+    m = args.num_microbatches
+    if schedule == "megatron":
+        part = partition(chain, 2, 1, "uniform")
+        sim = simulate(megatron(2, 1, m), baseline_costs(chain, part, MEASURED))
+    else:
+        plan = encoder_pipeline_plan(args, chain)
+        sim = simulate(make_schedule(args, plan, m),
+                       action_costs(chain, plan.llm_partition, plan.pieces, MEASURED))
+    sim.schedule = f"{schedule} (simulated)"
+    return sim
+
+
+def measured_timeline(schedule: str, events: List[dict]):
+    """The executor's recorded actions of one iteration as a ``Simulation`` record."""
+    from megatron_mm.plan.simulate import Simulation, TimedAction
+
+    timeline = [TimedAction.from_dict(e) for e in events]
+    ranks = 1 + max(t.rank for t in timeline)
+    end = max(t.end_s for t in timeline)
+    busy = [sum(t.end_s - t.start_s for t in timeline if t.rank == r) for r in range(ranks)]
+    return Simulation(schedule=f"{schedule} (measured)", iteration_s=end, busy_s=busy,
+                      idle_s=[end - b for b in busy],
+                      bubble_fraction=sum(end - b for b in busy) / (end * ranks),
+                      timeline=timeline)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--iters", type=int, default=4, help="timed iterations per run")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=2, help="runs of every schedule, alternating")
+    p.add_argument("--png-out", default="encoder_schedule_timeline.png")
+    p.add_argument("--trace-out", default=None, help="Chrome trace of the same timelines")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args, rest = p.parse_known_args(argv)
+    if args.worker:
+        worker([a for a in rest if a != "--"], args.out, args.iters, args.warmup)
+        return 0
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory() as workdir:
+        profile = os.path.join(workdir, "profile.json")
+        _run(["taskset", "-c", "0", sys.executable,
+              os.path.join(ROOT, "tools", "profile_layers.py"), *MODEL,
+              "--profile-out", profile, "--profile-micro-batches", "6"])
+        results = {s: [] for s in SCHEDULES}
+        for _ in range(args.rounds):
+            for schedule in SCHEDULES:
+                results[schedule].append(run_schedule(schedule, profile, workdir, args.iters,
+                                                      args.warmup))
+        report(results, profile, args)
+    return 0
+
+
+def report(results: dict, profile: str, args) -> None:
+    from megatron_mm.plan.timeline import write_chrome_trace, write_png
+
+    print("PP=2, trainable ViT (8 layers, 64 patches x 4 images) + LLM (4 layers, 160 tokens "
+          "x 4), 8 micro-batches per iteration, one thread per rank on its own core; medians "
+          f"of {args.rounds} x {args.iters} iterations")
+    print("| schedule | iteration s | vs megatron | of which forward-backward s | "
+          "simulated s | simulated vs iteration |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    iteration, timelines = {}, []
+    for schedule in SCHEDULES:
+        iteration[schedule] = statistics.median(w for r in results[schedule] for w in r["walls"])
+        fwd_bwd = statistics.median(w for r in results[schedule] for w in r["schedules"])
+        sim = simulated(schedule, profile)
+        error = (sim.iteration_s - iteration[schedule]) / iteration[schedule]
+        print(f"| {schedule} | {iteration[schedule]:.3f} | "
+              f"{iteration[schedule] / iteration['megatron']:.3f} | {fwd_bwd:.3f} | "
+              f"{sim.iteration_s:.3f} | {error:+.1%} |")
+        timelines.append(sim)
+        if results[schedule][-1]["timeline"]:
+            timelines.append(measured_timeline(schedule, results[schedule][-1]["timeline"]))
+    print(f"bubble / megatron iteration time: "
+          f"{iteration['bubble'] / iteration['megatron']:.3f}")
+    write_png(timelines, args.png_out)
+    print(f"wrote {args.png_out}")
+    if args.trace_out:
+        write_chrome_trace(timelines, args.trace_out)
+        print(f"wrote {args.trace_out}")
+
+
+def _run(cmd: List[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-5000:])
+        raise SystemExit(f"failed: {' '.join(cmd[:6])} ... (exit {proc.returncode})")
+
+
+def _free_port() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
