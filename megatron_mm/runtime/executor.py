@@ -85,6 +85,7 @@ class _Iteration:
         self.media: Dict[int, dict] = {}
         self.timeline: List[TimedAction] = []
         self.encoder = executor.pieces.name if executor.pieces else None
+        self.inputs_ready = 0.0  # when the running action's last input arrived
 
     # -- plumbing --------------------------------------------------------------------
     def rank_of(self, kind: str, chunk: int) -> int:
@@ -106,6 +107,7 @@ class _Iteration:
             tensor = self.mailbox.recv(from_rank, key)
         if tensor is not None:
             tensor = tensor.detach().requires_grad_(needs_grad and tensor.is_floating_point())
+        self.inputs_ready = time.time()
         return tensor
 
     def media_of(self, m: int) -> dict:
@@ -129,11 +131,12 @@ class _Iteration:
             torch.distributed.barrier(group=parallel_state.get_pipeline_model_parallel_group())
         origin = time.time()
         for a in actions:
-            start = time.time()
+            self.inputs_ready = time.time()
             getattr(self, "run_" + a.kind)(a.microbatch, a.chunk)
-            if self.x.record_timeline:
+            if self.x.record_timeline:  # from its inputs' arrival: waiting is idle time
                 self.timeline.append(TimedAction(self.rank, a.kind, a.microbatch, a.chunk,
-                                                 start - origin, time.time() - origin))
+                                                 self.inputs_ready - origin,
+                                                 time.time() - origin))
         self.mailbox.wait()
         assert not self.local, f"local messages never used: {sorted(self.local)}"
         if not self.forward_only and self.config.finalize_model_grads_func is not None:
