@@ -9,8 +9,10 @@ time). Steps:
 1. ``tools/profile_layers.py`` measures every layer's forward and backward time;
 2. two-rank runs train with Megatron-Core's own 1F1B schedule, the encoder on stage 0
    (``--encoder-schedule megatron``, ``--pipeline-partition uniform``), and with the
-   encoder as its own pipeline over both ranks (``coarse``, ``bubble``; the bubble schedule
-   generated on the measured profile), alternating, ``--rounds`` times;
+   encoder as its own pipeline over both ranks (``coarse``, ``bubble`` with
+   ``--pipeline-partition auto``: LLM chunks and encoder pieces balanced per rank on the
+   measured profile, the bubble schedule generated on it), alternating, ``--rounds``
+   times;
 3. it prints the median iteration time of each, its ratio to Megatron-Core's, and the
    simulator's prediction of each from the profile (``plan.simulate`` on the same
    schedules), and writes the measured timelines (the executor records them) beside the
@@ -44,6 +46,9 @@ MODEL = [
     "--skip-final-eval",
 ]
 SCHEDULES = ("megatron", "coarse", "bubble")
+# Megatron-Core's layout for its schedule; the planner's (each rank's LLM and encoder work
+# balanced on the measured profile) for the encoder's own pipeline.
+PARTITION = {"megatron": "uniform", "coarse": "auto", "bubble": "auto"}
 
 
 def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
@@ -98,7 +103,7 @@ def run_schedule(schedule: str, profile: str, workdir: str, iters: int, warmup: 
            "--master-port", _free_port(), os.path.abspath(__file__), "--worker", "--out", out,
            "--iters", str(iters), "--warmup", str(warmup), "--", *MODEL,
            "--pipeline-model-parallel-size", "2", "--encoder-schedule", schedule,
-           "--pipeline-profile", profile]
+           "--pipeline-partition", PARTITION[schedule], "--pipeline-profile", profile]
     _run(cmd)
     with open(out) as f:
         ranks = json.load(f)
@@ -119,7 +124,8 @@ def simulated(schedule: str, profile_path: str):
     from megatron_mm.training.pipeline_plan import training_chain
 
     args = parse_args(MODEL + ["--pipeline-model-parallel-size", "2", "--encoder-schedule",
-                               schedule, "--pipeline-profile", profile_path], world_size=2)
+                               schedule, "--pipeline-partition", PARTITION[schedule],
+                               "--pipeline-profile", profile_path], world_size=2)
     args.model_config.language.vocab_size = build_tokenizer(
         args.tokenizer_type, args.tokenizer_model).vocab_size
     chain = training_chain(args)  # costs: the measured profile

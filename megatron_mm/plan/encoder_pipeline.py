@@ -14,12 +14,14 @@ action runs) and the simulator (``action_costs``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 from .errors import PlanError
 from .hardware import Hardware
 from .layers import LLM, Layer
+from .minmax import minmax_split, prefix_sums
 from .generate import encoder_placement
 from .partition import StagePartition, partition
 from .placement import ChunkPlacement, EncoderPlacement, chunk_placements
@@ -49,24 +51,46 @@ def split_chain(chain: Sequence[Layer]) -> Tuple[str, List[Layer], List[Layer]]:
             [l for l in chain if l.branch == LLM])
 
 
-def encoder_pieces(chain: Sequence[Layer], encoder_ranks: Sequence[int]) -> EncoderPieces:
-    """Cut the encoder's transformer layers into ``len(encoder_ranks)`` pieces of equal
-    count (the first ones one layer longer); every piece holds at least one layer."""
+def encoder_pieces(chain: Sequence[Layer], encoder_ranks: Sequence[int],
+                   rank_load: Optional[Sequence[float]] = None,
+                   hardware: Optional[Hardware] = None) -> EncoderPieces:
+    """Cut the encoder's transformer layers into ``len(encoder_ranks)`` pieces, each of at
+    least one layer. Without ``rank_load``: equal layer counts (the first ones one layer
+    longer). With it (seconds of other work per pipeline rank, timed on ``hardware``): the
+    encoder stages' layer ranges minimise the busiest rank's total, min-max over the chain
+    order; each stage's range is then cut into its pieces evenly."""
     name, encoder, _ = split_chain(chain)
-    n_layers = sum(1 for l in encoder if l.kind.endswith("_layer"))
+    layers = [l for l in encoder if l.kind.endswith("_layer")]
     n = len(encoder_ranks)
-    if n > n_layers:
-        raise PlanError(f"{n} encoder pieces but the encoder has {n_layers} layers: lower "
+    if n > len(layers):
+        raise PlanError(f"{n} encoder pieces but the encoder has {len(layers)} layers: lower "
                         "--encoder-pieces or --encoder-pipeline-model-parallel-size")
     if list(encoder_ranks) != sorted(encoder_ranks):
         raise PlanError("encoder pieces must run on non-decreasing pipeline ranks (Megatron-"
                         "Core numbers a stack's layers in pipeline order)")
+    stage_ranks = sorted(set(encoder_ranks))
+    per_stage = [encoder_ranks.count(r) for r in stage_ranks]
+    if rank_load is None:
+        sizes = _even(len(layers), n)
+    else:
+        hw = hardware or Hardware()
+        work = prefix_sums([hw.seconds(l.fwd_flops + l.bwd_flops) for l in layers])
+        stage_sizes = minmax_split(  # a stage too short for its pieces costs inf
+            len(layers), len(stage_ranks),
+            lambda i, j, g: (rank_load[stage_ranks[g]] + work[j] - work[i]
+                             if j - i >= per_stage[g] else math.inf))[1]
+        if stage_sizes is None:
+            raise PlanError(f"the encoder's {len(layers)} layers cannot fill {n} pieces")
+        sizes = [s for size, k in zip(stage_sizes, per_stage) for s in _even(size, k)]
     bounds, start = [], 0
-    for p in range(n):
-        size = n_layers // n + (p < n_layers % n)
+    for size in sizes:
         bounds.append([start, start + size])
         start += size
     return EncoderPieces(name=name, layers=bounds, ranks=list(encoder_ranks))
+
+
+def _even(total: int, parts: int) -> List[int]:
+    return [total // parts + (p < total % parts) for p in range(parts)]
 
 
 def separate_placements(chain: Sequence[Layer], llm_partition: StagePartition,
@@ -133,13 +157,25 @@ class EncoderPipelinePlan(Record):
 
 def plan_encoder_pipeline(chain: Sequence[Layer], pp: int, vpp: int, policy,
                           encoder_pp: Optional[int] = None, pieces_per_stage: int = 1,
-                          num_microbatches: int = 1) -> EncoderPipelinePlan:
+                          num_microbatches: int = 1, hardware: Optional[Hardware] = None
+                          ) -> EncoderPipelinePlan:
     """The LLM partitioned over its own chain by ``policy`` (as ``--pipeline-partition``),
-    the encoder over ``encoder_pp`` stages of ``pieces_per_stage`` pieces."""
+    the encoder over ``encoder_pp`` stages of ``pieces_per_stage`` pieces: equal layer
+    counts with ``uniform``, else balancing each rank's total work on ``hardware``."""
     _, encoder, llm = split_chain(chain)
     part = partition(llm, pp, vpp, policy, num_microbatches=num_microbatches)
     _, ranks = encoder_placement(pp, encoder_pp, pieces_per_stage)
-    pieces = encoder_pieces(chain, ranks)
+    load = None
+    if policy != "uniform":  # balance each rank's LLM and encoder work together
+        hw = hardware or Hardware()
+        pre = EncoderPieces(name="", layers=[[0, 1]], ranks=[0])
+        costs = action_costs(chain, part, pre, hw)
+        load = [0.0] * pp
+        for c in range(part.num_chunks):
+            load[part.rank_of_chunk(c)] += costs.forward_s[c] + costs.backward_s[c]
+        embed = [l for l in encoder if l.kind.endswith("_embed")]
+        load[ranks[0]] += sum(hw.seconds(l.fwd_flops + l.bwd_flops) for l in embed)
+    pieces = encoder_pieces(chain, ranks, load, hardware)
     return EncoderPipelinePlan(
         llm_partition=part, pieces=pieces, placements=separate_placements(chain, part, pieces),
         encoder_trainable=any(l.trainable for l in encoder if l.kind.endswith(("_layer",

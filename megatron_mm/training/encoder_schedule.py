@@ -24,12 +24,17 @@ def separate_encoder(args) -> bool:
     return getattr(args, "encoder_schedule", "megatron") != "megatron"
 
 
+def hardware(args) -> Hardware:
+    """What the chain's costs are in: measured seconds, or FLOPs of the cost model."""
+    return MEASURED if getattr(args, "pipeline_profile", None) else Hardware()
+
+
 def encoder_pipeline_plan(args, chain=None) -> EncoderPipelinePlan:
     return plan_encoder_pipeline(
         chain if chain is not None else training_chain(args),
         args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1,
         args.pipeline_partition, args.encoder_pipeline_model_parallel_size,
-        args.encoder_pieces, args.num_microbatches)
+        args.encoder_pieces, args.num_microbatches, hardware(args))
 
 
 def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int):
@@ -37,8 +42,8 @@ def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int):
     stages, pieces = args.encoder_pipeline_model_parallel_size, args.encoder_pieces
     if args.encoder_schedule == "coarse":
         return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, stages, pieces)
-    hardware = MEASURED if getattr(args, "pipeline_profile", None) else Hardware()
-    costs = action_costs(training_chain(args), plan.llm_partition, plan.pieces, hardware)
+    costs = action_costs(training_chain(args), plan.llm_partition, plan.pieces,
+                         hardware(args))
     return bubble(pp, vpp, num_microbatches, plan.encoder_trainable, costs, stages, pieces)
 
 

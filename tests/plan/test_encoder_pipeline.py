@@ -28,6 +28,19 @@ def test_pieces_cut_the_encoder_layers_evenly_in_pipeline_order():
         encoder_pieces(vlm_chain(4, 4), [1, 0])
 
 
+def test_auto_gives_the_encoder_to_the_less_loaded_ranks():
+    # 6 ViT layers (3 units each, trainable) over 2 ranks; LLM: 2 layers, embed and head
+    chain = vlm_chain(6, 2, freeze_vit=False, freeze_llm=False)
+    even = plan_encoder_pipeline(chain, 2, 1, "uniform")
+    assert even.pieces.layers == [[0, 3], [3, 6]]
+    # LLM chunk 0 = embed + LLM 0 + projector: 9, chunk 1 = LLM 1 + head: 6; ViT embed on
+    # rank 0: 3 -> rank 0 takes 2 ViT layers (12 + 6 = 18), rank 1 four (6 + 12 = 18)
+    auto = plan_encoder_pipeline(chain, 2, 1, "auto", hardware=UNIT)
+    assert auto.pieces.layers == [[0, 2], [2, 6]]
+    two = plan_encoder_pipeline(chain, 2, 1, "auto", pieces_per_stage=2, hardware=UNIT)
+    assert two.pieces.layers == [[0, 1], [1, 2], [2, 4], [4, 6]]
+
+
 def test_placements_put_pieces_in_first_chunks_and_the_projector_in_chunk_0():
     chain = vlm_chain(4, 4)
     # LLM chain: embed, 4 layers, head over PP=2 x VPP=2 chunks
