@@ -73,7 +73,7 @@ class _ListScheduler:
 
     def arrival(self, a: Action, rank: int) -> Optional[float]:
         """When ``a``'s inputs are on ``rank``; None while one is not yet scheduled."""
-        t = 0.0
+        t = self.costs.llm_start_s if a.kind in ("F", "B") else 0.0
         for d in self.s.dependencies(a):
             if d not in self.finish:
                 return None
@@ -92,7 +92,7 @@ class _ListScheduler:
             queued = (sum(self.cost(b) for b in self.llm[q][self.pos[q]:index])
                       if index is not None else 0.0)
             ready = max([self.estimate(d, q, memo) for d in self.s.dependencies(a)],
-                        default=0.0)
+                        default=self.costs.llm_start_s if a.kind in ("F", "B") else 0.0)
             memo[key] = max(self.clock[q] + queued, ready) + self.cost(a)
         return memo[key] + (self.costs.p2p_s if self.s.rank_of(Action(*key)) != rank else 0.0)
 
