@@ -15,9 +15,12 @@ encoder's media items):
   micro-batches among identical co-located pipelines, Optimus' best composition);
 - Megatron baseline: the whole encoder at the LLM's TP inside LLM chunk 0 (the first
   stage), as Megatron-LM places encoders in the first stage's pre-process;
-- data-parallel bubbles (distributed optimizer, no overlap): bf16 all-gather of the rank's
-  parameters before the LLM starts, fp32 gradient reduce-scatter after it ends, LLM
-  parameters over DP, encoder parameters over DP_enc (taken on the rank holding the most).
+- data-parallel bubbles (distributed optimizer with MegaScale's / Megatron's overlap of
+  the parameter all-gather and gradient reduce-scatter with compute, as in Optimus' runs):
+  only the first model chunk's bf16 all-gather (before the LLM starts) and the last
+  chunk's fp32 reduce-scatter (after it ends) stay exposed, i.e. 1 / VPP of the rank's LLM
+  parameters over DP; encoder parameters (the whole local encoder stage) over DP_enc,
+  taken on the rank holding the most.
 
 Memory per GPU follows Optimus (section 4.5): 6 bytes per parameter (bf16 weight, fp32
 gradient) plus 12 / DP (fp32 master weight and Adam moments, sharded by the distributed
@@ -185,7 +188,8 @@ class CostModel:
 
     def dp_bubbles(self, enc_params_per_gpu: float, dp_enc: int) -> Tuple[float, float]:
         """(all-gather before the LLM, reduce-scatter after it), seconds."""
-        dp, llm = self.layout.data_parallel_size, self.llm_params_per_gpu()
+        dp = self.layout.data_parallel_size
+        llm = self.llm_params_per_gpu() / self.layout.virtual_pipeline_model_parallel_size
         enc_trainable = self.encoder_trainable
         gather = (self.links.dp_seconds(flops.BF16 * llm, dp)
                   + (self.links.dp_seconds(flops.BF16 * enc_params_per_gpu, dp_enc)
