@@ -76,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--vision-num-attention-heads", type=int)
     g.add_argument("--patch-dim", type=int, default=14)
     g.add_argument("--disable-vision-class-token", action="store_true")
-    g.add_argument("--images-per-sample", type=int, default=1,
-                   help="images (tiles) per sample for a ViT given by sizes")
+    g.add_argument("--images-per-sample", type=int, default=None,
+                   help="images (tiles) per sample for a ViT given by sizes (default 1), "
+                        "or 224 px images in --optimus-schedule-table (default 2)")
     g.add_argument("--img-h", type=int, default=None,
                    help="image height: a --vision-* ViT takes it whole (default 336); zoo "
                         "encoders tile it at their native resolution (default 720)")
@@ -186,7 +187,8 @@ def vit_from_args(args) -> EncoderSpec:
             num_attention_heads=args.vision_num_attention_heads, add_bias_linear=True),
         tokens_per_item=patches + 1,
         llm_tokens_per_item=patches + (0 if args.disable_vision_class_token else 1),
-        items_per_sample=args.images_per_sample, embed_flops_per_token=patch_embed_flops(p, h),
+        items_per_sample=args.images_per_sample or 1,
+        embed_flops_per_token=patch_embed_flops(p, h),
         embed_params=(3 * p * p + patches + 2) * h)
 
 
@@ -349,13 +351,15 @@ def print_tables(args, hardware: Hardware, memory: MemoryModel, limit) -> int:
 
 def print_schedule_table(args) -> int:
     """Optimus' settings and hardware are fixed by the paper (``plan/optimus_reference.py``);
-    the model and hardware flags do not apply."""
+    of the model flags only --images-per-sample applies (the paper does not give it)."""
     from megatron_mm.plan.optimus_reference import table as optimus_schedule_table
     print("Optimus' encoder plan and bubble schedule, simulated (plan/encoder_planner.py): "
           "Megatron-LM puts the encoder in the first stage's chunk 0; the plan searches "
           "encoder PP / TP, pieces, placement order, coarse vs bubble schedule and micro-batch "
           "size; hidden = share of encoder work that does not lengthen the iteration")
-    lines, plans = optimus_schedule_table()
+    images = args.images_per_sample or 2  # the paper gives none; see optimus_reference
+    print(f"{images} image(s) of 224 x 224 (256 tokens each) per 2048-token sample")
+    lines, plans = optimus_schedule_table(images_per_sample=images)
     print("\n".join(lines))
     if args.json:
         Path(args.json).write_text(json.dumps([p.to_dict() for p in plans]))

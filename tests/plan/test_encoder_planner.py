@@ -26,10 +26,9 @@ def test_optimus_3072_gpus_beats_megatron_and_hides_the_encoder(at_3072):
     assert r.gpus == 3072 and r.best.num_microbatches == 16
     assert r.speedup >= 1.2  # over Megatron-LM's plain 1F1B, the paper's baseline
     assert r.speedup_interleaved > 1.1  # over Megatron at the plan's VPP: encoder placement
-    # paper (Table 7): 85.0% of encoder work inside LLM bubbles with fine-grained filling;
-    # this model hides all of it, at the edge of the 15-point bound
-    assert abs(r.encoder_hidden_fraction - run.paper_hidden_fine) <= 0.15 + 1e-9
-    assert coarse_hidden(r) is not None
+    # paper (Table 7): 85.0% of encoder work inside LLM bubbles with fine-grained filling
+    assert abs(r.encoder_hidden_fraction - run.paper_hidden_fine) <= 0.15
+    assert r.encoder_hidden_fraction >= coarse_hidden(r)
     validate(r.schedule)
     assert r.schedule.num_microbatches == 16 and r.schedule.encoder_stages >= 1
 
@@ -41,11 +40,14 @@ def test_plan_record_round_trips(at_3072):
     assert [c.iteration_s for c in r.candidates] == sorted(c.iteration_s for c in r.candidates)
 
 
-def test_hidden_share_falls_with_more_microbatches():
-    """Paper Table 7: the coarse schedule hides less as micro-batches grow (the LLM's
-    bubbles shrink relative to the work)."""
-    shares = [coarse_hidden(plan_run(run)) for run in RUNS[:3]]
-    assert shares[0] < shares[1] <= shares[2]
+def test_coarse_hidden_share_follows_the_paper():
+    """Paper Table 7: the coarse schedule hides 34.3 / 45.8 / 68.7% of the encoder work at
+    32 / 24 / 16 micro-batches (the LLM's bubbles shrink relative to the work as
+    micro-batches grow); the assumed two images per sample were chosen to match it."""
+    for run in RUNS[:3]:
+        assert abs(coarse_hidden(plan_run(run)) - run.paper_hidden_coarse) < 0.05
+    # one image per sample: the bubbles swallow the whole encoder
+    assert plan_run(RUNS[2], images_per_sample=1).encoder_hidden_fraction == 1.0
 
 
 def test_memory_rejects_plans_that_do_not_fit():

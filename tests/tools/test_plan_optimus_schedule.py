@@ -17,3 +17,4 @@ def test_optimus_schedule_table(tmp_path):
     assert [row.split(" | ")[1] for row in rows] == ["1536", "2048", "3072", "8"]
     assert "| 5.91 / 5.87 / 4.87 | 1.21x | 68.7% / 85.0% |" in rows[2]
     assert len(json.loads(out.read_text())) == 4
+    assert "2 image(s) of 224 x 224" in proc.stdout
