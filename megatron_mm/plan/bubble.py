@@ -12,7 +12,9 @@ scheduling on the per-action costs:
   the LLM work queued in front of it), or that the LLM action needs itself;
 - encoder forwards go in micro-batch order (the i-th encoder output feeds LLM micro-batch
   i); encoder backwards wait for the gradient of the merged embeddings (``B(m, 0)``). A
-  frozen encoder schedules forwards only.
+  frozen encoder schedules forwards only;
+- LLM actions wait for the data-parallel all-gather (``costs.llm_start_s``), so encoder
+  work fills that bubble too.
 
 The result is plain data (``actions.Schedule``), checked by ``validate`` and replayed by
 ``simulate`` like any other schedule.
