@@ -13,6 +13,8 @@ encoder's media items):
   encoder pipelines that share one LLM rank's GPUs take turns with the micro-batches, so one
   lane per rank carries 1 / m of each encoder micro-batch's time (an even split of the
   micro-batches among identical co-located pipelines, Optimus' best composition);
+- a frozen encoder runs forwards only (its trainable projector's backward, a small
+  matmul, is left out of both the baseline and the plans);
 - Megatron baseline: the whole encoder at the LLM's TP inside LLM chunk 0 (the first
   stage), as Megatron-LM places encoders in the first stage's pre-process;
 - data-parallel bubbles (distributed optimizer with MegaScale's / Megatron's overlap of

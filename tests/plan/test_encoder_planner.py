@@ -10,7 +10,7 @@ from megatron_mm.plan.action_costs import CostModel, EncoderPlan, LLMLayout
 from megatron_mm.plan.actions import validate
 from megatron_mm.plan.encoder_planner import EncoderSchedulePlan, plan_encoder_schedule
 from megatron_mm.plan.generate import coarse, megatron
-from megatron_mm.plan.hardware import H100, H100_LINKS
+from megatron_mm.plan.hardware import A100, A100_LINKS, H100, H100_LINKS
 from megatron_mm.plan.optimus_reference import RUNS, coarse_hidden, plan_run
 from megatron_mm.plan.simulate import ActionCosts, simulate
 
@@ -87,3 +87,13 @@ def test_simulation_reports_encoder_busy_time_and_hidden_share():
     assert simulate(megatron(pp, 1, m), dp).iteration_s == pytest.approx(
         (m + pp - 1) * 3.0 + 0.75)
     assert simulate(megatron(pp, 1, m), dp, timeline=False).timeline == []
+
+
+def test_frozen_encoder_schedules_forwards_only():
+    model = model_zoo.model_pair("Optimus-small-224", 224, 448).with_freeze(
+        encoders=True, projectors=False, llm=False)
+    r = plan_encoder_schedule(model, LLMLayout(4, 2, 1, 2, 2, 16, 2048, True), A100,
+                              A100_LINKS, micro_batch_sizes=[1, 2])
+    assert not r.schedule.encoder_trainable
+    assert not any(a.kind == "EB" for rank in r.schedule.ranks for a in rank)
+    assert r.speedup > 1.0 and {c.micro_batch_size for c in r.candidates} <= {1, 2}
