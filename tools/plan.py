@@ -14,6 +14,7 @@ frozen-aware one. Pure Python: no torch, runs anywhere.
         --freeze-ViT --freeze-LM --pipeline-partition 20,14,14,12
     python tools/plan.py --cornstarch-table        # the nine Cornstarch MLLMs
     python tools/plan.py --optimus-table           # Optimus' ViT + LLaMA / GPT models
+    python tools/plan.py --optimus-schedule-table  # Optimus' encoder plan + bubble schedule
 
 The estimate's formula, the cost model and its assumptions are in megatron_mm/plan
 (estimate.py, flops.py, layers.py). ``--json PATH`` writes the plan(s) as data.
@@ -50,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "LLM frozen, projectors trained)")
     g.add_argument("--optimus-table", action="store_true",
                    help="the same for Optimus' models, all trained and Cornstarch-frozen")
+    g.add_argument("--optimus-schedule-table", action="store_true",
+                   help="Optimus' runs (ViT-22B + GPT-175B on 1536 / 2048 / 3072 GPUs, "
+                        "ViT-3B + GPT-11B on 8): simulated Megatron baseline vs the planned "
+                        "encoder plan and bubble schedule, beside the paper's figures")
     g.add_argument("--json", default=None, help="write the plan(s) as JSON to this path")
 
     g = p.add_argument_group("model: a zoo pair or sizes")
@@ -71,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--vision-num-attention-heads", type=int)
     g.add_argument("--patch-dim", type=int, default=14)
     g.add_argument("--disable-vision-class-token", action="store_true")
-    g.add_argument("--images-per-sample", type=int, default=1,
-                   help="images (tiles) per sample for a ViT given by sizes")
+    g.add_argument("--images-per-sample", type=int, default=None,
+                   help="images (tiles) per sample for a ViT given by sizes (default 1), "
+                        "or 224 px images in --optimus-schedule-table (default 2)")
     g.add_argument("--img-h", type=int, default=None,
                    help="image height: a --vision-* ViT takes it whole (default 336); zoo "
                         "encoders tile it at their native resolution (default 720)")
@@ -127,6 +133,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             p2p_latency_s=args.p2p_latency_us * 1e-6)
         memory = MemoryModel(bytes_per_trainable_param=args.bytes_per_trainable_param)
         limit = args.memory_limit_gb * GiB if args.memory_limit_gb else None
+        if args.optimus_schedule_table:
+            return print_schedule_table(args)
         if args.cornstarch_table or args.optimus_table:
             return print_tables(args, hardware, memory, limit)
         return print_plan(args, hardware, memory, limit)
@@ -179,7 +187,8 @@ def vit_from_args(args) -> EncoderSpec:
             num_attention_heads=args.vision_num_attention_heads, add_bias_linear=True),
         tokens_per_item=patches + 1,
         llm_tokens_per_item=patches + (0 if args.disable_vision_class_token else 1),
-        items_per_sample=args.images_per_sample, embed_flops_per_token=patch_embed_flops(p, h),
+        items_per_sample=args.images_per_sample or 1,
+        embed_flops_per_token=patch_embed_flops(p, h),
         embed_params=(3 * p * p + patches + 2) * h)
 
 
@@ -337,6 +346,24 @@ def print_tables(args, hardware: Hardware, memory: MemoryModel, limit) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps([r.to_dict() for r in results], indent=1))
         print(f"\nwrote {len(results)} comparisons to {args.json}")
+    return 0
+
+
+def print_schedule_table(args) -> int:
+    """Optimus' settings and hardware are fixed by the paper (``plan/optimus_reference.py``);
+    of the model flags only --images-per-sample applies (the paper does not give it)."""
+    from megatron_mm.plan.optimus_reference import table as optimus_schedule_table
+    print("Optimus' encoder plan and bubble schedule, simulated (plan/encoder_planner.py): "
+          "Megatron-LM puts the encoder in the first stage's chunk 0; the plan searches "
+          "encoder PP / TP, pieces, placement order, coarse vs bubble schedule and micro-batch "
+          "size; hidden = share of encoder work that does not lengthen the iteration")
+    images = args.images_per_sample or 2  # the paper gives none; see optimus_reference
+    print(f"{images} image(s) of 224 x 224 (256 tokens each) per 2048-token sample")
+    lines, plans = optimus_schedule_table(images_per_sample=images)
+    print("\n".join(lines))
+    if args.json:
+        Path(args.json).write_text(json.dumps([p.to_dict() for p in plans]))
+        print(f"\nwrote {len(plans)} plans to {args.json}")
     return 0
 
 

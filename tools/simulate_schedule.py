@@ -7,7 +7,10 @@ a PNG, print iteration time, busy and idle time per rank and the bubble fraction
 
 Costs are per micro-batch, in any unit: an LLM chunk's forward and backward (every chunk
 alike), and the whole encoder's forward and backward. ``megatron`` puts the encoder inside
-chunk 0; ``coarse`` splits it evenly over the ranks as its own pipeline.
+chunk 0; ``coarse`` splits it evenly over the ranks as its own pipeline; ``bubble``
+(Optimus) cuts each encoder stage into ``--encoder-pieces`` pieces and schedules them into
+the LLM's idle time (``--encoder-placement reverse``: the encoder ends on the LLM's first
+rank). The hidden column is the share of encoder work that does not lengthen the iteration.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_mm.plan import PlanError  # noqa: E402
 from megatron_mm.plan.actions import validate  # noqa: E402
+from megatron_mm.plan.bubble import bubble  # noqa: E402
 from megatron_mm.plan.generate import coarse, megatron  # noqa: E402
 from megatron_mm.plan.simulate import ActionCosts, simulate  # noqa: E402
 from megatron_mm.plan.timeline import write_chrome_trace, write_png  # noqa: E402
@@ -36,6 +40,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--encoder-backward", type=float, default=0.0,
                    help="whole encoder; 0: frozen")
     p.add_argument("--p2p", type=float, default=0.0, help="per transfer between ranks")
+    p.add_argument("--encoder-pieces", type=int, default=2,
+                   help="bubble schedule: pieces per encoder stage")
+    p.add_argument("--encoder-placement", choices=["forward", "reverse"], default="reverse",
+                   help="bubble schedule: encoder stage 0 on rank 0 or on the last rank")
     p.add_argument("--trace-out", default=None, help="Chrome trace (JSON) of every schedule")
     p.add_argument("--png-out", default=None, help="timeline PNG of every schedule")
     args = p.parse_args(argv)
@@ -53,20 +61,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         split = ActionCosts([args.llm_forward] * chunks, [args.llm_backward] * chunks,
                             [args.encoder_forward / pp] * pp,
                             [args.encoder_backward / pp] * pp, p2p_s=args.p2p)
+        k = args.encoder_pieces
+        if k < 1:
+            raise PlanError(f"--encoder-pieces must be at least 1 (got {k})")
+        pieces = ActionCosts([args.llm_forward] * chunks, [args.llm_backward] * chunks,
+                             [args.encoder_forward / (pp * k)] * (pp * k),
+                             [args.encoder_backward / (pp * k)] * (pp * k), p2p_s=args.p2p)
+        filled = bubble(pp, vpp, m, trainable, pieces, pp, k,
+                        args.encoder_placement == "reverse")
         runs = []
-        for schedule, costs in ((baseline, first), (spread, split)):
+        for schedule, costs in ((baseline, first), (spread, split), (filled, pieces)):
             validate(schedule)
             runs.append(simulate(schedule, costs))
     except PlanError as e:
         p.error(str(e))
     print(f"PP {pp} x VPP {vpp}, {m} micro-batches; LLM chunk F {args.llm_forward} "
           f"B {args.llm_backward}; encoder F {args.encoder_forward} B {args.encoder_backward}")
-    print("| schedule | iteration | bubble fraction | busy per rank | idle per rank |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| schedule | iteration | bubble fraction | busy per rank | idle per rank | "
+          "hidden |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for sim in runs:
+        hidden = ("-" if sim.encoder_hidden_fraction is None
+                  else f"{sim.encoder_hidden_fraction:.0%}")
         print(f"| {sim.schedule} | {sim.iteration_s:.2f} | {sim.bubble_fraction:.3f} | "
               f"{', '.join(f'{b:.1f}' for b in sim.busy_s)} | "
-              f"{', '.join(f'{i:.1f}' for i in sim.idle_s)} |")
+              f"{', '.join(f'{i:.1f}' for i in sim.idle_s)} | {hidden} |")
     if args.trace_out:
         write_chrome_trace(runs, args.trace_out)
     if args.png_out:

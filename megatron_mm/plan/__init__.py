@@ -17,6 +17,7 @@ from .comparison import Comparison, Scenario, compare, cornstarch_scenarios, opt
 from .cp_assignment import CPAssignment, assign_tokens
 from .describe import describe_chunk
 from .errors import PlanError
+from .encoder_planner import Candidate, EncoderSchedulePlan, plan_encoder_schedule
 from .estimate import PipelineEstimate, estimate
 from .hardware import Hardware, MemoryModel
 from .layers import KINDS, Layer, resolve_backward
@@ -28,11 +29,12 @@ from .record import Record
 from .schedule import inflight_microbatches
 
 __all__ = [
-    "KINDS", "POLICIES", "CPAssignment", "Comparison", "EncoderSpec", "Hardware", "Layer", "MemoryModel",
+    "KINDS", "POLICIES", "CPAssignment", "Candidate", "Comparison", "EncoderSchedulePlan",
+    "EncoderSpec", "Hardware", "Layer", "MemoryModel",
     "ModelSpec", "PipelineEstimate", "PipelinePlan", "PlanError", "Record", "Scenario",
     "StagePartition", "TransformerSpec", "Workload", "assign_tokens", "build_chain",
     "compare", "dense_allowed", "mask_codes",
     "cornstarch_scenarios", "describe_chunk", "estimate", "inflight_microbatches",
     "minmax_split", "optimus_scenarios", "parse_partition_flag", "partition",
-    "plan_pipeline", "resolve_backward",
+    "plan_encoder_schedule", "plan_pipeline", "resolve_backward",
 ]

@@ -12,7 +12,9 @@ scheduling on the per-action costs:
   the LLM work queued in front of it), or that the LLM action needs itself;
 - encoder forwards go in micro-batch order (the i-th encoder output feeds LLM micro-batch
   i); encoder backwards wait for the gradient of the merged embeddings (``B(m, 0)``). A
-  frozen encoder schedules forwards only.
+  frozen encoder schedules forwards only;
+- LLM actions wait for the data-parallel all-gather (``costs.llm_start_s``), so encoder
+  work fills that bubble too.
 
 The result is plain data (``actions.Schedule``), checked by ``validate`` and replayed by
 ``simulate`` like any other schedule.
@@ -20,6 +22,8 @@ The result is plain data (``actions.Schedule``), checked by ``validate`` and rep
 
 from __future__ import annotations
 
+import heapq
+from itertools import accumulate
 from typing import Dict, List, Optional, Tuple
 
 from .actions import Action, Schedule, validate
@@ -67,13 +71,32 @@ class _ListScheduler:
         self.owner: Dict[Key, int] = {}
         self.orders: List[List[Action]] = [[] for _ in range(pp)]
         self.llm_index = [{a.key: i for i, a in enumerate(order)} for order in llm]
+        # LLM work queued on a rank between two positions, in O(1)
+        self.prefix = [[0.0] + list(accumulate(self.cost(a) for a in order)) for order in llm]
+        # encoder actions whose inputs are all scheduled, per rank and queue, by queue
+        # position: the first ready one of a queue is a heap top, not a scan
+        self.ready: List[List[List[Tuple[int, Action]]]] = [[[], []] for _ in range(pp)]
+        self.waiting: Dict[Key, int] = {}
+        self.successors: Dict[Key, List[Tuple[int, int, int, Action]]] = {}
+        for r in range(pp):
+            for q, queue in enumerate((forwards[r], backwards[r])):
+                for i, a in enumerate(queue):
+                    deps = schedule.dependencies(a)
+                    self.waiting[a.key] = len(deps)
+                    for d in deps:
+                        self.successors.setdefault(d, []).append((r, q, i, a))
+                    if not deps:
+                        self.ready[r][q].append((i, a))
+        for r in range(pp):
+            for heap in self.ready[r]:
+                heapq.heapify(heap)
 
     def cost(self, a: Action) -> float:
         return self.costs.of(a.kind, a.chunk)
 
     def arrival(self, a: Action, rank: int) -> Optional[float]:
         """When ``a``'s inputs are on ``rank``; None while one is not yet scheduled."""
-        t = 0.0
+        t = self.costs.llm_start_s if a.kind in ("F", "B") else 0.0
         for d in self.s.dependencies(a):
             if d not in self.finish:
                 return None
@@ -89,10 +112,10 @@ class _ListScheduler:
             a = Action(*key)
             q = self.s.rank_of(a)
             index = self.llm_index[q].get(key)
-            queued = (sum(self.cost(b) for b in self.llm[q][self.pos[q]:index])
-                      if index is not None else 0.0)
+            queued = (self.prefix[q][index] - self.prefix[q][self.pos[q]]
+                      if index is not None and index > self.pos[q] else 0.0)
             ready = max([self.estimate(d, q, memo) for d in self.s.dependencies(a)],
-                        default=0.0)
+                        default=self.costs.llm_start_s if a.kind in ("F", "B") else 0.0)
             memo[key] = max(self.clock[q] + queued, ready) + self.cost(a)
         return memo[key] + (self.costs.p2p_s if self.s.rank_of(Action(*key)) != rank else 0.0)
 
@@ -102,17 +125,20 @@ class _ListScheduler:
         if a.kind != "EF":
             return float("inf")
         first = ("F", a.microbatch, 0)
-        queued = sum(self.cost(b) for b in self.llm[0][self.pos[0]:self.llm_index[0][first]])
+        index = self.llm_index[0][first]
+        queued = (self.prefix[0][index] - self.prefix[0][self.pos[0]]
+                  if index > self.pos[0] else 0.0)
         rest = sum(self.costs.of("EF", s) + self.costs.p2p_s
                    for s in range(a.chunk + 1, self.s.encoder_stages))
         return self.clock[0] + queued - rest - self.cost(a) - self.costs.p2p_s
 
     def ready_encoder(self, rank: int) -> Optional[Tuple[float, Action]]:
-        for queue in (self.forwards[rank], self.backwards[rank]):
-            for a in queue:
-                t = self.arrival(a, rank)
-                if t is not None:
-                    return max(self.clock[rank], t), a
+        """The first encoder action in queue order (forwards, then backwards) whose inputs
+        are all scheduled, and when it could start."""
+        for heap in self.ready[rank]:
+            if heap:
+                a = heap[0][1]
+                return max(self.clock[rank], self.arrival(a, rank)), a
         return None
 
     def choice(self, rank: int) -> Optional[Tuple[float, Action, bool]]:
@@ -158,4 +184,8 @@ class _ListScheduler:
         if a.kind in ("F", "B"):
             self.pos[rank] += 1
         else:
-            (self.forwards if a.kind == "EF" else self.backwards)[rank].remove(a)
+            heapq.heappop(self.ready[rank][0 if a.kind == "EF" else 1])
+        for r, q, i, b in self.successors.get(a.key, ()):
+            self.waiting[b.key] -= 1
+            if not self.waiting[b.key]:
+                heapq.heappush(self.ready[r][q], (i, b))

@@ -57,3 +57,37 @@ class MemoryModel(Record):
     def param_bytes(self, params: float, trainable: bool) -> float:
         per = self.bytes_per_trainable_param if trainable else self.bytes_per_frozen_param
         return params * per
+
+
+@dataclass
+class Interconnect(Record):
+    """Link speeds the schedule simulator charges (bytes/s of bus bandwidth per GPU).
+
+    ``tp_bandwidth``: a ring all-reduce of n bytes over t GPUs takes 2 (t - 1) / t x n / bw
+    (NVLink inside a node); ``dp_bandwidth``: all-gather and reduce-scatter of the
+    distributed optimizer, (d - 1) / d x n / bw each (RDMA between nodes);
+    ``p2p_bandwidth``: a pipeline send of one activation or gradient.
+    """
+
+    name: str = "H100 node: NVLink 4 + 400 Gb/s RDMA per GPU"
+    tp_bandwidth: float = 360e9
+    dp_bandwidth: float = 40e9
+    p2p_bandwidth: float = 40e9
+    p2p_latency_s: float = 20e-6
+
+    def allreduce_seconds(self, nbytes: float, ways: int) -> float:
+        return 0.0 if ways <= 1 else 2.0 * (ways - 1) / ways * nbytes / self.tp_bandwidth
+
+    def dp_seconds(self, nbytes: float, ways: int) -> float:
+        """One all-gather or reduce-scatter over ``ways`` data-parallel replicas."""
+        return 0.0 if ways <= 1 else (ways - 1) / ways * nbytes / self.dp_bandwidth
+
+    def p2p_seconds(self, nbytes: float) -> float:
+        return self.p2p_latency_s + nbytes / self.p2p_bandwidth
+
+
+H100 = Hardware(name="H100 SXM, bf16 dense", peak_flops=989e12, efficiency=0.5)
+A100 = Hardware(name="A100 80GB SXM, bf16 dense", peak_flops=312e12, efficiency=0.5)
+H100_LINKS = Interconnect()
+A100_LINKS = Interconnect(name="A100 node: NVLink 3 + 200 Gb/s RDMA per GPU",
+                          tp_bandwidth=230e9, dp_bandwidth=20e9, p2p_bandwidth=20e9)

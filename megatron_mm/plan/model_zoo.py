@@ -102,6 +102,12 @@ VISION: Dict[str, VisionEntry] = {
                           source="Optimus Table 8"),
     "vit-11b": VisionEntry(_vit(4096, 48, 16384, 32, bias=False), 14, 448, True,
                            source="Optimus Table 8"),
+    # ViT-22B / ViT-3B at ViT-22B's own pre-training resolution (Dehghani et al. 2023:
+    # 224 px, patch 14, no class token): 256 tokens per image, as the Optimus runs assume
+    "vit-22b-224": VisionEntry(_vit(6144, 48, 24576, 48, bias=False), 14, 224, False,
+                               source="Dehghani et al. 2023 / Optimus Table 8, 224 px"),
+    "vit-3b-224": VisionEntry(_vit(2304, 48, 9216, 18, bias=False), 14, 224, False,
+                              source="Optimus Table 8, 224 px"),
 }
 
 
@@ -145,6 +151,9 @@ OPTIMUS_PAIRS: Dict[str, Tuple[str, List[str]]] = {
     "Optimus-C": ("gpt-175b", ["vit-11b"]),
     "Optimus-D": ("gpt-175b", ["vit-22b"]),
     "Optimus-small": ("gpt-11b", ["vit-3b"]),
+    # the bubble-scheduling runs (strong scaling, Table 5; 8 x A100, Table 10) at 224 px
+    "Optimus-D-224": ("gpt-175b", ["vit-22b-224"]),
+    "Optimus-small-224": ("gpt-11b", ["vit-3b-224"]),
 }
 
 PAIRS = {**CORNSTARCH_PAIRS, **OPTIMUS_PAIRS,

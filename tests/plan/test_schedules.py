@@ -121,5 +121,8 @@ def test_simulate_schedule_tool(tmp_path):
     # the encoder on stage 0 makes it the bottleneck: (2 + 4 + 3) x 8 micro-batches
     assert "| megatron | 72.00 | 0.500 |" in proc.stdout
     assert "| coarse | 45.00 | 0.200 |" in proc.stdout
+    # two pieces per rank, encoder ending on rank 0: some encoder work fills the bubbles
+    assert "| bubble | 43.50 | 0.172 |" in proc.stdout
+    assert "| 12% |" in proc.stdout.splitlines()[-1]
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
