@@ -6,16 +6,19 @@ An encoder-heavy model (a trainable 8-layer ViT in front of a 4-layer LLM), two 
 ranks, each one process with one thread pinned to its own core (a bubble is real idle
 time). Steps:
 
-1. ``tools/profile_layers.py`` measures every layer's forward and backward time;
+1. ``tools/profile_layers.py`` measures every layer's forward and backward time, once on
+   each core at the same time (the runs keep both cores busy), averaged;
 2. two-rank runs train with Megatron-Core's own 1F1B schedule, the encoder on stage 0
    (``--encoder-schedule megatron``, ``--pipeline-partition uniform``), and with the
    encoder as its own pipeline over both ranks (``coarse``, ``bubble`` with
    ``--pipeline-partition auto``: LLM chunks and encoder pieces balanced per rank on the
    measured profile, the bubble schedule generated on it), alternating, ``--rounds``
    times;
-3. it prints the median iteration time of each, its ratio to Megatron-Core's, and the
-   simulator's prediction of each from the profile (``plan.simulate`` on the same
-   schedules), and writes the measured timelines (the executor records them) beside the
+3. it prints the median iteration time of each (and its forward-backward part: the
+   schedule and gradient sync, without the optimizer step), its ratio to Megatron-Core's,
+   and the simulator's prediction from the profile plus the p2p and gradient-sync times
+   measured before the timed iterations (``plan.simulate`` on the same schedules), and
+   writes the measured timelines (the executor records them) beside the
    simulated ones as a PNG and a Chrome trace.
 
 Micro-batches are loaded before timing, so iteration time is model work plus waiting.
@@ -66,6 +69,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     run = setup_training(args)
     source = batch_iterator(args, run.train_ds, run.tokenizer, 0, shuffle=True)
     batches = [next(source) for _ in range(args.num_microbatches)]
+    links = _communication_costs(run, args)
     executor = getattr(args, "schedule_executor", None)
     walls, schedules, timeline = [], [], []
     run_schedule = step.run_schedule
@@ -91,10 +95,66 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     gathered = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, {
         "stage": parallel_state.get_pipeline_model_parallel_rank(), "wall": walls,
-        "schedule": schedules, "timeline": timeline})
+        "schedule": schedules, "timeline": timeline, **links})
     if torch.distributed.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(gathered, f)
+
+
+def _communication_costs(run, args, repeats: int = 5) -> dict:
+    """What the simulator charges beyond compute, measured here: one activation's p2p
+    transfer between the two ranks (half a round trip) and ``finalize_model_grads`` (the
+    tied embedding's gradient all-reduce between first and last stage)."""
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.distributed import finalize_model_grads
+
+    group = parallel_state.get_pipeline_model_parallel_group()
+    peers = torch.distributed.get_process_group_ranks(group)
+    me = parallel_state.get_pipeline_model_parallel_rank()
+    x = torch.zeros(args.seq_length, args.micro_batch_size, args.hidden_size)
+    trips, syncs = [], []
+    for _ in range(repeats):
+        torch.distributed.barrier()
+        start = time.perf_counter()
+        if me == 0:
+            torch.distributed.send(x, peers[1], group=group)
+            torch.distributed.recv(x, peers[1], group=group)
+        else:
+            torch.distributed.recv(x, peers[0], group=group)
+            torch.distributed.send(x, peers[0], group=group)
+        trips.append(time.perf_counter() - start)
+        torch.distributed.barrier()
+        start = time.perf_counter()
+        finalize_model_grads(run.model_chunks, torch.tensor(1, dtype=torch.int))
+        syncs.append(time.perf_counter() - start)
+    for chunk in run.model_chunks:
+        chunk.zero_grad_buffer()
+    return {"p2p_s": statistics.median(trips) / 2, "grad_sync_s": statistics.median(syncs)}
+
+
+def co_run_profile(workdir: str) -> str:
+    """Per-layer times measured as the runs use the machine: one profiling process pinned
+    to each core at once (both cores busy), their times averaged."""
+    from megatron_mm.plan.profile import LayerProfile
+
+    paths = [os.path.join(workdir, f"profile{core}.json") for core in (0, 1)]
+    procs = [subprocess.Popen(["taskset", "-c", str(core), sys.executable,
+                               os.path.join(ROOT, "tools", "profile_layers.py"), *MODEL,
+                               "--profile-out", path, "--profile-micro-batches", "6"],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for core, path in zip((0, 1), paths)]
+    for proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode:
+            raise SystemExit(f"profile_layers.py failed:\n{err[-3000:]}")
+    first, second = (LayerProfile.load(p) for p in paths)
+    for a, b in zip(first.layers, second.layers):
+        a.forward_s = (a.forward_s + b.forward_s) / 2
+        a.backward_s = (a.backward_s + b.backward_s) / 2
+    path = os.path.join(workdir, "profile.json")
+    first.save(path)
+    return path
 
 
 def run_schedule(schedule: str, profile: str, workdir: str, iters: int, warmup: int) -> dict:
@@ -108,11 +168,14 @@ def run_schedule(schedule: str, profile: str, workdir: str, iters: int, warmup: 
     with open(out) as f:
         ranks = json.load(f)
     return {"walls": ranks[0]["wall"], "schedules": ranks[0]["schedule"],
-            "timeline": [t for r in ranks for t in r["timeline"]]}
+            "timeline": [t for r in ranks for t in r["timeline"]],
+            "p2p_s": max(r["p2p_s"] for r in ranks),
+            "grad_sync_s": max(r["grad_sync_s"] for r in ranks)}
 
 
-def simulated(schedule: str, profile_path: str):
-    """The simulator's replay of ``schedule`` on the measured per-layer profile."""
+def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float):
+    """The simulator's replay of ``schedule`` on the measured per-layer profile and
+    communication costs."""
     from megatron_mm.data import build_tokenizer
     from megatron_mm.plan import partition
     from megatron_mm.plan.encoder_pipeline import action_costs, baseline_costs
@@ -132,11 +195,14 @@ def simulated(schedule: str, profile_path: str):
     m = args.num_microbatches
     if schedule == "megatron":
         part = partition(chain, 2, 1, "uniform")
-        sim = simulate(megatron(2, 1, m), baseline_costs(chain, part, MEASURED))
+        costs = baseline_costs(chain, part, MEASURED, p2p_s)
+        order = megatron(2, 1, m)
     else:
         plan = encoder_pipeline_plan(args, chain)
-        sim = simulate(make_schedule(args, plan, m),
-                       action_costs(chain, plan.llm_partition, plan.pieces, MEASURED))
+        costs = action_costs(chain, plan.llm_partition, plan.pieces, MEASURED, p2p_s)
+        order = make_schedule(args, plan, m)
+    costs.grad_sync_s = grad_sync_s
+    sim = simulate(order, costs)
     sim.schedule = f"{schedule} (simulated)"
     return sim
 
@@ -170,10 +236,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as workdir:
-        profile = os.path.join(workdir, "profile.json")
-        _run(["taskset", "-c", "0", sys.executable,
-              os.path.join(ROOT, "tools", "profile_layers.py"), *MODEL,
-              "--profile-out", profile, "--profile-micro-batches", "6"])
+        profile = co_run_profile(workdir)
         results = {s: [] for s in SCHEDULES}
         for _ in range(args.rounds):
             for schedule in SCHEDULES:
@@ -190,20 +253,24 @@ def report(results: dict, profile: str, args) -> None:
           "x 4), 8 micro-batches per iteration, one thread per rank on its own core; medians "
           f"of {args.rounds} x {args.iters} iterations")
     print("| schedule | iteration s | vs megatron | of which forward-backward s | "
-          "simulated s | simulated vs iteration |")
-    print("| --- | --- | --- | --- | --- | --- |")
+          "simulated s | vs forward-backward | vs iteration |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     iteration, timelines = {}, []
+    p2p = statistics.median(r["p2p_s"] for runs in results.values() for r in runs)
+    sync = statistics.median(r["grad_sync_s"] for runs in results.values() for r in runs)
     for schedule in SCHEDULES:
         iteration[schedule] = statistics.median(w for r in results[schedule] for w in r["walls"])
         fwd_bwd = statistics.median(w for r in results[schedule] for w in r["schedules"])
-        sim = simulated(schedule, profile)
-        error = (sim.iteration_s - iteration[schedule]) / iteration[schedule]
+        sim = simulated(schedule, profile, p2p, sync)
         print(f"| {schedule} | {iteration[schedule]:.3f} | "
               f"{iteration[schedule] / iteration['megatron']:.3f} | {fwd_bwd:.3f} | "
-              f"{sim.iteration_s:.3f} | {error:+.1%} |")
+              f"{sim.iteration_s:.3f} | {sim.iteration_s / fwd_bwd - 1:+.1%} | "
+              f"{sim.iteration_s / iteration[schedule] - 1:+.1%} |")
         timelines.append(sim)
         if results[schedule][-1]["timeline"]:
             timelines.append(measured_timeline(schedule, results[schedule][-1]["timeline"]))
+    print(f"measured communication charged by the simulator: p2p {p2p * 1e3:.2f} ms per "
+          f"transfer, gradient sync {sync * 1e3:.1f} ms per iteration")
     print(f"bubble / megatron iteration time: "
           f"{iteration['bubble'] / iteration['megatron']:.3f}")
     write_png(timelines, args.png_out)

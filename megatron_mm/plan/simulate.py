@@ -20,6 +20,9 @@ class ActionCosts(Record):
     ``llm_start_s`` / ``llm_end_s``: the data-parallel bubbles of the distributed optimizer
     (parameter all-gather before a rank's first LLM action, gradient reduce-scatter after
     its last one). The LLM waits for them; encoder work may run inside them.
+    ``grad_sync_s``: gradient synchronisation once every rank is done (Megatron-Core's
+    ``finalize_model_grads``: tied-embedding and data-parallel all-reduces); nothing
+    overlaps it.
     """
 
     forward_s: List[float]
@@ -29,6 +32,7 @@ class ActionCosts(Record):
     p2p_s: float = 0.0
     llm_start_s: float = 0.0
     llm_end_s: float = 0.0
+    grad_sync_s: float = 0.0
 
     def of(self, kind: str, chunk: int) -> float:
         table = {"F": self.forward_s, "B": self.backward_s, "EF": self.encoder_forward_s,
@@ -129,7 +133,7 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
         if record:
             timeline.append(TimedAction(rank, a.kind, a.microbatch, a.chunk, ready, end))
     iteration = max(max(c, e + costs.llm_end_s) for c, e in zip(clock, llm_end))
-    return iteration, busy, enc, timeline
+    return iteration + costs.grad_sync_s, busy, enc, timeline
 
 
 def _without_encoder(schedule: Schedule) -> Schedule:
