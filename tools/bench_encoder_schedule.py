@@ -2,7 +2,7 @@
 
     python tools/bench_encoder_schedule.py [--iters 4] [--rounds 2] [--png-out t.png]
 
-An encoder-heavy model (a trainable 8-layer ViT in front of a 4-layer LLM), two pipeline
+An encoder-heavy model (a trainable 12-layer ViT in front of a 4-layer LLM), two pipeline
 ranks, each one process with one thread pinned to its own core (a bubble is real idle
 time). Steps:
 
@@ -42,7 +42,7 @@ sys.path.insert(0, ROOT)
 MODEL = [
     "--num-layers", "4", "--hidden-size", "256", "--ffn-hidden-size", "1024",
     "--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "4",
-    "--seq-length", "160", "--vision-hidden-size", "256", "--vision-num-layers", "8",
+    "--seq-length", "160", "--vision-hidden-size", "256", "--vision-num-layers", "12",
     "--vision-num-attention-heads", "8", "--img-h", "32", "--img-w", "32",
     "--patch-dim", "4", "--disable-vision-class-token",
     "--micro-batch-size", "4", "--global-batch-size", "32", "--lr", "1e-4",
@@ -178,7 +178,7 @@ def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float
     communication costs."""
     from megatron_mm.data import build_tokenizer
     from megatron_mm.plan import partition
-    from megatron_mm.plan.encoder_pipeline import action_costs, baseline_costs
+    from megatron_mm.plan.encoder_pipeline import schedule_costs, megatron_costs
     from megatron_mm.plan.generate import megatron
     from megatron_mm.plan.profile import MEASURED
     from megatron_mm.plan.simulate import simulate
@@ -195,11 +195,11 @@ def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float
     m = args.num_microbatches
     if schedule == "megatron":
         part = partition(chain, 2, 1, "uniform")
-        costs = baseline_costs(chain, part, MEASURED, p2p_s)
+        costs = megatron_costs(chain, part, MEASURED, p2p_s)
         order = megatron(2, 1, m)
     else:
         plan = encoder_pipeline_plan(args, chain)
-        costs = action_costs(chain, plan.llm_partition, plan.pieces, MEASURED, p2p_s)
+        costs = schedule_costs(chain, plan.llm_partition, plan.pieces, MEASURED, p2p_s)
         order = make_schedule(args, plan, m)
     costs.grad_sync_s = grad_sync_s
     sim = simulate(order, costs)
@@ -249,7 +249,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def report(results: dict, profile: str, args) -> None:
     from megatron_mm.plan.timeline import write_chrome_trace, write_png
 
-    print("PP=2, trainable ViT (8 layers, 64 patches x 4 images) + LLM (4 layers, 160 tokens "
+    print("PP=2, trainable ViT (12 layers, 64 patches x 4 images) + LLM (4 layers, 160 tokens "
           "x 4), 8 micro-batches per iteration, one thread per rank on its own core; medians "
           f"of {args.rounds} x {args.iters} iterations")
     print("| schedule | iteration s | vs megatron | of which forward-backward s | "

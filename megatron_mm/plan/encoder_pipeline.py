@@ -9,7 +9,9 @@ norm and the projector run with LLM chunk 0, which merges the features into the 
 frozen encoder with a trainable projector needs no encoder backward.
 
 The same records drive the runtime (which modules a chunk builds, which layers an ``EF``
-action runs) and the simulator (``action_costs``).
+action runs) and the simulator (``schedule_costs``: per-action seconds summed from the
+training chain, i.e. the cost model or a measured per-layer profile of this very model;
+``action_costs.py`` models cluster-scale runs from model sizes, with TP and DP traffic).
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ def separate_placements(chain: Sequence[Layer], llm_partition: StagePartition,
     return placements
 
 
-def action_costs(chain: Sequence[Layer], llm_partition: StagePartition,
+def schedule_costs(chain: Sequence[Layer], llm_partition: StagePartition,
                  pieces: EncoderPieces, hardware: Hardware, p2p_s: float = 0.0
                  ) -> ActionCosts:
     """Per-action seconds of one micro-batch: LLM chunk c's layers (chunk 0 with the
@@ -134,7 +136,7 @@ def action_costs(chain: Sequence[Layer], llm_partition: StagePartition,
                        encoder_backward_s=[bwd(p) for p in per_piece], p2p_s=p2p_s)
 
 
-def baseline_costs(chain: Sequence[Layer], partition: StagePartition, hardware: Hardware,
+def megatron_costs(chain: Sequence[Layer], partition: StagePartition, hardware: Hardware,
                    p2p_s: float = 0.0) -> ActionCosts:
     """Per-chunk seconds of the whole chain partitioned as Megatron runs it (the encoder
     inside the chunks that hold it): the ``megatron`` schedule's costs."""
@@ -169,7 +171,7 @@ def plan_encoder_pipeline(chain: Sequence[Layer], pp: int, vpp: int, policy,
     if policy != "uniform":  # balance each rank's LLM and encoder work together
         hw = hardware or Hardware()
         pre = EncoderPieces(name="", layers=[[0, 1]], ranks=[0])
-        costs = action_costs(chain, part, pre, hw)
+        costs = schedule_costs(chain, part, pre, hw)
         load = [0.0] * pp
         for c in range(part.num_chunks):
             load[part.rank_of_chunk(c)] += costs.forward_s[c] + costs.backward_s[c]

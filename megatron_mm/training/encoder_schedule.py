@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..plan.bubble import bubble
-from ..plan.encoder_pipeline import EncoderPipelinePlan, action_costs, plan_encoder_pipeline
+from ..plan.encoder_pipeline import EncoderPipelinePlan, schedule_costs, plan_encoder_pipeline
 from ..plan.generate import coarse
 from ..plan.hardware import Hardware
 from ..plan.profile import MEASURED
@@ -42,7 +42,7 @@ def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int):
     stages, pieces = args.encoder_pipeline_model_parallel_size, args.encoder_pieces
     if args.encoder_schedule == "coarse":
         return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, stages, pieces)
-    costs = action_costs(training_chain(args), plan.llm_partition, plan.pieces,
+    costs = schedule_costs(training_chain(args), plan.llm_partition, plan.pieces,
                          hardware(args))
     return bubble(pp, vpp, num_microbatches, plan.encoder_trainable, costs, stages, pieces)
 

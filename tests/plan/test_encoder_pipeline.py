@@ -5,7 +5,7 @@ import pytest
 
 from megatron_mm.plan import PlanError, StagePartition
 from megatron_mm.plan.encoder_pipeline import (
-    action_costs,
+    schedule_costs,
     encoder_pieces,
     plan_encoder_pipeline,
     separate_placements,
@@ -57,10 +57,10 @@ def test_placements_put_pieces_in_first_chunks_and_the_projector_in_chunk_0():
                                                  ["decoder", "decoder"], [], ["loss"]]
 
 
-def test_action_costs_sum_their_layers():
+def test_schedule_costs_sum_their_layers():
     chain = vlm_chain(4, 2, freeze_vit=False, freeze_llm=False)
     plan = plan_encoder_pipeline(chain, 2, 1, "uniform")
-    costs = action_costs(chain, plan.llm_partition, plan.pieces, UNIT)
+    costs = schedule_costs(chain, plan.llm_partition, plan.pieces, UNIT)
     # unit forward per layer: chunk 0 = embed + LLM 0 + projector, chunk 1 = LLM 1 + head;
     # piece 0 = ViT 0-1 + patch embedding, piece 1 = ViT 2-3
     assert plan.llm_partition.layers_per_chunk == [2, 2]
