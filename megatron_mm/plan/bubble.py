@@ -14,7 +14,10 @@ scheduling on the per-action costs:
   i); encoder backwards wait for the gradient of the merged embeddings (``B(m, 0)``). A
   frozen encoder schedules forwards only;
 - LLM actions wait for the data-parallel all-gather (``costs.llm_start_s``), so encoder
-  work fills that bubble too.
+  work fills that bubble too;
+- ``extra_warmup="auto"`` also tries one and two more LLM warm-up forwards per rank
+  (Optimus' adjusted warm-up: the backwards come later, which can open room for encoder
+  work, at the cost of activations in flight) and keeps the fastest by simulation.
 
 The result is plain data (``actions.Schedule``), checked by ``validate`` and replayed by
 ``simulate`` like any other schedule.
@@ -24,21 +27,26 @@ from __future__ import annotations
 
 import heapq
 from itertools import accumulate
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 from .actions import Action, Schedule, validate
 from .errors import PlanError
 from .generate import encoder_placement, llm_order
-from .simulate import ActionCosts
+from .simulate import ActionCosts, simulate
 
 Key = Tuple[str, int, int]
 
 
 def bubble(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
            costs: ActionCosts, encoder_stages: Optional[int] = None,
-           pieces: int = 1, reverse: bool = False) -> Schedule:
+           pieces: int = 1, reverse: bool = False,
+           extra_warmup: Union[int, str] = 0) -> Schedule:
     """The bubble-filling schedule for these per-action costs (``costs.encoder_*_s`` per
     encoder piece: ``encoder_stages * pieces`` entries)."""
+    if extra_warmup == "auto":
+        options = [bubble(pp, vpp, num_microbatches, encoder_trainable, costs, encoder_stages,
+                          pieces, reverse, extra) for extra in (0, 1, 2)]
+        return min(options, key=lambda s: simulate(s, costs, timeline=False).iteration_s)
     _, ranks_of_piece = encoder_placement(pp, encoder_stages, pieces, reverse)
     n = len(ranks_of_piece)
     if len(costs.encoder_forward_s) < n or (encoder_trainable
@@ -48,7 +56,7 @@ def bubble(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
                         virtual_pipeline_model_parallel_size=vpp,
                         num_microbatches=num_microbatches, encoder_stages=n,
                         encoder_trainable=encoder_trainable, encoder_ranks=ranks_of_piece)
-    llm = [llm_order(pp, vpp, num_microbatches, r) for r in range(pp)]
+    llm = [llm_order(pp, vpp, num_microbatches, r, extra_warmup) for r in range(pp)]
     forwards = [[Action("EF", mb, s) for mb in range(num_microbatches)
                  for s in range(n) if ranks_of_piece[s] == r] for r in range(pp)]
     backwards = [[Action("EB", mb, s) for mb in range(num_microbatches)

@@ -18,18 +18,20 @@ from .actions import Action, Schedule
 from .errors import PlanError
 
 
-def llm_order(pp: int, vpp: int, m: int, rank: int) -> List[Action]:
+def llm_order(pp: int, vpp: int, m: int, rank: int, extra_warmup: int = 0) -> List[Action]:
     """Megatron-Core's forward/backward order on ``rank`` (schedules.py: warm-up forwards,
     1F1B steady state, cool-down backwards; chunk and micro-batch of the k-th forward or
-    backward as ``get_model_chunk_id`` / ``get_microbatch_id_in_model_chunk`` compute)."""
+    backward as ``get_model_chunk_id`` / ``get_microbatch_id_in_model_chunk`` compute).
+    ``extra_warmup`` more forwards before the first backward keep that many more
+    micro-batches' activations in flight and leave the rank room for other work."""
     if vpp > 1 and m % pp:
         raise PlanError(f"interleaved 1F1B needs the micro-batches ({m}) to be a multiple "
                         f"of --pipeline-model-parallel-size ({pp})")
     total = m * vpp
     if vpp == 1:
-        warmup = min(pp - rank - 1, total)
+        warmup = min(pp - rank - 1 + extra_warmup, total)
     else:
-        warmup = min((pp - rank - 1) * 2 + (vpp - 1) * pp, total)
+        warmup = min((pp - rank - 1) * 2 + (vpp - 1) * pp + extra_warmup, total)
 
     def unit(k: int, forward: bool) -> Action:
         group = k % (pp * vpp)

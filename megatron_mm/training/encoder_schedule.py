@@ -44,7 +44,8 @@ def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int):
         return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, stages, pieces)
     costs = schedule_costs(training_chain(args), plan.llm_partition, plan.pieces,
                          hardware(args))
-    return bubble(pp, vpp, num_microbatches, plan.encoder_trainable, costs, stages, pieces)
+    return bubble(pp, vpp, num_microbatches, plan.encoder_trainable, costs, stages, pieces,
+                  extra_warmup="auto")
 
 
 def build_executor(args, plan: Optional[EncoderPipelinePlan] = None) -> ScheduleExecutor:

@@ -63,6 +63,23 @@ def test_bubble_hides_a_light_frozen_encoder_in_the_bubbles():
     assert sim.iteration_s < coarse_s
 
 
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_extra_warmup_is_valid_and_auto_keeps_the_fastest(vpp):
+    pp, m = 4, 8
+    costs = _costs(pp, vpp, 2, 2.0 * pp, 4.0 * pp)
+    times = []
+    for extra in (0, 1, 2):
+        schedule = bubble(pp, vpp, m, True, costs, pp, 2, extra_warmup=extra)
+        times.append(simulate(schedule, costs).iteration_s)
+    def forwards_before_first_backward(order):
+        return [a.kind for a in order].index("B")
+
+    assert forwards_before_first_backward(llm_order(pp, vpp, m, 0, extra_warmup=2)) == (
+        forwards_before_first_backward(llm_order(pp, vpp, m, 0)) + 2)
+    auto = bubble(pp, vpp, m, True, costs, pp, 2, extra_warmup="auto")
+    assert simulate(auto, costs).iteration_s == pytest.approx(min(times))
+
+
 def test_encoder_placement_checks_the_encoder_pipeline_size():
     assert encoder_placement(4, 2, 2) == (2, [0, 0, 2, 2])
     assert encoder_placement(4, 2, 1, reverse=True) == (2, [3, 1])
