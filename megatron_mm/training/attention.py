@@ -11,6 +11,7 @@ from megatron.core import parallel_state
 
 from ..models.context_parallel import (
     ContextParallelMask, batch_codes, context_parallel_mask, dense_mask)
+from ..plan.cp_assignment import BLOCK_OVERHEAD
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class AttentionSettings:
     context_parallel_size: int = 1
     assignment: str = "ours"
     block: int = 128
+    block_overhead: float = BLOCK_OVERHEAD  # tiles per block in the load model
 
     @classmethod
     def from_args(cls, args, tokenizer) -> "AttentionSettings":
@@ -27,7 +29,8 @@ class AttentionSettings:
         for enc in args.model_config.encoders.values():
             media[tokenizer.media_token_id("image")] = enc.num_output_tokens
         return cls(media, args.media_attention, args.context_parallel_size,
-                   args.context_parallel_assignment, args.context_parallel_block)
+                   args.context_parallel_assignment, args.context_parallel_block,
+                   args.context_parallel_block_overhead)
 
     def mask_for(self, batch: dict,
                  split: bool = True) -> Union[None, torch.Tensor, ContextParallelMask]:
@@ -45,7 +48,7 @@ class AttentionSettings:
         return context_parallel_mask(
             codes, self.context_parallel_size, parallel_state.get_context_parallel_rank(),
             self.assignment, self.block, parallel_state.get_context_parallel_group(),
-            tokens.device)
+            tokens.device, self.block_overhead)
 
 
 def doc_ids(batch: dict) -> Optional[torch.Tensor]:
