@@ -121,6 +121,12 @@ def _training_args(p: argparse.ArgumentParser) -> None:
                    help="fixed cost of one query block in the CP attention kernel, in "
                         "attention tiles, for the token assignment's load model (measure "
                         "with tools/bench_cp_attention.py --calibrate)")
+    g.add_argument("--cp-comm-type", choices=["p2p", "a2a", "allgather", "a2a+p2p"],
+                   default=None,
+                   help="Megatron-Core's TE CP attention only (TE on CUDA, --transformer-impl "
+                        "transformer_engine, causal mask, --context-parallel-assignment "
+                        "zigzag), one type for every layer; default p2p there. Our CP "
+                        "attention all-gathers K/V and rejects this flag")
     g.add_argument("--media-attention", choices=["causal", "bidirectional"], default="causal",
                    help="how media tokens attend in the LLM: causally like text, or "
                         "bidirectionally within their own item (text stays causal)")
