@@ -36,7 +36,8 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
         placement = whole_model_placement(config)
     lm = config.language
     specs = get_layer_specs(settings.transformer_impl, qk_layernorm=lm.qk_layernorm,
-                            context_parallel=settings.context_parallel_size > 1)
+                            context_parallel=settings.context_parallel_size > 1,
+                            cp_attention=settings.cp_attention)
     language_model = GPTModel(
         config=language_transformer_config(lm, settings),
         transformer_layer_spec=specs.language_layer,

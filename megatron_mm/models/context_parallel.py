@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..plan.attention_mask import DOC_SHIFT, ITEM_MASK, key_intervals, mask_codes
-from ..plan.cp_assignment import CPAssignment, assign_tokens
+from ..plan.cp_assignment import BLOCK_OVERHEAD, CPAssignment, assign_tokens
 
 
 @dataclass
@@ -69,9 +69,11 @@ def dense_mask(codes: np.ndarray, device) -> torch.Tensor:
 
 
 def context_parallel_mask(codes: np.ndarray, cp_size: int, cp_rank: int, method: str,
-                          block: int, group, device) -> ContextParallelMask:
+                          block: int, group, device,
+                          block_overhead: float = BLOCK_OVERHEAD) -> ContextParallelMask:
     """Plan the token assignment of [B, S] ``codes`` and keep this rank's part."""
-    plan: CPAssignment = assign_tokens(codes, cp_size, method, block=block)
+    plan: CPAssignment = assign_tokens(codes, cp_size, method, block=block,
+                                       block_overhead=block_overhead)
     local = np.asarray(plan.tokens[cp_rank], np.int64)
     # Runs of consecutive local positions (the assignment's blocks, merged), each with the
     # union of its rows' key intervals over the batch: the keys its queries need.

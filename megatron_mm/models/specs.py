@@ -4,11 +4,15 @@
 Megatron-Core's own layers and runs anywhere. Everything else in the package asks this
 module for its specs and never imports TE itself.
 
-Context parallelism (``context_parallel=True``) swaps the LLM layers' core attention for
-``ContextParallelAttention`` with either impl: Megatron-Core's own CP attention needs TE
-and knows only causal masks (and zigzag token splits), ours takes any multimodal mask and
-any token assignment. The LLM's ``TransformerConfig`` then keeps ``context_parallel_size=1``
-so that no Megatron-Core module applies its own CP (RoPE slicing, the TE-only assert).
+Context parallelism: ``choose_cp_attention`` (the one place that decides) picks the LLM
+layers' CP core attention. Megatron-Core's own (``TEDotProductAttention`` with
+``--cp-comm-type``) needs TE on CUDA and knows only causal masks over Megatron's zigzag
+split; ours (``ContextParallelAttention``) takes any multimodal mask and any token
+assignment, with either impl. With ours the LLM's ``TransformerConfig`` keeps
+``context_parallel_size=1`` so that no Megatron-Core module applies its own CP (RoPE
+slicing, the TE-only assert); with TE's it carries the CP size and ``cp_comm_type``. Either
+way the tokens are split by our zigzag ``ContextParallelMask`` and RoPE runs at global
+positions (``MultimodalModel``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import copy
 import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Optional
 
 import torch
 from megatron.core.models.gpt.gpt_layer_specs import (
@@ -30,14 +35,17 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
 from ..config import ConfigError
+from .context_parallel import ContextParallelMask
 from .cp_attention import ContextParallelAttention
 
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
+CP_ATTENTIONS = ("none", "ours", "transformer_engine")
+CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")  # Megatron's --cp-comm-type
 
 
 @lru_cache(maxsize=None)
-def transformer_engine_available() -> bool:
-    if importlib.util.find_spec("transformer_engine") is None or not torch.cuda.is_available():
+def transformer_engine_importable() -> bool:
+    if importlib.util.find_spec("transformer_engine") is None:
         return False
     try:
         import transformer_engine.pytorch  # noqa: F401
@@ -46,8 +54,68 @@ def transformer_engine_available() -> bool:
     return True
 
 
+def transformer_engine_available() -> bool:
+    """TE importable and a CUDA device to run it on."""
+    return torch.cuda.is_available() and transformer_engine_importable()
+
+
 def default_transformer_impl() -> str:
     return "transformer_engine" if transformer_engine_available() else "local"
+
+
+@dataclass(frozen=True)
+class CPAttentionChoice:
+    """Which CP core attention the LLM layers use, why (for the startup log), and TE's
+    ``cp_comm_type`` when it is TE's."""
+
+    kind: str  # one of CP_ATTENTIONS
+    reason: str
+    cp_comm_type: Optional[str] = None
+
+
+def choose_cp_attention(cp_size: int, transformer_impl: str, te_importable: bool, cuda: bool,
+                        media_attention: str = "causal", packed: bool = False,
+                        assignment: str = "ours",
+                        cp_comm_type: Optional[str] = None) -> CPAttentionChoice:
+    """Megatron-Core's TE CP attention where it computes the same thing (TE on CUDA,
+    ``--transformer-impl transformer_engine``, a plain causal mask, Megatron's zigzag
+    split), else ours. ``--cp-comm-type`` is TE's alone: asking for it where TE's CP cannot
+    run is an error, not a silent fallback. Pure: capabilities come in as arguments."""
+    if cp_comm_type is not None and cp_comm_type not in CP_COMM_TYPES:
+        raise ConfigError(f"--cp-comm-type must be one of {CP_COMM_TYPES}, got {cp_comm_type!r}")
+    if cp_size == 1:
+        return CPAttentionChoice("none", "no context parallelism (--context-parallel-size 1)")
+    blockers = []
+    if transformer_impl != "transformer_engine":
+        blockers.append(f"--transformer-impl {transformer_impl}")
+    if not te_importable:
+        blockers.append("Transformer Engine is not importable")
+    if not cuda:
+        blockers.append("no CUDA device")
+    if media_attention != "causal":
+        blockers.append(f"--media-attention {media_attention} (TE's CP knows only causal)")
+    if packed:
+        blockers.append("packed sequences (--data-balance: a block-diagonal mask)")
+    if assignment != "zigzag":
+        blockers.append(f"--context-parallel-assignment {assignment} (TE's CP needs zigzag)")
+    if blockers:
+        if cp_comm_type is not None:
+            raise ConfigError(
+                f"--cp-comm-type {cp_comm_type} is for Megatron-Core's Transformer Engine CP "
+                f"attention, which cannot run here: {'; '.join(blockers)}. Our CP attention "
+                "(any mask, any assignment) all-gathers K/V and takes no --cp-comm-type: "
+                "drop the flag")
+        return CPAttentionChoice(
+            "ours", "our CP attention (any mask, any token assignment), not TE's: "
+            + "; ".join(blockers))
+    comm = cp_comm_type or "p2p"  # Megatron's default
+    if comm == "a2a+p2p":  # TEDotProductAttention then asks for hierarchical CP groups
+        raise ConfigError("--cp-comm-type a2a+p2p needs hierarchical CP groups (Megatron's "
+                          "--hierarchical-context-parallel-sizes), not wired here: use p2p, "
+                          "a2a or allgather")
+    return CPAttentionChoice(
+        "transformer_engine", f"Megatron-Core's TE CP attention (TEDotProductAttention, "
+        f"--cp-comm-type {comm}): causal mask, zigzag split, TE on CUDA", comm)
 
 
 @dataclass(frozen=True)
@@ -62,13 +130,19 @@ class LayerSpecs:
 
 
 def get_layer_specs(transformer_impl: str, qk_layernorm: bool = False,
-                    context_parallel: bool = False) -> LayerSpecs:
+                    context_parallel: bool = False, cp_attention: str = "ours") -> LayerSpecs:
+    """``cp_attention`` (``CPAttentionChoice.kind``) picks the core attention when
+    ``context_parallel``."""
     specs = _impl_specs(transformer_impl, qk_layernorm)
-    if not context_parallel:
+    if not context_parallel or cp_attention == "none":
         return specs
+    if cp_attention == "transformer_engine" and transformer_impl != "transformer_engine":
+        raise ConfigError("Megatron-Core's TE CP attention needs --transformer-impl "
+                          "transformer_engine")
     language_layer = copy.deepcopy(specs.language_layer)
     language_layer.submodules.self_attention.submodules.core_attention = (
-        ContextParallelAttention)
+        _te_cp_attention() if cp_attention == "transformer_engine"
+        else ContextParallelAttention)
     return LayerSpecs(specs.impl, specs.vision_layer, language_layer, specs.projector,
                       specs.vision_norm)
 
@@ -107,3 +181,21 @@ def _impl_specs(transformer_impl: str, qk_layernorm: bool) -> LayerSpecs:
         vision_norm=WrappedTorchNorm,
     )
 
+
+
+def _te_cp_attention():
+    """TEDotProductAttention (TE's CP over the config's CP group and ``cp_comm_type``) that
+    takes our ``ContextParallelMask``: it carried the zigzag split to the model, TE needs
+    no mask for causal attention."""
+    from megatron.core.extensions.transformer_engine import TEDotProductAttention
+
+    class TEContextParallelAttention(TEDotProductAttention):
+        def forward(self, query, key, value, attention_mask, attn_mask_type=None,
+                    attention_bias=None, packed_seq_params=None, num_splits=None):
+            if isinstance(attention_mask, ContextParallelMask):
+                attention_mask = None
+            return super().forward(query, key, value, attention_mask, attn_mask_type,
+                                   attention_bias=attention_bias,
+                                   packed_seq_params=packed_seq_params, num_splits=num_splits)
+
+    return TEContextParallelAttention

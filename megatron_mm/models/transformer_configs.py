@@ -25,8 +25,12 @@ class BuildSettings:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: Optional[int] = None
-    # Our CP (ContextParallelAttention); never passed to TransformerConfig (see specs.py).
+    # CP ranks per sequence. With our CP attention (``cp_attention`` "ours") it is never
+    # passed to TransformerConfig; with Megatron-Core's TE CP it is, with cp_comm_type
+    # (see specs.py, choose_cp_attention).
     context_parallel_size: int = 1
+    cp_attention: str = "ours"
+    cp_comm_type: Optional[str] = None
     transformer_impl: str = "local"
     bf16: bool = False
     hidden_dropout: float = 0.0
@@ -103,7 +107,15 @@ def language_transformer_config(lm: LanguageModelConfig, s: BuildSettings) -> Tr
         add_qkv_bias=lm.add_qkv_bias,
         qk_layernorm=lm.qk_layernorm,
         **s.common("llm"),
+        **_te_context_parallel(s),
     )
+
+
+def _te_context_parallel(s: BuildSettings) -> dict:
+    """Megatron-Core's CP settings, only when its TE CP attention runs the LLM's CP."""
+    if s.context_parallel_size == 1 or s.cp_attention != "transformer_engine":
+        return {}
+    return dict(context_parallel_size=s.context_parallel_size, cp_comm_type=s.cp_comm_type)
 
 
 def vision_transformer_config(enc: VisionEncoderConfig, s: BuildSettings,

@@ -1,8 +1,9 @@
 """Context-parallel token assignment: which tokens each CP rank holds (Cornstarch).
 
 The sequence is cut into blocks of ``block`` tokens. A block's load is the attention
-tiles (``block`` x ``block``) its queries really compute under the mask, plus a linear-layer
-term per token (``linear_weight`` tiles per full block). Methods:
+tiles (``block`` x ``block``) its queries really compute under the mask, plus a fixed cost
+per block in the attention kernel (``block_overhead`` tiles, see ``BLOCK_OVERHEAD``), plus a
+linear-layer term per token (``linear_weight`` tiles per full block). Methods:
 
 - ``contiguous``: P runs of consecutive blocks (no balancing at all);
 - ``zigzag``: 2P runs, rank r takes runs r and 2P-1-r (Megatron-Core's causal split);
@@ -34,6 +35,17 @@ METHODS = ("contiguous", "zigzag", "lpt", "ours")
 EXACT_MAX_BLOCKS = 32
 EXACT_NODE_LIMIT = 5_000  # runs per micro-batch: keeps its best so far when it runs out
 
+# Fixed cost of one query block in ``ContextParallelAttention`` (mask evaluation, softmax
+# and einsum launches, and the backward of its key slice, which writes a gradient of the
+# whole sequence), in attention tiles. Calibrated with ``python tools/bench_cp_attention.py
+# --calibrate --iters 40`` on this project's 2-core CPU machine (1 thread, S=4096, block
+# 128, 4 heads of 32, fp32): forward + backward of one query block against 1 .. 16 causal
+# key tiles, least-squares fit ms = a * tiles + b, overhead = b / a; three runs gave 1.2,
+# 1.4 and 1.5 tiles (load average 1.5). Per-tile time also grows with the key interval
+# (cache), which this linear model does not capture. Re-measure on other hardware (a GPU
+# kernel's fixed cost differs) and pass it as --context-parallel-block-overhead.
+BLOCK_OVERHEAD = 1.4
+
 
 @dataclass
 class CPAssignment(Record):
@@ -44,31 +56,42 @@ class CPAssignment(Record):
     seq_length: int
     tokens: List[List[int]] = field(default_factory=list)
     attention: List[float] = field(default_factory=list)  # tiles per rank
-    load: List[float] = field(default_factory=list)  # attention + linear term
+    load: List[float] = field(default_factory=list)  # attention + overhead + linear term
     replicated: bool = False
+    blocks: List[int] = field(default_factory=list)  # query blocks per rank
+    block_overhead: float = 0.0  # tiles per block (BLOCK_OVERHEAD)
 
     @property
     def cp_size(self) -> int:
         return len(self.tokens)
 
+    @property
+    def cost(self) -> List[float]:
+        """Modelled attention time per rank, in tiles: tiles + block_overhead per block."""
+        return [t + self.block_overhead * n for t, n in zip(self.attention, self.blocks)]
+
     def imbalance(self, what: str = "attention") -> float:
-        """max / mean over ranks of ``attention`` or ``load`` (1.0 = perfect)."""
+        """max / mean over ranks of ``attention`` (tiles), ``cost`` (tiles + per-block
+        overhead: the attention time the kernel takes) or ``load`` (1.0 = perfect)."""
         values = np.asarray(getattr(self, what), float)
         return float(values.max() / values.mean()) if values.mean() > 0 else 1.0
 
 
-def block_loads(codes: np.ndarray, block: int, linear_weight: float = 1.0):
-    """(attention tiles, total load) per block, summed over the rows of [B, S] codes."""
+def block_loads(codes: np.ndarray, block: int, linear_weight: float = 1.0,
+                block_overhead: float = BLOCK_OVERHEAD):
+    """(attention tiles, total load) per block, summed over the rows of [B, S] codes.
+    The overhead counts once per block: the kernel runs one block of every row at once."""
     codes = np.atleast_2d(np.asarray(codes, np.int64))
     tiles = tile_map(codes, block).sum(axis=(0, 2)).astype(float)
     s = codes.shape[1]
     sizes = np.minimum(block, s - block * np.arange(len(tiles)))
     linear = linear_weight * codes.shape[0] * sizes / block
-    return tiles, tiles + linear
+    return tiles, tiles + block_overhead + linear
 
 
 def assign_tokens(codes: np.ndarray, cp_size: int, method: str = "ours", block: int = 128,
-                  linear_weight: float = 1.0) -> CPAssignment:
+                  linear_weight: float = 1.0,
+                  block_overhead: float = BLOCK_OVERHEAD) -> CPAssignment:
     """Each rank's token indices and load for mask ``codes`` ([S] or [B, S]) on
     ``cp_size`` ranks."""
     if method not in METHODS:
@@ -76,15 +99,18 @@ def assign_tokens(codes: np.ndarray, cp_size: int, method: str = "ours", block: 
                         f"got {method!r}")
     if cp_size < 1 or block < 1:
         raise PlanError("--context-parallel-size and --context-parallel-block must be >= 1")
+    if block_overhead < 0:
+        raise PlanError("--context-parallel-block-overhead must be >= 0")
     codes = np.atleast_2d(np.asarray(codes, np.int64))
     s = codes.shape[1]
-    tiles, load = block_loads(codes, block, linear_weight)
+    tiles, load = block_loads(codes, block, linear_weight, block_overhead)
     nb = len(tiles)
     if nb < cp_size or cp_size == 1:
         everything = list(range(s))
         return CPAssignment(method, block, s, [everything] * cp_size,
                             [float(tiles.sum())] * cp_size, [float(load.sum())] * cp_size,
-                            replicated=cp_size > 1)
+                            replicated=cp_size > 1, blocks=[nb] * cp_size,
+                            block_overhead=float(block_overhead))
     owner = _OWNERS[method](load, cp_size)
     tokens = []
     for r in range(cp_size):
@@ -92,7 +118,9 @@ def assign_tokens(codes: np.ndarray, cp_size: int, method: str = "ours", block: 
         idx = (blocks[:, None] * block + np.arange(block)[None, :]).reshape(-1)
         tokens.append([int(i) for i in idx if i < s])
     per_rank = lambda w: [float(w[owner == r].sum()) for r in range(cp_size)]  # noqa: E731
-    return CPAssignment(method, block, s, tokens, per_rank(tiles), per_rank(load))
+    return CPAssignment(method, block, s, tokens, per_rank(tiles), per_rank(load),
+                        blocks=[int((owner == r).sum()) for r in range(cp_size)],
+                        block_overhead=float(block_overhead))
 
 
 def contiguous(load: np.ndarray, p: int) -> np.ndarray:

@@ -22,6 +22,7 @@ from ..config import (
     VisionEncoderConfig,
 )
 from ..plan import ModelSpec, Workload, build_chain
+from ..plan.cp_assignment import BLOCK_OVERHEAD
 from ..plan.encoder_pipeline import plan_encoder_pipeline
 from ..plan.partition import parse_partition_flag, partition
 
@@ -117,6 +118,16 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context-parallel-block", type=int, default=128,
                    help="tokens per assignment block; shorter sequences than "
                         "block x CP size are not split")
+    g.add_argument("--context-parallel-block-overhead", type=float, default=BLOCK_OVERHEAD,
+                   help="fixed cost of one query block in the CP attention kernel, in "
+                        "attention tiles, for the token assignment's load model (measure "
+                        "with tools/bench_cp_attention.py --calibrate)")
+    g.add_argument("--cp-comm-type", choices=["p2p", "a2a", "allgather", "a2a+p2p"],
+                   default=None,
+                   help="Megatron-Core's TE CP attention only (TE on CUDA, --transformer-impl "
+                        "transformer_engine, causal mask, --context-parallel-assignment "
+                        "zigzag), one type for every layer; default p2p there. Our CP "
+                        "attention all-gathers K/V and rejects this flag")
     g.add_argument("--media-attention", choices=["causal", "bidirectional"], default="causal",
                    help="how media tokens attend in the LLM: causally like text, or "
                         "bidirectionally within their own item (text stays causal)")
@@ -278,6 +289,8 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
         raise ConfigError("--context-parallel-size must be >= 1")
     if args.context_parallel_block < 1:
         raise ConfigError("--context-parallel-block must be >= 1")
+    if args.context_parallel_block_overhead < 0:
+        raise ConfigError("--context-parallel-block-overhead must be >= 0")
     if cp > 1 and vpp is not None:
         raise ConfigError("--context-parallel-size > 1 is not wired into interleaved "
                           "pipelines yet: drop --virtual-pipeline-model-parallel-size")

@@ -11,6 +11,8 @@ from megatron.core import parallel_state
 
 from ..models.context_parallel import (
     ContextParallelMask, batch_codes, context_parallel_mask, dense_mask)
+from ..config import ConfigError
+from ..plan.cp_assignment import BLOCK_OVERHEAD
 
 
 @dataclass(frozen=True)
@@ -20,14 +22,17 @@ class AttentionSettings:
     context_parallel_size: int = 1
     assignment: str = "ours"
     block: int = 128
+    block_overhead: float = BLOCK_OVERHEAD  # tiles per block in the load model
+    cp_attention: str = "ours"  # CPAttentionChoice.kind (models/specs.py)
 
     @classmethod
-    def from_args(cls, args, tokenizer) -> "AttentionSettings":
+    def from_args(cls, args, tokenizer, cp_attention: str = "ours") -> "AttentionSettings":
         media = {}
         for enc in args.model_config.encoders.values():
             media[tokenizer.media_token_id("image")] = enc.num_output_tokens
         return cls(media, args.media_attention, args.context_parallel_size,
-                   args.context_parallel_assignment, args.context_parallel_block)
+                   args.context_parallel_assignment, args.context_parallel_block,
+                   args.context_parallel_block_overhead, cp_attention)
 
     def mask_for(self, batch: dict,
                  split: bool = True) -> Union[None, torch.Tensor, ContextParallelMask]:
@@ -42,10 +47,13 @@ class AttentionSettings:
         codes = batch_codes(tokens, self.media_tokens, doc_ids(batch), self.media_attention)
         if cp == 1:
             return dense_mask(codes, tokens.device)
-        return context_parallel_mask(
+        cpm = context_parallel_mask(
             codes, self.context_parallel_size, parallel_state.get_context_parallel_rank(),
             self.assignment, self.block, parallel_state.get_context_parallel_group(),
-            tokens.device)
+            tokens.device, self.block_overhead)
+        if self.cp_attention == "transformer_engine":
+            check_te_zigzag(cpm, codes.shape[1], self.block)
+        return cpm
 
 
 def doc_ids(batch: dict) -> Optional[torch.Tensor]:
@@ -55,3 +63,18 @@ def doc_ids(batch: dict) -> Optional[torch.Tensor]:
         return None
     lengths = (cu[1:] - cu[:-1]).long().cpu()
     return torch.repeat_interleave(torch.arange(len(lengths)), lengths)[None]
+
+
+def check_te_zigzag(cpm: ContextParallelMask, seq_length: int, block: int) -> None:
+    """TE's CP takes each rank's tokens as chunks r and 2P-1-r of 2P equal chunks: our
+    zigzag split is that only when the sequence is whole blocks, 2P of them at least."""
+    p, r = len(cpm.counts), cpm.cp_rank
+    chunk = seq_length // (2 * p)
+    expected = list(range(r * chunk, (r + 1) * chunk)) + list(
+        range((2 * p - 1 - r) * chunk, (2 * p - r) * chunk))
+    if cpm.replicated or seq_length % (2 * p) or cpm.local.tolist() != expected:
+        raise ConfigError(
+            f"Megatron-Core's TE CP attention needs every micro-batch's length ({seq_length})"
+            f" to be a multiple of 2 x --context-parallel-size x --context-parallel-block "
+            f"({2 * p * block}): pad the batches to it, or take our CP attention "
+            "(--context-parallel-assignment ours)")

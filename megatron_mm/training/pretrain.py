@@ -36,7 +36,9 @@ from ..data.audio import AudioProcessorConfig, ClipTokenCount
 from ..data.spoken_digits import prepare_spoken_digits
 from ..models import BuildSettings, MultimodalModel, build_model
 from ..models.multimodal import ENCODER_MODALITY, MediaMismatchError
-from ..models.specs import default_transformer_impl
+from ..models.specs import (
+    CPAttentionChoice, choose_cp_attention, default_transformer_impl,
+    transformer_engine_importable)
 from .attention import AttentionSettings
 from .balanced_data import balanced_batch_iterator
 from .checkpointing import CheckpointError, load_checkpoint, save_checkpoint, saved_args
@@ -61,10 +63,21 @@ def print_rank_last(msg: str) -> None:
         print(msg, flush=True)
 
 
+def cp_attention_choice(args) -> CPAttentionChoice:
+    """Which CP core attention the LLM runs, from the flags and this machine."""
+    return choose_cp_attention(
+        args.context_parallel_size, args.transformer_impl or default_transformer_impl(),
+        transformer_engine_importable(), torch.cuda.is_available(),
+        media_attention=args.media_attention, packed=args.data_balance != "none",
+        assignment=args.context_parallel_assignment, cp_comm_type=args.cp_comm_type)
+
+
 def build_settings(args, placements=None) -> BuildSettings:
     impl = args.transformer_impl or default_transformer_impl()
     cpu_init = args.use_cpu_initialization or not torch.cuda.is_available()
+    cp = cp_attention_choice(args)
     return BuildSettings(
+        cp_attention=cp.kind, cp_comm_type=cp.cp_comm_type,
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
@@ -290,7 +303,10 @@ def setup_training(args) -> TrainingSetup:
         lm.padded_vocab_size = saved_args(args).get("padded_vocab_size")
     args.padded_vocab_size = lm.vocab_size_padded(args.tensor_model_parallel_size)
     train_ds, valid_ds = build_datasets(args, tokenizer)
-    args.attention = AttentionSettings.from_args(args, tokenizer)
+    args.attention = AttentionSettings.from_args(args, tokenizer,
+                                                 cp_attention_choice(args).kind)
+    if args.context_parallel_size > 1:
+        print_rank_0(f"> context parallel attention: {cp_attention_choice(args).reason}")
     print_rank_0(f"> building multimodal model ({build_settings(args).transformer_impl} "
                  f"specs), {len(train_ds)} train / {len(valid_ds)} validation samples ...")
     model = build_model_chunks(args, tokenizer)

@@ -37,7 +37,7 @@ def test_zigzag_and_contiguous_layouts():
 def test_ours_balances_every_family_at_8_ranks():
     for family in FAMILIES:
         a = assign_tokens(family_codes(family, 16384, seed=0), 8, "ours")
-        assert a.imbalance("attention") <= 1.03, family
+        assert a.imbalance("cost") <= 1.03, family
 
 
 def test_refinement_beats_lpt_where_lpt_is_off():
@@ -52,9 +52,33 @@ def test_refinement_beats_lpt_where_lpt_is_off():
 
 def test_unequal_token_counts_where_work_says_so():
     # Causal, 3 blocks of 8: loads 1+1, 2+1, 3+1 tiles -> {last block}, {first two}.
-    a = assign_tokens(family_codes("causal", 24), 2, "ours", block=8)
+    a = assign_tokens(family_codes("causal", 24), 2, "ours", block=8, block_overhead=0)
     assert a.tokens == [list(range(16, 24)), list(range(16))]
     assert a.load == [4.0, 5.0]
+
+
+def test_block_overhead_counts_once_per_block():
+    # Causal, 4 blocks of 8: tiles 1, 2, 3, 4. Without overhead {4, 1} / {3, 2} ties (5 / 5)
+    # whatever the block counts; with 10 tiles per block, {4} / {1, 2, 3} is 14 / 36.
+    codes = family_codes("causal", 32)
+    plain = assign_tokens(codes, 2, "ours", block=8, linear_weight=0, block_overhead=0)
+    heavy = assign_tokens(codes, 2, "ours", block=8, linear_weight=0, block_overhead=10)
+    assert sorted(plain.blocks) == [2, 2] and sorted(heavy.blocks) == [2, 2]
+    assert heavy.cost == [a + 10 * n for a, n in zip(heavy.attention, heavy.blocks)]
+    assert heavy.load == heavy.cost  # no linear term: load is the attention time
+    lop = assign_tokens(codes, 2, "contiguous", block=8, linear_weight=0, block_overhead=10)
+    assert lop.cost == [1 + 2 + 20, 3 + 4 + 20] and lop.imbalance("cost") == 27 / 25
+    with pytest.raises(PlanError, match="--context-parallel-block-overhead"):
+        assign_tokens(codes, 2, block=8, block_overhead=-1)
+
+
+def test_overhead_evens_block_counts_when_tiles_allow():
+    # Two heavy blocks vs four light ones of the same tiles: the overhead breaks the tie.
+    load_tiles = np.array([4.0, 4.0, 2.0, 2.0, 2.0, 2.0])
+    from megatron_mm.plan.cp_assignment import ours
+
+    owner = ours(load_tiles + 3.0, 2)
+    assert sorted(int((owner == r).sum()) for r in range(2)) == [3, 3]
 
 
 def test_too_short_to_split_is_replicated():

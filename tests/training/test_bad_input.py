@@ -50,6 +50,8 @@ SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
     (["--context-parallel-size", "0"], 1, "--context-parallel-size must be >= 1"),
     (["--context-parallel-size", "2", "--context-parallel-block", "0"], 2,
      "--context-parallel-block must be >= 1"),
+    (["--context-parallel-size", "2", "--context-parallel-block-overhead", "-1"], 2,
+     "--context-parallel-block-overhead must be >= 0"),
     (["--context-parallel-size", "2", "--tensor-model-parallel-size", "2"], 2,
      "world size 2 is not divisible by --tensor-model-parallel-size (2) x "
      "--pipeline-model-parallel-size (1) x --context-parallel-size (2)"),
