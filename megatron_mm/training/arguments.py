@@ -126,8 +126,19 @@ def _training_args(p: argparse.ArgumentParser) -> None:
                    help="which layers each pipeline stage holds: uniform (Megatron-Core: "
                         "encoders on the first stage, LLM layers split evenly), auto "
                         "(frozen-aware min-max over encoder, projector and LLM layers), "
-                        "balanced (min-max as if everything trained), or layers per stage "
-                        "in chunk order, e.g. 6,4 (tools/plan.py lists the chain)")
+                        "balanced (min-max as if everything trained), search (OmniBal: "
+                        "time the best-ranked partitions near a greedy anchor, keep the "
+                        "fastest), or layers per stage in chunk order, e.g. 6,4 "
+                        "(tools/plan.py lists the chain)")
+    g.add_argument("--pipeline-search-radius", type=int, default=1,
+                   help="--pipeline-partition search: candidates move each stage boundary "
+                        "of the anchor by up to this many layers")
+    g.add_argument("--pipeline-search-candidates", type=int, default=3,
+                   help="--pipeline-partition search: how many best-ranked candidates are "
+                        "timed on the real model")
+    g.add_argument("--pipeline-search-iters", type=int, default=3,
+                   help="--pipeline-partition search: training iterations timed per "
+                        "candidate (their median; the max over ranks)")
     g.add_argument("--memory-limit-gb", type=float, default=None,
                    help="memory per pipeline stage the partition must fit (the planner's "
                         "memory model: weights, gradients, optimizer state, in-flight "
@@ -135,6 +146,20 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pipeline-profile", default=None, metavar="FILE",
                    help="measured per-layer times (tools/profile_layers.py) for "
                         "--pipeline-partition auto, instead of the FLOP cost model")
+    g = p.add_argument_group("activation recomputation")
+    g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
+                   help="full: recompute whole transformer layers (--recompute-method, "
+                        "--recompute-num-layers); selective: only core attention")
+    g.add_argument("--recompute-method", choices=["uniform", "block"], default=None,
+                   help="uniform: layers in groups of --recompute-num-layers; block: the "
+                        "first --recompute-num-layers layers of each stack in each chunk")
+    g.add_argument("--recompute-num-layers", type=int, default=None)
+    g.add_argument("--recompute-memory-budget", type=float, default=None, metavar="GB",
+                   help="adaptive recompute (OmniBal): per pipeline stage, recompute the "
+                        "fewest leading layers (block method) that keep model state plus "
+                        "in-flight activations within this many GB per rank; activation "
+                        "bytes from --pipeline-profile when it has them, else the model")
+    g = p.add_argument_group("parallelism")
     g.add_argument("--use-distributed-optimizer", action="store_true")
     g.add_argument("--overlap-grad-reduce", action="store_true")
     g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None,
@@ -255,6 +280,7 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
             f"--pipeline-model-parallel-size ({pp})"
             + (f" x --virtual-pipeline-model-parallel-size ({vpp})" if vpp else "")
             + f" = {pp * (vpp or 1)}; give one layer count per stage")
+    _validate_search_and_recompute(args)
     cp = args.context_parallel_size
     if cp < 1:
         raise ConfigError("--context-parallel-size must be >= 1")
@@ -310,6 +336,36 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
     check_pipeline_partition(args)
 
 
+def _validate_search_and_recompute(args: argparse.Namespace) -> None:
+    for flag in ("pipeline_search_candidates", "pipeline_search_iters"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.pipeline_search_radius < 0:
+        raise ConfigError("--pipeline-search-radius must be >= 0")
+    gran, method, n = (args.recompute_granularity, args.recompute_method,
+                       args.recompute_num_layers)
+    if args.recompute_memory_budget is not None:
+        if args.recompute_memory_budget <= 0:
+            raise ConfigError("--recompute-memory-budget must be positive (GB per rank)")
+        if gran not in (None, "full") or method not in (None, "block") or n is not None:
+            raise ConfigError("--recompute-memory-budget chooses --recompute-num-layers per "
+                              "stage for --recompute-granularity full --recompute-method "
+                              "block: drop the other --recompute-* flags")
+        args.recompute_granularity, args.recompute_method = "full", "block"
+        return
+    if gran == "selective" and (method is not None or n is not None):
+        raise ConfigError("--recompute-granularity selective takes no --recompute-method "
+                          "or --recompute-num-layers")
+    if gran == "full" and (method is None or n is None):
+        raise ConfigError("--recompute-granularity full needs --recompute-method "
+                          "(uniform or block) and --recompute-num-layers")
+    if gran is None and (method is not None or n is not None):
+        raise ConfigError("--recompute-method and --recompute-num-layers need "
+                          "--recompute-granularity full")
+    if n is not None and n < 1:
+        raise ConfigError("--recompute-num-layers must be >= 1")
+
+
 def check_pipeline_partition(args: argparse.Namespace) -> None:
     """Plan the partition once on the model's structure so a partition that cannot work
     fails here. The vocabulary is not known before the tokenizer loads; a stand-in only
@@ -325,7 +381,8 @@ def check_pipeline_partition(args: argparse.Namespace) -> None:
                   args.virtual_pipeline_model_parallel_size or 1, args.pipeline_partition,
                   memory_limit_bytes=(args.memory_limit_gb * 1024 ** 3
                                       if args.memory_limit_gb else None),
-                  num_microbatches=args.num_microbatches)
+                  num_microbatches=args.num_microbatches,
+                  search_radius=args.pipeline_search_radius)
 
 
 # What a checkpoint's saved flags decide when --load names it (Megatron-LM's

@@ -39,7 +39,7 @@ SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
     (["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,3,2"], 2,
      "--pipeline-partition lists 3 stages, but --pipeline-model-parallel-size (2) = 2"),
     (["--pipeline-model-parallel-size", "2", "--pipeline-partition", "fast"], 2,
-     "--pipeline-partition must be auto, uniform, balanced or a comma-separated list"),
+     "--pipeline-partition must be auto, uniform, balanced, search or a comma-separated list"),
     (["--pipeline-model-parallel-size", "4"], 4,
      "uniform partition: 2 LLM layers cannot fill PP x VPP = 4 stages"),
     (["--pipeline-model-parallel-size", "2", "--memory-limit-gb", "0.001"], 2,
