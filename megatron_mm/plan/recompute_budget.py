@@ -5,8 +5,9 @@ each stack (``TransformerBlock``) in a chunk; every chunk builds its own config,
 differ per chunk. A rank needs
     static bytes (params, grads, optimizer state)
   + sum over its chunks of inflight(chunk) x activation bytes of one micro-batch,
-where a recomputed layer keeps only its input (``recompute_act_bytes``) and any other
-layer keeps what it saves for backward (``act_bytes``; measured with saved-tensor hooks,
+where a recomputed layer keeps only its input (``recompute_act_bytes``; plus, once, the
+full activations of the layer being recomputed) and any other layer keeps what it saves
+for backward (``act_bytes``; measured with saved-tensor hooks,
 ``training/activation_profile.py``). Per rank, the smallest N (the same for its chunks)
 that fits the budget is chosen: recomputing fewer layers is less time.
 """
@@ -41,13 +42,16 @@ class ChunkActivations(Record):
 
     def bytes_with(self, n: int) -> float:
         """Activation bytes of the chunk with the first ``n`` layers of each stack
-        recomputed, over its in-flight micro-batches."""
+        recomputed, over its in-flight micro-batches, plus the one recomputed layer whose
+        full activations live again during its backward."""
         seen: dict = {}
-        total = self.other_bytes
+        total, transient = self.other_bytes, 0.0
         for layer in self.layers:
             k = seen[layer.stack] = seen.get(layer.stack, 0) + 1
             total += layer.recompute_act_bytes if k <= n else layer.act_bytes
-        return self.inflight * total
+            if k <= n:
+                transient = max(transient, layer.act_bytes)
+        return self.inflight * total + transient
 
     @property
     def max_stack_layers(self) -> int:
