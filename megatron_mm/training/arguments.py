@@ -22,7 +22,9 @@ from ..config import (
     VisionEncoderConfig,
 )
 from ..plan import ModelSpec, Workload, build_chain
+from ..plan.hardware import MemoryModel
 from ..plan.partition import parse_partition_flag, partition
+from ..plan.recompute_budget import GB, choose_recompute, chunk_activations, static_bytes
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -376,13 +378,21 @@ def check_pipeline_partition(args: argparse.Namespace) -> None:
                         Workload(seq_length=args.seq_length,
                                  micro_batch_size=args.micro_batch_size,
                                  tensor_model_parallel_size=args.tensor_model_parallel_size))
-    if args.pipeline_model_parallel_size > 1 or args.memory_limit_gb:
-        partition(chain, args.pipeline_model_parallel_size,
+    if args.pipeline_model_parallel_size > 1 or args.memory_limit_gb or \
+            args.recompute_memory_budget:
+        part = partition(chain, args.pipeline_model_parallel_size,
                   args.virtual_pipeline_model_parallel_size or 1, args.pipeline_partition,
                   memory_limit_bytes=(args.memory_limit_gb * 1024 ** 3
                                       if args.memory_limit_gb else None),
                   num_microbatches=args.num_microbatches,
                   search_radius=args.pipeline_search_radius)
+        if args.recompute_memory_budget:  # even full recompute must fit the budget
+            bounds, pp = part.chunk_bounds(), part.pipeline_model_parallel_size
+            choose_recompute(chunk_activations(chain, bounds, pp,
+                                               part.virtual_pipeline_model_parallel_size,
+                                               args.num_microbatches),
+                             static_bytes(chain, bounds, pp, MemoryModel()),
+                             args.recompute_memory_budget * GB)
 
 
 # What a checkpoint's saved flags decide when --load names it (Megatron-LM's
