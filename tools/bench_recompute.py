@@ -6,10 +6,11 @@
 One process (PP=1), one run: the model's layers are profiled first (times and the bytes
 each layer saves for backward, saved-tensor hooks), then the same model is built three
 times from the same seed and trained for ``--bench-iters`` timed iterations (after one
-warm-up) with no recompute, full recompute (every layer, block method) and adaptive
+warm-up; the three take turns, one iteration each) with no recompute, full recompute (every layer, block method) and adaptive
 recompute (``--recompute-memory-budget``; without one, the budget halfway between the
 two, from the profile). Peak activation memory is the peak of live saved-for-backward
-bytes over the timed iterations (saved-tensor hooks: each storage once while autograd
+bytes over one more iteration after the timed ones (saved-tensor hooks, left off while
+timing: each storage once while autograd
 holds it, parameters left out; recomputation's transient saves count). Model state is
 the bytes of parameters, main gradients and Adam state actually allocated.
 """
@@ -126,7 +127,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     budget = budget_flag or (static + (acts.bytes_with(0) + acts.bytes_with(full_n)) / 2) / GB
     del run
 
-    rows = []
+    runs = {}
     modes = [("none", dict()),
              ("full", dict(recompute_granularity="full", recompute_method="block",
                            recompute_num_layers=full_n)),
@@ -143,19 +144,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             choice = describe_choice(args, StagePartition(1, 1, [len(chain)]))
         ddp, optimizer, scheduler = setup_model_and_optimizer(args, chunks)
         data = batch_iterators(args, _datasets(args), run_tokenizer(args), 0, shuffle=True)
-        tracker = LiveSavedBytes(parameter_storages(ddp))
         train_step(args, ddp, optimizer, scheduler, data)  # warm-up
-        times, losses = [], []
-        with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
-            for _ in range(ours.bench_iters):
-                start = time.perf_counter()
-                loss, _, _ = train_step(args, ddp, optimizer, scheduler, data)
-                times.append(time.perf_counter() - start)
-                losses.append(loss)
         n = [c.language_model.decoder.config.recompute_num_layers
              if c.language_model.decoder.config.recompute_granularity else 0 for c in chunks]
-        rows.append((name, n[0], statistics.median(times), tracker.peak,
-                     state_bytes(ddp, optimizer), losses[-1], choice))
+        runs[name] = dict(step=(ddp, optimizer, scheduler, data), n=n[0], times=[],
+                          loss=None, choice=choice)
+    # Round robin: one timed iteration of each mode per round, so drift on a shared
+    # machine hits all three alike; no hooks while timing (their Python cost).
+    for _ in range(ours.bench_iters):
+        for r in runs.values():
+            start = time.perf_counter()
+            r["loss"], _, _ = train_step(args, *r["step"][:3], r["step"][3])
+            r["times"].append(time.perf_counter() - start)
+    rows = []
+    for name, r in runs.items():
+        ddp, optimizer, scheduler, data = r["step"]
+        tracker = LiveSavedBytes(parameter_storages(ddp))
+        with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
+            train_step(args, ddp, optimizer, scheduler, data)  # the peak, one more iteration
+        rows.append((name, r["n"], statistics.median(r["times"]), tracker.peak,
+                     state_bytes(ddp, optimizer), r["loss"], r["choice"]))
 
     print(f"\nrecompute benchmark: {args.num_microbatches} micro-batches of "
           f"{args.micro_batch_size} x {args.seq_length} tokens per iteration, "
