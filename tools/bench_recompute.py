@@ -168,14 +168,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"\nrecompute benchmark: {args.num_microbatches} micro-batches of "
           f"{args.micro_batch_size} x {args.seq_length} tokens per iteration, "
           f"median of {ours.bench_iters} iterations, {torch.get_num_threads()} threads; "
-          f"budget {budget:.4f} GB ({'--recompute-memory-budget' if budget_flag else 'halfway between none and full'}); "
+          f"budget {budget:.4f} GB (= GiB, 2^30 bytes as Megatron's flags; {'--recompute-memory-budget' if budget_flag else 'halfway between none and full'}); "
           f"model-estimated static {static / GB:.4f} GB")
-    print("| recompute | layers recomputed per stack | iteration s | peak saved-activation MB "
-          "| model state MB | state + peak act. GB | within budget | last loss |")
+    print("| recompute | layers recomputed per stack | iteration s | peak saved-activation MiB "
+          "| model state MiB | state + peak act. GiB | within budget | last loss |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, n, t, peak, state, loss, _ in rows:
         total = (state + peak) / GB
-        print(f"| {name} | {n} of {full_n} | {t:.4f} | {peak / 1e6:.2f} | {state / 1e6:.2f} | "
+        print(f"| {name} | {n} of {full_n} | {t:.4f} | {peak / 2 ** 20:.2f} | "
+              f"{state / 2 ** 20:.2f} | "
               f"{total:.4f} | {'yes' if total <= budget else 'no'} | {loss:.6f} |")
     print(rows[-1][-1])
     return 0
