@@ -18,7 +18,6 @@ import torch
 class SavedBytes:
     def __init__(self, exclude: Set[int]):
         self.exclude, self.seen, self.nbytes = exclude, set(), 0
-        self.peak = 0  # for benchmarks that keep the tensors: see ``live``
 
     def pack(self, t: torch.Tensor):
         storage = t.untyped_storage()
