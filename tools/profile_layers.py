@@ -52,12 +52,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"layer profile of {len(chain)} layers on {profile.device}, micro-batch "
           f"{profile.micro_batch_size}, median of {ours.profile_micro_batches}; "
           f"frozen: {', '.join(frozen) or 'nothing'}")
-    print("| layer | forward ms | backward ms | backward / forward |")
-    print("| --- | --- | --- | --- |")
+    print("| layer | forward ms | backward ms | backward / forward | saved MB | "
+          "saved MB recomputed |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for t in profile.layers:
         ratio = t.backward_s / t.forward_s if t.forward_s else 0.0
         print(f"| {t.module} | {t.forward_s * 1e3:.2f} | {t.backward_s * 1e3:.2f} | "
-              f"{ratio:.2f} |")
+              f"{ratio:.2f} | {t.act_bytes / 1e6:.3f} | {t.recompute_act_bytes / 1e6:.3f} |")
     print(f"wrote {ours.profile_out}")
     return 0
 

@@ -41,6 +41,11 @@ class BuildSettings:
     use_cpu_initialization: bool = True
     # Every chunk's modules (chunk order), from the pipeline plan; None: one chunk.
     placements: Optional[List[ChunkPlacement]] = None
+    # Megatron's activation recomputation; each chunk builds its own configs, so adaptive
+    # recompute gives each chunk its own recompute_num_layers (0: none there).
+    recompute_granularity: Optional[str] = None
+    recompute_method: Optional[str] = None
+    recompute_num_layers: Optional[int] = None
 
     def common(self, stack: Optional[str] = None) -> dict:
         """Settings of every module. The transformer stacks split over pipeline stages
@@ -56,7 +61,14 @@ class BuildSettings:
             if self.placements is None:
                 raise ValueError("pipeline parallelism needs BuildSettings.placements")
             layout = megatron_layout(self.placements, None if stack == "llm" else stack)
+        recompute = dict(recompute_granularity=self.recompute_granularity,
+                         recompute_method=self.recompute_method,
+                         recompute_num_layers=self.recompute_num_layers)
+        if stack is None or (self.recompute_granularity == "full"
+                             and not self.recompute_num_layers):
+            recompute = {}  # projectors are no transformer stack; N = 0: nothing to redo
         return dict(
+            **recompute,
             pipeline_model_parallel_layout=layout,
             tensor_model_parallel_size=self.tensor_model_parallel_size,
             pipeline_model_parallel_size=pp,

@@ -8,6 +8,9 @@
   the LLM embedding, LLM layers split evenly over the chunks, output layer on the last;
 - ``balanced``: the freeze-unaware min-max baseline (Optimus' "Megatron-LM balanced"): the
   same DP, but every layer weighted 3F (4F with recompute) as if everything trained;
+- ``search``: OmniBal's BMP (``partition_search``): candidates within +-r layers of a
+  greedy anchor, ranked by rank-time variance and boundary bytes; here the best-ranked one,
+  the training runtime times the top few on the real model and keeps the fastest;
 - a list ``4,8,8,8``: layers per chunk, in chunk order, counting every chain entry
   (embeddings, projectors and the output layer are layers here).
 
@@ -25,9 +28,10 @@ from .hardware import MemoryModel
 from .layers import Layer
 from .memory import ChunkMemory, stage_memory
 from .minmax import minmax_split, prefix_sums
+from .partition_search import candidates
 from .record import Record
 
-POLICIES = ("auto", "uniform", "balanced")
+POLICIES = ("auto", "uniform", "balanced", "search")
 GiB = 1024 ** 3
 
 
@@ -84,14 +88,14 @@ class StagePartition(Record):
 
 
 def parse_partition_flag(text: str) -> Union[str, List[int]]:
-    """``auto`` | ``uniform`` | ``balanced`` | ``4,8,8,8`` (layers per stage) -> policy."""
+    """``auto`` | ``uniform`` | ``balanced`` | ``search`` | ``4,8,8,8`` (layers per stage) -> policy."""
     value = text.strip().lower()
     if value in POLICIES:
         return value
     try:
         counts = [int(part) for part in value.split(",")]
     except ValueError:
-        raise PlanError(f"--pipeline-partition must be auto, uniform, balanced or a "
+        raise PlanError(f"--pipeline-partition must be auto, uniform, balanced, search or a "
                         f"comma-separated list of layers per stage such as 4,8,8,8; "
                         f"got {text!r}") from None
     if min(counts) < 1:
@@ -103,7 +107,7 @@ def partition(chain: Sequence[Layer], pp: int, vpp: int = 1,
               policy: Union[str, Sequence[int]] = "auto",
               memory_limit_bytes: Optional[float] = None, *,
               num_microbatches: Optional[int] = None,
-              memory: Optional[MemoryModel] = None) -> StagePartition:
+              memory: Optional[MemoryModel] = None, search_radius: int = 1) -> StagePartition:
     """Split ``chain`` into PP x VPP chunks by ``policy`` (a name or layers per chunk).
 
     ``memory_limit_bytes`` bounds every rank (parameters, gradients, optimizer state and
@@ -122,6 +126,12 @@ def partition(chain: Sequence[Layer], pp: int, vpp: int = 1,
                         "pipeline stages; lower --pipeline-model-parallel-size")
     if isinstance(policy, str):
         policy = parse_partition_flag(policy)
+    if policy == "search":
+        best = candidates(chain, pp, vpp, search_radius)[0]
+        result = StagePartition(pp, vpp, best.layers_per_chunk, "search")
+        if memory_limit_bytes is not None:
+            check_memory(chain, result, memory_limit_bytes, num_microbatches, memory)
+        return result
     if isinstance(policy, str) and policy != "uniform":
         weights = [l.total_flops if policy == "auto" else
                    (4.0 if l.recompute else 3.0) * l.fwd_flops for l in chain]

@@ -2,7 +2,9 @@
 
 A profile holds, per chain module, the forward and backward seconds of one micro-batch,
 measured on the real model (``tools/profile_layers.py``) under one freeze state and
-workload. ``apply_profile`` writes them into the chain's cost fields in seconds, so the
+workload. It also holds the activation bytes each layer saves for its backward (measured with
+saved-tensor hooks), which replace the model's. ``apply_profile`` writes the times into
+the chain's cost fields in seconds, so the
 partitioner and the estimator run unchanged with ``MEASURED`` hardware (1 "FLOP" = 1 s).
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from .errors import PlanError
 from .hardware import Hardware
@@ -27,6 +29,10 @@ class LayerTime(Record):
     module: str
     forward_s: float
     backward_s: float  # 0 where no backward runs (frozen, nothing trainable upstream)
+    # Bytes saved for backward (saved-tensor hooks) without and with recompute (the input);
+    # None in profiles from before they were measured.
+    act_bytes: Optional[float] = None
+    recompute_act_bytes: Optional[float] = None
 
 
 @dataclass
@@ -71,8 +77,10 @@ def apply_profile(chain: Sequence[Layer], profile: LayerProfile) -> List[Layer]:
             raise PlanError(f"the layer profile measured a backward for {layer.module}, which "
                             "runs none under this run's freezing; profile with the same "
                             "--freeze-* flags")
+        acts = {} if t.act_bytes is None else dict(
+            act_bytes=t.act_bytes, recompute_act_bytes=t.recompute_act_bytes)
         out.append(dataclasses.replace(
-            layer, fwd_flops=t.forward_s, recompute=False,
+            layer, **acts, fwd_flops=t.forward_s, recompute=False,
             dgrad_flops=0.0 if layer.trainable else t.backward_s,
             wgrad_flops=t.backward_s if layer.trainable else 0.0))
     return out

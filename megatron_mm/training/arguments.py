@@ -24,7 +24,9 @@ from ..config import (
 from ..plan import ModelSpec, Workload, build_chain
 from ..plan.cp_assignment import BLOCK_OVERHEAD
 from ..plan.encoder_pipeline import plan_encoder_pipeline
+from ..plan.hardware import MemoryModel
 from ..plan.partition import parse_partition_flag, partition
+from ..plan.recompute_budget import GB, choose_recompute, chunk_activations, static_bytes
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -138,8 +140,19 @@ def _training_args(p: argparse.ArgumentParser) -> None:
                    help="which layers each pipeline stage holds: uniform (Megatron-Core: "
                         "encoders on the first stage, LLM layers split evenly), auto "
                         "(frozen-aware min-max over encoder, projector and LLM layers), "
-                        "balanced (min-max as if everything trained), or layers per stage "
-                        "in chunk order, e.g. 6,4 (tools/plan.py lists the chain)")
+                        "balanced (min-max as if everything trained), search (OmniBal: "
+                        "time the best-ranked partitions near a greedy anchor, keep the "
+                        "fastest), or layers per stage in chunk order, e.g. 6,4 "
+                        "(tools/plan.py lists the chain)")
+    g.add_argument("--pipeline-search-radius", type=int, default=1,
+                   help="--pipeline-partition search: candidates move each stage boundary "
+                        "of the anchor by up to this many layers")
+    g.add_argument("--pipeline-search-candidates", type=int, default=3,
+                   help="--pipeline-partition search: how many best-ranked candidates are "
+                        "timed on the real model")
+    g.add_argument("--pipeline-search-iters", type=int, default=3,
+                   help="--pipeline-partition search: training iterations timed per "
+                        "candidate (their median; the max over ranks)")
     g.add_argument("--memory-limit-gb", type=float, default=None,
                    help="memory per pipeline stage the partition must fit (the planner's "
                         "memory model: weights, gradients, optimizer state, in-flight "
@@ -164,6 +177,20 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--encoder-pieces", type=int, default=1,
                    help="pieces per encoder stage with coarse|bubble: finer pieces fit "
                         "shorter bubbles")
+    g = p.add_argument_group("activation recomputation")
+    g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
+                   help="full: recompute whole transformer layers (--recompute-method, "
+                        "--recompute-num-layers); selective: only core attention")
+    g.add_argument("--recompute-method", choices=["uniform", "block"], default=None,
+                   help="uniform: layers in groups of --recompute-num-layers; block: the "
+                        "first --recompute-num-layers layers of each stack in each chunk")
+    g.add_argument("--recompute-num-layers", type=int, default=None)
+    g.add_argument("--recompute-memory-budget", type=float, default=None, metavar="GB",
+                   help="adaptive recompute (OmniBal): per pipeline stage, recompute the "
+                        "fewest leading layers (block method) that keep model state plus "
+                        "in-flight activations within this many GB per rank; activation "
+                        "bytes from --pipeline-profile when it has them, else the model")
+    g = p.add_argument_group("parallelism")
     g.add_argument("--use-distributed-optimizer", action="store_true")
     g.add_argument("--overlap-grad-reduce", action="store_true")
     g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None,
@@ -284,6 +311,7 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
             f"--pipeline-model-parallel-size ({pp})"
             + (f" x --virtual-pipeline-model-parallel-size ({vpp})" if vpp else "")
             + f" = {pp * (vpp or 1)}; give one layer count per stage")
+    _validate_search_and_recompute(args)
     cp = args.context_parallel_size
     if cp < 1:
         raise ConfigError("--context-parallel-size must be >= 1")
@@ -364,11 +392,43 @@ def _validate_encoder_schedule(args: argparse.Namespace) -> None:
     args.encoder_tensor_model_parallel_size = tp
     blockers = [(args.context_parallel_size > 1, "--context-parallel-size > 1"),
                 (args.data_balance != "none", "--data-balance"),
-                (args.overlap_grad_reduce, "--overlap-grad-reduce")]
+                (args.overlap_grad_reduce, "--overlap-grad-reduce"),
+                (args.pipeline_partition == "search", "--pipeline-partition search"),
+                (args.recompute_memory_budget is not None, "--recompute-memory-budget")]
     for blocked, flag in blockers:
         if blocked:
             raise ConfigError(f"--encoder-schedule {args.encoder_schedule} does not combine "
                               f"with {flag} yet: drop one of them")
+
+
+def _validate_search_and_recompute(args: argparse.Namespace) -> None:
+    for flag in ("pipeline_search_candidates", "pipeline_search_iters"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.pipeline_search_radius < 0:
+        raise ConfigError("--pipeline-search-radius must be >= 0")
+    gran, method, n = (args.recompute_granularity, args.recompute_method,
+                       args.recompute_num_layers)
+    if args.recompute_memory_budget is not None:
+        if args.recompute_memory_budget <= 0:
+            raise ConfigError("--recompute-memory-budget must be positive (GB per rank)")
+        if gran not in (None, "full") or method not in (None, "block") or n is not None:
+            raise ConfigError("--recompute-memory-budget chooses --recompute-num-layers per "
+                              "stage for --recompute-granularity full --recompute-method "
+                              "block: drop the other --recompute-* flags")
+        args.recompute_granularity, args.recompute_method = "full", "block"
+        return
+    if gran == "selective" and (method is not None or n is not None):
+        raise ConfigError("--recompute-granularity selective takes no --recompute-method "
+                          "or --recompute-num-layers")
+    if gran == "full" and (method is None or n is None):
+        raise ConfigError("--recompute-granularity full needs --recompute-method "
+                          "(uniform or block) and --recompute-num-layers")
+    if gran is None and (method is not None or n is not None):
+        raise ConfigError("--recompute-method and --recompute-num-layers need "
+                          "--recompute-granularity full")
+    if n is not None and n < 1:
+        raise ConfigError("--recompute-num-layers must be >= 1")
 
 
 def check_pipeline_partition(args: argparse.Namespace) -> None:
@@ -386,12 +446,21 @@ def check_pipeline_partition(args: argparse.Namespace) -> None:
                               args.virtual_pipeline_model_parallel_size or 1,
                               args.pipeline_partition, args.encoder_pipeline_model_parallel_size,
                               args.encoder_pieces, args.num_microbatches)
-    elif args.pipeline_model_parallel_size > 1 or args.memory_limit_gb:
-        partition(chain, args.pipeline_model_parallel_size,
-                  args.virtual_pipeline_model_parallel_size or 1, args.pipeline_partition,
-                  memory_limit_bytes=(args.memory_limit_gb * 1024 ** 3
-                                      if args.memory_limit_gb else None),
-                  num_microbatches=args.num_microbatches)
+    elif args.pipeline_model_parallel_size > 1 or args.memory_limit_gb or \
+            args.recompute_memory_budget:
+        part = partition(chain, args.pipeline_model_parallel_size,
+                         args.virtual_pipeline_model_parallel_size or 1, args.pipeline_partition,
+                         memory_limit_bytes=(args.memory_limit_gb * 1024 ** 3
+                                             if args.memory_limit_gb else None),
+                         num_microbatches=args.num_microbatches,
+                         search_radius=args.pipeline_search_radius)
+        if args.recompute_memory_budget:  # even full recompute must fit the budget
+            bounds, pp = part.chunk_bounds(), part.pipeline_model_parallel_size
+            choose_recompute(chunk_activations(chain, bounds, pp,
+                                               part.virtual_pipeline_model_parallel_size,
+                                               args.num_microbatches),
+                             static_bytes(chain, bounds, pp, MemoryModel()),
+                             args.recompute_memory_budget * GB)
 
 
 # What a checkpoint's saved flags decide when --load names it (Megatron-LM's

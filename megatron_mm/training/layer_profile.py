@@ -20,6 +20,7 @@ import torch
 from ..models.multimodal import MultimodalModel, loss_at_masked_positions
 from ..plan.layers import Layer
 from ..plan.profile import LayerProfile, LayerTime
+from .activation_profile import parameter_storages, saved_tensor_bytes, tensor_bytes
 
 
 class _Runner:
@@ -42,6 +43,16 @@ class _Runner:
             self.hidden[layer.branch] = cut(self.hidden[layer.branch])
         if layer.kind in ("projector", "llm_layer", "llm_head"):
             self.text = cut(self.text)
+
+    def inputs(self, layer: Layer) -> List[torch.Tensor]:
+        """What a recomputed ``layer`` keeps: its input activations."""
+        if layer.kind in ("vision_layer", "audio_layer"):
+            return [self.hidden[layer.branch]]
+        if layer.kind == "projector":
+            return [self.hidden[layer.branch], self.text]
+        if layer.kind in ("llm_layer", "llm_head"):
+            return [self.text]
+        return []  # embeddings: token ids and raw media, kept by the data loader anyway
 
     def forward(self, layer: Layer) -> torch.Tensor:
         m, b, kind = self.model, self.batch, layer.kind
@@ -87,11 +98,18 @@ def profile_layers(model: MultimodalModel, chain: List[Layer], batches: List[dic
     first ``warmup``). ``model`` holds the whole chain (no pipelining)."""
     fwd: Dict[str, List[float]] = {l.module: [] for l in chain}
     bwd: Dict[str, List[float]] = {l.module: [] for l in chain}
+    acts: Dict[str, List[float]] = {l.module: [0.0, 0.0] for l in chain}
+    params = parameter_storages([model])
     for i, batch in enumerate(batches):
         runner = _Runner(model, batch)
         for layer in chain:
             runner.detach_inputs(layer)
             with torch.set_grad_enabled(layer.runs_backward):
+                if i == 0 and layer.runs_backward:  # bytes on the untimed warm-up batch
+                    with saved_tensor_bytes(params) as saved:
+                        runner.forward(layer)
+                    acts[layer.module] = [float(saved.nbytes),
+                                          float(tensor_bytes(runner.inputs(layer)))]
                 start = time.perf_counter()
                 out = runner.forward(layer)
                 t_fwd = time.perf_counter() - start
@@ -114,4 +132,6 @@ def profile_layers(model: MultimodalModel, chain: List[Layer], batches: List[dic
         tensor_model_parallel_size=meta.get("tensor_model_parallel_size", 1),
         frozen=meta.get("frozen", []),
         layers=[LayerTime(module=l.module, forward_s=statistics.median(fwd[l.module]),
-                          backward_s=statistics.median(bwd[l.module])) for l in chain])
+                          backward_s=statistics.median(bwd[l.module]),
+                          act_bytes=acts[l.module][0], recompute_act_bytes=acts[l.module][1])
+                for l in chain])

@@ -29,13 +29,15 @@ def plan_pipeline(args) -> Tuple[StagePartition, List[ChunkPlacement]]:
     limit = args.memory_limit_gb * 1024 ** 3 if args.memory_limit_gb else None
     part = partition(chain, args.pipeline_model_parallel_size,
                      args.virtual_pipeline_model_parallel_size or 1, args.pipeline_partition,
-                     memory_limit_bytes=limit, num_microbatches=args.num_microbatches)
+                     memory_limit_bytes=limit, num_microbatches=args.num_microbatches,
+                     search_radius=getattr(args, "pipeline_search_radius", 1))
     return part, chunk_placements(chain, part)
 
 
 def describe_plan(args, part: StagePartition) -> str:
     chain = training_chain(args)
-    lines = [f"> pipeline partition ({part.policy}): layers per stage {part.layers_per_chunk}"]
+    policy = getattr(args, "pipeline_partition_label", part.policy)
+    lines = [f"> pipeline partition ({policy}): layers per stage {part.layers_per_chunk}"]
     for c, (start, end) in enumerate(part.chunk_bounds()):
         lines.append(f"   chunk {c} (pipeline rank {part.rank_of_chunk(c)}): "
                      f"{describe_chunk(chain, start, end)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -45,7 +46,9 @@ from .checkpointing import CheckpointError, load_checkpoint, save_checkpoint, sa
 from .encoder_schedule import build_executor, encoder_pipeline_plan, separate_encoder
 from .evaluation import answer_accuracy, evaluate_loss
 from .initialize import device, initialize_distributed, set_random_seed
+from .partition_trials import search_partition
 from .pipeline_plan import describe_encoder_plan, describe_plan, plan_pipeline
+from .recompute_plan import describe_choice, recompute_layers_per_chunk
 from .step import TokenCounter, train_step
 
 # Errors caused by the user's flags or data; scripts report them without a traceback.
@@ -83,7 +86,10 @@ def build_settings(args, placements=None) -> BuildSettings:
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
         context_parallel_size=args.context_parallel_size, transformer_impl=impl, bf16=args.bf16, hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
-        use_cpu_initialization=cpu_init, placements=placements)
+        use_cpu_initialization=cpu_init, placements=placements,
+        recompute_granularity=getattr(args, "recompute_granularity", None),
+        recompute_method=getattr(args, "recompute_method", None),
+        recompute_num_layers=getattr(args, "recompute_num_layers", None))
 
 
 def data_paths(args) -> tuple[str, str]:
@@ -190,17 +196,23 @@ def build_model_chunks(args, tokenizer) -> List[MultimodalModel]:
         placements = plan.placements
         args.schedule_executor = build_executor(args, plan)
         print_rank_0(describe_encoder_plan(args, plan))
+        recompute = [args.recompute_num_layers] * len(placements)
     else:
         part, placements = plan_pipeline(args)
         if args.pipeline_model_parallel_size > 1:
             print_rank_0(describe_plan(args, part))
+        if getattr(args, "recompute_memory_budget", None) is not None:
+            print_rank_0(describe_choice(args, part))
+        recompute = recompute_layers_per_chunk(args, part)
     settings = build_settings(args, placements)
     pp, rank = args.pipeline_model_parallel_size, parallel_state.get_pipeline_model_parallel_rank()
     vpp = args.virtual_pipeline_model_parallel_size
     chunks = []
     for vp in range(vpp) if vpp else [None]:
+        chunk_settings = dataclasses.replace(
+            settings, recompute_num_layers=recompute[(vp or 0) * pp + rank])
         chunks.append(build_model(
-            args.model_config, settings,
+            args.model_config, chunk_settings,
             {ENCODER_MODALITY[enc.model_type]: tokenizer.media_token_id(
                 ENCODER_MODALITY[enc.model_type]) for enc in args.model_config.encoders.values()},
             placement=placements[(vp or 0) * pp + rank], vp_stage=vp))
@@ -309,6 +321,13 @@ def setup_training(args) -> TrainingSetup:
         print_rank_0(f"> context parallel attention: {cp_attention_choice(args).reason}")
     print_rank_0(f"> building multimodal model ({build_settings(args).transformer_impl} "
                  f"specs), {len(train_ds)} train / {len(valid_ds)} validation samples ...")
+    if args.pipeline_partition == "search":
+        search_partition(
+            args, build=lambda: setup_model_and_optimizer(args, build_model_chunks(args,
+                                                                                   tokenizer)),
+            batches=lambda: batch_iterators(args, train_ds, tokenizer, 0, shuffle=True),
+            step=lambda run, data: train_step(args, run[0], run[1], run[2], data),
+            reseed=lambda: set_random_seed(args.seed), log=print_rank_0)
     model = build_model_chunks(args, tokenizer)
     n_params = sum(p.numel() for chunk in model for p in chunk.parameters())
     n_train = sum(p.numel() for chunk in model for p in chunk.parameters() if p.requires_grad)
@@ -375,4 +394,5 @@ def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
         summary.update(evaluate_and_print(args, iteration, model_chunks, valid_ds, tokenizer,
                                           label=" on validation set"))
     summary["iteration"] = iteration
+    summary["pipeline_partition"] = args.pipeline_partition  # what search kept, if it ran
     return summary

@@ -46,10 +46,11 @@ def test_parse_partition_flag():
     assert parse_partition_flag("auto") == "auto"
     assert parse_partition_flag(" Uniform ") == "uniform"
     assert parse_partition_flag("balanced") == "balanced"
+    assert parse_partition_flag("search") == "search"
     assert parse_partition_flag("4,8,8,8") == [4, 8, 8, 8]
     assert parse_partition_flag("4, 8,8 ,8") == [4, 8, 8, 8]
     for bad in ("", "fast", "4;8", "4,,8", "4,8.5", "4,x"):
-        with pytest.raises(PlanError, match="auto, uniform, balanced or a comma-separated"):
+        with pytest.raises(PlanError, match="auto, uniform, balanced, search or a comma-separated"):
             parse_partition_flag(bad)
     for bad in ("4,0,8", "-1,5"):
         with pytest.raises(PlanError, match="at least one layer"):

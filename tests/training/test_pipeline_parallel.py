@@ -1,6 +1,7 @@
 """Pipeline layouts equal one process from the same initial checkpoint (losses, gradients,
 parameters): PP=2 with Megatron's layout (encoder on the first stage), with the ViT split
-across stages and with the frozen-aware partition; PP=2 x VPP=2 and PP=4 with encoder-only
+across stages, with the frozen-aware partition and with the partition OmniBal's search
+times and keeps (its trial iterations leave the run's init and data order alone); PP=2 x VPP=2 and PP=4 with encoder-only
 middle chunks; TP=2 x PP=2. A frozen ViT runs no backward on any stage it spans."""
 
 import pytest
@@ -68,6 +69,9 @@ BUBBLE = ["--encoder-schedule", "bubble"]
     (4, PP2 + ["--tensor-model-parallel-size", "2"], []),
     # frozen-aware: [everything but the output layer] [output layer + loss]
     (2, PP2 + ["--pipeline-partition", "auto"], ["--freeze-ViT"]),
+    # search: 2 of the anchor's +-1 neighbours timed for 2 real iterations each
+    (2, PP2 + ["--pipeline-partition", "search", "--pipeline-search-candidates", "2",
+               "--pipeline-search-iters", "2"], ["--freeze-ViT"]),
     # [embedding, ViT embed, ViT 0] [ViT 1, projector] [LLM 0-2] [LLM 3, output]
     (2, PP2 + ["--virtual-pipeline-model-parallel-size", "2", "--pipeline-partition",
                "3,2,3,2"], FOUR_LAYERS + ["--freeze-ViT"]),
@@ -84,9 +88,9 @@ BUBBLE = ["--encoder-schedule", "bubble"]
     # ViT 0 on rank 0, ViT 1 on rank 2
     (4, PP4 + BUBBLE + ["--encoder-pipeline-model-parallel-size", "2"],
      FOUR_LAYERS + ["--freeze-ViT"]),
-], ids=["pp2", "pp2-split-vit", "tp2-pp2", "pp2-auto-frozen-vit", "pp2-vpp2-split-frozen-vit",
-        "pp4-frozen-vit", "pp2-coarse", "tp2-pp2-bubble", "pp2-vpp2-bubble-frozen-vit",
-        "pp4-bubble-frozen-vit"])
+], ids=["pp2", "pp2-split-vit", "tp2-pp2", "pp2-auto-frozen-vit", "pp2-search-frozen-vit",
+        "pp2-vpp2-split-frozen-vit", "pp4-frozen-vit", "pp2-coarse", "tp2-pp2-bubble",
+        "pp2-vpp2-bubble-frozen-vit", "pp4-bubble-frozen-vit"])
 def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout,
                                               model):
     # Stages draw different random streams, so both runs start from one saved init.
@@ -95,6 +99,9 @@ def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, worl
     pp = 4 if layout[:2] == PP4[:2] else 2
     stages = ranks[:: world // pp]  # TP rank 0 of each stage: full (TP-gathered) tensors
     last = stages[-1]  # the loss lives on the last stage
+    if "search" in layout:  # a timed candidate, the same on every rank
+        assert isinstance(last["pipeline_partition"], list), last["pipeline_partition"]
+        assert all(out["pipeline_partition"] == last["pipeline_partition"] for out in ranks)
     for it in range(1, STEPS + 1):
         assert last["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
     for what, step, atol in (("grads", 1, 1e-6), ("grads", STEPS, 1e-6), ("params", None, 1e-5)):

@@ -1,0 +1,75 @@
+"""``--pipeline-partition search``: time the best-ranked candidates on the real model.
+
+The candidates come from ``plan.partition_search`` (anchor +-``--pipeline-search-radius``,
+ranked by rank-time variance and boundary bytes) on the per-layer times of
+``--pipeline-profile`` or, without one, of the cost model. The top
+``--pipeline-search-candidates`` each get their model chunks built and run
+``--pipeline-search-iters`` real training iterations (forward and backward on real
+batches, optimizer step); a candidate's time is the max over ranks of its median
+iteration. The trials draw batches from their own iterator and the RNG is reseeded
+afterwards, so the run then builds the fastest partition exactly as it would have built
+it given explicitly: same initialisation, same data order.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, List
+
+import torch
+
+from ..plan.partition_search import candidates, fastest, table
+from .pipeline_plan import training_chain
+
+
+def layer_time_source(args) -> str:
+    if getattr(args, "pipeline_profile", None):
+        return f"measured profile {args.pipeline_profile}"
+    return "cost model (FLOPs; no --pipeline-profile)"
+
+
+def ranked_candidates(args):
+    return candidates(training_chain(args), args.pipeline_model_parallel_size,
+                      args.virtual_pipeline_model_parallel_size or 1,
+                      args.pipeline_search_radius)
+
+
+def time_candidate(args, build: Callable, batches: Callable, step: Callable) -> float:
+    """Max over ranks of the median iteration time of a freshly built model."""
+    run = build()
+    data = batches()
+    step(run, data)  # warm-up, untimed: first-call allocations and lazy initialisation
+    times: List[float] = []
+    for _ in range(args.pipeline_search_iters):
+        torch.distributed.barrier()
+        start = time.perf_counter()
+        step(run, data)
+        times.append(time.perf_counter() - start)
+    median = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    torch.distributed.all_reduce(median, op=torch.distributed.ReduceOp.MAX)
+    return float(median.item())
+
+
+def search_partition(args, build: Callable, batches: Callable, step: Callable,
+                     reseed: Callable, log: Callable[[str], None]) -> List[int]:
+    """Times the top candidates, prints the table, sets and returns the fastest's layer
+    counts. ``build()`` builds model and optimizer for ``args.pipeline_partition``,
+    ``batches()`` a fresh batch iterator, ``step(run, data)`` one training iteration,
+    ``reseed()`` restores the RNG the run started with."""
+    found = ranked_candidates(args)
+    timed = found[:args.pipeline_search_candidates]
+    args.pipeline_partition_label = "search trial"
+    for cand in timed:
+        args.pipeline_partition = list(cand.layers_per_chunk)
+        cand.measured_s = time_candidate(args, build, batches, step)
+    best = fastest(timed)
+    log(table(found[:max(len(timed), min(len(found), 2 * len(timed)))],
+              layer_time_source(args))
+        + f"\n   {len(found)} candidates within +-{args.pipeline_search_radius} layers; "
+          f"kept {','.join(map(str, best.layers_per_chunk))} "
+          f"({best.measured_s:.4f} s/iteration)")
+    args.pipeline_partition = list(best.layers_per_chunk)
+    args.pipeline_partition_label = "search"
+    reseed()
+    return args.pipeline_partition

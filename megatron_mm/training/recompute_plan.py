@@ -1,0 +1,43 @@
+"""Which layers each model chunk recomputes: Megatron's flags, or adaptive under a budget.
+
+``--recompute-granularity`` / ``--recompute-method`` / ``--recompute-num-layers`` apply to
+every chunk as in Megatron-LM. ``--recompute-memory-budget`` (GB per rank) picks per chunk
+the block N (``plan.recompute_budget``) from the chain's activation bytes: measured ones
+where ``--pipeline-profile`` has them (saved-tensor hooks, ``tools/profile_layers.py``),
+the cost model's otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from ..plan import MemoryModel, StagePartition
+from ..plan.recompute_budget import (GB, RecomputeChoice, choose_recompute,
+                                     chunk_activations, static_bytes)
+from .pipeline_plan import training_chain
+
+
+def adaptive_choice(args, part: StagePartition) -> RecomputeChoice:
+    chain = training_chain(args)
+    bounds = part.chunk_bounds()
+    pp, vpp = part.pipeline_model_parallel_size, part.virtual_pipeline_model_parallel_size
+    return choose_recompute(chunk_activations(chain, bounds, pp, vpp, args.num_microbatches),
+                            static_bytes(chain, bounds, pp, MemoryModel()),
+                            args.recompute_memory_budget * GB)
+
+
+def recompute_layers_per_chunk(args, part: StagePartition) -> List[Optional[int]]:
+    """recompute_num_layers for each chunk (chunk order); None where Megatron's flags
+    apply unchanged."""
+    if getattr(args, "recompute_memory_budget", None) is None:
+        return [args.recompute_num_layers] * part.num_chunks
+    return list(adaptive_choice(args, part).recompute_num_layers)
+
+
+def describe_choice(args, part: StagePartition) -> str:
+    choice = adaptive_choice(args, part)
+    source = ("measured" if getattr(args, "pipeline_profile", None) else "cost-model")
+    return (f"> adaptive recompute (budget {args.recompute_memory_budget:g} GB per rank, "
+            f"{source} activation bytes): recompute_num_layers per chunk "
+            f"{choice.recompute_num_layers}, estimated GB per rank "
+            f"{[round(b / GB, 4) for b in choice.rank_bytes]}")
