@@ -59,4 +59,6 @@ def build_chain(model: ModelSpec, workload: Workload) -> List[Layer]:
             workload.recompute)
     add("llm_head", "language_model.output_layer", LLM, flops.llm_head(model.llm, tokens),
         llm_trainable)
+    if model.tied_embeddings:
+        chain[-1].tied_params = chain[0].params  # the word embedding's weight, TP-split
     return resolve_backward(chain)

@@ -49,6 +49,9 @@ class Layer(Record):
     trainable: bool
     recompute: bool = False
     needs_dgrad: bool = False  # set by resolve_backward from the chain
+    # Of ``params``, those that are the word embedding's own (a tied output layer): one
+    # tensor where the same pipeline rank holds the embedding (PP=1), a copy elsewhere.
+    tied_params: float = 0.0
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -2,6 +2,7 @@
 
 A chunk of layers [i, j) that keeps n micro-batches in flight needs
     sum of param bytes (16 B/param trainable, 2 B/param frozen; ``MemoryModel``)
+    (a tied output weight once where its rank also holds the word embedding)
   + n x sum of the activation bytes each layer keeps for its backward
     (none where no backward runs: a frozen encoder keeps nothing).
 A rank holds all its chunks. The model ignores the CUDA context, allocator fragmentation,
@@ -25,6 +26,9 @@ class ChunkMemory:
                  num_microbatches: Optional[int], memory: MemoryModel):
         self.pp, self.vpp = pp, vpp
         self.params = prefix_sums([memory.param_bytes(l.params, l.trainable) for l in chain])
+        # A chunk holding both ends holds a tied output weight once (the embedding's).
+        self.tied = memory.param_bytes(chain[-1].tied_params, chain[-1].trainable)
+        self.length = len(chain)
         self.acts = prefix_sums([l.stored_act_bytes for l in chain])
         self.inflight = [inflight_microbatches(pp, vpp, r, num_microbatches) for r in range(pp)]
 
@@ -32,7 +36,8 @@ class ChunkMemory:
         return self.inflight[chunk % self.pp][chunk // self.pp]
 
     def param_bytes(self, start: int, end: int) -> float:
-        return self.params[end] - self.params[start]
+        both_ends = start == 0 and end == self.length
+        return self.params[end] - self.params[start] - (self.tied if both_ends else 0.0)
 
     def activation_bytes(self, start: int, end: int, chunk: int) -> float:
         return self.inflight_of_chunk(chunk) * (self.acts[end] - self.acts[start])

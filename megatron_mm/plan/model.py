@@ -96,6 +96,9 @@ class ModelSpec(Record):
     frozen_encoders: List[str] = field(default_factory=list)
     frozen_projectors: List[str] = field(default_factory=list)
     freeze_llm: bool = False
+    # Megatron's default: the output layer reuses the word embedding unless
+    # --untie-embeddings-and-output-weights.
+    tied_embeddings: bool = True
 
     def __post_init__(self):
         names = [e.name for e in self.encoders]
@@ -155,7 +158,8 @@ class ModelSpec(Record):
         return cls(name=name, encoders=encoders, llm=llm,
                    frozen_encoders=sorted(config.freeze.encoders),
                    frozen_projectors=sorted(config.freeze.projectors),
-                   freeze_llm=config.freeze.language_model)
+                   freeze_llm=config.freeze.language_model,
+                   tied_embeddings=not lm.untie_embeddings_and_output_weights)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from typing import List, Sequence
 from .errors import PlanError
 from .hardware import MemoryModel
 from .layers import TRANSFORMER_KINDS, Layer
+from .memory import ChunkMemory
 from .record import Record
 from .schedule import inflight_microbatches
 
@@ -115,7 +116,8 @@ def chunk_activations(chain: Sequence[Layer], bounds: Sequence[Sequence[int]], p
 def static_bytes(chain: Sequence[Layer], bounds: Sequence[Sequence[int]], pp: int,
                  memory: MemoryModel) -> List[float]:
     """Params, gradients and optimizer state per pipeline rank (``MemoryModel``)."""
+    mem = ChunkMemory(chain, pp, 1, None, memory)
     out = [0.0] * pp
     for c, (start, end) in enumerate(bounds):
-        out[c % pp] += sum(memory.param_bytes(l.params, l.trainable) for l in chain[start:end])
+        out[c % pp] += mem.param_bytes(start, end)
     return out

@@ -54,3 +54,29 @@ def test_from_config_with_vision_and_audio():
     first, second = chunk_placements(chain, part)
     assert first.sends_encoder == "audio" and second.receives_encoder == "audio"
     assert first.encoder("audio").layers == [0, 2] and second.encoder("audio").layers == [2, 3]
+
+
+def test_tied_output_weight_counted_once_where_the_embedding_is():
+    """Megatron keeps one tensor for a tied output layer at PP=1 and a copy on the last
+    stage at PP>1; untied, the two are separate weights everywhere."""
+    from megatron_mm.plan import MemoryModel, StagePartition
+    from megatron_mm.plan.recompute_budget import static_bytes
+
+    def config(untie):
+        return MultimodalModelConfig(
+            encoders={"vision": VisionEncoderConfig(hidden_size=64, num_layers=2, img_h=16,
+                                                    img_w=16, patch_dim=4)},
+            language=LanguageModelConfig(vocab_size=1000, hidden_size=128, num_layers=2,
+                                         num_attention_heads=4,
+                                         untie_embeddings_and_output_weights=untie))
+    tied = build_chain(ModelSpec.from_config(config(False)), Workload(seq_length=64))
+    untied = build_chain(ModelSpec.from_config(config(True)), Workload(seq_length=64))
+    embedding = 1024 * 128 * 16  # padded vocabulary x hidden x 16 bytes per trainable param
+    assert tied[-1].tied_params * 16 == embedding and untied[-1].tied_params == 0
+    whole = StagePartition(1, 1, [len(tied)]).chunk_bounds()
+    (one,) = static_bytes(tied, whole, 1, MemoryModel())
+    (two,) = static_bytes(untied, whole, 1, MemoryModel())
+    assert two - one == embedding
+    halves = StagePartition(2, 1, [5, len(tied) - 5]).chunk_bounds()
+    assert static_bytes(tied, halves, 2, MemoryModel()) == static_bytes(untied, halves, 2,
+                                                                       MemoryModel())
