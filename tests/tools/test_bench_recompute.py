@@ -1,0 +1,30 @@
+"""tools/bench_recompute.py at tiny sizes (one process, about 13 s): three rows, the same
+loss for each, and the adaptive choice within the budget it was given."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / "tools" / "bench_recompute.py"
+
+
+def test_bench_recompute_tiny():
+    proc = subprocess.run(
+        [sys.executable, str(TOOL), "--num-layers", "2", "--hidden-size", "64",
+         "--num-attention-heads", "4", "--seq-length", "64", "--vision-hidden-size", "32",
+         "--vision-num-layers", "2", "--vision-num-attention-heads", "2", "--img-h", "16",
+         "--img-w", "16", "--patch-dim", "8", "--disable-vision-class-token",
+         "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-4",
+         "--bench-iters", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in proc.stdout.splitlines() if line.startswith("| ")
+            and line.split("|")[1].strip() in ("none", "full", "adaptive")}
+    assert set(rows) == {"none", "full", "adaptive"}, proc.stdout
+    assert rows["full"][0] == "2 of 2" and rows["none"][0] == "0 of 2"
+    assert rows["adaptive"][5] == "yes", rows
+    assert len({r[6] for r in rows.values()}) == 1, rows  # recompute changes no loss
