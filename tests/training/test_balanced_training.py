@@ -1,5 +1,6 @@
 """--data-balance in the training loop: DP=2 trains on packed, balanced micro-batches and a
-run resumed mid-epoch from a checkpoint gives the same losses as the uninterrupted one."""
+run resumed mid-epoch from a checkpoint gives the same losses as the uninterrupted one; PP=2
+on packed micro-batches equals one process."""
 
 import os
 
@@ -72,7 +73,31 @@ def test_flags_are_checked_up_front():
 
     with pytest.raises(ConfigError, match="--data-balance-bounds '4'"):
         check("--data-balance-bounds", "4")
-    with pytest.raises(ConfigError, match="--pipeline-model-parallel-size 1"):
-        check("--pipeline-model-parallel-size", "2", "--num-layers", "2")
     with pytest.raises(ConfigError, match="--transformer-impl local"):
         check("--transformer-impl", "transformer_engine")
+
+
+def test_balanced_pp2_equals_one_process(digits_dir, tmp_path):
+    """Packed, balanced micro-batches of varying length through two pipeline stages (the
+    ViT cut between its layers): the same losses and gradients as one process."""
+    import torch
+
+    data = small_digits(digits_dir, str(tmp_path / "data"), n=80)
+    init = str(tmp_path / "init")
+    argv = TINY_MODEL + ["--data-path", data, "--micro-batch-size", "2", "--seq-length", "128",
+                         "--global-batch-size", "8", "--data-balance", "isf-sorted",
+                         "--transformer-impl", "local"]
+    run_distributed(train, 1, argv + ["--train-iters", "0", "--save", init])
+    argv += ["--train-iters", "2", "--load", init, "--no-load-optim"]
+    ref = run_distributed(train, 1, argv, (1, 2))[0]
+    stages = run_distributed(train, 2, argv + ["--pipeline-model-parallel-size", "2",
+                                               "--pipeline-partition", "3,5"], (1, 2))
+    for it in (1, 2):
+        assert stages[1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    for step in (1, 2):
+        ours = {**stages[0]["grads"][step], **stages[1]["grads"][step]}
+        assert ours.keys() == ref["grads"][step].keys()
+        for name, value in ref["grads"][step].items():
+            if value is not None:
+                torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=1e-6,
+                                           msg=lambda m: f"step {step} {name}: {m}")
