@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 FAMILIES = ("causal", "prefix_lm", "encoder_embedded", "packed")
-S, BLOCK, HEADS, GROUPS, DIM = 40, 4, 4, 2, 8
+# three KV groups: two gathers per layer (KV_HEADS_PER_STEP = 2), the second in flight
+S, BLOCK, HEADS, GROUPS, DIM = 40, 4, 6, 3, 8
 
 
 def _dense(q, k, v, codes):

@@ -63,7 +63,7 @@ def _worker(rank, args, port, out_dir):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from megatron_mm.models.context_parallel import context_parallel_mask
-    from megatron_mm.models.cp_attention import ContextParallelAttention, _GatherSequence
+    from megatron_mm.models.cp_attention import ContextParallelAttention, _PendingGather
     from megatron_mm.plan.mask_families import family_codes
 
     torch.set_num_threads(1)
@@ -82,10 +82,10 @@ def _worker(rank, args, port, out_dir):
         cpm = context_parallel_mask(codes, args.context_parallel_size, rank, method,
                                     args.context_parallel_block, group, "cpu",
                                     args.context_parallel_block_overhead)
-        kf = _GatherSequence.apply(k[cpm.local], cpm.counts, cpm.order, group)
-        vf = _GatherSequence.apply(v[cpm.local], cpm.counts, cpm.order, group)
+        kf, vf = (_PendingGather(x[cpm.local], cpm.counts, cpm.order, group).wait()
+                  for x in (k, v))
         inputs[method] = (cpm, q[cpm.local].clone().requires_grad_(),
-                          kf.detach().requires_grad_(), vf.detach().requires_grad_())
+                          kf.requires_grad_(), vf.requires_grad_())
     # Ranks take turns (the others wait in a barrier), methods interleaved per round: on a
     # machine with fewer cores than ranks, each timing then has a core to itself, and a
     # drift in background load hits every method alike.

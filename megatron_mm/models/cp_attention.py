@@ -3,7 +3,8 @@
 A drop-in for Megatron-Core's ``DotProductAttention`` in the layer spec. Each CP rank holds
 the queries, keys and values of its own tokens (any subset of the sequence, as the token
 assignment gives it). Per group of a few key/value heads it all-gathers K and V over the CP
-group, puts them in global order, and runs each run of its local queries against only the
+group (asynchronously: the next group's gather runs under this group's attention), puts
+them in global order, and runs each run of its local queries against only the
 key interval those queries attend (``ContextParallelMask.runs``), with the mask evaluated
 at global positions: the work per rank is the attention tiles the plan counted. In
 backward the gather's gradient is reduce-scattered back to the owners of the keys.
@@ -23,27 +24,42 @@ from megatron.core.transformer.module import MegatronModule
 
 from .context_parallel import ContextParallelMask, allowed
 
-# Key/value heads gathered at a time: bounds each all-gather's buffer. Autograd still keeps
-# every group's gathered K/V until backward (no re-gather in backward yet).
+# Key/value heads gathered at a time: bounds each all-gather's buffer. The next group's
+# gather is in flight while this group's attention runs. Autograd still keeps every group's
+# gathered K/V until backward (no re-gather in backward; the attention probabilities it
+# keeps are larger).
 KV_HEADS_PER_STEP = 2
 
 
+class _PendingGather:
+    """An all-gather of [S_local, ...] per rank, started now (``async_op``), finished by
+    ``wait`` with the rows in global order."""
+
+    def __init__(self, x: torch.Tensor, counts: List[int], order: torch.Tensor, group):
+        self.counts, self.order = counts, order
+        padded = x.new_zeros((max(counts),) + x.shape[1:])
+        padded[:x.shape[0]] = x.detach()
+        self.parts = [torch.empty_like(padded) for _ in counts]
+        self.work = torch.distributed.all_gather(self.parts, padded, group=group,
+                                                 async_op=True)
+
+    def wait(self) -> torch.Tensor:
+        self.work.wait()
+        ranked = torch.cat([p[:n] for p, n in zip(self.parts, self.counts)])
+        out = torch.empty_like(ranked)
+        out[self.order] = ranked
+        return out
+
+
 class _GatherSequence(torch.autograd.Function):
-    """[S_local, ...] per rank -> [S, ...] in global order; backward sums the gradients of
-    every rank's copy and returns each owner its rows (reduce-scatter)."""
+    """[S_local, ...] per rank -> [S, ...] in global order (from a ``_PendingGather`` of
+    ``x``); backward sums the gradients of every rank's copy and returns each owner its
+    rows (reduce-scatter)."""
 
     @staticmethod
-    def forward(ctx, x, counts: List[int], order: torch.Tensor, group):
-        ctx.counts, ctx.order, ctx.group = counts, order, group
-        longest = max(counts)
-        padded = x.new_zeros((longest,) + x.shape[1:])
-        padded[:x.shape[0]] = x
-        parts = [torch.empty_like(padded) for _ in counts]
-        torch.distributed.all_gather(parts, padded.contiguous(), group=group)
-        ranked = torch.cat([p[:n] for p, n in zip(parts, counts)])
-        out = torch.empty_like(ranked)
-        out[order] = ranked
-        return out
+    def forward(ctx, x, pending: _PendingGather, group):
+        ctx.counts, ctx.order, ctx.group = pending.counts, pending.order, group
+        return pending.wait()
 
     @staticmethod
     def backward(ctx, grad):
@@ -60,7 +76,7 @@ class _GatherSequence(torch.autograd.Function):
         else:
             mine = grad.new_empty(padded.shape[1:])
             torch.distributed.reduce_scatter_tensor(mine, padded.contiguous(), group=group)
-        return mine[:counts[rank]], None, None, None
+        return mine[:counts[rank]], None, None
 
 
 class ContextParallelAttention(MegatronModule):
@@ -85,18 +101,27 @@ class ContextParallelAttention(MegatronModule):
             "ContextParallelAttention takes its mask as a ContextParallelMask")
         cpm = attention_mask if isinstance(attention_mask, ContextParallelMask) else None
         per_group = self.heads // self.groups
+        steps = [(g0, min(self.groups, g0 + KV_HEADS_PER_STEP))
+                 for g0 in range(0, self.groups, KV_HEADS_PER_STEP)]
+        split = cpm is not None and not cpm.replicated
+
+        def start(g0, g1):  # K and V of these heads, in flight
+            return [_PendingGather(x[:, :, g0:g1], cpm.counts, cpm.order, cpm.group)
+                    for x in (key, value)]
+        pending = start(*steps[0]) if split else None
         outputs = []
-        for g0 in range(0, self.groups, KV_HEADS_PER_STEP):
-            g1 = min(self.groups, g0 + KV_HEADS_PER_STEP)
+        for i, (g0, g1) in enumerate(steps):
             q = query[:, :, g0 * per_group:g1 * per_group]
             k, v = key[:, :, g0:g1], value[:, :, g0:g1]
             if cpm is None:
                 outputs.append(self._dense(q, k, v, attention_mask, per_group))
-            else:
-                if not cpm.replicated:
-                    k = _GatherSequence.apply(k, cpm.counts, cpm.order, cpm.group)
-                    v = _GatherSequence.apply(v, cpm.counts, cpm.order, cpm.group)
-                outputs.append(self._runs(q, k, v, cpm, per_group))
+                continue
+            if split:
+                current, pending = pending, (start(*steps[i + 1]) if i + 1 < len(steps)
+                                             else None)
+                k = _GatherSequence.apply(k, current[0], cpm.group)
+                v = _GatherSequence.apply(v, current[1], cpm.group)
+            outputs.append(self._runs(q, k, v, cpm, per_group))
         out = torch.cat(outputs, dim=2)  # [s, b, heads, dim]
         return out.reshape(out.shape[0], out.shape[1], -1)
 
