@@ -319,9 +319,6 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
         raise ConfigError("--context-parallel-block must be >= 1")
     if args.context_parallel_block_overhead < 0:
         raise ConfigError("--context-parallel-block-overhead must be >= 0")
-    if cp > 1 and vpp is not None:
-        raise ConfigError("--context-parallel-size > 1 is not wired into interleaved "
-                          "pipelines yet: drop --virtual-pipeline-model-parallel-size")
     if world_size % (tp * pp * cp):
         raise ConfigError(
             f"world size {world_size} is not divisible by --tensor-model-parallel-size ({tp})"

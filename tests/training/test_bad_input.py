@@ -74,9 +74,6 @@ SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
     (["--context-parallel-size", "2", "--tensor-model-parallel-size", "2"], 2,
      "world size 2 is not divisible by --tensor-model-parallel-size (2) x "
      "--pipeline-model-parallel-size (1) x --context-parallel-size (2)"),
-    (["--context-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-      "--virtual-pipeline-model-parallel-size", "2"], 4,
-     "--context-parallel-size > 1 is not wired into interleaved pipelines yet"),
     # the encoder as its own pipeline
     (["--pipeline-model-parallel-size", "4", "--num-layers", "4", "--encoder-schedule",
       "bubble", "--encoder-pipeline-model-parallel-size", "3"], 4,

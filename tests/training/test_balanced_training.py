@@ -1,6 +1,6 @@
 """--data-balance in the training loop: DP=2 trains on packed, balanced micro-batches and a
 run resumed mid-epoch from a checkpoint gives the same losses as the uninterrupted one; PP=2
-on packed micro-batches equals one process."""
+and CP=2 on packed micro-batches equal one process."""
 
 import os
 
@@ -77,27 +77,46 @@ def test_flags_are_checked_up_front():
         check("--transformer-impl", "transformer_engine")
 
 
-def test_balanced_pp2_equals_one_process(digits_dir, tmp_path):
-    """Packed, balanced micro-batches of varying length through two pipeline stages (the
-    ViT cut between its layers): the same losses and gradients as one process."""
-    import torch
-
-    data = small_digits(digits_dir, str(tmp_path / "data"), n=80)
-    init = str(tmp_path / "init")
+@pytest.fixture(scope="module")
+def balanced_reference(digits_dir, tmp_path_factory):
+    """One initial checkpoint and the one-process run from it on packed micro-batches."""
+    data = small_digits(digits_dir, str(tmp_path_factory.mktemp("balanced") / "data"), n=80)
+    init = str(tmp_path_factory.mktemp("init"))
     argv = TINY_MODEL + ["--data-path", data, "--micro-batch-size", "2", "--seq-length", "128",
                          "--global-batch-size", "8", "--data-balance", "isf-sorted",
                          "--transformer-impl", "local"]
     run_distributed(train, 1, argv + ["--train-iters", "0", "--save", init])
     argv += ["--train-iters", "2", "--load", init, "--no-load-optim"]
-    ref = run_distributed(train, 1, argv, (1, 2))[0]
-    stages = run_distributed(train, 2, argv + ["--pipeline-model-parallel-size", "2",
-                                               "--pipeline-partition", "3,5"], (1, 2))
+    return argv, run_distributed(train, 1, argv, (1, 2))[0]
+
+
+@pytest.mark.parametrize("layout", [
+    # the ViT cut between its layers: packed micro-batches of varying length through p2p
+    ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,5"],
+    # packed documents split over CP ranks by attention work (blocks of 8 tokens)
+    ["--context-parallel-size", "2", "--context-parallel-block", "8"],
+], ids=["pp2", "cp2"])
+def test_balanced_parallel_equals_one_process(balanced_reference, layout):
+    """Packed, balanced micro-batches under PP=2 or CP=2: the same losses and gradients as
+    one process (packed samples stay apart on every stage and CP rank)."""
+    import torch
+
+    argv, ref = balanced_reference
+    ranks = run_distributed(train, 2, argv + layout, (1, 2))
+    last = ranks[-1]
     for it in (1, 2):
-        assert stages[1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+        assert last["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    pp = "--pipeline-model-parallel-size" in layout
     for step in (1, 2):
-        ours = {**stages[0]["grads"][step], **stages[1]["grads"][step]}
+        ours = {**ranks[0]["grads"][step], **(ranks[1]["grads"][step] if pp else {})}
         assert ours.keys() == ref["grads"][step].keys()
         for name, value in ref["grads"][step].items():
-            if value is not None:
+            if value is None:
+                continue
+            if step == 1:
                 torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=1e-6,
-                                           msg=lambda m: f"step {step} {name}: {m}")
+                                           msg=lambda m: f"step 1 {name}: {m}")
+            else:  # Adam's first step turns fp32 noise on near-zero gradients into +-lr
+                # updates of single weights: compare each tensor as a whole
+                error = (ours[name] - value).norm() / value.norm().clamp(min=1e-12)
+                assert error < 1e-3, (name, error.item())
