@@ -4,15 +4,17 @@
         [--recompute-memory-budget GB]
 
 One process (PP=1), one run: the model's layers are profiled first (times and the bytes
-each layer saves for backward, saved-tensor hooks), then the same model is built three
+each layer saves for backward, saved-tensor hooks), then the same model is built four
 times from the same seed and trained for ``--bench-iters`` timed iterations (after one
-warm-up; the three take turns, one iteration each) with no recompute, full recompute (every layer, block method) and adaptive
-recompute (``--recompute-memory-budget``; without one, the budget halfway between the
-two, from the profile). Peak activation memory is the peak of live saved-for-backward
-bytes over one more iteration after the timed ones (saved-tensor hooks, left off while
-timing: each storage once while autograd
-holds it, parameters left out; recomputation's transient saves count). Model state is
-the bytes of parameters, main gradients and Adam state actually allocated.
+warm-up; the four take turns, one iteration each) with no recompute, full recompute
+(every layer, block method), the fewest leading layers that fit the budget with the same
+number in every stack ("same N"), and adaptive recompute (``--recompute-memory-budget``:
+per stack, the cheapest choice that fits; without the flag, the budget halfway between
+none and full, from the profile). Peak activation memory is the peak of live
+saved-for-backward bytes over one more iteration after the timed ones (saved-tensor
+hooks, left off while timing: each storage once while autograd holds it, parameters left
+out; recomputation's transient saves count). Model state is the bytes of parameters,
+main gradients and Adam state actually allocated.
 """
 
 from __future__ import annotations
@@ -125,12 +127,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     static = static_bytes(chain, bounds, 1, MemoryModel())[0]
     full_n = acts.max_stack_layers
     budget = budget_flag or (static + (acts.bytes_with(0) + acts.bytes_with(full_n)) / 2) / GB
+    # the same N for every stack (the fewest that fit): what the knapsack improves on
+    same_n = next((n for n in range(full_n + 1)
+                   if static + acts.bytes_with(n) <= budget * GB), full_n)
     del run
 
     runs = {}
     modes = [("none", dict()),
              ("full", dict(recompute_granularity="full", recompute_method="block",
                            recompute_num_layers=full_n)),
+             ("same N", dict(recompute_granularity="full", recompute_method="block",
+                             recompute_num_layers=same_n)),
              ("adaptive", dict(recompute_memory_budget=budget, recompute_granularity="full",
                                recompute_method="block"))]
     for name, flags in modes:
@@ -145,12 +152,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ddp, optimizer, scheduler = setup_model_and_optimizer(args, chunks)
         data = batch_iterators(args, _datasets(args), run_tokenizer(args), 0, shuffle=True)
         train_step(args, ddp, optimizer, scheduler, data)  # warm-up
-        n = [c.language_model.decoder.config.recompute_num_layers
-             if c.language_model.decoder.config.recompute_granularity else 0 for c in chunks]
-        runs[name] = dict(step=(ddp, optimizer, scheduler, data), n=n[0], times=[],
-                          loss=None, choice=choice)
+        runs[name] = dict(step=(ddp, optimizer, scheduler, data), n=recomputed(chunks[0]),
+                          times=[], loss=None, choice=choice)
     # Round robin: one timed iteration of each mode per round, so drift on a shared
-    # machine hits all three alike; no hooks while timing (their Python cost).
+    # machine hits all modes alike; no hooks while timing (their Python cost).
     for _ in range(ours.bench_iters):
         for r in runs.values():
             start = time.perf_counter()
@@ -170,12 +175,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"median of {ours.bench_iters} iterations, {torch.get_num_threads()} threads; "
           f"budget {budget:.4f} GB (= GiB, 2^30 bytes as Megatron's flags; {'--recompute-memory-budget' if budget_flag else 'halfway between none and full'}); "
           f"model-estimated static {static / GB:.4f} GB")
-    print("| recompute | layers recomputed per stack | iteration s | peak saved-activation MiB "
+    print("| recompute | layers recomputed / built per stack | iteration s | peak saved-activation MiB "
           "| model state MiB | state + peak act. GiB | within budget | last loss |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, n, t, peak, state, loss, _ in rows:
         total = (state + peak) / GB
-        print(f"| {name} | {n} of {full_n} | {t:.4f} | {peak / 2 ** 20:.2f} | "
+        print(f"| {name} | {n} | {t:.4f} | {peak / 2 ** 20:.2f} | "
               f"{state / 2 ** 20:.2f} | "
               f"{total:.4f} | {'yes' if total <= budget else 'no'} | {loss:.6f} |")
     print(rows[-1][-1])
@@ -183,6 +188,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 _CACHE: dict = {}
+
+
+def recomputed(chunk) -> str:
+    """``vision 3/8, llm 5/8``: each stack's recompute_num_layers and its layers."""
+    parts = []
+    for stack in ("vision", "audio", "language"):
+        module = getattr(chunk, f"{stack}_model", None)
+        if module is None or module.decoder is None:
+            continue
+        config = module.decoder.config
+        n = config.recompute_num_layers if config.recompute_granularity else 0
+        layers = len(module.decoder.layers)
+        parts.append(f"{'llm' if stack == 'language' else stack} {min(n, layers)}/{layers}")
+    return ", ".join(parts)
 
 
 def run_tokenizer(args):

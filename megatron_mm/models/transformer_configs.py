@@ -7,7 +7,7 @@ details (norm, activation, biases) follow the model family each module copies.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -42,10 +42,11 @@ class BuildSettings:
     # Every chunk's modules (chunk order), from the pipeline plan; None: one chunk.
     placements: Optional[List[ChunkPlacement]] = None
     # Megatron's activation recomputation; each chunk builds its own configs, so adaptive
-    # recompute gives each chunk its own recompute_num_layers (0: none there).
+    # recompute gives each chunk's stacks their own recompute_num_layers ({stack: N}, 0:
+    # none there).
     recompute_granularity: Optional[str] = None
     recompute_method: Optional[str] = None
-    recompute_num_layers: Optional[int] = None
+    recompute_num_layers: Union[None, int, Dict[str, int]] = None
 
     def common(self, stack: Optional[str] = None) -> dict:
         """Settings of every module. The transformer stacks split over pipeline stages
@@ -61,11 +62,12 @@ class BuildSettings:
             if self.placements is None:
                 raise ValueError("pipeline parallelism needs BuildSettings.placements")
             layout = megatron_layout(self.placements, None if stack == "llm" else stack)
+        n = self.recompute_num_layers
+        if isinstance(n, dict):
+            n = n.get(stack, 0)
         recompute = dict(recompute_granularity=self.recompute_granularity,
-                         recompute_method=self.recompute_method,
-                         recompute_num_layers=self.recompute_num_layers)
-        if stack is None or (self.recompute_granularity == "full"
-                             and not self.recompute_num_layers):
+                         recompute_method=self.recompute_method, recompute_num_layers=n)
+        if stack is None or (self.recompute_granularity == "full" and not n):
             recompute = {}  # projectors are no transformer stack; N = 0: nothing to redo
         return dict(
             **recompute,

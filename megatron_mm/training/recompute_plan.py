@@ -1,15 +1,16 @@
 """Which layers each model chunk recomputes: Megatron's flags, or adaptive under a budget.
 
 ``--recompute-granularity`` / ``--recompute-method`` / ``--recompute-num-layers`` apply to
-every chunk as in Megatron-LM. ``--recompute-memory-budget`` (GB per rank) picks per chunk
-the block N (``plan.recompute_budget``) from the chain's activation bytes: measured ones
+every chunk as in Megatron-LM. ``--recompute-memory-budget`` (GB per rank) picks per rank
+the block N of each transformer stack (``plan.recompute_budget``: the least recompute time
+that fits) from the chain's activation bytes and forward costs: measured ones
 where ``--pipeline-profile`` has them (saved-tensor hooks, ``tools/profile_layers.py``),
 the cost model's otherwise.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Dict, List, Union
 
 from ..plan import MemoryModel, StagePartition
 from ..plan.recompute_budget import (GB, RecomputeChoice, choose_recompute,
@@ -26,9 +27,10 @@ def adaptive_choice(args, part: StagePartition) -> RecomputeChoice:
                             args.recompute_memory_budget * GB)
 
 
-def recompute_layers_per_chunk(args, part: StagePartition) -> List[Optional[int]]:
-    """recompute_num_layers for each chunk (chunk order); None where Megatron's flags
-    apply unchanged."""
+def recompute_layers_per_chunk(args, part: StagePartition
+                               ) -> List[Union[None, int, Dict[str, int]]]:
+    """recompute_num_layers for each chunk (chunk order): Megatron's flag (None: no
+    recompute), or {stack: N} under a budget."""
     if getattr(args, "recompute_memory_budget", None) is None:
         return [args.recompute_num_layers] * part.num_chunks
     return list(adaptive_choice(args, part).recompute_num_layers)
@@ -38,6 +40,6 @@ def describe_choice(args, part: StagePartition) -> str:
     choice = adaptive_choice(args, part)
     source = ("measured" if getattr(args, "pipeline_profile", None) else "cost-model")
     return (f"> adaptive recompute (budget {args.recompute_memory_budget:g} GB per rank, "
-            f"{source} activation bytes): recompute_num_layers per chunk "
+            f"{source} activation bytes and times): recompute_num_layers per chunk "
             f"{choice.recompute_num_layers}, estimated GB per rank "
             f"{[round(b / GB, 4) for b in choice.rank_bytes]}")

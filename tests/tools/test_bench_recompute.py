@@ -1,4 +1,4 @@
-"""tools/bench_recompute.py at tiny sizes (one process, about 13 s): three rows, the same
+"""tools/bench_recompute.py at tiny sizes (one process, about 15 s): four rows, the same
 loss for each, and the adaptive choice within the budget it was given."""
 
 import os
@@ -23,8 +23,8 @@ def test_bench_recompute_tiny():
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in proc.stdout.splitlines() if line.startswith("| ")
-            and line.split("|")[1].strip() in ("none", "full", "adaptive")}
-    assert set(rows) == {"none", "full", "adaptive"}, proc.stdout
-    assert rows["full"][0] == "2 of 2" and rows["none"][0] == "0 of 2"
+            and line.split("|")[1].strip() in ("none", "full", "same N", "adaptive")}
+    assert set(rows) == {"none", "full", "same N", "adaptive"}, proc.stdout
+    assert rows["full"][0] == "vision 2/2, llm 2/2" and rows["none"][0] == "vision 0/2, llm 0/2"
     assert rows["adaptive"][5] == "yes", rows
     assert len({r[6] for r in rows.values()}) == 1, rows  # recompute changes no loss

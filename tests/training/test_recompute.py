@@ -7,7 +7,8 @@ from dist_harness import run_distributed
 from train_workers import TINY_MODEL, train
 
 from megatron_mm.plan import StagePartition
-from megatron_mm.plan.recompute_budget import GB, chunk_activations, static_bytes
+from megatron_mm.plan.recompute_budget import (GB, choose_recompute, chunk_activations,
+                                               static_bytes)
 from megatron_mm.plan.hardware import MemoryModel
 
 STEPS = 2
@@ -31,8 +32,9 @@ def count_layer_calls(chunks, optimizer, holder):
                 layer.register_forward_hook(hook)
 
 
-def _budget_for_one_layer(argv) -> float:
-    """The budget (GB) at which recomputing the first layer of each stack just fits."""
+def _budget_and_choice(argv):
+    """A budget (GB) at which recomputing the first layer of each stack just fits, and the
+    N per stack the planner then picks (the cheapest choice that fits: maybe another)."""
     from megatron_mm.data import build_tokenizer
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.pipeline_plan import training_chain
@@ -47,27 +49,33 @@ def _budget_for_one_layer(argv) -> float:
     (chunk,) = chunk_activations(chain, bounds, 1, 1, MICROBATCHES)
     static = static_bytes(chain, bounds, 1, MemoryModel())[0]
     assert chunk.bytes_with(0) > chunk.bytes_with(1) > chunk.bytes_with(2)
-    return (static + chunk.bytes_with(1)) / GB * (1 + 1e-9)
+    budget = (static + chunk.bytes_with(1)) * (1 + 1e-9)
+    (n,) = choose_recompute([chunk], [static], budget).recompute_num_layers
+    return budget / GB, n
 
 
 def test_full_and_adaptive_recompute_equal_no_recompute(digits_dir):
     argv = TINY_MODEL + ["--data-path", digits_dir, "--micro-batch-size", "2",
                          "--global-batch-size", "8", "--train-iters", str(STEPS)]
+    budget, chosen = _budget_and_choice(argv)
+    assert 0 < sum(chosen.values()) < 4, chosen  # some layers recompute, not all
     runs = {}
     for name, extra in (
             ("none", []),
             ("full", ["--recompute-granularity", "full", "--recompute-method", "block",
                       "--recompute-num-layers", "2"]),
-            ("adaptive", ["--recompute-memory-budget", repr(_budget_for_one_layer(argv))])):
+            ("adaptive", ["--recompute-memory-budget", repr(budget)])):
         runs[name] = run_distributed(train, 1, argv + extra, (1, STEPS), count_layer_calls)[0]
     ref = runs["none"]
-    per_layer = {"none": (1, 1), "full": (2, 2), "adaptive": (2, 1)}  # layer 0, layer 1
+    recomputed = {"none": {"vision": 0, "llm": 0}, "full": {"vision": 2, "llm": 2},
+                  "adaptive": chosen}
     for name, out in runs.items():
         calls = out["observed"]["calls"]
-        for stack in ("vision_model", "language_model"):
-            first, second = per_layer[name]
-            assert calls[f"{stack}.0"] == first * MICROBATCHES * STEPS, (name, calls)
-            assert calls[f"{stack}.1"] == second * MICROBATCHES * STEPS, (name, calls)
+        for stack, module in (("vision", "vision_model"), ("llm", "language_model")):
+            for i in (0, 1):  # a recomputed layer runs its forward twice
+                runs_per_mb = 2 if i < recomputed[name][stack] else 1
+                assert calls[f"{module}.{i}"] == runs_per_mb * MICROBATCHES * STEPS, (
+                    name, calls)
         for it in range(1, STEPS + 1):
             assert out["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-7), (name, it)
         for step in (1, STEPS):
@@ -80,4 +88,7 @@ def test_full_and_adaptive_recompute_equal_no_recompute(digits_dir):
                     torch.testing.assert_close(out["grads"][step][key], value, rtol=1e-5,
                                                atol=1e-7,
                                                msg=lambda m: f"{name} {key}: {m}")
-    assert runs["adaptive"]["observed"]["recompute_num_layers"]["language_model"] == ("full", 1)
+    observed = runs["adaptive"]["observed"]["recompute_num_layers"]
+    for stack, module in (("vision", "vision_model"), ("llm", "language_model")):
+        n = chosen[stack]
+        assert observed[module] == (("full", n) if n else (None, None)), observed
