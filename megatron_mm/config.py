@@ -260,24 +260,32 @@ class MultimodalModelConfig:
                 and self.freeze.encoders == set(self.encoders)
                 and self.freeze.projectors == set(self.encoders))
 
-    def validate_parallel(self, tensor_model_parallel_size: int) -> None:
-        """Divisibility rules of tensor parallelism, checked before any process starts."""
+    def validate_parallel(self, tensor_model_parallel_size: int,
+                          encoder_tensor_model_parallel_size: Optional[int] = None) -> None:
+        """Divisibility rules of tensor parallelism, checked before any process starts. The
+        encoders' layers split over ``encoder_tensor_model_parallel_size`` (default: the
+        LLM's TP); projectors over the LLM's."""
         tp = tensor_model_parallel_size
+        etp = encoder_tensor_model_parallel_size or tp
+        tp_flag = "--tensor-model-parallel-size"
+        etp_flag = tp_flag if etp == tp else "--encoder-tensor-model-parallel-size"
         lm = self.language
         checks = [
-            (lm.hidden_size, "--hidden-size"),
-            (lm.num_attention_heads, "--num-attention-heads"),
-            (lm.num_query_groups, "--num-query-groups"),
-            (lm.ffn_hidden_size, "--ffn-hidden-size"),
+            (lm.hidden_size, "--hidden-size", tp, tp_flag),
+            (lm.num_attention_heads, "--num-attention-heads", tp, tp_flag),
+            (lm.num_query_groups, "--num-query-groups", tp, tp_flag),
+            (lm.ffn_hidden_size, "--ffn-hidden-size", tp, tp_flag),
         ]
         for enc in self.encoders.values():
-            checks += [(enc.hidden_size, f"{enc.flag_prefix}hidden-size"),
-                       (enc.num_attention_heads, f"{enc.flag_prefix}num-attention-heads"),
-                       (enc.ffn_hidden_size, f"{enc.flag_prefix}ffn-hidden-size")]
+            checks += [(enc.hidden_size, f"{enc.flag_prefix}hidden-size", etp, etp_flag),
+                       (enc.num_attention_heads, f"{enc.flag_prefix}num-attention-heads", etp,
+                        etp_flag),
+                       (enc.ffn_hidden_size, f"{enc.flag_prefix}ffn-hidden-size", etp,
+                        etp_flag)]
         for name, proj in self.projectors.items():
             size = proj.ffn_hidden_size or lm.hidden_size
-            checks.append((size, "--projector-ffn-hidden-size"))
-        for value, flag in checks:
-            _require(value % tp == 0,
-                     f"{flag} ({value}) is not divisible by --tensor-model-parallel-size "
-                     f"({tp}); change one of them")
+            checks.append((size, "--projector-ffn-hidden-size", tp, tp_flag))
+        for value, flag, size, size_flag in checks:
+            _require(value % size == 0,
+                     f"{flag} ({value}) is not divisible by {size_flag} ({size}); change one "
+                     "of them")

@@ -6,6 +6,7 @@ from typing import Mapping, Optional
 
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.vision.multimodal_projector import MultimodalProjector
+from megatron.core.process_groups_config import ProcessGroupCollection
 
 from ..config import AudioEncoderConfig, MultimodalModelConfig
 from ..plan import ModelSpec, Workload, build_chain
@@ -31,7 +32,8 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
     """The model, or the pipeline chunk ``placement`` describes (``vp_stage``: its virtual
     stage with interleaving). ``settings.placements`` holds every chunk's placement: the
     layer layout Megatron-Core builds each transformer stack from."""
-    config.validate_parallel(settings.tensor_model_parallel_size)
+    config.validate_parallel(settings.tensor_model_parallel_size,
+                             settings.encoder_tensor_model_parallel_size)
     if placement is None:
         placement = whole_model_placement(config)
     lm = config.language
@@ -51,6 +53,7 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
         vp_stage=vp_stage,
     )
     encoders, projectors = {}, {}
+    encoder_groups = encoder_process_groups(settings)
     for part in placement.encoders:
         enc = config.encoders[part.name]
         # Both encoders are pre-norm LayerNorm transformers without a mask: one layer spec.
@@ -58,7 +61,8 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
         encoders[part.name] = cls(
             encoder_transformer_config(enc, settings, part.name), enc, specs.vision_layer,
             specs.vision_norm, embed=part.embed, build_layers=part.num_layers > 0,
-            post=part.projector, vp_stage=vp_stage)
+            post=part.projector, vp_stage=vp_stage, pg_collection=encoder_groups,
+            checkpoint_dp_group=settings.encoder_data_parallel_group)
         if part.projector:
             proj = config.projectors[part.name]
             projectors[part.name] = MultimodalProjector(
@@ -68,6 +72,18 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
                             placement)
     model.freeze()
     return model
+
+
+def encoder_process_groups(settings: BuildSettings) -> Optional[ProcessGroupCollection]:
+    """Megatron-Core's groups with the encoder's own TP group (``settings.encoder_tp_group``,
+    an encoder TP below the LLM's), or None: the default groups."""
+    if settings.encoder_tp_group is None:
+        return None
+    if settings.context_parallel_size > 1:
+        raise ValueError("an encoder TP group of its own needs context parallel size 1")
+    groups = ProcessGroupCollection.use_mpu_process_groups()
+    groups.tp = groups.tp_cp = settings.encoder_tp_group  # CP 1: TP x CP is TP
+    return groups
 
 
 def whole_model_placement(config: MultimodalModelConfig) -> ChunkPlacement:

@@ -1,9 +1,10 @@
 """What the encoders built in parts (ViT, audio) share: their transformer layers, run whole
-or as a range of global layer numbers (one encoder piece of the encoder's own pipeline)."""
+or as a range of global layer numbers (one encoder piece of the encoder's own pipeline),
+and, with an encoder TP smaller than the LLM's, their own process groups."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
@@ -12,6 +13,27 @@ class EncoderParts:
     """Mixed into an encoder module that has ``decoder`` (a TransformerBlock or None)."""
 
     decoder: Optional[torch.nn.Module]
+    # The encoder's own groups (encoder TP < LLM TP), else None: the LLM's serve.
+    checkpoint_dp_group = None
+
+    def use_encoder_groups(self, pg_collection, checkpoint_dp_group) -> None:
+        """Build the layers on ``pg_collection`` (its ``tp``: this rank's encoder-TP group)
+        and checkpoint with replica ids over ``checkpoint_dp_group`` (the ranks holding the
+        same encoder shard). None, None: Megatron-Core's default groups."""
+        if pg_collection is not None:
+            self.tp_group = pg_collection.tp  # read by MegatronModule.sharded_state_dict
+        self.checkpoint_dp_group = checkpoint_dp_group
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
+        if self.checkpoint_dp_group is not None:  # replica ids among this shard's holders
+            metadata = {**(metadata or {}), "dp_cp_group": self.checkpoint_dp_group}
+        return super().sharded_state_dict(prefix, sharded_offsets, metadata)
+
+    def piece_parameters(self) -> List[torch.nn.Parameter]:
+        """The parameters that encoder pieces (``EF`` / ``EB`` actions) compute: the
+        embedding and the transformer layers, not the output norm (``ln_post``), which runs
+        with the projector."""
+        return [p for name, p in self.named_parameters() if not name.startswith("ln_post.")]
 
     def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
         """Unused: the multimodal model hands each part its input explicitly."""

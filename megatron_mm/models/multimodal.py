@@ -146,6 +146,11 @@ class MultimodalModel(MegatronModule):
                 hidden = encoder.embed(self._items(name, media))
             return encoder.layers(hidden, *layers)
 
+    def encoder_piece_parameters(self) -> list:
+        """The parameters this chunk's encoder pieces compute (embeddings and transformer
+        layers; not the output norms, which run with the projectors)."""
+        return [p for name in self.encoder_names for p in self.encoder(name).piece_parameters()]
+
     def set_encoder_inputs(self, inputs: Mapping[str, Optional[torch.Tensor]]) -> None:
         """The encoders' last hidden states for chunk 0 (``encoder_separate`` placements)."""
         self.encoder_inputs = dict(inputs)

@@ -23,6 +23,13 @@ class BuildSettings:
     """Parallel layout, precision and regularisation shared by every module."""
 
     tensor_model_parallel_size: int = 1
+    # The encoders' transformer layers at their own TP (--encoder-tensor-model-parallel-size
+    # e < TP, the encoder run as its own pipeline): e and the process groups of this rank's
+    # encoder replica (its TP group; the data-parallel group its checkpoint replica ids come
+    # from). None: the LLM's TP and groups. Output norms and projectors stay at the LLM's.
+    encoder_tensor_model_parallel_size: Optional[int] = None
+    encoder_tp_group: Optional[object] = None
+    encoder_data_parallel_group: Optional[object] = None
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: Optional[int] = None
     # CP ranks per sequence. With our CP attention (``cp_attention`` "ours") it is never
@@ -52,8 +59,12 @@ class BuildSettings:
         """Settings of every module. The transformer stacks split over pipeline stages
         (``stack``: "llm" or an encoder's name) get Megatron-Core's pipeline layout from the
         placements, so each chunk builds its layers with their global numbers (checkpoints
-        then do not depend on the partition); projectors are never split."""
+        then do not depend on the partition); projectors are never split. An encoder stack
+        gets the encoder's TP size."""
         dtype = torch.bfloat16 if self.bf16 else torch.float32
+        tp = self.tensor_model_parallel_size
+        if stack not in (None, "llm") and self.encoder_tensor_model_parallel_size:
+            tp = self.encoder_tensor_model_parallel_size
         pipelined = stack is not None and self.pipeline_model_parallel_size > 1
         pp = self.pipeline_model_parallel_size if pipelined else 1
         vpp = self.virtual_pipeline_model_parallel_size if pipelined else None
@@ -72,7 +83,7 @@ class BuildSettings:
         return dict(
             **recompute,
             pipeline_model_parallel_layout=layout,
-            tensor_model_parallel_size=self.tensor_model_parallel_size,
+            tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=pp,
             virtual_pipeline_model_parallel_size=vpp,
             # Interleaving with batched p2p is wrong at PP=2 and deadlocks with variable

@@ -26,8 +26,10 @@ class VisionTransformer(EncoderParts, MegatronModule):
 
     def __init__(self, config: TransformerConfig, encoder: VisionEncoderConfig,
                  layer_spec: ModuleSpec, norm_impl: type, embed: bool = True,
-                 build_layers: bool = True, post: bool = True, vp_stage=None):
+                 build_layers: bool = True, post: bool = True, vp_stage=None,
+                 pg_collection=None, checkpoint_dp_group=None):
         super().__init__(config=config)
+        self.use_encoder_groups(pg_collection, checkpoint_dp_group)
         self.encoder_config = encoder
         hidden = encoder.hidden_size
         clip = encoder.model_type == "clip"
@@ -47,7 +49,8 @@ class VisionTransformer(EncoderParts, MegatronModule):
             self.ln_pre = (build_module(norm_impl, config=config, hidden_size=hidden,
                                         eps=config.layernorm_epsilon) if clip else None)
         self.decoder = (TransformerBlock(config=config, spec=layer_spec, pre_process=True,
-                                         post_process=False, vp_stage=vp_stage)
+                                         post_process=False, vp_stage=vp_stage,
+                                         pg_collection=pg_collection)
                         if build_layers else None)
         self.has_post = post
         self.ln_post = (build_module(norm_impl, config=config, hidden_size=hidden,

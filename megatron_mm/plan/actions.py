@@ -17,6 +17,11 @@ rank; the simulator charges them):
   the merged embeddings); ``EB(m, s)`` needs ``EB(m, s + 1)``. A frozen encoder has no
   ``EB``.
 
+With an encoder TP below the LLM's (``--encoder-tensor-model-parallel-size``), a pipeline
+rank's TP group holds several encoder replicas: the schedule stays one action list per
+pipeline rank, and each replica runs the ``EF`` / ``EB`` actions of the micro-batches it
+owns (``encoder_pipeline.encoder_replica_of``), concurrently with the other replicas.
+
 ``validate`` replays the ranks' orders: it names the first dependency no order can satisfy
 (a deadlock or an action before its input) and checks every action runs exactly once.
 """

@@ -12,6 +12,13 @@ The same records drive the runtime (which modules a chunk builds, which layers a
 action runs) and the simulator (``schedule_costs``: per-action seconds summed from the
 training chain, i.e. the cost model or a measured per-layer profile of this very model;
 ``action_costs.py`` models cluster-scale runs from model sizes, with TP and DP traffic).
+
+With ``--encoder-tensor-model-parallel-size`` e smaller than the LLM's TP t, each LLM TP
+group holds r = t / e encoder replicas (replica j: the group's ranks ``j*e .. j*e+e-1``).
+The schedule stays one action list per pipeline rank; replica j runs the ``EF`` / ``EB``
+actions of the micro-batches it owns (``encoder_replica_of``) and skips the others, so the
+replicas' encoder work runs concurrently (the simulator charges each rank every encoder
+action, as for r = 1).
 """
 
 from __future__ import annotations
@@ -89,6 +96,18 @@ def encoder_pieces(chain: Sequence[Layer], encoder_ranks: Sequence[int],
         bounds.append([start, start + size])
         start += size
     return EncoderPieces(name=name, layers=bounds, ranks=list(encoder_ranks))
+
+
+def encoder_replica_of(microbatch: int, replicas: int) -> int:
+    """The encoder replica that runs micro-batch ``microbatch``'s encoder forward and
+    backward: round robin, ``microbatch % replicas``, so consecutive micro-batches (which
+    the schedules start one after another) go to different replicas and every replica gets
+    an equal share (within one) of any iteration."""
+    if replicas < 1:
+        raise PlanError(f"encoder replicas must be >= 1, got {replicas}")
+    if microbatch < 0:
+        raise PlanError(f"micro-batch index must be >= 0, got {microbatch}")
+    return microbatch % replicas
 
 
 def _even(total: int, parts: int) -> List[int]:

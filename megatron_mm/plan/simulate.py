@@ -1,6 +1,9 @@
 """Replay a schedule on per-action costs: iteration time, busy and idle time per rank,
 bubble fraction, encoder busy time per rank and the share of encoder work hidden in the
-LLM's bubbles, and the timeline (Chrome trace, viewable in Perfetto)."""
+LLM's bubbles, and the timeline (Chrome trace, viewable in Perfetto). Each rank runs every
+action of its list: with encoder replicas (an encoder TP below the LLM's, whose replicas
+share a rank's encoder actions and run them concurrently) the encoder costs are those of
+one replica doing all of them."""
 
 from __future__ import annotations
 

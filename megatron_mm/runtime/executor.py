@@ -10,6 +10,16 @@ of each input goes back to its producer. After the last action, Megatron-Core's
 ``finalize_model_grads`` reduces gradients over data-parallel ranks and tied embeddings
 exactly as after its own schedules.
 
+With encoder replicas (``--encoder-tensor-model-parallel-size`` below the LLM's TP,
+``encoder_replicas.py``) a rank runs only the ``EF`` / ``EB`` actions of the micro-batches
+its replica owns; encoder pieces talk over the pipeline group as before (same TP rank, same
+replica). ``F(m, 0)`` broadcasts the encoder output over the LLM's TP group from the owner
+replica's first rank; its gradient is the same on every TP rank (the LLM's column-parallel
+input all-reduces it), so only the owner's ranks take it in ``B(m, 0)`` and send it to
+``EB``. Before gradient finalisation the encoder pieces' gradients
+are summed over the replicas (the loss is per token, so a sum is what one replica holding
+every micro-batch would have).
+
 ``ScheduleExecutor`` is called like the function ``get_forward_backward_func()`` returns,
 so training, evaluation and generation run through it unchanged.
 """
@@ -27,6 +37,7 @@ from megatron.core.utils import get_attr_wrapped_model, get_model_config
 from ..plan.actions import Action, Schedule
 from ..plan.encoder_pipeline import EncoderPieces
 from ..plan.simulate import TimedAction
+from .encoder_replicas import EncoderReplicas
 from .mailbox import Mailbox
 
 Key = Tuple[str, int, int]
@@ -34,13 +45,16 @@ Key = Tuple[str, int, int]
 
 class ScheduleExecutor:
     """``make_schedule(num_microbatches)`` gives the schedule of an iteration (cached per
-    micro-batch count); ``pieces`` says which encoder layers each ``EF`` runs."""
+    micro-batch count); ``pieces`` says which encoder layers each ``EF`` runs; ``replicas``
+    this rank's encoder replica when the encoder's TP is below the LLM's."""
 
     def __init__(self, make_schedule: Callable[[int], Schedule],
-                 pieces: Optional[EncoderPieces], to_device: Callable[[dict], dict]):
+                 pieces: Optional[EncoderPieces], to_device: Callable[[dict], dict],
+                 replicas: Optional[EncoderReplicas] = None):
         self.make_schedule = make_schedule
         self.pieces = pieces
         self.to_device = to_device
+        self.replicas = replicas  # None: one encoder replica per TP group (ETP = TP)
         self._schedules: Dict[int, Schedule] = {}
         self.record_timeline = False
         self.timeline: List[TimedAction] = []  # the last iteration's, when recorded
@@ -85,6 +99,7 @@ class _Iteration:
         self.media: Dict[int, dict] = {}
         self.timeline: List[TimedAction] = []
         self.encoder = executor.pieces.name if executor.pieces else None
+        self.replicas = executor.replicas
         self.inputs_ready = 0.0  # when the running action's last input arrived
 
     # -- plumbing --------------------------------------------------------------------
@@ -122,11 +137,18 @@ class _Iteration:
     def encoder_trainable(self) -> bool:
         return self.s.encoder_trainable and not self.forward_only
 
+    def runs_encoder(self, m: int) -> bool:
+        """Whether this rank's encoder replica owns micro-batch ``m`` (always, with one)."""
+        return self.replicas is None or self.replicas.owns(m)
+
     # -- actions -----------------------------------------------------------------------
     def execute(self) -> None:
         actions = self.s.ranks[self.rank]
         if self.forward_only:  # forwards only need forwards; their order stays valid
             actions = [a for a in actions if a.kind in ("F", "EF")]
+        # Other replicas' encoder work: skipping it keeps every rank's order valid.
+        actions = [a for a in actions
+                   if not a.kind.startswith("E") or self.runs_encoder(a.microbatch)]
         if self.x.record_timeline:
             torch.distributed.barrier(group=parallel_state.get_pipeline_model_parallel_group())
         origin = time.time()
@@ -139,6 +161,10 @@ class _Iteration:
                                                  time.time() - origin))
         self.mailbox.wait()
         assert not self.local, f"local messages never used: {sorted(self.local)}"
+        if self.replicas is not None and self.encoder_trainable:
+            self.replicas.reduce_grads([
+                p for chunk in self.model
+                for p in get_attr_wrapped_model(chunk, "encoder_piece_parameters")()])
         if not self.forward_only and self.config.finalize_model_grads_func is not None:
             self.config.finalize_model_grads_func(
                 self.model, self.num_tokens if self.config.calculate_per_token_loss else None)
@@ -162,9 +188,7 @@ class _Iteration:
         if c == 0:
             inputs = None
             if self.encoder is not None:
-                inputs = self.receive(self.rank_of("EF", self.s.encoder_stages - 1),
-                                      ("EF", m, self.s.encoder_stages - 1),
-                                      self.encoder_trainable)
+                inputs = self.encoder_output(m)
                 get_attr_wrapped_model(chunk, "set_encoder_inputs")({self.encoder: inputs})
         else:
             inputs = self.receive(self.rank_of("F", c - 1), ("F", m, c - 1),
@@ -185,6 +209,22 @@ class _Iteration:
         if not self.forward_only:
             self.saved[("F", m, c)] = (inputs, output)
 
+    def encoder_output(self, m: int) -> Optional[torch.Tensor]:
+        """The last encoder piece's output for ``F(m, 0)``, a leaf of its graph; with
+        replicas, from the owner replica to the whole LLM TP group."""
+        last = self.s.encoder_stages - 1
+        if self.replicas is None:
+            return self.receive(self.rank_of("EF", last), ("EF", m, last),
+                                self.encoder_trainable)
+        out = (self.receive(self.rank_of("EF", last), ("EF", m, last), False)
+               if self.runs_encoder(m) else None)
+        out = self.replicas.share_output(m, out, self.mailbox.device)
+        self.inputs_ready = time.time()
+        if out is not None:  # only the owner's EB takes its gradient
+            out = out.detach().requires_grad_(self.encoder_trainable and self.runs_encoder(m)
+                                               and out.is_floating_point())
+        return out
+
     def run_B(self, m: int, c: int) -> None:
         inputs, output = self.saved.pop(("F", m, c))
         last = c == self.s.num_chunks - 1
@@ -197,7 +237,7 @@ class _Iteration:
             input_grad = None
         if c > 0:
             self.send(self.rank_of("B", c - 1), ("B", m, c), input_grad)
-        elif self.encoder_trainable:
+        elif self.encoder_trainable and self.runs_encoder(m):  # other replicas' own EB
             self.send(self.rank_of("EB", self.s.encoder_stages - 1), ("B", m, 0), input_grad)
 
     def run_EB(self, m: int, p: int) -> None:

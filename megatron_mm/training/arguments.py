@@ -171,9 +171,11 @@ def _training_args(p: argparse.ArgumentParser) -> None:
                    help="encoder pipeline stages for --encoder-schedule coarse|bubble; "
                         "divides --pipeline-model-parallel-size (default: equal to it)")
     g.add_argument("--encoder-tensor-model-parallel-size", type=int, default=None,
-                   help="the encoder's tensor parallelism (default and, in this runtime, "
-                        "only value: --tensor-model-parallel-size; tools/plan.py simulates "
-                        "others)")
+                   help="the encoder layers' tensor parallelism with --encoder-schedule "
+                        "coarse|bubble; divides --tensor-model-parallel-size (default: equal "
+                        "to it). Smaller: each TP group holds TP / this many encoder "
+                        "replicas, each running the encoder for its share of the "
+                        "micro-batches")
     g.add_argument("--encoder-pieces", type=int, default=1,
                    help="pieces per encoder stage with coarse|bubble: finer pieces fit "
                         "shorter bubbles")
@@ -362,8 +364,8 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
                           "or point --data-path at a directory with train.jsonl/valid.jsonl")
     _validate_data_balance(args)
     args.model_config = model_config_from_args(args)
-    args.model_config.validate_parallel(tp)
     _validate_encoder_schedule(args)
+    args.model_config.validate_parallel(tp, args.encoder_tensor_model_parallel_size)
     check_pipeline_partition(args)
 
 
@@ -382,11 +384,8 @@ def _validate_encoder_schedule(args: argparse.Namespace) -> None:
     if etp is not None and (etp < 1 or tp % etp):
         raise ConfigError(f"--encoder-tensor-model-parallel-size ({etp}) must divide "
                           f"--tensor-model-parallel-size ({tp})")
-    if etp is not None and etp != tp:
-        raise ConfigError(f"--encoder-tensor-model-parallel-size {etp} != "
-                          f"--tensor-model-parallel-size {tp} is not supported by the runtime "
-                          "yet (tools/plan.py simulates it): drop the flag")
-    args.encoder_tensor_model_parallel_size = tp
+    if etp is None:
+        args.encoder_tensor_model_parallel_size = tp
     blockers = [(args.context_parallel_size > 1, "--context-parallel-size > 1"),
                 (args.data_balance != "none", "--data-balance"),
                 (args.overlap_grad_reduce, "--overlap-grad-reduce"),

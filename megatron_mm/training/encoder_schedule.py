@@ -51,4 +51,4 @@ def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int):
 def build_executor(args, plan: Optional[EncoderPipelinePlan] = None) -> ScheduleExecutor:
     plan = plan or encoder_pipeline_plan(args)
     return ScheduleExecutor(lambda m: make_schedule(args, plan, m), plan.pieces,
-                            batch_to_device)
+                            batch_to_device, getattr(args, "encoder_replicas", None))

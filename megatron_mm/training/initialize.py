@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from megatron.core import parallel_state, tensor_parallel
 
+from ..runtime.encoder_replicas import create_encoder_replicas
+
 
 def device() -> torch.device:
     if torch.cuda.is_available():
@@ -34,6 +36,12 @@ def initialize_distributed(args) -> None:
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         context_parallel_size=args.context_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size)
+    # An encoder TP below the LLM's (--encoder-schedule coarse|bubble): its replicas' groups.
+    etp = getattr(args, "encoder_tensor_model_parallel_size", None)
+    args.encoder_replicas = (
+        create_encoder_replicas(etp)
+        if getattr(args, "encoder_schedule", "megatron") != "megatron" and etp is not None
+        and etp < args.tensor_model_parallel_size else None)
 
 
 def set_random_seed(seed: int) -> None:

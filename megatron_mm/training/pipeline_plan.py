@@ -54,4 +54,9 @@ def describe_encoder_plan(args, plan) -> str:
     for p, (layers, rank) in enumerate(zip(pieces.layers, pieces.ranks)):
         lines.append(f"   {pieces.name} piece {p} (pipeline rank {rank}): layers "
                      f"{layers[0]}-{layers[1] - 1}")
+    tp = args.tensor_model_parallel_size
+    etp = getattr(args, "encoder_tensor_model_parallel_size", None)
+    if etp and etp < tp:
+        lines.append(f"   {pieces.name} layers at TP {etp}: {tp // etp} replicas per TP group "
+                     f"of {tp}, micro-batch m on replica m % {tp // etp}")
     return "\n".join(lines)

@@ -79,9 +79,14 @@ def build_settings(args, placements=None) -> BuildSettings:
     impl = args.transformer_impl or default_transformer_impl()
     cpu_init = args.use_cpu_initialization or not torch.cuda.is_available()
     cp = cp_attention_choice(args)
+    replicas = getattr(args, "encoder_replicas", None)  # an encoder TP below the LLM's
     return BuildSettings(
         cp_attention=cp.kind, cp_comm_type=cp.cp_comm_type,
         tensor_model_parallel_size=args.tensor_model_parallel_size,
+        encoder_tensor_model_parallel_size=(replicas.tensor_model_parallel_size
+                                            if replicas else None),
+        encoder_tp_group=replicas.tp_group if replicas else None,
+        encoder_data_parallel_group=replicas.data_parallel_group if replicas else None,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
         context_parallel_size=args.context_parallel_size, transformer_impl=impl, bf16=args.bf16, hidden_dropout=args.hidden_dropout,
@@ -218,6 +223,11 @@ def build_model_chunks(args, tokenizer) -> List[MultimodalModel]:
             placement=placements[(vp or 0) * pp + rank], vp_stage=vp))
         if torch.cuda.is_available():  # as Megatron-LM's get_model: host-built modules too
             chunks[-1].cuda(torch.cuda.current_device())
+    replicas = getattr(args, "encoder_replicas", None)
+    if replicas is not None:  # equal encoder replicas, each shard counted once in norms
+        pieces = [p for chunk in chunks for p in chunk.encoder_piece_parameters()]
+        replicas.sync_params(pieces)
+        replicas.mark_duplicates(pieces)
     return chunks
 
 

@@ -7,6 +7,7 @@ from megatron_mm.plan import PlanError, StagePartition
 from megatron_mm.plan.encoder_pipeline import (
     schedule_costs,
     encoder_pieces,
+    encoder_replica_of,
     plan_encoder_pipeline,
     separate_placements,
 )
@@ -75,3 +76,16 @@ def test_one_encoder_only():
              layer("projector", branch="audio")]
     with pytest.raises(PlanError, match="one encoder as its own pipeline; this model has 2"):
         plan_encoder_pipeline(chain[:1] + audio + chain[1:], 2, 1, "uniform")
+
+
+def test_encoder_replicas_own_micro_batches_round_robin():
+    assert [encoder_replica_of(m, 2) for m in range(5)] == [0, 1, 0, 1, 0]
+    assert [encoder_replica_of(m, 1) for m in range(3)] == [0, 0, 0]
+    # every micro-batch has exactly one owner, and the shares differ by at most one
+    for replicas in (1, 2, 3, 4):
+        for n in range(1, 9):
+            owned = [sum(encoder_replica_of(m, replicas) == j for m in range(n))
+                     for j in range(replicas)]
+            assert sum(owned) == n and max(owned) - min(owned) <= 1
+    with pytest.raises(PlanError, match="encoder replicas must be >= 1"):
+        encoder_replica_of(0, 0)

@@ -81,9 +81,15 @@ SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
     (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "coarse",
       "--encoder-pieces", "2"], 2, "4 encoder pieces but the encoder has 2 layers"),
     (["--tensor-model-parallel-size", "2", "--encoder-schedule", "bubble",
-      "--encoder-tensor-model-parallel-size", "1"], 2,
-     "--encoder-tensor-model-parallel-size 1 != --tensor-model-parallel-size 2 is not "
-     "supported by the runtime yet"),
+      "--encoder-tensor-model-parallel-size", "3"], 2,
+     "--encoder-tensor-model-parallel-size (3) must divide --tensor-model-parallel-size (2)"),
+    (["--tensor-model-parallel-size", "4", "--encoder-schedule", "bubble",
+      "--encoder-tensor-model-parallel-size", "2", "--vision-hidden-size", "48",
+      "--vision-num-attention-heads", "3"], 4,
+     "--vision-num-attention-heads (3) is not divisible by "
+     "--encoder-tensor-model-parallel-size (2)"),
+    (["--tensor-model-parallel-size", "2", "--encoder-tensor-model-parallel-size", "1"], 2,
+     "--encoder-tensor-model-parallel-size needs --encoder-schedule coarse or bubble"),
     (["--pipeline-model-parallel-size", "2", "--encoder-pipeline-model-parallel-size", "2"],
      2, "--encoder-pipeline-model-parallel-size needs --encoder-schedule coarse or bubble"),
     (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble",

@@ -2,7 +2,9 @@
 parameters): PP=2 with Megatron's layout (encoder on the first stage), with the ViT split
 across stages, with the frozen-aware partition and with the partition OmniBal's search
 times and keeps (its trial iterations leave the run's init and data order alone); PP=2 x VPP=2 and PP=4 with encoder-only
-middle chunks; TP=2 x PP=2. A frozen ViT runs no backward on any stage it spans."""
+middle chunks; TP=2 x PP=2; the encoder as its own pipeline (coarse and bubble schedules),
+also at encoder TP 1 inside TP 2 (two encoder replicas; its checkpoint then loads at TP=1
+and evaluates the same). A frozen ViT runs no backward on any stage it spans."""
 
 import pytest
 import torch
@@ -61,6 +63,7 @@ SPLIT_VIT = ["--pipeline-partition", "3,5"]  # [embedding, ViT embed, ViT 0] [Vi
 FOUR_LAYERS = ["--num-layers", "4"]  # chain: 1 + 1 + 2 + 1 + 4 + 1 = 10
 COARSE = ["--encoder-schedule", "coarse"]
 BUBBLE = ["--encoder-schedule", "bubble"]
+ETP1 = ["--encoder-tensor-model-parallel-size", "1"]
 
 
 @pytest.mark.parametrize("world, layout, model", [
@@ -81,6 +84,8 @@ BUBBLE = ["--encoder-schedule", "bubble"]
     # [ViT 0 | ViT 1] over the two ranks, all forwards first (coarse) or in the bubbles
     (2, PP2 + COARSE, []),
     (4, PP2 + ["--tensor-model-parallel-size", "2"] + BUBBLE, []),
+    # the ViT at TP 1 in TP 2: two replicas per TP group, each for half the micro-batches
+    (4, PP2 + ["--tensor-model-parallel-size", "2"] + BUBBLE + ETP1, []),
     # both ViT layers as two pieces on rank 0, the LLM interleaved over 4 chunks
     (2, PP2 + ["--virtual-pipeline-model-parallel-size", "2"] + BUBBLE +
      ["--encoder-pipeline-model-parallel-size", "1", "--encoder-pieces", "2"],
@@ -90,12 +95,19 @@ BUBBLE = ["--encoder-schedule", "bubble"]
      FOUR_LAYERS + ["--freeze-ViT"]),
 ], ids=["pp2", "pp2-split-vit", "tp2-pp2", "pp2-auto-frozen-vit", "pp2-search-frozen-vit",
         "pp2-vpp2-split-frozen-vit", "pp4-frozen-vit", "pp2-coarse", "tp2-pp2-bubble",
+        "tp2-pp2-bubble-etp1",
         "pp2-vpp2-bubble-frozen-vit", "pp4-bubble-frozen-vit"])
 def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout,
                                               model):
     # Stages draw different random streams, so both runs start from one saved init.
     argv, ref = _reference(digits_dir, tmp_path_factory, model)
-    ranks = run_distributed(train, world, argv + layout, (1, STEPS), count_vit_layer_calls)
+    extra = []
+    if layout[-2:] == ETP1:  # save, and evaluate (forward-only runs skip other replicas)
+        saved = tmp_path_factory.mktemp("etp1")
+        extra = ["--save", str(saved)]
+        argv = [a for a in argv if a != "--skip-final-eval"] + ["--eval-max-new-tokens", "2"]
+    ranks = run_distributed(train, world, argv + layout + extra, (1, STEPS),
+                            count_vit_layer_calls)
     pp = 4 if layout[:2] == PP4[:2] else 2
     stages = ranks[:: world // pp]  # TP rank 0 of each stage: full (TP-gathered) tensors
     last = stages[-1]  # the loss lives on the last stage
@@ -114,6 +126,12 @@ def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, worl
                 continue
             torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=atol,
                                        msg=lambda m: f"{what} {step} {name}: {m}")
+    for step in (1, STEPS):  # each parameter counted once in the gradient norm (TP
+        squares = {}       # duplicates, encoder replicas), module by module
+        for out in ranks:
+            for top, value in out["norm_squares"][step].items():
+                squares[top] = squares.get(top, 0.0) + value
+        assert squares == pytest.approx(ref["norm_squares"][step], rel=1e-4), step
     calls = [out["observed"]["vit_calls"] for out in stages]
     assert sum(c["layers"] for c in calls) == 2
     for c in calls:
@@ -121,3 +139,24 @@ def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, worl
             assert c["fwd"] > 0, calls
             # frozen: autograd never enters the ViT, on whichever stage it runs
             assert (c["bwd"] == 0) == ("--freeze-ViT" in model), calls
+    if extra:  # both encoder replicas of the first stage did encoder work
+        for out in ranks[:2]:
+            c = out["observed"]["vit_calls"]
+            assert c["fwd"] > 0 and c["bwd"] > 0, c
+        _check_etp1_checkpoint(argv, saved, stages)
+
+
+def _check_etp1_checkpoint(argv, saved, stages):
+    """The TP=2 / ETP=1 checkpoint (model and optimizer) loads in one process: the same
+    parameters, and the same validation loss and answers."""
+    at = argv.index("--load")
+    argv = argv[:at] + ["--load", str(saved)] + [a for a in argv[at + 2:]
+                                                 if a != "--no-load-optim"]
+    loaded = run_distributed(train, 1, argv)[0]
+    assert loaded["iteration"] == STEPS
+    ours = _merge(stages, "params")
+    assert ours.keys() == loaded["params"].keys()
+    for name, value in loaded["params"].items():
+        assert torch.equal(ours[name], value), name
+    assert stages[-1]["val_loss"] == pytest.approx(loaded["val_loss"], rel=1e-5)
+    assert stages[-1]["val_accuracy"] == loaded["val_accuracy"]

@@ -21,13 +21,15 @@ TINY_MODEL = [
 ]
 
 
-def full_tensor(param: torch.nn.Parameter, tensor: torch.Tensor) -> torch.Tensor:
-    """Gather a tensor-parallel shard to the TP=1 layout (Megatron's partition_dim/stride)."""
+def full_tensor(param: torch.nn.Parameter, tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Gather a tensor-parallel shard to the TP=1 layout (Megatron's partition_dim/stride)
+    over ``group``, the TP group of the module holding it (default: the LLM's)."""
     from megatron.core import parallel_state
 
-    if not getattr(param, "tensor_model_parallel", False):
+    if group is None:
+        group = parallel_state.get_tensor_model_parallel_group()
+    if not getattr(param, "tensor_model_parallel", False) or group.size() == 1:
         return tensor.detach().float().clone()
-    group = parallel_state.get_tensor_model_parallel_group()
     shards = [torch.empty_like(tensor) for _ in range(torch.distributed.get_world_size(group))]
     torch.distributed.all_gather(shards, tensor.contiguous(), group=group)
     dim, stride = param.partition_dim, getattr(param, "partition_stride", 1)
@@ -56,12 +58,48 @@ def full_state(chunks, grads: bool) -> dict:
     out = {}
     named = [(global_names(chunk)[local], param) for chunk in chunks
              for local, param in chunk.named_parameters()]
+    groups = tp_groups(chunks)
     for name, param in named:
+        group = groups.get(id(param))
         if grads:
             grad = getattr(param, "main_grad", None)
-            out[name] = None if grad is None else full_tensor(param, grad)
+            out[name] = None if grad is None else full_tensor(param, grad, group)
         else:
-            out[name] = full_tensor(param, param.data)
+            out[name] = full_tensor(param, param.data, group)
+    return out
+
+
+def tp_groups(chunks) -> dict:
+    """id(parameter) -> the TP group of the module holding it, where that module has one
+    (Megatron-Core's parallel layers; an encoder's layers may have a TP of their own)."""
+    groups = {}
+    for chunk in chunks:
+        for module in chunk.modules():
+            group = getattr(module, "tp_group", None)
+            if group is not None:
+                for param in module.parameters(recurse=False):
+                    groups[id(param)] = group
+    return groups
+
+
+def norm_squares(chunks) -> dict:
+    """Per top-level module (``vision_model``, ``language_model``, ...): the sum of squared
+    gradients this rank adds to Megatron-Core's gradient norm (params neither ``shared`` nor
+    a TP duplicate, Megatron's own tests). Summed over a run's ranks (no data parallelism),
+    it equals one process's when each parameter is counted exactly once."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+    from megatron.core.transformer.module import param_is_not_shared
+
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    out = {}
+    for chunk in chunks:
+        for name, param in chunk.named_parameters():
+            grad = getattr(param, "main_grad", None)
+            if (grad is not None and param_is_not_shared(param)
+                    and param_is_not_tensor_parallel_duplicate(param, tp_group=tp_group)):
+                top = name.split(".")[0]
+                out[top] = out.get(top, 0.0) + float(grad.double().pow(2).sum())
     return out
 
 
@@ -70,7 +108,7 @@ def train(rank: int, argv: list, grad_steps=(), hooks=None) -> dict:
     from megatron_mm.training.pretrain import TrainingCallbacks, pretrain
 
     args = parse_args(argv, world_size=int(os.environ["WORLD_SIZE"]))
-    grads, holder = {}, {}
+    grads, squares, holder = {}, {}, {}
 
     def on_model_built(model, chunks, optimizer):
         holder["model"] = model
@@ -80,9 +118,11 @@ def train(rank: int, argv: list, grad_steps=(), hooks=None) -> dict:
     def on_step(iteration, model, loss):
         if iteration in grad_steps:
             grads[iteration] = full_state(model, grads=True)
+            squares[iteration] = norm_squares(model)
 
     summary = pretrain(args, TrainingCallbacks(on_model_built, on_step))
     summary["grads"] = grads
+    summary["norm_squares"] = squares
     summary["params"] = full_state(holder["model"], grads=False)
     summary["observed"] = {k: v for k, v in holder.items() if k != "model"}
     return summary
