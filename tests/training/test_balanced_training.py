@@ -1,6 +1,7 @@
 """--data-balance in the training loop: DP=2 trains on packed, balanced micro-batches and a
-run resumed mid-epoch from a checkpoint gives the same losses as the uninterrupted one; PP=2
-and CP=2 on packed micro-batches equal one process."""
+run resumed mid-epoch from a checkpoint gives the same losses as the uninterrupted one; PP=2,
+CP=2 and PP=2 with the encoder in the bubbles (schedule executor) on packed micro-batches
+equal one process."""
 
 import os
 
@@ -95,7 +96,9 @@ def balanced_reference(digits_dir, tmp_path_factory):
     ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,5"],
     # packed documents split over CP ranks by attention work (blocks of 8 tokens)
     ["--context-parallel-size", "2", "--context-parallel-block", "8"],
-], ids=["pp2", "cp2"])
+    # the ViT as its own pipeline, its pieces in the LLM's bubbles (schedule executor)
+    ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"],
+], ids=["pp2", "cp2", "pp2-bubble"])
 def test_balanced_parallel_equals_one_process(balanced_reference, layout):
     """Packed, balanced micro-batches under PP=2 or CP=2: the same losses and gradients as
     one process (packed samples stay apart on every stage and CP rank)."""
