@@ -151,20 +151,23 @@ class _Iteration:
                    if not a.kind.startswith("E") or self.runs_encoder(a.microbatch)]
         if self.x.record_timeline:
             torch.distributed.barrier(group=parallel_state.get_pipeline_model_parallel_group())
+        overlap = _OverlappedGradSync(self, actions)
         origin = time.time()
-        for a in actions:
+        for i, a in enumerate(actions):
             self.inputs_ready = time.time()
             getattr(self, "run_" + a.kind)(a.microbatch, a.chunk)
             if self.x.record_timeline:  # from its inputs' arrival: waiting is idle time
                 self.timeline.append(TimedAction(self.rank, a.kind, a.microbatch, a.chunk,
                                                  self.inputs_ready - origin,
                                                  time.time() - origin))
+            overlap.after(i)
         self.mailbox.wait()
         assert not self.local, f"local messages never used: {sorted(self.local)}"
         if self.replicas is not None and self.encoder_trainable:
             self.replicas.reduce_grads([
                 p for chunk in self.model
                 for p in get_attr_wrapped_model(chunk, "encoder_piece_parameters")()])
+        overlap.after(len(actions))  # what waited for the replicas' sum, or had no backward
         if not self.forward_only and self.config.finalize_model_grads_func is not None:
             self.config.finalize_model_grads_func(
                 self.model, self.num_tokens if self.config.calculate_per_token_loss else None)
@@ -250,6 +253,46 @@ class _Iteration:
             input_grad = backward_step(hidden, out, grad, self.config)
         if p > 0:
             self.send(self.rank_of("EB", p - 1), ("EB", m, p), input_grad)
+
+
+class _OverlappedGradSync:
+    """``--overlap-grad-reduce``: each model chunk's data-parallel gradient reduction starts
+    (asynchronously, Megatron-Core DDP's ``start_grad_sync``) right after the last action
+    that adds to its gradients, so it runs under the rest of the schedule (the encoder's
+    backward pieces, say); ``finalize_model_grads`` then waits for it. Until then the
+    chunk's backward hooks stay quiet (its ``no_sync``): gradients accumulate over
+    micro-batches, and no bucket starts while a later action still adds to it. Encoder
+    pieces live in the first chunk; with encoder replicas that chunk starts only after the
+    replicas' gradients are summed."""
+
+    def __init__(self, it: "_Iteration", actions: List[Action]):
+        self.chunks = it.model
+        no_sync = it.config.no_sync_func
+        self.on = not it.forward_only and no_sync is not None
+        self.start_at: Dict[int, int] = {}
+        if not self.on:
+            return
+        pp = it.s.pipeline_model_parallel_size
+        end = len(actions)
+        self.start_at = {k: -1 for k in range(len(self.chunks))}
+        for i, a in enumerate(actions):
+            if a.kind in ("B", "EB"):
+                self.start_at[a.chunk // pp if a.kind == "B" else 0] = i
+        for k, i in self.start_at.items():
+            if i < 0 or (k == 0 and it.replicas is not None):
+                self.start_at[k] = end
+        funcs = no_sync if isinstance(no_sync, list) else [no_sync]
+        self.quiet = [f() for f in funcs]
+        for context in self.quiet:
+            context.__enter__()
+
+    def after(self, index: int) -> None:
+        """Start the reduction of every chunk whose gradients are final after action
+        ``index`` (``len(actions)``: after the replicas' sum)."""
+        for k, i in self.start_at.items():
+            if i == index:
+                self.quiet[k].__exit__(None, None, None)
+                self.chunks[k].start_grad_sync()
 
 
 def _device_of(module) -> torch.device:

@@ -387,7 +387,6 @@ def _validate_encoder_schedule(args: argparse.Namespace) -> None:
     if etp is None:
         args.encoder_tensor_model_parallel_size = tp
     blockers = [(args.context_parallel_size > 1, "--context-parallel-size > 1"),
-                (args.overlap_grad_reduce, "--overlap-grad-reduce"),
                 (args.pipeline_partition == "search", "--pipeline-partition search"),
                 (args.recompute_memory_budget is not None, "--recompute-memory-budget")]
     for blocked, flag in blockers:

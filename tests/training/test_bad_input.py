@@ -93,8 +93,8 @@ SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
     (["--pipeline-model-parallel-size", "2", "--encoder-pipeline-model-parallel-size", "2"],
      2, "--encoder-pipeline-model-parallel-size needs --encoder-schedule coarse or bubble"),
     (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble",
-      "--overlap-grad-reduce"], 2, "--encoder-schedule bubble does not combine with "
-                                   "--overlap-grad-reduce yet"),
+      "--context-parallel-size", "2"], 4, "--encoder-schedule bubble does not combine with "
+                                          "--context-parallel-size > 1 yet"),
 ])
 def test_bad_flags_name_the_flag(capsys, argv, world, message):
     with pytest.raises(SystemExit) as exit_info:

@@ -84,6 +84,9 @@ ETP1 = ["--encoder-tensor-model-parallel-size", "1"]
     # [ViT 0 | ViT 1] over the two ranks, all forwards first (coarse) or in the bubbles
     (2, PP2 + COARSE, []),
     (4, PP2 + ["--tensor-model-parallel-size", "2"] + BUBBLE, []),
+    # DP=2: each chunk's gradient all-reduce starts after its last backward action and
+    # runs under the rest of the schedule (the encoder's backward pieces)
+    (4, PP2 + BUBBLE + ["--overlap-grad-reduce"], []),
     # the ViT at TP 1 in TP 2: two replicas per TP group, each for half the micro-batches
     (4, PP2 + ["--tensor-model-parallel-size", "2"] + BUBBLE + ETP1, []),
     # both ViT layers as two pieces on rank 0, the LLM interleaved over 4 chunks
@@ -95,7 +98,7 @@ ETP1 = ["--encoder-tensor-model-parallel-size", "1"]
      FOUR_LAYERS + ["--freeze-ViT"]),
 ], ids=["pp2", "pp2-split-vit", "tp2-pp2", "pp2-auto-frozen-vit", "pp2-search-frozen-vit",
         "pp2-vpp2-split-frozen-vit", "pp4-frozen-vit", "pp2-coarse", "tp2-pp2-bubble",
-        "tp2-pp2-bubble-etp1",
+        "dp2-pp2-bubble-overlap", "tp2-pp2-bubble-etp1",
         "pp2-vpp2-bubble-frozen-vit", "pp4-bubble-frozen-vit"])
 def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout,
                                               model):

@@ -85,14 +85,18 @@ def tp_groups(chunks) -> dict:
 def norm_squares(chunks) -> dict:
     """Per top-level module (``vision_model``, ``language_model``, ...): the sum of squared
     gradients this rank adds to Megatron-Core's gradient norm (params neither ``shared`` nor
-    a TP duplicate, Megatron's own tests). Summed over a run's ranks (no data parallelism),
-    it equals one process's when each parameter is counted exactly once."""
+    a TP duplicate, Megatron's own tests). Summed over a run's ranks it equals one
+    process's when each parameter is counted exactly once; like Megatron's norm (over the
+    model-parallel group), only data-parallel rank 0 counts: its replicas hold the same
+    reduced gradients."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
     from megatron.core.transformer.module import param_is_not_shared
 
     tp_group = parallel_state.get_tensor_model_parallel_group()
     out = {}
+    if parallel_state.get_data_parallel_rank() != 0:
+        return out
     for chunk in chunks:
         for name, param in chunk.named_parameters():
             grad = getattr(param, "main_grad", None)
