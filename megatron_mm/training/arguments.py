@@ -386,9 +386,13 @@ def _validate_encoder_schedule(args: argparse.Namespace) -> None:
                           f"--tensor-model-parallel-size ({tp})")
     if etp is None:
         args.encoder_tensor_model_parallel_size = tp
-    blockers = [(args.context_parallel_size > 1, "--context-parallel-size > 1"),
-                (args.pipeline_partition == "search", "--pipeline-partition search"),
-                (args.recompute_memory_budget is not None, "--recompute-memory-budget")]
+    blockers = [(args.pipeline_partition == "search", "--pipeline-partition search"),
+                (args.recompute_memory_budget is not None, "--recompute-memory-budget"),
+                # encoder replicas' groups assume one CP rank (their TP x CP group)
+                (args.encoder_tensor_model_parallel_size < tp
+                 and args.context_parallel_size > 1,
+                 "--encoder-tensor-model-parallel-size below --tensor-model-parallel-size "
+                 "and --context-parallel-size > 1 together")]
     for blocked, flag in blockers:
         if blocked:
             raise ConfigError(f"--encoder-schedule {args.encoder_schedule} does not combine "

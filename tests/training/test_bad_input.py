@@ -93,8 +93,9 @@ SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
     (["--pipeline-model-parallel-size", "2", "--encoder-pipeline-model-parallel-size", "2"],
      2, "--encoder-pipeline-model-parallel-size needs --encoder-schedule coarse or bubble"),
     (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble",
-      "--context-parallel-size", "2"], 4, "--encoder-schedule bubble does not combine with "
-                                          "--context-parallel-size > 1 yet"),
+      "--tensor-model-parallel-size", "2", "--encoder-tensor-model-parallel-size", "1",
+      "--context-parallel-size", "2"], 8, "--encoder-schedule bubble does not combine with "
+                                          "--encoder-tensor-model-parallel-size below"),
 ])
 def test_bad_flags_name_the_flag(capsys, argv, world, message):
     with pytest.raises(SystemExit) as exit_info:

@@ -1,6 +1,7 @@
 """Context parallelism (our CP attention, workload-balanced token assignment) equals one
 process from the same initial checkpoint: losses and gradients of CP=4, CP=2 x TP=2,
-CP=2 x PP=2 and CP=2 x PP=2 x VPP=2 (CP=2 alone is their CP part, not run on its own), media attending
+CP=2 x PP=2, CP=2 x PP=2 x VPP=2 and CP=2 x PP=2 with the ViT in the LLM's bubbles
+(CP=2 alone is their CP part, not run on its own), media attending
 bidirectionally inside each image, on data mixing one-image, two-image (adjacent items)
 and text-only samples; ranks hold unequal token counts, and batches too short to split
 run replicated. The CP=4 run also checks the CP attention itself against dense attention
@@ -89,7 +90,10 @@ CP2 = ["--context-parallel-size", "2"]
     (4, CP2 + ["--pipeline-model-parallel-size", "2",
                "--virtual-pipeline-model-parallel-size", "2", "--pipeline-partition",
                "3,2,2,1"], False),
-], ids=["cp4", "cp2-tp2", "cp2-pp2", "cp2-pp2-vpp2"])
+    # the ViT as its own pipeline over both stages, in the LLM's bubbles (whole on each
+    # CP rank, as the encoders are)
+    (4, CP2 + ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"], False),
+], ids=["cp4", "cp2-tp2", "cp2-pp2", "cp2-pp2-vpp2", "cp2-pp2-bubble"])
 def test_context_parallel_equals_one_process(reference, world, layout, some_unsplit):
     argv, ref = reference
     check = world == 4 and "4" in layout  # the CP=4 run hosts the attention check
