@@ -50,26 +50,23 @@ class ChunkActivations(Record):
     layers: List[LayerActivation] = field(default_factory=list)  # transformer layers
     other_bytes: float = 0.0  # embeddings, projectors, head: never recomputed
 
-    def _recomputed(self, n: Union[int, Mapping[str, int]]):
-        seen: dict = {}
-        for layer in self.layers:
-            k = seen[layer.stack] = seen.get(layer.stack, 0) + 1
-            yield layer, k <= _n_of(n, layer.stack)
+    def _tables(self, n: Union[int, Mapping[str, int]]):
+        counts = self.stack_layers()
+        stacks = sorted(counts)
+        return (_StackTables(self, stacks, counts),
+                [min(_n_of(n, s), counts[s]) for s in stacks])
 
     def bytes_with(self, n: Union[int, Mapping[str, int]]) -> float:
         """Activation bytes of the chunk with the first ``n`` layers of each stack (or
         ``n[stack]`` of each) recomputed, over its in-flight micro-batches, plus the one
         recomputed layer whose full activations live again during its backward."""
-        total, transient = self.other_bytes, 0.0
-        for layer, redo in self._recomputed(n):
-            total += layer.recompute_act_bytes if redo else layer.act_bytes
-            if redo:
-                transient = max(transient, layer.act_bytes)
-        return self.inflight * total + transient
+        tables, ns = self._tables(n)
+        return tables.bytes(ns)
 
     def cost_with(self, n: Union[int, Mapping[str, int]]) -> float:
         """Recompute cost per micro-batch of that choice."""
-        return sum(layer.recompute_cost for layer, redo in self._recomputed(n) if redo)
+        tables, ns = self._tables(n)
+        return tables.cost(ns)
 
     def stack_layers(self) -> Dict[str, int]:
         counts: dict = {}
@@ -109,7 +106,7 @@ def choose_recompute(chunks: Sequence[ChunkActivations], static_bytes: Sequence[
             need = static + sum(t.bytes(ns) for t in tables)
             if need > budget_bytes:
                 continue
-            key = (sum(t.cost(ns) for t in tables), need)
+            key = (sum(t.inflight * t.cost(ns) for t in tables), need)
             if best is None or key < best[:2]:
                 best = (*key, dict(zip(stacks, ns)))
         if best is None:
@@ -126,8 +123,8 @@ def choose_recompute(chunks: Sequence[ChunkActivations], static_bytes: Sequence[
 
 
 class _StackTables:
-    """A chunk's ``bytes_with`` and ``cost_with`` (x in-flight micro-batches) for every N of
-    every stack, as per-stack prefix tables: O(stacks) per choice in the knapsack."""
+    """A chunk's ``bytes_with`` and ``cost_with`` for every N of every stack (up to
+    ``tops``), as per-stack prefix tables: O(stacks) per choice in the knapsack."""
 
     def __init__(self, ch: ChunkActivations, stacks: Sequence[str], tops: Mapping[str, int]):
         self.inflight, self.other = ch.inflight, ch.other_bytes
@@ -140,7 +137,7 @@ class _StackTables:
                 l = layers[n - 1] if n <= len(layers) else None
                 saved.append(saved[-1] - (l.act_bytes - l.recompute_act_bytes if l else 0.0))
                 peak.append(max(peak[-1], l.act_bytes if l else 0.0))
-                cost.append(cost[-1] + (ch.inflight * l.recompute_cost if l else 0.0))
+                cost.append(cost[-1] + (l.recompute_cost if l else 0.0))
             self.saved.append(saved)
             self.peak.append(peak)
             self.costs.append(cost)

@@ -268,9 +268,8 @@ class _OverlappedGradSync:
     def __init__(self, it: "_Iteration", actions: List[Action]):
         self.chunks = it.model
         no_sync = it.config.no_sync_func
-        self.on = not it.forward_only and no_sync is not None
         self.start_at: Dict[int, int] = {}
-        if not self.on:
+        if it.forward_only or no_sync is None:
             return
         pp = it.s.pipeline_model_parallel_size
         end = len(actions)
