@@ -4,18 +4,19 @@ Actions (``kind``):
 
 - ``F`` / ``B``: LLM forward / backward of micro-batch ``microbatch`` on model chunk
   ``chunk`` (global chunk index v * PP + rank, as in Megatron's interleaving);
-- ``EF`` / ``EB``: encoder forward / backward of ``microbatch`` on encoder stage ``chunk``
-  (the encoder's own pipeline, by its own plan).
+- ``EF`` / ``EB``: encoder forward / backward of ``microbatch`` on encoder piece ``chunk``
+  (the encoder's own pipeline, by its own plan). Several encoders (vision and audio) number
+  their pieces one after the other: ``encoder_pieces`` says how many each has.
 
 Data dependencies (sends and receives are implied where producer and consumer differ in
 rank; the simulator charges them):
 
-- ``F(m, 0)`` needs the last encoder stage's ``EF(m)`` (when the encoder runs as its own
+- ``F(m, 0)`` needs every encoder's last ``EF(m)`` (when encoders run as their own
   actions); ``F(m, c)`` needs ``F(m, c - 1)``;
 - ``B(m, last)`` needs ``F(m, last)``; ``B(m, c)`` needs ``B(m, c + 1)``;
-- ``EF(m, s)`` needs ``EF(m, s - 1)``; ``EB(m, last)`` needs ``B(m, 0)`` (the gradient of
-  the merged embeddings); ``EB(m, s)`` needs ``EB(m, s + 1)``. A frozen encoder has no
-  ``EB``.
+- ``EF(m, s)`` needs ``EF(m, s - 1)`` of the same encoder; an encoder's last ``EB(m)``
+  needs ``B(m, 0)`` (the gradient of the merged embeddings); ``EB(m, s)`` needs
+  ``EB(m, s + 1)`` of the same encoder. A frozen encoder has no ``EB``.
 
 With an encoder TP below the LLM's (``--encoder-tensor-model-parallel-size``), a pipeline
 rank's TP group holds several encoder replicas: the schedule stays one action list per
@@ -39,7 +40,7 @@ from .record import Record
 class Action(Record):
     kind: str  # F | B | EF | EB
     microbatch: int
-    chunk: int  # LLM chunk (F, B) or encoder stage (EF, EB)
+    chunk: int  # LLM chunk (F, B) or encoder piece (EF, EB)
 
     def __post_init__(self):
         if self.kind not in ("F", "B", "EF", "EB"):
@@ -50,7 +51,7 @@ class Action(Record):
         return (self.kind, self.microbatch, self.chunk)
 
     def __str__(self) -> str:
-        where = "encoder stage" if self.kind.startswith("E") else "chunk"
+        where = "encoder piece" if self.kind.startswith("E") else "chunk"
         return f"{self.kind}(micro-batch {self.microbatch}, {where} {self.chunk})"
 
 
@@ -62,14 +63,38 @@ class Schedule(Record):
     pipeline_model_parallel_size: int
     virtual_pipeline_model_parallel_size: int
     num_microbatches: int
-    encoder_stages: int = 0  # 0: the encoder is part of LLM chunk 0 (no E actions)
-    encoder_trainable: bool = False
-    encoder_ranks: List[int] = field(default_factory=list)  # rank of each encoder stage
+    encoder_stages: int = 0  # encoder pieces, all encoders; 0: encoders in LLM chunk 0
+    encoder_trainable: bool = False  # whether encoder pieces run backwards (EB)
+    encoder_ranks: List[int] = field(default_factory=list)  # rank of each encoder piece
     ranks: List[List[Action]] = field(default_factory=list)
+    # Several encoders: the pieces of each, in piece order ([]: one encoder, all pieces),
+    # and the encoders (indexes) without backward while another one trains.
+    encoder_pieces: List[int] = field(default_factory=list)
+    frozen_encoders: List[int] = field(default_factory=list)
 
     @property
     def num_chunks(self) -> int:
         return self.pipeline_model_parallel_size * self.virtual_pipeline_model_parallel_size
+
+    def encoder_spans(self) -> List[Tuple[int, int]]:
+        """Each encoder's pieces ``[first, end)``."""
+        counts = self.encoder_pieces or ([self.encoder_stages] if self.encoder_stages else [])
+        spans, start = [], 0
+        for n in counts:
+            spans.append((start, start + n))
+            start += n
+        return spans
+
+    def encoder_span(self, piece: int) -> Tuple[int, int]:
+        """The pieces ``[first, end)`` of the encoder that piece ``piece`` belongs to."""
+        if not self.encoder_pieces:  # one encoder: the common case, kept cheap
+            return 0, self.encoder_stages
+        return next(s for s in self.encoder_spans() if s[0] <= piece < s[1])
+
+    def encoder_backward(self, piece: int) -> bool:
+        """Whether piece ``piece`` runs a backward (``EB``)."""
+        return self.encoder_trainable and self.encoder_spans().index(
+            self.encoder_span(piece)) not in self.frozen_encoders
 
     def rank_of(self, action: Action) -> int:
         if action.kind.startswith("E"):
@@ -81,13 +106,14 @@ class Schedule(Record):
         if a.kind == "F":
             if c > 0:
                 return [("F", m, c - 1)]
-            return [("EF", m, self.encoder_stages - 1)] if self.encoder_stages else []
+            return [("EF", m, end - 1) for _, end in self.encoder_spans()]
         if a.kind == "B":
             return [("F", m, c)] if c == last else [("B", m, c + 1)]
+        first, end = self.encoder_span(c)
         if a.kind == "EF":
-            return [("EF", m, c - 1)] if c > 0 else []
+            return [("EF", m, c - 1)] if c > first else []
         # EB
-        if c == self.encoder_stages - 1:
+        if c == end - 1:
             return [("B", m, 0), ("EF", m, c)]
         return [("EB", m, c + 1)]
 
@@ -97,8 +123,7 @@ class Schedule(Record):
             keys += [("F", m, c) for c in range(self.num_chunks)]
             keys += [("B", m, c) for c in range(self.num_chunks)]
             keys += [("EF", m, s) for s in range(self.encoder_stages)]
-            if self.encoder_trainable:
-                keys += [("EB", m, s) for s in range(self.encoder_stages)]
+            keys += [("EB", m, s) for s in range(self.encoder_stages) if self.encoder_backward(s)]
         return keys
 
 
@@ -110,6 +135,15 @@ def validate(schedule: Schedule) -> None:
     if len(schedule.encoder_ranks) != schedule.encoder_stages:
         raise PlanError(f"schedule {schedule.name!r}: {schedule.encoder_stages} encoder "
                         f"stages but {len(schedule.encoder_ranks)} encoder ranks")
+    if schedule.encoder_pieces and (sum(schedule.encoder_pieces) != schedule.encoder_stages
+                                    or min(schedule.encoder_pieces) < 1):
+        raise PlanError(f"schedule {schedule.name!r}: encoder pieces "
+                        f"{schedule.encoder_pieces} do not add up to its "
+                        f"{schedule.encoder_stages} encoder stages")
+    if any(not 0 <= e < len(schedule.encoder_spans()) for e in schedule.frozen_encoders):
+        raise PlanError(f"schedule {schedule.name!r}: frozen encoders "
+                        f"{schedule.frozen_encoders} are not among its "
+                        f"{len(schedule.encoder_spans())} encoders")
     seen: Dict[Tuple[str, int, int], int] = {}
     for rank, actions in enumerate(schedule.ranks):
         for a in actions:

@@ -2,8 +2,9 @@
 
 The LLM keeps Megatron-Core's order on every rank (``generate.llm_order``). The encoder runs
 as its own pipeline (``encoder_stages`` stages, each cut into ``pieces`` consecutive pieces
-on the same rank, so that work fits into short bubbles), and its actions are placed by list
-scheduling on the per-action costs:
+on the same rank, so that work fits into short bubbles; with several encoders, vision and
+audio say, each is such a pipeline and ``F(m, 0)`` waits for all of them), and its actions
+are placed by list scheduling on the per-action costs:
 
 - a rank runs its next LLM action when its inputs are there, unless an encoder action that
   is ready ends before that LLM action could start (it fills the bubble);
@@ -27,11 +28,11 @@ from __future__ import annotations
 
 import heapq
 from itertools import accumulate
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from .actions import Action, Schedule, validate
 from .errors import PlanError
-from .generate import encoder_placement, llm_order
+from .generate import llm_order, separate_encoders
 from .simulate import ActionCosts, simulate
 
 Key = Tuple[str, int, int]
@@ -40,28 +41,29 @@ Key = Tuple[str, int, int]
 def bubble(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
            costs: ActionCosts, encoder_stages: Optional[int] = None,
            pieces: int = 1, reverse: bool = False,
-           extra_warmup: Union[int, str] = 0) -> Schedule:
+           extra_warmup: Union[int, str] = 0, encoders: int = 1,
+           frozen_encoders: Sequence[int] = ()) -> Schedule:
     """The bubble-filling schedule for these per-action costs (``costs.encoder_*_s`` per
-    encoder piece: ``encoder_stages * pieces`` entries)."""
+    encoder piece: ``encoder_stages * pieces`` entries per encoder, ``encoders`` of them
+    one after the other)."""
     if extra_warmup == "auto":
         options = [bubble(pp, vpp, num_microbatches, encoder_trainable, costs, encoder_stages,
-                          pieces, reverse, extra) for extra in (0, 1, 2)]
+                          pieces, reverse, extra, encoders, frozen_encoders)
+                   for extra in (0, 1, 2)]
         return min(options, key=lambda s: simulate(s, costs, timeline=False).iteration_s)
-    _, ranks_of_piece = encoder_placement(pp, encoder_stages, pieces, reverse)
-    n = len(ranks_of_piece)
+    schedule = separate_encoders("bubble", pp, vpp, num_microbatches, encoder_trainable,
+                                 encoder_stages, pieces, reverse, encoders, frozen_encoders)
+    ranks_of_piece, n = schedule.encoder_ranks, schedule.encoder_stages
     if len(costs.encoder_forward_s) < n or (encoder_trainable
                                             and len(costs.encoder_backward_s) < n):
         raise PlanError(f"the bubble schedule needs encoder costs for all {n} encoder pieces")
-    schedule = Schedule(name="bubble", pipeline_model_parallel_size=pp,
-                        virtual_pipeline_model_parallel_size=vpp,
-                        num_microbatches=num_microbatches, encoder_stages=n,
-                        encoder_trainable=encoder_trainable, encoder_ranks=ranks_of_piece)
     llm = [llm_order(pp, vpp, num_microbatches, r, extra_warmup) for r in range(pp)]
     forwards = [[Action("EF", mb, s) for mb in range(num_microbatches)
                  for s in range(n) if ranks_of_piece[s] == r] for r in range(pp)]
     backwards = [[Action("EB", mb, s) for mb in range(num_microbatches)
-                  for s in reversed(range(n)) if ranks_of_piece[s] == r]
-                 if encoder_trainable else [] for r in range(pp)]
+                  for s in reversed(range(n))
+                  if ranks_of_piece[s] == r and schedule.encoder_backward(s)]
+                 for r in range(pp)]
     _ListScheduler(schedule, costs, llm, forwards, backwards).run()
     validate(schedule)
     return schedule
@@ -137,7 +139,7 @@ class _ListScheduler:
         queued = (self.prefix[0][index] - self.prefix[0][self.pos[0]]
                   if index > self.pos[0] else 0.0)
         rest = sum(self.costs.of("EF", s) + self.costs.p2p_s
-                   for s in range(a.chunk + 1, self.s.encoder_stages))
+                   for s in range(a.chunk + 1, self.s.encoder_span(a.chunk)[1]))
         return self.clock[0] + queued - rest - self.cost(a) - self.costs.p2p_s
 
     def ready_encoder(self, rank: int) -> Optional[Tuple[float, Action]]:

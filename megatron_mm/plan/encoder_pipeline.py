@@ -6,7 +6,10 @@ transformer layers are cut into consecutive pieces, piece p on rank
 ``encoder_ranks[p]`` (``generate.encoder_placement``). Each rank's pieces live in its first
 model chunk (virtual stage 0). The encoder's patch embedding runs with piece 0; its output
 norm and the projector run with LLM chunk 0, which merges the features into the text, so a
-frozen encoder with a trainable projector needs no encoder backward.
+frozen encoder with a trainable projector needs no encoder backward. A model with several
+encoders (vision and audio) cuts each the same way, over the same ranks: its pieces are
+numbered after the previous encoder's (in chain order), each encoder balanced against the
+LLM and the encoders placed before it.
 
 The same records drive the runtime (which modules a chunk builds, which layers an ``EF``
 action runs) and the simulator (``schedule_costs``: per-action seconds summed from the
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import PlanError
 from .hardware import Hardware
@@ -50,29 +53,37 @@ class EncoderPieces(Record):
         return [p for p, r in enumerate(self.ranks) if r == rank]
 
 
-def split_chain(chain: Sequence[Layer]) -> Tuple[str, List[Layer], List[Layer]]:
-    """(encoder name, its layers in chain order, the LLM's layers); one encoder only."""
-    names = sorted({l.branch for l in chain if l.branch != LLM})
-    if len(names) != 1:
-        raise PlanError(f"--encoder-schedule coarse|bubble runs one encoder as its own "
-                        f"pipeline; this model has {len(names)} ({', '.join(names) or 'none'})")
-    return (names[0], [l for l in chain if l.branch != LLM],
-            [l for l in chain if l.branch == LLM])
+def split_chain(chain: Sequence[Layer]) -> Tuple[List[Tuple[str, List[Layer]]], List[Layer]]:
+    """([(encoder name, its layers)] in chain order, the LLM's layers)."""
+    encoders: Dict[str, List[Layer]] = {}
+    for l in chain:
+        if l.branch != LLM:
+            encoders.setdefault(l.branch, []).append(l)
+    if not encoders:
+        raise PlanError("--encoder-schedule coarse|bubble runs the encoders as their own "
+                        "pipelines; this model has none (use --encoder-schedule megatron)")
+    return list(encoders.items()), [l for l in chain if l.branch == LLM]
 
 
 def encoder_pieces(chain: Sequence[Layer], encoder_ranks: Sequence[int],
                    rank_load: Optional[Sequence[float]] = None,
-                   hardware: Optional[Hardware] = None) -> EncoderPieces:
+                   hardware: Optional[Hardware] = None,
+                   name: Optional[str] = None) -> EncoderPieces:
     """Cut the encoder's transformer layers into ``len(encoder_ranks)`` pieces, each of at
     least one layer. Without ``rank_load``: equal layer counts (the first ones one layer
     longer). With it (seconds of other work per pipeline rank, timed on ``hardware``): the
     encoder stages' layer ranges minimise the busiest rank's total, min-max over the chain
-    order; each stage's range is then cut into its pieces evenly."""
-    name, encoder, _ = split_chain(chain)
-    layers = [l for l in encoder if l.kind.endswith("_layer")]
+    order; each stage's range is then cut into its pieces evenly. ``name``: which encoder
+    (needed when the model has several)."""
+    encoders = dict(split_chain(chain)[0])
+    if name is None:
+        if len(encoders) != 1:
+            raise PlanError(f"name one of the encoders {sorted(encoders)}")
+        name = next(iter(encoders))
+    layers = [l for l in encoders[name] if l.kind.endswith("_layer")]
     n = len(encoder_ranks)
     if n > len(layers):
-        raise PlanError(f"{n} encoder pieces but the encoder has {len(layers)} layers: lower "
+        raise PlanError(f"{n} pieces of encoder {name!r} but it has {len(layers)} layers: lower "
                         "--encoder-pieces or --encoder-pipeline-model-parallel-size")
     if list(encoder_ranks) != sorted(encoder_ranks):
         raise PlanError("encoder pieces must run on non-decreasing pipeline ranks (Megatron-"
@@ -115,41 +126,46 @@ def _even(total: int, parts: int) -> List[int]:
 
 
 def separate_placements(chain: Sequence[Layer], llm_partition: StagePartition,
-                        pieces: EncoderPieces) -> List[ChunkPlacement]:
+                        pieces: Sequence[EncoderPieces]) -> List[ChunkPlacement]:
     """Every chunk's modules: the LLM by ``llm_partition`` (over the LLM's own chain), each
-    rank's encoder pieces in its first chunk, the encoder's output norm and projector in
-    chunk 0."""
-    _, _, llm = split_chain(chain)
-    placements = chunk_placements(llm, llm_partition)
+    rank's pieces of each encoder in its first chunk, the encoders' output norms and
+    projectors in chunk 0."""
+    placements = chunk_placements(split_chain(chain)[1], llm_partition)
     for place in placements:
         place.encoder_separate = True
-    for rank in sorted(set(pieces.ranks)):
-        mine = pieces.of_rank(rank)
-        placements[rank].encoders.append(EncoderPlacement(
-            name=pieces.name, embed=0 in mine,
-            layers=[pieces.layers[mine[0]][0], pieces.layers[mine[-1]][1]]))
-    first = placements[0].encoder(pieces.name)
-    if first is None:
-        first = EncoderPlacement(name=pieces.name)
-        placements[0].encoders.append(first)
-    first.projector = True
+    for enc in pieces:
+        for rank in sorted(set(enc.ranks)):
+            mine = enc.of_rank(rank)
+            placements[rank].encoders.append(EncoderPlacement(
+                name=enc.name, embed=0 in mine,
+                layers=[enc.layers[mine[0]][0], enc.layers[mine[-1]][1]]))
+        first = placements[0].encoder(enc.name)
+        if first is None:
+            first = EncoderPlacement(name=enc.name)
+            placements[0].encoders.append(first)
+        first.projector = True
     return placements
 
 
 def schedule_costs(chain: Sequence[Layer], llm_partition: StagePartition,
-                 pieces: EncoderPieces, hardware: Hardware, p2p_s: float = 0.0
-                 ) -> ActionCosts:
+                   pieces: Sequence[EncoderPieces], hardware: Hardware, p2p_s: float = 0.0
+                   ) -> ActionCosts:
     """Per-action seconds of one micro-batch: LLM chunk c's layers (chunk 0 with the
-    projector), encoder piece p's layers (piece 0 with the patch embedding)."""
-    _, encoder, llm = split_chain(chain)
+    projectors), each encoder's piece p's layers (piece 0 with its patch embedding), the
+    encoders' pieces one after the other."""
+    encoders, llm = split_chain(chain)
+    encoders = dict(encoders)
     fwd = lambda layers: sum(hardware.seconds(l.fwd_flops) for l in layers)  # noqa: E731
     bwd = lambda layers: sum(hardware.seconds(l.bwd_flops) for l in layers)  # noqa: E731
     chunks = [llm[s:e] for s, e in llm_partition.chunk_bounds()]
-    chunks[0] = chunks[0] + [l for l in encoder if l.kind == "projector"]
-    embed = [l for l in encoder if l.kind.endswith("_embed")]
-    layers = [l for l in encoder if l.kind.endswith("_layer")]
-    per_piece = [layers[s:e] + (embed if p == 0 else [])
-                 for p, (s, e) in enumerate(pieces.layers)]
+    per_piece = []
+    for enc in pieces:
+        encoder = encoders[enc.name]
+        chunks[0] = chunks[0] + [l for l in encoder if l.kind == "projector"]
+        embed = [l for l in encoder if l.kind.endswith("_embed")]
+        layers = [l for l in encoder if l.kind.endswith("_layer")]
+        per_piece += [layers[s:e] + (embed if p == 0 else [])
+                      for p, (s, e) in enumerate(enc.layers)]
     return ActionCosts(forward_s=[fwd(c) for c in chunks], backward_s=[bwd(c) for c in chunks],
                        encoder_forward_s=[fwd(p) for p in per_piece],
                        encoder_backward_s=[bwd(p) for p in per_piece], p2p_s=p2p_s)
@@ -168,12 +184,22 @@ def megatron_costs(chain: Sequence[Layer], partition: StagePartition, hardware: 
 
 @dataclass
 class EncoderPipelinePlan(Record):
-    """Where the LLM chunks and the encoder pieces run, and whether the encoder trains."""
+    """Where the LLM chunks and each encoder's pieces run, and which encoders train."""
 
     llm_partition: StagePartition
-    pieces: EncoderPieces
+    pieces: List[EncoderPieces]  # per encoder, in chain order
     placements: List[ChunkPlacement]
-    encoder_trainable: bool
+    trainable: List[bool]  # per encoder
+
+    @property
+    def encoder_trainable(self) -> bool:
+        """Whether any encoder runs backwards."""
+        return any(self.trainable)
+
+    @property
+    def frozen_encoders(self) -> List[int]:
+        """The encoders without backward, as the schedules index them."""
+        return [e for e, t in enumerate(self.trainable) if not t]
 
 
 def plan_encoder_pipeline(chain: Sequence[Layer], pp: int, vpp: int, policy,
@@ -181,23 +207,34 @@ def plan_encoder_pipeline(chain: Sequence[Layer], pp: int, vpp: int, policy,
                           num_microbatches: int = 1, hardware: Optional[Hardware] = None
                           ) -> EncoderPipelinePlan:
     """The LLM partitioned over its own chain by ``policy`` (as ``--pipeline-partition``),
-    the encoder over ``encoder_pp`` stages of ``pieces_per_stage`` pieces: equal layer
-    counts with ``uniform``, else balancing each rank's total work on ``hardware``."""
-    _, encoder, llm = split_chain(chain)
+    each encoder over ``encoder_pp`` stages of ``pieces_per_stage`` pieces: equal layer
+    counts with ``uniform``, else balancing each rank's total work on ``hardware`` (the
+    LLM's, the encoders' placed before, this encoder's)."""
+    encoders, llm = split_chain(chain)
     part = partition(llm, pp, vpp, policy, num_microbatches=num_microbatches)
     _, ranks = encoder_placement(pp, encoder_pp, pieces_per_stage)
+    hw = hardware or Hardware()
     load = None
     if policy != "uniform":  # balance each rank's LLM and encoder work together
-        hw = hardware or Hardware()
-        pre = EncoderPieces(name="", layers=[[0, 1]], ranks=[0])
-        costs = schedule_costs(chain, part, pre, hw)
+        costs = schedule_costs(chain, part, [], hw)
         load = [0.0] * pp
         for c in range(part.num_chunks):
             load[part.rank_of_chunk(c)] += costs.forward_s[c] + costs.backward_s[c]
-        embed = [l for l in encoder if l.kind.endswith("_embed")]
-        load[ranks[0]] += sum(hw.seconds(l.fwd_flops + l.bwd_flops) for l in embed)
-    pieces = encoder_pieces(chain, ranks, load, hardware)
+    pieces = []
+    for name, encoder in encoders:
+        if load is not None:  # its projector runs with LLM chunk 0, its embedding first
+            for layer in encoder:
+                if layer.kind == "projector" or layer.kind.endswith("_embed"):
+                    load[part.rank_of_chunk(0) if layer.kind == "projector" else ranks[0]] += \
+                        hw.seconds(layer.fwd_flops + layer.bwd_flops)
+        enc = encoder_pieces(chain, ranks, load, hw, name)
+        pieces.append(enc)
+        if load is not None:
+            layers = [l for l in encoder if l.kind.endswith("_layer")]
+            for (s, e), rank in zip(enc.layers, enc.ranks):
+                load[rank] += sum(hw.seconds(l.fwd_flops + l.bwd_flops) for l in layers[s:e])
     return EncoderPipelinePlan(
-        llm_partition=part, pieces=pieces, placements=separate_placements(chain, part, pieces),
-        encoder_trainable=any(l.trainable for l in encoder if l.kind.endswith(("_layer",
-                                                                             "_embed"))))
+        llm_partition=part, pieces=pieces,
+        placements=separate_placements(chain, part, pieces),
+        trainable=[any(l.trainable for l in encoder if l.kind.endswith(("_layer", "_embed")))
+                   for _, encoder in encoders])

@@ -12,7 +12,7 @@ Optimus' ``bubble`` schedule, which moves encoder pieces into the LLM's bubbles,
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from .actions import Action, Schedule
 from .errors import PlanError
@@ -72,21 +72,35 @@ def encoder_placement(pp: int, encoder_stages: Optional[int] = None, pieces: int
     return stages, [pp - 1 - r for r in ranks] if reverse else ranks
 
 
+def separate_encoders(name: str, pp: int, vpp: int, num_microbatches: int,
+                      encoder_trainable: bool, encoder_stages: Optional[int] = None,
+                      pieces: int = 1, reverse: bool = False, encoders: int = 1,
+                      frozen_encoders: Sequence[int] = ()) -> Schedule:
+    """An empty schedule (no actions yet) whose ``encoders`` encoders each run as their own
+    pipeline, all with the same layout (``encoder_placement``), their pieces numbered one
+    encoder after the other; ``frozen_encoders`` have no backward."""
+    _, ranks = encoder_placement(pp, encoder_stages, pieces, reverse)
+    if encoders < 1:
+        raise PlanError(f"a schedule with separate encoders needs at least one (got {encoders})")
+    return Schedule(name=name, pipeline_model_parallel_size=pp,
+                    virtual_pipeline_model_parallel_size=vpp,
+                    num_microbatches=num_microbatches, encoder_stages=len(ranks) * encoders,
+                    encoder_trainable=encoder_trainable, encoder_ranks=ranks * encoders,
+                    encoder_pieces=[len(ranks)] * encoders if encoders > 1 else [],
+                    frozen_encoders=sorted(frozen_encoders))
+
+
 def coarse(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
            encoder_stages: Optional[int] = None, pieces: int = 1,
-           reverse: bool = False) -> Schedule:
+           reverse: bool = False, encoders: int = 1,
+           frozen_encoders: Sequence[int] = ()) -> Schedule:
     """Every encoder forward first, then the LLM, then every encoder backward."""
-    _, encoder_ranks = encoder_placement(pp, encoder_stages, pieces, reverse)
-    stages = len(encoder_ranks)
-    ranks = []
+    schedule = separate_encoders("coarse", pp, vpp, num_microbatches, encoder_trainable,
+                                 encoder_stages, pieces, reverse, encoders, frozen_encoders)
     for r in range(pp):
-        mine = [s for s in range(stages) if encoder_ranks[s] == r]
+        mine = [s for s, rank in enumerate(schedule.encoder_ranks) if rank == r]
         before = [Action("EF", mb, s) for mb in range(num_microbatches) for s in mine]
-        after = ([Action("EB", mb, s) for mb in range(num_microbatches) for s in reversed(mine)]
-                 if encoder_trainable else [])
-        ranks.append(before + llm_order(pp, vpp, num_microbatches, r) + after)
-    return Schedule(name="coarse", pipeline_model_parallel_size=pp,
-                    virtual_pipeline_model_parallel_size=vpp,
-                    num_microbatches=num_microbatches, encoder_stages=stages,
-                    encoder_trainable=encoder_trainable, encoder_ranks=encoder_ranks,
-                    ranks=ranks)
+        after = [Action("EB", mb, s) for mb in range(num_microbatches) for s in reversed(mine)
+                 if schedule.encoder_backward(s)]
+        schedule.ranks.append(before + llm_order(pp, vpp, num_microbatches, r) + after)
+    return schedule

@@ -3,7 +3,8 @@
 Each rank walks its own action list: ``F`` / ``B`` are Megatron-Core's ``forward_step`` /
 ``backward_step`` on an LLM model chunk (losses, per-token scaling, grad-scale hooks as
 in its schedules), ``EF`` / ``EB`` run and differentiate one encoder piece
-(``MultimodalModel.run_encoder_piece``). Tensors between actions travel through a
+(``MultimodalModel.run_encoder_piece``); ``F(m, 0)`` takes every encoder's output and
+``B(m, 0)`` hands each its gradient. Tensors between actions travel through a
 ``Mailbox`` (or stay local when producer and consumer share a rank) and are cut from the
 producer's graph there, so every action's backward stops at its own inputs; the gradient
 of each input goes back to its producer. After the last action, Megatron-Core's
@@ -27,7 +28,7 @@ so training, evaluation and generation run through it unchanged.
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from megatron.core import parallel_state
@@ -45,14 +46,17 @@ Key = Tuple[str, int, int]
 
 class ScheduleExecutor:
     """``make_schedule(num_microbatches)`` gives the schedule of an iteration (cached per
-    micro-batch count); ``pieces`` says which encoder layers each ``EF`` runs; ``replicas``
-    this rank's encoder replica when the encoder's TP is below the LLM's."""
+    micro-batch count); ``pieces`` (per encoder, in the schedule's piece order) say which
+    encoder layers each ``EF`` runs; ``replicas`` this rank's encoder replica when the
+    encoders' TP is below the LLM's."""
 
     def __init__(self, make_schedule: Callable[[int], Schedule],
-                 pieces: Optional[EncoderPieces], to_device: Callable[[dict], dict],
+                 pieces: Sequence[EncoderPieces], to_device: Callable[[dict], dict],
                  replicas: Optional[EncoderReplicas] = None):
         self.make_schedule = make_schedule
-        self.pieces = pieces
+        # the schedule's encoder piece s: (encoder name, its layers [start, end))
+        self.pieces = [(enc.name, layers) for enc in pieces for layers in enc.layers]
+        self.encoders = [enc.name for enc in pieces]
         self.to_device = to_device
         self.replicas = replicas  # None: one encoder replica per TP group (ETP = TP)
         self._schedules: Dict[int, Schedule] = {}
@@ -98,7 +102,6 @@ class _Iteration:
         self.num_tokens = torch.zeros((), dtype=torch.int, device=self.mailbox.device)
         self.media: Dict[int, dict] = {}
         self.timeline: List[TimedAction] = []
-        self.encoder = executor.pieces.name if executor.pieces else None
         self.replicas = executor.replicas
         self.inputs_ready = 0.0  # when the running action's last input arrived
 
@@ -172,27 +175,32 @@ class _Iteration:
             self.config.finalize_model_grads_func(
                 self.model, self.num_tokens if self.config.calculate_per_token_loss else None)
 
+    def trains(self, p: int) -> bool:
+        """Whether encoder piece ``p`` runs its backward in this iteration."""
+        return self.s.encoder_backward(p) and not self.forward_only
+
     def run_EF(self, m: int, p: int) -> None:
-        pieces = self.x.pieces
-        hidden = (None if p == 0 else
-                  self.receive(self.rank_of("EF", p - 1), ("EF", m, p - 1),
-                               self.encoder_trainable))
+        first, end = self.s.encoder_span(p)
+        hidden = (None if p == first else
+                  self.receive(self.rank_of("EF", p - 1), ("EF", m, p - 1), self.trains(p)))
         run_piece = get_attr_wrapped_model(self.model[0], "run_encoder_piece")
-        with torch.set_grad_enabled(self.encoder_trainable):
-            out = run_piece(pieces.name, self.media_of(m), hidden, pieces.layers[p])
-        last = p == self.s.encoder_stages - 1
+        name, layers = self.x.pieces[p]
+        with torch.set_grad_enabled(self.trains(p)):
+            out = run_piece(name, self.media_of(m), hidden, layers)
+        last = p == end - 1
         self.send(self.rank_of("F", 0) if last else self.rank_of("EF", p + 1), ("EF", m, p),
                   out)
-        if self.encoder_trainable:
+        if self.trains(p):
             self.saved[("EF", m, p)] = (hidden, out)
 
     def run_F(self, m: int, c: int) -> None:
         chunk = self.chunk(c)
         if c == 0:
             inputs = None
-            if self.encoder is not None:
-                inputs = self.encoder_output(m)
-                get_attr_wrapped_model(chunk, "set_encoder_inputs")({self.encoder: inputs})
+            if self.x.encoders:  # every encoder's output, a list as Megatron's steps take
+                inputs = [self.encoder_output(m, end - 1) for _, end in self.s.encoder_spans()]
+                get_attr_wrapped_model(chunk, "set_encoder_inputs")(
+                    dict(zip(self.x.encoders, inputs)))
         else:
             inputs = self.receive(self.rank_of("F", c - 1), ("F", m, c - 1),
                                   not self.forward_only)
@@ -204,7 +212,7 @@ class _Iteration:
                 self.config, cp_group_size=1, collect_non_loss_data=self.collect,
                 is_first_microbatch=m == 0, vp_stage=c // self.s.pipeline_model_parallel_size,
                 is_last_stage=last)
-        if c == 0 and self.encoder is not None:
+        if c == 0 and self.x.encoders:
             get_attr_wrapped_model(chunk, "set_encoder_inputs")({})
         self.num_tokens += num_tokens.to(self.num_tokens.device)
         if not last:
@@ -212,19 +220,18 @@ class _Iteration:
         if not self.forward_only:
             self.saved[("F", m, c)] = (inputs, output)
 
-    def encoder_output(self, m: int) -> Optional[torch.Tensor]:
-        """The last encoder piece's output for ``F(m, 0)``, a leaf of its graph; with
-        replicas, from the owner replica to the whole LLM TP group."""
-        last = self.s.encoder_stages - 1
+    def encoder_output(self, m: int, last: int) -> Optional[torch.Tensor]:
+        """Encoder piece ``last``'s output (an encoder's last piece) for ``F(m, 0)``, a
+        leaf of its graph; with replicas, from the owner replica to the whole LLM TP
+        group."""
         if self.replicas is None:
-            return self.receive(self.rank_of("EF", last), ("EF", m, last),
-                                self.encoder_trainable)
+            return self.receive(self.rank_of("EF", last), ("EF", m, last), self.trains(last))
         out = (self.receive(self.rank_of("EF", last), ("EF", m, last), False)
                if self.runs_encoder(m) else None)
         out = self.replicas.share_output(m, out, self.mailbox.device)
         self.inputs_ready = time.time()
         if out is not None:  # only the owner's EB takes its gradient
-            out = out.detach().requires_grad_(self.encoder_trainable and self.runs_encoder(m)
+            out = out.detach().requires_grad_(self.trains(last) and self.runs_encoder(m)
                                                and out.is_floating_point())
         return out
 
@@ -232,26 +239,28 @@ class _Iteration:
         inputs, output = self.saved.pop(("F", m, c))
         last = c == self.s.num_chunks - 1
         grad = None if last else self.receive(self.rank_of("B", c + 1), ("B", m, c + 1), False)
-        if inputs is not None and not inputs.requires_grad:
-            inputs = None  # a frozen encoder's output: no gradient to hand back
+        if isinstance(inputs, list):  # a frozen encoder's output: no gradient to hand back
+            inputs = [x if x is not None and x.requires_grad else None for x in inputs]
         if output.requires_grad:
             input_grad = backward_step(inputs, output, grad, self.config)
         else:  # nothing trainable upstream of the loss (Megatron's backward_step skips too)
-            input_grad = None
+            input_grad = [None] * len(inputs) if isinstance(inputs, list) else None
         if c > 0:
             self.send(self.rank_of("B", c - 1), ("B", m, c), input_grad)
-        elif self.encoder_trainable and self.runs_encoder(m):  # other replicas' own EB
-            self.send(self.rank_of("EB", self.s.encoder_stages - 1), ("B", m, 0), input_grad)
+        elif self.runs_encoder(m):  # other replicas' own EB
+            for (_, end), g in zip(self.s.encoder_spans(), input_grad or ()):
+                if self.trains(end - 1):
+                    self.send(self.rank_of("EB", end - 1), _output_grad(m, end - 1), g)
 
     def run_EB(self, m: int, p: int) -> None:
         hidden, out = self.saved.pop(("EF", m, p))
-        last = p == self.s.encoder_stages - 1
-        grad = (self.receive(self.rank_of("B", 0), ("B", m, 0), False) if last else
-                self.receive(self.rank_of("EB", p + 1), ("EB", m, p + 1), False))
+        first, end = self.s.encoder_span(p)
+        grad = (self.receive(self.rank_of("B", 0), _output_grad(m, p), False) if p == end - 1
+                else self.receive(self.rank_of("EB", p + 1), ("EB", m, p + 1), False))
         input_grad = None
         if out is not None and out.requires_grad and grad is not None:
             input_grad = backward_step(hidden, out, grad, self.config)
-        if p > 0:
+        if p > first:
             self.send(self.rank_of("EB", p - 1), ("EB", m, p), input_grad)
 
 
@@ -292,6 +301,12 @@ class _OverlappedGradSync:
             if i == index:
                 self.quiet[k].__exit__(None, None, None)
                 self.chunks[k].start_grad_sync()
+
+
+def _output_grad(m: int, piece: int) -> Key:
+    """The message key of ``B(m, 0)``'s gradient for encoder piece ``piece``'s output (an
+    encoder's last piece): one per encoder, negative so that no LLM chunk's key is it."""
+    return ("B", m, -1 - piece)
 
 
 def _device_of(module) -> torch.device:

@@ -1,4 +1,4 @@
-"""``--encoder-schedule coarse|bubble``: the encoder as its own pipeline, run by the
+"""``--encoder-schedule coarse|bubble``: each encoder as its own pipeline, run by the
 schedule executor instead of Megatron-Core's schedules (``megatron``, the default).
 
 The plan (LLM partition, encoder pieces and their ranks) comes from the training chain; the
@@ -40,12 +40,14 @@ def encoder_pipeline_plan(args, chain=None) -> EncoderPipelinePlan:
 def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int):
     pp, vpp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1
     stages, pieces = args.encoder_pipeline_model_parallel_size, args.encoder_pieces
+    encoders = dict(encoders=len(plan.pieces), frozen_encoders=plan.frozen_encoders)
     if args.encoder_schedule == "coarse":
-        return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, stages, pieces)
+        return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, stages, pieces,
+                      **encoders)
     costs = schedule_costs(training_chain(args), plan.llm_partition, plan.pieces,
-                         hardware(args))
+                           hardware(args))
     return bubble(pp, vpp, num_microbatches, plan.encoder_trainable, costs, stages, pieces,
-                  extra_warmup="auto")
+                  extra_warmup="auto", **encoders)
 
 
 def build_executor(args, plan: Optional[EncoderPipelinePlan] = None) -> ScheduleExecutor:

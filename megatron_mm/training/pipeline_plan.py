@@ -46,17 +46,20 @@ def describe_plan(args, part: StagePartition) -> str:
 
 def describe_encoder_plan(args, plan) -> str:
     """The LLM chunks and the encoder pieces of ``--encoder-schedule coarse|bubble``."""
-    part, pieces = plan.llm_partition, plan.pieces
+    part = plan.llm_partition
     lines = [f"> encoder schedule {args.encoder_schedule}: LLM layers per chunk "
-             f"{part.layers_per_chunk} ({part.policy}); {pieces.name} "
-             f"{'trainable' if plan.encoder_trainable else 'frozen'}, "
-             f"{len(pieces.ranks)} pieces"]
-    for p, (layers, rank) in enumerate(zip(pieces.layers, pieces.ranks)):
-        lines.append(f"   {pieces.name} piece {p} (pipeline rank {rank}): layers "
-                     f"{layers[0]}-{layers[1] - 1}")
+             f"{part.layers_per_chunk} ({part.policy}); " + ", ".join(
+                 f"{pieces.name} {'trainable' if trainable else 'frozen'}, "
+                 f"{len(pieces.ranks)} pieces"
+                 for pieces, trainable in zip(plan.pieces, plan.trainable))]
+    for pieces in plan.pieces:
+        for p, (layers, rank) in enumerate(zip(pieces.layers, pieces.ranks)):
+            lines.append(f"   {pieces.name} piece {p} (pipeline rank {rank}): layers "
+                         f"{layers[0]}-{layers[1] - 1}")
     tp = args.tensor_model_parallel_size
     etp = getattr(args, "encoder_tensor_model_parallel_size", None)
     if etp and etp < tp:
-        lines.append(f"   {pieces.name} layers at TP {etp}: {tp // etp} replicas per TP group "
+        names = " and ".join(pieces.name for pieces in plan.pieces)
+        lines.append(f"   {names} layers at TP {etp}: {tp // etp} replicas per TP group "
                      f"of {tp}, micro-batch m on replica m % {tp // etp}")
     return "\n".join(lines)

@@ -52,6 +52,43 @@ def test_bubble_schedules_are_valid_and_beat_the_baseline(pp, vpp, pieces, train
     assert simulate(schedule, costs).iteration_s < 0.85 * baseline
 
 
+@pytest.mark.parametrize("generator", ["coarse", "bubble"])
+@pytest.mark.parametrize("frozen", [[], [0], [1]])
+def test_two_encoders_run_as_two_pipelines_into_the_first_chunk(generator, frozen):
+    """Vision and audio: F(m, 0) waits for both encoders' last pieces, each encoder's
+    pieces chain on their own, and a frozen encoder beside a trainable one runs no EB."""
+    pp, m = 2, 4
+    costs = _costs(pp, 1, 1, 2.0, 4.0)
+    costs = ActionCosts(costs.forward_s, costs.backward_s, costs.encoder_forward_s * 2,
+                        costs.encoder_backward_s * 2, p2p_s=costs.p2p_s)
+    schedule = (coarse(pp, 1, m, True, pp, encoders=2, frozen_encoders=frozen)
+                if generator == "coarse" else
+                bubble(pp, 1, m, True, costs, pp, encoders=2, frozen_encoders=frozen))
+    validate(schedule)
+    assert schedule.encoder_spans() == [(0, 2), (2, 4)]
+    assert schedule.encoder_ranks == [0, 1, 0, 1]
+    assert schedule.dependencies(Action("F", 1, 0)) == [("EF", 1, 1), ("EF", 1, 3)]
+    assert schedule.dependencies(Action("EF", 1, 2)) == []  # audio's first piece
+    assert schedule.dependencies(Action("EB", 1, 1)) == [("B", 1, 0), ("EF", 1, 1)]
+    backwards = {a.chunk for r in schedule.ranks for a in r if a.kind == "EB"}
+    assert backwards == {0, 1, 2, 3} - {s for e in frozen for s in range(2 * e, 2 * e + 2)}
+    assert Schedule.from_dict(json.loads(json.dumps(schedule.to_dict()))) == schedule
+    sim = simulate(schedule, costs)
+    assert sum(sim.encoder_busy_s) == pytest.approx(
+        m * (2 * 2.0 + 4.0 * (2 - len(frozen))))
+
+
+def test_encoder_pieces_that_do_not_add_up_are_named():
+    broken = coarse(2, 1, 2, True, encoders=2)
+    broken.encoder_pieces = [1, 2]
+    with pytest.raises(PlanError, match=r"encoder pieces \[1, 2\] do not add up"):
+        validate(broken)
+    broken = coarse(2, 1, 2, True, encoders=2)
+    broken.frozen_encoders = [2]
+    with pytest.raises(PlanError, match=r"frozen encoders \[2\] are not among its 2"):
+        validate(broken)
+
+
 def test_bubble_hides_a_light_frozen_encoder_in_the_bubbles():
     pp, m = 4, 8
     costs = _costs(pp, 1, 2, 1.6, 0.0)

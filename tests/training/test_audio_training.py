@@ -1,6 +1,8 @@
-"""Vision + audio in one model: TP=2 and PP=2 (a cut inside the audio encoder) equal the
-one-process reference from the same initial checkpoint (saved at TP=1, loaded at TP=2 and
-PP=2: checkpoints carry both encoders). A frozen audio encoder: tests/models."""
+"""Vision + audio in one model: TP=2, PP=2 (a cut inside the audio encoder) and both
+encoders as their own pipelines in the LLM's bubbles (``--encoder-schedule bubble``, also
+with a frozen ViT beside the trainable audio encoder) equal the one-process reference from
+the same initial checkpoint (saved at TP=1, loaded at TP=2 and PP=2: checkpoints carry both
+encoders). A frozen audio encoder: tests/models."""
 
 import pytest
 import torch
@@ -15,33 +17,42 @@ STEPS = 3
 SPLIT_AUDIO = ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "7,5"]
 
 
-def watch_audio(chunks, optimizer, holder):
-    """Snapshot the audio weights; count audio-layer forward / backward calls."""
-    counts = holder["audio_calls"] = {"fwd": 0, "bwd": 0, "layers": 0}
-    holder["audio_init"] = {n: p.detach().clone() for c in chunks
-                            for n, p in c.named_parameters() if n.startswith("audio_model.")}
+PP2 = ["--pipeline-model-parallel-size", "2"]
+BUBBLE = ["--encoder-schedule", "bubble"]
 
-    def bump(key):
+
+def watch_encoders(chunks, optimizer, holder):
+    """Count the audio and vision layers' forward / backward calls on this rank."""
+    def bump(counts, key):
         def hook(*_):
             counts[key] += 1
         return hook
 
-    for chunk in chunks:
-        audio = getattr(chunk, "audio_model", None)
-        for layer in (audio.decoder.layers if audio is not None and audio.decoder else ()):
-            counts["layers"] += 1
-            layer.register_forward_hook(bump("fwd"))
-            layer.register_full_backward_hook(bump("bwd"))
+    for encoder in ("audio", "vision"):
+        counts = holder[f"{encoder}_calls"] = {"fwd": 0, "bwd": 0, "layers": 0}
+        for chunk in chunks:
+            module = getattr(chunk, f"{encoder}_model", None)
+            for layer in (module.decoder.layers if module is not None and module.decoder
+                          else ()):
+                counts["layers"] += 1
+                layer.register_forward_hook(bump(counts, "fwd"))
+                layer.register_full_backward_hook(bump(counts, "bwd"))
 
 
-@pytest.fixture(scope="module")
-def init_and_reference(audio_digits_dir, tmp_path_factory):
-    init = tmp_path_factory.mktemp("audio_init")
-    common = TINY_MODEL + AUDIO_MODEL + ["--data-path", audio_digits_dir,
-                                         "--micro-batch-size", "2", "--global-batch-size", "8"]
-    run_distributed(train, 1, common + ["--train-iters", "0", "--save", str(init)])
-    argv = common + ["--train-iters", str(STEPS), "--load", str(init), "--no-load-optim"]
-    return argv, run_distributed(train, 1, argv, (1, STEPS), watch_audio)[0]
+_REFERENCES = {}
+
+
+def _reference(audio_digits_dir, tmp_path_factory, model):
+    """Initial checkpoint + one-process run for a model variant, shared by the layouts."""
+    if tuple(model) not in _REFERENCES:
+        init = tmp_path_factory.mktemp("audio_init")
+        common = TINY_MODEL + AUDIO_MODEL + model + [
+            "--data-path", audio_digits_dir, "--micro-batch-size", "2",
+            "--global-batch-size", "8"]
+        run_distributed(train, 1, common + ["--train-iters", "0", "--save", str(init)])
+        argv = common + ["--train-iters", str(STEPS), "--load", str(init), "--no-load-optim"]
+        _REFERENCES[tuple(model)] = argv, run_distributed(train, 1, argv, (1, STEPS))[0]
+    return _REFERENCES[tuple(model)]
 
 
 def _merge(ranks, key, step=None):
@@ -64,18 +75,26 @@ def _assert_equal_runs(stages, ref):
                                        msg=lambda m: f"{what} {step} {name}: {m}")
 
 
-@pytest.mark.parametrize("world, layout", [
-    (2, ["--tensor-model-parallel-size", "2"]),
-    (2, SPLIT_AUDIO),
-], ids=["tp2", "pp2-split-audio"])
-def test_two_encoders_parallel_equals_one_process(init_and_reference, world, layout):
-    argv, ref = init_and_reference
-    ranks = run_distributed(train, world, argv + layout, (1, STEPS), watch_audio)
+@pytest.mark.parametrize("world, layout, model", [
+    (2, ["--tensor-model-parallel-size", "2"], []),
+    (2, SPLIT_AUDIO, []),
+    # each encoder cut in two pieces over the two ranks, both feeding LLM chunk 0
+    (2, PP2 + BUBBLE, []),
+    (2, PP2 + BUBBLE, ["--freeze-ViT"]),
+], ids=["tp2", "pp2-split-audio", "pp2-bubble", "pp2-bubble-frozen-vit"])
+def test_two_encoders_parallel_equals_one_process(audio_digits_dir, tmp_path_factory, world,
+                                                  layout, model):
+    argv, ref = _reference(audio_digits_dir, tmp_path_factory, model)
+    ranks = run_distributed(train, world, argv + layout, (1, STEPS), watch_encoders)
     stages = ranks if "--pipeline-model-parallel-size" in layout else ranks[:1]
     _assert_equal_runs(stages, ref)
-    calls = [out["observed"]["audio_calls"] for out in stages]
-    assert sum(c["layers"] for c in calls) == 2
-    if "--pipeline-model-parallel-size" in layout:
-        assert [c["layers"] for c in calls] == [1, 1]  # the cut is inside the encoder
-    assert all(c["bwd"] > 0 for c in calls if c["layers"]), calls
-
+    for encoder in ("audio", "vision"):
+        calls = [out["observed"][f"{encoder}_calls"] for out in stages]
+        assert sum(c["layers"] for c in calls) == 2
+        if "--pipeline-model-parallel-size" in layout and (encoder == "audio"
+                                                           or BUBBLE[1] in layout):
+            assert [c["layers"] for c in calls] == [1, 1]  # the cut is inside the encoder
+        frozen = encoder == "vision" and "--freeze-ViT" in model
+        for c in calls:
+            if c["layers"]:  # frozen: autograd never enters it
+                assert c["fwd"] > 0 and (c["bwd"] == 0) == frozen, (encoder, calls)
