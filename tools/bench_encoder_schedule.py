@@ -1,10 +1,12 @@
 """Encoder work in the pipeline bubbles, measured on this machine (PP=2, gloo).
 
     python tools/bench_encoder_schedule.py [--iters 4] [--rounds 2] [--png-out t.png]
+                                           [--audio]
 
-An encoder-heavy model (a trainable 12-layer ViT in front of a 4-layer LLM), two pipeline
-ranks, each one process with one thread pinned to its own core (a bubble is real idle
-time). Steps:
+An encoder-heavy model (a trainable 12-layer ViT in front of a 4-layer LLM; ``--audio``
+adds a trainable 6-layer Whisper-style audio encoder and trains on spoken digits, which
+needs espeak-ng), two pipeline ranks, each one process with one thread pinned to its own
+core (a bubble is real idle time). Steps:
 
 1. ``tools/profile_layers.py`` measures every layer's forward and backward time, once on
    each core at the same time (the runs keep both cores busy), averaged;
@@ -48,6 +50,10 @@ MODEL = [
     "--micro-batch-size", "4", "--global-batch-size", "32", "--lr", "1e-4",
     "--skip-final-eval",
 ]
+AUDIO = ["--audio-model-type", "whisper", "--audio-hidden-size", "256",
+         "--audio-num-layers", "6", "--audio-num-attention-heads", "8",
+         "--audio-num-mel-bins", "80", "--audio-max-source-positions", "64",
+         "--audio-pool-stride", "4"]
 SCHEDULES = ("megatron", "coarse", "bubble")
 # Megatron-Core's layout for its schedule; the planner's (each rank's LLM and encoder work
 # balanced on the measured profile) for the encoder's own pipeline.
@@ -133,14 +139,14 @@ def _communication_costs(run, args, repeats: int = 5) -> dict:
     return {"p2p_s": statistics.median(trips) / 2, "grad_sync_s": statistics.median(syncs)}
 
 
-def co_run_profile(workdir: str) -> str:
+def co_run_profile(workdir: str, model: Sequence[str]) -> str:
     """Per-layer times measured as the runs use the machine: one profiling process pinned
     to each core at once (both cores busy), their times averaged."""
     from megatron_mm.plan.profile import LayerProfile
 
     paths = [os.path.join(workdir, f"profile{core}.json") for core in (0, 1)]
     procs = [subprocess.Popen(["taskset", "-c", str(core), sys.executable,
-                               os.path.join(ROOT, "tools", "profile_layers.py"), *MODEL,
+                               os.path.join(ROOT, "tools", "profile_layers.py"), *model,
                                "--profile-out", path, "--profile-micro-batches", "6"],
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True) for core, path in zip((0, 1), paths)]
@@ -157,11 +163,12 @@ def co_run_profile(workdir: str) -> str:
     return path
 
 
-def run_schedule(schedule: str, profile: str, workdir: str, iters: int, warmup: int) -> dict:
+def run_schedule(schedule: str, profile: str, workdir: str, iters: int, warmup: int,
+                 model: Sequence[str]) -> dict:
     out = os.path.join(workdir, f"{schedule}.json")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", _free_port(), os.path.abspath(__file__), "--worker", "--out", out,
-           "--iters", str(iters), "--warmup", str(warmup), "--", *MODEL,
+           "--iters", str(iters), "--warmup", str(warmup), "--", *model,
            "--pipeline-model-parallel-size", "2", "--encoder-schedule", schedule,
            "--pipeline-partition", PARTITION[schedule], "--pipeline-profile", profile]
     _run(cmd)
@@ -173,7 +180,8 @@ def run_schedule(schedule: str, profile: str, workdir: str, iters: int, warmup: 
             "grad_sync_s": max(r["grad_sync_s"] for r in ranks)}
 
 
-def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float):
+def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float,
+              model: Sequence[str]):
     """The simulator's replay of ``schedule`` on the measured per-layer profile and
     communication costs."""
     from megatron_mm.data import build_tokenizer
@@ -186,7 +194,7 @@ def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float
     from megatron_mm.training.encoder_schedule import encoder_pipeline_plan, make_schedule
     from megatron_mm.training.pipeline_plan import training_chain
 
-    args = parse_args(MODEL + ["--pipeline-model-parallel-size", "2", "--encoder-schedule",
+    args = parse_args([*model, "--pipeline-model-parallel-size", "2", "--encoder-schedule",
                                schedule, "--pipeline-partition", PARTITION[schedule],
                                "--pipeline-profile", profile_path], world_size=2)
     args.model_config.language.vocab_size = build_tokenizer(
@@ -228,6 +236,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="runs of every schedule, alternating")
     p.add_argument("--png-out", default="encoder_schedule_timeline.png")
     p.add_argument("--trace-out", default=None, help="Chrome trace of the same timelines")
+    p.add_argument("--audio", action="store_true",
+                   help="add a 6-layer audio encoder (vision + audio, spoken digits)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args, rest = p.parse_known_args(argv)
@@ -235,13 +245,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         worker([a for a in rest if a != "--"], args.out, args.iters, args.warmup)
         return 0
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    args.model = MODEL + (AUDIO if args.audio else [])
     with tempfile.TemporaryDirectory() as workdir:
-        profile = co_run_profile(workdir)
+        profile = co_run_profile(workdir, args.model)
         results = {s: [] for s in SCHEDULES}
         for _ in range(args.rounds):
             for schedule in SCHEDULES:
                 results[schedule].append(run_schedule(schedule, profile, workdir, args.iters,
-                                                      args.warmup))
+                                                      args.warmup, args.model))
         report(results, profile, args)
     return 0
 
@@ -249,9 +260,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def report(results: dict, profile: str, args) -> None:
     from megatron_mm.plan.timeline import write_chrome_trace, write_png
 
-    print("PP=2, trainable ViT (12 layers, 64 patches x 4 images) + LLM (4 layers, 160 tokens "
-          "x 4), 8 micro-batches per iteration, one thread per rank on its own core; medians "
-          f"of {args.rounds} x {args.iters} iterations")
+    audio = " + audio encoder (6 layers, 64 frames x 4 clips)" if args.audio else ""
+    print(f"PP=2, trainable ViT (12 layers, 64 patches x 4 images){audio} + LLM (4 layers, "
+          "160 tokens x 4), 8 micro-batches per iteration, one thread per rank on its own "
+          f"core; medians of {args.rounds} x {args.iters} iterations")
     print("| schedule | iteration s | vs megatron | of which forward-backward s | "
           "simulated s | vs forward-backward | vs iteration |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -261,7 +273,7 @@ def report(results: dict, profile: str, args) -> None:
     for schedule in SCHEDULES:
         iteration[schedule] = statistics.median(w for r in results[schedule] for w in r["walls"])
         fwd_bwd = statistics.median(w for r in results[schedule] for w in r["schedules"])
-        sim = simulated(schedule, profile, p2p, sync)
+        sim = simulated(schedule, profile, p2p, sync, args.model)
         print(f"| {schedule} | {iteration[schedule]:.3f} | "
               f"{iteration[schedule] / iteration['megatron']:.3f} | {fwd_bwd:.3f} | "
               f"{sim.iteration_s:.3f} | {sim.iteration_s / fwd_bwd - 1:+.1%} | "

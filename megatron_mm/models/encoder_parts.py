@@ -4,9 +4,10 @@ and, with an encoder TP smaller than the LLM's, their own process groups."""
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
+from megatron.core import tensor_parallel
 
 
 class EncoderParts:
@@ -46,7 +47,43 @@ class EncoderParts:
             return hidden
         if start is None and end is None:
             return self.decoder(hidden, attention_mask=None)
-        for layer in self.decoder.layers:
-            if start <= layer.layer_number - 1 < end:
-                hidden, _ = layer(hidden_states=hidden, attention_mask=None)
+        for layers, recompute in self._piece_groups(start, end):
+            run = _run_layers(layers)
+            hidden = (tensor_parallel.checkpoint(
+                run, self.decoder.config.distribute_saved_activations, hidden)
+                      if recompute else run(hidden))
         return hidden
+
+    def _piece_groups(self, start: int, end: int) -> List[Tuple[list, bool]]:
+        """The layers of ``[start, end)`` in runs, each with whether it is recomputed: what
+        Megatron-Core's ``--recompute-granularity full`` does to this rank's block
+        (``uniform``: groups of N layers, each one checkpoint; ``block``: the block's first
+        N layers, one by one), cut at the piece's ends."""
+        config, block = self.decoder.config, list(self.decoder.layers)
+        mine = [i for i, layer in enumerate(block) if start <= layer.layer_number - 1 < end]
+        active = (config.recompute_granularity == "full" and self.training
+                  and torch.is_grad_enabled())
+        n = config.recompute_num_layers or 0
+        groups: List[Tuple[list, bool]] = []
+        last_key = None
+        for i in mine:
+            if not active:
+                key = (False, 0)
+            elif config.recompute_method == "uniform":
+                key = (True, i // n)
+            else:  # block: each recomputed layer its own checkpoint
+                key = (True, i) if i < n else (False, 0)
+            if groups and key == last_key:
+                groups[-1][0].append(block[i])
+            else:
+                groups.append(([block[i]], key[0]))
+            last_key = key
+        return groups
+
+
+def _run_layers(layers):
+    def run(hidden: torch.Tensor) -> torch.Tensor:
+        for layer in layers:
+            hidden, _ = layer(hidden_states=hidden, attention_mask=None)
+        return hidden
+    return run

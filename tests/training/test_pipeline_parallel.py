@@ -4,7 +4,7 @@ across stages, with the frozen-aware partition and with the partition OmniBal's 
 times and keeps (its trial iterations leave the run's init and data order alone); PP=2 x VPP=2 and PP=4 with encoder-only
 middle chunks; TP=2 x PP=2; the encoder as its own pipeline (coarse and bubble schedules),
 also at encoder TP 1 inside TP 2 (two encoder replicas; its checkpoint then loads at TP=1
-and evaluates the same). A frozen ViT runs no backward on any stage it spans."""
+and evaluates the same) and with full recompute reaching the encoder pieces. A frozen ViT runs no backward on any stage it spans."""
 
 import pytest
 import torch
@@ -64,6 +64,8 @@ FOUR_LAYERS = ["--num-layers", "4"]  # chain: 1 + 1 + 2 + 1 + 4 + 1 = 10
 COARSE = ["--encoder-schedule", "coarse"]
 BUBBLE = ["--encoder-schedule", "bubble"]
 ETP1 = ["--encoder-tensor-model-parallel-size", "1"]
+RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "block",
+             "--recompute-num-layers", "1"]
 
 
 @pytest.mark.parametrize("world, layout, model", [
@@ -87,6 +89,8 @@ ETP1 = ["--encoder-tensor-model-parallel-size", "1"]
     # DP=2: each chunk's gradient all-reduce starts after its last backward action and
     # runs under the rest of the schedule (the encoder's backward pieces)
     (4, PP2 + BUBBLE + ["--overlap-grad-reduce"], []),
+    # --recompute-granularity full reaches the encoder pieces too (their layers run twice)
+    (2, PP2 + BUBBLE + RECOMPUTE, []),
     # the ViT at TP 1 in TP 2: two replicas per TP group, each for half the micro-batches
     (4, PP2 + ["--tensor-model-parallel-size", "2"] + BUBBLE + ETP1, []),
     # both ViT layers as two pieces on rank 0, the LLM interleaved over 4 chunks
@@ -98,7 +102,7 @@ ETP1 = ["--encoder-tensor-model-parallel-size", "1"]
      FOUR_LAYERS + ["--freeze-ViT"]),
 ], ids=["pp2", "pp2-split-vit", "tp2-pp2", "pp2-auto-frozen-vit", "pp2-search-frozen-vit",
         "pp2-vpp2-split-frozen-vit", "pp4-frozen-vit", "pp2-coarse", "tp2-pp2-bubble",
-        "dp2-pp2-bubble-overlap", "tp2-pp2-bubble-etp1",
+        "dp2-pp2-bubble-overlap", "pp2-bubble-recompute", "tp2-pp2-bubble-etp1",
         "pp2-vpp2-bubble-frozen-vit", "pp4-bubble-frozen-vit"])
 def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout,
                                               model):
@@ -142,6 +146,8 @@ def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, worl
             assert c["fwd"] > 0, calls
             # frozen: autograd never enters the ViT, on whichever stage it runs
             assert (c["bwd"] == 0) == ("--freeze-ViT" in model), calls
+            if RECOMPUTE[1] in layout:  # one ViT layer per rank, recomputed: twice per
+                assert c["fwd"] == 2 * 4 * STEPS, calls  # micro-batch (4 per step)
     if extra:  # both encoder replicas of the first stage did encoder work
         for out in ranks[:2]:
             c = out["observed"]["vit_calls"]
