@@ -1,6 +1,7 @@
 """Vision + audio in one model: TP=2, PP=2 (a cut inside the audio encoder) and both
 encoders as their own pipelines in the LLM's bubbles (``--encoder-schedule bubble``, also
-with a frozen ViT beside the trainable audio encoder) equal the one-process reference from
+with a frozen ViT beside the trainable audio encoder, and both encoders at TP 1 inside TP 2)
+equal the one-process reference from
 the same initial checkpoint (saved at TP=1, loaded at TP=2 and PP=2: checkpoints carry both
 encoders). A frozen audio encoder: tests/models."""
 
@@ -19,6 +20,7 @@ SPLIT_AUDIO = ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "7
 
 PP2 = ["--pipeline-model-parallel-size", "2"]
 BUBBLE = ["--encoder-schedule", "bubble"]
+ETP1 = ["--encoder-tensor-model-parallel-size", "1"]
 
 
 def watch_encoders(chunks, optimizer, holder):
@@ -81,12 +83,16 @@ def _assert_equal_runs(stages, ref):
     # each encoder cut in two pieces over the two ranks, both feeding LLM chunk 0
     (2, PP2 + BUBBLE, []),
     (2, PP2 + BUBBLE, ["--freeze-ViT"]),
-], ids=["tp2", "pp2-split-audio", "pp2-bubble", "pp2-bubble-frozen-vit"])
+    # both encoders at TP 1 inside TP 2: two replicas, each for half the micro-batches
+    (4, ["--tensor-model-parallel-size", "2"] + PP2 + BUBBLE + ETP1, []),
+], ids=["tp2", "pp2-split-audio", "pp2-bubble", "pp2-bubble-frozen-vit",
+        "tp2-pp2-bubble-etp1"])
 def test_two_encoders_parallel_equals_one_process(audio_digits_dir, tmp_path_factory, world,
                                                   layout, model):
     argv, ref = _reference(audio_digits_dir, tmp_path_factory, model)
     ranks = run_distributed(train, world, argv + layout, (1, STEPS), watch_encoders)
-    stages = ranks if "--pipeline-model-parallel-size" in layout else ranks[:1]
+    pp = 2 if "--pipeline-model-parallel-size" in layout else 1
+    stages = ranks[::world // pp]  # TP rank 0 of each stage: full (TP-gathered) tensors
     _assert_equal_runs(stages, ref)
     for encoder in ("audio", "vision"):
         calls = [out["observed"][f"{encoder}_calls"] for out in stages]
@@ -98,3 +104,6 @@ def test_two_encoders_parallel_equals_one_process(audio_digits_dir, tmp_path_fac
         for c in calls:
             if c["layers"]:  # frozen: autograd never enters it
                 assert c["fwd"] > 0 and (c["bwd"] == 0) == frozen, (encoder, calls)
+        if ETP1[0] in layout:  # each replica: its layer for 2 of 4 micro-batches per step
+            assert all(out["observed"][f"{encoder}_calls"]["fwd"] == 2 * STEPS
+                       for out in ranks), (encoder, ranks)
