@@ -79,7 +79,7 @@ SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
       "bubble", "--encoder-pipeline-model-parallel-size", "3"], 4,
      "--encoder-pipeline-model-parallel-size (3) must divide --pipeline-model-parallel-size"),
     (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "coarse",
-      "--encoder-pieces", "2"], 2, "4 encoder pieces but the encoder has 2 layers"),
+      "--encoder-pieces", "2"], 2, "4 pieces of encoder 'vision' but it has 2 layers"),
     (["--tensor-model-parallel-size", "2", "--encoder-schedule", "bubble",
       "--encoder-tensor-model-parallel-size", "3"], 2,
      "--encoder-tensor-model-parallel-size (3) must divide --tensor-model-parallel-size (2)"),
