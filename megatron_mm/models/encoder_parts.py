@@ -4,6 +4,7 @@ and, with an encoder TP smaller than the LLM's, their own process groups."""
 
 from __future__ import annotations
 
+import itertools
 from typing import List, Optional, Tuple
 
 import torch
@@ -63,22 +64,17 @@ class EncoderParts:
         mine = [i for i, layer in enumerate(block) if start <= layer.layer_number - 1 < end]
         active = (config.recompute_granularity == "full" and self.training
                   and torch.is_grad_enabled())
-        n = config.recompute_num_layers or 0
-        groups: List[Tuple[list, bool]] = []
-        last_key = None
-        for i in mine:
+        n = config.recompute_num_layers
+
+        def group(i: int) -> Tuple[bool, int]:  # (recomputed, checkpoint it belongs to)
             if not active:
-                key = (False, 0)
-            elif config.recompute_method == "uniform":
-                key = (True, i // n)
-            else:  # block: each recomputed layer its own checkpoint
-                key = (True, i) if i < n else (False, 0)
-            if groups and key == last_key:
-                groups[-1][0].append(block[i])
-            else:
-                groups.append(([block[i]], key[0]))
-            last_key = key
-        return groups
+                return False, 0
+            if config.recompute_method == "uniform":
+                return True, i // n
+            return (True, i) if i < n else (False, 0)  # block: one checkpoint per layer
+
+        return [([block[i] for i in run], key[0])
+                for key, run in itertools.groupby(mine, key=group)]
 
 
 def _run_layers(layers):

@@ -29,9 +29,7 @@ from megatron.core import parallel_state
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..plan.encoder_pipeline import encoder_replica_of
-from .mailbox import _DTYPES
-
-_HEADER = 8  # dtype, ndim (-1: None), up to 6 dims
+from .mailbox import allocate, describe
 
 RankInfo = Tuple[Tuple[int, ...], int, int]  # (LLM TP group's ranks, pipeline rank, CP rank)
 
@@ -81,21 +79,14 @@ class EncoderReplicas:
         elsewhere. Every rank of the group calls it, in the same order."""
         src = self.first_ranks[encoder_replica_of(microbatch, self.replicas)]
         mine = dist.get_rank() == src
-        header = torch.full((_HEADER,), -1, dtype=torch.int64)
-        if mine and tensor is not None:
-            if tensor.dim() > _HEADER - 2:
-                raise ValueError(f"cannot share a {tensor.dim()}-d encoder output")
-            header[0], header[1] = _DTYPES.index(tensor.dtype), tensor.dim()
-            header[2:2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
-        header = header.to(device)
+        header = torch.tensor(describe(tensor if mine else None), dtype=torch.int64,
+                              device=device)
         dist.broadcast(header, src=src, group=self.llm_tp_group)
-        h = header.tolist()
-        if h[1] < 0:
+        out = allocate(header.tolist(), device)
+        if out is None:
             return None
         if mine:
             out = tensor.detach().contiguous()
-        else:
-            out = torch.empty(h[2:2 + h[1]], dtype=_DTYPES[h[0]], device=device)
         if out.numel():
             dist.broadcast(out, src=src, group=self.llm_tp_group)
         return out

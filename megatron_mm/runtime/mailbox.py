@@ -20,7 +20,28 @@ Key = Tuple[str, int, int]  # (what, micro-batch, chunk or encoder piece)
 
 _KINDS = ("F", "B", "EF", "EB")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-_HEADER = 12  # kind, micro-batch, chunk, dtype, ndim (-1: None), up to 7 dims
+_MAX_DIMS = 7
+_HEADER = 3 + 2 + _MAX_DIMS  # kind, micro-batch, chunk, then ``describe``
+
+
+def describe(tensor: Optional[torch.Tensor]) -> List[int]:
+    """What a receiver needs to allocate ``tensor``: dtype, ndim (-1: None), its dims
+    (``_MAX_DIMS`` slots); the header of a message, also of the encoder replicas'
+    broadcast."""
+    if tensor is None:
+        return [0, -1] + [0] * _MAX_DIMS
+    if tensor.dim() > _MAX_DIMS:
+        raise ValueError(f"cannot send a {tensor.dim()}-d tensor between ranks")
+    return ([_DTYPES.index(tensor.dtype), tensor.dim()] + list(tensor.shape)
+            + [0] * (_MAX_DIMS - tensor.dim()))
+
+
+def allocate(description: List[int], device: torch.device) -> Optional[torch.Tensor]:
+    """An empty tensor as ``describe`` gave it (None for None)."""
+    dtype, ndim = description[0], description[1]
+    if ndim < 0:
+        return None
+    return torch.empty(description[2:2 + ndim], dtype=_DTYPES[dtype], device=device)
 
 
 class Mailbox:
@@ -34,17 +55,8 @@ class Mailbox:
     def send(self, peer: int, key: Key, tensor: Optional[torch.Tensor]) -> None:
         """Send ``tensor`` (or None: nothing to carry, e.g. no media) to pipeline rank
         ``peer``; the buffers stay referenced until ``wait``."""
-        header = torch.zeros(_HEADER, dtype=torch.int64)
-        header[:3] = torch.tensor([_KINDS.index(key[0]), key[1], key[2]])
-        if tensor is None:
-            header[4] = -1
-        else:
-            if tensor.dim() > _HEADER - 5:
-                raise ValueError(f"cannot send a {tensor.dim()}-d tensor between stages")
-            header[3] = _DTYPES.index(tensor.dtype)
-            header[4] = tensor.dim()
-            header[5:5 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
-        header = header.to(self.device)
+        header = torch.tensor([_KINDS.index(key[0]), key[1], key[2]] + describe(tensor),
+                              dtype=torch.int64, device=self.device)
         dst = self.ranks[peer]
         self.pending.append(dist.isend(header, dst=dst, group=self.group))
         if tensor is not None and tensor.numel():
@@ -60,11 +72,8 @@ class Mailbox:
             dist.recv(header, src=self.ranks[peer], group=self.group)
             h = header.tolist()
             got = (_KINDS[h[0]], h[1], h[2])
-            if h[4] < 0:
-                self.kept[(peer, got)] = None
-                continue
-            tensor = torch.empty(h[5:5 + h[4]], dtype=_DTYPES[h[3]], device=self.device)
-            if tensor.numel():
+            tensor = allocate(h[3:], self.device)
+            if tensor is not None and tensor.numel():
                 dist.recv(tensor, src=self.ranks[peer], group=self.group)
             self.kept[(peer, got)] = tensor
         return self.kept.pop((peer, key))
