@@ -14,7 +14,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
 from ..data import Sample, collate
-from .initialize import device
+from ..runtime.collective_device import collective_device
 from .step import batch_to_device, forward_backward_func, reduce_lm_loss, run_schedule
 
 
@@ -57,9 +57,11 @@ def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
         micro_batch_size=first.shape[0], forward_only=True, collect_non_loss_data=True)
     rows = sum(len(b["tokens"]) for b in micro_batches)
     nxt = (torch.cat(collected) if parallel_state.is_pipeline_last_stage()
-           else torch.empty(rows, dtype=torch.long, device=device()))
+           else torch.empty(rows, dtype=torch.long))
+    group = parallel_state.get_pipeline_model_parallel_group()
+    nxt = nxt.to(collective_device(group))
     torch.distributed.broadcast(nxt, src=parallel_state.get_pipeline_model_parallel_last_rank(),
-                                group=parallel_state.get_pipeline_model_parallel_group())
+                                group=group)
     return nxt
 
 
@@ -131,6 +133,8 @@ def answer_accuracy(args, model: List, dataset, tokenizer, indices: Sequence[int
                 correct += int(guess == normalize_answer(sample.answer))
     for chunk in model:
         chunk.train()
-    counts = torch.tensor([correct, len(mine)], dtype=torch.float64, device=device())
-    torch.distributed.all_reduce(counts, group=parallel_state.get_data_parallel_group())
+    group = parallel_state.get_data_parallel_group()
+    counts = torch.tensor([correct, len(mine)], dtype=torch.float64,
+                          device=collective_device(group))
+    torch.distributed.all_reduce(counts, group=group)
     return (counts[0] / counts[1].clamp(min=1)).item()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import platform
 import statistics
-import time
 from typing import Dict, List
 
 import torch
@@ -20,6 +19,7 @@ import torch
 from ..models.multimodal import MultimodalModel, loss_at_masked_positions
 from ..plan.layers import Layer
 from ..plan.profile import LayerProfile, LayerTime
+from ..runtime.timer import DeviceTimer
 from .activation_profile import parameter_storages, saved_tensor_bytes, tensor_bytes
 
 
@@ -100,6 +100,7 @@ def profile_layers(model: MultimodalModel, chain: List[Layer], batches: List[dic
     bwd: Dict[str, List[float]] = {l.module: [] for l in chain}
     acts: Dict[str, List[float]] = {l.module: [0.0, 0.0] for l in chain}
     params = parameter_storages([model])
+    timer = DeviceTimer(next(model.parameters()).device)
     for i, batch in enumerate(batches):
         runner = _Runner(model, batch)
         for layer in chain:
@@ -110,14 +111,15 @@ def profile_layers(model: MultimodalModel, chain: List[Layer], batches: List[dic
                         runner.forward(layer)
                     acts[layer.module] = [float(saved.nbytes),
                                           float(tensor_bytes(runner.inputs(layer)))]
-                start = time.perf_counter()
+                timer.start()
                 out = runner.forward(layer)
-                t_fwd = time.perf_counter() - start
+                t_fwd = timer.stop()
             t_bwd = 0.0
             if layer.runs_backward and out.requires_grad:
-                start = time.perf_counter()
-                out.backward(torch.ones_like(out))
-                t_bwd = time.perf_counter() - start
+                grad = torch.ones_like(out)
+                timer.start()
+                out.backward(grad)
+                t_bwd = timer.stop()
             runner.store(layer, out)
             if i >= warmup:
                 fwd[layer.module].append(t_fwd)

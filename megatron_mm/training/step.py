@@ -10,6 +10,7 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from ..models.context_parallel import ContextParallelMask
+from ..runtime.collective_device import collective_device
 from .attention import AttentionSettings
 from .initialize import device
 
@@ -41,8 +42,10 @@ class TokenCounter:
 
     def take_global(self) -> int:
         """Positions seen by all data-parallel ranks since the last call."""
-        count = torch.tensor([self.tokens], dtype=torch.float64, device=device())
-        torch.distributed.all_reduce(count, group=parallel_state.get_data_parallel_group())
+        group = parallel_state.get_data_parallel_group()
+        count = torch.tensor([self.tokens], dtype=torch.float64,
+                             device=collective_device(group))
+        torch.distributed.all_reduce(count, group=group)
         self.tokens = 0
         return int(count.item())
 
@@ -89,9 +92,9 @@ def reduce_lm_loss(losses: List[dict]) -> float:
     rank holds the loss of its own tokens; last stage only)."""
     if not losses:
         return float("nan")
-    total = torch.stack([x["lm loss"] for x in losses]).sum(0).to(device())
-    torch.distributed.all_reduce(
-        total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    total = torch.stack([x["lm loss"] for x in losses]).sum(0).to(collective_device(group))
+    torch.distributed.all_reduce(total, group=group)
     return (total[0] / total[1].clamp(min=1)).item()
 
 
