@@ -189,8 +189,10 @@ class _Iteration:
                   self.receive(self.rank_of("EF", p - 1), ("EF", m, p - 1), self.trains(p)))
         run_piece = get_attr_wrapped_model(self.model[0], "run_encoder_piece")
         name, layers = self.x.pieces[p]
+        # only the embedding piece reads the media; later ones their count (on the host)
+        media = self.media_of(m) if p == first else self.batches[m]["media"]
         with torch.set_grad_enabled(self.trains(p)):
-            out = run_piece(name, self.media_of(m), hidden, layers)
+            out = run_piece(name, media, hidden, layers)
         last = p == end - 1
         self.send(self.rank_of("F", 0) if last else self.rank_of("EF", p + 1), ("EF", m, p),
                   out)

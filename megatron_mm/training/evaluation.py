@@ -15,7 +15,7 @@ from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_regi
 
 from ..data import Sample, collate
 from ..runtime.collective_device import collective_device
-from .step import batch_to_device, forward_backward_func, reduce_lm_loss, run_schedule
+from .step import forward_backward_func, prepare_batch, reduce_lm_loss, run_schedule
 
 
 def evaluate_loss(args, model: List, batches) -> float:
@@ -38,10 +38,9 @@ def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
     the result. ``attention`` (AttentionSettings) gives the training mask, whole-sequence:
     with context parallelism every CP rank decodes the whole prompt."""
     def forward_step(data_iterator, chunk):
-        b = batch_to_device(next(data_iterator))
-        mask = None if attention is None else attention.mask_for(b, split=False)
-        logits = chunk(b["tokens"], b["position_ids"], b["media"],
-                       attention_mask=mask)  # [B, S, V / TP] at the end
+        b, mask, layout = prepare_batch(next(data_iterator), chunk, attention, split=False)
+        logits = chunk(b["tokens"], b["position_ids"], b["media"], attention_mask=mask,
+                       layout=layout)  # [B, S, V / TP] at the end
 
         def argmax_last(output, non_loss_data=True):
             last = gather_from_tensor_model_parallel_region(output[:, -1].contiguous()).float()

@@ -33,6 +33,7 @@ class _Runner:
         self.text = None  # [S, B, H]: embeddings, then LLM hidden states
         self.hidden: Dict[str, torch.Tensor] = {}  # encoder name -> [T, N, H]
         self.rope = self.lm.rotary_pos_emb(batch["tokens"].shape[1])
+        self.layout = model.layout(batch["tokens"], batch["media"], batch["loss_mask"])
 
     def detach_inputs(self, layer: Layer) -> None:
         """Cut the graph before ``layer``; its inputs need a gradient iff one flows there."""
@@ -65,8 +66,7 @@ class _Runner:
             mod = m.encoder(layer.branch).decoder.layers[index]
             return mod(hidden_states=self.hidden[layer.branch], attention_mask=None)[0]
         if kind == "projector":
-            return m.merge(layer.branch, b["tokens"], self.text, b["media"],
-                           self.hidden[layer.branch])
+            return m.merge(layer.branch, self.text, self.layout, self.hidden[layer.branch])
         if kind == "llm_layer":
             mod = self.lm.decoder.layers[index]
             return mod(hidden_states=self.text, attention_mask=None,
@@ -89,7 +89,7 @@ class _Runner:
             hidden_states=lm.decoder.final_layernorm(x), output_layer=lm.output_layer,
             output_weight=weight, labels=b["labels"], loss_mask=b["loss_mask"],
             compute_language_model_loss=lm.compute_language_model_loss,
-            scale_logits=lm._scale_logits)
+            scale_logits=lm._scale_logits, context=self.layout.loss_positions)
 
 
 def profile_layers(model: MultimodalModel, chain: List[Layer], batches: List[dict],
