@@ -57,10 +57,12 @@ def is_host_sync(func, args, kwargs) -> bool:
 
 def _where() -> str:
     """The innermost frame of the package (or of Megatron-Core) that asked for it."""
-    frames = [f for f in traceback.extract_stack()[:-3]
-              if "megatron_mm" in f.filename or "megatron/core" in f.filename]
-    f = frames[-1] if frames else traceback.extract_stack()[-4]
-    return f"{f.filename.rsplit('/', 2)[-2]}/{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.line}"
+    summary = traceback.StackSummary.extract(traceback.walk_stack(None), lookup_lines=False)
+    stack = [f for f in reversed(summary) if not f.filename.endswith("host_syncs.py")
+             and "/torch/" not in f.filename]
+    frames = [f for f in stack if "megatron_mm" in f.filename or "megatron/core" in f.filename]
+    f = (frames or stack)[-1]
+    return f"{'/'.join(f.filename.split('/')[-2:])}:{f.lineno} {f.line}"
 
 
 class _Ops(TorchDispatchMode):
@@ -110,14 +112,25 @@ def _counted(counter: HostSyncCounter, fn):
 
 def count_model_host_syncs(chunks, optimizer, holder):
     """Training-worker hook: count host syncs in the model's forward and backward; the
-    result lands in ``holder["host_syncs"]`` (``{"found": [...], "scopes": n}``)."""
+    result lands in ``holder["host_syncs"]`` (``{"found": [...], "scopes": n}``), and the
+    media keys the chunks' forwards received in ``holder["media_seen"]``."""
     from megatron.core.pipeline_parallel import schedules
 
     from megatron_mm.models.multimodal import MultimodalModel
     from megatron_mm.runtime import executor
 
     counter = HostSyncCounter()
-    MultimodalModel.forward = _counted(counter, MultimodalModel.forward)
+    media_seen = holder["media_seen"] = []  # media keys each chunk forward received
+
+    def recorded(forward):
+        @functools.wraps(forward)
+        def wrapped(self, tokens, position_ids, media=None, *args, **kwargs):
+            if sorted(media or {}) not in media_seen:
+                media_seen.append(sorted(media or {}))
+            return forward(self, tokens, position_ids, media, *args, **kwargs)
+        return wrapped
+
+    MultimodalModel.forward = _counted(counter, recorded(MultimodalModel.forward))
     MultimodalModel.run_encoder_piece = _counted(counter, MultimodalModel.run_encoder_piece)
     schedules.backward_step = _counted(counter, schedules.backward_step)
     executor.backward_step = _counted(counter, executor.backward_step)

@@ -3,7 +3,8 @@ every model chunk (encoder pieces too) read no device value on the host and size
 output by one (``tests/host_syncs.py`` lists what counts), in three settings: the default
 model on one rank, the ViT in the LLM's bubbles (``--encoder-schedule bubble``, PP=2) and
 context parallelism (CP=2, bidirectional media attention). What the model needs from the
-batch's values comes from the ``BatchLayout`` the training step computes on the host."""
+batch's values comes from the ``BatchLayout`` the training step computes on the host;
+the media go only to the chunks that embed them."""
 
 import pytest
 import torch
@@ -14,19 +15,25 @@ from train_workers import TINY_MODEL, train
 ONE_STEP = ["--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "1"]
 
 
-@pytest.mark.parametrize("world, flags, scopes", [
-    (1, [], 4),  # 2 micro-batches: 2 forwards, 2 backwards
-    (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"], 8),
+IMAGES, NONE = [["image"]], [[]]
+
+
+@pytest.mark.parametrize("world, flags, scopes, media", [
+    (1, [], 4, [IMAGES]),  # 2 micro-batches: 2 forwards, 2 backwards
+    # the LLM chunks take no media: the ViT's pieces run as their own actions
+    (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"], 8,
+     [NONE, NONE]),
     (2, ["--context-parallel-size", "2", "--media-attention", "bidirectional",
-         "--context-parallel-block", "8"], 4),
+         "--context-parallel-block", "8"], 4, [IMAGES, IMAGES]),
 ], ids=["default", "pp2-bubble", "cp2"])
-def test_no_host_syncs_inside_the_model(digits_dir, world, flags, scopes):
+def test_no_host_syncs_inside_the_model(digits_dir, world, flags, scopes, media):
     ranks = run_distributed(train, world, TINY_MODEL + ["--data-path", digits_dir]
                             + ONE_STEP + flags, (), count_model_host_syncs)
     for rank, out in enumerate(ranks):
         counted = out["observed"]["host_syncs"]
         assert counted["scopes"] == scopes, (rank, counted["scopes"])  # it did look
         assert counted["found"] == [], (rank, counted["found"])
+    assert [out["observed"]["media_seen"] for out in ranks] == media
 
 
 def test_the_counter_sees_each_kind_of_host_sync():
