@@ -12,6 +12,10 @@ value on the host or need one to size their output:
   scalar``, which ATen runs as ``masked_fill``), ``repeat_interleave``
   with a tensor of repeats and no ``output_size``, ``unique``; and ``equal``.
 
+On a machine with CUDA the counter also sets ``torch.cuda.set_sync_debug_mode("error")``
+inside its scope, so any op that synchronises with the device raises there: the check a
+GPU run adds to the count.
+
 ``count_model_host_syncs`` (a training-worker hook) switches the counter on exactly while
 a model chunk's ``forward``, an encoder piece (``run_encoder_piece``) or Megatron-Core's
 ``backward_step`` runs: data loading, the host-side batch preparation, the loss
@@ -98,8 +102,17 @@ class HostSyncCounter:
     @contextlib.contextmanager
     def active(self):
         self.scopes += 1
-        with _Methods(self.found), _Ops(self.found):
-            yield
+        # On a GPU, CUDA's own check too: any op that synchronises raises.
+        cuda = torch.cuda.is_available()
+        before = torch.cuda.get_sync_debug_mode() if cuda else None
+        if cuda:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            with _Methods(self.found), _Ops(self.found):
+                yield
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode(before)
 
 
 def _counted(counter: HostSyncCounter, fn):
