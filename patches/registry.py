@@ -6,23 +6,35 @@ import importlib
 import importlib.util
 import warnings
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 CHECKED_MEGATRON_CORE = "0.19.2"
+
+# When a patch is needed: the condition its upstream bug needs, read from what is installed
+# (never by importing megatron.core: patches go in before it is imported).
+NO_CUDA = "no CUDA"  # upstream hard-codes CUDA (device="cuda", torch.cuda calls)
+NO_TE = "no Transformer Engine"  # upstream's fallback without TE is broken
+NO_APEX_OR_TE = "torch optimizers (no Apex, no Transformer Engine)"
+ALWAYS = "always"  # the bug does not depend on the machine (or the patch checks itself)
+CONDITIONS = (NO_CUDA, NO_TE, NO_APEX_OR_TE, ALWAYS)
+
 
 @dataclass(frozen=True)
 class Patch:
     name: str
     replaces: str  # the upstream symbol(s) replaced, for readers and for the tests
     module: str  # the file in this folder that implements it
-    needed_with_cuda: bool = False  # true only for import-time fixes that CUDA boxes need too
+    needed_when: str = NO_CUDA  # one of CONDITIONS
+
+    def __post_init__(self):
+        assert self.needed_when in CONDITIONS, self.needed_when
 
     def apply(self) -> None:
         importlib.import_module(f"{__package__}.{self.module}").apply()
 
 PATCHES: tuple[Patch, ...] = (
     Patch("triton_stub", "megatron.core.transformer.moe.ops.paged_stash (module)", "triton_stub",
-          needed_with_cuda=True),
+          needed_when=ALWAYS),
     Patch("rng", "megatron.core.tensor_parallel.random._get_cuda_rng_state/_set_cuda_rng_state,"
           " CudaRNGStatesTracker.add/fork", "rng"),
     Patch("causal_mask", "megatron.core.transformer.utils.get_default_causal_mask,"
@@ -30,18 +42,20 @@ PATCHES: tuple[Patch, ...] = (
     Patch("cuda_literals", "module-global `torch` of the schedules, optimizer and rope_utils"
           " modules (device='cuda' / pin_memory=True factories)", "cuda_literals"),
     Patch("distopt_load", "megatron.core.optimizer.distrib_optimizer.DistributedOptimizer."
-          "_set_main_param_and_optimizer_states, load_state_dict, state_dict", "distopt_load"),
+          "_set_main_param_and_optimizer_states, load_state_dict, state_dict", "distopt_load",
+          needed_when=NO_APEX_OR_TE),
     Patch("tensor_cuda_noop", "torch.Tensor.cuda", "tensor_cuda_noop"),
     Patch("synchronize_noop", "torch.cuda.synchronize", "synchronize_noop"),
     Patch("clip_vit_norm", "megatron.core.models.vision.clip_vit_model.CLIPViTModel.__init__"
-          " defaults ln_pre_impl/ln_post_impl", "clip_vit_norm"),
+          " defaults ln_pre_impl/ln_post_impl", "clip_vit_norm", needed_when=NO_TE),
     Patch("current_stream", "torch.cuda.current_stream", "current_stream"),
     Patch("l2_norm", "megatron.core.utils.local_multi_tensor_l2_norm,"
           " megatron.core.optimizer.clip_grads.l2_norm_impl", "l2_norm"),
     Patch("tensor_type_str", "torch.Tensor.type (no-argument form)", "tensor_type_str"),
     Patch("current_device", "torch.cuda.current_device", "current_device"),
     Patch("destroy_resets_embedding_ranks",
-          "megatron.core.parallel_state.destroy_model_parallel", "destroy_resets_embedding_ranks"),
+          "megatron.core.parallel_state.destroy_model_parallel", "destroy_resets_embedding_ranks",
+          needed_when=ALWAYS),
 )
 
 _applied: list[str] = []
@@ -54,10 +68,24 @@ def _cuda_available() -> bool:
 
     return torch.cuda.is_available()
 
-def apply_cpu_patches(names: Optional[Sequence[str]] = None, force: bool = False) -> list[str]:
-    """Apply the patches (all, or those named) once; a no-op on a CUDA machine.
+def is_needed(patch: Patch, cuda: bool, installed: Callable[[str], bool]) -> bool:
+    """Whether ``patch``'s upstream bug bites on a machine with (or without) ``cuda`` and
+    the packages ``installed`` says are there."""
+    if patch.needed_when == NO_CUDA:
+        return not cuda
+    if patch.needed_when == NO_TE:
+        return not installed("transformer_engine")
+    if patch.needed_when == NO_APEX_OR_TE:
+        return not (installed("transformer_engine") or installed("apex"))
+    return True
 
-    ``force`` applies them even when CUDA is present (tests only).
+
+def apply_cpu_patches(names: Optional[Sequence[str]] = None, force: bool = False) -> list[str]:
+    """Apply the patches (all, or those named) once, each where the condition its upstream
+    bug needs holds (``Patch.needed_when``): on a CUDA machine with Transformer Engine
+    only those that are needed always.
+
+    ``force`` applies them as if CUDA were absent (tests only).
     """
     by_name = {p.name: p for p in PATCHES}
     unknown = set(names or ()) - set(by_name)
@@ -68,7 +96,7 @@ def apply_cpu_patches(names: Optional[Sequence[str]] = None, force: bool = False
     for patch in PATCHES:
         if names is not None and patch.name not in names:
             continue
-        if patch.name in _applied or (cuda and not patch.needed_with_cuda):
+        if patch.name in _applied or not is_needed(patch, cuda, module_available):
             continue
         patch.apply()
         _applied.append(patch.name)

@@ -35,7 +35,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from typing import List, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,6 +59,15 @@ SCHEDULES = ("megatron", "coarse", "bubble")
 PARTITION = {"megatron": "uniform", "coarse": "auto", "bubble": "auto"}
 
 
+
+def _clock() -> float:
+    """``perf_counter`` after the device's queued work (CUDA kernels return before they
+    run, so an unsynchronised clock measures their launches)."""
+    from megatron_mm.runtime.timer import device_clock
+    from megatron_mm.training.initialize import device
+
+    return device_clock(device())
+
 def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     """One rank of a timed PP run (under torchrun)."""
     import torch
@@ -81,9 +89,9 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     run_schedule = step.run_schedule
 
     def timed_schedule(*a, **k):  # the forward-backward part of train_step
-        start = time.perf_counter()
+        start = _clock()
         out = run_schedule(*a, **k)
-        schedules.append(time.perf_counter() - start)
+        schedules.append(_clock() - start)
         return out
 
     step.run_schedule = timed_schedule
@@ -91,10 +99,10 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
         if executor is not None:
             executor.record_timeline = it == warmup + iters - 1
         torch.distributed.barrier()
-        start = time.perf_counter()
+        start = _clock()
         step.train_step(args, run.model_chunks, run.optimizer, run.scheduler, iter(batches))
         torch.distributed.barrier()
-        walls.append(time.perf_counter() - start)
+        walls.append(_clock() - start)
     walls, schedules = walls[warmup:], schedules[warmup:]
     if executor is not None:
         timeline = [t.to_dict() for t in executor.timeline]
@@ -122,18 +130,18 @@ def _communication_costs(run, args, repeats: int = 5) -> dict:
     trips, syncs = [], []
     for _ in range(repeats):
         torch.distributed.barrier()
-        start = time.perf_counter()
+        start = _clock()
         if me == 0:
             torch.distributed.send(x, peers[1], group=group)
             torch.distributed.recv(x, peers[1], group=group)
         else:
             torch.distributed.recv(x, peers[0], group=group)
             torch.distributed.send(x, peers[0], group=group)
-        trips.append(time.perf_counter() - start)
+        trips.append(_clock() - start)
         torch.distributed.barrier()
-        start = time.perf_counter()
+        start = _clock()
         finalize_model_grads(run.model_chunks, torch.tensor(1, dtype=torch.int))
-        syncs.append(time.perf_counter() - start)
+        syncs.append(_clock() - start)
     for chunk in run.model_chunks:
         chunk.zero_grad_buffer()
     return {"p2p_s": statistics.median(trips) / 2, "grad_sync_s": statistics.median(syncs)}

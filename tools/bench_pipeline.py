@@ -27,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from typing import List, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,6 +43,15 @@ MODEL = [
 ]
 POLICIES = ("uniform", "auto")
 
+
+
+def _clock() -> float:
+    """``perf_counter`` after the device's queued work (CUDA kernels return before they
+    run, so an unsynchronised clock measures their launches)."""
+    from megatron_mm.runtime.timer import device_clock
+    from megatron_mm.training.initialize import device
+
+    return device_clock(device())
 
 def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     """One rank of a timed PP run (under torchrun)."""
@@ -68,10 +76,10 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     busy, walls = [], []
     for it in range(warmup + iters):
         torch.distributed.barrier()
-        start = time.perf_counter()
+        start = _clock()
         train_step(args, run.model_chunks, run.optimizer, run.scheduler, iter(batches))
         torch.distributed.barrier()
-        wall = time.perf_counter() - start
+        wall = _clock() - start
         compute = sum(timers(name).elapsed(reset=True)
                       for name in ("forward-compute", "backward-compute"))
         if it >= warmup:

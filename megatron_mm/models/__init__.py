@@ -5,7 +5,7 @@ from megatron_mm.patches import apply_cpu_patches
 from megatron_mm.quiet import silence_expected_warnings
 
 silence_expected_warnings()
-apply_cpu_patches()  # before any megatron.core import below (no-op with CUDA)
+apply_cpu_patches()  # before any megatron.core import below (each where its bug bites)
 
 from .build import BuildSettings, build_model, model_chain  # noqa: E402
 from .multimodal import MultimodalModel  # noqa: E402

@@ -9,6 +9,7 @@ positions and ``ContextParallelAttention`` evaluates the mask at global position
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import List, Mapping, Optional, Tuple
 
@@ -29,6 +30,12 @@ class ContextParallelMask:
     replicated: bool  # too short to split: every rank holds everything
     cp_rank: int
     group: Optional[torch.distributed.ProcessGroup]
+
+    def to(self, device) -> "ContextParallelMask":
+        """The same mask with its tensors on ``device`` (it is planned on the host)."""
+        return dataclasses.replace(self, codes=self.codes.to(device, non_blocking=True),
+                                   local=self.local.to(device, non_blocking=True),
+                                   order=self.order.to(device, non_blocking=True))
 
     def take(self, x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """This rank's columns of a [B, S, ...] tensor."""

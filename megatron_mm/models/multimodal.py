@@ -8,7 +8,7 @@ embeddings. Submodules are named ``{name}_model`` / ``{name}_projection`` /
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional, Union
+from typing import Dict, Mapping, Optional, Tuple, Union
 
 import torch
 from megatron.core.models.gpt import GPTModel
@@ -19,19 +19,12 @@ from megatron.core.transformer.module import MegatronModule
 from ..config import MultimodalModelConfig
 from ..plan.placement import ChunkPlacement
 from .audio import AudioEncoder
+from .batch_layout import (  # noqa: F401  (MediaMismatchError: re-exported)
+    ENCODER_MODALITY, BatchLayout, MediaMismatchError, batch_layout, loss_positions)
 from .context_parallel import ContextParallelMask
 from .vision import VisionTransformer
 
 Encoder = Union[VisionTransformer, AudioEncoder]
-
-# Which batch media key feeds each encoder kind.
-ENCODER_MODALITY = {"clip": "image", "siglip": "image", "whisper": "audio"}
-# Batch media key with each clip's true length (mel frames) for variable-length modalities.
-LENGTHS_KEY = {"audio": "audio_frames"}
-
-
-class MediaMismatchError(ValueError):
-    """The placeholder tokens of a batch do not match its media."""
 
 
 class MultimodalModel(MegatronModule):
@@ -71,17 +64,18 @@ class MultimodalModel(MegatronModule):
             language_model.share_embeddings_and_output_weights)
         # With context parallelism a rank holds tokens from anywhere in the sequence: RoPE
         # must rotate each at its global position, not at its offset in the local chunk.
-        self._rope_positions: Optional[torch.Tensor] = None
+        # (positions [S_local] on the device, the whole sequence's length on the host)
+        self._rope_positions: Optional[Tuple[torch.Tensor, int]] = None
         rotary = getattr(language_model, "rotary_pos_emb", None)
         if rotary is not None:
             rotary.cp_group = None  # no zigzag slicing: our positions are exact
             rotary.register_forward_hook(self._rope_at_global_positions)
 
     def _rope_at_global_positions(self, module, args, output):
-        pos = self._rope_positions
-        if pos is None:
+        if self._rope_positions is None:
             return output
-        return module.get_emb(int(pos.max()) + 1)[pos.to(output.device)]
+        pos, seq_length = self._rope_positions
+        return module.get_emb(seq_length)[pos.to(output.device)]
 
     def shared_embedding_or_output_weight(self):
         """For ``finalize_model_grads``: the tied weight whose grads meet across stages."""
@@ -121,7 +115,8 @@ class MultimodalModel(MegatronModule):
 
     def run_encoder(self, name: str, media: Mapping[str, torch.Tensor],
                     hidden: Optional[torch.Tensor]) -> torch.Tensor:
-        """This chunk's part of encoder ``name``: [T, N, H] hidden state out."""
+        """This chunk's part of encoder ``name``: [T, N, H] hidden state out (``media``
+        on the device is needed only where the chunk embeds)."""
         part = self.placement.encoder(name)
         encoder = self.encoder(name)
         # A frozen encoder has nothing trainable upstream (its input is data), so it runs
@@ -166,60 +161,40 @@ class MultimodalModel(MegatronModule):
         [N, T', H_llm] features."""
         return self.project(name, self.run_encoder(name, {self._modality(name): media}, None))
 
-    def _keep(self, name: str, media: Mapping[str, torch.Tensor], n_items: int):
-        """Which features of each item go to the LLM: None (all of them), or a [N, T'] mask
-        (a clip's first ``output_tokens(frames)``; the rest come from its padding)."""
-        key = LENGTHS_KEY.get(self._modality(name))
-        if key is None:
-            return None
-        frames = media.get(key)
-        if frames is None or frames.shape[0] != n_items:
-            raise MediaMismatchError(f"batch has {n_items} {self._modality(name)} items but "
-                                     f"{'no' if frames is None else frames.shape[0]} "
-                                     f"lengths in media[{key!r}]")
-        # From the config, not the module: a chunk may hold only the encoder's projector.
-        enc = self.mm_config.encoders[name]
-        per_clip = torch.tensor([enc.output_tokens(int(f)) for f in frames.tolist()],
-                                dtype=torch.long, device=frames.device)
-        width = enc.num_output_tokens
-        return torch.arange(width, device=per_clip.device)[None, :] < per_clip[:, None]
+    def layout(self, tokens: torch.Tensor, media: Mapping[str, torch.Tensor],
+               loss_mask: Optional[torch.Tensor] = None) -> BatchLayout:
+        """The batch's ``BatchLayout``, for callers that pass none (reads ``tokens`` on the
+        host: the training step computes it before the batch goes to the device)."""
+        return batch_layout(self.mm_config, self.media_token_ids, tokens, media,
+                            loss_mask).to(tokens.device)
 
-    def merge(self, name: str, tokens: torch.Tensor, text: torch.Tensor,
-              media: Mapping[str, torch.Tensor], hidden: Optional[torch.Tensor]) -> torch.Tensor:
-        """Project encoder ``name``'s output into the placeholder positions of ``text``."""
-        modality = self._modality(name)
-        slots = tokens == self.media_token_ids[modality]
-        items = self._items(name, media)
-        n_items = 0 if items is None else items.shape[0]
-        keep = self._keep(name, media, n_items) if n_items else None
-        if keep is None:
-            per_item = self.mm_config.encoders[name].num_output_tokens
-            expected, what = n_items * per_item, f"x {per_item} tokens each"
-        else:
-            expected = int(keep.sum())
-            what = f"(their lengths give {expected} tokens)"
-        if int(slots.sum()) != expected:
-            raise MediaMismatchError(
-                f"batch has {int(slots.sum())} {modality} placeholder tokens but "
-                f"{n_items} {modality} items {what}")
-        if n_items == 0:
+    def merge(self, name: str, text: torch.Tensor, layout: BatchLayout,
+              hidden: Optional[torch.Tensor]) -> torch.Tensor:
+        """Project encoder ``name``'s output into the placeholder positions of ``text``
+        ([S, B, H]), at the layout's positions: index ops of host-known sizes."""
+        if layout.items[name] == 0:
             return text
-        features = self.project(name, hidden)
+        features = self.project(name, hidden)  # [N, T', H]
+        features = features.reshape(-1, features.shape[-1])
+        keep = layout.keep[name]
         if keep is not None:  # variable-length items: drop each one's padding features
-            features = features[keep]
-        merged = text.transpose(0, 1)  # [B, S, H]: row-major order matches the media
-        merged = merged.masked_scatter(slots.unsqueeze(-1), features.to(merged.dtype))
-        return merged.transpose(0, 1).contiguous()
+            features = features.index_select(0, keep)
+        s, b, h = text.shape
+        merged = text.reshape(s * b, h).index_copy(0, layout.slots[name],
+                                                    features.to(text.dtype))
+        return merged.view(s, b, h)
 
     def embed(self, tokens: torch.Tensor, position_ids: torch.Tensor,
-              media: Mapping[str, torch.Tensor]) -> torch.Tensor:
+              media: Mapping[str, torch.Tensor],
+              layout: Optional[BatchLayout] = None) -> torch.Tensor:
         """Text embeddings with media features at the placeholder positions: [S, B, H]."""
-        text, hidden = self.front(tokens, position_ids, media)
+        layout = layout or self.layout(tokens, media)
+        text, hidden = self.front(tokens, position_ids, media, layout)
         assert hidden is None, "this chunk ends inside an encoder"
         return text
 
     def front(self, tokens: torch.Tensor, position_ids: torch.Tensor,
-              media: Mapping[str, torch.Tensor]):
+              media: Mapping[str, torch.Tensor], layout: BatchLayout):
         """This chunk's share of embedding and encoding: (text embeddings with the features
         merged so far, the hidden state of an encoder the chunk ends inside, or None)."""
         place = self.placement
@@ -227,19 +202,25 @@ class MultimodalModel(MegatronModule):
             text = self.language_model.embedding(input_ids=tokens, position_ids=position_ids)
             hidden = None
         else:
-            text, hidden = self.unpack(self.input_tensor, tokens, media)
+            text, hidden = self.unpack(self.input_tensor, tokens, layout)
         if place.encoder_separate:  # the encoder ran as its own actions
             for name in self.encoder_names:
                 if self.placement.encoder(name).projector:
-                    text = self.merge(name, tokens, text, media, self.encoder_inputs.get(name))
+                    text = self.merge(name, text, layout, self.encoder_inputs.get(name))
             return text, None
         for name in self.encoder_names:
-            if self._items(name, media) is not None:
+            if layout.items[name]:
                 hidden = self.run_encoder(name, media, hidden)
             if self.placement.encoder(name).projector:
-                text = self.merge(name, tokens, text, media, hidden)
+                text = self.merge(name, text, layout, hidden)
                 hidden = None
         return text, hidden
+
+    def needs_media(self) -> bool:
+        """Whether this chunk reads the media themselves (it embeds an encoder's input);
+        elsewhere the layout's counts are all it needs, so the media stay on the host."""
+        return not self.placement.encoder_separate and any(
+            e.embed for e in self.placement.encoders)
 
     def pack(self, text: torch.Tensor, hidden: Optional[torch.Tensor]) -> torch.Tensor:
         """What this chunk sends on: the text embeddings, with an encoder's hidden state."""
@@ -248,16 +229,15 @@ class MultimodalModel(MegatronModule):
         hidden = hidden.to(text.dtype)
         return torch.cat([text.reshape(-1), hidden.reshape(-1)]).view(-1, 1, 1)
 
-    def unpack(self, received: torch.Tensor, tokens: torch.Tensor,
-               media: Mapping[str, torch.Tensor]):
+    def unpack(self, received: torch.Tensor, tokens: torch.Tensor, layout: BatchLayout):
         """(text [S, B, H], encoder hidden [T, N, H_enc] or None) from ``pack``'s tensor."""
         name = self.placement.receives_encoder
-        if name is None or self._items(name, media) is None:
+        if name is None or not layout.items[name]:
             return received, None
         b, s = tokens.shape
         n_text = s * b * self.language_model.config.hidden_size
         enc = self.mm_config.encoders[name]
-        n_items = self._items(name, media).shape[0]
+        n_items = layout.items[name]
         flat = received.reshape(-1)
         hidden = flat[n_text:].view(self.encoder(name).seq_length, n_items, enc.hidden_size)
         return flat[:n_text].view(s, b, -1), hidden
@@ -266,7 +246,8 @@ class MultimodalModel(MegatronModule):
                 media: Optional[Mapping[str, torch.Tensor]] = None,
                 labels: Optional[torch.Tensor] = None,
                 loss_mask: Optional[torch.Tensor] = None,
-                attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                attention_mask: Optional[torch.Tensor] = None,
+                layout: Optional[BatchLayout] = None) -> torch.Tensor:
         """Per-token loss [B, S] when ``labels`` are given, else vocab-parallel logits (on the
         last chunk; earlier chunks return what the next one receives).
 
@@ -276,12 +257,19 @@ class MultimodalModel(MegatronModule):
         ``ContextParallelMask`` instead runs this CP rank's tokens only: ``tokens``,
         ``labels``, ``loss_mask`` and ``position_ids`` stay whole-sequence, the loss comes
         back for the rank's tokens ([B, S_local], in ``attention_mask.local`` order).
+
+        ``layout`` (``BatchLayout``, computed on the host) gives every size and position
+        the forward needs, so it reads no device value; without one it is computed here
+        from ``tokens`` (a host read: for callers off the training step).
         """
         cpm = attention_mask if isinstance(attention_mask, ContextParallelMask) else None
         media = media or {}
+        if layout is None:
+            local_mask = loss_mask if cpm is None else cpm.take_loss_mask(loss_mask)
+            layout = self.layout(tokens, media, local_mask)
         place = self.placement
         if place.llm_embed or (place.encoders and not place.encoder_separate):
-            hidden_in, encoder_hidden = self.front(tokens, position_ids, media)
+            hidden_in, encoder_hidden = self.front(tokens, position_ids, media, layout)
             if not place.runs_llm:
                 return self.pack(hidden_in, encoder_hidden)
         else:
@@ -301,29 +289,35 @@ class MultimodalModel(MegatronModule):
             decoder_input = None
         sparse = (labels is not None and loss_mask is not None
                   and not self.language_model.config.sequence_parallel)
-        self._rope_positions = None if cpm is None else cpm.local
+        self._rope_positions = None if cpm is None else (cpm.local, cpm.codes.shape[1])
         try:
             return self.language_model(
                 input_ids=tokens, position_ids=position_ids, attention_mask=attention_mask,
                 decoder_input=decoder_input, labels=labels,
                 loss_mask=loss_mask if sparse else None,
-                output_processor=loss_at_masked_positions if sparse else None)
+                output_processor=loss_at_masked_positions if sparse else None,
+                output_processor_context=layout.loss_positions if sparse else None)
         finally:
             self._rope_positions = None
 
 
 def loss_at_masked_positions(*, hidden_states, output_layer, output_weight, labels, loss_mask,
-                             compute_language_model_loss, scale_logits, **_):
+                             compute_language_model_loss, scale_logits, context=None, **_):
     """GPTModel output hook: logits and cross entropy only where ``loss_mask`` is set.
 
     In multimodal SFT most positions are media or prompt tokens, so this skips most of the
     vocabulary-sized matmul and softmax; the per-token losses are the same as the full path.
+    ``context`` (``BatchLayout.loss_positions``: the flat [S, B] positions of the loss,
+    from the host) keeps it free of host reads; without it they come from ``loss_mask``.
     """
-    keep = loss_mask.transpose(0, 1) > 0  # [S, B], as hidden_states
-    selected = hidden_states[keep].unsqueeze(1)  # [n, 1, H]
-    logits, _ = output_layer(selected, weight=output_weight)
-    per_token = compute_language_model_loss(labels.transpose(0, 1)[keep].unsqueeze(0),
+    s, b, h = hidden_states.shape
+    positions = context
+    if positions is None:
+        positions = loss_positions(loss_mask).to(hidden_states.device)
+    selected = hidden_states.reshape(s * b, h).index_select(0, positions).unsqueeze(1)
+    logits, _ = output_layer(selected, weight=output_weight)  # [n, 1, V / TP]
+    targets = labels.transpose(0, 1).reshape(s * b).index_select(0, positions)
+    per_token = compute_language_model_loss(targets.unsqueeze(0),
                                             scale_logits(logits))  # [1, n]
-    loss = torch.zeros(keep.shape, dtype=per_token.dtype, device=per_token.device)
-    loss[keep] = per_token.squeeze(0)
-    return loss.transpose(0, 1)  # [B, S] like GPTModel's loss
+    loss = per_token.new_zeros(s * b).index_copy(0, positions, per_token.squeeze(0))
+    return loss.view(s, b).transpose(0, 1)  # [B, S] like GPTModel's loss

@@ -27,7 +27,6 @@ so training, evaluation and generation run through it unchanged.
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -40,6 +39,7 @@ from ..plan.encoder_pipeline import EncoderPieces
 from ..plan.simulate import TimedAction
 from .encoder_replicas import EncoderReplicas
 from .mailbox import Mailbox
+from .timer import device_clock
 
 Key = Tuple[str, int, int]
 
@@ -106,6 +106,10 @@ class _Iteration:
         self.inputs_ready = 0.0  # when the running action's last input arrived
 
     # -- plumbing --------------------------------------------------------------------
+    def now(self) -> float:
+        """The timeline's clock: after the device's queued work, when recording."""
+        return device_clock(self.mailbox.device) if self.x.record_timeline else 0.0
+
     def rank_of(self, kind: str, chunk: int) -> int:
         return self.s.rank_of(Action(kind, 0, chunk))
 
@@ -125,7 +129,7 @@ class _Iteration:
             tensor = self.mailbox.recv(from_rank, key)
         if tensor is not None:
             tensor = tensor.detach().requires_grad_(needs_grad and tensor.is_floating_point())
-        self.inputs_ready = time.time()
+        self.inputs_ready = self.now()
         return tensor
 
     def media_of(self, m: int) -> dict:
@@ -155,14 +159,14 @@ class _Iteration:
         if self.x.record_timeline:
             torch.distributed.barrier(group=parallel_state.get_pipeline_model_parallel_group())
         overlap = _OverlappedGradSync(self, actions)
-        origin = time.time()
+        origin = self.now()
         for i, a in enumerate(actions):
-            self.inputs_ready = time.time()
+            self.inputs_ready = self.now()
             getattr(self, "run_" + a.kind)(a.microbatch, a.chunk)
             if self.x.record_timeline:  # from its inputs' arrival: waiting is idle time
                 self.timeline.append(TimedAction(self.rank, a.kind, a.microbatch, a.chunk,
                                                  self.inputs_ready - origin,
-                                                 time.time() - origin))
+                                                 self.now() - origin))
             overlap.after(i)
         self.mailbox.wait()
         assert not self.local, f"local messages never used: {sorted(self.local)}"
@@ -185,8 +189,10 @@ class _Iteration:
                   self.receive(self.rank_of("EF", p - 1), ("EF", m, p - 1), self.trains(p)))
         run_piece = get_attr_wrapped_model(self.model[0], "run_encoder_piece")
         name, layers = self.x.pieces[p]
+        # only the embedding piece reads the media; later ones their count (on the host)
+        media = self.media_of(m) if p == first else self.batches[m]["media"]
         with torch.set_grad_enabled(self.trains(p)):
-            out = run_piece(name, self.media_of(m), hidden, layers)
+            out = run_piece(name, media, hidden, layers)
         last = p == end - 1
         self.send(self.rank_of("F", 0) if last else self.rank_of("EF", p + 1), ("EF", m, p),
                   out)
@@ -229,7 +235,7 @@ class _Iteration:
         out = (self.receive(self.rank_of("EF", last), ("EF", m, last), False)
                if self.runs_encoder(m) else None)
         out = self.replicas.share_output(m, out, self.mailbox.device)
-        self.inputs_ready = time.time()
+        self.inputs_ready = self.now()
         if out is not None:  # only the owner's EB takes its gradient
             out = out.detach().requires_grad_(self.trains(last) and self.runs_encoder(m)
                                                and out.is_floating_point())

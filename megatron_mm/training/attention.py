@@ -36,7 +36,8 @@ class AttentionSettings:
 
     def mask_for(self, batch: dict,
                  split: bool = True) -> Union[None, torch.Tensor, ContextParallelMask]:
-        """What the model takes as ``attention_mask`` for ``batch`` (already on device):
+        """What the model takes as ``attention_mask`` for ``batch`` (on the host, where its
+        tokens are read; the mask comes back on the tokens' device):
         today's mask (None = causal, or the packed block-diagonal one) when neither option
         is on, else the multimodal mask: for this CP rank, or dense (``split=False``, or
         no context parallelism)."""

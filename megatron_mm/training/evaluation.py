@@ -14,8 +14,8 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
 from ..data import Sample, collate
-from .initialize import device
-from .step import batch_to_device, forward_backward_func, reduce_lm_loss, run_schedule
+from ..runtime.collective_device import collective_device
+from .step import forward_backward_func, prepare_batch, reduce_lm_loss, run_schedule
 
 
 def evaluate_loss(args, model: List, batches) -> float:
@@ -38,10 +38,9 @@ def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
     the result. ``attention`` (AttentionSettings) gives the training mask, whole-sequence:
     with context parallelism every CP rank decodes the whole prompt."""
     def forward_step(data_iterator, chunk):
-        b = batch_to_device(next(data_iterator))
-        mask = None if attention is None else attention.mask_for(b, split=False)
-        logits = chunk(b["tokens"], b["position_ids"], b["media"],
-                       attention_mask=mask)  # [B, S, V / TP] at the end
+        b, mask, layout = prepare_batch(next(data_iterator), chunk, attention, split=False)
+        logits = chunk(b["tokens"], b["position_ids"], b["media"], attention_mask=mask,
+                       layout=layout)  # [B, S, V / TP] at the end
 
         def argmax_last(output, non_loss_data=True):
             last = gather_from_tensor_model_parallel_region(output[:, -1].contiguous()).float()
@@ -57,9 +56,11 @@ def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
         micro_batch_size=first.shape[0], forward_only=True, collect_non_loss_data=True)
     rows = sum(len(b["tokens"]) for b in micro_batches)
     nxt = (torch.cat(collected) if parallel_state.is_pipeline_last_stage()
-           else torch.empty(rows, dtype=torch.long, device=device()))
+           else torch.empty(rows, dtype=torch.long))
+    group = parallel_state.get_pipeline_model_parallel_group()
+    nxt = nxt.to(collective_device(group))
     torch.distributed.broadcast(nxt, src=parallel_state.get_pipeline_model_parallel_last_rank(),
-                                group=parallel_state.get_pipeline_model_parallel_group())
+                                group=group)
     return nxt
 
 
@@ -131,6 +132,8 @@ def answer_accuracy(args, model: List, dataset, tokenizer, indices: Sequence[int
                 correct += int(guess == normalize_answer(sample.answer))
     for chunk in model:
         chunk.train()
-    counts = torch.tensor([correct, len(mine)], dtype=torch.float64, device=device())
-    torch.distributed.all_reduce(counts, group=parallel_state.get_data_parallel_group())
+    group = parallel_state.get_data_parallel_group()
+    counts = torch.tensor([correct, len(mine)], dtype=torch.float64,
+                          device=collective_device(group))
+    torch.distributed.all_reduce(counts, group=group)
     return (counts[0] / counts[1].clamp(min=1)).item()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import platform
 import statistics
-import time
 from typing import Dict, List
 
 import torch
@@ -20,6 +19,7 @@ import torch
 from ..models.multimodal import MultimodalModel, loss_at_masked_positions
 from ..plan.layers import Layer
 from ..plan.profile import LayerProfile, LayerTime
+from ..runtime.timer import DeviceTimer
 from .activation_profile import parameter_storages, saved_tensor_bytes, tensor_bytes
 
 
@@ -33,6 +33,7 @@ class _Runner:
         self.text = None  # [S, B, H]: embeddings, then LLM hidden states
         self.hidden: Dict[str, torch.Tensor] = {}  # encoder name -> [T, N, H]
         self.rope = self.lm.rotary_pos_emb(batch["tokens"].shape[1])
+        self.layout = model.layout(batch["tokens"], batch["media"], batch["loss_mask"])
 
     def detach_inputs(self, layer: Layer) -> None:
         """Cut the graph before ``layer``; its inputs need a gradient iff one flows there."""
@@ -65,8 +66,7 @@ class _Runner:
             mod = m.encoder(layer.branch).decoder.layers[index]
             return mod(hidden_states=self.hidden[layer.branch], attention_mask=None)[0]
         if kind == "projector":
-            return m.merge(layer.branch, b["tokens"], self.text, b["media"],
-                           self.hidden[layer.branch])
+            return m.merge(layer.branch, self.text, self.layout, self.hidden[layer.branch])
         if kind == "llm_layer":
             mod = self.lm.decoder.layers[index]
             return mod(hidden_states=self.text, attention_mask=None,
@@ -89,7 +89,7 @@ class _Runner:
             hidden_states=lm.decoder.final_layernorm(x), output_layer=lm.output_layer,
             output_weight=weight, labels=b["labels"], loss_mask=b["loss_mask"],
             compute_language_model_loss=lm.compute_language_model_loss,
-            scale_logits=lm._scale_logits)
+            scale_logits=lm._scale_logits, context=self.layout.loss_positions)
 
 
 def profile_layers(model: MultimodalModel, chain: List[Layer], batches: List[dict],
@@ -100,6 +100,7 @@ def profile_layers(model: MultimodalModel, chain: List[Layer], batches: List[dic
     bwd: Dict[str, List[float]] = {l.module: [] for l in chain}
     acts: Dict[str, List[float]] = {l.module: [0.0, 0.0] for l in chain}
     params = parameter_storages([model])
+    timer = DeviceTimer(next(model.parameters()).device)
     for i, batch in enumerate(batches):
         runner = _Runner(model, batch)
         for layer in chain:
@@ -110,14 +111,15 @@ def profile_layers(model: MultimodalModel, chain: List[Layer], batches: List[dic
                         runner.forward(layer)
                     acts[layer.module] = [float(saved.nbytes),
                                           float(tensor_bytes(runner.inputs(layer)))]
-                start = time.perf_counter()
+                timer.start()
                 out = runner.forward(layer)
-                t_fwd = time.perf_counter() - start
+                t_fwd = timer.stop()
             t_bwd = 0.0
             if layer.runs_backward and out.requires_grad:
-                start = time.perf_counter()
-                out.backward(torch.ones_like(out))
-                t_bwd = time.perf_counter() - start
+                grad = torch.ones_like(out)
+                timer.start()
+                out.backward(grad)
+                t_bwd = timer.stop()
             runner.store(layer, out)
             if i >= warmup:
                 fwd[layer.module].append(t_fwd)

@@ -14,12 +14,14 @@ it given explicitly: same initialisation, same data order.
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Callable, List
 
 import torch
 
 from ..plan.partition_search import candidates, fastest, table
+from ..runtime.collective_device import collective_device
+from ..runtime.timer import DeviceTimer
+from .initialize import device
 from .pipeline_plan import training_chain
 
 
@@ -41,12 +43,14 @@ def time_candidate(args, build: Callable, batches: Callable, step: Callable) -> 
     data = batches()
     step(run, data)  # warm-up, untimed: first-call allocations and lazy initialisation
     times: List[float] = []
+    timer = DeviceTimer(device())
     for _ in range(args.pipeline_search_iters):
         torch.distributed.barrier()
-        start = time.perf_counter()
+        timer.start()
         step(run, data)
-        times.append(time.perf_counter() - start)
-    median = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        times.append(timer.stop())
+    median = torch.tensor([statistics.median(times)], dtype=torch.float64,
+                          device=collective_device())
     torch.distributed.all_reduce(median, op=torch.distributed.ReduceOp.MAX)
     return float(median.item())
 

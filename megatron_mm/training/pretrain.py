@@ -45,7 +45,8 @@ from .balanced_data import balanced_batch_iterator
 from .checkpointing import CheckpointError, load_checkpoint, save_checkpoint, saved_args
 from .encoder_schedule import build_executor, encoder_pipeline_plan, separate_encoder
 from .evaluation import answer_accuracy, evaluate_loss
-from .initialize import device, initialize_distributed, set_random_seed
+from ..runtime.collective_device import collective_device
+from .initialize import initialize_distributed, set_random_seed
 from .partition_trials import search_partition
 from .pipeline_plan import describe_encoder_plan, describe_plan, plan_pipeline
 from .recompute_plan import describe_choice, recompute_layers_per_chunk
@@ -112,7 +113,7 @@ def data_paths(args) -> tuple[str, str]:
                 error = None
         else:
             error = None
-        failed = torch.tensor([int(error is not None)], device=device())
+        failed = torch.tensor([int(error is not None)], device=collective_device())
         torch.distributed.all_reduce(failed)
         if error is not None:
             raise error

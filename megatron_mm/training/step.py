@@ -8,21 +8,46 @@ from typing import Iterator, List, Optional
 import torch
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.utils import get_attr_wrapped_model
 
+from ..models.batch_layout import batch_layout
 from ..models.context_parallel import ContextParallelMask
+from ..runtime.collective_device import collective_device
 from .attention import AttentionSettings
 from .initialize import device
 
 
-def batch_to_device(batch: dict) -> dict:
+def batch_to_device(batch: dict, media: bool = True) -> dict:
+    """The model's inputs on the device; the media only where the model chunk reads them
+    (``media=False``: an empty dict, the layout carries their counts)."""
     dev = device()
     out = dict(batch)
     for key in ("tokens", "labels", "loss_mask", "position_ids"):
         out[key] = batch[key].to(dev, non_blocking=True)
-    out["media"] = {k: v.to(dev, non_blocking=True) for k, v in batch["media"].items()}
+    out["media"] = ({k: v.to(dev, non_blocking=True) for k, v in batch["media"].items()}
+                    if media else {})
     if "attention_mask" in batch:  # packed samples (--data-balance)
         out["attention_mask"] = batch["attention_mask"].to(dev, non_blocking=True)
     return out
+
+
+def prepare_batch(batch: dict, model, attention: Optional[AttentionSettings] = None,
+                  split: bool = True):
+    """(the batch on the device, its attention mask, its ``BatchLayout``) from a batch on
+    the host: whatever depends on the batch's values (the mask, this CP rank's tokens,
+    media placement and checks, loss positions) is computed here, before the copy, so
+    the model's forward reads no device value."""
+    mask = (batch.get("attention_mask") if attention is None
+            else attention.mask_for(batch, split=split))
+    loss_mask = batch.get("loss_mask")
+    if isinstance(mask, ContextParallelMask) and loss_mask is not None:
+        loss_mask = mask.take_loss_mask(loss_mask)
+    inner = get_attr_wrapped_model(model, "needs_media", return_model_obj=True)
+    layout = batch_layout(inner.mm_config, inner.media_token_ids, batch["tokens"],
+                          batch["media"], loss_mask)
+    dev = device()
+    return (batch_to_device(batch, media=inner.needs_media()),
+            None if mask is None else mask.to(dev), layout.to(dev))
 
 
 class TokenCounter:
@@ -41,8 +66,10 @@ class TokenCounter:
 
     def take_global(self) -> int:
         """Positions seen by all data-parallel ranks since the last call."""
-        count = torch.tensor([self.tokens], dtype=torch.float64, device=device())
-        torch.distributed.all_reduce(count, group=parallel_state.get_data_parallel_group())
+        group = parallel_state.get_data_parallel_group()
+        count = torch.tensor([self.tokens], dtype=torch.float64,
+                             device=collective_device(group))
+        torch.distributed.all_reduce(count, group=group)
         self.tokens = 0
         return int(count.item())
 
@@ -58,11 +85,10 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 
 def forward_step(data_iterator: Iterator, model,
                  attention: Optional[AttentionSettings] = None):
-    batch = batch_to_device(next(data_iterator))
-    mask = batch.get("attention_mask") if attention is None else attention.mask_for(batch)
+    batch, mask, layout = prepare_batch(next(data_iterator), model, attention)
     output = model(batch["tokens"], batch["position_ids"], batch["media"],
                    labels=batch["labels"], loss_mask=batch["loss_mask"],
-                   attention_mask=mask)
+                   attention_mask=mask, layout=layout)
     loss_mask = batch["loss_mask"]
     if isinstance(mask, ContextParallelMask):  # the loss of this CP rank's tokens only
         loss_mask = mask.take_loss_mask(loss_mask)
@@ -89,9 +115,9 @@ def reduce_lm_loss(losses: List[dict]) -> float:
     rank holds the loss of its own tokens; last stage only)."""
     if not losses:
         return float("nan")
-    total = torch.stack([x["lm loss"] for x in losses]).sum(0).to(device())
-    torch.distributed.all_reduce(
-        total, group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    total = torch.stack([x["lm loss"] for x in losses]).sum(0).to(collective_device(group))
+    torch.distributed.all_reduce(total, group=group)
     return (total[0] / total[1].clamp(min=1)).item()
 
 

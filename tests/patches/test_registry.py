@@ -20,16 +20,35 @@ def test_thirteen_patches_all_applied_here():
         apply_cpu_patches(["no_such_patch"])
 
 
-def test_only_triton_stub_when_cuda_is_available(registry_under_cuda):
+def test_on_cuda_only_the_patches_whose_bug_is_not_about_cuda(registry_under_cuda):
+    """CUDA present, neither Transformer Engine nor Apex installed (this venv): the CUDA
+    stand-ins stay out; the fixes for torch AdamW in the distributed optimizer, for
+    CLIPViTModel's norm without TE, the triton stub and the parallel_state reset go in."""
     got = registry_under_cuda
-    assert got["returned"] == got["again"] == got["applied"] == ["triton_stub"]
+    expected = ["triton_stub", "distopt_load", "clip_vit_norm",
+                "destroy_resets_embedding_ranks"]
+    assert got["returned"] == got["again"] == got["applied"] == expected
     assert got["stub_installed"]  # needed with CUDA too, when triton is missing
     assert all(got["torch_cuda_unchanged"].values()), got["torch_cuda_unchanged"]
     assert all(got["torch_tensor_unchanged"].values()), got["torch_tensor_unchanged"]
     # No other patch module was even imported, so none of their apply() ran.
-    assert got["patch_modules_imported"] == ["megatron_mm.patches.registry",
-                                             "megatron_mm.patches.triton_stub"]
-    assert not got["megatron_core_imported"]
+    assert got["patch_modules_imported"] == sorted(
+        ["megatron_mm.patches.registry"] + [f"megatron_mm.patches.{n}" for n in expected])
+
+
+@pytest.mark.parametrize("cuda,installed,expected", [
+    (False, (), ALL),
+    (True, (), ["triton_stub", "distopt_load", "clip_vit_norm",
+                "destroy_resets_embedding_ranks"]),
+    (True, ("apex",), ["triton_stub", "clip_vit_norm", "destroy_resets_embedding_ranks"]),
+    (True, ("transformer_engine",), ["triton_stub", "destroy_resets_embedding_ranks"]),
+    (False, ("transformer_engine",),
+     [n for n in ALL if n not in ("distopt_load", "clip_vit_norm")]),
+])
+def test_each_patch_is_gated_on_the_condition_of_its_bug(cuda, installed, expected):
+    from megatron_mm.patches.registry import is_needed
+
+    assert [p.name for p in PATCHES if is_needed(p, cuda, lambda m: m in installed)] == expected
 
 
 def _symbols(replaces: str) -> list[str]:

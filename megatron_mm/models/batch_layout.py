@@ -1,0 +1,107 @@
+"""Where a micro-batch's media features and losses go, computed on the host.
+
+On a GPU, reading a device value on the host (``int(t)``, ``.tolist()``, a boolean mask
+whose selection sizes an output) stalls the host until the device catches up, once per
+micro-batch. So the model's forward takes every size and position it needs from a
+``BatchLayout`` that the training step computes from the batch while it is still on the
+host, and uses only index ops of known sizes (``index_select`` / ``index_copy``). The
+placeholder checks that need values (``MediaMismatchError``) run here too, before anything
+reaches the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Mapping, Optional
+
+import torch
+
+from ..config import MultimodalModelConfig
+
+# Which batch media key feeds each encoder kind.
+ENCODER_MODALITY = {"clip": "image", "siglip": "image", "whisper": "audio"}
+# Batch media key with each clip's true length (mel frames) for variable-length modalities.
+LENGTHS_KEY = {"audio": "audio_frames"}
+
+
+class MediaMismatchError(ValueError):
+    """The placeholder tokens of a batch do not match its media."""
+
+
+@dataclass
+class BatchLayout:
+    """Per encoder name: ``items`` (media items in the batch), ``slots`` ([n] long: the
+    placeholder positions in the sequence-first [S, B] text, flattened, in the batch's
+    row-major (sample, position) order: the order of the features) and ``keep`` ([n]
+    long: which rows of the flattened [N, T'] features fill them; None: all, in order).
+    ``loss_positions`` ([K] long, or None: no loss mask): where the loss is taken in the
+    flattened [S, B] output of the tokens this rank runs (its CP share)."""
+
+    items: Dict[str, int] = field(default_factory=dict)
+    slots: Dict[str, torch.Tensor] = field(default_factory=dict)
+    keep: Dict[str, Optional[torch.Tensor]] = field(default_factory=dict)
+    loss_positions: Optional[torch.Tensor] = None
+
+    def to(self, device) -> "BatchLayout":
+        def move(t):
+            return None if t is None else t.to(device, non_blocking=True)
+        return BatchLayout(dict(self.items), {k: move(v) for k, v in self.slots.items()},
+                           {k: move(v) for k, v in self.keep.items()},
+                           move(self.loss_positions))
+
+
+def loss_positions(loss_mask: torch.Tensor) -> torch.Tensor:
+    """[B, S] loss mask -> the flat positions in [S, B] order where it is set."""
+    return torch.nonzero(loss_mask.detach().cpu().transpose(0, 1).reshape(-1) > 0).view(-1)
+
+
+def batch_layout(config: MultimodalModelConfig, media_token_ids: Mapping[str, int],
+                 tokens: torch.Tensor, media: Mapping[str, torch.Tensor],
+                 loss_mask: Optional[torch.Tensor] = None) -> BatchLayout:
+    """The layout of a batch on the host (``tokens`` [B, S], ``media`` as collated; the
+    loss mask of the tokens this rank runs). Raises ``MediaMismatchError`` when the
+    placeholders do not match the media."""
+    tokens = tokens.detach().cpu()
+    b, s = tokens.shape
+    layout = BatchLayout(
+        loss_positions=None if loss_mask is None else loss_positions(loss_mask))
+    for name, enc in config.encoders.items():
+        modality = ENCODER_MODALITY[enc.model_type]
+        items = media.get(modality)
+        n_items = 0 if items is None else items.shape[0]
+        # row-major (sample, position) order, as flat [S, B] positions
+        rows, cols = torch.nonzero(tokens == media_token_ids[modality], as_tuple=True)
+        slots = cols * b + rows
+        per_item = _tokens_per_item(name, config, modality, media, n_items)
+        if per_item is None:
+            width = enc.num_output_tokens
+            expected, what = n_items * width, f"x {width} tokens each"
+            keep = None
+        else:
+            expected = sum(per_item)
+            what = f"(their lengths give {expected} tokens)"
+            width = enc.num_output_tokens
+            keep = torch.cat([torch.arange(n, dtype=torch.long) + i * width
+                              for i, n in enumerate(per_item)]) if per_item else None
+        if len(slots) != expected:
+            raise MediaMismatchError(
+                f"batch has {len(slots)} {modality} placeholder tokens but "
+                f"{n_items} {modality} items {what}")
+        layout.items[name], layout.slots[name], layout.keep[name] = n_items, slots, keep
+    return layout
+
+
+def _tokens_per_item(name: str, config: MultimodalModelConfig, modality: str,
+                     media: Mapping[str, torch.Tensor], n_items: int) -> Optional[list]:
+    """Each item's feature count for a variable-length modality (a clip's first
+    ``output_tokens(frames)``; the rest come from its padding), else None."""
+    key = LENGTHS_KEY.get(modality)
+    if key is None or n_items == 0:
+        return None
+    frames = media.get(key)
+    if frames is None or frames.shape[0] != n_items:
+        raise MediaMismatchError(f"batch has {n_items} {modality} items but "
+                                 f"{'no' if frames is None else frames.shape[0]} "
+                                 f"lengths in media[{key!r}]")
+    enc = config.encoders[name]
+    return [enc.output_tokens(int(f)) for f in frames.detach().cpu().tolist()]
