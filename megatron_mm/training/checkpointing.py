@@ -202,6 +202,10 @@ def load_checkpoint(args, chunks, optimizer, scheduler) -> int:
     if with_optim:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["opt_param_scheduler"])
+    elif optimizer is not None:
+        # As Megatron-LM: the bf16 optimizer's fp32 main params were copied from the
+        # model's initial weights; without this the first step would undo the load.
+        optimizer.reload_model_params()
     if with_rng:
         rng = state["rng_state"]
         torch.set_rng_state(rng["torch"])
