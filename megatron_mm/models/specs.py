@@ -18,6 +18,7 @@ positions (``MultimodalModel``).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
@@ -140,9 +141,8 @@ def get_layer_specs(transformer_impl: str, qk_layernorm: bool = False,
     mask_type = language_attn_mask_type(transformer_impl, media_attention,
                                         context_parallel and cp_attention != "none")
     if mask_type != specs.language_layer.submodules.self_attention.params["attn_mask_type"]:
-        specs = LayerSpecs(specs.impl, specs.vision_layer,
-                           with_attn_mask_type(specs.language_layer, mask_type),
-                           specs.projector, specs.vision_norm)
+        specs = dataclasses.replace(
+            specs, language_layer=with_attn_mask_type(specs.language_layer, mask_type))
     if not context_parallel or cp_attention == "none":
         return specs
     if cp_attention == "transformer_engine" and transformer_impl != "transformer_engine":
