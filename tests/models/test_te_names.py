@@ -172,7 +172,12 @@ def test_every_local_weight_has_its_te_name(gloo_world, te_specs, stack, spec):
 def test_names_outside_layers_and_table_patterns():
     assert to_te("decoder.layers.{i}.input_layernorm.weight") == \
         "decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight"
-    assert to_te("vision_model.ln_pre.weight") == "vision_model.ln_pre.weight"
+    # Outside the layers TE keeps the names: TENorm (ln_pre, ln_post, final norm) and the
+    # projectors' TEColumnParallelLinear / TERowParallelLinear have weight and bias.
+    for name in ("vision_model.ln_pre.weight", "audio_model.ln_post.bias",
+                 "vision_projection.encoder.linear_fc1.weight",
+                 "audio_projection.encoder.bias"):
+        assert to_te(name) == name
     assert to_te("language_model.decoder.final_layernorm.weight") == \
         "language_model.decoder.final_layernorm.weight"
     assert is_module_state("x.layers.0.self_attention.core_attention._extra_state")
