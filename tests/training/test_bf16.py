@@ -12,7 +12,8 @@ STEPS = 2
 # bf16 keeps 8 significant bits (relative rounding 2^-9 = 0.2%); TP and PP change the
 # order of the reductions and where activations are rounded, which moves results by a few
 # roundings, not by the O(1) of a wrong gradient (a missing or doubled reduction). Measured
-# worst cases (printed with -s): TP=2 grads 0.020, params 0.0034; PP=2 and the bubble
+# worst cases (printed with -s): TP=2 grads 0.020 (the first ViT layer's pre-MLP norm weight,
+# the smallest gradients, furthest down the backward), params 0.0034; PP=2 and the bubble
 # schedule 1e-7 and 3e-5.
 LOSS_RTOL = 1e-2
 GRAD_RTOL = 5e-2  # ||g - g_ref|| / ||g_ref||, per tensor
@@ -70,5 +71,5 @@ def test_bf16_parallel_equals_one_process(bf16_reference, layout, pp):
             else:
                 err = float((ours[name] - value).abs().max())
                 assert err < PARAM_ATOL, (name, err)
-            worst[what] = max(worst.get(what, 0.0), err)
+            worst[what] = max(worst.get(what, (0.0, "")), (err, name))
     print(f"bf16 {layout}: worst relative error {worst}")
