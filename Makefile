@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 PIP    := $(VENV)/bin/python -m pip
 NPROC  ?= 2
 
-.PHONY: demo demo-audio test setup espeak-ng clean
+.PHONY: demo demo-audio test setup espeak-ng clean print-demo-flags
 
 setup: $(VENV)/.installed espeak-ng
 
@@ -69,6 +69,10 @@ demo-audio: setup
 	  "sudo apt-get install -y espeak-ng (Debian/Ubuntu) or brew install espeak-ng"; exit 2; }
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
 		examples/pretrain_mllm.py $(DEMO_AUDIO_FLAGS)
+
+# The demo's flags, for the GPU checks of docs/gpu.md: DEMO="$(make -s print-demo-flags)".
+print-demo-flags:
+	@echo $(DEMO_FLAGS)
 
 test: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q tests

@@ -83,7 +83,12 @@ MiB = 2**20
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    return build_parser().parse_args(argv)
+
+
+def build_parser(description: str = __doc__.split("\n")[0]) -> argparse.ArgumentParser:
+    """The model sizes and run flags (tools/bench_gpu.py adds its own to them)."""
+    p = argparse.ArgumentParser(description=description)
     a = p.add_argument
     a("--tensor-model-parallel-size", type=int, default=1)
     a("--micro-batch-size", type=int, default=2, help="samples per rank, one image each")
@@ -114,7 +119,7 @@ def parse_args(argv=None):
     a("--vocab-size", type=int, default=32000)
     a("--untie-embeddings-and-output-weights", action=argparse.BooleanOptionalAction,
       default=True, help="Llama unties them (default); --no-untie-... ties them")
-    return p.parse_args(argv)
+    return p
 
 
 def init_distributed(args) -> bool:

@@ -6,7 +6,9 @@ script's own ``save_checkpoint``: iteration 0, weights only, and the model's fla
 saved args, so ``examples/pretrain_mllm.py --load`` rebuilds it at any TP / PP (the
 distributed checkpoint reshards). Everything else of the Hugging Face directory (config,
 tokenizer, image processor, tensors the model does not use) is carried in ``<save>/hf/``;
-export reads it back to write a directory transformers loads.
+export reads it back to write a directory transformers loads. The checkpoint carries
+Transformer Engine's tensor names (``models/te_names.py``), so the import trains with either
+``--transformer-impl`` and export reads a checkpoint trained with either.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ the Hugging Face tensor names it is made of, and a named transform.
 ``{i}`` in a pattern is a layer index. A rule applies to every tensor of the built model
 its Megatron pattern matches, so one table serves a model with or without QKV bias, q/k
 norm, a class token or an untied output layer: what the model does not have is skipped.
+Tables are written in the local layers' names; ``MappingTable(rules, "transformer_engine")``
+serves a model built with Transformer Engine layers (``models/te_names.py``: fused norms
+renamed, TE's ``_extra_state`` module state left to the model).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Dict, Iterable, Mapping, Set, Tuple
 
 import torch
 
+from ..models.te_names import is_module_state, to_te
 from .errors import ConversionError
 from .transforms import IDENTITY, Context, Transform
 
@@ -38,9 +42,16 @@ def _shape(t) -> str:
     return "x".join(map(str, t.shape)) or "scalar"
 
 
+def in_transformer_impl(rules: Iterable[Rule], transformer_impl: str) -> Tuple[Rule, ...]:
+    """The same rules with the Megatron names of ``transformer_impl``'s layers."""
+    if transformer_impl == "local":
+        return tuple(rules)
+    return tuple(Rule(to_te(r.megatron), r.hf, r.transform) for r in rules)
+
+
 class MappingTable:
-    def __init__(self, rules: Iterable[Rule]):
-        self.rules = tuple(rules)
+    def __init__(self, rules: Iterable[Rule], transformer_impl: str = "local"):
+        self.rules = in_transformer_impl(rules, transformer_impl)
         self._compiled = [(r, r.regex()) for r in self.rules]
 
     def _rule_for(self, name: str):
@@ -56,6 +67,8 @@ class MappingTable:
         whose shapes they must have), and the set of Hugging Face names used."""
         out, used = {}, set()
         for name, target in expected.items():
+            if is_module_state(name):
+                continue
             rule, groups = self._rule_for(name)
             sources = [h.format(**groups) for h in rule.hf]
             missing = [s for s in sources if s not in hf]
@@ -80,6 +93,8 @@ class MappingTable:
     def to_hf(self, megatron: Mapping[str, torch.Tensor], ctx: Context) -> Dict[str, torch.Tensor]:
         out = {}
         for name, tensor in megatron.items():
+            if is_module_state(name):
+                continue
             rule, groups = self._rule_for(name)
             for h, t in zip(rule.hf, rule.transform.to_hf(tensor, ctx)):
                 out[h.format(**groups)] = t

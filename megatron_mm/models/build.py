@@ -39,7 +39,8 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
     lm = config.language
     specs = get_layer_specs(settings.transformer_impl, qk_layernorm=lm.qk_layernorm,
                             context_parallel=settings.context_parallel_size > 1,
-                            cp_attention=settings.cp_attention)
+                            cp_attention=settings.cp_attention,
+                            media_attention=settings.media_attention)
     language_model = GPTModel(
         config=language_transformer_config(lm, settings),
         transformer_layer_spec=specs.language_layer,

@@ -18,6 +18,7 @@ positions (``MultimodalModel``).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
@@ -37,6 +38,8 @@ from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from ..config import ConfigError
 from .context_parallel import ContextParallelMask
 from .cp_attention import ContextParallelAttention
+from .te_attention_mask import language_attn_mask_type, with_attn_mask_type
+from .te_names import with_te_checkpoint_names
 
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
 CP_ATTENTIONS = ("none", "ours", "transformer_engine")
@@ -130,10 +133,16 @@ class LayerSpecs:
 
 
 def get_layer_specs(transformer_impl: str, qk_layernorm: bool = False,
-                    context_parallel: bool = False, cp_attention: str = "ours") -> LayerSpecs:
+                    context_parallel: bool = False, cp_attention: str = "ours",
+                    media_attention: str = "causal") -> LayerSpecs:
     """``cp_attention`` (``CPAttentionChoice.kind``) picks the core attention when
-    ``context_parallel``."""
+    ``context_parallel``; ``media_attention`` the LLM's mask type (``te_attention_mask``)."""
     specs = _impl_specs(transformer_impl, qk_layernorm)
+    mask_type = language_attn_mask_type(transformer_impl, media_attention,
+                                        context_parallel and cp_attention != "none")
+    if mask_type != specs.language_layer.submodules.self_attention.params["attn_mask_type"]:
+        specs = dataclasses.replace(
+            specs, language_layer=with_attn_mask_type(specs.language_layer, mask_type))
     if not context_parallel or cp_attention == "none":
         return specs
     if cp_attention == "transformer_engine" and transformer_impl != "transformer_engine":
@@ -174,13 +183,13 @@ def _impl_specs(transformer_impl: str, qk_layernorm: bool) -> LayerSpecs:
         )
     return LayerSpecs(
         impl=transformer_impl,
-        vision_layer=vit_layer_specs.get_vit_layer_with_local_spec(),
+        # Checkpoint keys as the TE ViT spec names them (te_names.py).
+        vision_layer=with_te_checkpoint_names(vit_layer_specs.get_vit_layer_with_local_spec()),
         language_layer=get_gpt_layer_local_spec(qk_layernorm=qk_layernorm,
                                                 normalization="RMSNorm"),
         projector=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
         vision_norm=WrappedTorchNorm,
     )
-
 
 
 def _te_cp_attention():

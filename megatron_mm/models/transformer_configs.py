@@ -39,6 +39,7 @@ class BuildSettings:
     cp_attention: str = "ours"
     cp_comm_type: Optional[str] = None
     transformer_impl: str = "local"
+    media_attention: str = "causal"  # --media-attention: the LLM's mask type on TE
     bf16: bool = False
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0

@@ -27,6 +27,7 @@ from ..plan.encoder_pipeline import plan_encoder_pipeline
 from ..plan.hardware import MemoryModel
 from ..plan.partition import parse_partition_flag, partition
 from ..plan.recompute_budget import GB, choose_recompute, chunk_activations, static_bytes
+from .transformer_impl import validate_transformer_impl
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -321,6 +322,7 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
         raise ConfigError("--context-parallel-block must be >= 1")
     if args.context_parallel_block_overhead < 0:
         raise ConfigError("--context-parallel-block-overhead must be >= 0")
+    validate_transformer_impl(args)
     if world_size % (tp * pp * cp):
         raise ConfigError(
             f"world size {world_size} is not divisible by --tensor-model-parallel-size ({tp})"

@@ -22,6 +22,9 @@ from typing import Optional
 import torch
 from megatron.core import dist_checkpointing, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.validation import StrictHandling
+
+from ..models.te_names import is_module_state
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MODEL_CONFIG = "model_config.json"
@@ -157,6 +160,19 @@ def locate_checkpoint(args) -> Optional[int]:
     return iteration
 
 
+def _load_allowing_absent_module_state(template: dict, path: str):
+    """Load ``template`` from ``path``; tensors the template asks for and the checkpoint
+    lacks (Megatron-Core's "unexpected" keys) may only be TE's ``_extra_state`` (a checkpoint
+    saved with ``--transformer-impl local`` loaded into TE layers)."""
+    state, _, absent = dist_checkpointing.load(template, path,
+                                               strict=StrictHandling.RETURN_UNEXPECTED)
+    weights = sorted(k for k in absent if not is_module_state(k.split("/")[0]))
+    if weights:
+        raise CheckpointError(f"{path} lacks {len(weights)} tensors the model needs, e.g. "
+                              f"{weights[:5]}: a checkpoint of another model?")
+    return state
+
+
 def load_checkpoint(args, chunks, optimizer, scheduler) -> int:
     """Load the latest checkpoint under ``args.load``; returns the iteration to resume at."""
     iteration = locate_checkpoint(args)
@@ -173,12 +189,23 @@ def load_checkpoint(args, chunks, optimizer, scheduler) -> int:
                 and same_layout)
     template = _state_dict(chunks, optimizer, scheduler, args, iteration, with_optim,
                            with_rng, loading=True)
-    state = dist_checkpointing.load(template, path)
+    state = _load_allowing_absent_module_state(template, path)
     for key, chunk in zip(_model_keys(chunks), chunks):
-        chunk.load_state_dict(state[key], strict=True)
+        # Only TE's _extra_state may be missing (Megatron-LM falls back to strict=False
+        # for it too): TEDotProductAttention has one but checkpoints none, and a checkpoint
+        # saved with local specs has none. The module keeps its own.
+        result = chunk.load_state_dict(state[key], strict=False)
+        missing = [k for k in result.missing_keys if not is_module_state(k)]
+        if missing or result.unexpected_keys:
+            raise CheckpointError(f"{path}: the model and the checkpoint differ: missing "
+                                  f"{missing[:5]}, unexpected {result.unexpected_keys[:5]}")
     if with_optim:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["opt_param_scheduler"])
+    elif optimizer is not None:
+        # As Megatron-LM: the bf16 optimizer's fp32 main params were copied from the
+        # model's initial weights; without this the first step would undo the load.
+        optimizer.reload_model_params()
     if with_rng:
         rng = state["rng_state"]
         torch.set_rng_state(rng["torch"])

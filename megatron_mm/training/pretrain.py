@@ -93,6 +93,7 @@ def build_settings(args, placements=None) -> BuildSettings:
         context_parallel_size=args.context_parallel_size, transformer_impl=impl, bf16=args.bf16, hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
         use_cpu_initialization=cpu_init, placements=placements,
+        media_attention=args.media_attention,
         recompute_granularity=getattr(args, "recompute_granularity", None),
         recompute_method=getattr(args, "recompute_method", None),
         recompute_num_layers=getattr(args, "recompute_num_layers", None))

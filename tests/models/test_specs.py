@@ -35,3 +35,44 @@ def test_context_parallel_swaps_only_the_llm_core_attention():
     assert core(cp.language_layer) is ContextParallelAttention
     assert core(plain.language_layer) is DotProductAttention  # the shared spec is untouched
     assert core(cp.vision_layer) is core(plain.vision_layer)
+
+
+@pytest.fixture
+def te_placeholder_specs(monkeypatch):
+    """``get_layer_specs("transformer_engine")`` run through on Megatron-Core's TE spec
+    code: without TE its TE classes are placeholders, enough to read the specs' structure
+    (never to build a layer)."""
+    from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    from megatron_mm.models import specs
+
+    monkeypatch.setattr(gpt_layer_specs, "TESpecProvider", TESpecProvider)
+    monkeypatch.setattr(specs, "transformer_engine_available", lambda: True)
+    return specs.get_layer_specs
+
+
+def _mask_type(specs):
+    return specs.language_layer.submodules.self_attention.params["attn_mask_type"]
+
+
+def test_a_non_causal_mask_on_te_declares_arbitrary(te_placeholder_specs):
+    """TE's causal attention ignores the mask it is given: --media-attention bidirectional
+    must declare a mask type TE applies (local attention applies any mask it gets)."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from megatron_mm.models.te_attention_mask import language_attn_mask_type
+
+    te = te_placeholder_specs
+    assert _mask_type(te("transformer_engine")) == AttnMaskType.causal
+    bidirectional = te("transformer_engine", media_attention="bidirectional")
+    assert _mask_type(bidirectional) == AttnMaskType.arbitrary
+    assert _mask_type(te("transformer_engine")) == AttnMaskType.causal  # spec not mutated
+    # The encoders attend everything (no mask) either way.
+    vit = bidirectional.vision_layer.submodules.self_attention.params["attn_mask_type"]
+    assert vit == AttnMaskType.no_mask
+    # With CP our ContextParallelAttention applies the mask itself.
+    assert language_attn_mask_type("transformer_engine", "bidirectional",
+                                   context_parallel=True) == AttnMaskType.causal
+    assert _mask_type(get_layer_specs("local", media_attention="bidirectional")) == \
+        AttnMaskType.causal

@@ -74,6 +74,9 @@ SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
     (["--context-parallel-size", "2", "--tensor-model-parallel-size", "2"], 2,
      "world size 2 is not divisible by --tensor-model-parallel-size (2) x "
      "--pipeline-model-parallel-size (1) x --context-parallel-size (2)"),
+    # Transformer Engine is never installed on the CPU test machine
+    (["--transformer-impl", "transformer_engine"], 1,
+     "--transformer-impl transformer_engine needs Transformer Engine, which is not installed"),
     # the encoder as its own pipeline
     (["--pipeline-model-parallel-size", "4", "--num-layers", "4", "--encoder-schedule",
       "bubble", "--encoder-pipeline-model-parallel-size", "3"], 4,

@@ -1,0 +1,142 @@
+"""Transformer Engine layers on a GPU (docs/gpu.md): skipped where TE or CUDA is missing,
+which is every CPU machine; these have never run.
+
+- A TE model (LLM with a CLIP, SigLIP or Whisper-style encoder and its projector) takes a
+  local model's weights through ``models/te_names.py`` (and only those, besides TE's
+  module state) and computes the same loss.
+- ``--media-attention bidirectional`` on TE (mask type ``arbitrary``) equals the local
+  layers with the same mask, and differs from causal: TE does not drop the mask.
+- A checkpoint saved with local specs loads into TE specs and back.
+"""
+
+import argparse
+
+import pytest
+import torch
+
+import megatron_mm.models  # noqa: F401  (patches first; no-ops with CUDA)
+from megatron_mm.config import (
+    AudioEncoderConfig,
+    LanguageModelConfig,
+    MultimodalModelConfig,
+    ProjectorConfig,
+    VisionEncoderConfig,
+)
+from megatron_mm.models.specs import transformer_engine_available
+from megatron_mm.models.te_names import is_module_state, to_te
+
+pytestmark = pytest.mark.skipif(not transformer_engine_available(),
+                                reason="needs Transformer Engine and a CUDA device")
+
+MEDIA_ID = 250
+ENCODERS = {  # each family's encoder; 16 media tokens per item
+    "clip": VisionEncoderConfig(hidden_size=64, num_layers=2, num_attention_heads=4,
+                                img_h=32, img_w=32, patch_dim=8, drop_class_token=True),
+    "siglip": VisionEncoderConfig(model_type="siglip", hidden_size=64, num_layers=2,
+                                  num_attention_heads=4, img_h=32, img_w=32, patch_dim=8),
+    "whisper": AudioEncoderConfig(hidden_size=64, num_layers=2, num_attention_heads=4,
+                                  num_mel_bins=16, max_source_positions=32, pool_stride=2),
+}
+
+
+def _config(kind):
+    name = "audio" if kind == "whisper" else "vision"
+    return MultimodalModelConfig(
+        encoders={name: ENCODERS[kind]},
+        projectors={name: ProjectorConfig("affine" if kind == "whisper" else "mlp")},
+        language=LanguageModelConfig(vocab_size=256, hidden_size=128, num_attention_heads=4,
+                                     num_query_groups=2, qk_layernorm=True,
+                                     add_qkv_bias=True, seq_length=64))
+
+
+def _build(impl, media_attention="causal", kind="clip"):
+    from megatron_mm.models import BuildSettings, build_model
+
+    torch.manual_seed(0)
+    settings = BuildSettings(transformer_impl=impl, media_attention=media_attention)
+    media = {"audio" if kind == "whisper" else "image": MEDIA_ID}
+    return build_model(_config(kind), settings, media).cuda()
+
+
+def _te_weights(local_state, te_model):
+    state = {to_te(k): v for k, v in local_state.items() if not is_module_state(k)}
+    state.update({k: v for k, v in te_model.state_dict().items() if is_module_state(k)})
+    return state
+
+
+def _batch(kind="clip"):
+    g = torch.Generator().manual_seed(0)
+    enc = ENCODERS[kind]
+    tokens = torch.randint(0, 200, (2, 64), generator=g)
+    tokens[:, 4:4 + enc.num_output_tokens] = MEDIA_ID
+    labels = torch.randint(0, 200, (2, 64), generator=g)
+    if kind == "whisper":
+        media = {"audio": torch.randn(2, enc.num_mel_bins, enc.max_frames, generator=g),
+                 "audio_frames": torch.tensor([enc.max_frames] * 2)}  # host-side lengths
+    else:
+        media = {"image": torch.randn(2, 3, 32, 32, generator=g)}
+    pos = torch.arange(64).expand(2, -1)
+    media = {k: v.cuda() if v.is_floating_point() else v for k, v in media.items()}
+    return tokens.cuda(), pos.cuda(), media, labels.cuda()
+
+
+def _loss(model, mask=None, kind="clip"):
+    tokens, pos, media, labels = _batch(kind)
+    return model(tokens, pos, media, labels=labels, attention_mask=mask)
+
+
+def _bidirectional_mask(tokens):
+    from megatron_mm.models.context_parallel import batch_codes, dense_mask
+
+    codes = batch_codes(tokens, {MEDIA_ID: ENCODERS["clip"].num_output_tokens}, None,
+                        "bidirectional")
+    return dense_mask(codes, tokens.device)
+
+
+@pytest.mark.parametrize("kind", list(ENCODERS))
+def test_te_model_takes_the_local_weights_and_computes_the_same(cuda_world, kind):
+    local, te = _build("local", kind=kind), _build("transformer_engine", kind=kind)
+    local_names = {k for k in local.state_dict() if not is_module_state(k)}
+    te_names = {k for k in te.state_dict() if not is_module_state(k)}
+    assert te_names == {to_te(k) for k in local_names}
+    te.load_state_dict(_te_weights(local.state_dict(), te), strict=True)
+    torch.testing.assert_close(_loss(te, kind=kind), _loss(local, kind=kind), rtol=1e-3,
+                               atol=1e-3)
+
+
+def test_te_applies_the_bidirectional_media_mask(cuda_world):
+    local = _build("local")
+    te = _build("transformer_engine", media_attention="bidirectional")
+    te.load_state_dict(_te_weights(local.state_dict(), te), strict=True)
+    mask = _bidirectional_mask(_batch()[0])
+    bidirectional = _loss(te, mask)
+    torch.testing.assert_close(bidirectional, _loss(local, mask), rtol=1e-3, atol=1e-3)
+    causal = _loss(local)  # the same weights, text-style causal attention over media
+    assert not torch.allclose(bidirectional, causal, rtol=1e-3, atol=1e-3)
+
+
+def test_local_checkpoint_loads_into_te_and_back(cuda_world, tmp_path):
+    from megatron_mm.training.checkpointing import load_checkpoint, save_checkpoint
+
+    def args(path):
+        return argparse.Namespace(
+            save=str(path), load=str(path), no_save_optim=True, no_save_rng=True,
+            no_load_optim=True, no_load_rng=True, finetune=False,
+            model_config=_config("clip"),
+            global_batch_size=1, tensor_model_parallel_size=1,
+            pipeline_model_parallel_size=1, world_size=1)
+
+    local = _build("local")
+    save_checkpoint(args(tmp_path / "local"), 1, [local], None, None)
+    te = _build("transformer_engine")
+    load_checkpoint(args(tmp_path / "local"), [te], None, None)
+    torch.testing.assert_close(_loss(te), _loss(local), rtol=1e-3, atol=1e-3)
+    save_checkpoint(args(tmp_path / "te"), 1, [te], None, None)
+    back = _build("local")
+    torch.manual_seed(1)
+    for p in back.parameters():
+        torch.nn.init.normal_(p)
+    load_checkpoint(args(tmp_path / "te"), [back], None, None)
+    for name, value in local.state_dict().items():
+        if torch.is_tensor(value) and not is_module_state(name):
+            assert torch.equal(back.state_dict()[name], value), name

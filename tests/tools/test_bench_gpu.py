@@ -1,0 +1,36 @@
+"""Smoke test of tools/bench_gpu.py on the CPU: the local rows run (tiny sizes, 2 timed
+steps), the Transformer Engine rows are skipped with the reason, and the columns agree
+with each other (tokens/s and MFU from the step time, the same loss from the same weights).
+
+Run as a subprocess: the benchmark sets up its own process group and Megatron-Core state.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ("--steps 2 --warmup 1 --micro-batch-size 2 --seq-length 24 "
+        "--vision-num-layers 1 --vision-hidden-size 32 --vision-num-attention-heads 2 "
+        "--img-size 28 --patch-dim 14 --num-layers 2 --hidden-size 64 "
+        "--num-attention-heads 4 --num-query-groups 2 --ffn-hidden-size 128 "
+        "--vocab-size 1000 --peak-tflops 0.001").split()
+
+
+def test_bench_gpu_local_rows_on_cpu():
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_gpu.py"), *TINY],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in proc.stdout.splitlines() if line.startswith("| ")}
+    flops = float(proc.stdout.split("model FLOPs per step ")[1].split(";")[0])
+    for te in ("megatron_mm, TE, bf16", "megatron_mm, TE, FP8 (LLM)"):
+        assert rows[te][0] == "skipped: Transformer Engine is not importable; no CUDA device"
+    ours, llava = rows["megatron_mm, local, bf16"], rows["megatron.core LLaVAModel, local, bf16"]
+    for step_ms, tokens_per_s, mfu, peak_mib, loss in (ours, llava):
+        step = float(step_ms) / 1e3
+        assert abs(float(tokens_per_s) - 2 * 24 / step) <= 1 + 1e-3 * float(tokens_per_s)
+        assert abs(float(mfu.rstrip("%")) / 100 - flops / (step * 1e9)) < 1e-3 + 1e-2 * (
+            flops / (step * 1e9))
+        assert float(peak_mib) > 0
+    assert abs(float(ours[-1]) - float(llava[-1])) < 1e-3  # same weights, same tokens
