@@ -1,0 +1,201 @@
+"""FP8 emulation against the formulas Transformer Engine's own tests check
+(tests/pytorch/test_recipe.py, tests/pytorch/references/quantize_scale_calc.py,
+ref_per_tensor_cs.py), on hand-checked values. Written here from those formulas."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from megatron_mm.models.fp8_emulation import (
+    FP32_MAX,
+    DelayedScalingMeta,
+    amax_update,
+    current_scale,
+    delayed_meta,
+    emulate_linears,
+    quantize_dequantize,
+)
+
+
+# --- the cast -------------------------------------------------------------------------
+
+def test_cast_hand_checked_e4m3_and_e5m2():
+    x = torch.tensor([0.3, -2.0, 1.0, 0.0, 0.35])
+    # amax 2: E4M3 scale 448 / 2 = 224. 0.3 * 224 = 67.2 lies between E4M3's 64 and 72
+    # (3 mantissa bits: step 8 in [64, 128)) -> 64; 0.35 * 224 = 78.4 -> 80.
+    s = current_scale(torch.tensor(2.0), "e4m3")
+    assert s.item() == 224.0
+    assert torch.equal(quantize_dequantize(x, s, "e4m3"),
+                       torch.tensor([64 / 224, -2.0, 1.0, 0.0, 80 / 224]))
+    # E5M2: scale 57344 / 2 = 28672. 0.3 * 28672 = 8601.6 between 8192 and 10240 (2
+    # mantissa bits: step 2048 in [8192, 16384)) -> 8192; 0.35 -> 10035.2 -> 10240.
+    s = current_scale(torch.tensor(2.0), "e5m2")
+    assert s.item() == 28672.0
+    assert torch.equal(quantize_dequantize(x, s, "e5m2"),
+                       torch.tensor([8192 / 28672, -2.0, 1.0, 0.0, 10240 / 28672]))
+
+
+def test_cast_saturates_like_te():
+    # A stale delayed scale can push values past the format's range: TE's casts are
+    # satfinite (E5M2 too, where torch's own cast gives inf).
+    one = torch.tensor(1.0)
+    big = torch.tensor([1000.0, -1e6])
+    assert torch.equal(quantize_dequantize(big, one, "e4m3"), torch.tensor([448.0, -448.0]))
+    assert torch.equal(quantize_dequantize(big, one, "e5m2"), torch.tensor([1024.0, -57344.0]))
+
+
+@pytest.mark.parametrize("fmt, fp8_max", [("e4m3", 448.0), ("e5m2", 57344.0)])
+def test_current_scale_edge_cases(fmt, fp8_max):
+    # TE's scale_from_amax_tensor (eps 0, no power-of-2 scales): amax 0 -> scale 1; a
+    # scale past FP32's range -> FP32's max; else fp8_max / amax.
+    assert current_scale(torch.tensor(0.0), fmt).item() == 1.0
+    tiny = torch.tensor(fp8_max / FP32_MAX / 2)
+    assert current_scale(tiny, fmt).item() == FP32_MAX
+    assert current_scale(torch.tensor(0.5), fmt).item() == fp8_max * 2
+
+
+# --- delayed scaling: the update ------------------------------------------------------
+
+@pytest.mark.parametrize("fmt, fp8_max", [("e4m3", 448.0), ("e5m2", 57344.0)])
+@pytest.mark.parametrize("case", ["zero", "tiny", "normal", "inf", "nan"])
+def test_delayed_update_numeric_scenarios(fmt, fp8_max, case):
+    # TE test_scale_update_numeric_scenarios: history [[amax]], scale 1.
+    amax = {"zero": 0.0, "tiny": fp8_max / FP32_MAX / 2, "normal": 0.625,
+            "inf": float("inf"), "nan": float("nan")}[case]
+    expected = {"zero": 1.0, "tiny": FP32_MAX, "normal": fp8_max / 0.625, "inf": 1.0,
+                "nan": 1.0}[case]
+    history, scale = torch.tensor([[amax]]), torch.ones(1)
+    amax_update(history, scale, fp8_max, "most_recent", 0)
+    assert scale.item() == pytest.approx(expected, rel=1e-7)
+
+
+def test_delayed_update_rolls_history_hand_checked():
+    # Two tensors, history length 3, newest amax in slot 0 (written since the last
+    # update). Tensor 0: history [5, 1, 2] -> window (1, 2, 5); tensor 1: newest 0 ->
+    # untouched (TE rolls only when there is a new amax).
+    history = torch.tensor([[5.0, 0.0], [1.0, 7.0], [2.0, 3.0]])
+    scale = torch.tensor([1.0, 0.5])
+    amax_update(history, scale, 448.0, "max", 1)
+    assert torch.equal(history, torch.tensor([[0.0, 0.0], [2.0, 7.0], [5.0, 3.0]]))
+    assert torch.equal(scale, torch.tensor([448.0 / 5 / 2, 0.5]))
+    # The next update sees 1.0 new: window (2, 5, 1): max 5, most_recent 1.
+    history[0, 0] = 1.0
+    h2, s2 = history.clone(), scale.clone()
+    amax_update(history, scale, 448.0, "max", 1)
+    assert torch.equal(history[:, 0], torch.tensor([0.0, 5.0, 1.0]))
+    assert scale[0].item() == pytest.approx(448.0 / 5 / 2)
+    amax_update(h2, s2, 448.0, "most_recent", 1)
+    assert s2[0].item() == pytest.approx(448.0 / 1 / 2)
+
+
+def test_meta_record_keeps_the_max_until_update():
+    meta = DelayedScalingMeta(1, 2, "e4m3")
+    meta.record(0, torch.tensor(3.0))
+    meta.record(0, torch.tensor(2.0))
+    assert meta.amax_history[0, 0].item() == 3.0
+
+
+# --- delayed scaling in a linear layer (TE test_fp8_scale_update_with_linear_fuser_op) --
+
+def _linear(gloo_world, fp8="hybrid", recipe="delayed", history=3, algo="max", margin=2,
+            bias=False):
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=1,
+                               fp8=fp8, fp8_recipe=recipe, fp8_amax_history_len=history,
+                               fp8_amax_compute_algo=algo, fp8_margin=margin,
+                               use_cpu_initialization=True, gradient_accumulation_fusion=False)
+    linear = ColumnParallelLinear(16, 16, config=config, init_method=torch.nn.init.zeros_,
+                                  bias=bias, gather_output=False)
+    assert emulate_linears(linear) == 1
+    return linear
+
+
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize("history_len", [3, 8])
+def test_delayed_scaling_steps_in_a_linear(gloo_world, algo, history_len, margin=2):
+    linear = _linear(gloo_world, history=history_len, algo=algo, margin=margin)
+    fwd, bwd = delayed_meta(linear), delayed_meta(linear, forward=False)
+    amaxes = {"x": [], "w": [], "dy": []}
+    scales = {"x": 1.0, "w": 1.0, "dy": 1.0}  # TE starts every scale at 1
+    for step in range(5):
+        for k, v in zip(("x", "w", "dy"), (step + 0.25, step + 0.5, step + 0.75)):
+            amaxes[k].append(v)
+        x = torch.full((4, 2, 16), amaxes["x"][-1], requires_grad=True)
+        dy = torch.full((4, 2, 16), amaxes["dy"][-1])
+        with torch.no_grad():
+            linear.weight.fill_(amaxes["w"][-1])
+        linear.weight.grad = None
+        y, _ = linear(x)
+        y.backward(dy)
+
+        # The GEMMs used the scales from before this step: y = q(x) q(w)^T,
+        # dgrad = q(dy) q(w), wgrad = q(dy)^T q(x), q(dy) in E5M2 (hybrid).
+        qx = quantize_dequantize(x.detach(), torch.tensor(scales["x"]), "e4m3")
+        qw = quantize_dequantize(linear.weight.detach(), torch.tensor(scales["w"]), "e4m3")
+        qdy = quantize_dequantize(dy, torch.tensor(scales["dy"]), "e5m2")
+        torch.testing.assert_close(y, F.linear(qx, qw), rtol=0, atol=0)
+        torch.testing.assert_close(x.grad, qdy @ qw, rtol=0, atol=0)
+        torch.testing.assert_close(linear.weight.grad,
+                                   qdy.reshape(-1, 16).t() @ qx.reshape(-1, 16),
+                                   rtol=1e-6, atol=0)
+
+        # Then the history rolled and the scales updated (TE: max_fwd 448, max_bwd 57344).
+        for k, meta, col, fp8_max in (("x", fwd, 0, 448.0), ("w", fwd, 1, 448.0),
+                                      ("dy", bwd, 0, 57344.0)):
+            seen = amaxes[k]
+            kept = seen[-(history_len - 1):]
+            want_history = [0.0] * (history_len - len(kept)) + kept
+            want_history[0] = 0.0
+            assert meta.amax_history[:, col].tolist() == want_history
+            ref_amax = max(seen[-history_len:]) if algo == "max" else seen[-1]
+            ref_scale = (fp8_max / ref_amax) / 2 ** margin
+            assert meta.scale[col].item() == pytest.approx(ref_scale, rel=1e-6)
+            scales[k] = meta.scale[col].item()
+
+
+def test_e4m3_format_quantises_gradients_to_e4m3(gloo_world):
+    linear = _linear(gloo_world, fp8="e4m3", history=1, algo="most_recent", margin=0)
+    bwd = delayed_meta(linear, forward=False)
+    assert bwd.fmt == "e4m3"
+    x = torch.ones(4, 1, 16, requires_grad=True)
+    y, _ = linear(x)
+    y.backward(torch.full_like(y, 2.0))
+    assert bwd.scale.item() == 448.0 / 2  # E4M3's max, not E5M2's
+
+
+def test_no_grad_forward_records_without_update(gloo_world):
+    # TE updates on leaving fp8_autocast only with gradients enabled; the amax written by an
+    # evaluation forward stays in slot 0 and joins the next training update.
+    linear = _linear(gloo_world, history=2, algo="most_recent", margin=0)
+    fwd = delayed_meta(linear)
+    with torch.no_grad():
+        linear(torch.full((2, 1, 16), 4.0))
+    assert fwd.amax_history[0, 0].item() == 4.0 and fwd.scale[0].item() == 1.0
+    linear(torch.full((2, 1, 16), 1.0, requires_grad=True))
+    assert fwd.scale[0].item() == 448.0 / 4.0
+
+
+def test_tensorwise_scales_each_tensor_now(gloo_world):
+    linear = _linear(gloo_world, recipe="tensorwise", bias=True)
+    with torch.no_grad():
+        linear.weight.copy_(torch.linspace(-3, 3, 256).view(16, 16))
+        linear.bias.fill_(0.1)
+    x = torch.linspace(-1, 0.5, 32).view(2, 1, 16).requires_grad_()
+    y, _ = linear(x)
+    qx = quantize_dequantize(x.detach(), current_scale(torch.tensor(1.0), "e4m3"), "e4m3")
+    qw = quantize_dequantize(linear.weight.detach(), current_scale(torch.tensor(3.0), "e4m3"),
+                             "e4m3")
+    torch.testing.assert_close(y, F.linear(qx, qw) + 0.1, rtol=0, atol=0)
+    dy = torch.linspace(-5, 5, 32).view(2, 1, 16)
+    y.backward(dy)
+    # The bias gradient comes from the unquantised output gradient (TE's fused bgrad).
+    torch.testing.assert_close(linear.bias.grad, dy.sum((0, 1)))
+    qdy = quantize_dequantize(dy, current_scale(torch.tensor(5.0), "e5m2"), "e5m2")
+    torch.testing.assert_close(x.grad, qdy @ qw, rtol=0, atol=0)
+
+
+def test_mxfp8_is_refused(gloo_world):
+    with pytest.raises(ValueError, match="emulates the delayed and tensorwise recipes"):
+        _linear(gloo_world, recipe="mxfp8")
