@@ -27,6 +27,7 @@ from ..plan.encoder_pipeline import plan_encoder_pipeline
 from ..plan.hardware import MemoryModel
 from ..plan.partition import parse_partition_flag, partition
 from ..plan.recompute_budget import GB, choose_recompute, chunk_activations, static_bytes
+from .fp8_args import fp8_args, validate_fp8_args
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -271,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False)
     _model_args(p)
     _training_args(p)
+    fp8_args(p)
     return p
 
 
@@ -366,6 +368,7 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
     args.model_config = model_config_from_args(args)
     _validate_encoder_schedule(args)
     args.model_config.validate_parallel(tp, args.encoder_tensor_model_parallel_size)
+    validate_fp8_args(args)
     check_pipeline_partition(args)
 
 
