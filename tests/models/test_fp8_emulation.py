@@ -199,3 +199,65 @@ def test_tensorwise_scales_each_tensor_now(gloo_world):
 def test_mxfp8_is_refused(gloo_world):
     with pytest.raises(ValueError, match="emulates the delayed and tensorwise recipes"):
         _linear(gloo_world, recipe="mxfp8")
+
+
+# --- which layers of a model run FP8 --------------------------------------------------
+
+def _model(fp8):
+    from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig, VisionEncoderConfig
+    from megatron_mm.models import BuildSettings, build_model
+
+    torch.manual_seed(0)
+    cfg = MultimodalModelConfig(
+        encoders={"vision": VisionEncoderConfig(hidden_size=32, num_layers=2,
+                                                num_attention_heads=2, img_h=16, img_w=16,
+                                                patch_dim=4, drop_class_token=True)},
+        language=LanguageModelConfig(vocab_size=256, hidden_size=64, num_layers=3,
+                                     num_attention_heads=4, num_query_groups=2))
+    return build_model(cfg, BuildSettings(fp8=fp8), {"image": 250})
+
+
+def test_emulated_layers_follow_megatron_cores_fp8_context(gloo_world):
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+
+    from megatron_mm.models.fp8_emulation import emulated_linears
+    from megatron_mm.plan.fp8 import Fp8Settings
+
+    fp8 = Fp8Settings("hybrid", recipe="tensorwise", first_last_layers_bf16=True,
+                      num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=0,
+                      modules=("llm", "vision-projector"), emulation=True)
+    model = _model(fp8)
+    names = sorted(n for n, m in model.named_modules() if m in emulated_linears(model))
+    # LLM layers 2 and 3 (layer 1 kept BF16), the projector; not the ViT (not listed), not
+    # the output layer or embeddings (outside get_fp8_context, as with TE).
+    assert names == sorted(
+        [f"language_model.decoder.layers.{i}.{lin}" for i in (1, 2) for lin in (
+            "self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1",
+            "mlp.linear_fc2")] + ["vision_projection.encoder.linear_fc1",
+                                  "vision_projection.encoder.linear_fc2"])
+    assert isinstance(model.language_model.output_layer, ColumnParallelLinear)
+    assert model.language_model.config.fp8 == "hybrid"
+    assert model.vision_model.config.fp8 is None
+
+    # Same weights without FP8: the quantisation changes the loss a little, not a lot.
+    plain = _model(None)
+    plain.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, 200, (2, 32))
+    tokens[:, 2:18] = 250
+    batch = dict(tokens=tokens, position_ids=torch.arange(32).expand(2, -1), labels=tokens,
+                 media={"image": torch.randn(2, 3, 16, 16)})
+    losses = [m(**batch).float().mean() for m in (model, plain)]
+    assert losses[0].item() != losses[1].item()
+    assert losses[0].item() == pytest.approx(losses[1].item(), rel=0.05)
+    losses[0].backward()
+    assert model.language_model.decoder.layers[1].mlp.linear_fc1.weight.grad is not None
+
+
+def test_set_is_first_microbatch_reaches_every_module(gloo_world):
+    # Megatron-Core refreshes TE's FP8 weight caches only when the top config (the LLM's)
+    # is FP8; an FP8 encoder under a BF16 LLM must be refreshed too.
+    model = _model(None)
+    fc1 = model.vision_projection.encoder.linear_fc1
+    fc1.is_first_microbatch = False
+    model.set_is_first_microbatch()
+    assert fc1.is_first_microbatch is True
