@@ -261,3 +261,25 @@ def test_set_is_first_microbatch_reaches_every_module(gloo_world):
     fc1.is_first_microbatch = False
     model.set_is_first_microbatch()
     assert fc1.is_first_microbatch is True
+
+
+# --- the amax reduction group ---------------------------------------------------------
+
+def test_amax_reduced_over_megatron_cores_group():
+    from dist_harness import run_distributed
+    from fp8_workers import amax_groups
+
+    r = run_distributed(amax_groups, 2)
+    x_amax, w_amax = r[0]["x_amax"], r[0]["w_amax"]
+    for rank in (0, 1):
+        # TP=2, delayed: the weight shards' amaxes reduced to the whole weight's (input
+        # replicated); the output gradient's shards (1s and 2s) to 2; a row-parallel
+        # layer's input shards to the whole input's.
+        assert r[rank]["column"] == [x_amax, w_amax]
+        assert r[rank]["column_grad"] == [2.0]
+        assert r[rank]["row"] == [x_amax, w_amax]
+        assert r[rank]["tensorwise_local"]
+        # DP=2: reduced over data-parallel ranks (inputs x and 2x) unless tp_only_amax_red.
+        assert r[rank]["dp_input_tp_only=False"] == pytest.approx(2 * x_amax)
+        assert r[rank]["dp_input_tp_only=True"] == pytest.approx((rank + 1) * x_amax)
+    assert r[0]["w_shard_amax"] != r[1]["w_shard_amax"]  # the reduction had work to do
