@@ -76,6 +76,7 @@ class Fp8Settings:
     first_last_layers_bf16: bool = False
     num_layers_at_start_in_bf16: int = 1
     num_layers_at_end_in_bf16: int = 1
+    tp_only_amax_red: bool = False
     modules: Tuple[str, ...] = ("llm",)
     emulation: bool = False
 
@@ -90,7 +91,8 @@ class Fp8Settings:
             fp8_amax_compute_algo=self.amax_compute_algo, fp8_param=self.param_gather,
             first_last_layers_bf16=self.first_last_layers_bf16,
             num_layers_at_start_in_bf16=self.num_layers_at_start_in_bf16,
-            num_layers_at_end_in_bf16=self.num_layers_at_end_in_bf16)
+            num_layers_at_end_in_bf16=self.num_layers_at_end_in_bf16,
+            tp_only_amax_red=self.tp_only_amax_red)
 
     def describe(self) -> str:
         how = ("EMULATION (quantise-dequantise in Megatron-Core's local linear layers on "

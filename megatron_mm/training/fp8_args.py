@@ -28,7 +28,8 @@ _DEPENDENT_DEFAULTS = {
     "fp8_recipe": "delayed", "fp8_margin": 0, "fp8_amax_history_len": 1,
     "fp8_amax_compute_algo": "most_recent", "fp8_param_gather": False,
     "first_last_layers_bf16": False, "num_layers_at_start_in_bf16": 1,
-    "num_layers_at_end_in_bf16": 1, "fp8_modules": "llm", "fp8_emulation": False,
+    "num_layers_at_end_in_bf16": 1, "tp_only_amax_red": False, "fp8_modules": "llm",
+    "fp8_emulation": False,
 }
 
 
@@ -55,6 +56,8 @@ def fp8_args(p: argparse.ArgumentParser) -> None:
                         "BF16 (not with --fp8-recipe delayed)")
     g.add_argument("--num-layers-at-start-in-bf16", type=int, default=1)
     g.add_argument("--num-layers-at-end-in-bf16", type=int, default=1)
+    g.add_argument("--tp-only-amax-red", action="store_true",
+                   help="reduce FP8 amaxes over the TP (x CP) group only, not TP x DP x CP")
     g.add_argument("--fp8-modules", default="llm",
                    help="modules that run FP8, comma-separated: llm, an encoder (vision, "
                         "audio), <encoder>-projector, or all. Frozen encoders often stay BF16")
@@ -76,10 +79,6 @@ def validate_fp8_args(args: argparse.Namespace) -> None:
         return
     encoders = args.model_config.encoders
     modules = parse_fp8_modules(args.fp8_modules, encoders)
-    if args.fp8_emulation:
-        _validate_emulation(args)
-    else:
-        _validate_transformer_engine(args)
     if args.fp8_amax_history_len < 1:
         raise ConfigError("--fp8-amax-history-len must be >= 1")
     if args.first_last_layers_bf16 and args.fp8_recipe == "delayed":
@@ -104,6 +103,10 @@ def validate_fp8_args(args: argparse.Namespace) -> None:
                     raise ConfigError(f"--{flag.replace('_', '-')} ({n}) must be between 0 "
                                       f"and the {name} layers per pipeline stage ({limit})")
     _validate_media_alignment(args, modules)
+    if args.fp8_emulation:
+        _validate_emulation(args)
+    else:
+        _validate_transformer_engine(args)
     args.fp8_settings = Fp8Settings(
         fp8_format=args.fp8, recipe=args.fp8_recipe, margin=args.fp8_margin,
         amax_history_len=args.fp8_amax_history_len,
@@ -111,7 +114,8 @@ def validate_fp8_args(args: argparse.Namespace) -> None:
         first_last_layers_bf16=args.first_last_layers_bf16,
         num_layers_at_start_in_bf16=args.num_layers_at_start_in_bf16,
         num_layers_at_end_in_bf16=args.num_layers_at_end_in_bf16,
-        modules=modules, emulation=args.fp8_emulation)
+        tp_only_amax_red=args.tp_only_amax_red, modules=modules,
+        emulation=args.fp8_emulation)
     multiple = llm_sequence_multiple(args)
     if args.seq_length % multiple:
         raise ConfigError(f"--seq-length ({args.seq_length}) must be a multiple of {multiple}: "

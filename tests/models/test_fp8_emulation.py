@@ -283,3 +283,39 @@ def test_amax_reduced_over_megatron_cores_group():
         assert r[rank]["dp_input_tp_only=False"] == pytest.approx(2 * x_amax)
         assert r[rank]["dp_input_tp_only=True"] == pytest.approx((rank + 1) * x_amax)
     assert r[0]["w_shard_amax"] != r[1]["w_shard_amax"]  # the reduction had work to do
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_no_host_sync_in_the_emulation(gloo_world, recipe):
+    # Scale updates stay on the device: no .item() / int(t) / bool(t) (each a
+    # _local_scalar_dense call) in forward or backward.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountScalarReads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                CountScalarReads.count += 1
+            return func(*args, **(kwargs or {}))
+
+    linear = _linear(gloo_world, recipe=recipe, bias=True)
+    x = torch.randn(4, 2, 16, requires_grad=True)
+    with CountScalarReads():
+        for _ in range(2):
+            y, _ = linear(x)
+            y.sum().backward()
+    assert CountScalarReads.count == 0
+
+
+def test_bf16_model_casts_in_bf16(gloo_world):
+    linear = _linear(gloo_world, recipe="tensorwise").to(torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.copy_(torch.linspace(-1, 1, 256).view(16, 16))
+    x = torch.linspace(-2, 2, 32, dtype=torch.bfloat16).view(2, 1, 16)
+    y, _ = linear(x)
+    assert y.dtype == torch.bfloat16
+    qx = quantize_dequantize(x, current_scale(torch.tensor(2.0), "e4m3"), "e4m3")
+    qw = quantize_dequantize(linear.weight.detach(), current_scale(torch.tensor(1.0), "e4m3"),
+                             "e4m3")
+    torch.testing.assert_close(y, F.linear(qx, qw))

@@ -28,6 +28,7 @@ ALIGNED = ["--img-h", "16", "--img-w", "16", "--patch-dim", "4",
     (["--num-layers-at-start-in-bf16", "2"], "--num-layers-at-start-in-bf16 needs --fp8-format"),
     (["--num-layers-at-end-in-bf16", "0"], "--num-layers-at-end-in-bf16 needs --fp8-format"),
     (["--fp8-modules", "vision"], "--fp8-modules needs --fp8-format"),
+    (["--tp-only-amax-red"], "--tp-only-amax-red needs --fp8-format"),
     (["--fp8-emulation"], "--fp8-emulation needs --fp8-format"),
     # the emulation
     (EMU + ["--transformer-impl", "transformer_engine"],
@@ -76,12 +77,27 @@ def test_fp8_flag_errors(capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
-def test_fp8_param_gather_needs_distributed_optimizer(capsys):
-    # Checked before TE's absence would be: both are Megatron-LM's rules.
+def test_megatron_rules_come_before_the_te_check(capsys):
+    # Megatron-LM's own rules are reported whether TE is installed or not.
     with pytest.raises(SystemExit):
-        parse_args(["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise",
-                    "--fp8-param-gather", "--fp8-emulation"], world_size=1)
-    assert "--fp8-param-gather" in capsys.readouterr().err
+        parse_args(["--fp8-format", "hybrid", "--fp8-param-gather"], world_size=1)
+    assert "--fp8-param-gather needs --use-distributed-optimizer" in capsys.readouterr().err
+
+
+def test_fp8_llm_sequences_are_padded_by_the_collator():
+    from megatron_mm.data.processing import Sample, collate
+    from megatron_mm.training.fp8_args import llm_sequence_multiple
+
+    assert llm_sequence_multiple(parse_args(EMU, world_size=1)) == 16
+    assert llm_sequence_multiple(parse_args([], world_size=1)) == 1
+    assert llm_sequence_multiple(parse_args(EMU + ["--fp8-modules", "vision-projector"]
+                                            + ALIGNED[:7], world_size=1)) == 1
+    import torch
+
+    sample = Sample(tokens=torch.arange(5), labels=torch.arange(5), loss_mask=torch.ones(5),
+                    media={}, prompt_len=2, answer="a", record_id="r")
+    batch = collate([sample], pad_id=0, pad_to_multiple_of=16)
+    assert batch["tokens"].shape == (1, 16) and batch["loss_mask"][0, 5:].sum() == 0
 
 
 def test_fp8_with_encoder_replicas_is_refused(capsys):
@@ -96,7 +112,8 @@ def test_fp8_with_encoder_replicas_is_refused(capsys):
 
 def test_megatron_defaults_and_settings():
     args = parse_args(EMU + ["--fp8-modules", "all", "--fp8-recipe", "tensorwise",
-                             "--fp8-margin", "1", "--first-last-layers-bf16"] + ALIGNED,
+                             "--fp8-margin", "1", "--first-last-layers-bf16",
+                             "--tp-only-amax-red"] + ALIGNED,
                       world_size=1)
     s = args.fp8_settings
     assert (s.fp8_format, s.recipe, s.margin, s.amax_history_len, s.amax_compute_algo) == (
@@ -104,5 +121,6 @@ def test_megatron_defaults_and_settings():
     assert s.modules == ("llm", "vision", "vision-projector") and s.emulation
     assert args.transformer_impl == "local"
     assert "EMULATION" in s.describe() and "not Transformer Engine" in s.describe()
-    assert s.transformer_config_fields()["fp8"] == "hybrid"
+    fields = s.transformer_config_fields()
+    assert fields["fp8"] == "hybrid" and fields["tp_only_amax_red"] is True
     assert parse_args([], world_size=1).fp8_settings is None
