@@ -103,6 +103,7 @@ def validate_fp8_args(args: argparse.Namespace) -> None:
                     raise ConfigError(f"--{flag.replace('_', '-')} ({n}) must be between 0 "
                                       f"and the {name} layers per pipeline stage ({limit})")
     _validate_media_alignment(args, modules)
+    _validate_gemm_dims(args, modules)
     if args.fp8_emulation:
         _validate_emulation(args)
     else:
@@ -160,6 +161,37 @@ def _validate_emulation(args: argparse.Namespace) -> None:
                           "--recompute-granularity full: the recomputed forward would update "
                           "the amax history again (TE restores it; the emulation does not); "
                           "use --fp8-recipe tensorwise or drop the recompute")
+
+
+def _validate_gemm_dims(args: argparse.Namespace, modules) -> None:
+    """TE's FP8 GEMMs take in-features (per TP shard) in multiples of the FP8 alignment:
+    each FP8 linear's input width must be one."""
+    align, tp = fp8_align_size(args.fp8_recipe), args.tensor_model_parallel_size
+    lm = args.model_config.language
+    checks = []
+    if "llm" in modules:
+        checks += [("llm", lm.hidden_size, "--hidden-size"),
+                   ("llm", lm.num_attention_heads * lm.kv_channels // tp,
+                    "--num-attention-heads x head size / TP"),
+                   ("llm", lm.ffn_hidden_size // tp, "--ffn-hidden-size / TP")]
+    for name, enc in args.model_config.encoders.items():
+        p = enc.flag_prefix
+        if name in modules:
+            checks += [(name, enc.hidden_size, f"{p}hidden-size"),
+                       (name, enc.hidden_size // tp, f"{p}hidden-size / TP"),
+                       (name, enc.ffn_hidden_size // tp, f"{p}ffn-hidden-size / TP")]
+        if f"{name}-projector" in modules:
+            proj = args.model_config.projectors[name]
+            checks.append((f"{name}-projector", enc.hidden_size, f"{p}hidden-size"))
+            if proj.projector_type == "mlp":
+                checks.append((f"{name}-projector", (proj.ffn_hidden_size or lm.hidden_size)
+                               // tp, "--projector-ffn-hidden-size / TP"))
+    for module, width, what in checks:
+        if width % align:
+            raise ConfigError(f"--fp8-modules {module}: {what} ({width}) must be a multiple of "
+                              f"{align} (FP8 GEMM input width, --fp8-recipe "
+                              f"{args.fp8_recipe}); change it or keep {module} out of "
+                              "--fp8-modules")
 
 
 def _validate_media_alignment(args: argparse.Namespace, modules) -> None:

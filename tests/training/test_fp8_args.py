@@ -66,13 +66,24 @@ ALIGNED = ["--img-h", "16", "--img-w", "16", "--patch-dim", "4",
     (EMU + ["--fp8-modules", "vision-projector", "--fp8-recipe", "tensorwise"] + ALIGNED[:7],
      None),  # 16 tokens per image: fine at 16
     (EMU + ["--seq-length", "72"], "--seq-length (72) must be a multiple of 16"),
+    # FP8 GEMM input widths (per TP shard)
+    (EMU + ["--hidden-size", "72"], "--fp8-modules llm: --hidden-size (72) must be a "
+                                    "multiple of 16 (FP8 GEMM input width"),
+    (EMU + ["--ffn-hidden-size", "200"], "--ffn-hidden-size / TP (200) must be a multiple"),
+    (EMU + ["--tensor-model-parallel-size", "2", "--ffn-hidden-size", "456"],
+     "--ffn-hidden-size / TP (228) must be a multiple of 16"),
+    (EMU + ["--fp8-modules", "vision-projector", "--vision-hidden-size", "40",
+            "--vision-num-attention-heads", "4"] + ALIGNED[:7],
+     "--fp8-modules vision-projector: --vision-hidden-size (40) must be a multiple of 16"),
 ])
 def test_fp8_flag_errors(capsys, argv, message):
+    tp = "--tensor-model-parallel-size"
+    world = int(argv[argv.index(tp) + 1]) if tp in argv else 1
     if message is None:
-        parse_args(argv, world_size=1)
+        parse_args(argv, world_size=world)
         return
     with pytest.raises(SystemExit) as exit_info:
-        parse_args(argv, world_size=1)
+        parse_args(argv, world_size=world)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 
