@@ -12,9 +12,11 @@ tests/pytorch/references/quantize_scale_calc.py):
   dequantised with ``1 / scale``;
 - delayed scaling: each tensor's amax goes into slot 0 of its amax history (the max of
   every cast since the last update); after a forward with gradients enabled (TE: on leaving
-  the outermost ``fp8_autocast``) and after each backward, slot 0 is max-reduced over the
-  amax reduction group (Megatron-Core's ``get_amax_reduction_group``: TP x DP x CP, or
-  TP x CP with ``tp_only_amax_red``), the history rolls by one, slot 0 is zeroed, and
+  the outermost ``fp8_autocast``) and before the next backward uses gradient scales (TE:
+  after each backward), slot 0 is max-reduced over the amax reduction group
+  (Megatron-Core's ``get_amax_reduction_group``: TP x DP x CP, or TP x CP with
+  ``tp_only_amax_red``; one collective per model chunk, ``AmaxReduction``), the history
+  rolls by one, slot 0 is zeroed, and
   ``scale = fp8_max / amax / 2**margin`` with amax the newest (``most_recent``) or the
   largest in the window (``max``); a zero amax leaves history and scale as they were, an
   infinite or NaN amax keeps the scale, a scale that overflows becomes FP32's max;
@@ -87,16 +89,6 @@ class DelayedScalingMeta:
         """Slot 0 holds the max of every amax since the last update (TE's cast kernels
         max their amax into it)."""
         self.amax_history[0, i] = torch.maximum(self.amax_history[0, i], value)
-
-    def update(self, algo: str, margin: int, group=None) -> None:
-        """Max-reduce slot 0 over ``group``, then TE's fused
-        ``amax_and_scale_update_after_reduction`` for each tensor."""
-        if group is not None and torch.distributed.get_world_size(group) > 1:
-            newest = self.amax_history[0].clone()
-            torch.distributed.all_reduce(newest, op=torch.distributed.ReduceOp.MAX,
-                                         group=group)
-            self.amax_history[0] = newest
-        amax_update(self.amax_history, self.scale, FP8_MAX[self.fmt], algo, margin)
 
 
 def amax_update(history: torch.Tensor, scale: torch.Tensor, fp8_max: float, algo: str,
@@ -197,8 +189,6 @@ class Fp8LinearEmulation:
             sx, sw = self.fwd.scale[self.INPUT].clone(), self.fwd.scale[self.WEIGHT].clone()
             self.fwd.record(self.INPUT, amax(x))
             self.fwd.record(self.WEIGHT, amax(weight))
-            if torch.is_grad_enabled():  # TE updates on autocast exit only with gradients
-                self.fwd.update(self.algo, self.margin, self.amax_group())
         return (_QuantizeForward.apply(x, sx, self.fwd_fmt),
                 _QuantizeForward.apply(weight, sw, self.fwd_fmt))
 
@@ -208,7 +198,6 @@ class Fp8LinearEmulation:
         else:
             scale = self.bwd.to(grad.device).scale[0].clone()
             self.bwd.record(0, amax(grad))
-            self.bwd.update(self.algo, self.margin, self.amax_group())
         return quantize_dequantize(grad, scale, self.bwd_fmt)
 
 
@@ -253,6 +242,56 @@ def emulate_linears(module: torch.nn.Module) -> int:
     return count
 
 
+class AmaxReduction:
+    """Delayed scaling's amax reduction and scale update for every emulated linear of a
+    model chunk at once, at points every rank of the amax reduction group reaches: after
+    the chunk's forward with gradients enabled (TE: leaving ``fp8_autocast``), and for the
+    gradients' amaxes when the chunk's next backward starts (TE: after each backward; the
+    next backward is the first to use the new scales). One collective for the whole chunk,
+    over a fixed layout: a module that did not run (an encoder on a micro-batch without
+    its media) contributes a zero amax, which changes nothing (TE's rule)."""
+
+    def __init__(self, linears: List[torch.nn.Module]):
+        self.emulations = [m.fp8_emulation for m in linears
+                           if m.fp8_emulation.recipe == "delayed"]
+
+    def update(self, forward: bool) -> None:
+        if not self.emulations:
+            return
+        metas = [e.fwd if forward else e.bwd for e in self.emulations]
+        newest = torch.cat([m.amax_history[0] for m in metas])
+        group = self.emulations[0].amax_group()
+        if group is not None and torch.distributed.get_world_size(group) > 1:
+            torch.distributed.all_reduce(newest, op=torch.distributed.ReduceOp.MAX,
+                                         group=group)
+        for meta, emu, part in zip(metas, self.emulations,
+                                   newest.split([m.amax_history.shape[1] for m in metas])):
+            meta.amax_history[0] = part
+            amax_update(meta.amax_history, meta.scale, FP8_MAX[meta.fmt], emu.algo,
+                        emu.margin)
+
+    def after_forward(self, module, args, output) -> None:
+        if not torch.is_grad_enabled():  # TE: no update on leaving autocast without grads
+            return
+        self.update(forward=True)
+        outputs = output if isinstance(output, (tuple, list)) else (output,)
+        for out in outputs:
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.register_hook(self._backward_starts)
+                break
+
+    def _backward_starts(self, grad: torch.Tensor) -> None:
+        self.update(forward=False)
+
+
+def attach_amax_reduction(module: torch.nn.Module) -> AmaxReduction:
+    """Reduce and update the delayed-scaling state of ``module``'s emulated linears around
+    each of its forwards and backwards (``module``: a model chunk, or one linear)."""
+    reduction = AmaxReduction(emulated_linears(module))
+    module.register_forward_hook(reduction.after_forward)
+    return reduction
+
+
 def emulate_fp8(model: torch.nn.Module) -> List[str]:
     """Give every linear layer that TE would run in FP8 the emulated casts: the layers of a
     ``TransformerBlock`` whose config has ``fp8`` (except Megatron-Core's first/last BF16
@@ -270,6 +309,7 @@ def emulate_fp8(model: torch.nn.Module) -> List[str]:
                         f"{[layer.layer_number for layer in fp8_layers]}")
         elif isinstance(module, MultimodalProjector) and module.config.fp8:
             done.append(f"{name}: {emulate_linears(module)} linears")
+    attach_amax_reduction(model)
     return done
 
 

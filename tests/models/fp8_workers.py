@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 
 def _linear(cls, config, full_weight, tp_rank, tp, dim):
-    from megatron_mm.models.fp8_emulation import emulate_linears
+    from megatron_mm.models.fp8_emulation import attach_amax_reduction, emulate_linears
 
     kw = dict(gather_output=False) if dim == 0 else dict(input_is_parallel=True,
                                                          skip_bias_add=False)
@@ -13,6 +13,7 @@ def _linear(cls, config, full_weight, tp_rank, tp, dim):
     with torch.no_grad():
         linear.weight.copy_(full_weight.chunk(tp, dim=dim)[tp_rank])
     emulate_linears(linear)
+    linear.amax_reduction = attach_amax_reduction(linear)
     return linear
 
 
@@ -44,6 +45,7 @@ def amax_groups(rank):
     col = _linear(ColumnParallelLinear, config(2), w, rank, 2, 0)
     y, _ = col(x.clone().requires_grad_())
     y.backward(torch.ones_like(y) * (rank + 1))  # output-gradient shards differ
+    col.amax_reduction.update(forward=False)  # what the next backward's start does
     row = _linear(RowParallelLinear, config(2), w, rank, 2, 1)
     row(x.chunk(2, dim=-1)[rank].contiguous())
     out["column"] = delayed_meta(col).amax_history[1].tolist()
@@ -68,3 +70,43 @@ def amax_groups(rank):
     out["x_amax"], out["w_amax"] = x.abs().amax().item(), w.abs().amax().item()
     out["w_shard_amax"] = w.chunk(2, dim=0)[rank].abs().amax().item()
     return out
+
+
+def skipped_module(rank):
+    """DP=2: rank 1's micro-batch skips the second linear (an encoder without its media).
+    The chunk-level reduction still pairs up, and both ranks end with the same state."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megatron_mm.models.fp8_emulation import attach_amax_reduction, emulate_linears
+
+    torch.distributed.init_process_group("gloo")
+    parallel_state.initialize_model_parallel(1, 1)
+    config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2,
+                               fp8="hybrid", fp8_amax_history_len=3,
+                               use_cpu_initialization=True, gradient_accumulation_fusion=False)
+
+    class Chunk(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = (ColumnParallelLinear(16, 16, config=config, bias=False,
+                                                   init_method=torch.nn.init.ones_,
+                                                   gather_output=False) for _ in range(2))
+
+        def forward(self, x, skip_b):
+            y, _ = self.a(x)
+            if not skip_b:
+                y = y + self.b(x)[0]
+            return y
+
+    chunk = Chunk()
+    emulate_linears(chunk)
+    attach_amax_reduction(chunk)
+    for step in range(3):
+        x = torch.full((2, 1, 16), float(step + 1), requires_grad=True)
+        chunk(x, skip_b=rank == 1 and step != 1).sum().backward()
+    emus = [chunk.a.fp8_emulation, chunk.b.fp8_emulation]
+    return {"fwd": [e.fwd.amax_history.tolist() for e in emus],
+            "fwd_scale": [e.fwd.scale.tolist() for e in emus],
+            "bwd": [e.bwd.amax_history.tolist() for e in emus]}

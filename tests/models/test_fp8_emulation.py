@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from megatron_mm.models.fp8_emulation import (
     FP32_MAX,
     DelayedScalingMeta,
+    attach_amax_reduction,
     amax_update,
     current_scale,
     delayed_meta,
@@ -109,6 +110,7 @@ def _linear(gloo_world, fp8="hybrid", recipe="delayed", history=3, algo="max", m
     linear = ColumnParallelLinear(16, 16, config=config, init_method=torch.nn.init.zeros_,
                                   bias=bias, gather_output=False)
     assert emulate_linears(linear) == 1
+    linear.amax_reduction = attach_amax_reduction(linear)
     return linear
 
 
@@ -129,6 +131,9 @@ def test_delayed_scaling_steps_in_a_linear(gloo_world, algo, history_len, margin
         linear.weight.grad = None
         y, _ = linear(x)
         y.backward(dy)
+        # Gradient amaxes are reduced and applied when the next backward starts (TE: at
+        # the end of this one; either way the next backward is the first to use them).
+        linear.amax_reduction.update(forward=False)
 
         # The GEMMs used the scales from before this step: y = q(x) q(w)^T,
         # dgrad = q(dy) q(w), wgrad = q(dy)^T q(x), q(dy) in E5M2 (hybrid).
@@ -162,6 +167,7 @@ def test_e4m3_format_quantises_gradients_to_e4m3(gloo_world):
     x = torch.ones(4, 1, 16, requires_grad=True)
     y, _ = linear(x)
     y.backward(torch.full_like(y, 2.0))
+    linear.amax_reduction.update(forward=False)
     assert bwd.scale.item() == 448.0 / 2  # E4M3's max, not E5M2's
 
 
@@ -319,3 +325,16 @@ def test_bf16_model_casts_in_bf16(gloo_world):
     qw = quantize_dequantize(linear.weight.detach(), current_scale(torch.tensor(1.0), "e4m3"),
                              "e4m3")
     torch.testing.assert_close(y, F.linear(qx, qw))
+
+
+def test_reduction_pairs_up_when_a_module_is_skipped():
+    from dist_harness import run_distributed
+    from fp8_workers import skipped_module
+
+    r = run_distributed(skipped_module, 2)  # a mismatched collective would hang or fail
+    assert r[0]["fwd"] == r[1]["fwd"] and r[0]["fwd_scale"] == r[1]["fwd_scale"]
+    # Gradient amaxes: reduced ones agree; slot 0 holds the last backward's, still local
+    # until the next backward starts.
+    assert [h[1:] for h in r[0]["bwd"]] == [h[1:] for h in r[1]["bwd"]]
+    # Linear b ran on rank 0 in every step: its inputs' amaxes 1, 2, 3 reached rank 1 too.
+    assert [row[0] for row in r[1]["fwd"][1]] == [0.0, 2.0, 3.0]
