@@ -97,11 +97,13 @@ def amax_update(history: torch.Tensor, scale: torch.Tensor, fp8_max: float, algo
     tensor (column): a newest amax (slot 0) of 0 leaves the column alone (no roll, scale
     kept); otherwise the window is the L newest amaxes (slots 1..L-1 and slot 0), the
     history rolls so the newest lands in slot L-1 and slot 0 is zeroed, and amax is the
-    newest (``most_recent``) or the window's max (``max``). Device ops only: no host
-    sync."""
+    newest (``most_recent``) or the window's max (``max``, NaNs skipped). Device ops only:
+    no host sync."""
     newest = history[0].clone()
     window = torch.cat([history[1:], newest.unsqueeze(0)])
-    value = newest if algo == "most_recent" else window.amax(dim=0)
+    # TE's kernel takes the max with fmaxf, which skips NaNs.
+    value = newest if algo == "most_recent" else torch.where(
+        torch.isnan(window), torch.zeros_like(window), window).amax(dim=0)
     rolled = window.clone()
     rolled[0] = 0
     skip = newest == 0

@@ -89,6 +89,13 @@ def test_delayed_update_rolls_history_hand_checked():
     assert s2[0].item() == pytest.approx(448.0 / 1 / 2)
 
 
+def test_delayed_max_skips_nan_like_tes_kernel():
+    # delayed_scaling.cu takes the window's max with fmaxf, which ignores NaN.
+    history, scale = torch.tensor([[2.0], [float("nan")]]), torch.ones(1)
+    amax_update(history, scale, 448.0, "max", 0)
+    assert scale.item() == 224.0
+
+
 def test_meta_record_keeps_the_max_until_update():
     meta = DelayedScalingMeta(1, 2, "e4m3")
     meta.record(0, torch.tensor(3.0))
