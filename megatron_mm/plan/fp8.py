@@ -49,10 +49,6 @@ def sequence_multiple(fp8_recipe: Optional[str] = None, tensor_model_parallel_si
     return math.lcm(*factors)
 
 
-def pad_to_multiple(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 def fp8_dtypes(fp8_format: str) -> Tuple[str, str]:
     """(forward, backward) FP8 types: inputs and weights, then output gradients. Hybrid
     takes E5M2's range for gradients; e4m3 uses E4M3 everywhere."""

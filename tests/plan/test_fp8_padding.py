@@ -8,7 +8,6 @@ from megatron_mm.plan.fp8 import (
     fp8_align_size,
     fp8_dtypes,
     module_keys,
-    pad_to_multiple,
     parse_fp8_modules,
     sequence_multiple,
 )
@@ -44,10 +43,6 @@ def test_sequence_multiple(recipe, tp, sp, cp, multiple):
         assert got % tp == 0
     if cp > 1:
         assert got % (2 * cp) == 0
-
-
-def test_pad_to_multiple():
-    assert [pad_to_multiple(n, 16) for n in (1, 15, 16, 17, 48)] == [16, 16, 16, 32, 48]
 
 
 def test_fp8_formats():
