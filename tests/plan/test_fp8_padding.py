@@ -60,3 +60,14 @@ def test_module_keys():
         parse_fp8_modules("audio", ["vision"])
     with pytest.raises(PlanError):
         parse_fp8_modules("", ["vision"])
+
+
+def test_fp8_plan_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, megatron_mm.plan.fp8\n"
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
