@@ -12,6 +12,7 @@ from ..config import AudioEncoderConfig, MultimodalModelConfig
 from ..plan import ModelSpec, Workload, build_chain
 from ..plan.placement import ChunkPlacement, whole_model
 from .audio import AudioEncoder
+from .fp8_emulation import emulate_fp8
 from .multimodal import MultimodalModel
 from .specs import get_layer_specs
 from .transformer_configs import (
@@ -67,11 +68,13 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
         if part.projector:
             proj = config.projectors[part.name]
             projectors[part.name] = MultimodalProjector(
-                projector_transformer_config(proj, lm, settings), specs.projector,
+                projector_transformer_config(proj, lm, settings, part.name), specs.projector,
                 proj.projector_type, input_size=enc.hidden_size)
     model = MultimodalModel(config, language_model, encoders, projectors, media_token_ids,
                             placement)
     model.freeze()
+    if settings.fp8 is not None and settings.fp8.emulation:
+        emulate_fp8(model)  # quantise-dequantise in the FP8 modules' local linears
     return model
 
 

@@ -5,10 +5,12 @@ and, with an encoder TP smaller than the LLM's, their own process groups."""
 from __future__ import annotations
 
 import itertools
+from contextlib import nullcontext
 from typing import List, Optional, Tuple
 
 import torch
 from megatron.core import tensor_parallel
+from megatron.core.fp8_utils import get_fp8_context
 
 
 class EncoderParts:
@@ -48,11 +50,16 @@ class EncoderParts:
             return hidden
         if start is None and end is None:
             return self.decoder(hidden, attention_mask=None)
-        for layers, recompute in self._piece_groups(start, end):
-            run = _run_layers(layers)
-            hidden = (tensor_parallel.checkpoint(
-                run, self.decoder.config.distribute_saved_activations, hidden)
-                      if recompute else run(hidden))
+        config = self.decoder.config
+        # TransformerBlock.forward's FP8 contexts, which a piece bypasses: one around the
+        # whole run for delayed scaling, one per layer otherwise.
+        delayed = bool(config.fp8) and config.fp8_recipe == "delayed"
+        with get_fp8_context(config) if delayed else nullcontext():
+            for layers, recompute in self._piece_groups(start, end):
+                run = _run_layers(layers, per_layer_fp8=bool(config.fp8) and not delayed)
+                hidden = (tensor_parallel.checkpoint(
+                    run, config.distribute_saved_activations, hidden)
+                          if recompute else run(hidden))
         return hidden
 
     def _piece_groups(self, start: int, end: int) -> List[Tuple[list, bool]]:
@@ -77,9 +84,12 @@ class EncoderParts:
                 for key, run in itertools.groupby(mine, key=group)]
 
 
-def _run_layers(layers):
+def _run_layers(layers, per_layer_fp8: bool = False):
     def run(hidden: torch.Tensor) -> torch.Tensor:
         for layer in layers:
-            hidden, _ = layer(hidden_states=hidden, attention_mask=None)
+            context = (get_fp8_context(layer.config, layer.layer_number - 1)
+                       if per_layer_fp8 else nullcontext())
+            with context:
+                hidden, _ = layer(hidden_states=hidden, attention_mask=None)
         return hidden
     return run

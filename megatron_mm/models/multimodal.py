@@ -71,6 +71,14 @@ class MultimodalModel(MegatronModule):
             rotary.cp_group = None  # no zigzag slicing: our positions are exact
             rotary.register_forward_hook(self._rope_at_global_positions)
 
+    def set_is_first_microbatch(self):
+        """Refresh every TE layer's FP8 weight cache at a step's first micro-batch, whichever
+        modules run FP8: Megatron-Core's version looks only at this model's config (the
+        LLM's), so FP8 encoders under a BF16 LLM would reuse step 1's FP8 weights."""
+        for m in self.modules():
+            if hasattr(m, "is_first_microbatch"):
+                m.is_first_microbatch = True
+
     def _rope_at_global_positions(self, module, args, output):
         if self._rope_positions is None:
             return output

@@ -15,6 +15,7 @@ from megatron.core.activations import quick_gelu
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from ..config import AudioEncoderConfig, LanguageModelConfig, ProjectorConfig, VisionEncoderConfig
+from ..plan.fp8 import Fp8Settings
 from ..plan.placement import ChunkPlacement, megatron_layout
 
 
@@ -55,6 +56,16 @@ class BuildSettings:
     recompute_granularity: Optional[str] = None
     recompute_method: Optional[str] = None
     recompute_num_layers: Union[None, int, Dict[str, int]] = None
+    # FP8 (--fp8-format ...) and the modules it applies to; None: no FP8.
+    fp8: Optional[Fp8Settings] = None
+
+    def fp8_fields(self, module: Optional[str]) -> dict:
+        """The FP8 fields of ``module``'s TransformerConfig ("llm", an encoder's name,
+        "<encoder>-projector"): Megatron-Core's TE layers (``get_fp8_context``) and the
+        FP8 emulation read them there."""
+        if self.fp8 is None or module is None or not self.fp8.applies_to(module):
+            return {}
+        return self.fp8.transformer_config_fields()
 
     def common(self, stack: Optional[str] = None) -> dict:
         """Settings of every module. The transformer stacks split over pipeline stages
@@ -133,6 +144,7 @@ def language_transformer_config(lm: LanguageModelConfig, s: BuildSettings) -> Tr
         add_qkv_bias=lm.add_qkv_bias,
         qk_layernorm=lm.qk_layernorm,
         **s.common("llm"),
+        **s.fp8_fields("llm"),
         **_te_context_parallel(s),
     )
 
@@ -160,6 +172,7 @@ def vision_transformer_config(enc: VisionEncoderConfig, s: BuildSettings,
         add_bias_linear=True,
         add_qkv_bias=True,
         **s.common(name),
+        **s.fp8_fields(name),
     )
 
 
@@ -180,6 +193,7 @@ def audio_transformer_config(enc: AudioEncoderConfig, s: BuildSettings,
         add_bias_linear=True,
         add_qkv_bias=True,
         **s.common(name),
+        **s.fp8_fields(name),
     )
 
 
@@ -190,7 +204,9 @@ def encoder_transformer_config(enc, s: BuildSettings, name: str) -> TransformerC
 
 
 def projector_transformer_config(proj: ProjectorConfig, lm: LanguageModelConfig,
-                                 s: BuildSettings) -> TransformerConfig:
+                                 s: BuildSettings, name: Optional[str] = None
+                                 ) -> TransformerConfig:
+    """``name``: the projector's encoder, for its FP8 setting ("<name>-projector")."""
     # The MLP maps the encoder width to ffn_hidden_size, then to hidden_size (the LLM's).
     # Attention fields are unused; the LLM's head count passes TransformerConfig's TP checks.
     return TransformerConfig(
@@ -202,6 +218,7 @@ def projector_transformer_config(proj: ProjectorConfig, lm: LanguageModelConfig,
         activation_func=F.gelu,
         add_bias_linear=True,
         **s.common(),
+        **s.fp8_fields(name and f"{name}-projector"),
     )
 
 

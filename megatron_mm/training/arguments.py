@@ -27,6 +27,7 @@ from ..plan.encoder_pipeline import plan_encoder_pipeline
 from ..plan.hardware import MemoryModel
 from ..plan.partition import parse_partition_flag, partition
 from ..plan.recompute_budget import GB, choose_recompute, chunk_activations, static_bytes
+from .fp8_args import fp8_args, validate_fp8_args
 from .transformer_impl import validate_transformer_impl
 
 
@@ -272,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False)
     _model_args(p)
     _training_args(p)
+    fp8_args(p)
     return p
 
 
@@ -368,6 +370,7 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
     args.model_config = model_config_from_args(args)
     _validate_encoder_schedule(args)
     args.model_config.validate_parallel(tp, args.encoder_tensor_model_parallel_size)
+    validate_fp8_args(args)
     check_pipeline_partition(args)
 
 

@@ -46,6 +46,7 @@ from .checkpointing import CheckpointError, load_checkpoint, save_checkpoint, sa
 from .encoder_schedule import build_executor, encoder_pipeline_plan, separate_encoder
 from .evaluation import answer_accuracy, evaluate_loss
 from ..runtime.collective_device import collective_device
+from .fp8_args import llm_sequence_multiple
 from .initialize import initialize_distributed, set_random_seed
 from .partition_trials import search_partition
 from .pipeline_plan import describe_encoder_plan, describe_plan, plan_pipeline
@@ -96,7 +97,8 @@ def build_settings(args, placements=None) -> BuildSettings:
         media_attention=args.media_attention,
         recompute_granularity=getattr(args, "recompute_granularity", None),
         recompute_method=getattr(args, "recompute_method", None),
-        recompute_num_layers=getattr(args, "recompute_num_layers", None))
+        recompute_num_layers=getattr(args, "recompute_num_layers", None),
+        fp8=getattr(args, "fp8_settings", None))
 
 
 def data_paths(args) -> tuple[str, str]:
@@ -190,7 +192,8 @@ def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: boo
     # Its own generator: the loader must not draw from the global RNG, whose state a
     # checkpoint restores (resume would otherwise be one draw off).
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
-                        collate_fn=partial(collate, pad_id=tokenizer.pad_id),
+                        collate_fn=partial(collate, pad_id=tokenizer.pad_id,
+                                           pad_to_multiple_of=llm_sequence_multiple(args)),
                         generator=torch.Generator().manual_seed(args.seed))
     return iter(loader)
 
@@ -331,6 +334,8 @@ def setup_training(args) -> TrainingSetup:
                                                  cp_attention_choice(args).kind)
     if args.context_parallel_size > 1:
         print_rank_0(f"> context parallel attention: {cp_attention_choice(args).reason}")
+    if getattr(args, "fp8_settings", None) is not None:
+        print_rank_0(f"> {args.fp8_settings.describe()}")
     print_rank_0(f"> building multimodal model ({build_settings(args).transformer_impl} "
                  f"specs), {len(train_ds)} train / {len(valid_ds)} validation samples ...")
     if args.pipeline_partition == "search":

@@ -1,0 +1,324 @@
+"""FP8 EMULATION (``--fp8-emulation``): Transformer Engine's FP8 numerics, not Transformer
+Engine, in Megatron-Core's local parallel linear layers on any device.
+
+A numerics check for machines without TE (CPU): each GEMM of an FP8 module quantises its
+inputs and weights to E4M3 in forward and its output gradient to E5M2 (hybrid) or E4M3
+(e4m3) in backward, then dequantises and multiplies in the model's precision. What it
+reproduces of TE (transformer_engine/pytorch/quantization.py,
+common/recipe/delayed_scaling.cu, tests/pytorch/test_recipe.py and
+tests/pytorch/references/quantize_scale_calc.py):
+
+- the cast: ``x * scale`` saturated to the format's largest finite value, rounded to FP8,
+  dequantised with ``1 / scale``;
+- delayed scaling: each tensor's amax goes into slot 0 of its amax history (the max of
+  every cast since the last update); after a forward with gradients enabled (TE: on leaving
+  the outermost ``fp8_autocast``) and before the next backward uses gradient scales (TE:
+  after each backward), slot 0 is max-reduced over the amax reduction group
+  (Megatron-Core's ``get_amax_reduction_group``: TP x DP x CP, or TP x CP with
+  ``tp_only_amax_red``; one collective per model chunk, ``AmaxReduction``), the history
+  rolls by one, slot 0 is zeroed, and
+  ``scale = fp8_max / amax / 2**margin`` with amax the newest (``most_recent``) or the
+  largest in the window (``max``); a zero amax leaves history and scale as they were, an
+  infinite or NaN amax keeps the scale, a scale that overflows becomes FP32's max;
+- current scaling (``tensorwise``): ``scale = fp8_max / amax`` of the tensor itself (no
+  margin); amax 0 gives scale 1. Amaxes are local, except the input of a column-parallel
+  and the output gradient of a row-parallel layer under sequence parallelism, which are
+  max-reduced over the TP group (TE quantises them before its all-gather);
+- bias gradients from the unquantised output gradient (TE fuses them into its cast).
+
+It differs from TE where TE caches an FP8 weight: Megatron-Core's TE layers quantise the
+weight on the first micro-batch of a step only; the emulation quantises it on every
+micro-batch (TE's ``is_first_microbatch=None``), with the weight's current scale. GEMMs
+accumulate in the model's precision, not in tensor cores' FP32 accumulators.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.fp8_utils import is_first_last_bf16_layer
+from megatron.core.models.vision.multimodal_projector import MultimodalProjector
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.transformer_block import TransformerBlock
+
+from ..plan.fp8 import EMULATED_RECIPES, FP8_MAX, fp8_dtypes
+
+TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FP32_MAX = torch.finfo(torch.float32).max
+
+
+def quantize_dequantize(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+    """TE's FP8 cast and back: saturate ``x * scale`` to +-fp8_max (TE's casts are
+    satfinite; torch's E5M2 cast would overflow to inf), round to FP8, multiply by
+    ``1 / scale``. Returned in ``x``'s dtype."""
+    limit = FP8_MAX[fmt]
+    q = (x.float() * scale).clamp(-limit, limit).to(TORCH_FP8[fmt])
+    return (q.float() * torch.reciprocal(scale)).to(x.dtype)
+
+
+def amax(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().abs().amax().float()
+
+
+def current_scale(amax_value: torch.Tensor, fmt: str) -> torch.Tensor:
+    """TE's current (tensorwise) scaling: fp8_max / amax, FP32's max where that
+    overflows, 1 where amax is 0 (TE's reference ``scale_from_amax_tensor``, eps 0, no
+    power-of-2 rounding: Float8CurrentScaling's defaults)."""
+    scale = FP8_MAX[fmt] / amax_value
+    scale = torch.where(torch.isinf(scale), torch.full_like(scale, FP32_MAX), scale)
+    return torch.where(amax_value == 0, torch.ones_like(scale), scale)
+
+
+class DelayedScalingMeta:
+    """Amax history and scales of a group of tensors (TE's ``fp8_meta`` of one direction:
+    forward = [input, weight], backward = [output gradient])."""
+
+    def __init__(self, num_tensors: int, history_len: int, fmt: str):
+        self.fmt = fmt
+        self.amax_history = torch.zeros(history_len, num_tensors)
+        self.scale = torch.ones(num_tensors)
+
+    def to(self, device: torch.device) -> "DelayedScalingMeta":
+        if self.scale.device != device:
+            self.amax_history, self.scale = self.amax_history.to(device), self.scale.to(device)
+        return self
+
+    def record(self, i: int, value: torch.Tensor) -> None:
+        """Slot 0 holds the max of every amax since the last update (TE's cast kernels
+        max their amax into it)."""
+        self.amax_history[0, i] = torch.maximum(self.amax_history[0, i], value)
+
+
+def amax_update(history: torch.Tensor, scale: torch.Tensor, fp8_max: float, algo: str,
+                margin: int) -> None:
+    """TE's delayed-scaling update of ``history`` [L, n] and ``scale`` [n] in place, per
+    tensor (column): a newest amax (slot 0) of 0 leaves the column alone (no roll, scale
+    kept); otherwise the window is the L newest amaxes (slots 1..L-1 and slot 0), the
+    history rolls so the newest lands in slot L-1 and slot 0 is zeroed, and amax is the
+    newest (``most_recent``) or the window's max (``max``, NaNs skipped). Device ops only:
+    no host sync."""
+    newest = history[0].clone()
+    window = torch.cat([history[1:], newest.unsqueeze(0)])
+    # TE's kernel takes the max with fmaxf, which skips NaNs.
+    value = newest if algo == "most_recent" else torch.where(
+        torch.isnan(window), torch.zeros_like(window), window).amax(dim=0)
+    rolled = window.clone()
+    rolled[0] = 0
+    skip = newest == 0
+    new_scale = (fp8_max / value) / (2 ** margin)
+    new_scale = torch.where(skip | ~torch.isfinite(value) | (value <= 0), scale, new_scale)
+    new_scale = torch.where(torch.isinf(new_scale), torch.full_like(new_scale, FP32_MAX),
+                            new_scale)
+    history.copy_(torch.where(skip.unsqueeze(0), history, rolled))
+    scale.copy_(new_scale)
+
+
+class _QuantizeForward(torch.autograd.Function):
+    """Quantise-dequantise in forward; the gradient passes straight through (TE computes
+    gradients with respect to the high-precision tensor from the quantised GEMM)."""
+
+    @staticmethod
+    def forward(ctx, x, scale, fmt):
+        return quantize_dequantize(x, scale, fmt)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None
+
+
+class _QuantizeGradOutput(torch.autograd.Function):
+    """Identity in forward; the output gradient quantised by ``emu`` in backward."""
+
+    @staticmethod
+    def forward(ctx, y, emu):
+        ctx.emu = emu
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.emu.quantize_grad_output(grad), None
+
+
+class Fp8LinearEmulation:
+    """One linear layer's FP8 state and casts, from its ``TransformerConfig``."""
+
+    INPUT, WEIGHT = 0, 1
+
+    def __init__(self, linear: torch.nn.Module, parallel_mode: str):
+        config = linear.config
+        if config.fp8_recipe not in EMULATED_RECIPES:
+            raise ValueError(f"--fp8-emulation emulates the {' and '.join(EMULATED_RECIPES)} "
+                             f"recipes, not {config.fp8_recipe}")
+        self.linear = linear
+        self.parallel_mode = parallel_mode  # "column" or "row"
+        self.recipe = config.fp8_recipe
+        self.fwd_fmt, self.bwd_fmt = fp8_dtypes(config.fp8)
+        self.margin = config.fp8_margin
+        self.algo = config.fp8_amax_compute_algo
+        self.tp_only_amax_red = config.tp_only_amax_red
+        if self.recipe == "delayed":
+            self.fwd = DelayedScalingMeta(2, config.fp8_amax_history_len, self.fwd_fmt)
+            self.bwd = DelayedScalingMeta(1, config.fp8_amax_history_len, self.bwd_fmt)
+
+    def amax_group(self):
+        """Megatron-Core's amax reduction group, as ``get_fp8_context`` passes it to TE."""
+        if not parallel_state.model_parallel_is_initialized():
+            return None
+        return parallel_state.get_amax_reduction_group(
+            with_context_parallel=True, tp_only_amax_red=self.tp_only_amax_red)
+
+    def _sp_gathered(self, mode: str):
+        """The TP group when this tensor is all-gathered under sequence parallelism."""
+        if getattr(self.linear, "sequence_parallel", False) and self.parallel_mode == mode:
+            return self.linear.tp_group
+        return None
+
+    def _current(self, x: torch.Tensor, fmt: str, group=None) -> torch.Tensor:
+        value = amax(x)
+        if group is not None and torch.distributed.get_world_size(group) > 1:
+            torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, group=group)
+        return current_scale(value, fmt)
+
+    def quantize_forward(self, x: torch.Tensor, weight: torch.Tensor):
+        if self.recipe == "tensorwise":
+            sx = self._current(x, self.fwd_fmt, self._sp_gathered("column"))
+            sw = self._current(weight, self.fwd_fmt)
+        else:
+            # Cast with the scales from earlier steps, then record this step's amaxes.
+            self.fwd.to(x.device)
+            sx, sw = self.fwd.scale[self.INPUT].clone(), self.fwd.scale[self.WEIGHT].clone()
+            self.fwd.record(self.INPUT, amax(x))
+            self.fwd.record(self.WEIGHT, amax(weight))
+        return (_QuantizeForward.apply(x, sx, self.fwd_fmt),
+                _QuantizeForward.apply(weight, sw, self.fwd_fmt))
+
+    def quantize_grad_output(self, grad: torch.Tensor) -> torch.Tensor:
+        if self.recipe == "tensorwise":
+            scale = self._current(grad, self.bwd_fmt, self._sp_gathered("row"))
+        else:
+            scale = self.bwd.to(grad.device).scale[0].clone()
+            self.bwd.record(0, amax(grad))
+        return quantize_dequantize(grad, scale, self.bwd_fmt)
+
+
+class _EmulatedFp8Linear:
+    """Mixin over Megatron-Core's parallel linears: their GEMM (``_forward_impl``, which
+    also does the TP communication) sees quantised inputs and weights and hands back a
+    quantised output gradient; the bias is added outside the GEMM."""
+
+    fp8_emulation: Fp8LinearEmulation
+
+    def _forward_impl(self, input, weight, bias=None, **kwargs):
+        x, w = self.fp8_emulation.quantize_forward(input, weight)
+        out = super()._forward_impl(input=x, weight=w, bias=None, **kwargs)
+        out = _QuantizeGradOutput.apply(out, self.fp8_emulation)
+        return out if bias is None else out + bias
+
+
+class Fp8EmulatedColumnParallelLinear(_EmulatedFp8Linear, ColumnParallelLinear):
+    pass
+
+
+class Fp8EmulatedRowParallelLinear(_EmulatedFp8Linear, RowParallelLinear):
+    pass
+
+
+_EMULATED = {ColumnParallelLinear: (Fp8EmulatedColumnParallelLinear, "column"),
+             RowParallelLinear: (Fp8EmulatedRowParallelLinear, "row")}
+
+
+def emulate_linears(module: torch.nn.Module) -> int:
+    count = 0
+    for sub in module.modules():
+        if type(sub) not in _EMULATED:
+            continue
+        if sub.gradient_accumulation_fusion:
+            raise ValueError("--fp8-emulation needs gradient_accumulation_fusion off (the "
+                             "quantised weight is not the parameter holding main_grad)")
+        cls, mode = _EMULATED[type(sub)]
+        sub.__class__ = cls
+        sub.fp8_emulation = Fp8LinearEmulation(sub, mode)
+        count += 1
+    return count
+
+
+class AmaxReduction:
+    """Delayed scaling's amax reduction and scale update for every emulated linear of a
+    model chunk at once, at points every rank of the amax reduction group reaches: after
+    the chunk's forward with gradients enabled (TE: leaving ``fp8_autocast``), and for the
+    gradients' amaxes when the chunk's next backward starts (TE: after each backward; the
+    next backward is the first to use the new scales). One collective for the whole chunk,
+    over a fixed layout: a module that did not run (an encoder on a micro-batch without
+    its media) contributes a zero amax, which changes nothing (TE's rule)."""
+
+    def __init__(self, linears: List[torch.nn.Module]):
+        self.emulations = [m.fp8_emulation for m in linears
+                           if m.fp8_emulation.recipe == "delayed"]
+
+    def update(self, forward: bool) -> None:
+        if not self.emulations:
+            return
+        metas = [e.fwd if forward else e.bwd for e in self.emulations]
+        newest = torch.cat([m.amax_history[0] for m in metas])
+        group = self.emulations[0].amax_group()
+        if group is not None and torch.distributed.get_world_size(group) > 1:
+            torch.distributed.all_reduce(newest, op=torch.distributed.ReduceOp.MAX,
+                                         group=group)
+        for meta, emu, part in zip(metas, self.emulations,
+                                   newest.split([m.amax_history.shape[1] for m in metas])):
+            meta.amax_history[0] = part
+            amax_update(meta.amax_history, meta.scale, FP8_MAX[meta.fmt], emu.algo,
+                        emu.margin)
+
+    def after_forward(self, module, args, output) -> None:
+        if not torch.is_grad_enabled():  # TE: no update on leaving autocast without grads
+            return
+        self.update(forward=True)
+        outputs = output if isinstance(output, (tuple, list)) else (output,)
+        for out in outputs:
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.register_hook(self._backward_starts)
+                break
+
+    def _backward_starts(self, grad: torch.Tensor) -> None:
+        self.update(forward=False)
+
+
+def attach_amax_reduction(module: torch.nn.Module) -> AmaxReduction:
+    """Reduce and update the delayed-scaling state of ``module``'s emulated linears around
+    each of its forwards and backwards (``module``: a model chunk, or one linear)."""
+    reduction = AmaxReduction(emulated_linears(module))
+    module.register_forward_hook(reduction.after_forward)
+    return reduction
+
+
+def emulate_fp8(model: torch.nn.Module) -> List[str]:
+    """Give every linear layer that TE would run in FP8 the emulated casts: the layers of a
+    ``TransformerBlock`` whose config has ``fp8`` (except Megatron-Core's first/last BF16
+    layers) and the linears of an FP8 ``MultimodalProjector`` (both enter
+    ``get_fp8_context`` on their own config). Embeddings and the output layer stay in high
+    precision, as with TE. Returns a line per converted module, for the log."""
+    done: List[str] = []
+    for name, module in model.named_modules():
+        if isinstance(module, TransformerBlock) and module.config.fp8:
+            fp8_layers = [layer for layer in module.layers
+                          if not is_first_last_bf16_layer(module.config,
+                                                          layer.layer_number - 1)]
+            n = sum(emulate_linears(layer) for layer in fp8_layers)
+            done.append(f"{name}: {n} linears in layers "
+                        f"{[layer.layer_number for layer in fp8_layers]}")
+        elif isinstance(module, MultimodalProjector) and module.config.fp8:
+            done.append(f"{name}: {emulate_linears(module)} linears")
+    attach_amax_reduction(model)
+    return done
+
+
+def emulated_linears(model: torch.nn.Module) -> List[torch.nn.Module]:
+    return [m for m in model.modules() if isinstance(m, _EmulatedFp8Linear)]
+
+
+def delayed_meta(linear: torch.nn.Module, forward: bool = True) -> Optional[DelayedScalingMeta]:
+    emu = linear.fp8_emulation
+    return None if emu.recipe != "delayed" else (emu.fwd if forward else emu.bwd)

@@ -1,0 +1,122 @@
+"""FP8 settings as data: Megatron-LM's FP8 flags, which modules run FP8, and the sequence
+padding FP8 GEMMs need.
+
+Pure Python (no torch): the flags are checked, and the padding planned, before any
+process group exists. The numbers follow Megatron-Core's ``fp8_utils.get_fp8_align_size``
+(16, or 32 for MXFP8) and combine with the sequence- and context-parallel factors by least
+common multiple (Megatron-LM's multimodal ``get_padding`` picks one factor and drops FP8's
+once SP or CP is on, which leaves FP8 GEMMs unaligned).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Optional, Tuple
+
+from .errors import PlanError
+
+# Megatron-LM's choices (arguments.py, _add_transformer_engine_args).
+FP8_FORMATS = ("e4m3", "hybrid")
+FP8_RECIPES = ("tensorwise", "delayed", "mxfp8", "blockwise")
+FP8_AMAX_COMPUTE_ALGOS = ("most_recent", "max")
+# What --fp8-emulation reproduces: per-tensor scaling. MXFP8 and blockwise scale blocks of
+# 32 / 128 values with their own cast rules; not emulated (a clear error says so).
+EMULATED_RECIPES = ("delayed", "tensorwise")
+# Largest finite values (TE: Format.E4M3 / E5M2 max_fwd and max_bwd).
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+
+
+def fp8_align_size(recipe: str) -> int:
+    """Tokens an FP8 GEMM's leading dimension must be a multiple of (Megatron-Core's
+    ``get_fp8_align_size``)."""
+    return 32 if recipe == "mxfp8" else 16
+
+
+def sequence_multiple(fp8_recipe: Optional[str] = None, tensor_model_parallel_size: int = 1,
+                      sequence_parallel: bool = False, context_parallel_size: int = 1) -> int:
+    """The multiple every LLM sequence is padded to: the FP8 alignment (``fp8_recipe``
+    None: no FP8 anywhere in the LLM), TP when sequence parallelism splits the sequence
+    over TP ranks, 2 x CP (the zigzag split's 2 CP chunks per rank), combined by least
+    common multiple so each one holds at once."""
+    factors = [1]
+    if fp8_recipe is not None:
+        factors.append(fp8_align_size(fp8_recipe))
+    if sequence_parallel:
+        factors.append(tensor_model_parallel_size)
+    if context_parallel_size > 1:
+        factors.append(2 * context_parallel_size)
+    return math.lcm(*factors)
+
+
+def fp8_dtypes(fp8_format: str) -> Tuple[str, str]:
+    """(forward, backward) FP8 types: inputs and weights, then output gradients. Hybrid
+    takes E5M2's range for gradients; e4m3 uses E4M3 everywhere."""
+    return ("e4m3", "e5m2") if fp8_format == "hybrid" else ("e4m3", "e4m3")
+
+
+@dataclass(frozen=True)
+class Fp8Settings:
+    """Megatron-LM's FP8 flags for one run, and the modules they apply to.
+
+    ``modules`` names module keys: ``llm``, an encoder's name (``vision``, ``audio``) or
+    ``<encoder>-projector``. ``emulation``: quantise-dequantise on CPU in the local
+    layers, not Transformer Engine."""
+
+    fp8_format: str
+    recipe: str = "delayed"
+    margin: int = 0
+    amax_history_len: int = 1
+    amax_compute_algo: str = "most_recent"
+    param_gather: bool = False
+    first_last_layers_bf16: bool = False
+    num_layers_at_start_in_bf16: int = 1
+    num_layers_at_end_in_bf16: int = 1
+    tp_only_amax_red: bool = False
+    modules: Tuple[str, ...] = ("llm",)
+    emulation: bool = False
+
+    def applies_to(self, module: str) -> bool:
+        return module in self.modules
+
+    def transformer_config_fields(self) -> dict:
+        """The FP8 fields of Megatron-Core's ``TransformerConfig`` for an FP8 module."""
+        return dict(
+            fp8=self.fp8_format, fp8_recipe=self.recipe, fp8_margin=self.margin,
+            fp8_amax_history_len=self.amax_history_len,
+            fp8_amax_compute_algo=self.amax_compute_algo, fp8_param=self.param_gather,
+            first_last_layers_bf16=self.first_last_layers_bf16,
+            num_layers_at_start_in_bf16=self.num_layers_at_start_in_bf16,
+            num_layers_at_end_in_bf16=self.num_layers_at_end_in_bf16,
+            tp_only_amax_red=self.tp_only_amax_red)
+
+    def describe(self) -> str:
+        how = ("EMULATION (quantise-dequantise in Megatron-Core's local linear layers on "
+               "CPU; not Transformer Engine)" if self.emulation else "Transformer Engine")
+        detail = f"--fp8-format {self.fp8_format} --fp8-recipe {self.recipe}"
+        if self.recipe == "delayed":
+            detail += (f" --fp8-amax-history-len {self.amax_history_len} "
+                       f"--fp8-amax-compute-algo {self.amax_compute_algo} "
+                       f"--fp8-margin {self.margin}")
+        return f"FP8 {how}: {detail}; modules {','.join(self.modules)}"
+
+
+def module_keys(encoders: Iterable[str]) -> Tuple[str, ...]:
+    """Every module key ``--fp8-modules`` accepts for a model with these encoders."""
+    keys = ["llm"]
+    for name in encoders:
+        keys += [name, f"{name}-projector"]
+    return tuple(keys)
+
+
+def parse_fp8_modules(flag: str, encoders: Iterable[str]) -> Tuple[str, ...]:
+    """``--fp8-modules``: comma-separated module keys, or ``all``."""
+    known = module_keys(encoders)
+    names = [n.strip() for n in flag.split(",") if n.strip()]
+    if names == ["all"]:
+        return known
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise PlanError(f"--fp8-modules {flag!r}: unknown module(s) {', '.join(unknown)}; "
+                         f"this model has {', '.join(known)} (or all)")
+    return tuple(dict.fromkeys(names))

@@ -1,0 +1,244 @@
+"""FP8 flags: Megatron-LM's (same names, defaults and meanings), which modules they apply
+to, and the CPU emulation. Validated up front; no torch import.
+
+FP8 runs in Transformer Engine's layers. Without TE, Megatron-Core's ``get_fp8_context``
+silently gives a null context and the run is not FP8: here that is an error, and
+``--fp8-emulation`` is the explicit CPU alternative (a numerics check, not TE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+
+from ..config import AudioEncoderConfig, ConfigError
+from ..plan.fp8 import (
+    EMULATED_RECIPES,
+    FP8_AMAX_COMPUTE_ALGOS,
+    FP8_FORMATS,
+    FP8_RECIPES,
+    Fp8Settings,
+    fp8_align_size,
+    parse_fp8_modules,
+    sequence_multiple,
+)
+
+# dest -> default, for "--fp8-* needs --fp8-format" (Megatron-LM ignores them silently).
+_DEPENDENT_DEFAULTS = {
+    "fp8_recipe": "delayed", "fp8_margin": 0, "fp8_amax_history_len": 1,
+    "fp8_amax_compute_algo": "most_recent", "fp8_param_gather": False,
+    "first_last_layers_bf16": False, "num_layers_at_start_in_bf16": 1,
+    "num_layers_at_end_in_bf16": 1, "tp_only_amax_red": False, "fp8_modules": "llm",
+    "fp8_emulation": False,
+}
+
+
+def fp8_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("FP8 (Transformer Engine)")
+    g.add_argument("--fp8-format", default=None, choices=list(FP8_FORMATS), dest="fp8",
+                   help="FP8 for the --fp8-modules through Transformer Engine: e4m3 for every "
+                        "tensor, or hybrid (E4M3 forward, E5M2 gradients)")
+    g.add_argument("--fp8-recipe", default="delayed", choices=list(FP8_RECIPES),
+                   help="delayed: scales from the amax history; tensorwise: per-tensor "
+                        "current scaling; mxfp8 (Blackwell) and blockwise: block scales")
+    g.add_argument("--fp8-margin", type=int, default=0,
+                   help="delayed scaling: scale = fp8_max / amax / 2^margin")
+    g.add_argument("--fp8-amax-history-len", type=int, default=1,
+                   help="delayed scaling: amaxes kept per tensor")
+    g.add_argument("--fp8-amax-compute-algo", default="most_recent",
+                   choices=list(FP8_AMAX_COMPUTE_ALGOS),
+                   help="delayed scaling: the newest amax or the history's max")
+    g.add_argument("--fp8-param-gather", action="store_true",
+                   help="keep the FP8 modules' weights in FP8 (TE's fp8_model_init) and "
+                        "all-gather them in FP8; needs --use-distributed-optimizer")
+    g.add_argument("--first-last-layers-bf16", action="store_true",
+                   help="keep the first and last layers of each FP8 transformer stack in "
+                        "BF16 (not with --fp8-recipe delayed)")
+    g.add_argument("--num-layers-at-start-in-bf16", type=int, default=1)
+    g.add_argument("--num-layers-at-end-in-bf16", type=int, default=1)
+    g.add_argument("--tp-only-amax-red", action="store_true",
+                   help="reduce FP8 amaxes over the TP (x CP) group only, not TP x DP x CP")
+    g.add_argument("--fp8-modules", default="llm",
+                   help="modules that run FP8, comma-separated: llm, an encoder (vision, "
+                        "audio), <encoder>-projector, or all. Frozen encoders often stay BF16")
+    g.add_argument("--fp8-emulation", action="store_true",
+                   help="a CPU numerics check instead of Transformer Engine: the FP8 settings "
+                        "applied as quantise-dequantise in the local layers' linears "
+                        "(--transformer-impl local; recipes delayed and tensorwise)")
+
+
+def validate_fp8_args(args: argparse.Namespace) -> None:
+    """Set ``args.fp8_settings`` (None without ``--fp8-format``) or stop with the flag to
+    change. Needs ``args.model_config``."""
+    args.fp8_settings = None
+    if args.fp8 is None:
+        for dest, default in _DEPENDENT_DEFAULTS.items():
+            if getattr(args, dest) != default:
+                raise ConfigError(f"--{dest.replace('_', '-')} needs --fp8-format "
+                                  "(e4m3 or hybrid)")
+        return
+    encoders = args.model_config.encoders
+    modules = parse_fp8_modules(args.fp8_modules, encoders)
+    if args.fp8_amax_history_len < 1:
+        raise ConfigError("--fp8-amax-history-len must be >= 1")
+    if args.first_last_layers_bf16 and args.fp8_recipe == "delayed":
+        raise ConfigError("--first-last-layers-bf16 does not work with --fp8-recipe delayed "
+                          "(Megatron-Core: one amax reduction spans the whole stack); use "
+                          "tensorwise, mxfp8 or blockwise")
+    if not args.first_last_layers_bf16:
+        for flag in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+            if getattr(args, flag) != 1:
+                raise ConfigError(f"--{flag.replace('_', '-')} needs --first-last-layers-bf16")
+    if args.fp8_param_gather and not args.use_distributed_optimizer:
+        raise ConfigError("--fp8-param-gather needs --use-distributed-optimizer")
+    pp = args.pipeline_model_parallel_size
+    stacks = {"llm": args.model_config.language.num_layers,
+              **{name: enc.num_layers_built for name, enc in encoders.items()}}
+    for name in modules:
+        if name in stacks and args.first_last_layers_bf16:
+            limit = stacks[name] // pp  # Megatron-Core: layers per pipeline stage
+            for flag in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+                n = getattr(args, flag)
+                if not 0 <= n <= limit:
+                    raise ConfigError(f"--{flag.replace('_', '-')} ({n}) must be between 0 "
+                                      f"and the {name} layers per pipeline stage ({limit})")
+    _validate_media_alignment(args, modules)
+    _validate_gemm_dims(args, modules)
+    if args.fp8_emulation:
+        _validate_emulation(args)
+    else:
+        _validate_transformer_engine(args)
+    args.fp8_settings = Fp8Settings(
+        fp8_format=args.fp8, recipe=args.fp8_recipe, margin=args.fp8_margin,
+        amax_history_len=args.fp8_amax_history_len,
+        amax_compute_algo=args.fp8_amax_compute_algo, param_gather=args.fp8_param_gather,
+        first_last_layers_bf16=args.first_last_layers_bf16,
+        num_layers_at_start_in_bf16=args.num_layers_at_start_in_bf16,
+        num_layers_at_end_in_bf16=args.num_layers_at_end_in_bf16,
+        tp_only_amax_red=args.tp_only_amax_red, modules=modules,
+        emulation=args.fp8_emulation)
+    multiple = llm_sequence_multiple(args)
+    if args.seq_length % multiple:
+        raise ConfigError(f"--seq-length ({args.seq_length}) must be a multiple of {multiple}: "
+                          "FP8 LLM sequences are padded to it (the FP8 alignment with the "
+                          "sequence- and context-parallel factors)")
+
+
+def transformer_engine_installed() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def _validate_transformer_engine(args: argparse.Namespace) -> None:
+    if args.transformer_impl == "local":
+        raise ConfigError("--fp8-format runs in Transformer Engine layers: pass "
+                          "--transformer-impl transformer_engine, or --fp8-emulation for the "
+                          "CPU numerics check in the local layers")
+    if not transformer_engine_installed():
+        raise ConfigError("--fp8-format needs Transformer Engine, which is not installed "
+                          "(Megatron-Core would silently train without FP8); install "
+                          "transformer-engine[pytorch] on a GPU machine, or pass "
+                          "--fp8-emulation for the CPU numerics check")
+    if args.data_balance != "none":
+        raise ConfigError("--fp8-format with --data-balance: packed sequences are not padded "
+                          "to the FP8 alignment; drop one of them")
+
+
+def _validate_emulation(args: argparse.Namespace) -> None:
+    if args.transformer_impl == "transformer_engine":
+        raise ConfigError("--fp8-emulation emulates FP8 in the local layers: pass "
+                          "--transformer-impl local, or drop --fp8-emulation to run FP8 in "
+                          "Transformer Engine")
+    args.transformer_impl = "local"
+    if args.fp8_recipe not in EMULATED_RECIPES:
+        raise ConfigError(f"--fp8-emulation emulates --fp8-recipe "
+                          f"{' and '.join(EMULATED_RECIPES)} (per-tensor scales), not "
+                          f"{args.fp8_recipe}: its block scales are Transformer Engine's alone")
+    if args.fp8_param_gather:
+        raise ConfigError("--fp8-param-gather keeps weights in Transformer Engine's FP8 "
+                          "tensors; --fp8-emulation does not emulate it")
+    if args.fp8_recipe == "delayed" and args.recompute_granularity == "full":
+        raise ConfigError("--fp8-emulation with --fp8-recipe delayed and "
+                          "--recompute-granularity full: the recomputed forward would update "
+                          "the amax history again (TE restores it; the emulation does not); "
+                          "use --fp8-recipe tensorwise or drop the recompute")
+
+
+def _validate_gemm_dims(args: argparse.Namespace, modules) -> None:
+    """TE's FP8 GEMMs take in-features (per TP shard) in multiples of the FP8 alignment:
+    each FP8 linear's input width must be one."""
+    align, tp = fp8_align_size(args.fp8_recipe), args.tensor_model_parallel_size
+    lm = args.model_config.language
+    checks = []
+    if "llm" in modules:
+        checks += [("llm", lm.hidden_size, "--hidden-size"),
+                   ("llm", lm.num_attention_heads * lm.kv_channels // tp,
+                    "--num-attention-heads x head size / TP"),
+                   ("llm", lm.ffn_hidden_size // tp, "--ffn-hidden-size / TP")]
+    for name, enc in args.model_config.encoders.items():
+        p = enc.flag_prefix
+        if name in modules:
+            checks += [(name, enc.hidden_size, f"{p}hidden-size"),
+                       (name, enc.hidden_size // tp, f"{p}hidden-size / TP"),
+                       (name, enc.ffn_hidden_size // tp, f"{p}ffn-hidden-size / TP")]
+        if f"{name}-projector" in modules:
+            proj = args.model_config.projectors[name]
+            checks.append((f"{name}-projector", enc.hidden_size, f"{p}hidden-size"))
+            if proj.projector_type == "mlp":
+                checks.append((f"{name}-projector", (proj.ffn_hidden_size or lm.hidden_size)
+                               // tp, "--projector-ffn-hidden-size / TP"))
+    for module, width, what in checks:
+        if width % align:
+            raise ConfigError(f"--fp8-modules {module}: {what} ({width}) must be a multiple of "
+                              f"{align} (FP8 GEMM input width, --fp8-recipe "
+                              f"{args.fp8_recipe}); change it or keep {module} out of "
+                              "--fp8-modules")
+
+
+def _validate_media_alignment(args: argparse.Namespace, modules) -> None:
+    """An FP8 encoder's GEMMs take its tokens per item as the leading dimension: they must
+    come in multiples of the FP8 alignment for every batch size. An FP8 encoder or projector
+    also cannot run as encoder replicas (an encoder TP below the LLM's): the replicas run
+    different micro-batch counts, while the amax reduction group spans them."""
+    align = fp8_align_size(args.fp8_recipe)
+    etp = getattr(args, "encoder_tensor_model_parallel_size", None)
+    for name, enc in args.model_config.encoders.items():
+        fp8_parts = [m for m in (name, f"{name}-projector") if m in modules]
+        if not fp8_parts:
+            continue
+        if etp is not None and etp < args.tensor_model_parallel_size:
+            raise ConfigError(f"--fp8-modules {','.join(fp8_parts)} with "
+                              f"--encoder-tensor-model-parallel-size ({etp}) below "
+                              f"--tensor-model-parallel-size: encoder replicas run different "
+                              "micro-batch counts, and FP8's amax reduction spans them; "
+                              "keep that encoder in BF16")
+        if isinstance(enc, AudioEncoderConfig):
+            sizes = {name: (enc.seq_length, "--audio-max-source-positions"),
+                     f"{name}-projector": (enc.num_output_tokens,
+                                           "--audio-max-source-positions / "
+                                           "--audio-pool-stride")}
+        else:
+            cls = "+ 1 class token " if enc.has_class_token else ""
+            sizes = {name: (enc.num_patches + int(enc.has_class_token),
+                            f"patches {cls}(--img-h, --img-w, --patch-dim)"),
+                     f"{name}-projector": (enc.num_output_tokens,
+                                           "tokens per image (--img-h, --img-w, "
+                                           "--patch-dim, --disable-vision-class-token)")}
+        for part in fp8_parts:
+            n, source = sizes[part]
+            if n % align:
+                raise ConfigError(f"--fp8-modules {part}: {n} tokens per item ({source}) is "
+                                  f"not a multiple of the FP8 alignment {align} "
+                                  f"(--fp8-recipe {args.fp8_recipe}); change the sizes or "
+                                  f"keep {part} out of --fp8-modules")
+
+
+def llm_sequence_multiple(args: argparse.Namespace) -> int:
+    """What the collator pads each micro-batch's sequence length to: with an FP8 LLM, the
+    FP8 alignment combined with the SP and CP factors (``plan.fp8.sequence_multiple``);
+    otherwise 1 (runs without FP8 keep their shapes)."""
+    fp8 = getattr(args, "fp8_settings", None)
+    if fp8 is None or not fp8.applies_to("llm"):
+        return 1
+    return sequence_multiple(fp8.recipe, args.tensor_model_parallel_size,
+                             getattr(args, "sequence_parallel", False),
+                             args.context_parallel_size)
