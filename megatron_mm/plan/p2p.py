@@ -77,11 +77,17 @@ class Exchange(Record):
     recvs: List[Transfer] = field(default_factory=list)
 
 
-def p2p_program(s: Schedule, ranks: Sequence[Sequence[Action]]) -> List[List[Exchange]]:
+def p2p_program(s: Schedule, ranks: Sequence[Sequence[Action]],
+                safe: bool = True) -> List[List[Exchange]]:
     """Per rank, ``len(actions) + 1`` exchanges: exchange i runs before action i (the
     last one after the last action) for the action lists ``ranks`` (the schedule's, or
     the subset an iteration runs: forwards only, one encoder replica's micro-batches).
-    A message exists when its producer and consumer both run, on different ranks."""
+    A message exists when its producer and consumer both run, on different ranks.
+
+    Each receive is posted as late as its consumer allows (and in its peer's send
+    order); where that would leave a send waiting while its receiver blocks in an earlier
+    exchange (NCCL's send/send cycle), the receive moves into that exchange (``safe``;
+    without it, the late program is returned as it is)."""
     where: Dict[Key, Tuple[int, int]] = {}  # action key -> (rank, index)
     for r, actions in enumerate(ranks):
         for i, a in enumerate(actions):
@@ -115,7 +121,8 @@ def p2p_program(s: Schedule, ranks: Sequence[Sequence[Action]]) -> List[List[Exc
                 for k in queue[posted.get(src, 0):stop]:
                     program[r][i].recvs.append(Transfer(src, list(k)))
                 posted[src] = max(posted.get(src, 0), stop)
-    _Replay(program).run(repair=True)
+    if safe:
+        _Replay(program).run(repair=True)
     return program
 
 
