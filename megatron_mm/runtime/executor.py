@@ -130,8 +130,11 @@ class _Iteration:
                                _device_of(model[0]))
         self.actions = executor.actions(schedule, self.rank, forward_only)
         self.program = executor.program(schedule, forward_only)[self.rank]
+        # A forward step marked ``whole_sequence`` (generation) runs every token on every
+        # context-parallel rank: its hidden states travel whole.
+        whole = getattr(forward_step_func, "whole_sequence", False)
         self.specs = MessageSpecs(model[0], executor.pieces, executor.placements,
-                                  executor.local_length)
+                                  None if whole else executor.local_length)
         self._specs: Dict[Key, Optional[Spec]] = {}
         self.local: Dict[Key, Optional[torch.Tensor]] = {}  # messages to this same rank
         self.outbox: Dict[Key, Tuple[int, Optional[torch.Tensor]]] = {}  # for the next exchange

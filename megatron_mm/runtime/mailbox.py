@@ -56,11 +56,19 @@ class P2PTimeout(RuntimeError):
     """A strict-mode wait ran out: the exchange's order would hang on NCCL."""
 
 
+_STARTED = set()  # pipeline groups that have run a collective
+
+
 class Mailbox:
     def __init__(self, group, device: torch.device):
         self.group, self.device = group, device
         self.ranks = dist.get_process_group_ranks(group)  # group rank -> global rank
         self.strict = strict_p2p()
+        if dist.get_backend(group) == "nccl" and id(group) not in _STARTED:
+            # NCCL: a batch_isend_irecv that is a group's first collective needs every
+            # rank of the group in it (torch.distributed's docs); ours involve only peers
+            dist.barrier(group=group)
+            _STARTED.add(id(group))
         self.pending: List[dist.Work] = []  # sends not yet waited for
         self.alive: List[torch.Tensor] = []  # their buffers, until then
 

@@ -7,7 +7,8 @@ back from the device).
   micro-batch has none.
 - An LLM chunk's output (``F``): [S, B, H] in Megatron's ``pipeline_dtype``; S is this
   context-parallel rank's token count once some chunk up to it ran LLM layers (the model
-  takes the rank's tokens there), else the whole sequence.
+  takes the rank's tokens there), else the whole sequence; whole always for a forward
+  step marked ``whole_sequence`` (generation decodes the whole prompt on every CP rank).
 - A gradient (``B``, ``EB``) has the shape of the forward message it is the gradient of.
 
 The sender checks its tensor against the same spec, so a model change that breaks these
