@@ -1,23 +1,28 @@
 """The point-to-point messages of a schedule, grouped into exchanges NCCL cannot deadlock.
 
 Every rank walks its own action list. Before action i it makes one exchange: the sends
-that action i - 1 produced and the receives action i needs go out together (one
-``batch_isend_irecv``, as Megatron-Core's p2p does), and the rank waits for them. NCCL
-matches a pair of ranks' messages by order, not by tag, so a receiver posts a peer's
-messages in the order that peer sends them: needing a message pulls forward the receives
-of every earlier one from the same peer (kept until their action; an encoder piece's
-output may be sent before an LLM activation the receiver needs first).
+that action i - 1 produced and receives go out together (one ``batch_isend_irecv``, as
+Megatron-Core's p2p does), and the rank waits for its receives. NCCL runs a rank's
+exchanges one after another and completes a send only once its receive is posted, so a
+receive posted just before its consumer can leave a peer's stream stuck behind a send
+(the send/send cycle of an encoder output sent long before it is needed). Receives are
+therefore posted by time: in the receiver's exchange that coincides with the send on the
+schedule's timeline, which orders all exchanges consistently (``p2p_program``). NCCL
+matches a pair of ranks' messages by order, not by tag: both sides use the sender's order,
+and a message received before its action waits there (an encoder piece's output may come
+before an LLM activation the receiver needs first).
 
-``check_rendezvous`` replays the exchanges as NCCL runs them (a send completes only once
-its receive is posted; a rank's exchanges run one after another) and names the blocked
-messages of an ordering that would hang. Messages between actions on the same rank stay
-local and are not listed.
+``check_rendezvous`` replays exchanges as NCCL runs them and names the blocked messages
+of an ordering that would hang. Messages between actions on the same rank stay local and
+are not listed.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .actions import Action, Schedule
 from .errors import PlanError
@@ -77,60 +82,105 @@ class Exchange(Record):
     recvs: List[Transfer] = field(default_factory=list)
 
 
+Cost = Callable[[Action], float]
+
+
+def unit_cost(a: Action) -> float:
+    """Seconds of an action when nothing better is known: a backward twice its forward."""
+    return 2.0 if a.kind in ("B", "EB") else 1.0
+
+
 def p2p_program(s: Schedule, ranks: Sequence[Sequence[Action]],
-                safe: bool = True) -> List[List[Exchange]]:
+                cost: Optional[Cost] = None, late: bool = False) -> List[List[Exchange]]:
     """Per rank, ``len(actions) + 1`` exchanges: exchange i runs before action i (the
     last one after the last action) for the action lists ``ranks`` (the schedule's, or
     the subset an iteration runs: forwards only, one encoder replica's micro-batches).
-    A message exists when its producer and consumer both run, on different ranks.
+    A message exists when its producer and consumer both run, on different ranks; it is
+    sent in the exchange right after its producer.
 
-    Each receive is posted as late as its consumer allows (and in its peer's send
-    order); where that would leave a send waiting while its receiver blocks in an earlier
-    exchange (NCCL's send/send cycle), the receive moves into that exchange (``safe``;
-    without it, the late program is returned as it is)."""
+    Its receive goes into the receiver's first exchange that starts after the producer
+    finishes, on the timeline of ``cost`` (seconds per action, ``unit_cost`` by default;
+    buffered sends): both sides then post it at about the same time, so neither stream
+    waits long for the other. Ordering every rank's exchanges by the time of their messages
+    this way cannot deadlock: each exchange holds the messages of the interval between
+    two of its rank's action starts, so the messages complete in time order. ``late``
+    instead posts each receive just before its consumer (in the peer's send order):
+    what NCCL can hang on (``check_rendezvous`` says where)."""
     where: Dict[Key, Tuple[int, int]] = {}  # action key -> (rank, index)
     for r, actions in enumerate(ranks):
         for i, a in enumerate(actions):
             where[a.key] = (r, i)
-    program = [[Exchange() for _ in range(len(actions) + 1)] for actions in ranks]
-    needed: List[List[Tuple[int, Key]]] = [[] for _ in ranks]  # per rank: remote inputs
-    channel: Dict[Tuple[int, int], List[Key]] = {}  # (src, dst) -> messages in send order
     sent: List[Tuple[int, int, int, Key]] = []  # (src, index, dst, key)
     for r, actions in enumerate(ranks):
-        for i, a in enumerate(actions):
+        for a in actions:
             for key, producer in message_inputs(s, a):
-                if producer.key not in where:
-                    continue
-                src, j = where[producer.key]
+                src, j = where.get(producer.key, (r, -1))
                 if src != r:
                     sent.append((src, j, r, key))
+    program = [[Exchange() for _ in range(len(actions) + 1)] for actions in ranks]
     # A rank sends in action order, one action's messages by (receiver, key): every rank
-    # computes the same order.
+    # computes the same order, and receives each peer's messages in it.
     for src, j, dst, key in sorted(sent):
         program[src][j + 1].sends.append(Transfer(dst, list(key)))
+    if late:
+        _post_late(s, ranks, where, sorted(sent), program)
+        return program
+    start, finish = _timeline(s, ranks, where, cost or unit_cost)
+    for src, j, dst, key in sorted(sent, key=lambda t: (finish[t[0]][t[1]],) + t):
+        k = bisect.bisect_left(start[dst], finish[src][j])  # first start at or after it
+        program[dst][k].recvs.append(Transfer(src, list(key)))
+    check_rendezvous(program)
+    return program
+
+
+def _timeline(s: Schedule, ranks, where, cost: Cost):
+    """(start, finish) per rank and action, each rank in its order, an action once its
+    inputs are finished."""
+    start = [[0.0] * len(actions) for actions in ranks]
+    finish = [[0.0] * len(actions) for actions in ranks]
+    at, clock = [0] * len(ranks), [0.0] * len(ranks)
+    while any(at[r] < len(actions) for r, actions in enumerate(ranks)):
+        progressed = False
+        for r, actions in enumerate(ranks):
+            while at[r] < len(actions):
+                inputs = [where[p.key] for _, p in message_inputs(s, actions[at[r]])
+                          if p.key in where]
+                if any(q != r and j >= at[q] for q, j in inputs):
+                    break
+                t = max([clock[r]] + [finish[q][j] for q, j in inputs])
+                start[r][at[r]] = t
+                clock[r] = finish[r][at[r]] = t + max(cost(actions[at[r]]), 1e-9)
+                at[r] += 1
+                progressed = True
+        if not progressed:
+            raise PlanError("the schedule deadlocks: no rank can start its next action")
+    # the exchange after a rank's last action: after everything
+    return [st + [math.inf] for st in start], finish
+
+
+def _post_late(s: Schedule, ranks, where, sent, program) -> None:
+    channel: Dict[Tuple[int, int], List[Key]] = {}  # (src, dst) -> messages in send order
+    for src, _, dst, key in sent:
         channel.setdefault((src, dst), []).append(key)
     for r, actions in enumerate(ranks):
         posted: Dict[int, int] = {}  # per source: how many of its messages are posted
         for i, a in enumerate(actions):
             for key, producer in message_inputs(s, a):
-                if producer.key not in where or where[producer.key][0] == r:
+                src = where.get(producer.key, (r,))[0]
+                if src == r:
                     continue
-                src = where[producer.key][0]
                 queue = channel[(src, r)]
                 stop = queue.index(key) + 1
                 for k in queue[posted.get(src, 0):stop]:
                     program[r][i].recvs.append(Transfer(src, list(k)))
                 posted[src] = max(posted.get(src, 0), stop)
-    if safe:
-        _Replay(program).run(repair=True)
-    return program
 
 
 def check_rendezvous(program: List[List[Exchange]]) -> None:
     """Raise ``PlanError`` if the exchanges can hang when a send completes only once its
     receive is posted (NCCL; gloo under ``MEGATRON_MM_STRICT_P2P=1``) and a rank posts
     exchange i + 1 only once every message of exchange i is matched."""
-    _Replay(program).run(repair=False)
+    _Replay(program).run()
 
 
 class _Replay:
@@ -165,10 +215,8 @@ class _Replay:
         what, src, dst, n, _ = op
         return self.posted.get(("recv" if what == "send" else "send", src, dst), 0) > n
 
-    def run(self, repair: bool) -> None:
-        """Replay to the end; with ``repair``, a send left waiting because its receiver
-        blocks in an earlier exchange has its receive (and the channel's earlier ones)
-        moved into that exchange, where it matches at once."""
+    def run(self) -> None:
+        """Replay to the end, or raise ``PlanError`` naming what waits."""
         while True:
             progressed = False
             for r in range(len(self.program)):
@@ -179,27 +227,8 @@ class _Replay:
                     self.post(r)
             if all(self.at[r] == len(self.program[r]) for r in range(len(self.program))):
                 return
-            if progressed:
-                continue
-            waiting = [op for r in range(len(self.program)) for op in self.ops[r]
-                       if op[0] == "send" and not self.matched(op)]
-            if not repair or not waiting:
+            if not progressed:
                 raise PlanError(self.deadlock())
-            _, src, dst, n, _ = waiting[0]
-            self.pull(dst, src, n)
-
-    def pull(self, dst: int, src: int, n: int) -> None:
-        """Move the receives of messages ``< n + 1`` on channel src -> dst that ``dst``
-        has not posted into its current exchange."""
-        here = self.program[dst][self.at[dst]]
-        for ex in self.program[dst][self.at[dst] + 1:]:
-            while self.posted.get(("recv", src, dst), 0) <= n:
-                t = next((t for t in ex.recvs if t.peer == src), None)
-                if t is None:
-                    break
-                ex.recvs.remove(t)
-                here.recvs.append(t)
-                self.add(dst, "recv", t)
 
     def deadlock(self) -> str:
         return ("the pipeline's point-to-point exchanges deadlock when a send waits for "

@@ -19,22 +19,23 @@ def _show(program):
               [(t.peer, tuple(t.key)) for t in ex.recvs]) for ex in rank] for rank in program]
 
 
-def test_1f1b_pairs_each_send_with_the_next_receive():
+def test_1f1b_receives_each_message_when_it_is_sent():
     s = megatron(2, 1, 3)  # rank 0: F0 F1 B0 F2 B1 B2; rank 1: F0 B0 F1 B1 F2 B2
     program = _show(p2p_program(s, s.ranks))
     f = lambda m: ("F", m, 0)  # noqa: E731  chunk 0's output
     b = lambda m: ("B", m, 1)  # noqa: E731  chunk 1's input gradient
+    # unit costs (backward = 2 forwards): rank 0's F1 ends at 2, when rank 1 starts B0;
+    # rank 1's B0 ends at 4, when rank 0 starts B0; its B1 at 7 with rank 0's F2 ...
     assert program[0] == [([], []), ([(1, f(0))], []), ([(1, f(1))], [(1, b(0))]), ([], []),
                           ([(1, f(2))], [(1, b(1))]), ([], [(1, b(2))]), ([], [])]
-    # Megatron-Core's send_backward_recv_forward: B(m) goes out with F(m + 1)'s receive
-    assert program[1] == [([], [(0, f(0))]), ([], []), ([(0, b(0))], [(0, f(1))]), ([], []),
+    assert program[1] == [([], [(0, f(0))]), ([], [(0, f(1))]), ([(0, b(0))], []), ([], []),
                           ([(0, b(1))], [(0, f(2))]), ([], []), ([(0, b(2))], [])]
     check_rendezvous(p2p_program(s, s.ranks))
 
 
-def test_a_message_needed_first_pulls_earlier_ones_from_its_peer():
+def test_messages_come_in_the_senders_order_and_wait_for_their_action():
     # rank 0 sends EF(1, 0) before F(0, 0); rank 1 needs F(0, 0) first: it receives both
-    # then, in rank 0's order (NCCL matches by order), and keeps EF(1, 0) for EF(1, 1)
+    # together, in rank 0's order (NCCL matches by order), and keeps EF(1, 0) for EF(1, 1)
     s = Schedule(name="t", pipeline_model_parallel_size=2,
                  virtual_pipeline_model_parallel_size=1, num_microbatches=2,
                  encoder_stages=2, encoder_ranks=[0, 1], ranks=[
@@ -61,13 +62,13 @@ def test_rendezvous_check_catches_a_send_send_cycle():
     check_rendezvous(batched)
 
 
-def test_late_receives_would_hang_and_are_moved_forward():
+def test_receives_posted_just_before_their_action_can_hang_timed_ones_cannot():
     # Two encoders, each [piece on rank 0 | piece on rank 1], all forwards first: rank 0
     # keeps sending encoder outputs that rank 1 needs only later, while rank 1's own send
-    # waits for rank 0, which receives it only at F(0, 0)
+    # waits for rank 0, which would receive it only at F(0, 0)
     s = coarse(2, 1, 2, False, 2, 1, encoders=2)
     with pytest.raises(PlanError, match="deadlock"):
-        check_rendezvous(p2p_program(s, s.ranks, safe=False))
+        check_rendezvous(p2p_program(s, s.ranks, late=True))
     check_rendezvous(p2p_program(s, s.ranks))
 
 
