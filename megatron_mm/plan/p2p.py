@@ -98,7 +98,7 @@ def p2p_program(s: Schedule, ranks: Sequence[Sequence[Action]],
     A message exists when its producer and consumer both run, on different ranks; it is
     sent in the exchange right after its producer.
 
-    Its receive goes into the receiver's first exchange that starts after the producer
+    Its receive goes into the receiver's first exchange that starts once the producer
     finishes, on the timeline of ``cost`` (seconds per action, ``unit_cost`` by default;
     buffered sends): both sides then post it at about the same time, so neither stream
     waits long for the other. Ordering every rank's exchanges by the time of their messages
