@@ -3,7 +3,8 @@ each rank's return value; a rank's exception fails the test with its traceback.
 
 Ranks start from a fork server that has imported torch, Megatron-Core and megatron_mm
 once (about 7 s of CPU per process otherwise; the suite starts some hundred ranks). No
-process group, thread pool or RNG use happens before the fork."""
+process group, thread pool or RNG use happens before the fork. Pipeline point-to-point
+runs in its strict mode (``MEGATRON_MM_STRICT_P2P=1``, ``runtime/mailbox.py``)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def _entry(rank, fn, world_size, port, out_dir, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    # Sends wait for their receives, as NCCL's do: an order that hangs there fails here.
+    os.environ.setdefault("MEGATRON_MM_STRICT_P2P", "1")
     import megatron_mm.training  # noqa: F401  (applies the CPU patches first)
 
     torch.set_num_threads(1)

@@ -29,7 +29,7 @@ from megatron.core import parallel_state
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..plan.encoder_pipeline import encoder_replica_of
-from .mailbox import allocate, describe
+from .mailbox import Spec, allocate, spec_of
 
 RankInfo = Tuple[Tuple[int, ...], int, int]  # (LLM TP group's ranks, pipeline rank, CP rank)
 
@@ -73,20 +73,21 @@ class EncoderReplicas:
         return encoder_replica_of(microbatch, self.replicas) == self.index
 
     def share_output(self, microbatch: int, tensor: Optional[torch.Tensor],
-                     device: torch.device) -> Optional[torch.Tensor]:
+                     spec: Optional[Spec], device: torch.device) -> Optional[torch.Tensor]:
         """The encoder output of ``microbatch`` on every rank of the LLM TP group: sent by
-        the owner replica's first rank (``tensor`` there; None: no media), a new tensor
-        elsewhere. Every rank of the group calls it, in the same order."""
-        src = self.first_ranks[encoder_replica_of(microbatch, self.replicas)]
-        mine = dist.get_rank() == src
-        header = torch.tensor(describe(tensor if mine else None), dtype=torch.int64,
-                              device=device)
-        dist.broadcast(header, src=src, group=self.llm_tp_group)
-        out = allocate(header.tolist(), device)
-        if out is None:
+        the owner replica's first rank (``tensor`` there), a new tensor of ``spec`` (what
+        every rank knows from the micro-batch; None: no media, nothing travels) elsewhere.
+        Every rank of the group calls it, in the same order: one broadcast, no header."""
+        if spec is None:
             return None
-        if mine:
+        src = self.first_ranks[encoder_replica_of(microbatch, self.replicas)]
+        if dist.get_rank() == src:
+            if spec_of(tensor) != spec:
+                raise RuntimeError(f"encoder output of micro-batch {microbatch} is "
+                                   f"{spec_of(tensor)}, its receivers expect {spec}")
             out = tensor.detach().contiguous()
+        else:
+            out = allocate(spec, device)
         if out.numel():
             dist.broadcast(out, src=src, group=self.llm_tp_group)
         return out

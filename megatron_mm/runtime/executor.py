@@ -4,10 +4,13 @@ Each rank walks its own action list: ``F`` / ``B`` are Megatron-Core's ``forward
 ``backward_step`` on an LLM model chunk (losses, per-token scaling, grad-scale hooks as
 in its schedules), ``EF`` / ``EB`` run and differentiate one encoder piece
 (``MultimodalModel.run_encoder_piece``); ``F(m, 0)`` takes every encoder's output and
-``B(m, 0)`` hands each its gradient. Tensors between actions travel through a
-``Mailbox`` (or stay local when producer and consumer share a rank) and are cut from the
-producer's graph there, so every action's backward stops at its own inputs; the gradient
-of each input goes back to its producer. After the last action, Megatron-Core's
+``B(m, 0)`` hands each its gradient. Tensors between actions stay local when producer
+and consumer share a rank, else travel in the exchanges ``plan/p2p.py`` lays out: before
+each action one batched exchange (``Mailbox``) sends what the previous action produced and
+receives what this one needs (and what its peers sent before that), sized from the
+micro-batch (``MessageSpecs``), in an order NCCL cannot deadlock. Every received tensor is
+cut from the producer's graph, so every action's backward stops at its own inputs; the
+gradient of each input goes back to its producer. After the last action, Megatron-Core's
 ``finalize_model_grads`` reduces gradients over data-parallel ranks and tied embeddings
 exactly as after its own schedules.
 
@@ -36,9 +39,12 @@ from megatron.core.utils import get_attr_wrapped_model, get_model_config
 
 from ..plan.actions import Action, Schedule
 from ..plan.encoder_pipeline import EncoderPieces
+from ..plan.p2p import Exchange, output_grad_key, p2p_program
+from ..plan.placement import ChunkPlacement
 from ..plan.simulate import TimedAction
 from .encoder_replicas import EncoderReplicas
-from .mailbox import Mailbox
+from .mailbox import Mailbox, Spec
+from .message_specs import MessageSpecs
 from .timer import device_clock
 
 Key = Tuple[str, int, int]
@@ -48,18 +54,24 @@ class ScheduleExecutor:
     """``make_schedule(num_microbatches)`` gives the schedule of an iteration (cached per
     micro-batch count); ``pieces`` (per encoder, in the schedule's piece order) say which
     encoder layers each ``EF`` runs; ``replicas`` this rank's encoder replica when the
-    encoders' TP is below the LLM's."""
+    encoders' TP is below the LLM's; ``placements`` every model chunk's modules and
+    ``local_length(batch)`` this context-parallel rank's token count (None: no CP), for
+    the messages' shapes."""
 
     def __init__(self, make_schedule: Callable[[int], Schedule],
                  pieces: Sequence[EncoderPieces], to_device: Callable[[dict], dict],
-                 replicas: Optional[EncoderReplicas] = None):
+                 replicas: Optional[EncoderReplicas] = None,
+                 placements: Sequence[ChunkPlacement] = (),
+                 local_length: Optional[Callable[[dict], int]] = None):
         self.make_schedule = make_schedule
         # the schedule's encoder piece s: (encoder name, its layers [start, end))
         self.pieces = [(enc.name, layers) for enc in pieces for layers in enc.layers]
         self.encoders = [enc.name for enc in pieces]
         self.to_device = to_device
         self.replicas = replicas  # None: one encoder replica per TP group (ETP = TP)
+        self.placements, self.local_length = list(placements), local_length
         self._schedules: Dict[int, Schedule] = {}
+        self._programs: Dict[Tuple[int, bool], List[List[Exchange]]] = {}
         self.record_timeline = False
         self.timeline: List[TimedAction] = []  # the last iteration's, when recorded
 
@@ -67,6 +79,26 @@ class ScheduleExecutor:
         if num_microbatches not in self._schedules:
             self._schedules[num_microbatches] = self.make_schedule(num_microbatches)
         return self._schedules[num_microbatches]
+
+    def actions(self, schedule: Schedule, rank: int, forward_only: bool) -> List[Action]:
+        """What pipeline rank ``rank`` runs of ``schedule`` in this process's pipeline
+        group: forwards only need forwards (their order stays valid); other encoder
+        replicas' encoder work is skipped (the whole pipeline group is one replica)."""
+        actions = schedule.ranks[rank]
+        if forward_only:
+            actions = [a for a in actions if a.kind in ("F", "EF")]
+        return [a for a in actions
+                if not a.kind.startswith("E") or self.replicas is None
+                or self.replicas.owns(a.microbatch)]
+
+    def program(self, schedule: Schedule, forward_only: bool) -> List[List[Exchange]]:
+        """Every pipeline rank's exchanges (cached per micro-batch count and mode)."""
+        key = (schedule.num_microbatches, forward_only)
+        if key not in self._programs:
+            self._programs[key] = p2p_program(schedule, [
+                self.actions(schedule, r, forward_only)
+                for r in range(schedule.pipeline_model_parallel_size)])
+        return self._programs[key]
 
     def __call__(self, *, forward_step_func, data_iterator, model, num_microbatches: int,
                  seq_length=None, micro_batch_size=None, forward_only: bool = False,
@@ -96,7 +128,17 @@ class _Iteration:
         self.rank = parallel_state.get_pipeline_model_parallel_rank()
         self.mailbox = Mailbox(parallel_state.get_pipeline_model_parallel_group(),
                                _device_of(model[0]))
+        self.actions = executor.actions(schedule, self.rank, forward_only)
+        self.program = executor.program(schedule, forward_only)[self.rank]
+        # A forward step marked ``whole_sequence`` (generation) runs every token on every
+        # context-parallel rank: its hidden states travel whole.
+        whole = getattr(forward_step_func, "whole_sequence", False)
+        self.specs = MessageSpecs(model[0], executor.pieces, executor.placements,
+                                  None if whole else executor.local_length)
+        self._specs: Dict[Key, Optional[Spec]] = {}
         self.local: Dict[Key, Optional[torch.Tensor]] = {}  # messages to this same rank
+        self.outbox: Dict[Key, Tuple[int, Optional[torch.Tensor]]] = {}  # for the next exchange
+        self.inbox: Dict[Key, Optional[torch.Tensor]] = {}  # received, not yet used
         self.saved: Dict[Key, Tuple] = {}  # (inputs, output) per forward, for its backward
         self.forward_data_store: list = []
         self.num_tokens = torch.zeros((), dtype=torch.int, device=self.mailbox.device)
@@ -119,18 +161,35 @@ class _Iteration:
         if to_rank == self.rank:
             self.local[key] = tensor
         else:
-            self.mailbox.send(to_rank, key, tensor)
+            self.outbox[key] = (to_rank, tensor)
 
     def receive(self, from_rank: int, key: Key, needs_grad: bool) -> Optional[torch.Tensor]:
         """The tensor ``key`` as a fresh leaf of this action's graph."""
-        if from_rank == self.rank:
-            tensor = self.local.pop(key)
-        else:
-            tensor = self.mailbox.recv(from_rank, key)
+        tensor = (self.local if from_rank == self.rank else self.inbox).pop(key)
         if tensor is not None:
             tensor = tensor.detach().requires_grad_(needs_grad and tensor.is_floating_point())
-        self.inputs_ready = self.now()
         return tensor
+
+    def spec(self, key: Key) -> Optional[Spec]:
+        """What message ``key`` carries (from micro-batch ``key[1]``, cached)."""
+        if key not in self._specs:
+            self._specs[key] = self.specs.of(key, self.batches[key[1]])
+        return self._specs[key]
+
+    def exchange(self, i: int) -> None:
+        """Exchange ``i`` of this rank's program: the sends of action ``i - 1`` and the
+        receives due before action ``i``, in one batch."""
+        ex = self.program[i]
+        sends = []
+        for t in ex.sends:
+            key = tuple(t.key)
+            to_rank, tensor = self.outbox.pop(key)
+            assert to_rank == t.peer, f"{key} goes to rank {to_rank}, the plan says {t.peer}"
+            sends.append((t.peer, key, tensor, self.spec(key)))
+        assert not self.outbox, f"messages the p2p plan does not list: {sorted(self.outbox)}"
+        recvs = [(t.peer, tuple(t.key), self.spec(tuple(t.key))) for t in ex.recvs]
+        if sends or recvs:
+            self.inbox.update(self.mailbox.exchange(sends, recvs))
 
     def media_of(self, m: int) -> dict:
         if m not in self.media:
@@ -150,17 +209,13 @@ class _Iteration:
 
     # -- actions -----------------------------------------------------------------------
     def execute(self) -> None:
-        actions = self.s.ranks[self.rank]
-        if self.forward_only:  # forwards only need forwards; their order stays valid
-            actions = [a for a in actions if a.kind in ("F", "EF")]
-        # Other replicas' encoder work: skipping it keeps every rank's order valid.
-        actions = [a for a in actions
-                   if not a.kind.startswith("E") or self.runs_encoder(a.microbatch)]
+        actions = self.actions
         if self.x.record_timeline:
             torch.distributed.barrier(group=parallel_state.get_pipeline_model_parallel_group())
         overlap = _OverlappedGradSync(self, actions)
         origin = self.now()
         for i, a in enumerate(actions):
+            self.exchange(i)
             self.inputs_ready = self.now()
             getattr(self, "run_" + a.kind)(a.microbatch, a.chunk)
             if self.x.record_timeline:  # from its inputs' arrival: waiting is idle time
@@ -168,8 +223,10 @@ class _Iteration:
                                                  self.inputs_ready - origin,
                                                  self.now() - origin))
             overlap.after(i)
-        self.mailbox.wait()
+        self.exchange(len(actions))
+        self.mailbox.finish()
         assert not self.local, f"local messages never used: {sorted(self.local)}"
+        assert not self.inbox, f"messages received but never used: {sorted(self.inbox)}"
         if self.replicas is not None and self.encoder_trainable:
             self.replicas.reduce_grads([
                 p for chunk in self.model
@@ -234,7 +291,8 @@ class _Iteration:
             return self.receive(self.rank_of("EF", last), ("EF", m, last), self.trains(last))
         out = (self.receive(self.rank_of("EF", last), ("EF", m, last), False)
                if self.runs_encoder(m) else None)
-        out = self.replicas.share_output(m, out, self.mailbox.device)
+        out = self.replicas.share_output(m, out, self.spec(("EF", m, last)),
+                                         self.mailbox.device)
         self.inputs_ready = self.now()
         if out is not None:  # only the owner's EB takes its gradient
             out = out.detach().requires_grad_(self.trains(last) and self.runs_encoder(m)
@@ -256,12 +314,12 @@ class _Iteration:
         elif self.runs_encoder(m):  # other replicas' own EB
             for (_, end), g in zip(self.s.encoder_spans(), input_grad or ()):
                 if self.trains(end - 1):
-                    self.send(self.rank_of("EB", end - 1), _output_grad(m, end - 1), g)
+                    self.send(self.rank_of("EB", end - 1), output_grad_key(m, end - 1), g)
 
     def run_EB(self, m: int, p: int) -> None:
         hidden, out = self.saved.pop(("EF", m, p))
         first, end = self.s.encoder_span(p)
-        grad = (self.receive(self.rank_of("B", 0), _output_grad(m, p), False) if p == end - 1
+        grad = (self.receive(self.rank_of("B", 0), output_grad_key(m, p), False) if p == end - 1
                 else self.receive(self.rank_of("EB", p + 1), ("EB", m, p + 1), False))
         input_grad = None
         if out is not None and out.requires_grad and grad is not None:
@@ -307,12 +365,6 @@ class _OverlappedGradSync:
             if i == index:
                 self.quiet[k].__exit__(None, None, None)
                 self.chunks[k].start_grad_sync()
-
-
-def _output_grad(m: int, piece: int) -> Key:
-    """The message key of ``B(m, 0)``'s gradient for encoder piece ``piece``'s output (an
-    encoder's last piece): one per encoder, negative so that no LLM chunk's key is it."""
-    return ("B", m, -1 - piece)
 
 
 def _device_of(module) -> torch.device:

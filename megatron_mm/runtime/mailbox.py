@@ -1,88 +1,127 @@
-"""Point-to-point messages between pipeline ranks, addressed by what they carry.
+"""Point-to-point exchanges between pipeline ranks, as ``plan/p2p.py`` lays them out.
 
-A schedule decides when each rank produces and consumes a tensor, and a consumer may need
-a peer's messages in another order than the peer sent them (an encoder piece's output
-before an LLM activation, say). So every message travels as a small header (its key,
-shape and dtype) followed by its payload, sends never block, and a receiver reads a peer's
-messages in the order they were sent, keeping the ones it does not need yet. Reading in
-send order is what NCCL requires (it matches by order, not by tag) and never waits longer
-than the schedule itself: a message sent before the one needed arrives before it.
+At each point of the schedule a rank's sends and receives go out together in one
+``batch_isend_irecv`` (as Megatron-Core's p2p does), in the plan's order, which both sides
+compute alike (NCCL matches a pair's messages by order). A receiver allocates each message
+from its ``Spec``, which it knows from its own copy of the micro-batch: no header, no host
+sync. An exchange waits for its receives; its sends finish in the background (their
+buffers live until ``finish``).
+
+``MEGATRON_MM_STRICT_P2P=1`` (every multi-process test sets it): an exchange also waits for
+its sends. Gloo completes a send only once the receiver has posted the matching receive,
+which is what NCCL does for large messages (and NCCL runs a rank's exchanges one after
+another on one stream), so an ordering that would hang on NCCL hangs here as well: after
+``MEGATRON_MM_STRICT_P2P_TIMEOUT`` seconds (default 300) a wait raises, naming the
+exchange's messages.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+import datetime
+import os
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 Key = Tuple[str, int, int]  # (what, micro-batch, chunk or encoder piece)
 
-_KINDS = ("F", "B", "EF", "EB")
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-_MAX_DIMS = 7
-_HEADER = 3 + 2 + _MAX_DIMS  # kind, micro-batch, chunk, then ``describe``
+
+class Spec(NamedTuple):
+    """What a receiver allocates for a message (None instead: nothing to carry)."""
+
+    shape: Tuple[int, ...]
+    dtype: torch.dtype
 
 
-def describe(tensor: Optional[torch.Tensor]) -> List[int]:
-    """What a receiver needs to allocate ``tensor``: dtype, ndim (-1: None), its dims
-    (``_MAX_DIMS`` slots); the header of a message, also of the encoder replicas'
-    broadcast."""
-    if tensor is None:
-        return [0, -1] + [0] * _MAX_DIMS
-    if tensor.dim() > _MAX_DIMS:
-        raise ValueError(f"cannot send a {tensor.dim()}-d tensor between ranks")
-    return ([_DTYPES.index(tensor.dtype), tensor.dim()] + list(tensor.shape)
-            + [0] * (_MAX_DIMS - tensor.dim()))
+def spec_of(tensor: Optional[torch.Tensor]) -> Optional[Spec]:
+    return None if tensor is None else Spec(tuple(tensor.shape), tensor.dtype)
 
 
-def allocate(description: List[int], device: torch.device) -> Optional[torch.Tensor]:
-    """An empty tensor as ``describe`` gave it (None for None)."""
-    dtype, ndim = description[0], description[1]
-    if ndim < 0:
-        return None
-    return torch.empty(description[2:2 + ndim], dtype=_DTYPES[dtype], device=device)
+def allocate(spec: Optional[Spec], device: torch.device) -> Optional[torch.Tensor]:
+    return None if spec is None else torch.empty(spec.shape, dtype=spec.dtype, device=device)
+
+
+def strict_p2p() -> bool:
+    """Whether sends wait for their receives (``MEGATRON_MM_STRICT_P2P=1``)."""
+    return os.environ.get("MEGATRON_MM_STRICT_P2P", "0") == "1"
+
+
+def strict_timeout() -> datetime.timedelta:
+    return datetime.timedelta(seconds=float(os.environ.get("MEGATRON_MM_STRICT_P2P_TIMEOUT",
+                                                           "300")))
+
+
+class P2PTimeout(RuntimeError):
+    """A strict-mode wait ran out: the exchange's order would hang on NCCL."""
+
+
+_STARTED = set()  # pipeline groups that have run a collective
 
 
 class Mailbox:
     def __init__(self, group, device: torch.device):
         self.group, self.device = group, device
         self.ranks = dist.get_process_group_ranks(group)  # group rank -> global rank
-        self.pending: List[dist.Work] = []
-        self.alive: List[torch.Tensor] = []  # isend buffers, until their send completes
-        self.kept: Dict[Tuple[int, Key], Optional[torch.Tensor]] = {}
+        self.strict = strict_p2p()
+        if dist.get_backend(group) == "nccl" and id(group) not in _STARTED:
+            # NCCL: a batch_isend_irecv that is a group's first collective needs every
+            # rank of the group in it (torch.distributed's docs); ours involve only peers
+            dist.barrier(group=group)
+            _STARTED.add(id(group))
+        self.pending: List[dist.Work] = []  # sends not yet waited for
+        self.alive: List[torch.Tensor] = []  # their buffers, until then
 
-    def send(self, peer: int, key: Key, tensor: Optional[torch.Tensor]) -> None:
-        """Send ``tensor`` (or None: nothing to carry, e.g. no media) to pipeline rank
-        ``peer``; the buffers stay referenced until ``wait``."""
-        header = torch.tensor([_KINDS.index(key[0]), key[1], key[2]] + describe(tensor),
-                              dtype=torch.int64, device=self.device)
-        dst = self.ranks[peer]
-        self.pending.append(dist.isend(header, dst=dst, group=self.group))
-        if tensor is not None and tensor.numel():
-            payload = tensor.detach().contiguous()
-            self.pending.append(dist.isend(payload, dst=dst, group=self.group))
-            self.alive.append(payload)
-        self.alive.append(header)
-
-    def recv(self, peer: int, key: Key) -> Optional[torch.Tensor]:
-        """The message ``key`` from pipeline rank ``peer`` (blocking)."""
-        while (peer, key) not in self.kept:
-            header = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
-            dist.recv(header, src=self.ranks[peer], group=self.group)
-            h = header.tolist()
-            got = (_KINDS[h[0]], h[1], h[2])
-            tensor = allocate(h[3:], self.device)
+    def exchange(self, sends: Sequence[Tuple[int, Key, Optional[torch.Tensor], Optional[Spec]]],
+                 recvs: Sequence[Tuple[int, Key, Optional[Spec]]]
+                 ) -> Dict[Key, Optional[torch.Tensor]]:
+        """Send each ``(peer, key, tensor, spec)`` (``spec``: what the receiver expects; a
+        mismatch is an error here, not a hang or garbage there) and receive each
+        ``(peer, key, spec)``, all in one batch; returns the received tensors by key."""
+        ops, send_works, names = [], 0, []
+        for peer, key, tensor, spec in sends:
+            if spec_of(tensor) != spec:
+                raise RuntimeError(f"pipeline message {key} to pipeline rank {peer} is "
+                                   f"{spec_of(tensor)} but its receiver expects {spec} "
+                                   "(runtime/message_specs.py)")
             if tensor is not None and tensor.numel():
-                dist.recv(tensor, src=self.ranks[peer], group=self.group)
-            self.kept[(peer, got)] = tensor
-        return self.kept.pop((peer, key))
+                payload = tensor.detach().contiguous()
+                ops.append(dist.P2POp(dist.isend, payload, self.ranks[peer], self.group))
+                self.alive.append(payload)
+                names.append(f"send of {key} to pipeline rank {peer}")
+        send_works = len(ops)
+        received: Dict[Key, Optional[torch.Tensor]] = {}
+        for peer, key, spec in recvs:
+            tensor = allocate(spec, self.device)
+            received[key] = tensor
+            if tensor is not None and tensor.numel():
+                ops.append(dist.P2POp(dist.irecv, tensor, self.ranks[peer], self.group))
+                names.append(f"receive of {key} from pipeline rank {peer}")
+        works = dist.batch_isend_irecv(ops) if ops else []
+        if self.strict:
+            self._wait(works, names)
+        else:
+            self.pending += works[:send_works]
+            for work in works[send_works:]:
+                work.wait()
+        return received
 
-    def wait(self) -> None:
-        """Finish every send (end of the iteration); nothing may be left unread."""
+    def _wait(self, works: Sequence[dist.Work], names: Sequence[str]) -> None:
+        timeout = strict_timeout()
+        for work in works:
+            try:
+                work.wait(timeout)
+            except RuntimeError as e:
+                raise P2PTimeout(
+                    f"pipeline rank {dist.get_rank(self.group)}: an exchange did not complete "
+                    f"within {timeout.total_seconds():g} s with sends that wait for their "
+                    f"receives (MEGATRON_MM_STRICT_P2P=1): {'; '.join(names)}. On NCCL this "
+                    f"order hangs. ({e})") from e
+        self.alive.clear()
+
+    def finish(self) -> None:
+        """Wait for every send (end of the iteration)."""
         for work in self.pending:
             work.wait()
         self.pending.clear()
         self.alive.clear()
-        if self.kept:
-            raise RuntimeError(f"messages received but never used: {sorted(self.kept)[:4]}")

@@ -8,6 +8,7 @@ per-layer times (``--pipeline-profile``), once per micro-batch count.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Optional
 
 from ..plan.bubble import bubble
@@ -53,4 +54,12 @@ def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int):
 def build_executor(args, plan: Optional[EncoderPipelinePlan] = None) -> ScheduleExecutor:
     plan = plan or encoder_pipeline_plan(args)
     return ScheduleExecutor(lambda m: make_schedule(args, plan, m), plan.pieces,
-                            batch_to_device, getattr(args, "encoder_replicas", None))
+                            batch_to_device, getattr(args, "encoder_replicas", None),
+                            plan.placements, partial(local_length, args)
+                            if getattr(args, "context_parallel_size", 1) > 1 else None)
+
+
+def local_length(args, batch: dict) -> int:
+    """This context-parallel rank's token count of ``batch`` (host data): the sequence
+    length of the hidden states between LLM chunks."""
+    return args.attention.mask_for(batch).local.shape[0]

@@ -47,6 +47,8 @@ def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
             last[:, vocab_size:] = -math.inf  # media ids and TP vocab padding are not text
             return last.argmax(-1)
         return logits, argmax_last
+    # the schedule executor sizes its pipeline messages by it (runtime/message_specs.py)
+    forward_step.whole_sequence = True
 
     first = micro_batches[0]["tokens"]
     iterators = [iter(micro_batches) for _ in model] if len(model) > 1 else iter(micro_batches)

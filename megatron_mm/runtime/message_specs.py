@@ -1,0 +1,63 @@
+"""The shape and dtype of every pipeline message, from host-side metadata of the
+micro-batch that both the sender and the receiver hold (no header travels, nothing is read
+back from the device).
+
+- An encoder piece's output (``EF``): [T, N, H_enc] in the encoder's dtype (T: the
+  encoder's sequence length, N: the micro-batch's items of its modality); None when the
+  micro-batch has none.
+- An LLM chunk's output (``F``): [S, B, H] in Megatron's ``pipeline_dtype``; S is this
+  context-parallel rank's token count once some chunk up to it ran LLM layers (the model
+  takes the rank's tokens there), else the whole sequence; whole always for a forward
+  step marked ``whole_sequence`` (generation decodes the whole prompt on every CP rank).
+- A gradient (``B``, ``EB``) has the shape of the forward message it is the gradient of.
+
+The sender checks its tensor against the same spec, so a model change that breaks these
+rules fails with an error that names the message, not with a hang or a wrong result.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+from megatron.core.utils import get_attr_wrapped_model, get_model_config
+
+from ..models.multimodal import ENCODER_MODALITY
+from ..plan.p2p import Key, forward_key
+from ..plan.placement import ChunkPlacement
+from .mailbox import Spec
+
+
+class MessageSpecs:
+    """``pieces``: (encoder name, layers) per encoder piece; ``placements``: every model
+    chunk's; ``local_length(batch)``: this CP rank's token count (None: no CP)."""
+
+    def __init__(self, model_chunk, pieces: Sequence, placements: Sequence[ChunkPlacement],
+                 local_length: Optional[Callable[[dict], int]] = None):
+        self.model, self.pieces = model_chunk, pieces
+        self.config = get_model_config(model_chunk)
+        # chunk c's output is CP-local once some chunk <= c runs LLM layers
+        self.local_from = next((c for c, p in enumerate(placements) if p.runs_llm),
+                               len(placements))
+        self.local_length = local_length
+
+    def of(self, key: Key, batch: dict) -> Optional[Spec]:
+        kind, _, index = forward_key(key)
+        if kind == "EF":
+            return self.encoder_output(self.pieces[index][0], batch)
+        return self.chunk_output(index, batch)
+
+    def encoder_output(self, name: str, batch: dict) -> Optional[Spec]:
+        mm_config = get_attr_wrapped_model(self.model, "mm_config")
+        items = batch["media"].get(ENCODER_MODALITY[mm_config.encoders[name].model_type])
+        if items is None or items.shape[0] == 0:
+            return None
+        encoder = get_attr_wrapped_model(self.model, "encoder")(name)
+        return Spec((encoder.seq_length, items.shape[0], encoder.encoder_config.hidden_size),
+                    encoder.config.params_dtype)
+
+    def chunk_output(self, chunk: int, batch: dict) -> Spec:
+        b, s = batch["tokens"].shape
+        if self.local_length is not None and chunk >= self.local_from:
+            s = self.local_length(batch)
+        dtype = self.config.pipeline_dtype or self.config.params_dtype
+        return Spec((s, b, self.config.hidden_size), dtype)
