@@ -27,6 +27,7 @@ from ..plan.encoder_pipeline import plan_encoder_pipeline
 from ..plan.hardware import MemoryModel
 from ..plan.partition import parse_partition_flag, partition
 from ..plan.recompute_budget import GB, choose_recompute, chunk_activations, static_bytes
+from .user_errors import ArgumentParser, exit_with_user_error
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -266,7 +267,7 @@ def _training_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         description="Train a multimodal LLM with Megatron-Core (megatron_mm)",
         allow_abbrev=False)
     _model_args(p)
@@ -281,8 +282,8 @@ def parse_args(argv: Optional[Sequence[str]] = None,
     try:
         apply_checkpoint_args(args, given_flags(argv))
         validate_args(args, world_size)
-    except ConfigError as e:
-        parser.error(str(e))
+    except ConfigError as e:  # once per job, without argparse's usage
+        exit_with_user_error(e, parser.prog)
     return args
 
 

@@ -157,7 +157,15 @@ def locate_checkpoint(args) -> Optional[int]:
     return iteration
 
 
-def load_checkpoint(args, chunks, optimizer, scheduler) -> int:
+def holds_optimizer_state(path: str) -> bool:
+    """Whether the checkpoint at ``path`` has optimizer tensors: one saved before the first
+    step (``--train-iters 0``; Adam creates its moments on the first step) or with
+    ``--no-save-optim`` has none."""
+    return any(key.startswith("optimizer.")
+               for key in dist_checkpointing.load_tensors_metadata(path))
+
+
+def load_checkpoint(args, chunks, optimizer, scheduler, log=print) -> int:
     """Load the latest checkpoint under ``args.load``; returns the iteration to resume at."""
     iteration = locate_checkpoint(args)
     if iteration is None:
@@ -169,6 +177,11 @@ def load_checkpoint(args, chunks, optimizer, scheduler) -> int:
                       ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                        "world_size"))
     with_optim = not (args.no_load_optim or args.finetune or saved.get("no_save_optim"))
+    if with_optim and not holds_optimizer_state(path):
+        with_optim = False
+        log(f" > {path} holds no optimizer state (saved before the first optimizer step, "
+            f"or with --no-save-optim): loading the model weights only; the optimizer and "
+            f"learning-rate schedule start fresh")
     with_rng = (not (args.no_load_rng or args.finetune or saved.get("no_save_rng"))
                 and same_layout)
     template = _state_dict(chunks, optimizer, scheduler, args, iteration, with_optim,

@@ -360,7 +360,8 @@ def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
     if callbacks.on_model_built is not None:
         callbacks.on_model_built(model, model_chunks, optimizer)
 
-    iteration = load_checkpoint(args, model, optimizer, scheduler) if args.load else 0
+    iteration = (load_checkpoint(args, model, optimizer, scheduler, log=print_rank_0)
+                 if args.load else 0)
     if iteration:
         print_rank_0(f" > loaded checkpoint from {args.load} at iteration {iteration}")
     train_iter = batch_iterators(args, train_ds, tokenizer,

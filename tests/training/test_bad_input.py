@@ -101,7 +101,19 @@ def test_bad_flags_name_the_flag(capsys, argv, world, message):
     with pytest.raises(SystemExit) as exit_info:
         parse_args(argv, world_size=world)
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and "usage:" not in err  # one line, not argparse's usage dump
+
+
+def test_a_bad_flag_is_reported_by_rank_0_only(capsys, monkeypatch):
+    for rank, printed in (("0", True), ("1", False)):
+        monkeypatch.setenv("RANK", rank)
+        for argv in (["--hidden-size", "100", "--num-attention-heads", "3"], ["--bogus"]):
+            with pytest.raises(SystemExit):
+                parse_args(argv, world_size=2)
+            err = capsys.readouterr().err
+            assert ("error:" in err) == printed, (rank, argv, err)
+            assert "usage:" not in err
 
 
 def _run_script(*argv):

@@ -99,3 +99,15 @@ def test_crash_mid_save_keeps_the_last_checkpoint(digits_dir, tmp_path):
     assert list(out["losses"]) == [2, 3]
     assert open(tmp_path / TRACKER).read().strip() == "3"
     assert not any(name.endswith(".inprogress") for name in os.listdir(tmp_path))
+
+
+def test_checkpoint_without_optimizer_state_loads_its_weights(digits_dir, tmp_path, capfd):
+    # Saved before the first step: Adam has no moments yet, so the checkpoint holds none.
+    # Loading it takes the weights (another seed would initialise others) and says so.
+    saved = run_distributed(train, 1, _argv(digits_dir, "--train-iters", "0",
+                                            "--save", str(tmp_path)))[0]
+    loaded = run_distributed(train, 1, _argv(digits_dir, "--train-iters", "0", "--seed", "7",
+                                             "--load", str(tmp_path)))[0]
+    assert "holds no optimizer state" in capfd.readouterr().out
+    for name, value in saved["params"].items():
+        assert loaded["params"][name].equal(value), name
