@@ -76,7 +76,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     source = batch_iterator(args, run.train_ds, run.tokenizer, 0, shuffle=True)
     batches = [next(source) for _ in range(args.num_microbatches)]
     links = _communication_costs(run, args)
-    executor = getattr(args, "schedule_executor", None)
+    executor = run.executor
     walls, schedules, timeline = [], [], []
     run_schedule = step.run_schedule
 
@@ -92,7 +92,8 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
             executor.record_timeline = it == warmup + iters - 1
         torch.distributed.barrier()
         start = time.perf_counter()
-        step.train_step(args, run.model_chunks, run.optimizer, run.scheduler, iter(batches))
+        step.train_step(args, run.model_chunks, run.optimizer, run.scheduler, iter(batches),
+                        run.executor, run.attention)
         torch.distributed.barrier()
         walls.append(time.perf_counter() - start)
     walls, schedules = walls[warmup:], schedules[warmup:]

@@ -69,7 +69,8 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     for it in range(warmup + iters):
         torch.distributed.barrier()
         start = time.perf_counter()
-        train_step(args, run.model_chunks, run.optimizer, run.scheduler, iter(batches))
+        train_step(args, run.model_chunks, run.optimizer, run.scheduler, iter(batches),
+                   run.executor, run.attention)
         torch.distributed.barrier()
         wall = time.perf_counter() - start
         compute = sum(timers(name).elapsed(reset=True)

@@ -78,7 +78,7 @@ def _model_keys(chunks) -> list:
 
 
 def _state_dict(chunks, optimizer, scheduler, args, iteration: int, with_optim: bool,
-                with_rng: bool, loading: bool) -> dict:
+                with_rng: bool, loading: bool, run_state: Optional[dict] = None) -> dict:
     model_sd = {key: chunk.sharded_state_dict()
                 for key, chunk in zip(_model_keys(chunks), chunks)}
     state = {**model_sd, "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration}
@@ -91,6 +91,9 @@ def _state_dict(chunks, optimizer, scheduler, args, iteration: int, with_optim: 
     if not loading:
         state["args"] = {k: v for k, v in vars(args).items() if _plain(v)}
         state["args"]["consumed_train_samples"] = iteration * args.global_batch_size
+        # What the run derived (the padded vocabulary, its pipeline plan), kept with the
+        # flags as Megatron-LM keeps padded_vocab_size there.
+        state["args"].update(run_state or {})
     return state
 
 
@@ -98,8 +101,11 @@ def _plain(value) -> bool:
     return isinstance(value, (int, float, str, bool, type(None), list, tuple))
 
 
-def save_checkpoint(args, iteration: int, chunks, optimizer, scheduler) -> str:
-    """Save iteration ``iteration`` of the model chunks (unwrapped) and their optimizer."""
+def save_checkpoint(args, iteration: int, chunks, optimizer, scheduler,
+                    model_config=None, run_state: Optional[dict] = None) -> str:
+    """Save iteration ``iteration`` of the model chunks (unwrapped) and their optimizer.
+    ``model_config``: the model's (default the flags'); ``run_state``: values the run
+    derived, saved with the flags."""
     root = args.save
     final = iteration_dir(root, iteration)
     staging = final + ".inprogress"
@@ -112,12 +118,13 @@ def save_checkpoint(args, iteration: int, chunks, optimizer, scheduler) -> str:
     # --no-save-optim / --no-save-rng: weights only (converted checkpoints are).
     state = _state_dict(chunks, optimizer, scheduler, args, iteration,
                         with_optim=not getattr(args, "no_save_optim", False),
-                        with_rng=not getattr(args, "no_save_rng", False), loading=False)
+                        with_rng=not getattr(args, "no_save_rng", False), loading=False,
+                        run_state=run_state)
     dist_checkpointing.save(state, staging, async_sharded_save=False)
     torch.distributed.barrier()
     if rank0:
         with open(os.path.join(staging, MODEL_CONFIG), "w") as f:
-            json.dump(asdict(args.model_config), f, indent=1, default=sorted)
+            json.dump(asdict(model_config or args.model_config), f, indent=1, default=sorted)
         if os.path.exists(final):  # re-saving an iteration: keep the old one until done
             shutil.rmtree(final + ".old", ignore_errors=True)
             os.rename(final, final + ".old")
