@@ -41,6 +41,7 @@ def test_dry_run_prints_a_torchrun_command_the_parser_accepts(tmp_path):
     assert torchrun["--rdzv-backend"] == "c10d"
     assert torchrun["--rdzv-endpoint"] == "node001:29500"
     assert torchrun["--rdzv-id"] == "4242"
+    assert int(torchrun["--shutdown-timeout"]) < 120  # saves before Slurm's SIGKILL
     args = parse_args(command[script + 1:], world_size=4 * 8)
     assert args.load == args.save == str(tmp_path / "ckpt")  # resume on requeue
     assert args.exit_signal_handler and args.exit_duration_in_mins
