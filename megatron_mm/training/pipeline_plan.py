@@ -11,7 +11,6 @@ from typing import List, Tuple
 
 from ..models import model_chain
 from ..plan import StagePartition, partition
-from ..plan.describe import describe_chunk
 from ..plan.partition import parse_partition_flag
 from ..plan.placement import ChunkPlacement, chunk_placements
 from ..plan.profile import LayerProfile, apply_profile
@@ -36,16 +35,6 @@ def plan_pipeline(args) -> Tuple[StagePartition, List[ChunkPlacement]]:
                      memory_limit_bytes=limit, num_microbatches=args.num_microbatches,
                      search_radius=getattr(args, "pipeline_search_radius", 1))
     return part, chunk_placements(chain, part)
-
-
-def describe_plan(args, part: StagePartition) -> str:
-    chain = training_chain(args)
-    policy = getattr(args, "pipeline_partition_label", part.policy)
-    lines = [f"> pipeline partition ({policy}): layers per stage {part.layers_per_chunk}"]
-    for c, (start, end) in enumerate(part.chunk_bounds()):
-        lines.append(f"   chunk {c} (pipeline rank {part.rank_of_chunk(c)}): "
-                     f"{describe_chunk(chain, start, end)}")
-    return "\n".join(lines)
 
 
 def describe_encoder_plan(args, plan) -> str:

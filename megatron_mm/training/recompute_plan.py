@@ -10,8 +10,6 @@ the cost model's otherwise.
 
 from __future__ import annotations
 
-from typing import Dict, List, Union
-
 from ..plan import MemoryModel, StagePartition
 from ..plan.recompute_budget import (GB, RecomputeChoice, choose_recompute,
                                      chunk_activations, static_bytes)
@@ -25,15 +23,6 @@ def adaptive_choice(args, part: StagePartition, chain=None) -> RecomputeChoice:
     return choose_recompute(chunk_activations(chain, bounds, pp, vpp, args.num_microbatches),
                             static_bytes(chain, bounds, pp, MemoryModel()),
                             args.recompute_memory_budget * GB)
-
-
-def recompute_layers_per_chunk(args, part: StagePartition
-                               ) -> List[Union[None, int, Dict[str, int]]]:
-    """recompute_num_layers for each chunk (chunk order): Megatron's flag (None: no
-    recompute), or {stack: N} under a budget."""
-    if getattr(args, "recompute_memory_budget", None) is None:
-        return [args.recompute_num_layers] * part.num_chunks
-    return list(adaptive_choice(args, part).recompute_num_layers)
 
 
 def describe_choice(args, part: StagePartition, chain=None) -> str:

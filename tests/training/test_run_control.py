@@ -154,3 +154,23 @@ def test_missing_optional_logging_packages_are_named(monkeypatch):
     args = argparse.Namespace(tensorboard_dir="tb", wandb_project=None)
     with pytest.raises(ConfigError, match="--tensorboard-dir needs the tensorboard package"):
         build_writers(args)
+
+
+def train_wandb_offline(rank, argv):
+    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")  # no network
+    return train(rank, argv)
+
+
+def test_wandb_offline_writes_the_scalars(digits_dir, tmp_path):
+    pytest.importorskip("wandb")  # optional: pip install wandb
+    save_dir = tmp_path / "wandb"
+    run_distributed(train_wandb_offline, 1, _argv(digits_dir, "--eval-iters", "0",
+                                                  "--train-iters", "2",
+                                                  "--wandb-project", "megatron-mm-test",
+                                                  "--wandb-exp-name", "offline",
+                                                  "--wandb-save-dir", str(save_dir)))
+    runs = list(save_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(runs) == 1, list(save_dir.rglob("*"))
+    records = runs[0].read_bytes()  # protobuf records: the scalar names are in the clear
+    for name in (b"lm loss", b"learning-rate", b"grad-norm"):
+        assert name in records, name
