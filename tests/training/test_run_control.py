@@ -1,5 +1,6 @@
-"""Megatron-LM's run control: --eval-iters 0, --exit-interval, --exit-signal-handler,
---check-for-nan-in-loss-and-grad and --tensorboard-dir, on the training script's loop.
+"""Megatron-LM's run control: --eval-iters 0, --exit-interval, --exit-duration-in-mins,
+--exit-signal-handler, --check-for-nan-in-loss-and-grad, --tensorboard-dir and --wandb-*,
+on the training script's loop.
 
 One uninterrupted reference run (DP=2) serves every comparison: a run stopped by
 --exit-interval or by SIGTERM, then resumed, must give its losses exactly."""
@@ -174,3 +175,39 @@ def test_wandb_offline_writes_the_scalars(digits_dir, tmp_path):
     records = runs[0].read_bytes()  # protobuf records: the scalar names are in the clear
     for name in (b"lm loss", b"learning-rate", b"grad-norm"):
         assert name in records, name
+
+
+def train_late(rank, argv, at):
+    """Rank 0's clock jumps two minutes ahead after iteration ``at``: with
+    --exit-duration-in-mins 1 every rank stops after that iteration (they agree)."""
+    import time as real_time
+
+    from megatron_mm.training import trainer
+
+    class Clock:
+        offset = 0.0
+
+        def time(self):
+            return real_time.time() + self.offset
+
+    clock = trainer.time = Clock()
+
+    from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.pretrain import TrainingCallbacks, pretrain
+
+    def on_step(iteration, model, loss):
+        if iteration == at and rank == 0:
+            clock.offset = 120.0
+
+    args = parse_args(argv, world_size=int(os.environ["WORLD_SIZE"]))
+    summary = pretrain(args, TrainingCallbacks(on_step=on_step))
+    return {k: summary.get(k) for k in ("iteration", "exit")}
+
+
+def test_exit_duration_stops_every_rank_after_the_same_iteration(digits_dir, tmp_path):
+    save = str(tmp_path / "ckpt")
+    out = run_distributed(train_late, 2, _argv(digits_dir, "--eval-iters", "0", "--save", save,
+                                               "--exit-duration-in-mins", "1"), 2)
+    assert [o["iteration"] for o in out] == [2, 2]
+    assert all("minutes" in o["exit"] for o in out)
+    assert open(os.path.join(save, "latest_checkpointed_iteration.txt")).read() == "2"
