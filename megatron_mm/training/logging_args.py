@@ -17,7 +17,7 @@ def logging_args(p: argparse.ArgumentParser) -> None:
                    help="exit the program after the iteration is divisible by this value "
                         "(saving first with --save)")
     g.add_argument("--exit-duration-in-mins", type=int, default=None,
-                   help="exit the program after this many minutes of training (saving first "
+                   help="exit the program after this many minutes, setup included (saving first "
                         "with --save); every rank takes the same decision")
     g.add_argument("--exit-signal-handler", action="store_true",
                    help="on --exit-signal (SIGTERM), finish the iteration, save the "

@@ -42,6 +42,10 @@ from .step import TokenCounter, train_step
 from .training_log import TrainingLog, report_memory, validation_scalars
 from .training_plan import TrainingPlan, plan_training
 
+# --exit-duration-in-mins counts from here, setup included, as Megatron-LM's
+# _TRAIN_START_TIME does (a job's time limit counts it too).
+PROCESS_START = time.time()
+
 
 def model_config_for(args, tokenizer):
     """The flags' model config with the tokenizer's vocabulary (and, loading a
@@ -212,7 +216,7 @@ class Trainer:
         validate = validation_enabled(args)
         handler = (DistributedSignalHandler(getattr(signal, args.exit_signal))
                    if args.exit_signal_handler else None)
-        start, first, last_saved, stop = time.time(), iteration + 1, None, None
+        start, first, last_saved, stop = PROCESS_START, iteration + 1, None, None
         with handler or nullcontext():
             self.timers("interval-time", log_level=0).start(barrier=True)
             while iteration < args.train_iters:
