@@ -5,7 +5,8 @@
 
 The same command runs on GPUs (NCCL) and on CPUs (gloo); without --data-path it trains on
 the built-in handwritten-digits question answering data (with --audio-model-type whisper:
-handwritten + spoken digits, "Add the written and the spoken digit."). See --help.
+handwritten + spoken digits, "Add the written and the spoken digit."). See --help, and
+examples/slurm/ for several nodes.
 """
 
 from megatron_mm.training.arguments import parse_args
