@@ -5,18 +5,17 @@
 
 The same command runs on GPUs (NCCL) and on CPUs (gloo); without --data-path it trains on
 the built-in handwritten-digits question answering data (with --audio-model-type whisper:
-handwritten + spoken digits, "Add the written and the spoken digit."). See --help.
+handwritten + spoken digits, "Add the written and the spoken digit."). See --help, and
+examples/slurm/ for several nodes.
 """
-
-import sys
 
 from megatron_mm.training.arguments import parse_args
 from megatron_mm.training.pretrain import USER_ERRORS, pretrain
+from megatron_mm.training.user_errors import exit_with_user_error
 
 if __name__ == "__main__":  # required: checkpoint saving spawns helper processes
     args = parse_args()
     try:
         pretrain(args)
-    except USER_ERRORS as e:  # bad input: say what to fix, without a traceback
-        print(f"{sys.argv[0]}: error: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
+    except USER_ERRORS as e:  # bad input: say what to fix, once per job, no traceback
+        exit_with_user_error(e)

@@ -84,7 +84,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     source = batch_iterator(args, run.train_ds, run.tokenizer, 0, shuffle=True)
     batches = [next(source) for _ in range(args.num_microbatches)]
     links = _communication_costs(run, args)
-    executor = getattr(args, "schedule_executor", None)
+    executor = run.executor
     walls, schedules, timeline = [], [], []
     run_schedule = step.run_schedule
 
@@ -100,7 +100,8 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
             executor.record_timeline = it == warmup + iters - 1
         torch.distributed.barrier()
         start = _clock()
-        step.train_step(args, run.model_chunks, run.optimizer, run.scheduler, iter(batches))
+        step.train_step(args, run.model_chunks, run.optimizer, run.scheduler, iter(batches),
+                        run.executor, run.attention)
         torch.distributed.barrier()
         walls.append(_clock() - start)
     walls, schedules = walls[warmup:], schedules[warmup:]

@@ -77,7 +77,8 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     for it in range(warmup + iters):
         torch.distributed.barrier()
         start = _clock()
-        train_step(args, run.model_chunks, run.optimizer, run.scheduler, iter(batches))
+        train_step(args, run.model_chunks, run.optimizer, run.scheduler, iter(batches),
+                   run.executor, run.attention)
         torch.distributed.barrier()
         wall = _clock() - start
         compute = sum(timers(name).elapsed(reset=True)

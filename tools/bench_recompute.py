@@ -111,6 +111,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                setup_training)
     from megatron_mm.training.recompute_plan import describe_choice
     from megatron_mm.training.step import batch_to_device, train_step
+    from megatron_mm.training.training_plan import plan_training
 
     args = parse_args(train_argv)
     if args.pipeline_model_parallel_size != 1 or args.world_size != 1:
@@ -122,14 +123,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run = setup_training(args)
 
     # 1. the per-layer profile (times and saved bytes), as tools/profile_layers.py writes it
-    chain = training_chain(args)
+    chain = training_chain(args, run.model_config)
     data = batch_iterator(args, run.train_ds, run.tokenizer, 0, shuffle=True)
     profile = profile_layers(run.model[0], chain, [batch_to_device(next(data))
                                                    for _ in range(3)], warmup=1)
     path = os.path.join(tempfile.mkdtemp(), "profile.json")
     profile.save(path)
     args.pipeline_profile = path
-    chain = training_chain(args)
+    model_config = run.model_config
+    chain = training_chain(args, model_config)
     bounds = StagePartition(1, 1, [len(chain)]).chunk_bounds()
     (acts,) = chunk_activations(chain, bounds, 1, 1, args.num_microbatches)
     static = static_bytes(chain, bounds, 1, MemoryModel())[0]
@@ -153,10 +155,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     "recompute_memory_budget"):
             setattr(args, key, flags.get(key))
         set_random_seed(args.seed)
-        chunks = build_model_chunks(args, run_tokenizer(args))
+        chunks = build_model_chunks(args, run_tokenizer(args), model_config,
+                                    plan_training(args, model_config))
         choice = "-"
         if name == "adaptive":
-            choice = describe_choice(args, StagePartition(1, 1, [len(chain)]))
+            choice = describe_choice(args, StagePartition(1, 1, [len(chain)]), chain)
         ddp, optimizer, scheduler = setup_model_and_optimizer(args, chunks)
         data = batch_iterators(args, _datasets(args), run_tokenizer(args), 0, shuffle=True)
         train_step(args, ddp, optimizer, scheduler, data)  # warm-up
@@ -167,7 +170,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for _ in range(ours.bench_iters):
         for r in runs.values():
             start = _clock()
-            r["loss"], _, _ = train_step(args, *r["step"][:3], r["step"][3])
+            r["loss"] = train_step(args, *r["step"][:3], r["step"][3]).loss
             r["times"].append(_clock() - start)
     rows = []
     for name, r in runs.items():

@@ -188,4 +188,5 @@ def collate(samples: list[Sample], pad_id: int, pad_to_multiple_of: int = 1,
         "prompt_lens": [s.prompt_len for s in samples],
         "answers": [s.answer for s in samples],
         "record_ids": [s.record_id for s in samples],
+        "seq_lengths": torch.tensor([len(s.tokens) for s in samples]),  # padding left out
     }

@@ -8,7 +8,6 @@ import: a bad flag is reported before any process group exists.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 from typing import Optional, Sequence
 
@@ -21,14 +20,12 @@ from ..config import (
     ProjectorConfig,
     VisionEncoderConfig,
 )
-from ..plan import ModelSpec, Workload, build_chain
 from ..plan.cp_assignment import BLOCK_OVERHEAD
-from ..plan.encoder_pipeline import plan_encoder_pipeline
-from ..plan.hardware import MemoryModel
-from ..plan.partition import parse_partition_flag, partition
-from ..plan.recompute_budget import GB, choose_recompute, chunk_activations, static_bytes
+from ..plan.partition import parse_partition_flag
 from .fp8_args import fp8_args, validate_fp8_args
+from .logging_args import logging_args, validate_logging_args
 from .transformer_impl import validate_transformer_impl
+from .user_errors import ArgumentParser, exit_with_user_error
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -268,12 +265,13 @@ def _training_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         description="Train a multimodal LLM with Megatron-Core (megatron_mm)",
         allow_abbrev=False)
     _model_args(p)
     _training_args(p)
     fp8_args(p)
+    logging_args(p)
     return p
 
 
@@ -284,8 +282,8 @@ def parse_args(argv: Optional[Sequence[str]] = None,
     try:
         apply_checkpoint_args(args, given_flags(argv))
         validate_args(args, world_size)
-    except ConfigError as e:
-        parser.error(str(e))
+    except ConfigError as e:  # once per job, without argparse's usage
+        exit_with_user_error(e, parser.prog)
     return args
 
 
@@ -309,10 +307,10 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
         args.virtual_pipeline_model_parallel_size = vpp = None
     if vpp is not None and pp < 2:
         raise ConfigError("virtual pipeline stages need --pipeline-model-parallel-size >= 2")
-    args.pipeline_partition = parse_partition_flag(args.pipeline_partition)
-    if isinstance(args.pipeline_partition, list) and len(args.pipeline_partition) != pp * (vpp or 1):
+    policy = parse_partition_flag(args.pipeline_partition)  # the flag stays as typed
+    if isinstance(policy, list) and len(policy) != pp * (vpp or 1):
         raise ConfigError(
-            f"--pipeline-partition lists {len(args.pipeline_partition)} stages, but "
+            f"--pipeline-partition lists {len(policy)} stages, but "
             f"--pipeline-model-parallel-size ({pp})"
             + (f" x --virtual-pipeline-model-parallel-size ({vpp})" if vpp else "")
             + f" = {pp * (vpp or 1)}; give one layer count per stage")
@@ -360,9 +358,12 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
         args.eval_interval = max(args.train_iters, 1)
     if args.train_iters < 0:  # 0 with --save writes the initial checkpoint
         raise ConfigError("--train-iters must not be negative")
-    for flag in ("log_interval", "eval_interval", "eval_iters"):
+    for flag in ("log_interval", "eval_interval"):
         if getattr(args, flag) <= 0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive")
+    if args.eval_iters < 0:  # 0: no validation, as in Megatron-LM
+        raise ConfigError("--eval-iters must not be negative (0 disables validation)")
+    validate_logging_args(args)
     if args.data_path and args.data_path.endswith(".jsonl") and not args.valid_data_path:
         raise ConfigError("--data-path is a single .jsonl file: pass --valid-data-path too, "
                           "or point --data-path at a directory with train.jsonl/valid.jsonl")
@@ -371,7 +372,7 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
     _validate_encoder_schedule(args)
     args.model_config.validate_parallel(tp, args.encoder_tensor_model_parallel_size)
     validate_fp8_args(args)
-    check_pipeline_partition(args)
+    # The pipeline plan needs the vocabulary: the Trainer plans once the tokenizer loads.
 
 
 def _validate_encoder_schedule(args: argparse.Namespace) -> None:
@@ -432,38 +433,6 @@ def _validate_search_and_recompute(args: argparse.Namespace) -> None:
                           "--recompute-granularity full")
     if n is not None and n < 1:
         raise ConfigError("--recompute-num-layers must be >= 1")
-
-
-def check_pipeline_partition(args: argparse.Namespace) -> None:
-    """Plan the partition once on the model's structure so a partition that cannot work
-    fails here. The vocabulary is not known before the tokenizer loads; a stand-in only
-    shifts costs, and the run plans again with the real one."""
-    config = copy.deepcopy(args.model_config)
-    config.language.vocab_size = config.language.vocab_size or 1
-    chain = build_chain(ModelSpec.from_config(config),
-                        Workload(seq_length=args.seq_length,
-                                 micro_batch_size=args.micro_batch_size,
-                                 tensor_model_parallel_size=args.tensor_model_parallel_size))
-    if args.encoder_schedule != "megatron":
-        plan_encoder_pipeline(chain, args.pipeline_model_parallel_size,
-                              args.virtual_pipeline_model_parallel_size or 1,
-                              args.pipeline_partition, args.encoder_pipeline_model_parallel_size,
-                              args.encoder_pieces, args.num_microbatches)
-    elif args.pipeline_model_parallel_size > 1 or args.memory_limit_gb or \
-            args.recompute_memory_budget:
-        part = partition(chain, args.pipeline_model_parallel_size,
-                         args.virtual_pipeline_model_parallel_size or 1, args.pipeline_partition,
-                         memory_limit_bytes=(args.memory_limit_gb * 1024 ** 3
-                                             if args.memory_limit_gb else None),
-                         num_microbatches=args.num_microbatches,
-                         search_radius=args.pipeline_search_radius)
-        if args.recompute_memory_budget:  # even full recompute must fit the budget
-            bounds, pp = part.chunk_bounds(), part.pipeline_model_parallel_size
-            choose_recompute(chunk_activations(chain, bounds, pp,
-                                               part.virtual_pipeline_model_parallel_size,
-                                               args.num_microbatches),
-                             static_bytes(chain, bounds, pp, MemoryModel()),
-                             args.recompute_memory_budget * GB)
 
 
 # What a checkpoint's saved flags decide when --load names it (Megatron-LM's

@@ -81,7 +81,7 @@ def _model_keys(chunks) -> list:
 
 
 def _state_dict(chunks, optimizer, scheduler, args, iteration: int, with_optim: bool,
-                with_rng: bool, loading: bool) -> dict:
+                with_rng: bool, loading: bool, run_state: Optional[dict] = None) -> dict:
     model_sd = {key: chunk.sharded_state_dict()
                 for key, chunk in zip(_model_keys(chunks), chunks)}
     state = {**model_sd, "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration}
@@ -94,6 +94,9 @@ def _state_dict(chunks, optimizer, scheduler, args, iteration: int, with_optim: 
     if not loading:
         state["args"] = {k: v for k, v in vars(args).items() if _plain(v)}
         state["args"]["consumed_train_samples"] = iteration * args.global_batch_size
+        # What the run derived (the padded vocabulary, its pipeline plan), kept with the
+        # flags as Megatron-LM keeps padded_vocab_size there.
+        state["args"].update(run_state or {})
     return state
 
 
@@ -101,8 +104,11 @@ def _plain(value) -> bool:
     return isinstance(value, (int, float, str, bool, type(None), list, tuple))
 
 
-def save_checkpoint(args, iteration: int, chunks, optimizer, scheduler) -> str:
-    """Save iteration ``iteration`` of the model chunks (unwrapped) and their optimizer."""
+def save_checkpoint(args, iteration: int, chunks, optimizer, scheduler,
+                    model_config=None, run_state: Optional[dict] = None) -> str:
+    """Save iteration ``iteration`` of the model chunks (unwrapped) and their optimizer.
+    ``model_config``: the model's (default the flags'); ``run_state``: values the run
+    derived, saved with the flags."""
     root = args.save
     final = iteration_dir(root, iteration)
     staging = final + ".inprogress"
@@ -115,12 +121,13 @@ def save_checkpoint(args, iteration: int, chunks, optimizer, scheduler) -> str:
     # --no-save-optim / --no-save-rng: weights only (converted checkpoints are).
     state = _state_dict(chunks, optimizer, scheduler, args, iteration,
                         with_optim=not getattr(args, "no_save_optim", False),
-                        with_rng=not getattr(args, "no_save_rng", False), loading=False)
+                        with_rng=not getattr(args, "no_save_rng", False), loading=False,
+                        run_state=run_state)
     dist_checkpointing.save(state, staging, async_sharded_save=False)
     torch.distributed.barrier()
     if rank0:
         with open(os.path.join(staging, MODEL_CONFIG), "w") as f:
-            json.dump(asdict(args.model_config), f, indent=1, default=sorted)
+            json.dump(asdict(model_config or args.model_config), f, indent=1, default=sorted)
         if os.path.exists(final):  # re-saving an iteration: keep the old one until done
             shutil.rmtree(final + ".old", ignore_errors=True)
             os.rename(final, final + ".old")
@@ -173,7 +180,15 @@ def _load_allowing_absent_module_state(template: dict, path: str):
     return state
 
 
-def load_checkpoint(args, chunks, optimizer, scheduler) -> int:
+def holds_optimizer_state(path: str) -> bool:
+    """Whether the checkpoint at ``path`` has optimizer tensors: one saved before the first
+    step (``--train-iters 0``; Adam creates its moments on the first step) or with
+    ``--no-save-optim`` has none."""
+    return any(key.startswith("optimizer.")
+               for key in dist_checkpointing.load_tensors_metadata(path))
+
+
+def load_checkpoint(args, chunks, optimizer, scheduler, log=print) -> int:
     """Load the latest checkpoint under ``args.load``; returns the iteration to resume at."""
     iteration = locate_checkpoint(args)
     if iteration is None:
@@ -185,6 +200,11 @@ def load_checkpoint(args, chunks, optimizer, scheduler) -> int:
                       ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                        "world_size"))
     with_optim = not (args.no_load_optim or args.finetune or saved.get("no_save_optim"))
+    if with_optim and not holds_optimizer_state(path):
+        with_optim = False
+        log(f" > {path} holds no optimizer state (saved before the first optimizer step, "
+            f"or with --no-save-optim): loading the model weights only; the optimizer and "
+            f"learning-rate schedule start fresh")
     with_rng = (not (args.no_load_rng or args.finetune or saved.get("no_save_rng"))
                 and same_layout)
     template = _state_dict(chunks, optimizer, scheduler, args, iteration, with_optim,

@@ -9,12 +9,12 @@ per-layer times (``--pipeline-profile``), once per micro-batch count.
 from __future__ import annotations
 
 from functools import partial
-from typing import Optional
 
 from ..plan.bubble import bubble
 from ..plan.encoder_pipeline import EncoderPipelinePlan, schedule_costs, plan_encoder_pipeline
 from ..plan.generate import coarse
 from ..plan.hardware import Hardware
+from ..plan.partition import parse_partition_flag
 from ..plan.profile import MEASURED
 from ..runtime import ScheduleExecutor
 from .pipeline_plan import training_chain
@@ -30,36 +30,40 @@ def hardware(args) -> Hardware:
     return MEASURED if getattr(args, "pipeline_profile", None) else Hardware()
 
 
-def encoder_pipeline_plan(args, chain=None) -> EncoderPipelinePlan:
+def encoder_pipeline_plan(args, chain=None, policy=None) -> EncoderPipelinePlan:
     return plan_encoder_pipeline(
         chain if chain is not None else training_chain(args),
         args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1,
-        args.pipeline_partition, args.encoder_pipeline_model_parallel_size,
+        policy if policy is not None else parse_partition_flag(args.pipeline_partition),
+        args.encoder_pipeline_model_parallel_size,
         args.encoder_pieces, args.num_microbatches, hardware(args))
 
 
-def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int):
+def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int, chain=None):
     pp, vpp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1
     stages, pieces = args.encoder_pipeline_model_parallel_size, args.encoder_pieces
     encoders = dict(encoders=len(plan.pieces), frozen_encoders=plan.frozen_encoders)
     if args.encoder_schedule == "coarse":
         return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, stages, pieces,
                       **encoders)
-    costs = schedule_costs(training_chain(args), plan.llm_partition, plan.pieces,
+    costs = schedule_costs(chain if chain is not None else training_chain(args),
+                           plan.llm_partition, plan.pieces,
                            hardware(args))
     return bubble(pp, vpp, num_microbatches, plan.encoder_trainable, costs, stages, pieces,
                   extra_warmup="auto", **encoders)
 
 
-def build_executor(args, plan: Optional[EncoderPipelinePlan] = None) -> ScheduleExecutor:
-    plan = plan or encoder_pipeline_plan(args)
-    return ScheduleExecutor(lambda m: make_schedule(args, plan, m), plan.pieces,
-                            batch_to_device, getattr(args, "encoder_replicas", None),
-                            plan.placements, partial(local_length, args)
-                            if getattr(args, "context_parallel_size", 1) > 1 else None)
+def build_executor(args, plan: EncoderPipelinePlan, chain, replicas=None,
+                   attention=None) -> ScheduleExecutor:
+    """``replicas``: the encoder replicas' groups (an encoder TP below the LLM's);
+    ``attention``: the attention settings (with CP, they give each rank's token count)."""
+    return ScheduleExecutor(lambda m: make_schedule(args, plan, m, chain), plan.pieces,
+                            batch_to_device, replicas, plan.placements,
+                            partial(local_length, attention)
+                            if args.context_parallel_size > 1 else None)
 
 
-def local_length(args, batch: dict) -> int:
+def local_length(attention, batch: dict) -> int:
     """This context-parallel rank's token count of ``batch`` (host data): the sequence
     length of the hidden states between LLM chunks."""
-    return args.attention.mask_for(batch).local.shape[0]
+    return attention.mask_for(batch).local.shape[0]

@@ -15,17 +15,17 @@ from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_regi
 
 from ..data import Sample, collate
 from ..runtime.collective_device import collective_device
-from .step import forward_backward_func, prepare_batch, reduce_lm_loss, run_schedule
+from .step import prepare_batch, reduce_lm_loss, run_schedule
 
 
-def evaluate_loss(args, model: List, batches) -> float:
+def evaluate_loss(args, model: List, batches, forward_backward=None, attention=None) -> float:
     """Token-weighted ``lm loss`` over ``--eval-iters`` global batches."""
     for chunk in model:
         chunk.eval()
     losses = []
     with torch.no_grad():
         for _ in range(args.eval_iters):
-            losses += run_schedule(args, model, batches, forward_only=True)
+            losses += run_schedule(args, model, batches, True, forward_backward, attention)
     for chunk in model:
         chunk.train()
     return reduce_lm_loss(losses)
@@ -101,7 +101,8 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.lower().strip().rstrip(".").split())
 
 
-def answer_accuracy(args, model: List, dataset, tokenizer, indices: Sequence[int]) -> float:
+def answer_accuracy(args, model: List, dataset, tokenizer, indices: Sequence[int],
+                    forward_backward=None, attention=None) -> float:
     """Share of ``indices`` whose greedy answer equals the reference answer.
 
     Split over data-parallel ranks; prompts of equal length decode as one batch.
@@ -126,9 +127,8 @@ def answer_accuracy(args, model: List, dataset, tokenizer, indices: Sequence[int
             batch = group[start:start + args.micro_batch_size]
             generated = greedy_generate(model, batch, tokenizer.pad_id,
                                         args.eval_max_new_tokens, tokenizer.eos_id,
-                                        tokenizer.base_vocab_size,
-                                        getattr(args, "attention", None),
-                                        forward_backward_func(args))
+                                        tokenizer.base_vocab_size, attention,
+                                        forward_backward)
             for sample, ids in zip(batch, generated):
                 guess = normalize_answer(tokenizer.detokenize(ids))
                 correct += int(guess == normalize_answer(sample.answer))

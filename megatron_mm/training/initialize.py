@@ -19,8 +19,9 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
-def initialize_distributed(args) -> None:
-    """torch.distributed (NCCL with CUDA, gloo without) and Megatron-Core's groups."""
+def initialize_distributed(args):
+    """torch.distributed (NCCL with CUDA, gloo without) and Megatron-Core's groups; returns
+    the encoder replicas' groups (an encoder TP below the LLM's) or None."""
     if not torch.distributed.is_initialized():
         backend = args.distributed_backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if torch.cuda.is_available():
@@ -38,10 +39,9 @@ def initialize_distributed(args) -> None:
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size)
     # An encoder TP below the LLM's (--encoder-schedule coarse|bubble): its replicas' groups.
     etp = getattr(args, "encoder_tensor_model_parallel_size", None)
-    args.encoder_replicas = (
-        create_encoder_replicas(etp)
-        if getattr(args, "encoder_schedule", "megatron") != "megatron" and etp is not None
-        and etp < args.tensor_model_parallel_size else None)
+    return (create_encoder_replicas(etp)
+            if getattr(args, "encoder_schedule", "megatron") != "megatron" and etp is not None
+            and etp < args.tensor_model_parallel_size else None)
 
 
 def set_random_seed(seed: int) -> None:

@@ -31,8 +31,9 @@ def layer_time_source(args) -> str:
     return "cost model (FLOPs; no --pipeline-profile)"
 
 
-def ranked_candidates(args):
-    return candidates(training_chain(args), args.pipeline_model_parallel_size,
+def ranked_candidates(args, chain=None):
+    return candidates(chain if chain is not None else training_chain(args),
+                      args.pipeline_model_parallel_size,
                       args.virtual_pipeline_model_parallel_size or 1,
                       args.pipeline_search_radius)
 
@@ -55,25 +56,22 @@ def time_candidate(args, build: Callable, batches: Callable, step: Callable) -> 
     return float(median.item())
 
 
-def search_partition(args, build: Callable, batches: Callable, step: Callable,
+def search_partition(args, chain, build: Callable, batches: Callable, step: Callable,
                      reseed: Callable, log: Callable[[str], None]) -> List[int]:
-    """Times the top candidates, prints the table, sets and returns the fastest's layer
-    counts. ``build()`` builds model and optimizer for ``args.pipeline_partition``,
+    """Times the top candidates, prints the table, returns the fastest's layer counts.
+    ``build(layers_per_chunk)`` builds model and optimizer for that partition,
     ``batches()`` a fresh batch iterator, ``step(run, data)`` one training iteration,
     ``reseed()`` restores the RNG the run started with."""
-    found = ranked_candidates(args)
+    found = ranked_candidates(args, chain)
     timed = found[:args.pipeline_search_candidates]
-    args.pipeline_partition_label = "search trial"
     for cand in timed:
-        args.pipeline_partition = list(cand.layers_per_chunk)
-        cand.measured_s = time_candidate(args, build, batches, step)
+        cand.measured_s = time_candidate(
+            args, lambda: build(list(cand.layers_per_chunk)), batches, step)
     best = fastest(timed)
     log(table(found[:max(len(timed), min(len(found), 2 * len(timed)))],
               layer_time_source(args))
         + f"\n   {len(found)} candidates within +-{args.pipeline_search_radius} layers; "
           f"kept {','.join(map(str, best.layers_per_chunk))} "
           f"({best.measured_s:.4f} s/iteration)")
-    args.pipeline_partition = list(best.layers_per_chunk)
-    args.pipeline_partition_label = "search"
     reseed()
-    return args.pipeline_partition
+    return list(best.layers_per_chunk)

@@ -11,14 +11,16 @@ from typing import List, Tuple
 
 from ..models import model_chain
 from ..plan import StagePartition, partition
-from ..plan.describe import describe_chunk
+from ..plan.partition import parse_partition_flag
 from ..plan.placement import ChunkPlacement, chunk_placements
 from ..plan.profile import LayerProfile, apply_profile
 
 
-def training_chain(args):
-    chain = model_chain(args.model_config, args.seq_length, args.micro_batch_size,
-                        args.tensor_model_parallel_size)
+def training_chain(args, model_config=None):
+    """The chain of ``model_config`` (default: the flags', whose vocabulary the caller
+    has set) at the run's shapes."""
+    chain = model_chain(model_config or args.model_config, args.seq_length,
+                        args.micro_batch_size, args.tensor_model_parallel_size)
     if getattr(args, "pipeline_profile", None):
         chain = apply_profile(chain, LayerProfile.load(args.pipeline_profile))
     return chain
@@ -28,20 +30,11 @@ def plan_pipeline(args) -> Tuple[StagePartition, List[ChunkPlacement]]:
     chain = training_chain(args)
     limit = args.memory_limit_gb * 1024 ** 3 if args.memory_limit_gb else None
     part = partition(chain, args.pipeline_model_parallel_size,
-                     args.virtual_pipeline_model_parallel_size or 1, args.pipeline_partition,
+                     args.virtual_pipeline_model_parallel_size or 1,
+                     parse_partition_flag(args.pipeline_partition),
                      memory_limit_bytes=limit, num_microbatches=args.num_microbatches,
                      search_radius=getattr(args, "pipeline_search_radius", 1))
     return part, chunk_placements(chain, part)
-
-
-def describe_plan(args, part: StagePartition) -> str:
-    chain = training_chain(args)
-    policy = getattr(args, "pipeline_partition_label", part.policy)
-    lines = [f"> pipeline partition ({policy}): layers per stage {part.layers_per_chunk}"]
-    for c, (start, end) in enumerate(part.chunk_bounds()):
-        lines.append(f"   chunk {c} (pipeline rank {part.rank_of_chunk(c)}): "
-                     f"{describe_chunk(chain, start, end)}")
-    return "\n".join(lines)
 
 
 def describe_encoder_plan(args, plan) -> str:

@@ -1,13 +1,12 @@
-"""The training loop: Megatron-LM's ``pretrain`` for multimodal models, on Megatron-Core."""
+"""Megatron-LM's ``pretrain`` for multimodal models, on Megatron-Core: the pieces a run is
+built from (data, model chunks, optimizer); the run's state and loop are the ``Trainer``'s
+(``trainer.py``)."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-import time
 from dataclasses import dataclass
-from datetime import datetime
 from functools import partial
 from typing import Callable, List, Optional
 
@@ -29,7 +28,6 @@ from ..data import (
     ImageProcessorConfig,
     MegatronPretrainingSampler,
     MultimodalDataset,
-    build_tokenizer,
     collate,
     prepare_digits,
 )
@@ -40,22 +38,17 @@ from ..models.multimodal import ENCODER_MODALITY, MediaMismatchError
 from ..models.specs import (
     CPAttentionChoice, choose_cp_attention, default_transformer_impl,
     transformer_engine_importable)
-from .attention import AttentionSettings
 from .balanced_data import balanced_batch_iterator
-from .checkpointing import CheckpointError, load_checkpoint, save_checkpoint, saved_args
-from .encoder_schedule import build_executor, encoder_pipeline_plan, separate_encoder
-from .evaluation import answer_accuracy, evaluate_loss
+from .checkpointing import CheckpointError
 from ..runtime.collective_device import collective_device
 from .fp8_args import llm_sequence_multiple
-from .initialize import initialize_distributed, set_random_seed
-from .partition_trials import search_partition
-from .pipeline_plan import describe_encoder_plan, describe_plan, plan_pipeline
-from .recompute_plan import describe_choice, recompute_layers_per_chunk
-from .step import TokenCounter, train_step
 
-# Errors caused by the user's flags or data; scripts report them without a traceback.
+from .nan_check import NonFiniteError
+
+# Errors caused by the user's flags or data (and a run that diverged); scripts report them
+# once, without a traceback.
 USER_ERRORS = (ConfigError, DataRecordError, CheckpointError, MediaMismatchError,
-               FileNotFoundError)
+               FileNotFoundError, NonFiniteError)
 
 
 def print_rank_0(msg: str) -> None:
@@ -77,11 +70,11 @@ def cp_attention_choice(args) -> CPAttentionChoice:
         assignment=args.context_parallel_assignment, cp_comm_type=args.cp_comm_type)
 
 
-def build_settings(args, placements=None) -> BuildSettings:
+def build_settings(args, placements=None, replicas=None) -> BuildSettings:
+    """``replicas``: the encoder replicas' groups (an encoder TP below the LLM's)."""
     impl = args.transformer_impl or default_transformer_impl()
     cpu_init = args.use_cpu_initialization or not torch.cuda.is_available()
     cp = cp_attention_choice(args)
-    replicas = getattr(args, "encoder_replicas", None)  # an encoder TP below the LLM's
     return BuildSettings(
         cp_attention=cp.kind, cp_comm_type=cp.cp_comm_type,
         tensor_model_parallel_size=args.tensor_model_parallel_size,
@@ -94,11 +87,10 @@ def build_settings(args, placements=None) -> BuildSettings:
         context_parallel_size=args.context_parallel_size, transformer_impl=impl, bf16=args.bf16, hidden_dropout=args.hidden_dropout,
         attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
         use_cpu_initialization=cpu_init, placements=placements,
-        media_attention=args.media_attention,
         recompute_granularity=getattr(args, "recompute_granularity", None),
         recompute_method=getattr(args, "recompute_method", None),
         recompute_num_layers=getattr(args, "recompute_num_layers", None),
-        fp8=getattr(args, "fp8_settings", None))
+        media_attention=args.media_attention, fp8=getattr(args, "fp8_settings", None))
 
 
 def data_paths(args) -> tuple[str, str]:
@@ -198,37 +190,24 @@ def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: boo
     return iter(loader)
 
 
-def build_model_chunks(args, tokenizer) -> List[MultimodalModel]:
+def build_model_chunks(args, tokenizer, model_config, plan, replicas=None
+                       ) -> List[MultimodalModel]:
     """This rank's pipeline chunks: one, or one per virtual stage (interleaved 1F1B), each
-    holding the modules the pipeline plan gives it."""
-    if separate_encoder(args):
-        plan = encoder_pipeline_plan(args)
-        placements = plan.placements
-        args.schedule_executor = build_executor(args, plan)
-        print_rank_0(describe_encoder_plan(args, plan))
-        recompute = [args.recompute_num_layers] * len(placements)
-    else:
-        part, placements = plan_pipeline(args)
-        if args.pipeline_model_parallel_size > 1:
-            print_rank_0(describe_plan(args, part))
-        if getattr(args, "recompute_memory_budget", None) is not None:
-            print_rank_0(describe_choice(args, part))
-        recompute = recompute_layers_per_chunk(args, part)
-    settings = build_settings(args, placements)
+    holding the modules ``plan`` (a TrainingPlan) gives it."""
+    settings = build_settings(args, plan.placements, replicas)
     pp, rank = args.pipeline_model_parallel_size, parallel_state.get_pipeline_model_parallel_rank()
     vpp = args.virtual_pipeline_model_parallel_size
+    media_ids = {ENCODER_MODALITY[enc.model_type]: tokenizer.media_token_id(
+        ENCODER_MODALITY[enc.model_type]) for enc in model_config.encoders.values()}
     chunks = []
     for vp in range(vpp) if vpp else [None]:
+        index = (vp or 0) * pp + rank
         chunk_settings = dataclasses.replace(
-            settings, recompute_num_layers=recompute[(vp or 0) * pp + rank])
-        chunks.append(build_model(
-            args.model_config, chunk_settings,
-            {ENCODER_MODALITY[enc.model_type]: tokenizer.media_token_id(
-                ENCODER_MODALITY[enc.model_type]) for enc in args.model_config.encoders.values()},
-            placement=placements[(vp or 0) * pp + rank], vp_stage=vp))
+            settings, recompute_num_layers=plan.recompute_num_layers[index])
+        chunks.append(build_model(model_config, chunk_settings, media_ids,
+                                  placement=plan.placements[index], vp_stage=vp))
         if torch.cuda.is_available():  # as Megatron-LM's get_model: host-built modules too
             chunks[-1].cuda(torch.cuda.current_device())
-    replicas = getattr(args, "encoder_replicas", None)
     if replicas is not None:  # equal encoder replicas, each shard counted once in norms
         pieces = [p for chunk in chunks for p in chunk.encoder_piece_parameters()]
         replicas.sync_params(pieces)
@@ -236,7 +215,9 @@ def build_model_chunks(args, tokenizer) -> List[MultimodalModel]:
     return chunks
 
 
-def setup_model_and_optimizer(args, chunks: List[MultimodalModel]):
+def setup_model_and_optimizer(args, chunks: List[MultimodalModel], timers=None):
+    """DDP-wrapped chunks, Megatron-Core's optimizer and LR scheduler; ``timers``
+    (Megatron-Core's) go where the schedules and the optimizer read them."""
     config = chunks[0].config  # the one the schedules read their hooks from
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
@@ -249,7 +230,10 @@ def setup_model_and_optimizer(args, chunks: List[MultimodalModel]):
         optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
         adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
         clip_grad=args.clip_grad, bf16=args.bf16, params_dtype=config.params_dtype,
-        use_distributed_optimizer=args.use_distributed_optimizer), ddp)
+        use_distributed_optimizer=args.use_distributed_optimizer,
+        log_num_zeros_in_grad=getattr(args, "log_num_zeros_in_grad", False),
+        barrier_with_L1_time=getattr(args, "barrier_with_L1_time", True), timers=timers),
+        ddp)
     gbs = args.global_batch_size
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=args.lr_warmup_init, max_lr=args.lr, min_lr=args.min_lr,
@@ -260,40 +244,12 @@ def setup_model_and_optimizer(args, chunks: List[MultimodalModel]):
     # The hooks Megatron-LM's training loop installs on the model config.
     config.grad_scale_func = optimizer.scale_loss
     config.finalize_model_grads_func = finalize_model_grads
+    config.timers = timers
+    config.barrier_with_L1_time = getattr(args, "barrier_with_L1_time", True)
     if args.overlap_grad_reduce:
         no_sync = [chunk.no_sync for chunk in ddp]
         config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
     return ddp, optimizer, scheduler
-
-
-def training_log(args, iteration: int, loss: float, grad_norm, lr: float, elapsed: float,
-                 tokens_per_second: float, skipped: int) -> None:
-    consumed = iteration * args.global_batch_size
-    line = (f" [{datetime.now():%Y-%m-%d %H:%M:%S}] iteration {iteration:8d}/{args.train_iters:8d}"
-            f" | consumed samples: {consumed:12d}"
-            f" | elapsed time per iteration (ms): {elapsed * 1000:.1f}"
-            f" | tokens per second: {tokens_per_second:.1f}"
-            f" | learning rate: {lr:.6E}"
-            f" | global batch size: {args.global_batch_size:5d}"
-            f" | lm loss: {loss:.6E}"
-            f" | loss scale: 1.0"
-            f" | grad norm: {float(grad_norm or 0.0):.3f}"
-            f" | number of skipped iterations: {skipped:3d}"
-            f" | number of nan iterations: {int(loss != loss):3d} |")
-    print_rank_last(line)
-
-
-def evaluate_and_print(args, iteration, model_chunks, valid_ds, tokenizer,
-                       label: str = "") -> dict:
-    batches = batch_iterators(args, valid_ds, tokenizer, 0, shuffle=False)
-    loss = evaluate_loss(args, model_chunks, batches)
-    n = min(len(valid_ds), args.eval_iters * args.global_batch_size)
-    accuracy = answer_accuracy(args, model_chunks, valid_ds, tokenizer, range(n))
-    line = (f" validation loss at iteration {iteration}{label} | lm loss value: {loss:.6E}"
-            f" | lm loss PPL: {math.exp(min(20.0, loss)):.6E}"
-            f" | val answer accuracy: {accuracy:.4f} ({n} samples) |")
-    print_rank_last("-" * len(line) + "\n" + line + "\n" + "-" * len(line))
-    return {"val_loss": loss, "val_accuracy": accuracy}
 
 
 @dataclass
@@ -304,112 +260,15 @@ class TrainingCallbacks:
     on_step: Optional[Callable] = None  # (iteration, chunks, loss), before grads are cleared
 
 
-@dataclass
-class TrainingSetup:
-    """Everything a training loop needs, built from the flags."""
+def setup_training(args):
+    """Process groups, tokenizer, plan, data, model chunks, optimizer and scheduler: the
+    ``Trainer`` (``tokenizer``, ``train_ds``, ``model``, ``model_chunks``, ``optimizer``,
+    ``scheduler``, ``plan``, ``executor`` ...)."""
+    from .trainer import Trainer
 
-    tokenizer: object
-    train_ds: MultimodalDataset
-    valid_ds: MultimodalDataset
-    model: List[MultimodalModel]  # this rank's chunks
-    model_chunks: list  # the same, wrapped (DDP, Float16Module)
-    optimizer: object
-    scheduler: OptimizerParamScheduler
-
-
-def setup_training(args) -> TrainingSetup:
-    """Process groups, tokenizer, data, model chunks, optimizer and scheduler."""
-    initialize_distributed(args)
-    set_random_seed(args.seed)
-    tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model,
-                                image_token_id=args.image_token_id,
-                                audio_token_id=args.audio_token_id)
-    lm = args.model_config.language
-    lm.vocab_size = tokenizer.vocab_size
-    if args.load:  # keep the checkpoint's vocabulary padding, whatever TP it was saved at
-        lm.padded_vocab_size = saved_args(args).get("padded_vocab_size")
-    args.padded_vocab_size = lm.vocab_size_padded(args.tensor_model_parallel_size)
-    train_ds, valid_ds = build_datasets(args, tokenizer)
-    args.attention = AttentionSettings.from_args(args, tokenizer,
-                                                 cp_attention_choice(args).kind)
-    if args.context_parallel_size > 1:
-        print_rank_0(f"> context parallel attention: {cp_attention_choice(args).reason}")
-    if getattr(args, "fp8_settings", None) is not None:
-        print_rank_0(f"> {args.fp8_settings.describe()}")
-    print_rank_0(f"> building multimodal model ({build_settings(args).transformer_impl} "
-                 f"specs), {len(train_ds)} train / {len(valid_ds)} validation samples ...")
-    if args.pipeline_partition == "search":
-        search_partition(
-            args, build=lambda: setup_model_and_optimizer(args, build_model_chunks(args,
-                                                                                   tokenizer)),
-            batches=lambda: batch_iterators(args, train_ds, tokenizer, 0, shuffle=True),
-            step=lambda run, data: train_step(args, run[0], run[1], run[2], data),
-            reseed=lambda: set_random_seed(args.seed), log=print_rank_0)
-    model = build_model_chunks(args, tokenizer)
-    n_params = sum(p.numel() for chunk in model for p in chunk.parameters())
-    n_train = sum(p.numel() for chunk in model for p in chunk.parameters() if p.requires_grad)
-    print_rank_0(f" > number of parameters on (tensor, pipeline) model parallel rank "
-                 f"({parallel_state.get_tensor_model_parallel_rank()}, "
-                 f"{parallel_state.get_pipeline_model_parallel_rank()}): {n_params} "
-                 f"({n_train} trainable)")
-    model_chunks, optimizer, scheduler = setup_model_and_optimizer(args, model)
-    return TrainingSetup(tokenizer, train_ds, valid_ds, model, model_chunks, optimizer,
-                         scheduler)
+    return Trainer.build(args)
 
 
 def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
     """Train as the flags say; returns a summary (losses per iteration, last evaluation)."""
-    callbacks = callbacks or TrainingCallbacks()
-    run = setup_training(args)
-    tokenizer, train_ds, valid_ds = run.tokenizer, run.train_ds, run.valid_ds
-    model, model_chunks = run.model, run.model_chunks
-    optimizer, scheduler = run.optimizer, run.scheduler
-    if callbacks.on_model_built is not None:
-        callbacks.on_model_built(model, model_chunks, optimizer)
-
-    iteration = load_checkpoint(args, model, optimizer, scheduler) if args.load else 0
-    if iteration:
-        print_rank_0(f" > loaded checkpoint from {args.load} at iteration {iteration}")
-    train_iter = batch_iterators(args, train_ds, tokenizer,
-                                 iteration * args.global_batch_size, shuffle=True)
-    if isinstance(train_iter, list):  # count the tokens of one chunk's copy of the data
-        train_iter[0] = counter = TokenCounter(train_iter[0])
-    else:
-        train_iter = counter = TokenCounter(train_iter)
-    summary = {"losses": {}, "grad_norms": {}}
-    skipped, last_saved = 0, None
-    interval_start = time.perf_counter()
-    while iteration < args.train_iters:
-        loss, grad_norm, ok = train_step(args, model_chunks, optimizer, scheduler, train_iter)
-        iteration += 1
-        skipped += int(not ok)
-        summary["losses"][iteration] = loss
-        summary["grad_norms"][iteration] = float(grad_norm or 0.0)
-        if callbacks.on_step is not None:
-            callbacks.on_step(iteration, model, loss)
-        if iteration % args.log_interval == 0:
-            elapsed = time.perf_counter() - interval_start
-            training_log(args, iteration, loss, grad_norm,
-                         scheduler.get_lr(optimizer.param_groups[0]),
-                         elapsed / args.log_interval, counter.take_global() / elapsed,
-                         skipped)
-            interval_start = time.perf_counter()
-        if args.save and args.save_interval and iteration % args.save_interval == 0:
-            save_checkpoint(args, iteration, model, optimizer, scheduler)
-            last_saved = iteration
-            print_rank_0(f"  successfully saved checkpoint at iteration {iteration} to "
-                         f"{args.save}")
-        if iteration % args.eval_interval == 0 and iteration < args.train_iters:
-            summary.update(evaluate_and_print(args, iteration, model_chunks, valid_ds,
-                                              tokenizer))
-        if iteration % args.log_interval == 0:
-            interval_start = time.perf_counter()  # evaluation and saving are not step time
-    if args.save and last_saved != iteration:
-        save_checkpoint(args, iteration, model, optimizer, scheduler)
-        print_rank_0(f"  successfully saved checkpoint at iteration {iteration} to {args.save}")
-    if not args.skip_final_eval:
-        summary.update(evaluate_and_print(args, iteration, model_chunks, valid_ds, tokenizer,
-                                          label=" on validation set"))
-    summary["iteration"] = iteration
-    summary["pipeline_partition"] = args.pipeline_partition  # what search kept, if it ran
-    return summary
+    return setup_training(args).train(callbacks)

@@ -10,16 +10,14 @@ the cost model's otherwise.
 
 from __future__ import annotations
 
-from typing import Dict, List, Union
-
 from ..plan import MemoryModel, StagePartition
 from ..plan.recompute_budget import (GB, RecomputeChoice, choose_recompute,
                                      chunk_activations, static_bytes)
 from .pipeline_plan import training_chain
 
 
-def adaptive_choice(args, part: StagePartition) -> RecomputeChoice:
-    chain = training_chain(args)
+def adaptive_choice(args, part: StagePartition, chain=None) -> RecomputeChoice:
+    chain = chain if chain is not None else training_chain(args)
     bounds = part.chunk_bounds()
     pp, vpp = part.pipeline_model_parallel_size, part.virtual_pipeline_model_parallel_size
     return choose_recompute(chunk_activations(chain, bounds, pp, vpp, args.num_microbatches),
@@ -27,17 +25,8 @@ def adaptive_choice(args, part: StagePartition) -> RecomputeChoice:
                             args.recompute_memory_budget * GB)
 
 
-def recompute_layers_per_chunk(args, part: StagePartition
-                               ) -> List[Union[None, int, Dict[str, int]]]:
-    """recompute_num_layers for each chunk (chunk order): Megatron's flag (None: no
-    recompute), or {stack: N} under a budget."""
-    if getattr(args, "recompute_memory_budget", None) is None:
-        return [args.recompute_num_layers] * part.num_chunks
-    return list(adaptive_choice(args, part).recompute_num_layers)
-
-
-def describe_choice(args, part: StagePartition) -> str:
-    choice = adaptive_choice(args, part)
+def describe_choice(args, part: StagePartition, chain=None) -> str:
+    choice = adaptive_choice(args, part, chain)
     source = ("measured" if getattr(args, "pipeline_profile", None) else "cost-model")
     return (f"> adaptive recompute (budget {args.recompute_memory_budget:g} GB per rank, "
             f"{source} activation bytes and times): recompute_num_layers per chunk "

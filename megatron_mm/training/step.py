@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Iterator, List, Optional
+from typing import Callable, Iterator, List, NamedTuple, Optional
 
 import torch
 from megatron.core import parallel_state
@@ -15,6 +15,7 @@ from ..models.context_parallel import ContextParallelMask
 from ..runtime.collective_device import collective_device
 from .attention import AttentionSettings
 from .initialize import device
+from .nan_check import check_loss_and_grads
 
 
 def batch_to_device(batch: dict, media: bool = True) -> dict:
@@ -50,8 +51,18 @@ def prepare_batch(batch: dict, model, attention: Optional[AttentionSettings] = N
             None if mask is None else mask.to(dev), layout.to(dev))
 
 
+def real_tokens(batch: dict) -> int:
+    """Tokens of the batch's samples, padding left out: packed sequences end at their last
+    ``cu_seqlens``, padded rows at their ``seq_lengths`` (every position otherwise)."""
+    if "cu_seqlens" in batch:
+        return int(batch["cu_seqlens"][-1])
+    if "seq_lengths" in batch:
+        return int(batch["seq_lengths"].sum())
+    return batch["tokens"].numel()
+
+
 class TokenCounter:
-    """Wraps a batch iterator and counts the token positions it hands out."""
+    """Wraps a batch iterator and counts the real (non-padding) tokens it hands out."""
 
     def __init__(self, iterator: Iterator):
         self.iterator, self.tokens = iterator, 0
@@ -61,11 +72,11 @@ class TokenCounter:
 
     def __next__(self) -> dict:
         batch = next(self.iterator)
-        self.tokens += batch["tokens"].numel()
+        self.tokens += real_tokens(batch)  # host tensors: the loader's, before the device
         return batch
 
     def take_global(self) -> int:
-        """Positions seen by all data-parallel ranks since the last call."""
+        """Tokens seen by all data-parallel ranks since the last call."""
         group = parallel_state.get_data_parallel_group()
         count = torch.tensor([self.tokens], dtype=torch.float64,
                              device=collective_device(group))
@@ -95,16 +106,14 @@ def forward_step(data_iterator: Iterator, model,
     return output, partial(loss_func, loss_mask)
 
 
-def forward_backward_func(args):
-    """Megatron-Core's schedule for the layout, or the schedule executor that
-    ``--encoder-schedule coarse|bubble`` installs (called the same way)."""
-    return getattr(args, "schedule_executor", None) or get_forward_backward_func()
-
-
-def run_schedule(args, model: List, data_iterator: Iterator, forward_only: bool) -> List[dict]:
-    forward_backward = forward_backward_func(args)
+def run_schedule(args, model: List, data_iterator: Iterator, forward_only: bool,
+                 forward_backward: Optional[Callable] = None,
+                 attention: Optional[AttentionSettings] = None) -> List[dict]:
+    """``forward_backward``: the schedule executor of ``--encoder-schedule coarse|bubble``
+    (called like Megatron-Core's schedules); default Megatron-Core's for the layout."""
+    forward_backward = forward_backward or get_forward_backward_func()
     return forward_backward(
-        forward_step_func=partial(forward_step, attention=getattr(args, "attention", None)),
+        forward_step_func=partial(forward_step, attention=attention),
         data_iterator=data_iterator, model=model,
         num_microbatches=args.num_microbatches, seq_length=args.seq_length,
         micro_batch_size=args.micro_batch_size, forward_only=forward_only)
@@ -121,13 +130,37 @@ def reduce_lm_loss(losses: List[dict]) -> float:
     return (total[0] / total[1].clamp(min=1)).item()
 
 
-def train_step(args, model: List, optimizer, scheduler, data_iterator: Iterator):
+class StepResult(NamedTuple):
+    loss: float  # the iteration's lm loss (last pipeline stage; NaN elsewhere)
+    grad_norm: Optional[float]
+    update_successful: bool
+    num_zeros_in_grad: Optional[int] = None  # with --log-num-zeros-in-grad
+
+
+def train_step(args, model: List, optimizer, scheduler, data_iterator: Iterator,
+               forward_backward: Optional[Callable] = None,
+               attention: Optional[AttentionSettings] = None, timers=None,
+               iteration: Optional[int] = None) -> StepResult:
+    """One iteration as Megatron-LM's ``train_step``. ``iteration`` (the one being run)
+    turns on the NaN/Inf check of ``--check-for-nan-in-loss-and-grad``; ``timers``
+    (Megatron-Core's) time the executor's forward-backward and the optimizer."""
     for chunk in model:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    losses = run_schedule(args, model, data_iterator, forward_only=False)
-    update_successful, grad_norm, _ = optimizer.step()
+    own_timer = timers is not None and forward_backward is not None  # Megatron-Core's
+    if own_timer:  # schedules start 'forward-backward' themselves, the executor does not
+        timers("forward-backward", log_level=1).start(barrier=args.barrier_with_L1_time)
+    losses = run_schedule(args, model, data_iterator, False, forward_backward, attention)
+    if own_timer:
+        timers("forward-backward").stop()
+    if iteration is not None and args.check_for_nan_in_loss_and_grad:
+        check_loss_and_grads(model, losses, iteration)
+    if timers is not None:
+        timers("optimizer", log_level=1).start(barrier=args.barrier_with_L1_time)
+    update_successful, grad_norm, num_zeros = optimizer.step()
+    if timers is not None:
+        timers("optimizer").stop()
     if update_successful:
         scheduler.step(increment=args.global_batch_size)
     loss = reduce_lm_loss(losses) if parallel_state.is_pipeline_last_stage() else float("nan")
-    return loss, grad_norm, update_successful
+    return StepResult(loss, grad_norm, update_successful, num_zeros)

@@ -5,9 +5,13 @@ import os
 import subprocess
 import sys
 
+import functools
+
 import pytest
 
+from megatron_mm.config import ConfigError
 from megatron_mm.training.arguments import parse_args
+from megatron_mm.training.user_errors import exit_with_user_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
@@ -102,9 +106,41 @@ SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
 ])
 def test_bad_flags_name_the_flag(capsys, argv, world, message):
     with pytest.raises(SystemExit) as exit_info:
-        parse_args(argv, world_size=world)
+        validate_and_plan(argv, world)
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and "usage:" not in err  # one line, not argparse's usage dump
+
+
+def test_a_bad_flag_is_reported_by_rank_0_only(capsys, monkeypatch):
+    for rank, printed in (("0", True), ("1", False)):
+        monkeypatch.setenv("RANK", rank)
+        for argv in (["--hidden-size", "100", "--num-attention-heads", "3"], ["--bogus"]):
+            with pytest.raises(SystemExit):
+                parse_args(argv, world_size=2)
+            err = capsys.readouterr().err
+            assert ("error:" in err) == printed, (rank, argv, err)
+            assert "usage:" not in err
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer():
+    from megatron_mm.data import build_tokenizer
+
+    return build_tokenizer("MistralV1SentencePiece", None)
+
+
+def validate_and_plan(argv, world):
+    """What a run checks before any process group: the flags, then the plan (made once,
+    on the model with the tokenizer's vocabulary)."""
+    from megatron_mm.training.trainer import model_config_for
+    from megatron_mm.training.training_plan import plan_training
+
+    args = parse_args(argv, world_size=world)
+    try:
+        plan_training(args, model_config_for(args, _tokenizer()))
+    except ConfigError as e:  # as the script reports it: once, without a traceback
+        exit_with_user_error(e)
 
 
 def _run_script(*argv):

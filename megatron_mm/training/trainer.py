@@ -1,0 +1,267 @@
+"""One typed training state: the ``Trainer`` built once from the validated flags.
+
+It holds what a run derives: the tokenizer, the model config with its real vocabulary, the
+plan (computed once, before any process group: a plan that cannot work is reported
+first), the encoder replicas' groups, the attention settings, the schedule executor, the
+datasets, the model chunks, optimizer, scheduler, timers and metric writers. The argparse
+namespace stays what the user typed (plus Megatron's derived sizes) and is never written
+to. ``train()`` is Megatron-LM's loop: step, log, evaluate, then save and decide to exit
+(``--exit-interval``, ``--exit-duration-in-mins``, ``--exit-signal-handler``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import signal
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.timers import Timers
+
+from ..data import build_tokenizer
+from ..models import model_chain
+from .attention import AttentionSettings
+from .checkpointing import load_checkpoint, save_checkpoint, saved_args
+from .encoder_schedule import build_executor
+from .evaluation import answer_accuracy, evaluate_loss
+from ..runtime.collective_device import collective_device
+from .initialize import initialize_distributed, set_random_seed
+from .logging_args import validation_enabled
+from .metric_writers import build_writers
+from .partition_trials import search_partition
+from .pretrain import (
+    TrainingCallbacks, batch_iterators, build_datasets, build_model_chunks,
+    cp_attention_choice, print_rank_0, print_rank_last, setup_model_and_optimizer,
+    build_settings)
+from .signal_handler import DistributedSignalHandler
+from .step import TokenCounter, train_step
+from .training_log import TrainingLog, report_memory, validation_scalars
+from .training_plan import TrainingPlan, plan_training
+
+# --exit-duration-in-mins counts from here, setup included, as Megatron-LM's
+# _TRAIN_START_TIME does (a job's time limit counts it too).
+PROCESS_START = time.time()
+
+
+def model_config_for(args, tokenizer):
+    """The flags' model config with the tokenizer's vocabulary (and, loading a
+    checkpoint, its vocabulary padding, whatever TP it was saved at)."""
+    config = copy.deepcopy(args.model_config)
+    config.language.vocab_size = tokenizer.vocab_size
+    if args.load:
+        config.language.padded_vocab_size = saved_args(args).get("padded_vocab_size")
+    return config
+
+
+def model_flops_per_iteration(args, model_config) -> float:
+    """Forward and backward FLOPs of one global batch: every layer of the encoders,
+    projectors and LLM at the run's shapes (frozen layers without their weight
+    gradients), as Megatron-LM's formula counts the model, not recompute."""
+    chain = model_chain(model_config, args.seq_length, args.micro_batch_size, 1)
+    per_micro_batch = sum(layer.fwd_flops + layer.bwd_flops for layer in chain)
+    return per_micro_batch * args.num_microbatches * args.data_parallel_size
+
+
+@dataclass
+class Trainer:
+    args: object  # the validated flags, never written to
+    tokenizer: object
+    model_config: object  # with the tokenizer's vocabulary
+    plan: TrainingPlan
+    encoder_replicas: object  # an encoder TP below the LLM's: its groups; else None
+    attention: AttentionSettings
+    executor: Optional[Callable]  # --encoder-schedule coarse|bubble; else Megatron-Core's
+    train_ds: object
+    valid_ds: object
+    model: list  # this rank's chunks
+    model_chunks: list  # the same, wrapped (DDP, Float16Module)
+    optimizer: object
+    scheduler: object
+    timers: Timers
+    writers: object = None  # TensorBoard / wandb on the last rank
+    summary: dict = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, args) -> "Trainer":
+        tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model,
+                                    image_token_id=args.image_token_id,
+                                    audio_token_id=args.audio_token_id)
+        model_config = model_config_for(args, tokenizer)
+        plan = plan_training(args, model_config)  # a ConfigError here names the flag
+        replicas = initialize_distributed(args)
+        set_random_seed(args.seed)
+        writers = build_writers(args)  # a missing package fails before the model is built
+        train_ds, valid_ds = build_datasets(args, tokenizer)
+        cp = cp_attention_choice(args)
+        attention = AttentionSettings.from_args(args, tokenizer, cp.kind)
+        if args.context_parallel_size > 1:
+            print_rank_0(f"> context parallel attention: {cp.reason}")
+        if getattr(args, "fp8_settings", None) is not None:
+            print_rank_0(f"> {args.fp8_settings.describe()}")
+        print_rank_0(f"> building multimodal model ({build_settings(args).transformer_impl} "
+                     f"specs), {len(train_ds)} train / {len(valid_ds)} validation samples ...")
+        timers = Timers(args.timing_log_level, args.timing_log_option)
+
+        def build_run(run_plan):
+            chunks = build_model_chunks(args, tokenizer, model_config, run_plan, replicas)
+            return (chunks,) + setup_model_and_optimizer(args, chunks, timers)
+
+        if args.pipeline_partition == "search":
+            best = search_partition(
+                args, plan.chain,
+                build=lambda layers: build_run(plan_training(
+                    args, model_config, layers, "search trial"))[1:],
+                batches=lambda: batch_iterators(args, train_ds, tokenizer, 0, shuffle=True),
+                step=lambda run, data: train_step(args, run[0], run[1], run[2], data,
+                                                  attention=attention),
+                reseed=lambda: set_random_seed(args.seed), log=print_rank_0)
+            plan = plan_training(args, model_config, best, "search")
+        description = plan.describe(args)
+        if description:
+            print_rank_0(description)
+        executor = (build_executor(args, plan.encoder_plan, plan.chain, replicas, attention)
+                    if plan.encoder_plan is not None else None)
+        model, model_chunks, optimizer, scheduler = build_run(plan)
+        n_params = sum(p.numel() for chunk in model for p in chunk.parameters())
+        n_train = sum(p.numel() for chunk in model for p in chunk.parameters()
+                      if p.requires_grad)
+        print_rank_0(f" > number of parameters on (tensor, pipeline) model parallel rank "
+                     f"({parallel_state.get_tensor_model_parallel_rank()}, "
+                     f"{parallel_state.get_pipeline_model_parallel_rank()}): {n_params} "
+                     f"({n_train} trainable)")
+        return cls(args, tokenizer, model_config, plan, replicas, attention, executor,
+                   train_ds, valid_ds, model, model_chunks, optimizer, scheduler, timers,
+                   writers)
+
+    # -- data: the one place iterators are built ------------------------------------------
+    def batches(self, dataset, consumed_samples: int, shuffle: bool):
+        """The iterator the schedule takes (one per model chunk with virtual stages)."""
+        return batch_iterators(self.args, dataset, self.tokenizer, consumed_samples, shuffle)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def run_state(self) -> dict:
+        """What the run derived, saved with the flags in the checkpoint."""
+        return {"padded_vocab_size": self.model_config.language.vocab_size_padded(
+                    self.args.tensor_model_parallel_size),
+                "pipeline_plan": self.plan.to_checkpoint()}
+
+    def save(self, iteration: int) -> None:
+        save_checkpoint(self.args, iteration, self.model, self.optimizer, self.scheduler,
+                        self.model_config, self.run_state())
+        print_rank_0(f"  successfully saved checkpoint at iteration {iteration} to "
+                     f"{self.args.save}")
+
+    def load(self) -> int:
+        if not self.args.load:
+            return 0
+        iteration = load_checkpoint(self.args, self.model, self.optimizer, self.scheduler,
+                                    log=print_rank_0)
+        if iteration:
+            print_rank_0(f" > loaded checkpoint from {self.args.load} at iteration "
+                         f"{iteration}")
+        return iteration
+
+    # -- evaluation --------------------------------------------------------------------------
+    def evaluate(self, iteration: int, label: str = "") -> dict:
+        args = self.args
+        batches = self.batches(self.valid_ds, 0, shuffle=False)
+        loss = evaluate_loss(args, self.model_chunks, batches, self.executor, self.attention)
+        n = min(len(self.valid_ds), args.eval_iters * args.global_batch_size)
+        accuracy = answer_accuracy(args, self.model_chunks, self.valid_ds, self.tokenizer,
+                                   range(n), self.executor, self.attention)
+        line = (f" validation loss at iteration {iteration}{label} | lm loss value: "
+                f"{loss:.6E} | lm loss PPL: {math.exp(min(20.0, loss)):.6E}"
+                f" | val answer accuracy: {accuracy:.4f} ({n} samples) |")
+        print_rank_last("-" * len(line) + "\n" + line + "\n" + "-" * len(line))
+        validation_scalars(self.writers, iteration, iteration * args.global_batch_size, loss,
+                           accuracy, args.log_validation_ppl_to_tensorboard)
+        return {"val_loss": loss, "val_accuracy": accuracy}
+
+    # -- the loop ----------------------------------------------------------------------------
+    def exit_reason(self, iteration: int, handler, start: float) -> Optional[str]:
+        """Megatron-LM's checkpoint_and_decide_exit: every rank takes the same decision."""
+        args = self.args
+        if handler is not None and handler.any_received():
+            return f"after receiving {args.exit_signal}"
+        if args.exit_duration_in_mins:
+            minutes = (time.time() - start) / 60.0
+            done = torch.tensor([int(minutes > args.exit_duration_in_mins)],
+                                device=collective_device())
+            torch.distributed.all_reduce(done, op=torch.distributed.ReduceOp.MAX)
+            if done.item():
+                return f"after {minutes:.2f} minutes"
+        if args.exit_interval and iteration % args.exit_interval == 0:
+            return f"at iteration {iteration} (--exit-interval {args.exit_interval})"
+        return None
+
+    def train(self, callbacks: Optional[TrainingCallbacks] = None) -> dict:
+        """Train as the flags say; returns a summary (losses per iteration, last
+        evaluation, and ``exit`` when the run stopped early)."""
+        args, callbacks = self.args, callbacks or TrainingCallbacks()
+        if callbacks.on_model_built is not None:
+            callbacks.on_model_built(self.model, self.model_chunks, self.optimizer)
+        iteration = self.load()
+        train_iter = self.batches(self.train_ds, iteration * args.global_batch_size,
+                                  shuffle=True)
+        if isinstance(train_iter, list):  # count the tokens of one chunk's copy of the data
+            train_iter[0] = counter = TokenCounter(train_iter[0])
+        else:
+            train_iter = counter = TokenCounter(train_iter)
+        log = TrainingLog(args, self.timers, model_flops_per_iteration(args, self.model_config),
+                          counter.take_global, self.writers, print_rank_last)
+        summary = self.summary
+        summary.update(losses={}, grad_norms={})
+        validate = validation_enabled(args)
+        handler = (DistributedSignalHandler(getattr(signal, args.exit_signal))
+                   if args.exit_signal_handler else None)
+        start, first, last_saved, stop = PROCESS_START, iteration + 1, None, None
+        with handler or nullcontext():
+            self.timers("interval-time", log_level=0).start(barrier=True)
+            while iteration < args.train_iters:
+                result = train_step(args, self.model_chunks, self.optimizer, self.scheduler,
+                                    train_iter, self.executor, self.attention, self.timers,
+                                    iteration=iteration + 1)
+                iteration += 1
+                summary["losses"][iteration] = result.loss
+                summary["grad_norms"][iteration] = float(result.grad_norm or 0.0)
+                if callbacks.on_step is not None:
+                    callbacks.on_step(iteration, self.model, result.loss)
+                log.record(iteration, result.loss, result.update_successful, result.grad_norm,
+                           result.num_zeros_in_grad,
+                           self.scheduler.get_lr(self.optimizer.param_groups[0]),
+                           float(self.optimizer.get_loss_scale()), self.model_chunks)
+                if iteration == first:  # after the optimizer state exists
+                    report_memory(f"(after {iteration} iterations)")
+                if validate and iteration % args.eval_interval == 0 and \
+                        iteration < args.train_iters:
+                    self.timers("interval-time").stop()
+                    summary.update(self.evaluate(iteration))
+                    self.timers("interval-time").start(barrier=True)
+                stop = self.exit_reason(iteration, handler, start)
+                if args.save and (stop or (args.save_interval
+                                           and iteration % args.save_interval == 0)):
+                    self.timers("interval-time").stop()  # saving is not step time
+                    self.save(iteration)
+                    last_saved = iteration
+                    self.timers("interval-time").start(barrier=True)
+                if stop:
+                    print_rank_0(f" exiting program {stop}")
+                    break
+            self.timers("interval-time").stop()
+        if stop is None:
+            if args.save and last_saved != iteration:
+                self.save(iteration)
+            if validate and not args.skip_final_eval:
+                summary.update(self.evaluate(iteration, label=" on validation set"))
+        else:
+            summary["exit"] = stop
+        if self.writers is not None:
+            self.writers.close()
+        summary["iteration"] = iteration
+        summary["pipeline_partition"] = list(self.plan.partition.layers_per_chunk)
+        return summary

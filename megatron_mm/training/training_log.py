@@ -1,0 +1,184 @@
+"""Megatron-LM's iteration line (``training_log``), its timers and its memory report.
+
+The line's fields and their formats are Megatron-LM's: ``lm loss`` is the mean over the
+log interval's advanced (not skipped) iterations, ``elapsed time per iteration (ms)`` and
+``throughput per GPU (TFLOP/s/GPU)`` come from the ``interval-time`` timer, ``loss scale``
+is the optimizer's. ``tokens per second`` (ours) counts the real, non-padding tokens of
+all data-parallel ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+from datetime import datetime
+from typing import Callable, Optional
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.optimizer.clip_grads import get_grad_norm_fp32
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from megatron.core.transformer.module import param_is_not_shared
+
+# Megatron-LM's timer names by --timing-log-level (training.py: training_log).
+TIMERS_LEVEL_1 = [
+    "forward-backward", "layernorm-grads-all-reduce", "embedding-grads-all-reduce",
+    "all-grads-sync", "params-all-gather", "optimizer-copy-to-main-grad",
+    "optimizer-unscale-and-check-inf", "optimizer-clip-main-grad", "optimizer-count-zeros",
+    "optimizer-inner-step", "optimizer-copy-main-to-model-params", "optimizer",
+]
+TIMERS_LEVEL_2 = [
+    "batch-generator", "forward-compute", "backward-compute", "forward-recv", "forward-send",
+    "backward-recv", "backward-send", "forward-send-forward-recv",
+    "forward-send-backward-recv", "backward-send-forward-recv",
+    "backward-send-backward-recv", "forward-backward-send-forward-backward-recv",
+]
+
+
+def timers_to_log(level: int) -> list:
+    return (TIMERS_LEVEL_1 if level >= 1 else []) + (TIMERS_LEVEL_2 if level >= 2 else [])
+
+
+def memory_report(name: str) -> str:
+    """Megatron-LM's ``report_memory`` line; on a machine without CUDA, the process's
+    peak resident memory instead (all there is to report)."""
+    mb = 1024.0 * 1024.0
+    if torch.cuda.is_available():
+        return (f"{name} memory (MB) | allocated: {torch.cuda.memory_allocated() / mb:.2f}"
+                f" | max allocated: {torch.cuda.max_memory_allocated() / mb:.2f}"
+                f" | reserved: {torch.cuda.memory_reserved() / mb:.2f}"
+                f" | max reserved: {torch.cuda.max_memory_reserved() / mb:.2f}")
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: kilobytes
+    return f"{name} memory (MB) | max resident (host, no CUDA): {peak_kb / 1024:.2f}"
+
+
+def report_memory(name: str) -> None:
+    """Printed by data-parallel rank 0 of each model-parallel rank, as Megatron-LM does."""
+    if parallel_state.get_data_parallel_rank() == 0:
+        print(f"[Rank {torch.distributed.get_rank()}] {memory_report(name)}", flush=True)
+
+
+def params_l2_norm(model_chunks) -> float:
+    """``--log-params-norm``: each parameter counted once (not TP duplicates, not shared
+    copies), over the model-parallel group; data-parallel replicas hold the same values."""
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    params = [p.data.float() for chunk in model_chunks for p in chunk.parameters()
+              if param_is_not_shared(p)
+              and param_is_not_tensor_parallel_duplicate(p, tp_group=tp_group)]
+    return float(get_grad_norm_fp32(params, 2.0, parallel_state.get_model_parallel_group()))
+
+
+class TrainingLog:
+    """Accumulates one log interval and prints Megatron-LM's iteration line on the last
+    rank. ``writers`` (TensorBoard / wandb, last rank only) get Megatron's scalars."""
+
+    def __init__(self, args, timers, flops_per_iteration: float, count_tokens: Callable[[], int],
+                 writers=None, print_fn: Callable[[str], None] = print):
+        self.args, self.timers, self.writers = args, timers, writers
+        self.flops_per_iteration = flops_per_iteration
+        self.count_tokens, self.print = count_tokens, print_fn
+        self._reset()
+
+    def _reset(self) -> None:
+        self.loss_sum, self.advanced, self.skipped, self.nan = 0.0, 0, 0, 0
+
+    def record(self, iteration: int, loss: float, update_successful: bool, grad_norm,
+               num_zeros, learning_rate: float, loss_scale: float, model_chunks) -> None:
+        args = self.args
+        if update_successful:
+            self.advanced += 1
+            if not math.isnan(loss):  # a loss only on the last pipeline stage
+                self.loss_sum += loss
+        else:
+            self.skipped += 1
+            self.nan += int(not math.isfinite(loss))
+        tensorboard = self.writers is not None and iteration % args.tensorboard_log_interval == 0
+        logging = iteration % args.log_interval == 0
+        params_norm = (params_l2_norm(model_chunks)
+                       if args.log_params_norm and (logging or tensorboard) else None)
+        consumed = iteration * args.global_batch_size
+        if tensorboard:
+            self._write(iteration, consumed, loss, grad_norm, num_zeros, params_norm,
+                        learning_rate, loss_scale)
+        if not logging:
+            return
+        elapsed = self.timers("interval-time").elapsed(barrier=True)
+        per_iteration = elapsed / max(1, self.advanced + self.skipped)
+        tokens = self.count_tokens()
+        throughput = self.flops_per_iteration / (per_iteration * 1e12 * args.world_size)
+        line = f" [{datetime.now():%Y-%m-%d %H:%M:%S.%f}]"
+        line += f" iteration {iteration:8d}/{args.train_iters:8d} |"
+        line += f" consumed samples: {consumed:12d} |"
+        line += f" elapsed time per iteration (ms): {per_iteration * 1000.0:.1f} |"
+        if args.log_throughput:
+            line += f" throughput per GPU (TFLOP/s/GPU): {throughput:.1f} |"
+        line += f" tokens per second: {tokens / elapsed:.1f} |"
+        line += f" learning rate: {learning_rate:.6E} |"
+        line += f" global batch size: {args.global_batch_size:5d} |"
+        if self.advanced and parallel_state.is_pipeline_last_stage():
+            line += f" lm loss: {self.loss_sum / self.advanced:.6E} |"
+        line += f" loss scale: {loss_scale:.1f} |"
+        if grad_norm is not None:
+            line += f" grad norm: {float(grad_norm):.3f} |"
+        if num_zeros is not None:
+            line += f" num zeros: {int(num_zeros)} |"
+        if params_norm is not None:
+            line += f" params norm: {params_norm:.3f} |"
+        line += f" number of skipped iterations: {self.skipped:3d} |"
+        line += f" number of nan iterations: {self.nan:3d} |"
+        self.print(line)
+        if self.writers is not None and args.log_timers_to_tensorboard:
+            self.writers.add_scalar("iteration-time", per_iteration, iteration)
+            self.writers.add_scalar("throughput", throughput, iteration)
+        names = timers_to_log(args.timing_log_level)
+        if names:
+            if self.writers is not None and args.log_timers_to_tensorboard:
+                self.timers.write(names, self.writers, iteration,
+                                  normalizer=args.log_interval, reset=False)
+            # Timers.log would go to a logger nobody configured; print as Megatron-LM shows it
+            timing = self.timers.get_all_timers_string(names, normalizer=args.log_interval)
+            if timing:
+                self.print(timing)
+        self._reset()
+
+    def _write(self, iteration, consumed, loss, grad_norm, num_zeros, params_norm,
+               learning_rate, loss_scale) -> None:
+        """Megatron-LM's TensorBoard scalars: each by iteration and '... vs samples'."""
+        args, w = self.args, self.writers
+        scalars = {"learning-rate": learning_rate,
+                   "batch-size": args.global_batch_size}
+        if not math.isnan(loss):
+            scalars["lm loss"] = loss
+        if args.log_loss_scale_to_tensorboard:
+            scalars["loss-scale"] = loss_scale
+        if args.log_world_size_to_tensorboard:
+            scalars["world-size"] = args.world_size
+        for name, value in (("grad-norm", grad_norm), ("num-zeros", num_zeros),
+                            ("params-norm", params_norm)):
+            if value is not None:
+                scalars[name] = float(value)
+        for name, value in scalars.items():
+            w.add_scalar(name, value, iteration)
+            w.add_scalar(name + " vs samples", value, consumed)
+        if args.log_memory_to_tensorboard and torch.cuda.is_available():
+            stats = torch.cuda.memory_stats()
+            for name, key in (("mem-reserved-bytes", "reserved_bytes.all.current"),
+                              ("mem-allocated-bytes", "allocated_bytes.all.current"),
+                              ("mem-max-allocated-bytes", "allocated_bytes.all.peak"),
+                              ("mem-allocated-count", "allocation.all.current")):
+                w.add_scalar(name, stats[key], iteration)
+
+
+def validation_scalars(writers, iteration: int, consumed: int, loss: float,
+                       accuracy: Optional[float], log_ppl: bool) -> None:
+    """Megatron-LM's 'lm loss validation' (and its ppl) plus our answer accuracy."""
+    if writers is None:
+        return
+    values = {"lm loss validation": loss}
+    if log_ppl:
+        values["lm loss validation ppl"] = math.exp(min(20.0, loss))
+    if accuracy is not None:
+        values["val answer accuracy"] = accuracy
+    for name, value in values.items():
+        writers.add_scalar(name, value, iteration)
+        writers.add_scalar(name + " vs samples", value, consumed)

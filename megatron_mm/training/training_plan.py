@@ -1,0 +1,93 @@
+"""The plan of a training run, computed once: which modules each model chunk holds, which
+layers it recomputes, and (``--encoder-schedule coarse|bubble``) the encoder pieces.
+
+It is planned on the model with its real vocabulary (after the tokenizer loads), before
+any process group exists, so a partition that cannot work is reported first. The same
+object is then printed, built from and saved in the checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Union
+
+from ..plan import StagePartition, partition
+from ..plan.describe import describe_chunk
+from ..plan.encoder_pipeline import EncoderPipelinePlan
+from ..plan.partition import parse_partition_flag
+from ..plan.placement import ChunkPlacement, chunk_placements
+from ..plan.recompute_budget import GB, RecomputeChoice
+from .encoder_schedule import encoder_pipeline_plan, separate_encoder
+from .pipeline_plan import describe_encoder_plan, training_chain
+from .recompute_plan import adaptive_choice
+
+
+@dataclass
+class TrainingPlan:
+    chain: list  # the planner's layers of this model (costs: cost model or --pipeline-profile)
+    partition: StagePartition  # the LLM's (megatron schedule: the whole chain's)
+    placements: List[ChunkPlacement]  # chunk order: (virtual stage) x pipeline rank
+    recompute_num_layers: list  # per chunk: None, N, or {stack: N} under a budget
+    policy: str  # how the partition was chosen (auto, uniform, search, 3,5 ...)
+    encoder_plan: Optional[EncoderPipelinePlan] = None  # --encoder-schedule coarse|bubble
+    recompute_choice: Optional[RecomputeChoice] = field(default=None, repr=False)
+
+    def describe(self, args) -> str:
+        if self.encoder_plan is not None:
+            return describe_encoder_plan(args, self.encoder_plan)
+        part = self.partition
+        lines = []
+        if part.pipeline_model_parallel_size > 1:
+            lines.append(f"> pipeline partition ({self.policy}): layers per stage "
+                         f"{part.layers_per_chunk}")
+            for c, (start, end) in enumerate(part.chunk_bounds()):
+                lines.append(f"   chunk {c} (pipeline rank {part.rank_of_chunk(c)}): "
+                             f"{describe_chunk(self.chain, start, end)}")
+        if self.recompute_choice is not None:
+            choice = self.recompute_choice
+            source = "measured" if args.pipeline_profile else "cost-model"
+            lines.append(
+                f"> adaptive recompute (budget {args.recompute_memory_budget:g} GB per rank, "
+                f"{source} activation bytes and times): recompute_num_layers per chunk "
+                f"{choice.recompute_num_layers}, estimated GB per rank "
+                f"{[round(b / GB, 4) for b in choice.rank_bytes]}")
+        return "\n".join(lines)
+
+    def to_checkpoint(self) -> dict:
+        """What the checkpoint records of the plan (plain values)."""
+        out = {"policy": self.policy,
+               "layers_per_chunk": list(self.partition.layers_per_chunk),
+               "recompute_num_layers": list(self.recompute_num_layers)}
+        if self.encoder_plan is not None:
+            out["encoder_pieces"] = {p.name: [list(layers) for layers in p.layers]
+                                     for p in self.encoder_plan.pieces}
+        return out
+
+
+def plan_training(args, model_config,
+                  layers_per_chunk: Optional[Sequence[int]] = None,
+                  policy_label: Optional[str] = None) -> TrainingPlan:
+    """The plan for the flags and ``model_config`` (with its vocabulary).
+    ``layers_per_chunk`` overrides ``--pipeline-partition`` (the partition search's
+    candidates and its pick). Raises a ConfigError that names the flag."""
+    policy: Union[str, List[int]] = (list(layers_per_chunk) if layers_per_chunk is not None
+                                     else parse_partition_flag(args.pipeline_partition))
+    label = policy_label or (policy if isinstance(policy, str)
+                             else ",".join(map(str, policy)))
+    chain = training_chain(args, model_config)
+    if separate_encoder(args):
+        plan = encoder_pipeline_plan(args, chain, policy)
+        return TrainingPlan(chain, plan.llm_partition, plan.placements,
+                            [args.recompute_num_layers] * len(plan.placements), label, plan)
+    limit = args.memory_limit_gb * 1024 ** 3 if args.memory_limit_gb else None
+    part = partition(chain, args.pipeline_model_parallel_size,
+                     args.virtual_pipeline_model_parallel_size or 1, policy,
+                     memory_limit_bytes=limit, num_microbatches=args.num_microbatches,
+                     search_radius=args.pipeline_search_radius)
+    choice = None
+    recompute = [args.recompute_num_layers] * part.num_chunks
+    if args.recompute_memory_budget is not None:
+        choice = adaptive_choice(args, part, chain)
+        recompute = list(choice.recompute_num_layers)
+    return TrainingPlan(chain, part, chunk_placements(chain, part), recompute, label,
+                        recompute_choice=choice)
