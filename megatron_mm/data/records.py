@@ -44,13 +44,18 @@ def placeholder_pattern() -> re.Pattern[str]:
 
 @dataclass(frozen=True)
 class MediaRef:
-    """One media item: a resolved file path, or inline base64 data (kept undecoded)."""
+    """One media item: a resolved file path, inline base64 data (kept undecoded), or the
+    file's bytes as a WebDataset shard holds them (``raw``, named by ``member``)."""
 
     path: str | None = None
     data: str | None = None  # "data:image/png;base64,..." or bare base64
+    raw: bytes | None = None
+    member: str | None = None  # the shard member ``raw`` came from, for messages
 
     def describe(self) -> str:
-        return self.path if self.path is not None else "<inline data>"
+        if self.path is not None:
+            return self.path
+        return self.member if self.raw is not None else "<inline data>"
 
 
 @dataclass(frozen=True)

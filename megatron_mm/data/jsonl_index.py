@@ -1,0 +1,100 @@
+"""A JSONL file read lazily: one scan finds where each record's line starts, and a record
+is parsed and validated only when it is read.
+
+Memory is the index (20 bytes a record: offset, length, line number), not the records:
+a file of millions of records opens in seconds on every rank. Checks that need the
+record (JSON syntax, fields, placeholder counts, media files existing) happen when the
+record is read, so a bad record is named then (see ``MultimodalDataset``'s
+``bad_record_policy``). Ids are not checked for uniqueness across the file (that needs
+every record); evaluation output names records by id and line.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from .records import DataRecordError, Record, parse_record
+
+_SCAN_CHUNK = 1 << 24  # bytes compared at a time: bounds the scan's temporary memory
+_WHITESPACE = b" \t\r\n\f\v"
+
+
+def scan_lines(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start offset, length, 1-based line number) of every non-blank line of ``path``."""
+    size = os.path.getsize(path)
+    if size == 0:
+        empty = np.zeros(0, np.int64)
+        return empty, np.zeros(0, np.int32), empty
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        buf = np.frombuffer(mm, dtype=np.uint8)
+        newlines = [np.flatnonzero(buf[lo:lo + _SCAN_CHUNK] == 10) + lo
+                    for lo in range(0, size, _SCAN_CHUNK)]
+        ends = np.concatenate(newlines + [np.array([size], np.int64)]).astype(np.int64)
+        starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
+        if ends[-1] == starts[-1]:  # the file ends with a newline: no last partial line
+            starts, ends = starts[:-1], ends[:-1]
+        lengths = ends - starts
+        lines = np.arange(1, len(starts) + 1, dtype=np.int64)
+        # A JSON object line starts with "{"; only lines that start otherwise (rare) are
+        # looked at to drop the blank ones.
+        first = np.full(len(starts), ord("{"), np.uint8)
+        nonempty = lengths > 0
+        first[nonempty] = buf[starts[nonempty]]
+        odd = np.flatnonzero(first != ord("{"))
+        blank = [i for i in odd if not bytes(buf[starts[i]:ends[i]]).strip(_WHITESPACE)]
+        del buf  # release the mapping's buffer before the mmap closes
+    keep = np.ones(len(starts), bool)
+    keep[blank] = False
+    return starts[keep], lengths[keep].astype(np.int32), lines[keep]
+
+
+class JsonlRecords(Sequence):
+    """The records of a JSONL file, parsed on access (``records[i]`` is a ``Record``).
+
+    Reads use ``os.pread`` on a descriptor opened per process, so DataLoader workers
+    forked from this object each read independently.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.path.abspath(os.fspath(path))
+        self.name = os.path.basename(self.path)
+        self.base_dir = os.path.dirname(self.path)
+        self.offsets, self.lengths, self.line_numbers = scan_lines(self.path)
+        self._fd, self._pid = None, None
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getstate__(self):  # a pickled copy (spawned workers) opens its own descriptor
+        return {**self.__dict__, "_fd": None, "_pid": None}
+
+    def _read(self, i: int) -> bytes:
+        if self._pid != os.getpid():
+            self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
+        return os.pread(self._fd, int(self.lengths[i]), int(self.offsets[i]))
+
+    def source(self, i: int) -> str:
+        return f"{self.name} line {int(self.line_numbers[i])}"
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"record {i} out of range for {self.name} ({len(self)} records)")
+        source = self.source(i)
+        try:
+            obj = json.loads(self._read(i))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataRecordError(f"{source}: invalid JSON: {e}") from None
+        return parse_record(obj, source=source, base_dir=self.base_dir,
+                            default_id=f"{self.name}:{int(self.line_numbers[i])}")
+
+    def __del__(self):
+        if self._fd is not None and self._pid == os.getpid():
+            os.close(self._fd)
