@@ -12,30 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 from torch.utils.data import Dataset
 
-
-def parse_blend(values: Sequence[str], flag: str = "--data-path"
-                ) -> tuple[list[str], list[float] | None]:
-    """``["A"]`` -> (["A"], None); ``["0.7", "A", "0.3", "B"]`` -> (paths, normalised
-    weights). Raises ValueError naming ``flag`` on a malformed list."""
-    values = list(values)
-    if len(values) == 1:
-        return values, None
-    if len(values) % 2:
-        raise ValueError(f"{flag}: a blend is weight-path pairs (0.7 A 0.3 B); got "
-                         f"{len(values)} values")
-    weights, paths = [], []
-    for w, p in zip(values[0::2], values[1::2]):
-        try:
-            weights.append(float(w))
-        except ValueError:
-            raise ValueError(f"{flag}: {w!r} is not a weight; a blend is weight-path pairs "
-                             "(0.7 A 0.3 B)") from None
-        paths.append(p)
-    if any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise ValueError(f"{flag}: weights must be non-negative with a positive sum, got "
-                         f"{weights}")
-    total = sum(weights)
-    return paths, [w / total for w in weights]
+from .sources import parse_blend  # noqa: F401  (the blend syntax lives with the flags)
 
 
 def blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:

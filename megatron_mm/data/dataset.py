@@ -11,11 +11,10 @@ from .audio import AudioProcessorConfig, check_clip_length, clip_samples
 from .media import ImageProcessorConfig
 from .processing import Sample, encode_record, tokenize_record
 from .jsonl_index import JsonlRecords
-from .records import DataRecordError, Record
+from .records import BAD_RECORD_POLICIES, DataRecordError, Record
 from .tokenizer import MultimodalTokenizer
 
 
-BAD_RECORD_POLICIES = ("fail", "skip")
 # As Energon's default tolerance: this many bad records in a row means the data (or the
 # flags) are broken, not a few records.
 MAX_CONSECUTIVE_BAD = 100

@@ -35,16 +35,9 @@ from megatron.energon.errors import reraise_exception
 from .processing import collate, encode_record
 from .records import MODALITIES, DataRecordError, MediaRef, Record, parse_record
 
-META_DIR = ".nv-meta"  # Energon's metadata folder (dataset.yaml, split.yaml, index)
 # Megatron-LM's multimodal example reads Energon data with these (dataloader_provider.py).
 SHUFFLE_BUFFER_SIZE = 100
 MAX_SAMPLES_PER_SEQUENCE = 100
-
-
-def is_energon_dataset(path: str) -> bool:
-    """An Energon dataset directory (prepared shards) or a metadataset ``.yaml``."""
-    return (os.path.isdir(os.path.join(path, META_DIR))
-            or (os.path.isfile(path) and path.endswith((".yaml", ".yml"))))
 
 
 @edataclass

@@ -33,6 +33,9 @@ MODALITIES: dict[str, ModalitySpec] = {
     "audio": ModalitySpec(name="audio", placeholder="<audio>", record_key="audios"),
 }
 
+# What the loaders do with a record found bad when read (--bad-record-policy).
+BAD_RECORD_POLICIES = ("fail", "skip")
+
 HUMAN_ROLES = ("human", "user")
 ASSISTANT_ROLES = ("gpt", "assistant")
 

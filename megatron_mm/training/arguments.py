@@ -22,6 +22,7 @@ from ..config import (
     VisionEncoderConfig,
 )
 from ..plan import ModelSpec, Workload, build_chain
+from .data_args import add_data_args, validate_data_args
 from ..plan.cp_assignment import BLOCK_OVERHEAD
 from ..plan.encoder_pipeline import plan_encoder_pipeline
 from ..plan.hardware import MemoryModel
@@ -233,9 +234,11 @@ def _training_args(p: argparse.ArgumentParser) -> None:
                         "always an error unless --load equals --save (auto-resume)")
 
     g = p.add_argument_group("data, logging and evaluation")
-    g.add_argument("--data-path", default=None,
-                   help="a directory with train.jsonl and valid.jsonl, or a train .jsonl "
-                        "(then pass --valid-data-path); default: the built-in digits data")
+    g.add_argument("--data-path", nargs="+", default=None,
+                   help="a directory with train.jsonl and valid.jsonl, a train .jsonl (then "
+                        "pass --valid-data-path), or a Megatron-Energon dataset; a weighted "
+                        "blend as weight-path pairs: 0.7 A 0.3 B. Default: the built-in "
+                        "digits data")
     g.add_argument("--valid-data-path", default=None)
     g.add_argument("--data-cache-path", default=None,
                    help="where the built-in dataset is written (default ~/.cache/megatron_mm)")
@@ -271,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False)
     _model_args(p)
     _training_args(p)
+    add_data_args(p)
     return p
 
 
@@ -359,10 +363,8 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
     for flag in ("log_interval", "eval_interval", "eval_iters"):
         if getattr(args, flag) <= 0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive")
-    if args.data_path and args.data_path.endswith(".jsonl") and not args.valid_data_path:
-        raise ConfigError("--data-path is a single .jsonl file: pass --valid-data-path too, "
-                          "or point --data-path at a directory with train.jsonl/valid.jsonl")
     _validate_data_balance(args)
+    validate_data_args(args)
     args.model_config = model_config_from_args(args)
     _validate_encoder_schedule(args)
     args.model_config.validate_parallel(tp, args.encoder_tensor_model_parallel_size)

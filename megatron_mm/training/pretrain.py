@@ -34,6 +34,9 @@ from ..data import (
     prepare_digits,
 )
 from ..data.audio import AudioProcessorConfig, ClipTokenCount
+from ..data.loaders import (EncodingSettings, EnergonTrainData, build_train_valid_datasets,
+                            load_dataloader_state, savable)
+from ..data.sources import resolve_sources
 from ..data.spoken_digits import prepare_spoken_digits
 from ..models import BuildSettings, MultimodalModel, build_model
 from ..models.multimodal import ENCODER_MODALITY, MediaMismatchError
@@ -42,7 +45,8 @@ from ..models.specs import (
     transformer_engine_importable)
 from .attention import AttentionSettings
 from .balanced_data import balanced_batch_iterator
-from .checkpointing import CheckpointError, load_checkpoint, save_checkpoint, saved_args
+from .checkpointing import (CheckpointError, iteration_dir, load_checkpoint, locate_checkpoint,
+                            save_checkpoint, saved_args)
 from .encoder_schedule import build_executor, encoder_pipeline_plan, separate_encoder
 from .evaluation import answer_accuracy, evaluate_loss
 from .initialize import device, initialize_distributed, set_random_seed
@@ -97,7 +101,7 @@ def build_settings(args, placements=None) -> BuildSettings:
         recompute_num_layers=getattr(args, "recompute_num_layers", None))
 
 
-def data_paths(args) -> tuple[str, str]:
+def data_paths(args) -> Optional[tuple[str, str]]:
     if args.data_path is None:  # built-in data: digits, or spoken + written digits with audio
         cache = args.data_cache_path or os.path.join(os.path.expanduser("~"), ".cache",
                                                      "megatron_mm")
@@ -119,15 +123,7 @@ def data_paths(args) -> tuple[str, str]:
         if failed.item():
             raise FileNotFoundError("the built-in data could not be prepared (see rank 0)")
         return os.path.join(out, "train.jsonl"), os.path.join(out, "valid.jsonl")
-    if os.path.isdir(args.data_path):
-        train = os.path.join(args.data_path, "train.jsonl")
-        valid = args.valid_data_path or os.path.join(args.data_path, "valid.jsonl")
-    else:
-        train, valid = args.data_path, args.valid_data_path
-    for flag, path in (("--data-path", train), ("--valid-data-path", valid)):
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{flag}: {path} does not exist")
-    return train, valid
+    return None  # --data-path given: build_datasets resolves it
 
 
 def image_processor_config(args) -> ImageProcessorConfig:
@@ -158,13 +154,14 @@ def media_token_counts(args) -> dict:
 
 
 def build_datasets(args, tokenizer):
-    counts = media_token_counts(args)
-    image_cfg = image_processor_config(args)
-    audio_cfg = audio_processor_config(args)
-    train, valid = data_paths(args)
-    return tuple(MultimodalDataset(p, tokenizer, counts, image_cfg, max_seq_length=args.seq_length,
-                                   audio_cfg=audio_cfg)
-                 for p in (train, valid))
+    builtin = data_paths(args)
+    sources = (resolve_sources([builtin[0]], builtin[1]) if builtin
+               else resolve_sources(args.data_path, args.valid_data_path))
+    encoding = EncodingSettings(tokenizer, media_token_counts(args), image_processor_config(args),
+                                args.seq_length, audio_processor_config(args),
+                                args.bad_record_policy)
+    return build_train_valid_datasets(sources, encoding,
+                                      valid_limit=args.eval_iters * args.global_batch_size)
 
 
 def batch_iterators(args, dataset, tokenizer, consumed_samples: int, shuffle: bool):
@@ -176,6 +173,11 @@ def batch_iterators(args, dataset, tokenizer, consumed_samples: int, shuffle: bo
 
 
 def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: bool):
+    if isinstance(dataset, EnergonTrainData):  # resumes from the checkpoint's loader state
+        return dataset.batches(
+            args.micro_batch_size, parallel_state.get_data_parallel_rank(),
+            parallel_state.get_data_parallel_world_size(), args.num_workers, args.seed,
+            parallel_state.get_data_parallel_group(), energon_state(args, consumed_samples))
     if shuffle and args.data_balance != "none":  # training data; evaluation stays padded
         return balanced_batch_iterator(args, dataset, tokenizer, consumed_samples,
                                        build_settings(args).transformer_impl)
@@ -189,8 +191,17 @@ def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: boo
     # checkpoint restores (resume would otherwise be one draw off).
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
                         collate_fn=partial(collate, pad_id=tokenizer.pad_id),
+                        pin_memory=torch.cuda.is_available(),
                         generator=torch.Generator().manual_seed(args.seed))
     return iter(loader)
+
+
+def energon_state(args, consumed_samples: int):
+    """This data-parallel rank's Energon loader state in the checkpoint resumed from."""
+    if not consumed_samples or not args.load:
+        return None
+    path = iteration_dir(args.load, locate_checkpoint(args))
+    return load_dataloader_state(path, parallel_state.get_data_parallel_rank(), print_rank_0)
 
 
 def build_model_chunks(args, tokenizer) -> List[MultimodalModel]:
@@ -365,6 +376,7 @@ def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
         print_rank_0(f" > loaded checkpoint from {args.load} at iteration {iteration}")
     train_iter = batch_iterators(args, train_ds, tokenizer,
                                  iteration * args.global_batch_size, shuffle=True)
+    data_state = savable(train_iter)  # Energon's loader: its state goes into checkpoints
     if isinstance(train_iter, list):  # count the tokens of one chunk's copy of the data
         train_iter[0] = counter = TokenCounter(train_iter[0])
     else:
@@ -388,7 +400,7 @@ def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
                          skipped)
             interval_start = time.perf_counter()
         if args.save and args.save_interval and iteration % args.save_interval == 0:
-            save_checkpoint(args, iteration, model, optimizer, scheduler)
+            save_checkpoint(args, iteration, model, optimizer, scheduler, data_state)
             last_saved = iteration
             print_rank_0(f"  successfully saved checkpoint at iteration {iteration} to "
                          f"{args.save}")
@@ -398,7 +410,7 @@ def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
         if iteration % args.log_interval == 0:
             interval_start = time.perf_counter()  # evaluation and saving are not step time
     if args.save and last_saved != iteration:
-        save_checkpoint(args, iteration, model, optimizer, scheduler)
+        save_checkpoint(args, iteration, model, optimizer, scheduler, data_state)
         print_rank_0(f"  successfully saved checkpoint at iteration {iteration} to {args.save}")
     if not args.skip_final_eval:
         summary.update(evaluate_and_print(args, iteration, model_chunks, valid_ds, tokenizer,
