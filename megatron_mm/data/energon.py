@@ -24,6 +24,7 @@ from megatron.energon import (
     TaskEncoder,
     WorkerConfig,
     basic_sample_keys,
+    get_loader,
     get_savable_loader,
     get_train_dataset,
     get_val_dataset,
@@ -175,7 +176,7 @@ def train_batches(path: str, encoder: RecordTaskEncoder, config: WorkerConfig,
         path, split_part="train", worker_config=config, batch_size=micro_batch_size,
         batch_drop_last=True, shuffle_buffer_size=SHUFFLE_BUFFER_SIZE,
         max_samples_per_sequence=MAX_SAMPLES_PER_SEQUENCE, task_encoder=encoder)
-    batches = EnergonBatches(get_savable_loader(dataset, worker_config=config))
+    batches = EnergonBatches(get_savable_loader(dataset))
     if state is not None:
         batches.restore_state(state)
     return batches
@@ -198,7 +199,7 @@ def read_records(path: str, split: str, limit: Optional[int] = None) -> list[Rec
     dataset = get_val_dataset(path, split_part=split, worker_config=config, batch_size=None,
                               task_encoder=_Records())
     records = []
-    for record in get_savable_loader(dataset, worker_config=config):
+    for record in get_loader(dataset):
         records.append(record)
         if limit is not None and len(records) >= limit:
             break

@@ -41,7 +41,7 @@ def scan_lines(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         lines = np.arange(1, len(starts) + 1, dtype=np.int64)
         # A JSON object line starts with "{"; only lines that start otherwise (rare) are
         # looked at to drop the blank ones.
-        first = np.full(len(starts), ord("{"), np.uint8)
+        first = np.zeros(len(starts), np.uint8)  # an empty line counts as "odd": blank
         nonempty = lengths > 0
         first[nonempty] = buf[starts[nonempty]]
         odd = np.flatnonzero(first != ord("{"))
