@@ -11,11 +11,16 @@ the same code as the JSONL path, so both give the same batches for the same reco
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import tempfile
 from functools import partial
 from typing import Optional
+
+import numpy as np
+import torch
 
 from megatron.energon import (
     Cooker,
@@ -146,6 +151,18 @@ def blend_metadataset(paths: list[str], weights: list[float], split: str = "trai
     return out
 
 
+@contextlib.contextmanager
+def isolated_rng():
+    """Energon seeds the global RNGs while it iterates (torch's among them); training's
+    RNG streams (dropout, initialisation) must not depend on it, so they are put back."""
+    py, np_state = random.getstate(), np.random.get_state()
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+    random.setstate(py)
+    np.random.set_state(np_state)
+
+
 class EnergonBatches:
     """Micro-batches from Energon's savable loader, with its state for checkpoints."""
 
@@ -157,9 +174,10 @@ class EnergonBatches:
         return self
 
     def __next__(self) -> dict:
-        if self._iter is None:
-            self._iter = iter(self.loader)
-        return next(self._iter)
+        with isolated_rng():
+            if self._iter is None:
+                self._iter = iter(self.loader)
+            return next(self._iter)
 
     def save_state(self):
         return self.loader.save_state_rank()
@@ -172,6 +190,11 @@ def train_batches(path: str, encoder: RecordTaskEncoder, config: WorkerConfig,
                   micro_batch_size: int, state: Optional[dict] = None) -> EnergonBatches:
     """This rank's infinite micro-batches of the ``train`` split (shuffled, repeated),
     resumed from a ``save_state`` if given."""
+    with isolated_rng():
+        return _train_batches(path, encoder, config, micro_batch_size, state)
+
+
+def _train_batches(path, encoder, config, micro_batch_size, state):
     dataset = get_train_dataset(
         path, split_part="train", worker_config=config, batch_size=micro_batch_size,
         batch_drop_last=True, shuffle_buffer_size=SHUFFLE_BUFFER_SIZE,
@@ -196,11 +219,14 @@ def read_records(path: str, split: str, limit: Optional[int] = None) -> list[Rec
         def encode_sample(self, sample):
             return sample.record
 
-    dataset = get_val_dataset(path, split_part=split, worker_config=config, batch_size=None,
-                              task_encoder=_Records())
     records = []
-    for record in get_loader(dataset):
-        records.append(record)
-        if limit is not None and len(records) >= limit:
-            break
+    if limit == 0:
+        return records
+    with isolated_rng():
+        dataset = get_val_dataset(path, split_part=split, worker_config=config,
+                                  batch_size=None, task_encoder=_Records())
+        for record in get_loader(dataset):
+            records.append(record)
+            if limit is not None and len(records) >= limit:
+                break
     return records
