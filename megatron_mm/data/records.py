@@ -1,8 +1,9 @@
-"""JSONL record format (see docs/data_format.md) and up-front validation.
+"""JSONL record format (see docs/data.md) and its validation (on read; see jsonl_index.py).
 
 Everything that is cheap to check (JSON syntax, fields, roles, placeholder
-counts, image files existing) is checked when the file is read, so a broken
-dataset fails before training starts; image decoding is left to the loader.
+counts, image files existing) is checked when a record is parsed: by the loaders
+when they read it (``JsonlRecords``), by ``read_records`` for a whole file up
+front. Image decoding is left to the encoding step.
 """
 from __future__ import annotations
 
