@@ -50,7 +50,7 @@ else:
     samples = [ds[i] for i in range(mbs)]
     n = len(ds)
     index_bytes = sum(a.nbytes for a in (ds.records.offsets, ds.records.lengths,
-                                         ds.records.line_numbers))
+                                         ds.records.line_numbers) if a is not None)
 batch = collate(samples, tok.pad_id)
 elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
 print(json.dumps({"records": n, "startup_s": elapsed, "cpu_s": cpu,

@@ -57,7 +57,7 @@ def _sample_members(records: JsonlRecords, i: int) -> dict[str, bytes]:
         obj = json.loads(records._read(i))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataRecordError(f"{source}: invalid JSON: {e}") from None
-    default_id = f"{records.name}:{int(records.line_numbers[i])}"
+    default_id = f"{records.name}:{records.line(i)}"
     rec = parse_record(obj, source=source, base_dir=records.base_dir, default_id=default_id)
     obj.setdefault("id", rec.id)
     members = {}

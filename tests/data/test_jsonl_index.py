@@ -51,6 +51,9 @@ def test_scan_of_an_empty_file_and_a_final_newline(tmp_path):
     assert len(JsonlRecords(tmp_path / "e.jsonl")) == 0
     (tmp_path / "n.jsonl").write_text(json.dumps(_conv("a")) + "\n\n")
     assert len(JsonlRecords(tmp_path / "n.jsonl")) == 1
+    (tmp_path / "f.jsonl").write_text(json.dumps(_conv("a")) + "\n" + json.dumps(_conv("b")))
+    records = JsonlRecords(tmp_path / "f.jsonl")  # no blank line: no line-number array
+    assert records.line_numbers is None and records[1].source == "f.jsonl line 2"
 
 
 def test_records_are_checked_when_read_not_when_indexed(tmp_path):
