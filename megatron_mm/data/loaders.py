@@ -27,7 +27,7 @@ from torch.utils.data import ConcatDataset
 
 from .blend import BlendedDataset
 from .dataset import MultimodalDataset
-from .sources import DataSources
+from .sources import DataConfigError, DataSources
 
 DATALOADER_STATE = "train_dataloader_dprank{:03d}.pt"  # Megatron-LM's file name
 
@@ -96,7 +96,8 @@ def _energon_split_size(path: str, split: str) -> int:
 
 
 def build_train_valid_datasets(sources: DataSources, encoding: EncodingSettings,
-                               valid_limit: Optional[int] = None):
+                               valid_limit: Optional[int] = None,
+                               global_batch_size: Optional[int] = None):
     """(training data, validation dataset). Training data is a map-style dataset (JSONL,
     or a BlendedDataset of them) or ``EnergonTrainData``; validation is map-style (an
     Energon ``val`` split is read in order, its first ``valid_limit`` records)."""
@@ -106,6 +107,9 @@ def build_train_valid_datasets(sources: DataSources, encoding: EncodingSettings,
         members = [encoding.dataset(path) for path in sources.train]
         train = (members[0] if sources.weights is None
                  else BlendedDataset(members, sources.weights))
+        if global_batch_size is not None and len(train) < global_batch_size:
+            raise DataConfigError(f"--data-path: {len(train)} training records, fewer than one "
+                                  f"global batch (--global-batch-size {global_batch_size})")
     if sources.valid_kind == "energon":
         from .energon import read_records
 

@@ -161,7 +161,8 @@ def build_datasets(args, tokenizer):
                                 args.seq_length, audio_processor_config(args),
                                 args.bad_record_policy)
     return build_train_valid_datasets(sources, encoding,
-                                      valid_limit=args.eval_iters * args.global_batch_size)
+                                      valid_limit=args.eval_iters * args.global_batch_size,
+                                      global_batch_size=args.global_batch_size)
 
 
 def batch_iterators(args, dataset, tokenizer, consumed_samples: int, shuffle: bool):
