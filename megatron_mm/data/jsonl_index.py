@@ -45,10 +45,13 @@ def scan_lines(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         buf = np.frombuffer(mm, dtype=np.uint8)
         newlines = [np.flatnonzero(buf[lo:lo + _SCAN_CHUNK] == 10) + lo
                     for lo in range(0, size, _SCAN_CHUNK)]
-        ends = np.concatenate(newlines + [np.array([size], np.int64)]).astype(np.int64)
-        starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
-        if ends[-1] == starts[-1]:  # the file ends with a newline: no last partial line
-            starts, ends = starts[:-1], ends[:-1]
+        if buf[-1] != 10:  # a last line without a newline ends at the end of the file
+            newlines.append(np.array([size], np.int64))
+        ends = np.concatenate(newlines)
+        del newlines
+        starts = np.empty_like(ends)
+        starts[0] = 0
+        np.add(ends[:-1], 1, out=starts[1:])
         lengths = np.subtract(ends, starts, out=ends).astype(np.int32)
         del ends
         # A JSON object line starts with "{"; only lines that start otherwise (rare) are
