@@ -11,6 +11,7 @@ the same code as the JSONL path, so both give the same batches for the same reco
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -148,6 +149,7 @@ def blend_metadataset(paths: list[str], weights: list[float], split: str = "trai
     fd, out = tempfile.mkstemp(prefix="megatron_mm_blend_", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
         f.write("\n".join(lines) + "\n")
+    atexit.register(lambda: os.path.exists(out) and os.remove(out))
     return out
 
 
