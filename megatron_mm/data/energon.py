@@ -39,7 +39,8 @@ from megatron.energon import (
 from megatron.energon.edataclass import edataclass
 from megatron.energon.errors import reraise_exception
 
-from .processing import collate, encode_record
+from .packing import collate_packed
+from .processing import Sample, collate, encode_record
 from .records import MODALITIES, DataRecordError, MediaRef, Record, parse_record
 
 # Megatron-LM's multimodal example reads Energon data with these (dataloader_provider.py).
@@ -94,17 +95,37 @@ def _shard_name(raw: dict) -> str:
     return "shard"
 
 
+@edataclass
+class EncodedSample(EnergonSample):
+    """An encoded sample, carrying Energon's keys (its packing buffer restores by them)."""
+
+    sample: Sample
+
+
+@edataclass
+class PackedSamples(EnergonSample):
+    """The encoded samples packed into one sequence."""
+
+    samples: list
+
+
 class RecordTaskEncoder(TaskEncoder):
     """Cooks records, encodes them as the JSONL path does and collates micro-batches.
 
     ``bad_record_policy``: "skip" logs the record and drops it (Energon's SkipSample;
     the next sample fills the batch), "fail" raises its DataRecordError.
+
+    With ``packing_seq_length`` (and Energon's ``packing_buffer_size``), samples are packed
+    into sequences of at most that many tokens (first fit, in the order the buffer holds
+    them), each micro-batch one packed sequence with a block-diagonal mask
+    (``collate_packed``, as ``--data-balance`` packs).
     """
 
     decoder = None  # media stay bytes: the package decodes them as the JSONL path does
 
     def __init__(self, tokenizer, media_token_counts, image_cfg, max_seq_length=None,
-                 audio_cfg=None, bad_record_policy: str = "fail"):
+                 audio_cfg=None, bad_record_policy: str = "fail",
+                 packing_seq_length: Optional[int] = None):
         super().__init__()
         self.cookers = [Cooker(cook_record)]
         self.encode = partial(encode_record, tokenizer=tokenizer,
@@ -112,19 +133,43 @@ class RecordTaskEncoder(TaskEncoder):
                               max_seq_length=max_seq_length, audio_cfg=audio_cfg)
         self.pad_id = tokenizer.pad_id
         self.bad_record_policy = bad_record_policy
+        self.packing_seq_length = packing_seq_length
 
     @stateless
     def encode_sample(self, sample: RecordSample):
         try:
-            return self.encode(sample.record)
+            return EncodedSample.derive_from(sample, sample=self.encode(sample.record))
         except DataRecordError as e:
             if self.bad_record_policy == "fail":
                 raise
             print(f"WARNING: skipping a bad record (--bad-record-policy skip): {e}", flush=True)
             raise SkipSample() from e
 
+    def select_samples_to_pack(self, samples):
+        bins, room = [], []
+        for sample in samples:
+            n = len(sample.sample.tokens)
+            if n > self.packing_seq_length:
+                raise DataRecordError(f"record {sample.sample.record_id!r}: {n} tokens exceed "
+                                      f"--packing-seq-length {self.packing_seq_length}")
+            slot = next((i for i, r in enumerate(room) if r >= n), None)
+            if slot is None:
+                bins.append([])
+                room.append(self.packing_seq_length)
+                slot = len(bins) - 1
+            bins[slot].append(sample)
+            room[slot] -= n
+        return bins
+
+    @stateless
+    def pack_selected_samples(self, samples):
+        return PackedSamples.derive_from(samples[0], samples=[s.sample for s in samples])
+
     def batch(self, samples):
-        return collate(samples, pad_id=self.pad_id)
+        if self.packing_seq_length is not None:  # one packed sequence per micro-batch
+            (packed,) = samples
+            return collate_packed(packed.samples, pad_id=self.pad_id)
+        return collate([s.sample for s in samples], pad_id=self.pad_id)
 
     def encode_batch(self, batch):
         return batch
@@ -189,18 +234,24 @@ class EnergonBatches:
 
 
 def train_batches(path: str, encoder: RecordTaskEncoder, config: WorkerConfig,
-                  micro_batch_size: int, state: Optional[dict] = None) -> EnergonBatches:
+                  micro_batch_size: int, state: Optional[dict] = None,
+                  packing_buffer_size: Optional[int] = None) -> EnergonBatches:
     """This rank's infinite micro-batches of the ``train`` split (shuffled, repeated),
-    resumed from a ``save_state`` if given."""
+    resumed from a ``save_state`` if given; packed when ``packing_buffer_size`` is set."""
     with isolated_rng():
-        return _train_batches(path, encoder, config, micro_batch_size, state)
+        return _train_batches(path, encoder, config, micro_batch_size, state,
+                              packing_buffer_size)
 
 
-def _train_batches(path, encoder, config, micro_batch_size, state):
+def _train_batches(path, encoder, config, micro_batch_size, state, packing_buffer_size):
+    if (packing_buffer_size is None) != (encoder.packing_seq_length is None):
+        raise ValueError("packing needs both a buffer size and the task encoder's "
+                         "packing_seq_length")
     dataset = get_train_dataset(
         path, split_part="train", worker_config=config, batch_size=micro_batch_size,
         batch_drop_last=True, shuffle_buffer_size=SHUFFLE_BUFFER_SIZE,
-        max_samples_per_sequence=MAX_SAMPLES_PER_SEQUENCE, task_encoder=encoder)
+        max_samples_per_sequence=MAX_SAMPLES_PER_SEQUENCE, task_encoder=encoder,
+        packing_buffer_size=packing_buffer_size)
     batches = EnergonBatches(get_savable_loader(dataset))
     if state is not None:
         batches.restore_state(state)

@@ -49,11 +49,12 @@ class EncodingSettings:
                                  audio_cfg=self.audio_cfg,
                                  bad_record_policy=self.bad_record_policy)
 
-    def task_encoder(self):
+    def task_encoder(self, packing_seq_length: Optional[int] = None):
         from .energon import RecordTaskEncoder
 
         return RecordTaskEncoder(self.tokenizer, self.media_token_counts, self.image_cfg,
-                                 self.max_seq_length, self.audio_cfg, self.bad_record_policy)
+                                 self.max_seq_length, self.audio_cfg, self.bad_record_policy,
+                                 packing_seq_length)
 
 
 class EnergonTrainData:
@@ -71,12 +72,15 @@ class EnergonTrainData:
         return self.num_samples
 
     def batches(self, micro_batch_size: int, dp_rank: int, dp_size: int, num_workers: int,
-                seed: int, dp_group=None, state=None):
+                seed: int, dp_group=None, state=None, packing_buffer_size=None,
+                packing_seq_length=None):
+        """This rank's micro-batches (packed sequences with ``packing_buffer_size``)."""
         from .energon import train_batches, worker_config
 
         config = worker_config(dp_rank, dp_size, num_workers, seed, dp_group)
-        return train_batches(self.path, self.encoding.task_encoder(), config,
-                             micro_batch_size, state)
+        packing = packing_seq_length if packing_buffer_size else None
+        return train_batches(self.path, self.encoding.task_encoder(packing), config,
+                             micro_batch_size, state, packing_buffer_size)
 
 
 def _energon_split_size(path: str, split: str) -> int:

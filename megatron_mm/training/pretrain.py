@@ -175,10 +175,15 @@ def batch_iterators(args, dataset, tokenizer, consumed_samples: int, shuffle: bo
 
 def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: bool):
     if isinstance(dataset, EnergonTrainData):  # resumes from the checkpoint's loader state
+        if args.packing_buffer_size and build_settings(args).transformer_impl != "local":
+            raise ConfigError("--packing-buffer-size packs samples into one sequence with a "
+                              "block-diagonal mask, which only the local specs apply: pass "
+                              "--transformer-impl local")
         return dataset.batches(
             args.micro_batch_size, parallel_state.get_data_parallel_rank(),
             parallel_state.get_data_parallel_world_size(), args.num_workers, args.seed,
-            parallel_state.get_data_parallel_group(), energon_state(args, consumed_samples))
+            parallel_state.get_data_parallel_group(), energon_state(args, consumed_samples),
+            args.packing_buffer_size, args.packing_seq_length or args.seq_length)
     if shuffle and args.data_balance != "none":  # training data; evaluation stays padded
         return balanced_batch_iterator(args, dataset, tokenizer, consumed_samples,
                                        build_settings(args).transformer_impl)

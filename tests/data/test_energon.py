@@ -218,3 +218,27 @@ def test_metadataset_blend_follows_its_weights(tmp_path_factory, encoding):
     share = sum(int(r[1:]) < 1000 for r in ids) / len(ids)
     # 400 draws at p=0.75: standard deviation 0.022; 4 sigma
     assert abs(share - 0.75) < 0.09, share
+
+
+def test_packing_packs_what_the_jsonl_path_encodes_and_resumes(dataset, encoding):
+    from megatron_mm.data.packing import collate_packed
+
+    src, out = dataset
+    jsonl = encoding.dataset(os.path.join(src, "train.jsonl"))
+    by_id = {jsonl.records[i].id: i for i in range(len(jsonl))}
+    make = lambda state=None: train_batches(  # noqa: E731
+        out, encoding.task_encoder(packing_seq_length=64), worker_config(0, 1, 0, 7), 1,
+        state, packing_buffer_size=8)
+    run = make()
+    for _ in range(4):
+        batch = next(run)
+        assert batch["tokens"].shape[1] <= 64 and len(batch["record_ids"]) >= 1
+        ref = collate_packed([jsonl[by_id[r]] for r in batch["record_ids"]],
+                             encoding.tokenizer.pad_id)
+        for key in ("tokens", "labels", "loss_mask", "position_ids", "attention_mask",
+                    "cu_seqlens"):
+            assert torch.equal(batch[key], ref[key]), key
+    assert sum(len(next(run)["record_ids"]) for _ in range(4)) > 4  # samples do get packed
+    state = run.save_state()
+    expected = _ids(run, 4)
+    assert _ids(make(state), 4) == expected
