@@ -125,7 +125,7 @@ class RecordTaskEncoder(TaskEncoder):
 
     def __init__(self, tokenizer, media_token_counts, image_cfg, max_seq_length=None,
                  audio_cfg=None, bad_record_policy: str = "fail",
-                 packing_seq_length: Optional[int] = None):
+                 packing_seq_length: Optional[int] = None, pad_to_multiple_of: int = 1):
         super().__init__()
         self.cookers = [Cooker(cook_record)]
         self.encode = partial(encode_record, tokenizer=tokenizer,
@@ -134,6 +134,7 @@ class RecordTaskEncoder(TaskEncoder):
         self.pad_id = tokenizer.pad_id
         self.bad_record_policy = bad_record_policy
         self.packing_seq_length = packing_seq_length
+        self.pad_to_multiple_of = pad_to_multiple_of  # as the JSONL path's collate
 
     @stateless
     def encode_sample(self, sample: RecordSample):
@@ -169,7 +170,8 @@ class RecordTaskEncoder(TaskEncoder):
         if self.packing_seq_length is not None:  # one packed sequence per micro-batch
             (packed,) = samples
             return collate_packed(packed.samples, pad_id=self.pad_id)
-        return collate([s.sample for s in samples], pad_id=self.pad_id)
+        return collate([s.sample for s in samples], pad_id=self.pad_id,
+                       pad_to_multiple_of=self.pad_to_multiple_of)
 
     def encode_batch(self, batch):
         return batch

@@ -42,6 +42,7 @@ class EncodingSettings:
     max_seq_length: Optional[int]
     audio_cfg: object
     bad_record_policy: str = "fail"
+    pad_to_multiple_of: int = 1  # micro-batch length multiple (the JSONL path's collate's)
 
     def dataset(self, records) -> MultimodalDataset:
         return MultimodalDataset(records, self.tokenizer, self.media_token_counts,
@@ -54,7 +55,7 @@ class EncodingSettings:
 
         return RecordTaskEncoder(self.tokenizer, self.media_token_counts, self.image_cfg,
                                  self.max_seq_length, self.audio_cfg, self.bad_record_policy,
-                                 packing_seq_length)
+                                 packing_seq_length, self.pad_to_multiple_of)
 
 
 class EnergonTrainData:
