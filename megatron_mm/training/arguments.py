@@ -273,8 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a multimodal LLM with Megatron-Core (megatron_mm)",
         allow_abbrev=False)
     _model_args(p)
-    _training_args(p)
     add_data_args(p)
+    _training_args(p)
     return p
 
 

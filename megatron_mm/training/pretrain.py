@@ -37,6 +37,7 @@ from ..data.audio import AudioProcessorConfig, ClipTokenCount
 from ..data.loaders import (EncodingSettings, EnergonTrainData, build_train_valid_datasets,
                             load_dataloader_state, savable)
 from ..data.sources import resolve_sources
+from .checkpointing import iteration_dir, locate_checkpoint
 from ..data.spoken_digits import prepare_spoken_digits
 from ..models import BuildSettings, MultimodalModel, build_model
 from ..models.multimodal import ENCODER_MODALITY, MediaMismatchError
@@ -45,8 +46,7 @@ from ..models.specs import (
     transformer_engine_importable)
 from .attention import AttentionSettings
 from .balanced_data import balanced_batch_iterator
-from .checkpointing import (CheckpointError, iteration_dir, load_checkpoint, locate_checkpoint,
-                            save_checkpoint, saved_args)
+from .checkpointing import CheckpointError, load_checkpoint, save_checkpoint, saved_args
 from .encoder_schedule import build_executor, encoder_pipeline_plan, separate_encoder
 from .evaluation import answer_accuracy, evaluate_loss
 from .initialize import device, initialize_distributed, set_random_seed
@@ -165,6 +165,14 @@ def build_datasets(args, tokenizer):
                                       global_batch_size=args.global_batch_size)
 
 
+def energon_state(args, consumed_samples: int):
+    """This data-parallel rank's Energon loader state in the checkpoint resumed from."""
+    if not consumed_samples or not args.load:
+        return None
+    path = iteration_dir(args.load, locate_checkpoint(args))
+    return load_dataloader_state(path, parallel_state.get_data_parallel_rank(), print_rank_0)
+
+
 def batch_iterators(args, dataset, tokenizer, consumed_samples: int, shuffle: bool):
     """The iterator the schedule takes: one, or one per model chunk (virtual stages), each
     yielding the same micro-batches."""
@@ -200,14 +208,6 @@ def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: boo
                         pin_memory=torch.cuda.is_available(),
                         generator=torch.Generator().manual_seed(args.seed))
     return iter(loader)
-
-
-def energon_state(args, consumed_samples: int):
-    """This data-parallel rank's Energon loader state in the checkpoint resumed from."""
-    if not consumed_samples or not args.load:
-        return None
-    path = iteration_dir(args.load, locate_checkpoint(args))
-    return load_dataloader_state(path, parallel_state.get_data_parallel_rank(), print_rank_0)
 
 
 def build_model_chunks(args, tokenizer) -> List[MultimodalModel]:
