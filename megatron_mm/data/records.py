@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 class DataRecordError(ValueError):
     """A record is malformed; the message names the file, line and record id."""
 
+    # Records are checked when read, each by the one rank that reads it: that rank reports
+    # the error (the user-error reporter prints rank-local errors on any rank).
+    rank_local = True
+
 
 @dataclass(frozen=True)
 class ModalitySpec:
