@@ -50,14 +50,28 @@ MAX_SAMPLES_PER_SEQUENCE = 100
 
 @edataclass
 class RecordSample(EnergonSample):
-    """A record cooked from a shard sample; media items hold the members' bytes."""
+    """A record cooked from a shard sample; media items hold the members' bytes. A
+    malformed sample carries its error instead, for the task encoder's policy."""
 
-    record: Record
+    record: Optional[Record]
+    error: Optional[str] = None
+
+    def checked(self) -> Record:
+        if self.error is not None:
+            raise DataRecordError(self.error)
+        return self.record
 
 
 @stateless
 def cook_record(raw: dict) -> RecordSample:
     """Energon cooker: a crude shard sample (``json`` + media members) -> RecordSample."""
+    try:
+        return RecordSample(**basic_sample_keys(raw), record=_record(raw))
+    except DataRecordError as e:
+        return RecordSample(**basic_sample_keys(raw), record=None, error=str(e))
+
+
+def _record(raw: dict) -> Record:
     key = raw["__key__"]
     shard = _shard_name(raw)
     where = f"{shard} sample {key}"
@@ -65,6 +79,8 @@ def cook_record(raw: dict) -> RecordSample:
         obj = json.loads(raw["json"])
     except (KeyError, ValueError) as e:
         raise DataRecordError(f"{where}: no valid .json member: {e}") from None
+    if not isinstance(obj, dict):
+        raise DataRecordError(f"{where}: the .json member is not a JSON object")
     source = obj.pop("__source__", None)
     source = f"{where}, from {source}" if source else where
     members = {}
@@ -83,7 +99,7 @@ def cook_record(raw: dict) -> RecordSample:
             MediaRef(raw=raw[members[(spec.record_key, i)]],
                      member=f"{key}.{members[(spec.record_key, i)]}")
             for i in range(len(record.media.get(spec_name, [])))]
-    return RecordSample(**basic_sample_keys(raw), record=record)
+    return record
 
 
 def _shard_name(raw: dict) -> str:
@@ -139,7 +155,7 @@ class RecordTaskEncoder(TaskEncoder):
     @stateless
     def encode_sample(self, sample: RecordSample):
         try:
-            return EncodedSample.derive_from(sample, sample=self.encode(sample.record))
+            return EncodedSample.derive_from(sample, sample=self.encode(sample.checked()))
         except DataRecordError as e:
             if self.bad_record_policy == "fail":
                 raise
@@ -272,7 +288,7 @@ def read_records(path: str, split: str, limit: Optional[int] = None) -> list[Rec
 
         @stateless
         def encode_sample(self, sample):
-            return sample.record
+            return sample.checked()
 
     records = []
     if limit == 0:

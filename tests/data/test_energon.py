@@ -193,6 +193,24 @@ def test_bad_record_named_then_skipped_or_fatal(dataset, encoding, tmp_path, cap
     assert "skipping a bad record" in capsys.readouterr().out
 
 
+def test_malformed_shard_sample_named_then_skipped_or_fatal(dataset, encoding, tmp_path,
+                                                           capsys):
+    import shutil
+
+    _, out = dataset
+    bad = str(tmp_path / "bad")
+    shutil.copytree(out, bad)
+    _corrupt(bad, "000000001.json", b"{not json")  # record r1's record
+    with pytest.raises(DataRecordError, match=r"train-000000.tar sample 000000001: no valid "
+                                              r"\.json member"):
+        _ids(train_batches(bad, encoding.task_encoder(), worker_config(0, 1, 0, 7), 4), 6)
+    encoding_skip = EncodingSettings(**{**encoding.__dict__, "bad_record_policy": "skip"})
+    ids = sum(_ids(train_batches(bad, encoding_skip.task_encoder(),
+                                 worker_config(0, 1, 0, 7), 4), 6), [])
+    assert "r1" not in ids and len(ids) == 24
+    assert "sample 000000001: no valid .json member" in capsys.readouterr().out
+
+
 def test_conversion_names_a_bad_record_skip_or_fail(tmp_path):
     path = tmp_path / "train.jsonl"
     path.write_text(json.dumps(_record(1, str(tmp_path))) + "\n"
