@@ -90,12 +90,13 @@ def _energon_split_size(path: str, split: str) -> int:
     meta = os.path.join(path, ".nv-meta")
     if not os.path.isdir(meta):
         return 0
-    from megatron.energon.flavors.webdataset.metadata import WebdatasetMeta
     from megatron.energon.epathlib import EPath
+    from megatron.energon.flavors.webdataset.empty_dataset_error import EmptyDatasetError
+    from megatron.energon.flavors.webdataset.metadata import WebdatasetMeta
 
     try:
         wds = WebdatasetMeta.from_config(path=EPath(path), split_part=split)
-    except Exception:  # no such split
+    except (EmptyDatasetError, AssertionError):  # no such split, or no shards in it
         return 0
     return sum(shard.count for shard in wds.shards)
 
@@ -120,6 +121,9 @@ def build_train_valid_datasets(sources: DataSources, encoding: EncodingSettings,
 
         records = []
         for path in sources.valid:
+            if os.path.isdir(path) and not _energon_split_size(path, "val"):
+                raise DataConfigError(f"{path} has no 'val' split (convert a valid.jsonl with "
+                                      "it): pass --valid-data-path")
             records += read_records(path, "val", valid_limit)
         valid = encoding.dataset(records[:valid_limit])
     else:

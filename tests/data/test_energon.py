@@ -264,3 +264,16 @@ def test_packing_packs_what_the_jsonl_path_encodes_and_resumes(dataset, encoding
     state = run.save_state()
     expected = _ids(run, 4)
     assert _ids(make(state), 4) == expected
+
+
+def test_a_dataset_without_a_val_split_needs_valid_data_path(tmp_path, encoding):
+    from megatron_mm.data.loaders import build_train_valid_datasets
+    from megatron_mm.data.sources import DataConfigError, resolve_sources
+
+    train = write_jsonl(str(tmp_path), 4)
+    out = str(tmp_path / "energon")
+    convert({"train": train}, out, log=lambda m: None)
+    with pytest.raises(DataConfigError, match="has no 'val' split.*--valid-data-path"):
+        build_train_valid_datasets(resolve_sources([out], None), encoding)
+    train_data, valid = build_train_valid_datasets(resolve_sources([out], train), encoding)
+    assert len(train_data) == 4 and len(valid) == 4
