@@ -37,7 +37,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q --no-deps --ignore-requires-python megatron-core==0.19.2
 	$(PIP) install -q --no-deps --no-warn-conflicts mistral-common==1.13.1
-	$(PIP) install -q --no-warn-conflicts -e ".[test,hf]"
+	$(PIP) install -q --no-warn-conflicts -e ".[test,hf,energon]"
 	touch $@
 
 # The demo: CLIP-style ViT + MLP projector + Llama-style LLM on real handwritten digits,

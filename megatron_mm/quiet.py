@@ -18,6 +18,7 @@ ALWAYS = (
 WITHOUT_CUDA = (
     r"Apex is not installed",
     r"Transformer Engine and Apex are not installed",
+    r"'pin_memory' argument is set as true but no accelerator",  # Energon's loader pins
 )
 
 

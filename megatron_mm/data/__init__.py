@@ -14,6 +14,7 @@ _EXPORTS = {
     "MultimodalDataset": "dataset", "MegatronPretrainingSampler": "dataset",
     "prepare_digits": "digits",
     "collate_packed": "packing", "packed_causal_mask": "packing",
+    "JsonlRecords": "jsonl_index", "BlendedDataset": "blend",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -45,6 +45,8 @@ def _wav_bytes(ref: MediaRef) -> bytes:
     if ref.path is not None:
         with open(ref.path, "rb") as f:
             return f.read()
+    if ref.raw is not None:
+        return ref.raw
     data = ref.data or ""
     if data.startswith("data:"):
         header, sep, data = data.partition(",")

@@ -1,8 +1,8 @@
-"""Map-style dataset over a JSONL file and a resumable data-parallel batch sampler."""
+"""Map-style dataset over JSONL records and a resumable data-parallel batch sampler."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -10,30 +10,49 @@ from torch.utils.data import Dataset
 from .audio import AudioProcessorConfig, check_clip_length, clip_samples
 from .media import ImageProcessorConfig
 from .processing import Sample, encode_record, tokenize_record
-from .records import DataRecordError, read_records
+from .jsonl_index import JsonlRecords
+from .records import BAD_RECORD_POLICIES, DataRecordError, Record
 from .tokenizer import MultimodalTokenizer
 
 
-class MultimodalDataset(Dataset):
-    """Records are read and validated up front; each item is encoded on access."""
+# As Energon's default tolerance: this many bad records in a row means the data (or the
+# flags) are broken, not a few records.
+MAX_CONSECUTIVE_BAD = 100
 
-    def __init__(self, path: str | os.PathLike, tokenizer: MultimodalTokenizer,
+
+class MultimodalDataset(Dataset):
+    """The records of a JSONL file (indexed lazily, see ``JsonlRecords``) or any sequence
+    of ``Record``; each item is validated and encoded when read.
+
+    A bad record (malformed, a media file missing or undecodable, too long) raises
+    ``DataRecordError`` naming it under ``bad_record_policy="fail"``; under ``"skip"`` a
+    warning names it and the next good record takes its place, so batches stay full and
+    the order stays deterministic (a resumed run reads the same substitutes).
+    """
+
+    def __init__(self, path: str | os.PathLike | Sequence[Record], tokenizer: MultimodalTokenizer,
                  media_token_counts: dict[str, int], image_cfg: ImageProcessorConfig,
                  max_seq_length: int | None = None,
-                 audio_cfg: AudioProcessorConfig | None = None):
-        self.path = os.fspath(path)
+                 audio_cfg: AudioProcessorConfig | None = None,
+                 bad_record_policy: str = "fail"):
+        if bad_record_policy not in BAD_RECORD_POLICIES:
+            raise ValueError(f"bad_record_policy must be one of {BAD_RECORD_POLICIES}, "
+                             f"got {bad_record_policy!r}")
+        if isinstance(path, (str, os.PathLike)):
+            self.path = os.fspath(path)
+            self.records = JsonlRecords(self.path)
+        else:
+            self.path, self.records = "<records>", path
         self.tokenizer = tokenizer
         self.media_token_counts = dict(media_token_counts)
         self.image_cfg = image_cfg
         self.audio_cfg = audio_cfg
         self.max_seq_length = max_seq_length
-        self.records = read_records(self.path)
-        if audio_cfg is not None:
-            self.check_audio()
+        self.bad_record_policy = bad_record_policy
 
     def check_audio(self) -> None:
-        """Refuse, before training, a clip longer than the audio encoder takes (WAV headers
-        only; the error names the record)."""
+        """Refuse a clip longer than the audio encoder takes, reading every record's WAV
+        headers (optional fail-fast; the loader checks each clip when it reads it)."""
         for rec in self.records:
             for ref in rec.media.get("audio", []):
                 check_clip_length(clip_samples(ref, self.audio_cfg, rec.where()),
@@ -42,9 +61,23 @@ class MultimodalDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
-    def __getitem__(self, idx: int) -> Sample:
+    def encode(self, idx: int) -> Sample:
+        """Record ``idx`` encoded, or DataRecordError naming it."""
         return encode_record(self.records[idx], self.tokenizer, self.media_token_counts,
                              self.image_cfg, self.max_seq_length, self.audio_cfg)
+
+    def __getitem__(self, idx: int) -> Sample:
+        if self.bad_record_policy == "fail":
+            return self.encode(idx)
+        for step in range(min(len(self), MAX_CONSECUTIVE_BAD)):
+            try:
+                return self.encode((idx + step) % len(self))
+            except DataRecordError as e:
+                print(f"WARNING: skipping a bad record (--bad-record-policy skip): {e}",
+                      flush=True)
+        raise DataRecordError(f"{self.path}: {min(len(self), MAX_CONSECUTIVE_BAD)} bad "
+                              f"records in a row from record {idx} on; the data or the "
+                              "flags are broken")
 
     def check_lengths(self) -> int:
         """Tokenize every record (no image decoding) and raise DataRecordError on the

@@ -63,7 +63,8 @@ def load_image(ref: MediaRef | str | dict, base_dir: str | None = None, context:
                 raise DataRecordError(f"{prefix}image file not found: {ref.path}")
             with Image.open(ref.path) as im:
                 return im.convert("RGB")  # convert() forces the full decode while the file is open
-        with Image.open(io.BytesIO(_decode_data(ref.data or ""))) as im:
+        raw = ref.raw if ref.raw is not None else _decode_data(ref.data or "")
+        with Image.open(io.BytesIO(raw)) as im:
             return im.convert("RGB")
     except DataRecordError:
         raise

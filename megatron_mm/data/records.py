@@ -1,8 +1,9 @@
-"""JSONL record format (see docs/data_format.md) and up-front validation.
+"""JSONL record format (see docs/data.md) and its validation (on read; see jsonl_index.py).
 
 Everything that is cheap to check (JSON syntax, fields, roles, placeholder
-counts, image files existing) is checked when the file is read, so a broken
-dataset fails before training starts; image decoding is left to the loader.
+counts, image files existing) is checked when a record is parsed: by the loaders
+when they read it (``JsonlRecords``), by ``read_records`` for a whole file up
+front. Image decoding is left to the encoding step.
 """
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from dataclasses import dataclass, field
 
 class DataRecordError(ValueError):
     """A record is malformed; the message names the file, line and record id."""
+
+    # Records are checked when read, each by the one rank that reads it: that rank reports
+    # the error (the user-error reporter prints rank-local errors on any rank).
+    rank_local = True
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,9 @@ MODALITIES: dict[str, ModalitySpec] = {
     "audio": ModalitySpec(name="audio", placeholder="<audio>", record_key="audios"),
 }
 
+# What the loaders do with a record found bad when read (--bad-record-policy).
+BAD_RECORD_POLICIES = ("fail", "skip")
+
 HUMAN_ROLES = ("human", "user")
 ASSISTANT_ROLES = ("gpt", "assistant")
 
@@ -44,13 +52,18 @@ def placeholder_pattern() -> re.Pattern[str]:
 
 @dataclass(frozen=True)
 class MediaRef:
-    """One media item: a resolved file path, or inline base64 data (kept undecoded)."""
+    """One media item: a resolved file path, inline base64 data (kept undecoded), or the
+    file's bytes as a WebDataset shard holds them (``raw``, named by ``member``)."""
 
     path: str | None = None
     data: str | None = None  # "data:image/png;base64,..." or bare base64
+    raw: bytes | None = None
+    member: str | None = None  # the shard member ``raw`` came from, for messages
 
     def describe(self) -> str:
-        return self.path if self.path is not None else "<inline data>"
+        if self.path is not None:
+            return self.path
+        return self.member if self.raw is not None else "<inline data>"
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from ..config import (
     ProjectorConfig,
     VisionEncoderConfig,
 )
+from .data_args import add_data_args, validate_data_args
 from ..plan.cp_assignment import BLOCK_OVERHEAD
 from ..plan.partition import parse_partition_flag
 from .fp8_args import fp8_args, validate_fp8_args
@@ -232,9 +233,11 @@ def _training_args(p: argparse.ArgumentParser) -> None:
                         "always an error unless --load equals --save (auto-resume)")
 
     g = p.add_argument_group("data, logging and evaluation")
-    g.add_argument("--data-path", default=None,
-                   help="a directory with train.jsonl and valid.jsonl, or a train .jsonl "
-                        "(then pass --valid-data-path); default: the built-in digits data")
+    g.add_argument("--data-path", nargs="+", default=None,
+                   help="a directory with train.jsonl and valid.jsonl, a train .jsonl (then "
+                        "pass --valid-data-path), or a Megatron-Energon dataset; a weighted "
+                        "blend as weight-path pairs: 0.7 A 0.3 B. Default: the built-in "
+                        "digits data")
     g.add_argument("--valid-data-path", default=None)
     g.add_argument("--data-cache-path", default=None,
                    help="where the built-in dataset is written (default ~/.cache/megatron_mm)")
@@ -269,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a multimodal LLM with Megatron-Core (megatron_mm)",
         allow_abbrev=False)
     _model_args(p)
+    add_data_args(p)
     _training_args(p)
     fp8_args(p)
     logging_args(p)
@@ -364,10 +368,8 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
     if args.eval_iters < 0:  # 0: no validation, as in Megatron-LM
         raise ConfigError("--eval-iters must not be negative (0 disables validation)")
     validate_logging_args(args)
-    if args.data_path and args.data_path.endswith(".jsonl") and not args.valid_data_path:
-        raise ConfigError("--data-path is a single .jsonl file: pass --valid-data-path too, "
-                          "or point --data-path at a directory with train.jsonl/valid.jsonl")
     _validate_data_balance(args)
+    validate_data_args(args)
     args.model_config = model_config_from_args(args)
     _validate_encoder_schedule(args)
     args.model_config.validate_parallel(tp, args.encoder_tensor_model_parallel_size)

@@ -63,5 +63,6 @@ def balanced_batch_iterator(args, dataset, tokenizer, consumed_samples: int,
         sample_names=[rec.where() for rec in dataset.records])
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
                         collate_fn=partial(collate_packed, pad_id=tokenizer.pad_id),
+                        pin_memory=torch.cuda.is_available(),
                         generator=torch.Generator().manual_seed(args.seed))
     return iter(loader)

@@ -20,11 +20,13 @@ from dataclasses import asdict
 from typing import Optional
 
 import torch
-from megatron.core import dist_checkpointing, tensor_parallel
+from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.dist_checkpointing.validation import StrictHandling
 
 from ..models.te_names import is_module_state
+
+from ..data.loaders import save_dataloader_state
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MODEL_CONFIG = "model_config.json"
@@ -105,8 +107,10 @@ def _plain(value) -> bool:
 
 
 def save_checkpoint(args, iteration: int, chunks, optimizer, scheduler,
-                    model_config=None, run_state: Optional[dict] = None) -> str:
-    """Save iteration ``iteration`` of the model chunks (unwrapped) and their optimizer.
+                    model_config=None, run_state: Optional[dict] = None,
+                    data_iterator=None) -> str:
+    """Save iteration ``iteration`` of the model chunks (unwrapped) and their optimizer, and
+    the state of ``data_iterator`` (Energon's loader) where one is given.
     ``model_config``: the model's (default the flags'); ``run_state``: values the run
     derived, saved with the flags."""
     root = args.save
@@ -124,6 +128,8 @@ def save_checkpoint(args, iteration: int, chunks, optimizer, scheduler,
                         with_rng=not getattr(args, "no_save_rng", False), loading=False,
                         run_state=run_state)
     dist_checkpointing.save(state, staging, async_sharded_save=False)
+    if data_iterator is not None and _first_of_model_parallel_group():
+        save_dataloader_state(data_iterator, staging, parallel_state.get_data_parallel_rank())
     torch.distributed.barrier()
     if rank0:
         with open(os.path.join(staging, MODEL_CONFIG), "w") as f:
@@ -141,6 +147,13 @@ def save_checkpoint(args, iteration: int, chunks, optimizer, scheduler,
         os.replace(tmp, os.path.join(root, TRACKER))
     torch.distributed.barrier()
     return final
+
+
+def _first_of_model_parallel_group() -> bool:
+    # Its model-parallel peers read the same samples: one file per data-parallel rank.
+    return (parallel_state.get_tensor_model_parallel_rank() == 0
+            and parallel_state.get_pipeline_model_parallel_rank() == 0
+            and parallel_state.get_context_parallel_rank() == 0)
 
 
 def locate_checkpoint(args) -> Optional[int]:

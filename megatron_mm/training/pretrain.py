@@ -27,11 +27,14 @@ from ..data import (
     DataRecordError,
     ImageProcessorConfig,
     MegatronPretrainingSampler,
-    MultimodalDataset,
     collate,
     prepare_digits,
 )
 from ..data.audio import AudioProcessorConfig, ClipTokenCount
+from ..data.loaders import (EncodingSettings, EnergonTrainData, build_train_valid_datasets,
+                            load_dataloader_state)
+from ..data.sources import resolve_sources
+from .checkpointing import iteration_dir, locate_checkpoint
 from ..data.spoken_digits import prepare_spoken_digits
 from ..models import BuildSettings, MultimodalModel, build_model
 from ..models.multimodal import ENCODER_MODALITY, MediaMismatchError
@@ -93,7 +96,7 @@ def build_settings(args, placements=None, replicas=None) -> BuildSettings:
         media_attention=args.media_attention, fp8=getattr(args, "fp8_settings", None))
 
 
-def data_paths(args) -> tuple[str, str]:
+def data_paths(args) -> Optional[tuple[str, str]]:
     if args.data_path is None:  # built-in data: digits, or spoken + written digits with audio
         cache = args.data_cache_path or os.path.join(os.path.expanduser("~"), ".cache",
                                                      "megatron_mm")
@@ -115,15 +118,7 @@ def data_paths(args) -> tuple[str, str]:
         if failed.item():
             raise FileNotFoundError("the built-in data could not be prepared (see rank 0)")
         return os.path.join(out, "train.jsonl"), os.path.join(out, "valid.jsonl")
-    if os.path.isdir(args.data_path):
-        train = os.path.join(args.data_path, "train.jsonl")
-        valid = args.valid_data_path or os.path.join(args.data_path, "valid.jsonl")
-    else:
-        train, valid = args.data_path, args.valid_data_path
-    for flag, path in (("--data-path", train), ("--valid-data-path", valid)):
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{flag}: {path} does not exist")
-    return train, valid
+    return None  # --data-path given: build_datasets resolves it
 
 
 def image_processor_config(args) -> ImageProcessorConfig:
@@ -154,13 +149,23 @@ def media_token_counts(args) -> dict:
 
 
 def build_datasets(args, tokenizer):
-    counts = media_token_counts(args)
-    image_cfg = image_processor_config(args)
-    audio_cfg = audio_processor_config(args)
-    train, valid = data_paths(args)
-    return tuple(MultimodalDataset(p, tokenizer, counts, image_cfg, max_seq_length=args.seq_length,
-                                   audio_cfg=audio_cfg)
-                 for p in (train, valid))
+    builtin = data_paths(args)
+    sources = (resolve_sources([builtin[0]], builtin[1]) if builtin
+               else resolve_sources(args.data_path, args.valid_data_path))
+    encoding = EncodingSettings(tokenizer, media_token_counts(args), image_processor_config(args),
+                                args.seq_length, audio_processor_config(args),
+                                args.bad_record_policy, llm_sequence_multiple(args))
+    return build_train_valid_datasets(sources, encoding,
+                                      valid_limit=args.eval_iters * args.global_batch_size,
+                                      global_batch_size=args.global_batch_size)
+
+
+def energon_state(args, consumed_samples: int):
+    """This data-parallel rank's Energon loader state in the checkpoint resumed from."""
+    if not consumed_samples or not args.load:
+        return None
+    path = iteration_dir(args.load, locate_checkpoint(args))
+    return load_dataloader_state(path, parallel_state.get_data_parallel_rank(), print_rank_0)
 
 
 def batch_iterators(args, dataset, tokenizer, consumed_samples: int, shuffle: bool):
@@ -172,6 +177,16 @@ def batch_iterators(args, dataset, tokenizer, consumed_samples: int, shuffle: bo
 
 
 def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: bool):
+    if isinstance(dataset, EnergonTrainData):  # resumes from the checkpoint's loader state
+        if args.packing_buffer_size and build_settings(args).transformer_impl != "local":
+            raise ConfigError("--packing-buffer-size packs samples into one sequence with a "
+                              "block-diagonal mask, which only the local specs apply: pass "
+                              "--transformer-impl local")
+        return dataset.batches(
+            args.micro_batch_size, parallel_state.get_data_parallel_rank(),
+            parallel_state.get_data_parallel_world_size(), args.num_workers, args.seed,
+            parallel_state.get_data_parallel_group(), energon_state(args, consumed_samples),
+            args.packing_buffer_size, args.packing_seq_length or args.seq_length)
     if shuffle and args.data_balance != "none":  # training data; evaluation stays padded
         return balanced_batch_iterator(args, dataset, tokenizer, consumed_samples,
                                        build_settings(args).transformer_impl)
@@ -186,6 +201,7 @@ def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: boo
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
                         collate_fn=partial(collate, pad_id=tokenizer.pad_id,
                                            pad_to_multiple_of=llm_sequence_multiple(args)),
+                        pin_memory=torch.cuda.is_available(),
                         generator=torch.Generator().manual_seed(args.seed))
     return iter(loader)
 

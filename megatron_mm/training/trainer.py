@@ -34,6 +34,7 @@ from .initialize import initialize_distributed, set_random_seed
 from .logging_args import validation_enabled
 from .metric_writers import build_writers
 from .partition_trials import search_partition
+from ..data.loaders import savable
 from .pretrain import (
     TrainingCallbacks, batch_iterators, build_datasets, build_model_chunks,
     cp_attention_choice, print_rank_0, print_rank_last, setup_model_and_optimizer,
@@ -84,6 +85,7 @@ class Trainer:
     scheduler: object
     timers: Timers
     writers: object = None  # TensorBoard / wandb on the last rank
+    data_state: object = None  # Energon's loader, whose state checkpoints carry
     summary: dict = field(default_factory=dict)
 
     @classmethod
@@ -152,7 +154,7 @@ class Trainer:
 
     def save(self, iteration: int) -> None:
         save_checkpoint(self.args, iteration, self.model, self.optimizer, self.scheduler,
-                        self.model_config, self.run_state())
+                        self.model_config, self.run_state(), self.data_state)
         print_rank_0(f"  successfully saved checkpoint at iteration {iteration} to "
                      f"{self.args.save}")
 
@@ -208,6 +210,7 @@ class Trainer:
         iteration = self.load()
         train_iter = self.batches(self.train_ds, iteration * args.global_batch_size,
                                   shuffle=True)
+        self.data_state = savable(train_iter)  # Energon's loader: saved with checkpoints
         if isinstance(train_iter, list):  # count the tokens of one chunk's copy of the data
             train_iter[0] = counter = TokenCounter(train_iter[0])
         else:

@@ -72,11 +72,12 @@ def test_clips_of_different_lengths_in_one_batch(tmp_path, tok):
 
 
 def test_too_long_clip_is_refused_naming_the_record(tmp_path, tok):
-    path = _write(tmp_path, [0.1, 0.5])
+    ds = _dataset(_write(tmp_path, [0.1, 0.5]), tok)
+    ds[0]  # checked when read: the good clip loads
     with pytest.raises(DataRecordError, match=r"record 'clip-1' \(data.jsonl line 2\).*0\.50 s"
                                               r".*longer than the audio encoder takes "
                                               r"\(40 frames = 0\.40 s\).*--audio-max-source"):
-        _dataset(path, tok)
+        ds[1]
 
 
 def test_audio_without_an_audio_encoder_is_an_error(tmp_path, tok):

@@ -165,12 +165,18 @@ def _conversation(rid, prompt, images):
                               {"from": "gpt", "value": "seven"}]}
 
 
+def _good(n):  # records are checked when read: fill the first global batch (8)
+    return [_conversation(f"ok-{i}", "What digit?", []) for i in range(n)]
+
+
 def test_placeholder_mismatch_names_the_record(tmp_path):
     data = _write_data(tmp_path, [
         _conversation("ok-1", "<image>\nWhat digit?", ["a.png"]),
         _conversation("bad-2", "<image> and <image>?", ["a.png"]),
-    ])
-    (tmp_path / "a.png").write_bytes(b"")  # existence is enough to pass the first check
+    ] + _good(6))
+    from PIL import Image
+
+    Image.new("L", (8, 8), 128).save(tmp_path / "a.png")  # ok-1 reads before bad-2
     out = _run_script("--data-path", data)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "record 'bad-2'" in out.stderr and "line 2" in out.stderr, out.stderr[-2000:]
@@ -178,7 +184,8 @@ def test_placeholder_mismatch_names_the_record(tmp_path):
 
 
 def test_missing_image_file_names_path_and_record(tmp_path):
-    data = _write_data(tmp_path, [_conversation("r1", "<image>\nWhat?", ["nope/missing.png"])])
+    data = _write_data(tmp_path, [_conversation("r1", "<image>\nWhat?", ["nope/missing.png"])]
+                       + _good(7))
     out = _run_script("--data-path", data)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "missing.png" in out.stderr and "record 'r1'" in out.stderr, out.stderr[-2000:]
