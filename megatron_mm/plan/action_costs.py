@@ -17,12 +17,17 @@ encoder's media items):
   matmul, is left out of both the baseline and the plans);
 - Megatron baseline: the whole encoder at the LLM's TP inside LLM chunk 0 (the first
   stage), as Megatron-LM places encoders in the first stage's pre-process;
-- data-parallel bubbles (distributed optimizer with MegaScale's / Megatron's overlap of
+- data-parallel traffic (distributed optimizer with MegaScale's / Megatron's overlap of
   the parameter all-gather and gradient reduce-scatter with compute, as in Optimus' runs):
-  only the first model chunk's bf16 all-gather (before the LLM starts) and the last
-  chunk's fp32 reduce-scatter (after it ends) stay exposed, i.e. 1 / VPP of the rank's LLM
-  parameters over DP; encoder parameters (the whole local encoder stage) over DP_enc,
-  taken on the rank holding the most.
+  the first model chunk's bf16 all-gather stays exposed before the LLM starts (1 / VPP of
+  the rank's LLM parameters over DP, plus its encoder stage over DP_enc); each chunk's
+  fp32 reduce-scatter is the schedule's ``GRAD_SYNC`` of that chunk (``reduce_s``), run on
+  the communication stream once the chunk's last backward is done, the rank's encoder
+  stage with its first chunk, so the simulator shows which of them the compute hides;
+- encoder replicas (TP_enc < TP: m = TP / TP_enc per LLM TP group): each micro-batch's
+  encoder output is broadcast over the LLM TP group (``BCAST``, the encoder's output
+  activation), and the replicas' fp32 gradients are all-reduced once per iteration
+  (``ALLREDUCE``) before the data-parallel reduction over the remaining DP_enc / m.
 
 Memory per GPU follows Optimus (section 4.5): 6 bytes per parameter (bf16 weight, fp32
 gradient) plus 12 / DP (fp32 master weight and Adam moments, sharded by the distributed
@@ -188,18 +193,37 @@ class CostModel:
         return (self.enc.transformer.num_layers * self.enc_layer.params
                 + self.enc_embed.params + self.enc_projector.params)
 
-    def dp_bubbles(self, enc_params_per_gpu: float, dp_enc: int) -> Tuple[float, float]:
-        """(all-gather before the LLM, reduce-scatter after it), seconds."""
+    def llm_chunk_params(self) -> List[float]:
+        """Parameters per GPU of each LLM chunk (the word embedding on chunk 0, the output
+        layer on the last)."""
+        lay = self.layout
+        chunks = lay.num_chunks
+        per = self.model.llm.num_layers // chunks * self.llm_layer.params
+        return [(per + (self.llm_embed.params if c == 0 else 0.0)
+                 + (self.llm_head.params if c == chunks - 1 else 0.0))
+                / lay.tensor_model_parallel_size for c in range(chunks)]
+
+    def dp_gather_s(self, enc_params_per_gpu: float, dp_enc: int) -> float:
+        """The all-gather before the LLM starts, seconds."""
         dp = self.layout.data_parallel_size
         llm = self.llm_params_per_gpu() / self.layout.virtual_pipeline_model_parallel_size
-        enc_trainable = self.encoder_trainable
-        gather = (self.links.dp_seconds(flops.BF16 * llm, dp)
-                  + (self.links.dp_seconds(flops.BF16 * enc_params_per_gpu, dp_enc)
-                     if enc_trainable else 0.0))
-        scatter = (self.links.dp_seconds(flops.FP32 * llm, dp)
-                   + (self.links.dp_seconds(flops.FP32 * enc_params_per_gpu, dp_enc)
-                      if enc_trainable else 0.0))
-        return gather, scatter
+        return (self.links.dp_seconds(flops.BF16 * llm, dp)
+                + (self.links.dp_seconds(flops.BF16 * enc_params_per_gpu, dp_enc)
+                   if self.encoder_trainable else 0.0))
+
+    def reduce_s(self, enc_params_per_gpu: float, dp_enc: int, encoder_ranks: List[int]
+                 ) -> List[float]:
+        """Each chunk's data-parallel gradient reduce-scatter (``GRAD_SYNC``), seconds: the
+        LLM chunk's over DP, plus on the first chunk of each rank in ``encoder_ranks`` its
+        encoder stage's over ``dp_enc``. A frozen part reduces nothing."""
+        dp = self.layout.data_parallel_size
+        llm = [0.0 if self.model.freeze_llm else self.links.dp_seconds(flops.FP32 * p, dp)
+               for p in self.llm_chunk_params()]
+        if self.encoder_trainable:
+            enc = self.links.dp_seconds(flops.FP32 * enc_params_per_gpu, dp_enc)
+            for r in set(encoder_ranks):
+                llm[r] += enc
+        return llm
 
     # -- the two kinds of costs -------------------------------------------------------------
     def baseline(self) -> ActionCosts:
@@ -209,20 +233,31 @@ class CostModel:
         ef, eb = self.encoder_pieces(tp, 1)
         fwd[0] += ef[0]
         bwd[0] += eb[0]
-        start, end = self.dp_bubbles(self.encoder_params() / tp, self.layout.data_parallel_size)
-        return ActionCosts(fwd, bwd, p2p_s=self.p2p_s(), llm_start_s=start, llm_end_s=end)
+        enc, dp = self.encoder_params() / tp, self.layout.data_parallel_size
+        return ActionCosts(fwd, bwd, p2p_s=self.p2p_s(), llm_start_s=self.dp_gather_s(enc, dp),
+                           reduce_s=self.reduce_s(enc, dp, [0]))
 
-    def optimus(self, plan: EncoderPlan, pieces: int) -> ActionCosts:
-        """The encoder as its own pipeline of ``PP_enc x pieces`` pieces."""
+    def optimus(self, plan: EncoderPlan, pieces: int, encoder_ranks: List[int]
+                ) -> ActionCosts:
+        """The encoder as its own pipeline of ``PP_enc x pieces`` pieces on
+        ``encoder_ranks`` (one per piece)."""
         pp_enc, tp_enc = (plan.encoder_pipeline_model_parallel_size,
                           plan.encoder_tensor_model_parallel_size)
+        tp, pp = self.layout.tensor_model_parallel_size, self.layout.pipeline_model_parallel_size
+        replicas = tp // tp_enc
         fwd, bwd = self.llm_chunks()
-        share = tp_enc / self.layout.tensor_model_parallel_size
-        ef, eb = self.encoder_pieces(tp_enc, pp_enc * pieces, share)
-        start, end = self.dp_bubbles(self.encoder_params() / (pp_enc * tp_enc),
-                                     plan.encoder_data_parallel_size)
-        return ActionCosts(fwd, bwd, ef, eb if self.encoder_trainable else [],
-                           p2p_s=self.p2p_s(), llm_start_s=start, llm_end_s=end)
+        ef, eb = self.encoder_pieces(tp_enc, pp_enc * pieces, 1.0 / replicas)
+        enc = self.encoder_params() / (pp_enc * tp_enc)
+        dp_enc = plan.encoder_data_parallel_size
+        costs = ActionCosts(fwd, bwd, ef, eb if self.encoder_trainable else [],
+                            p2p_s=self.p2p_s(), llm_start_s=self.dp_gather_s(enc, dp_enc),
+                            reduce_s=self.reduce_s(enc, dp_enc // replicas, encoder_ranks))
+        if replicas > 1:
+            costs.broadcast_s = [self.links.broadcast_seconds(self.enc_act_bytes, tp)
+                                 ] * len(ef)
+            costs.replica_allreduce_s = [self.links.allreduce_seconds(
+                flops.FP32 * enc, replicas) if self.encoder_trainable else 0.0] * pp
+        return costs
 
     # -- memory ---------------------------------------------------------------------------
     def memory_bytes(self, plan: Optional[EncoderPlan]) -> float:

@@ -37,7 +37,7 @@ from .action_costs import CostModel, EncoderPlan, LLMLayout
 from .actions import Schedule, validate
 from .bubble import bubble
 from .errors import PlanError
-from .generate import coarse, megatron
+from .generate import coarse, encoder_placement, megatron
 from .hardware import Hardware, Interconnect
 from .model import ModelSpec
 from .record import Record
@@ -105,7 +105,8 @@ def _divisors(n: int) -> List[int]:
 
 
 def _llm_only(costs: ActionCosts) -> ActionCosts:
-    return replace(costs, encoder_forward_s=[], encoder_backward_s=[])
+    return replace(costs, encoder_forward_s=[], encoder_backward_s=[], broadcast_s=[],
+                   replica_allreduce_s=[])
 
 
 def plan_encoder_schedule(model: ModelSpec, layout: LLMLayout, hardware: Hardware,
@@ -123,8 +124,9 @@ def plan_encoder_schedule(model: ModelSpec, layout: LLMLayout, hardware: Hardwar
     base_layout = replace(layout, virtual_pipeline_model_parallel_size=baseline_vpp)
     base = CostModel(model, base_layout, hardware, links)
     m = layout.num_microbatches
-    baseline_s = simulate(megatron(pp, baseline_vpp, m), base.baseline(), False).iteration_s
-    interleaved_s = simulate(megatron(pp, vpp, m),
+    baseline_s = simulate(megatron(pp, baseline_vpp, m, grad_sync=True), base.baseline(),
+                          False).iteration_s
+    interleaved_s = simulate(megatron(pp, vpp, m, grad_sync=True),
                              CostModel(model, layout, hardware, links).baseline(),
                              False).iteration_s
 
@@ -145,8 +147,9 @@ def plan_encoder_schedule(model: ModelSpec, layout: LLMLayout, hardware: Hardwar
                     rejected.append(f"encoder PP {pp_enc} TP {tp_enc}, micro-batch {mbs}: "
                                     f"{mem / GB:.1f} GB > {memory_limit_bytes / GB:.1f} GB")
                     continue
-                bound = simulate(megatron(pp, vpp, lay.num_microbatches),
-                                 _llm_only(cm.optimus(plan, 1)), False).iteration_s
+                ranks = encoder_placement(pp, pp_enc)[1]
+                bound = simulate(megatron(pp, vpp, lay.num_microbatches, grad_sync=True),
+                                 _llm_only(cm.optimus(plan, 1, ranks)), False).iteration_s
                 options.append((bound, mbs, pp_enc, tp_enc, lay, cm, plan, mem))
     if not options:
         raise PlanError("no encoder plan fits in memory: " + "; ".join(rejected[:4]))
@@ -166,17 +169,20 @@ def plan_encoder_schedule(model: ModelSpec, layout: LLMLayout, hardware: Hardwar
                 continue
             if best is not None and best.iteration_s <= bound + 1e-12:
                 break  # this plan's encoder is already fully hidden: nothing beats it
-            costs = cm.optimus(plan, k)
             for reverse in (False, True):
                 if best is not None and best.iteration_s <= bound + 1e-12:
                     break
+                costs = cm.optimus(plan, k, encoder_placement(pp, pp_enc, k, reverse)[1])
                 hidden_all = False
+                collectives = dict(encoder_replicas=tp // tp_enc, grad_sync=True)
                 for kind in schedules:
                     if kind == "bubble" and hidden_all:
                         continue
-                    s = (coarse(pp, vpp, n, cm.encoder_trainable, pp_enc, k, reverse)
+                    s = (coarse(pp, vpp, n, cm.encoder_trainable, pp_enc, k, reverse,
+                                **collectives)
                          if kind == "coarse" else
-                         bubble(pp, vpp, n, cm.encoder_trainable, costs, pp_enc, k, reverse))
+                         bubble(pp, vpp, n, cm.encoder_trainable, costs, pp_enc, k, reverse,
+                                **collectives))
                     sim = simulate(s, costs, False)
                     c = Candidate(pp_enc, tp_enc, plan.encoder_data_parallel_size, k, reverse,
                                   kind, mbs, n, sim.iteration_s, sim.llm_only_iteration_s,

@@ -7,14 +7,17 @@
   baseline).
 
 Optimus' ``bubble`` schedule, which moves encoder pieces into the LLM's bubbles, is in
-``bubble.py``.
+``bubble.py``. Every generator places the collectives its settings call for
+(``collectives.add_collectives``: ``encoder_replicas``, ``grad_sync``) and validates what it
+returns (``actions.validated``).
 """
 
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-from .actions import Action, Schedule
+from .actions import Action, Kind, Schedule, validated
+from .collectives import add_collectives
 from .errors import PlanError
 
 
@@ -39,7 +42,7 @@ def llm_order(pp: int, vpp: int, m: int, rank: int, extra_warmup: int = 0) -> Li
         if not forward:
             v = vpp - 1 - v
         mb = (k // (pp * vpp)) * pp + k % pp if vpp > 1 else k
-        return Action("F" if forward else "B", mb, v * pp + rank)
+        return Action(Kind.F if forward else Kind.B, mb, v * pp + rank)
 
     order = [unit(k, True) for k in range(warmup)]
     for i in range(total - warmup):
@@ -49,11 +52,13 @@ def llm_order(pp: int, vpp: int, m: int, rank: int, extra_warmup: int = 0) -> Li
     return order
 
 
-def megatron(pp: int, vpp: int, num_microbatches: int) -> Schedule:
-    return Schedule(name="megatron", pipeline_model_parallel_size=pp,
-                    virtual_pipeline_model_parallel_size=vpp,
-                    num_microbatches=num_microbatches,
-                    ranks=[llm_order(pp, vpp, num_microbatches, r) for r in range(pp)])
+@validated
+def megatron(pp: int, vpp: int, num_microbatches: int, grad_sync: bool = False) -> Schedule:
+    return add_collectives(Schedule(
+        name="megatron", pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp, num_microbatches=num_microbatches,
+        ranks=[llm_order(pp, vpp, num_microbatches, r) for r in range(pp)]),
+        grad_sync=grad_sync)
 
 
 def encoder_placement(pp: int, encoder_stages: Optional[int] = None, pieces: int = 1,
@@ -76,7 +81,8 @@ def separate_encoders(name: str, pp: int, vpp: int, num_microbatches: int,
                       encoder_trainable: bool, encoder_stages: Optional[int] = None,
                       pieces: int = 1, reverse: bool = False, encoders: int = 1,
                       frozen_encoders: Sequence[int] = ()) -> Schedule:
-    """An empty schedule (no actions yet) whose ``encoders`` encoders each run as their own
+    """An empty schedule (no actions yet, no collectives: ``add_collectives`` places them
+    once the compute is ordered) whose ``encoders`` encoders each run as their own
     pipeline, all with the same layout (``encoder_placement``), their pieces numbered one
     encoder after the other; ``frozen_encoders`` have no backward."""
     _, ranks = encoder_placement(pp, encoder_stages, pieces, reverse)
@@ -90,17 +96,19 @@ def separate_encoders(name: str, pp: int, vpp: int, num_microbatches: int,
                     frozen_encoders=sorted(frozen_encoders))
 
 
+@validated
 def coarse(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
            encoder_stages: Optional[int] = None, pieces: int = 1,
            reverse: bool = False, encoders: int = 1,
-           frozen_encoders: Sequence[int] = ()) -> Schedule:
+           frozen_encoders: Sequence[int] = (), encoder_replicas: int = 1,
+           grad_sync: bool = False) -> Schedule:
     """Every encoder forward first, then the LLM, then every encoder backward."""
     schedule = separate_encoders("coarse", pp, vpp, num_microbatches, encoder_trainable,
                                  encoder_stages, pieces, reverse, encoders, frozen_encoders)
     for r in range(pp):
         mine = [s for s, rank in enumerate(schedule.encoder_ranks) if rank == r]
-        before = [Action("EF", mb, s) for mb in range(num_microbatches) for s in mine]
-        after = [Action("EB", mb, s) for mb in range(num_microbatches) for s in reversed(mine)
-                 if schedule.encoder_backward(s)]
+        before = [Action(Kind.EF, mb, s) for mb in range(num_microbatches) for s in mine]
+        after = [Action(Kind.EB, mb, s) for mb in range(num_microbatches)
+                 for s in reversed(mine) if schedule.encoder_backward(s)]
         schedule.ranks.append(before + llm_order(pp, vpp, num_microbatches, r) + after)
-    return schedule
+    return add_collectives(schedule, encoder_replicas, grad_sync)

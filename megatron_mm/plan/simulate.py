@@ -3,14 +3,19 @@ bubble fraction, encoder busy time per rank and the share of encoder work hidden
 LLM's bubbles, and the timeline (Chrome trace, viewable in Perfetto). Each rank runs every
 action of its list: with encoder replicas (an encoder TP below the LLM's, whose replicas
 share a rank's encoder actions and run them concurrently) the encoder costs are those of
-one replica doing all of them."""
+one replica doing all of them.
+
+Collectives are charged as the runtime runs them: ``BCAST`` and ``ALLREDUCE`` block the
+rank (synchronous collectives between compute), ``GRAD_SYNC`` starts the chunk's
+data-parallel reduction on the rank's communication stream, which runs beside its compute,
+one reduction after the other; the rank is done when both streams are."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from .actions import Schedule, replay_order
+from .actions import Kind, Schedule, replay_order
 from .errors import PlanError
 from .record import Record
 
@@ -26,6 +31,14 @@ class ActionCosts(Record):
     ``grad_sync_s``: gradient synchronisation once every rank is done (Megatron-Core's
     ``finalize_model_grads``: tied-embedding and data-parallel all-reduces); nothing
     overlaps it.
+
+    The collectives' seconds (an empty list: the costs do not model that traffic, it is
+    free): ``broadcast_s`` per encoder piece (``BCAST`` of an encoder's last piece's
+    output over the LLM TP group), ``replica_allreduce_s`` per pipeline rank
+    (``ALLREDUCE`` of its encoder pieces' gradients over the replicas), ``reduce_s`` per
+    LLM chunk (the data-parallel gradient reduction ``GRAD_SYNC`` starts, with the encoder
+    pieces of the rank in its first chunk). Costs with ``reduce_s`` charge the reduction
+    there, not in ``llm_end_s``: they need a schedule with ``GRAD_SYNC`` actions.
     """
 
     forward_s: List[float]
@@ -36,10 +49,17 @@ class ActionCosts(Record):
     llm_start_s: float = 0.0
     llm_end_s: float = 0.0
     grad_sync_s: float = 0.0
+    broadcast_s: List[float] = field(default_factory=list)
+    replica_allreduce_s: List[float] = field(default_factory=list)
+    reduce_s: List[float] = field(default_factory=list)
 
     def of(self, kind: str, chunk: int) -> float:
-        table = {"F": self.forward_s, "B": self.backward_s, "EF": self.encoder_forward_s,
-                 "EB": self.encoder_backward_s}[kind]
+        table = {Kind.F: self.forward_s, Kind.B: self.backward_s,
+                 Kind.EF: self.encoder_forward_s, Kind.EB: self.encoder_backward_s,
+                 Kind.BCAST: self.broadcast_s, Kind.ALLREDUCE: self.replica_allreduce_s,
+                 Kind.GRAD_SYNC: self.reduce_s}[kind]
+        if Kind(kind).collective and not table:
+            return 0.0
         if chunk >= len(table):
             raise PlanError(f"no {kind} cost for chunk / stage {chunk}")
         return table[chunk]
@@ -70,21 +90,38 @@ class Simulation(Record):
     encoder_hidden_fraction: Optional[float] = None
 
     def chrome_trace(self) -> Dict:
-        """Chrome trace events: one row per rank, LLM and encoder work in separate
-        categories (Perfetto colours them apart)."""
-        events = [{"name": f"{t.kind}{t.microbatch}" + (f".{t.chunk}" if t.kind in "FB" else ""),
-                   "cat": "encoder" if t.kind.startswith("E") else "llm", "ph": "X",
-                   "pid": 0, "tid": t.rank, "ts": t.start_s * 1e6,
-                   "dur": (t.end_s - t.start_s) * 1e6} for t in self.timeline]
+        """Chrome trace events: one row per rank (and one per rank's communication
+        stream), LLM, encoder and collective work in separate categories (Perfetto colours
+        them apart)."""
+        ranks = len(self.busy_s)
+        events = [{"name": _label(t), "cat": _category(t.kind), "ph": "X", "pid": 0,
+                   "tid": t.rank + (ranks if t.kind == Kind.GRAD_SYNC else 0),
+                   "ts": t.start_s * 1e6, "dur": (t.end_s - t.start_s) * 1e6}
+                  for t in self.timeline]
         events += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": r,
-                    "args": {"name": f"rank {r}"}} for r in range(len(self.busy_s))]
+                    "args": {"name": f"rank {r}"}} for r in range(ranks)]
+        if any(t.kind == Kind.GRAD_SYNC for t in self.timeline):
+            events += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": ranks + r,
+                        "args": {"name": f"rank {r} communication"}} for r in range(ranks)]
         return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _label(t: TimedAction) -> str:
+    if t.kind in (Kind.ALLREDUCE, Kind.GRAD_SYNC):
+        return f"{t.kind}.{t.chunk}"
+    return f"{t.kind}{t.microbatch}" + (f".{t.chunk}" if t.kind in ("F", "B") else "")
+
+
+def _category(kind: str) -> str:
+    kind = Kind(kind)
+    return "llm" if kind.llm else "encoder" if kind.encoder else "collective"
 
 
 def simulate(schedule: Schedule, costs: ActionCosts, timeline: bool = True) -> Simulation:
     """Each rank runs its actions in order; an action starts when its rank is free and its
     inputs have arrived (plus ``p2p_s`` when they come from another rank); LLM actions also
     wait for ``llm_start_s`` and a rank ends ``llm_end_s`` after its last LLM action.
+    ``GRAD_SYNC`` runs on the rank's communication stream (module docstring).
 
     The share of encoder work hidden in bubbles (Optimus' "scheduling efficiency", the
     share of encoder computation placed inside LLM bubbles) is measured by what the encoder
@@ -94,6 +131,10 @@ def simulate(schedule: Schedule, costs: ActionCosts, timeline: bool = True) -> S
     were none of it hidden); clipped to [0, 1]. ``timeline=False`` skips the per-action
     records (the planner simulates many schedules and needs the numbers only).
     """
+    if costs.reduce_s and not schedule.grad_sync:
+        raise PlanError(f"these costs charge the data-parallel reduction at GRAD_SYNC actions, "
+                        f"which schedule {schedule.name!r} has none of: generate it with "
+                        "grad_sync=True")
     iteration, busy, enc, timeline = _replay(schedule, costs, timeline)
     idle = [iteration - b for b in busy]
     llm_only = hidden = None
@@ -112,38 +153,48 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
     finish: Dict = {}
     owner: Dict = {}
     clock = [0.0] * pp
+    stream = [0.0] * pp  # the communication stream's clock (GRAD_SYNC)
     llm_end = [0.0] * pp
     busy = [0.0] * pp
     enc = [0.0] * pp
     timeline = []
     p2p, start = costs.p2p_s, costs.llm_start_s
     for rank, a in replay_order(schedule):
-        llm = a.kind in ("F", "B")
-        ready = max(clock[rank], start) if llm else clock[rank]
-        for dep in schedule.dependencies(a):
-            arrival = finish[dep] + (p2p if owner[dep] != rank else 0.0)
-            if arrival > ready:
-                ready = arrival
+        llm, on_stream = a.kind.llm, a.kind == Kind.GRAD_SYNC
+        if on_stream:  # its inputs are this rank's own actions, its clock the stream's
+            ready = max([stream[rank]] + [finish[d] for d in schedule.dependencies(a)])
+        else:
+            ready = max(clock[rank], start) if llm else clock[rank]
+            for dep in schedule.dependencies(a):
+                arrival = finish[dep] + (p2p if owner[dep] != rank else 0.0)
+                if arrival > ready:
+                    ready = arrival
         duration = costs.of(a.kind, a.chunk)
         end = ready + duration
         finish[a.key], owner[a.key] = end, rank
-        clock[rank] = end
-        busy[rank] += duration
+        if on_stream:
+            stream[rank] = end
+        else:
+            clock[rank] = end
+            busy[rank] += duration
         if llm:
             llm_end[rank] = end
-        else:
+        elif a.kind.encoder:
             enc[rank] += duration
         if record:
             timeline.append(TimedAction(rank, a.kind, a.microbatch, a.chunk, ready, end))
-    iteration = max(max(c, e + costs.llm_end_s) for c, e in zip(clock, llm_end))
+    iteration = max(max(c, s, e + costs.llm_end_s)
+                    for c, s, e in zip(clock, stream, llm_end))
     return iteration + costs.grad_sync_s, busy, enc, timeline
 
 
 def _without_encoder(schedule: Schedule) -> Schedule:
-    """The same LLM orders on every rank, the encoder's actions left out."""
+    """The same LLM orders (and data-parallel reductions) on every rank, the encoder's
+    actions and collectives left out."""
+    keep = (Kind.F, Kind.B, Kind.GRAD_SYNC)
     return Schedule(name=schedule.name + " (LLM only)",
                     pipeline_model_parallel_size=schedule.pipeline_model_parallel_size,
                     virtual_pipeline_model_parallel_size=(
                         schedule.virtual_pipeline_model_parallel_size),
-                    num_microbatches=schedule.num_microbatches,
-                    ranks=[[a for a in r if a.kind in ("F", "B")] for r in schedule.ranks])
+                    num_microbatches=schedule.num_microbatches, grad_sync=schedule.grad_sync,
+                    ranks=[[a for a in r if a.kind in keep] for r in schedule.ranks])

@@ -3,7 +3,10 @@ schedule executor instead of Megatron-Core's schedules (``megatron``, the defaul
 
 The plan (LLM partition, encoder pieces and their ranks) comes from the training chain; the
 ``bubble`` schedule is generated on its per-action costs, from the cost model or measured
-per-layer times (``--pipeline-profile``), once per micro-batch count.
+per-layer times (``--pipeline-profile``), once per micro-batch count. The schedules name
+their collectives (the encoder replicas' broadcast and gradient sum, the data-parallel
+reductions' start points) and are validated as they are generated; ``build_executor``
+generates the run's schedule up front, so a schedule that cannot run fails at start-up.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ def encoder_pipeline_plan(args, chain=None) -> EncoderPipelinePlan:
 def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int):
     pp, vpp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1
     stages, pieces = args.encoder_pipeline_model_parallel_size, args.encoder_pieces
-    encoders = dict(encoders=len(plan.pieces), frozen_encoders=plan.frozen_encoders)
+    encoders = dict(encoders=len(plan.pieces), frozen_encoders=plan.frozen_encoders,
+                    encoder_replicas=encoder_replicas(args), grad_sync=True)
     if args.encoder_schedule == "coarse":
         return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, stages, pieces,
                       **encoders)
@@ -50,7 +54,15 @@ def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int):
                   extra_warmup="auto", **encoders)
 
 
+def encoder_replicas(args) -> int:
+    """Encoder replicas per LLM TP group (TP / encoder TP)."""
+    etp = getattr(args, "encoder_tensor_model_parallel_size", None)
+    return args.tensor_model_parallel_size // etp if etp else 1
+
+
 def build_executor(args, plan: Optional[EncoderPipelinePlan] = None) -> ScheduleExecutor:
     plan = plan or encoder_pipeline_plan(args)
-    return ScheduleExecutor(lambda m: make_schedule(args, plan, m), plan.pieces,
-                            batch_to_device, getattr(args, "encoder_replicas", None))
+    executor = ScheduleExecutor(lambda m: make_schedule(args, plan, m), plan.pieces,
+                                batch_to_device, getattr(args, "encoder_replicas", None))
+    executor.schedule(args.num_microbatches)  # generated and validated before any step
+    return executor
