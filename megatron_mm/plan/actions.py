@@ -19,7 +19,12 @@ them and the timeline shows them:
 - ``GRAD_SYNC(0, c)``: model chunk ``c``'s data-parallel gradient reduction starts
   (Megatron-Core DDP's ``start_grad_sync``, asynchronous with ``--overlap-grad-reduce``)
   once nothing adds to its gradients: after its last ``B``, and for a rank's first chunk
-  (which holds the rank's encoder pieces) after its last ``EB`` and ``ALLREDUCE``.
+  (which holds the rank's encoder pieces) after its last ``EB`` and ``ALLREDUCE``;
+- ``ENCODER_GRAD_SYNC(0, p)`` (``encoder_grad_sync``): encoder piece ``p`` reduces its
+  gradients on its own (its own buckets and data-parallel group, as in Optimus), after its
+  last ``EB`` (and its rank's ``ALLREDUCE``); a rank's first chunk's ``GRAD_SYNC`` then
+  waits for its ``B`` only. The training runtime keeps the pieces in the first chunk's
+  buffers, so it runs schedules without it.
 
 Data dependencies (sends and receives are implied where producer and consumer differ in
 rank; the simulator charges them):
@@ -65,6 +70,7 @@ class Kind(str, Enum):
     BCAST = "BCAST"  # an encoder's output from its replica to the LLM TP group
     ALLREDUCE = "ALLREDUCE"  # a rank's encoder gradients summed over the replicas
     GRAD_SYNC = "GRAD_SYNC"  # a model chunk's data-parallel gradient reduction starts
+    ENCODER_GRAD_SYNC = "ENCODER_GRAD_SYNC"  # a rank's encoder pieces' own reduction starts
 
     __hash__ = str.__hash__  # as its letters: ("F", m, c) and (Kind.F, m, c) are one key
 
@@ -95,9 +101,12 @@ class Kind(str, Enum):
 class Action(Record):
     kind: Kind
     microbatch: int  # 0 for the once-per-iteration ALLREDUCE and GRAD_SYNC
-    chunk: int  # LLM chunk (F, B, GRAD_SYNC), encoder piece (EF, EB, BCAST), rank (ALLREDUCE)
+    chunk: int  # LLM chunk (F, B, GRAD_SYNC), encoder piece (EF, EB, BCAST,
+    # ENCODER_GRAD_SYNC), pipeline rank (ALLREDUCE)
 
     def __post_init__(self):
+        if type(self.kind) is Kind:  # the common case, kept cheap (planners build many)
+            return
         try:
             self.kind = Kind(self.kind)
         except ValueError:
@@ -111,6 +120,8 @@ class Action(Record):
     def __str__(self) -> str:
         if self.kind == Kind.ALLREDUCE:
             return f"ALLREDUCE(encoder replicas, rank {self.chunk})"
+        if self.kind == Kind.ENCODER_GRAD_SYNC:
+            return f"ENCODER_GRAD_SYNC(encoder piece {self.chunk})"
         if self.kind == Kind.GRAD_SYNC:
             return f"GRAD_SYNC(chunk {self.chunk})"
         where = "chunk" if self.kind.llm else "encoder piece"
@@ -135,8 +146,10 @@ class Schedule(Record):
     frozen_encoders: List[int] = field(default_factory=list)
     # Encoder replicas per LLM TP group (TP / encoder TP): > 1 adds BCAST and ALLREDUCE.
     encoder_replicas: int = 1
-    # Whether the data-parallel reductions' start points are actions (GRAD_SYNC).
+    # Whether the data-parallel reductions' start points are actions (GRAD_SYNC), and
+    # whether the encoder pieces reduce on their own (ENCODER_GRAD_SYNC).
     grad_sync: bool = False
+    encoder_grad_sync: bool = False
 
     @property
     def num_chunks(self) -> int:
@@ -163,7 +176,7 @@ class Schedule(Record):
             self.encoder_span(piece)) not in self.frozen_encoders
 
     def rank_of(self, action: Action) -> int:
-        if action.kind.encoder:
+        if action.kind.encoder or action.kind == Kind.ENCODER_GRAD_SYNC:
             return self.encoder_ranks[action.chunk]
         if action.kind == Kind.ALLREDUCE:
             return action.chunk
@@ -197,13 +210,14 @@ class Schedule(Record):
         if a.kind == Kind.ALLREDUCE:
             return [(Kind.EB, mb, s) for mb in range(self.num_microbatches)
                     for s in self.trained_pieces(c)]
+        if a.kind == Kind.ENCODER_GRAD_SYNC:
+            r = self.encoder_ranks[c]
+            return [(Kind.EB, mb, c) for mb in range(self.num_microbatches)] + (
+                [(Kind.ALLREDUCE, 0, r)] if r in self.replica_reduce_ranks() else [])
         if a.kind == Kind.GRAD_SYNC:
             deps = [(Kind.B, mb, c) for mb in range(self.num_microbatches)]
-            if c < self.pipeline_model_parallel_size:  # the rank's first chunk: its pieces
-                deps += [(Kind.EB, mb, s) for mb in range(self.num_microbatches)
-                         for s in self.trained_pieces(c)]
-                if c in self.replica_reduce_ranks():
-                    deps.append((Kind.ALLREDUCE, 0, c))
+            if c < self.pipeline_model_parallel_size and not self.encoder_grad_sync:
+                deps += self._encoder_grads_final(c)  # the rank's first chunk: its pieces
             return deps
         first, end = self.encoder_span(c)
         if a.kind == Kind.EF:
@@ -212,6 +226,20 @@ class Schedule(Record):
         if c == end - 1:
             return [(Kind.B, m, 0), (Kind.EF, m, c)]
         return [(Kind.EB, m, c + 1)]
+
+    def _encoder_grads_final(self, rank: int) -> List[Tuple[str, int, int]]:
+        """What adds to rank ``rank``'s encoder pieces' gradients."""
+        deps = [(Kind.EB, mb, s) for mb in range(self.num_microbatches)
+                for s in self.trained_pieces(rank)]
+        if rank in self.replica_reduce_ranks():
+            deps.append((Kind.ALLREDUCE, 0, rank))
+        return deps
+
+    def encoder_grad_sync_pieces(self) -> List[int]:
+        """The pieces with an ``ENCODER_GRAD_SYNC``."""
+        if not (self.grad_sync and self.encoder_grad_sync):
+            return []
+        return [s for s in range(self.encoder_stages) if self.encoder_backward(s)]
 
     def expected_actions(self) -> List[Tuple[str, int, int]]:
         keys = []
@@ -227,6 +255,7 @@ class Schedule(Record):
         keys += [(Kind.ALLREDUCE, 0, r) for r in self.replica_reduce_ranks()]
         if self.grad_sync:
             keys += [(Kind.GRAD_SYNC, 0, c) for c in range(self.num_chunks)]
+        keys += [(Kind.ENCODER_GRAD_SYNC, 0, p) for p in self.encoder_grad_sync_pieces()]
         return keys
 
 
@@ -273,7 +302,7 @@ def validate(schedule: Schedule) -> None:
         raise PlanError(f"schedule {schedule.name!r} runs {Action(*extra[0])}, which this "
                         "model does not have (a frozen encoder has no backward; BCAST and "
                         "ALLREDUCE need encoder replicas, GRAD_SYNC a schedule with "
-                        "grad_sync)")
+                        "grad_sync, ENCODER_GRAD_SYNC also encoder_grad_sync)")
     replay_order(schedule)
 
 

@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 from .actions import Action, Kind, Schedule, validated
 from .collectives import add_collectives
 from .errors import PlanError
-from .generate import llm_order, separate_encoders
+from .generate import EncoderLayout, llm_order, separate_encoders
 from .simulate import ActionCosts, simulate
 
 Key = Tuple[str, int, int]
@@ -46,18 +46,20 @@ def bubble(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
            pieces: int = 1, reverse: bool = False,
            extra_warmup: Union[int, str] = 0, encoders: int = 1,
            frozen_encoders: Sequence[int] = (), encoder_replicas: int = 1,
-           grad_sync: bool = False) -> Schedule:
+           grad_sync: bool = False, encoder_grad_sync: bool = False,
+           layouts: Optional[Sequence[EncoderLayout]] = None) -> Schedule:
     """The bubble-filling schedule for these per-action costs (``costs.encoder_*_s`` per
     encoder piece: ``encoder_stages * pieces`` entries per encoder, ``encoders`` of them
-    one after the other)."""
+    one after the other; or each encoder's own ``layouts``)."""
     if extra_warmup == "auto":
         options = [bubble(pp, vpp, num_microbatches, encoder_trainable, costs, encoder_stages,
                           pieces, reverse, extra, encoders, frozen_encoders,
-                          encoder_replicas, grad_sync)
+                          encoder_replicas, grad_sync, encoder_grad_sync, layouts)
                    for extra in (0, 1, 2)]
         return min(options, key=lambda s: simulate(s, costs, timeline=False).iteration_s)
     schedule = separate_encoders("bubble", pp, vpp, num_microbatches, encoder_trainable,
-                                 encoder_stages, pieces, reverse, encoders, frozen_encoders)
+                                 encoder_stages, pieces, reverse, encoders, frozen_encoders,
+                                 layouts)
     ranks_of_piece, n = schedule.encoder_ranks, schedule.encoder_stages
     if len(costs.encoder_forward_s) < n or (encoder_trainable
                                             and len(costs.encoder_backward_s) < n):
@@ -70,7 +72,7 @@ def bubble(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
                   if ranks_of_piece[s] == r and schedule.encoder_backward(s)]
                  for r in range(pp)]
     _ListScheduler(schedule, costs, llm, forwards, backwards).run()
-    return add_collectives(schedule, encoder_replicas, grad_sync)
+    return add_collectives(schedule, encoder_replicas, grad_sync, encoder_grad_sync)
 
 
 class _ListScheduler:

@@ -10,7 +10,9 @@ puts each collective where the runtime runs it, as early as its inputs allow:
 - ``GRAD_SYNC(0, c)`` right after the last action that adds to chunk ``c``'s gradients (its
   last ``B``; for a rank's first chunk, which holds the rank's encoder pieces, also its
   last ``EB`` and the ``ALLREDUCE``), so the data-parallel reduction runs under the rest of
-  the schedule.
+  the schedule;
+- ``ENCODER_GRAD_SYNC(0, p)`` (``encoder_grad_sync``) right after piece ``p``'s last
+  ``EB`` (and its rank's ``ALLREDUCE``).
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from typing import Dict, List, Tuple
 from .actions import Action, Kind, Schedule
 
 
-def add_collectives(schedule: Schedule, encoder_replicas: int = 1,
-                    grad_sync: bool = False) -> Schedule:
-    """``schedule`` (compute actions only) with ``encoder_replicas`` and ``grad_sync`` set
-    and its collectives placed; returns it (changed in place)."""
+def add_collectives(schedule: Schedule, encoder_replicas: int = 1, grad_sync: bool = False,
+                    encoder_grad_sync: bool = False) -> Schedule:
+    """``schedule`` (compute actions only) with ``encoder_replicas``, ``grad_sync`` and
+    ``encoder_grad_sync`` set and its collectives placed; returns it (changed in place)."""
     schedule.encoder_replicas, schedule.grad_sync = encoder_replicas, grad_sync
+    schedule.encoder_grad_sync = encoder_grad_sync
     if encoder_replicas > 1:
         lasts = [end - 1 for _, end in schedule.encoder_spans()]
         schedule.ranks = [
@@ -36,7 +39,8 @@ def add_collectives(schedule: Schedule, encoder_replicas: int = 1,
     _insert_after_inputs(schedule, extra)
     if grad_sync:
         _insert_after_inputs(schedule, [Action(Kind.GRAD_SYNC, 0, c)
-                                        for c in range(schedule.num_chunks)])
+                                        for c in range(schedule.num_chunks)] + [
+            Action(Kind.ENCODER_GRAD_SYNC, 0, p) for p in schedule.encoder_grad_sync_pieces()])
     return schedule
 
 

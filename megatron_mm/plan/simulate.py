@@ -6,13 +6,13 @@ share a rank's encoder actions and run them concurrently) the encoder costs are 
 one replica doing all of them.
 
 Collectives are charged as the runtime runs them: ``BCAST`` and ``ALLREDUCE`` block the
-rank (synchronous collectives between compute), ``GRAD_SYNC`` starts the chunk's
-data-parallel reduction on the rank's communication stream, which runs beside its compute,
-one reduction after the other; the rank is done when both streams are."""
+rank (synchronous collectives between compute), ``GRAD_SYNC`` / ``ENCODER_GRAD_SYNC``
+start a data-parallel reduction on the rank's communication stream, which runs beside its
+compute, one reduction after the other; the rank is done when both streams are."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
 from .actions import Kind, Schedule, replay_order
@@ -36,9 +36,11 @@ class ActionCosts(Record):
     free): ``broadcast_s`` per encoder piece (``BCAST`` of an encoder's last piece's
     output over the LLM TP group), ``replica_allreduce_s`` per pipeline rank
     (``ALLREDUCE`` of its encoder pieces' gradients over the replicas), ``reduce_s`` per
-    LLM chunk (the data-parallel gradient reduction ``GRAD_SYNC`` starts, with the encoder
-    pieces of the rank in its first chunk). Costs with ``reduce_s`` charge the reduction
-    there, not in ``llm_end_s``: they need a schedule with ``GRAD_SYNC`` actions.
+    LLM chunk (the data-parallel gradient reduction ``GRAD_SYNC`` starts),
+    ``encoder_reduce_s`` per encoder piece (its gradients' reduction: its own
+    ``ENCODER_GRAD_SYNC``, or part of its rank's first chunk's ``GRAD_SYNC``). Costs with
+    ``reduce_s`` charge the reduction there, not in ``llm_end_s``: they need a schedule
+    with ``GRAD_SYNC`` actions.
     """
 
     forward_s: List[float]
@@ -52,17 +54,21 @@ class ActionCosts(Record):
     broadcast_s: List[float] = field(default_factory=list)
     replica_allreduce_s: List[float] = field(default_factory=list)
     reduce_s: List[float] = field(default_factory=list)
+    encoder_reduce_s: List[float] = field(default_factory=list)
 
     def of(self, kind: str, chunk: int) -> float:
-        table = {Kind.F: self.forward_s, Kind.B: self.backward_s,
-                 Kind.EF: self.encoder_forward_s, Kind.EB: self.encoder_backward_s,
-                 Kind.BCAST: self.broadcast_s, Kind.ALLREDUCE: self.replica_allreduce_s,
-                 Kind.GRAD_SYNC: self.reduce_s}[kind]
-        if Kind(kind).collective and not table:
+        table = getattr(self, _TABLES[kind])
+        if not table and kind not in _COMPUTE:
             return 0.0
         if chunk >= len(table):
             raise PlanError(f"no {kind} cost for chunk / stage {chunk}")
         return table[chunk]
+
+
+_TABLES = {Kind.F: "forward_s", Kind.B: "backward_s", Kind.EF: "encoder_forward_s",
+           Kind.EB: "encoder_backward_s", Kind.BCAST: "broadcast_s",
+           Kind.ALLREDUCE: "replica_allreduce_s", Kind.GRAD_SYNC: "reduce_s",
+           Kind.ENCODER_GRAD_SYNC: "encoder_reduce_s"}
 
 
 @dataclass
@@ -84,7 +90,7 @@ class Simulation(Record):
     bubble_fraction: float  # idle / (ranks x iteration)
     timeline: List[TimedAction]
     encoder_busy_s: List[float] = field(default_factory=list)  # per rank
-    llm_only_iteration_s: Optional[float] = None  # the same LLM orders, encoder work removed
+    llm_only_iteration_s: Optional[float] = None  # the same schedule, encoder compute free
     # 1 - (iteration_s - llm_only_iteration_s) / max(encoder_busy_s), clipped to [0, 1]; None
     # without encoder actions (an encoder inside LLM chunk 0 cannot be told apart)
     encoder_hidden_fraction: Optional[float] = None
@@ -95,19 +101,23 @@ class Simulation(Record):
         them apart)."""
         ranks = len(self.busy_s)
         events = [{"name": _label(t), "cat": _category(t.kind), "ph": "X", "pid": 0,
-                   "tid": t.rank + (ranks if t.kind == Kind.GRAD_SYNC else 0),
+                   "tid": t.rank + (ranks if t.kind in _STREAM else 0),
                    "ts": t.start_s * 1e6, "dur": (t.end_s - t.start_s) * 1e6}
                   for t in self.timeline]
         events += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": r,
                     "args": {"name": f"rank {r}"}} for r in range(ranks)]
-        if any(t.kind == Kind.GRAD_SYNC for t in self.timeline):
+        if any(t.kind in _STREAM for t in self.timeline):
             events += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": ranks + r,
                         "args": {"name": f"rank {r} communication"}} for r in range(ranks)]
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+_COMPUTE = frozenset((Kind.F, Kind.B, Kind.EF, Kind.EB))
+_STREAM = (Kind.GRAD_SYNC, Kind.ENCODER_GRAD_SYNC)  # on the communication stream
+
+
 def _label(t: TimedAction) -> str:
-    if t.kind in (Kind.ALLREDUCE, Kind.GRAD_SYNC):
+    if t.kind in (Kind.ALLREDUCE,) + _STREAM:
         return f"{t.kind}.{t.chunk}"
     return f"{t.kind}{t.microbatch}" + (f".{t.chunk}" if t.kind in ("F", "B") else "")
 
@@ -126,7 +136,8 @@ def simulate(schedule: Schedule, costs: ActionCosts, timeline: bool = True) -> S
     The share of encoder work hidden in bubbles (Optimus' "scheduling efficiency", the
     share of encoder computation placed inside LLM bubbles) is measured by what the encoder
     adds to the iteration: ``1 - (T - T_llm) / E``, where T is this schedule's iteration,
-    T_llm that of the same per-rank LLM orders with every encoder action removed, and E the
+    T_llm that of the same schedule with the encoders' computation taking no time (its
+    transfers and collectives, e.g. the encoder's gradient reduction, stay), and E the
     encoder busy time of the rank with the most encoder work (what the encoder would add
     were none of it hidden); clipped to [0, 1]. ``timeline=False`` skips the per-action
     records (the planner simulates many schedules and needs the numbers only).
@@ -139,7 +150,7 @@ def simulate(schedule: Schedule, costs: ActionCosts, timeline: bool = True) -> S
     idle = [iteration - b for b in busy]
     llm_only = hidden = None
     if schedule.encoder_stages and max(enc) > 0:
-        llm_only = _replay(_without_encoder(schedule), costs, False)[0]
+        llm_only = _replay(schedule, _encoder_free(costs), False)[0]
         hidden = min(1.0, max(0.0, 1.0 - (iteration - llm_only) / max(enc)))
     return Simulation(schedule=schedule.name, iteration_s=iteration, busy_s=busy,
                       idle_s=idle, bubble_fraction=sum(idle) / (iteration * len(busy)),
@@ -160,7 +171,7 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
     timeline = []
     p2p, start = costs.p2p_s, costs.llm_start_s
     for rank, a in replay_order(schedule):
-        llm, on_stream = a.kind.llm, a.kind == Kind.GRAD_SYNC
+        llm, on_stream = a.kind.llm, a.kind in _STREAM
         if on_stream:  # its inputs are this rank's own actions, its clock the stream's
             ready = max([stream[rank]] + [finish[d] for d in schedule.dependencies(a)])
         else:
@@ -170,6 +181,10 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
                 if arrival > ready:
                     ready = arrival
         duration = costs.of(a.kind, a.chunk)
+        if (a.kind == Kind.GRAD_SYNC and not schedule.encoder_grad_sync and a.chunk < pp
+                and costs.encoder_reduce_s):  # the rank's pieces, in its first chunk
+            duration += sum(costs.of(Kind.ENCODER_GRAD_SYNC, p)
+                            for p in schedule.trained_pieces(a.chunk))
         end = ready + duration
         finish[a.key], owner[a.key] = end, rank
         if on_stream:
@@ -188,13 +203,8 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
     return iteration + costs.grad_sync_s, busy, enc, timeline
 
 
-def _without_encoder(schedule: Schedule) -> Schedule:
-    """The same LLM orders (and data-parallel reductions) on every rank, the encoder's
-    actions and collectives left out."""
-    keep = (Kind.F, Kind.B, Kind.GRAD_SYNC)
-    return Schedule(name=schedule.name + " (LLM only)",
-                    pipeline_model_parallel_size=schedule.pipeline_model_parallel_size,
-                    virtual_pipeline_model_parallel_size=(
-                        schedule.virtual_pipeline_model_parallel_size),
-                    num_microbatches=schedule.num_microbatches, grad_sync=schedule.grad_sync,
-                    ranks=[[a for a in r if a.kind in keep] for r in schedule.ranks])
+def _encoder_free(costs: ActionCosts) -> ActionCosts:
+    """The same costs with the encoders' computation taking no time (transfers and
+    collectives stay): what the schedule would take were the encoder work all hidden."""
+    return replace(costs, encoder_forward_s=[0.0] * len(costs.encoder_forward_s),
+                   encoder_backward_s=[0.0] * len(costs.encoder_backward_s))

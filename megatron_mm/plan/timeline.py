@@ -9,7 +9,8 @@ from typing import Sequence
 from .simulate import Simulation
 
 COLOURS = {"F": (66, 133, 244), "B": (25, 80, 170), "EF": (251, 188, 5), "EB": (219, 120, 0),
-           "BCAST": (150, 90, 200), "ALLREDUCE": (110, 50, 160), "GRAD_SYNC": (40, 160, 80)}
+           "BCAST": (150, 90, 200), "ALLREDUCE": (110, 50, 160), "GRAD_SYNC": (40, 160, 80),
+           "ENCODER_GRAD_SYNC": (20, 110, 50)}
 
 
 def write_chrome_trace(runs: Sequence[Simulation], path: str) -> None:
@@ -49,7 +50,7 @@ def write_png(runs, path: str, width: int = 1200, row: int = 28) -> None:
         for t in sim.timeline:
             x0, x1 = left + t.start_s * scale, left + t.end_s * scale
             top = y + t.rank * row + 2
-            if t.kind == "GRAD_SYNC":  # beside the compute: a strip at the row's foot
+            if t.kind in ("GRAD_SYNC", "ENCODER_GRAD_SYNC"):  # beside the compute: a strip
                 draw.rectangle([x0, top + row - 8, max(x0 + 1, x1 - 1), top + row - 4],
                                fill=COLOURS[t.kind])
                 continue

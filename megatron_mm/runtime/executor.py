@@ -74,6 +74,10 @@ class ScheduleExecutor:
             if schedule.encoder_replicas != replicas:
                 raise PlanError(f"schedule {schedule.name!r} is for {schedule.encoder_replicas}"
                                 f" encoder replicas per TP group; this run has {replicas}")
+            if schedule.encoder_grad_sync:  # the pieces share the first chunk's buffers
+                raise PlanError(f"schedule {schedule.name!r} reduces the encoder pieces on "
+                                "their own (ENCODER_GRAD_SYNC); this runtime reduces them "
+                                "with the first model chunk (GRAD_SYNC)")
             if schedule.num_microbatches != num_microbatches:
                 raise PlanError(f"schedule {schedule.name!r} has {schedule.num_microbatches} "
                                 f"micro-batches; the iteration has {num_microbatches}")

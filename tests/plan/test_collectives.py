@@ -131,3 +131,28 @@ def test_every_generator_validates_what_it_returns(monkeypatch):
         coarse(2, 1, 4, True, 2)
     with pytest.raises(PlanError, match="never runs"):
         validated(lambda: Schedule("empty", 1, 1, 1, ranks=[[]]))()
+
+
+def test_encoder_pieces_reducing_on_their_own_free_the_first_chunk():
+    """encoder_grad_sync (Optimus: the encoder has its own data-parallel group): each
+    piece's reduction starts after its own last EB, and the rank's first chunk no longer
+    waits for the encoder; the runtime (pieces in the first chunk's buffers) reduces them
+    with GRAD_SYNC, which the simulator charges there."""
+    pp, m = 2, 4
+    own = coarse(pp, 1, m, True, pp, 2, grad_sync=True, encoder_grad_sync=True)
+    shared = coarse(pp, 1, m, True, pp, 2, grad_sync=True)
+    for r in range(pp):
+        assert own.dependencies(Action("GRAD_SYNC", 0, r)) == [("B", mb, r) for mb in range(m)]
+    assert own.dependencies(Action("ENCODER_GRAD_SYNC", 0, 3)) == [
+        ("EB", mb, 3) for mb in range(m)]
+    order = [a.key for a in own.ranks[1]]  # pieces 2 and 3 on rank 1, EB of 3 first
+    assert order.index(("ENCODER_GRAD_SYNC", 0, 3)) == order.index(("EB", m - 1, 3)) + 1
+    assert not any(a.kind == "ENCODER_GRAD_SYNC" for r in shared.ranks for a in r)
+    costs = _costs(pp, 2, reduce_s=[0.5, 0.5], encoder_reduce_s=[0.25] * 4)
+    tail = {}
+    for name, s in (("own", own), ("shared", shared)):
+        sim = simulate(s, costs)
+        streamed = [t for t in sim.timeline if t.kind in ("GRAD_SYNC", "ENCODER_GRAD_SYNC")]
+        assert sum(t.end_s - t.start_s for t in streamed) == pytest.approx(2 * 0.5 + 4 * 0.25)
+        tail[name] = sim.iteration_s
+    assert tail["own"] < tail["shared"]  # piece 3's reduction runs under piece 2's EB

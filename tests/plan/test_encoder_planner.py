@@ -9,7 +9,8 @@ from megatron_mm.plan import PlanError, model_zoo
 from megatron_mm.plan.action_costs import CostModel, EncoderPlan, LLMLayout
 from megatron_mm.plan.actions import validate
 from megatron_mm.plan.encoder_planner import EncoderSchedulePlan, plan_encoder_schedule
-from megatron_mm.plan.generate import coarse, megatron
+from megatron_mm.plan.bubble import bubble
+from megatron_mm.plan.generate import EncoderLayout, coarse, megatron
 from megatron_mm.plan.hardware import A100, A100_LINKS, H100, H100_LINKS
 from megatron_mm.plan.optimus_reference import RUNS, coarse_hidden, plan_run
 from megatron_mm.plan.simulate import ActionCosts, simulate
@@ -97,3 +98,40 @@ def test_frozen_encoder_schedules_forwards_only():
     assert not r.schedule.encoder_trainable
     assert not any(a.kind == "EB" for rank in r.schedule.ranks for a in rank)
     assert r.speedup > 1.0 and {c.micro_batch_size for c in r.candidates} <= {1, 2}
+
+
+@pytest.fixture(scope="module")
+def vision_and_audio():
+    model = model_zoo.model_pair("VALM-M")  # a 32-layer ViT and a 24-layer Whisper
+    return model, plan_encoder_schedule(model, LLMLayout(4, 2, 1, 1, 1, 8, 8192, True), H100,
+                                        H100_LINKS, pieces=(1, 2))
+
+
+def test_vision_and_audio_are_planned_together_each_with_its_own_layout(vision_and_audio):
+    model, r = vision_and_audio
+    b, s = r.best, r.schedule
+    assert len(b.other_encoders) == 1
+    vision = EncoderLayout(b.encoder_pipeline_model_parallel_size, b.encoder_pieces, b.reverse)
+    audio = b.other_encoders[0]
+    validate(s)
+    assert s.encoder_spans() == [(0, len(vision.ranks(4))),
+                                 (len(vision.ranks(4)), s.encoder_stages)]
+    assert s.encoder_ranks == vision.ranks(4) + audio.ranks(4)
+    # the audio encoder's layout is its own choice: no other layout of it, beside the
+    # chosen vision layout, simulates faster
+    cm = CostModel(model, r.layout, H100, H100_LINKS)
+    plan = EncoderPlan.of(r.layout, b.encoder_pipeline_model_parallel_size,
+                          b.encoder_tensor_model_parallel_size)
+    settings = dict(encoder_replicas=1, grad_sync=True, encoder_grad_sync=True)
+    times = {}
+    for stages in (1, 2, 4):
+        for reverse in (False, True):
+            other = EncoderLayout(stages, 1, reverse)
+            costs = cm.optimus(plan, b.encoder_pieces, b.sublayer, b.reverse, [other])
+            sched = (bubble if b.schedule == "bubble" else
+                     lambda *a, **k: coarse(*a[:4], **k))(
+                4, 1, b.num_microbatches, True, costs, layouts=[vision, other], **settings)
+            times[(stages, reverse)] = simulate(sched, costs, False).iteration_s
+    assert b.iteration_s <= min(times.values()) + 1e-9
+    assert (audio.encoder_pipeline_model_parallel_size, audio.reverse) in times
+    assert r.candidates[0].iteration_s == b.iteration_s

@@ -49,3 +49,12 @@ def test_a_schedule_for_other_replicas_or_micro_batches_is_refused():
     assert "for 1 encoder replicas per TP group; this run has 2" in _call(replicas, 4)
     stale = ScheduleExecutor(lambda m: megatron(2, 1, 8), [], to_device=lambda b: b)
     assert "has 8 micro-batches; the iteration has 4" in _call(stale, 4)
+
+
+def test_a_schedule_reducing_encoder_pieces_on_their_own_is_refused():
+    """The runtime keeps the pieces in the first model chunk's gradient buffers: a
+    schedule that says they reduce on their own would not be what runs."""
+    own = ScheduleExecutor(lambda m: coarse(2, 1, m, True, 2, grad_sync=True,
+                                            encoder_grad_sync=True),
+                           [], to_device=lambda b: b)
+    assert "reduces the encoder pieces on their own (ENCODER_GRAD_SYNC)" in _call(own, 4)
