@@ -15,6 +15,10 @@ encoder's media items):
   encoder pipelines that share one LLM rank's GPUs take turns with the micro-batches, so one
   lane per rank carries 1 / m of each encoder micro-batch's time (an even split of the
   micro-batches among identical co-located pipelines, Optimus' best composition);
+- TP bubbles: the LLM layers' all-reduces (compute idle) are ``forward_comm_s`` /
+  ``backward_comm_s``, where the planner's bubble schedule runs small encoder pieces
+  (Optimus' fine-grained TP-bubble filling; the encoder's own TP traffic is assumed not
+  to contend with the LLM's there);
 - a frozen encoder runs forwards only (its trainable projector's backward, a small
   matmul, is left out of both the baseline and the plans);
 - Megatron baseline: the whole encoder at the LLM's TP inside LLM chunk 0 (the first
@@ -183,6 +187,15 @@ class CostModel:
         bwd = [per * b + (hb if c == chunks - 1 else 0.0) for c in range(chunks)]
         return fwd, bwd
 
+    def llm_tp_bubbles(self) -> Tuple[List[float], List[float]]:
+        """(forward, backward) seconds per LLM chunk spent in its layers' TP all-reduces,
+        compute idle: Optimus' TP bubbles."""
+        lay = self.layout
+        ar = self.links.allreduce_seconds(self.llm_act_bytes, lay.tensor_model_parallel_size)
+        per = self.model.llm.num_layers // lay.num_chunks
+        backward = 0.0 if self.model.freeze_llm else per * (4 if lay.recompute else 2) * ar
+        return [per * 2 * ar] * lay.num_chunks, [backward] * lay.num_chunks
+
     def encoder_units(self, tp_enc: int, sublayer: bool = False, e: int = 0
                       ) -> List[Tuple[float, float, float]]:
         """(forward s, backward s, parameters per GPU) of each unit a piece of encoder
@@ -326,9 +339,11 @@ class CostModel:
                 for r in set(ranks):
                     allreduce[r] += self.links.allreduce_seconds(
                         flops.FP32 * sum(p for p, q in zip(params, ranks) if q == r), replicas)
+        fwd_comm, bwd_comm = self.llm_tp_bubbles()
         costs = ActionCosts(fwd, bwd, ef, eb if self.encoder_trainable else [],
                             p2p_s=self.p2p_s(), llm_start_s=self.dp_gather_s(gathers),
-                            reduce_s=self.reduce_s(), encoder_reduce_s=enc_reduce)
+                            reduce_s=self.reduce_s(), encoder_reduce_s=enc_reduce,
+                            forward_comm_s=fwd_comm, backward_comm_s=bwd_comm)
         if replicas > 1:
             costs.broadcast_s, costs.replica_allreduce_s = bcast, allreduce
         return costs

@@ -36,6 +36,12 @@ rank; the simulator charges them):
   needs ``B(m, 0)`` (the gradient of the merged embeddings); ``EB(m, s)`` needs
   ``EB(m, s + 1)`` of the same encoder. A frozen encoder has no ``EB``.
 
+Optimus' tensor-parallel bubbles: an ``EF`` / ``EB`` marked ``in_tp_bubble`` runs while the
+LLM action before it on its rank waits for its tensor-parallel all-reduces (GPU compute
+idle), its inputs there before that action starts; the simulator charges nothing for it
+where it fits in what is left of that communication. The training runtime runs one action
+at a time, so it runs schedules without them.
+
 With an encoder TP below the LLM's (``--encoder-tensor-model-parallel-size``), a pipeline
 rank's TP group holds ``encoder_replicas`` encoder replicas: the schedule stays one action
 list per pipeline rank, and each replica runs the ``EF`` / ``EB`` actions of the
@@ -103,6 +109,7 @@ class Action(Record):
     microbatch: int  # 0 for the once-per-iteration ALLREDUCE and GRAD_SYNC
     chunk: int  # LLM chunk (F, B, GRAD_SYNC), encoder piece (EF, EB, BCAST,
     # ENCODER_GRAD_SYNC), pipeline rank (ALLREDUCE)
+    in_tp_bubble: bool = False  # EF / EB inside the previous LLM action's TP communication
 
     def __post_init__(self):
         if type(self.kind) is Kind:  # the common case, kept cheap (planners build many)
@@ -125,7 +132,8 @@ class Action(Record):
         if self.kind == Kind.GRAD_SYNC:
             return f"GRAD_SYNC(chunk {self.chunk})"
         where = "chunk" if self.kind.llm else "encoder piece"
-        return f"{self.kind}(micro-batch {self.microbatch}, {where} {self.chunk})"
+        return (f"{self.kind}(micro-batch {self.microbatch}, {where} {self.chunk})"
+                + (" in a TP bubble" if self.in_tp_bubble else ""))
 
 
 @dataclass
@@ -282,7 +290,15 @@ def validate(schedule: Schedule) -> None:
                         f"{len(schedule.encoder_spans())} encoders")
     seen: Dict[Tuple[str, int, int], int] = {}
     for rank, actions in enumerate(schedule.ranks):
+        previous = None  # the last compute action (collectives run beside)
         for a in actions:
+            if a.in_tp_bubble and not (a.kind.encoder and previous is not None and (
+                    previous.kind.llm or previous.in_tp_bubble)):
+                raise PlanError(f"rank {rank} runs {a}: only an encoder action right after "
+                                "an LLM action (or another one in its bubble) can run in "
+                                "that action's tensor-parallel bubble")
+            if a.kind.compute:
+                previous = a
             if a.kind == Kind.ALLREDUCE and not 0 <= a.chunk < len(schedule.ranks):
                 raise PlanError(f"rank {rank} runs {a}: no such pipeline rank")
             if schedule.rank_of(a) != rank:

@@ -16,6 +16,10 @@ are placed by list scheduling on the per-action costs:
   frozen encoder schedules forwards only;
 - LLM actions wait for the data-parallel all-gather (``costs.llm_start_s``), so encoder
   work fills that bubble too;
+- ``tp_bubbles``: while an LLM action waits for its tensor-parallel all-reduces
+  (``costs.forward_comm_s`` / ``backward_comm_s``), the rank runs encoder actions whose
+  inputs are there when it starts and that fit in what is left of that wait (Optimus'
+  TP-bubble filling; small pieces, e.g. attention / MLP kernels, fit best);
 - ``extra_warmup="auto"`` also tries one and two more LLM warm-up forwards per rank
   (Optimus' adjusted warm-up: the backwards come later, which can open room for encoder
   work, at the cost of activations in flight) and keeps the fastest by simulation.
@@ -47,14 +51,16 @@ def bubble(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
            extra_warmup: Union[int, str] = 0, encoders: int = 1,
            frozen_encoders: Sequence[int] = (), encoder_replicas: int = 1,
            grad_sync: bool = False, encoder_grad_sync: bool = False,
-           layouts: Optional[Sequence[EncoderLayout]] = None) -> Schedule:
+           layouts: Optional[Sequence[EncoderLayout]] = None,
+           tp_bubbles: bool = False) -> Schedule:
     """The bubble-filling schedule for these per-action costs (``costs.encoder_*_s`` per
     encoder piece: ``encoder_stages * pieces`` entries per encoder, ``encoders`` of them
     one after the other; or each encoder's own ``layouts``)."""
     if extra_warmup == "auto":
         options = [bubble(pp, vpp, num_microbatches, encoder_trainable, costs, encoder_stages,
                           pieces, reverse, extra, encoders, frozen_encoders,
-                          encoder_replicas, grad_sync, encoder_grad_sync, layouts)
+                          encoder_replicas, grad_sync, encoder_grad_sync, layouts,
+                          tp_bubbles)
                    for extra in (0, 1, 2)]
         return min(options, key=lambda s: simulate(s, costs, timeline=False).iteration_s)
     schedule = separate_encoders("bubble", pp, vpp, num_microbatches, encoder_trainable,
@@ -71,14 +77,15 @@ def bubble(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
                   for s in reversed(range(n))
                   if ranks_of_piece[s] == r and schedule.encoder_backward(s)]
                  for r in range(pp)]
-    _ListScheduler(schedule, costs, llm, forwards, backwards).run()
+    _ListScheduler(schedule, costs, llm, forwards, backwards, tp_bubbles).run()
     return add_collectives(schedule, encoder_replicas, grad_sync, encoder_grad_sync)
 
 
 class _ListScheduler:
     def __init__(self, schedule: Schedule, costs: ActionCosts, llm: List[List[Action]],
-                 forwards: List[List[Action]], backwards: List[List[Action]]):
-        self.s, self.costs = schedule, costs
+                 forwards: List[List[Action]], backwards: List[List[Action]],
+                 tp_bubbles: bool = False):
+        self.s, self.costs, self.tp_bubbles = schedule, costs, tp_bubbles
         self.llm, self.forwards, self.backwards = llm, forwards, backwards
         pp = schedule.pipeline_model_parallel_size
         self.pos = [0] * pp
@@ -182,7 +189,7 @@ class _ListScheduler:
     def run(self) -> None:
         total = sum(map(len, self.llm)) + sum(map(len, self.forwards)) + sum(
             map(len, self.backwards))
-        for _ in range(total):
+        while sum(map(len, self.orders)) < total:
             options = [(c[2], c[0], r, c[1]) for r in range(len(self.llm))
                        if (c := self.choice(r)) is not None]
             if not options:
@@ -201,7 +208,32 @@ class _ListScheduler:
             self.pos[rank] += 1
         else:
             heapq.heappop(self.ready[rank][0 if a.kind == Kind.EF else 1])
+        self.release(a)
+        if a.kind.llm and self.tp_bubbles:
+            self.fill_tp_bubble(rank, start, self.costs.tp_bubble(a.kind, a.chunk))
+
+    def release(self, a: Action) -> None:
         for r, q, i, b in self.successors.get(a.key, ()):
             self.waiting[b.key] -= 1
             if not self.waiting[b.key]:
                 heapq.heappush(self.ready[r][q], (i, b))
+
+    def fill_tp_bubble(self, rank: int, at: float, left: float) -> None:
+        """Encoder actions inside the TP communication of the LLM action started at
+        ``at``: the first ready one of each queue whose inputs are there by ``at`` and that
+        fits in what is ``left``, as long as one does."""
+        while left > 0:
+            for q, heap in enumerate(self.ready[rank]):
+                if heap:
+                    a = heap[0][1]
+                    arrival = self.arrival(a, rank)
+                    cost = self.cost(a)
+                    if arrival is not None and arrival <= at + 1e-12 and cost <= left + 1e-12:
+                        break
+            else:
+                return
+            heapq.heappop(heap)
+            self.finish[a.key], self.owner[a.key] = at + cost, rank
+            self.orders[rank].append(Action(a.kind, a.microbatch, a.chunk, in_tp_bubble=True))
+            self.release(a)
+            at, left = at + cost, left - cost

@@ -27,8 +27,10 @@ Several encoders (vision and audio): the first is enumerated as above; each othe
 gets its own layout (stages, pieces, order; ``_other_layouts``), all at the same encoder
 TP (one ``--encoder-tensor-model-parallel-size``).
 
-Not modelled (see ``action_costs``): TP bubbles (Optimus fills them with encoder kernels;
-here TP communication is exposed inside LLM actions), encoder pipelines on disjoint rank
+The bubble schedule also fills the LLM's TP bubbles (its layers' all-reduces) with small
+encoder pieces (``bubble(tp_bubbles=True)``), as Optimus does at kernel level.
+
+Not modelled (see ``action_costs``): encoder pipelines on disjoint rank
 sets when PP_enc < PP (the IR has one encoder pipeline per LLM pipeline: PP_enc < PP puts
 the encoder's stages on PP_enc of the ranks), and uneven micro-batch compositions among the
 co-located encoder pipelines (identical pipelines: the even split is taken).
@@ -237,7 +239,7 @@ def plan_encoder_schedule(model: ModelSpec, layout: LLMLayout, hardware: Hardwar
                     s = (coarse(pp, vpp, n, cm.encoder_trainable, layouts=layouts, **settings)
                          if kind == "coarse" else
                          bubble(pp, vpp, n, cm.encoder_trainable, costs, layouts=layouts,
-                                **settings))
+                                tp_bubbles=True, **settings))
                     sim = simulate(s, costs, False)
                     c = Candidate(pp_enc, tp_enc, plan.encoder_data_parallel_size, k, reverse,
                                   kind, mbs, n, sim.iteration_s, sim.llm_only_iteration_s,

@@ -32,6 +32,10 @@ class ActionCosts(Record):
     ``finalize_model_grads``: tied-embedding and data-parallel all-reduces); nothing
     overlaps it.
 
+    ``forward_comm_s`` / ``backward_comm_s`` per LLM chunk: the part of its forward /
+    backward spent waiting for its tensor-parallel all-reduces (compute idle: encoder
+    actions ``in_tp_bubble`` run there); empty: none.
+
     The collectives' seconds (an empty list: the costs do not model that traffic, it is
     free): ``broadcast_s`` per encoder piece (``BCAST`` of an encoder's last piece's
     output over the LLM TP group), ``replica_allreduce_s`` per pipeline rank
@@ -51,10 +55,17 @@ class ActionCosts(Record):
     llm_start_s: float = 0.0
     llm_end_s: float = 0.0
     grad_sync_s: float = 0.0
+    forward_comm_s: List[float] = field(default_factory=list)
+    backward_comm_s: List[float] = field(default_factory=list)
     broadcast_s: List[float] = field(default_factory=list)
     replica_allreduce_s: List[float] = field(default_factory=list)
     reduce_s: List[float] = field(default_factory=list)
     encoder_reduce_s: List[float] = field(default_factory=list)
+
+    def tp_bubble(self, kind: str, chunk: int) -> float:
+        """The TP communication inside LLM action ``kind`` of ``chunk``, seconds."""
+        table = self.forward_comm_s if kind == Kind.F else self.backward_comm_s
+        return table[chunk] if table else 0.0
 
     def of(self, kind: str, chunk: int) -> float:
         table = getattr(self, _TABLES[kind])
@@ -165,6 +176,7 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
     owner: Dict = {}
     clock = [0.0] * pp
     stream = [0.0] * pp  # the communication stream's clock (GRAD_SYNC)
+    host = [(0.0, 0.0)] * pp  # the last LLM action's (start, TP bubble left), per rank
     llm_end = [0.0] * pp
     busy = [0.0] * pp
     enc = [0.0] * pp
@@ -172,6 +184,19 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
     p2p, start = costs.p2p_s, costs.llm_start_s
     for rank, a in replay_order(schedule):
         llm, on_stream = a.kind.llm, a.kind in _STREAM
+        if a.in_tp_bubble:  # inside the previous LLM action's TP communication, if it fits
+            duration = costs.of(a.kind, a.chunk)
+            at, left = host[rank]
+            inputs = max([finish[d] + (p2p if owner[d] != rank else 0.0)
+                          for d in schedule.dependencies(a)], default=0.0)
+            if inputs <= at + 1e-12 and duration <= left + 1e-12:
+                finish[a.key], owner[a.key] = at + duration, rank
+                host[rank] = (at + duration, left - duration)
+                enc[rank] += duration
+                if record:
+                    timeline.append(TimedAction(rank, a.kind, a.microbatch, a.chunk, at,
+                                                at + duration))
+                continue
         if on_stream:  # its inputs are this rank's own actions, its clock the stream's
             ready = max([stream[rank]] + [finish[d] for d in schedule.dependencies(a)])
         else:
@@ -194,6 +219,7 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
             busy[rank] += duration
         if llm:
             llm_end[rank] = end
+            host[rank] = (ready, costs.tp_bubble(a.kind, a.chunk))
         elif a.kind.encoder:
             enc[rank] += duration
         if record:

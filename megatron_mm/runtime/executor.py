@@ -78,6 +78,10 @@ class ScheduleExecutor:
                 raise PlanError(f"schedule {schedule.name!r} reduces the encoder pieces on "
                                 "their own (ENCODER_GRAD_SYNC); this runtime reduces them "
                                 "with the first model chunk (GRAD_SYNC)")
+            if any(a.in_tp_bubble for r in schedule.ranks for a in r):
+                raise PlanError(f"schedule {schedule.name!r} runs encoder work inside TP "
+                                "communication (in_tp_bubble); this runtime runs one action "
+                                "at a time")
             if schedule.num_microbatches != num_microbatches:
                 raise PlanError(f"schedule {schedule.name!r} has {schedule.num_microbatches} "
                                 f"micro-batches; the iteration has {num_microbatches}")

@@ -26,7 +26,8 @@ def test_kinds_are_an_enum_that_reads_and_serialises_as_letters():
     assert a.kind is Kind.EF and a.kind == "EF" and f"{a.kind}" == "EF"
     assert str(a) == "EF(micro-batch 1, encoder piece 2)"
     assert str(Action(Kind.GRAD_SYNC, 0, 3)) == "GRAD_SYNC(chunk 3)"
-    assert json.dumps(a.to_dict()) == '{"kind": "EF", "microbatch": 1, "chunk": 2}'
+    assert json.dumps(a.to_dict()) == (
+        '{"kind": "EF", "microbatch": 1, "chunk": 2, "in_tp_bubble": false}')
     assert Action.from_dict(json.loads(json.dumps(a.to_dict()))).kind is Kind.EF
     with pytest.raises(PlanError, match="unknown action kind 'X'"):
         Action("X", 0, 0)
@@ -156,3 +157,29 @@ def test_encoder_pieces_reducing_on_their_own_free_the_first_chunk():
         assert sum(t.end_s - t.start_s for t in streamed) == pytest.approx(2 * 0.5 + 4 * 0.25)
         tail[name] = sim.iteration_s
     assert tail["own"] < tail["shared"]  # piece 3's reduction runs under piece 2's EB
+
+
+def test_encoder_work_in_tp_bubbles_is_free_where_it_fits():
+    """Optimus' TP bubbles: LLM actions wait on their TP all-reduces; encoder pieces small
+    enough run there (the bubble generator places them, the simulator charges nothing
+    for them), larger ones do not; a misplaced one is named."""
+    pp, m = 2, 4
+    comm = dict(forward_comm_s=[0.4] * pp, backward_comm_s=[0.8] * pp)
+    small = _costs(pp, 4, **comm)  # pieces of 0.25 / 0.5 s: they fit
+    plain = bubble(pp, 1, m, True, small, pp, 4)
+    filled = bubble(pp, 1, m, True, small, pp, 4, tp_bubbles=True)
+    inside = [a for r in filled.ranks for a in r if a.in_tp_bubble]
+    assert inside and all(a.kind in ("EF", "EB") for a in inside)
+    assert "in a TP bubble" in str(inside[0])
+    assert Schedule.from_dict(json.loads(json.dumps(filled.to_dict()))) == filled
+    t_filled, t_plain = simulate(filled, small), simulate(plain, small)
+    assert t_filled.iteration_s < t_plain.iteration_s
+    assert sum(t_filled.encoder_busy_s) == pytest.approx(sum(t_plain.encoder_busy_s))
+    big = _costs(pp, 1, **comm)  # 1 s / 2 s pieces never fit
+    assert not any(a.in_tp_bubble for r in bubble(pp, 1, m, True, big, pp, 1,
+                                                  tp_bubbles=True).ranks for a in r)
+    misplaced = Schedule.from_dict(filled.to_dict())
+    first = misplaced.ranks[0][0]  # an encoder forward before any LLM action
+    misplaced.ranks[0][0] = Action(first.kind, first.microbatch, first.chunk, True)
+    with pytest.raises(PlanError, match="only an encoder action right after an LLM action"):
+        validate(misplaced)

@@ -58,3 +58,14 @@ def test_a_schedule_reducing_encoder_pieces_on_their_own_is_refused():
                                             encoder_grad_sync=True),
                            [], to_device=lambda b: b)
     assert "reduces the encoder pieces on their own (ENCODER_GRAD_SYNC)" in _call(own, 4)
+
+
+def test_a_schedule_with_encoder_work_in_tp_bubbles_is_refused():
+    from megatron_mm.plan.bubble import bubble
+    from megatron_mm.plan.simulate import ActionCosts
+
+    costs = ActionCosts([1.0] * 2, [2.0] * 2, [0.25] * 8, [0.5] * 8, forward_comm_s=[0.4] * 2,
+                        backward_comm_s=[0.8] * 2)
+    filled = ScheduleExecutor(lambda m: bubble(2, 1, m, True, costs, 2, 4, tp_bubbles=True),
+                              [], to_device=lambda b: b)
+    assert "inside TP communication (in_tp_bubble)" in _call(filled, 4)
