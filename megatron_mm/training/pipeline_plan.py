@@ -37,17 +37,24 @@ def plan_pipeline(args) -> Tuple[StagePartition, List[ChunkPlacement]]:
 def describe_plan(args, part: StagePartition) -> str:
     chain = training_chain(args)
     policy = getattr(args, "pipeline_partition_label", part.policy)
-    lines = [f"> pipeline partition ({policy}): layers per stage {part.layers_per_chunk}"]
+    lines = _auto_lines(args) + [
+        f"> pipeline partition ({policy}): layers per stage {part.layers_per_chunk}"]
     for c, (start, end) in enumerate(part.chunk_bounds()):
         lines.append(f"   chunk {c} (pipeline rank {part.rank_of_chunk(c)}): "
                      f"{describe_chunk(chain, start, end)}")
     return "\n".join(lines)
 
 
+def _auto_lines(args) -> List[str]:
+    """What ``--encoder-schedule auto`` chose and the alternatives it simulated."""
+    choice = getattr(args, "encoder_schedule_auto", None)
+    return choice.lines() if choice is not None else []
+
+
 def describe_encoder_plan(args, plan) -> str:
     """The LLM chunks and the encoder pieces of ``--encoder-schedule coarse|bubble``."""
     part = plan.llm_partition
-    lines = [f"> encoder schedule {args.encoder_schedule}: LLM layers per chunk "
+    lines = _auto_lines(args) + [f"> encoder schedule {args.encoder_schedule}: LLM layers per chunk "
              f"{part.layers_per_chunk} ({part.policy}); " + ", ".join(
                  f"{pieces.name} {'trainable' if trainable else 'frozen'}, "
                  f"{len(pieces.ranks)} pieces"
