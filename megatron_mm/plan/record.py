@@ -2,7 +2,7 @@
 
 The runtime that will execute a plan and the simulator that replays it read the same dicts,
 so every plan type derives from ``Record`` and keeps to JSON types (str, int, float, bool,
-None, lists, dicts of those, nested Records). Lists, never tuples: JSON has no tuples, and
+None, lists, dicts of those, nested Records; an Enum is written as its value). Lists, never tuples: JSON has no tuples, and
 a round trip must compare equal.
 """
 
