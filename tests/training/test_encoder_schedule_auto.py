@@ -54,3 +54,14 @@ def test_auto_with_an_encoder_tp_of_its_own_leaves_megatron_out(capsys):
                                        "--pipeline-partition", "search",
                                        "--encoder-schedule", "auto"], world_size=4)
     assert "--encoder-schedule auto has nothing to choose from" in capsys.readouterr().err
+
+
+def test_auto_plans_vision_and_audio_together():
+    from audio_data import AUDIO_MODEL
+
+    args = parse_args(TINY_MODEL + AUDIO_MODEL + PP2 + ["--encoder-schedule", "auto"],
+                      world_size=2)
+    choice = args.encoder_schedule_auto
+    assert {a.schedule for a in choice.alternatives} == {"megatron", "coarse", "bubble"}
+    assert choice.chosen.iteration_s == min(a.iteration_s for a in choice.alternatives)
+    assert args.encoder_schedule == choice.chosen.schedule
