@@ -16,9 +16,10 @@ encoder's media items):
   lane per rank carries 1 / m of each encoder micro-batch's time (an even split of the
   micro-batches among identical co-located pipelines, Optimus' best composition);
 - TP bubbles: the LLM layers' all-reduces (compute idle) are ``forward_comm_s`` /
-  ``backward_comm_s``, where the planner's bubble schedule runs small encoder pieces
-  (Optimus' fine-grained TP-bubble filling; the encoder's own TP traffic is assumed not
-  to contend with the LLM's there);
+  ``backward_comm_s``, where the planner's bubble schedule runs small encoder pieces'
+  computation (Optimus' fine-grained TP-bubble filling); their own TP all-reduces
+  (``encoder_*_comm_s``) share the links with the LLM's, so they lengthen the rank's
+  time there;
 - a frozen encoder runs forwards only (its trainable projector's backward, a small
   matmul, is left out of both the baseline and the plans);
 - Megatron baseline: the whole encoder at the LLM's TP inside LLM chunk 0 (the first
@@ -197,27 +198,28 @@ class CostModel:
         return [per * 2 * ar] * lay.num_chunks, [backward] * lay.num_chunks
 
     def encoder_units(self, tp_enc: int, sublayer: bool = False, e: int = 0
-                      ) -> List[Tuple[float, float, float]]:
-        """(forward s, backward s, parameters per GPU) of each unit a piece of encoder
-        ``e`` is cut from, in order: its layers, or their attention and MLP kernels
-        (``sublayer``)."""
+                      ) -> List[Tuple[float, float, float, float, float]]:
+        """(forward s, backward s, parameters per GPU, forward and backward s of its TP
+        all-reduces) of each unit a piece of encoder ``e`` is cut from, in order: its
+        layers, or their attention and MLP kernels (``sublayer``)."""
         enc = self.encoders[e]
         t, layers = enc.trainable, enc.spec.transformer.num_layers
-        if not sublayer:
-            f, b = self._layer_s(enc.layer, tp_enc, enc.act_bytes, t)
-            return [(f, b, enc.layer.params / tp_enc)] * layers
+        ar = self.links.allreduce_seconds(enc.act_bytes, tp_enc)
+        rec = 2 if self.layout.recompute else 1
+        kernels = [(enc.layer, 2)] if not sublayer else [(k, 1) for k in enc.sublayers]
         units = []
-        for kernel in enc.sublayers:
-            f, b = self._layer_s(kernel, tp_enc, enc.act_bytes, t, allreduces=1)
-            units.append((f, b, kernel.params / tp_enc))
+        for kernel, allreduces in kernels:
+            f, b = self._layer_s(kernel, tp_enc, enc.act_bytes, t, allreduces)
+            units.append((f, b, kernel.params / tp_enc, allreduces * ar,
+                          rec * allreduces * ar if t else 0.0))
         return units * layers
 
     def encoder_pieces(self, tp_enc: int, n: int, share: float = 1.0,
-                       sublayer: bool = False, e: int = 0
-                       ) -> Tuple[List[float], List[float], List[float]]:
-        """(forward, backward seconds, parameters per GPU) of encoder ``e`` cut into ``n``
-        pieces of consecutive units (``encoder_units``), at ``tp_enc``; seconds times
-        ``share`` (the lane's part of each micro-batch)."""
+                       sublayer: bool = False, e: int = 0) -> Tuple[List[float], ...]:
+        """(forward, backward seconds, parameters per GPU, forward and backward seconds
+        of the TP all-reduces) of encoder ``e`` cut into ``n`` pieces of consecutive units
+        (``encoder_units``), at ``tp_enc``; seconds times ``share`` (the lane's part of
+        each micro-batch)."""
         units = self.encoder_units(tp_enc, sublayer, e)
         if n > len(units):
             raise PlanError(f"cannot cut encoder {self.encoders[e].spec.name!r}'s "
@@ -227,9 +229,11 @@ class CostModel:
         t = enc.trainable
         ef, eb = self._plain_s(enc.embed, tp_enc, t)
         pf, pb = self._plain_s(enc.projector, tp_enc, t)
-        fwd, bwd, params = [], [], []
+        fwd, bwd, params, fwd_comm, bwd_comm = [], [], [], [], []
         for i in range(n):
             mine = units[i * len(units) // n:(i + 1) * len(units) // n]
+            fwd_comm.append(share * sum(u[3] for u in mine))
+            bwd_comm.append(share * sum(u[4] for u in mine))
             first, last = i == 0, i == n - 1
             fwd.append(share * (sum(u[0] for u in mine) + (ef if first else 0.0)
                                 + (pf if last else 0.0)))
@@ -238,7 +242,7 @@ class CostModel:
             params.append(sum(u[2] for u in mine)
                           + ((enc.embed.params if first else 0.0)
                              + (enc.projector.params if last else 0.0)) / tp_enc)
-        return fwd, bwd, params
+        return fwd, bwd, params, fwd_comm, bwd_comm
 
     def p2p_s(self) -> float:
         # Megatron sends 1 / TP of the activation per GPU (scatter-gather optimisation)
@@ -295,7 +299,7 @@ class CostModel:
         fwd, bwd = self.llm_chunks()
         reduce = self.reduce_s()
         for e in range(len(self.encoders)):
-            ef, eb, params = self.encoder_pieces(tp, 1, e=e)
+            ef, eb, params, _, _ = self.encoder_pieces(tp, 1, e=e)
             fwd[0] += ef[0]
             bwd[0] += eb[0]
             reduce[0] += self.encoder_reduce_s(params, dp, e)[0]  # part of chunk 0
@@ -321,14 +325,17 @@ class CostModel:
             (o, False) for o in (others or [EncoderLayout(pp_enc, pieces, reverse)]
                                  * (len(self.encoders) - 1))]
         fwd, bwd = self.llm_chunks()
-        ef, eb, enc_reduce, bcast, gathers = [], [], [], [], []
+        ef, eb, enc_reduce, bcast, gathers, efc, ebc = [], [], [], [], [], [], []
         allreduce = [0.0] * pp
         for e, (lay, sub) in enumerate(layouts):
             stages = lay.encoder_pipeline_model_parallel_size
             ranks = lay.ranks(pp)
-            f, b, params = self.encoder_pieces(tp_enc, len(ranks), 1.0 / replicas, sub, e)
+            f, b, params, fc, bc = self.encoder_pieces(tp_enc, len(ranks), 1.0 / replicas,
+                                                       sub, e)
             dp_enc = dp * (pp // stages) * replicas
             trainable = self.encoders[e].trainable
+            efc += fc
+            ebc += bc if trainable else [0.0] * len(bc)
             ef += f
             eb += b if trainable else [0.0] * len(b)
             enc_reduce += self.encoder_reduce_s(params, dp_enc // replicas, e)
@@ -343,7 +350,9 @@ class CostModel:
         costs = ActionCosts(fwd, bwd, ef, eb if self.encoder_trainable else [],
                             p2p_s=self.p2p_s(), llm_start_s=self.dp_gather_s(gathers),
                             reduce_s=self.reduce_s(), encoder_reduce_s=enc_reduce,
-                            forward_comm_s=fwd_comm, backward_comm_s=bwd_comm)
+                            forward_comm_s=fwd_comm, backward_comm_s=bwd_comm,
+                            encoder_forward_comm_s=efc,
+                            encoder_backward_comm_s=ebc if self.encoder_trainable else [])
         if replicas > 1:
             costs.broadcast_s, costs.replica_allreduce_s = bcast, allreduce
         return costs

@@ -34,7 +34,10 @@ class ActionCosts(Record):
 
     ``forward_comm_s`` / ``backward_comm_s`` per LLM chunk: the part of its forward /
     backward spent waiting for its tensor-parallel all-reduces (compute idle: encoder
-    actions ``in_tp_bubble`` run there); empty: none.
+    actions ``in_tp_bubble`` run there); ``encoder_forward_comm_s`` /
+    ``encoder_backward_comm_s`` per encoder piece: the part of ``EF`` / ``EB`` that is its
+    own TP all-reduces, which an action in a TP bubble cannot hide (the links are the
+    LLM's); empty: none.
 
     The collectives' seconds (an empty list: the costs do not model that traffic, it is
     free): ``broadcast_s`` per encoder piece (``BCAST`` of an encoder's last piece's
@@ -57,10 +60,17 @@ class ActionCosts(Record):
     grad_sync_s: float = 0.0
     forward_comm_s: List[float] = field(default_factory=list)
     backward_comm_s: List[float] = field(default_factory=list)
+    encoder_forward_comm_s: List[float] = field(default_factory=list)
+    encoder_backward_comm_s: List[float] = field(default_factory=list)
     broadcast_s: List[float] = field(default_factory=list)
     replica_allreduce_s: List[float] = field(default_factory=list)
     reduce_s: List[float] = field(default_factory=list)
     encoder_reduce_s: List[float] = field(default_factory=list)
+
+    def encoder_comm(self, kind: str, piece: int) -> float:
+        """The TP all-reduces inside encoder action ``kind`` of ``piece``, seconds."""
+        table = self.encoder_forward_comm_s if kind == Kind.EF else self.encoder_backward_comm_s
+        return table[piece] if table else 0.0
 
     def tp_bubble(self, kind: str, chunk: int) -> float:
         """The TP communication inside LLM action ``kind`` of ``chunk``, seconds."""
@@ -186,12 +196,15 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
         llm, on_stream = a.kind.llm, a.kind in _STREAM
         if a.in_tp_bubble:  # inside the previous LLM action's TP communication, if it fits
             duration = costs.of(a.kind, a.chunk)
+            comm = costs.encoder_comm(a.kind, a.chunk)  # on the LLM's links: not hidden
             at, left = host[rank]
             inputs = max([finish[d] + (p2p if owner[d] != rank else 0.0)
                           for d in schedule.dependencies(a)], default=0.0)
-            if inputs <= at + 1e-12 and duration <= left + 1e-12:
+            if inputs <= at + 1e-12 and duration - comm <= left + 1e-12:
                 finish[a.key], owner[a.key] = at + duration, rank
-                host[rank] = (at + duration, left - duration)
+                host[rank] = (at + duration - comm, left - (duration - comm))
+                clock[rank] += comm
+                busy[rank] += comm
                 enc[rank] += duration
                 if record:
                     timeline.append(TimedAction(rank, a.kind, a.microbatch, a.chunk, at,
@@ -230,7 +243,9 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
 
 
 def _encoder_free(costs: ActionCosts) -> ActionCosts:
-    """The same costs with the encoders' computation taking no time (transfers and
-    collectives stay): what the schedule would take were the encoder work all hidden."""
+    """The same costs with the encoders' work (their layers and their TP all-reduces)
+    taking no time (transfers between ranks and collectives stay): what the schedule would
+    take were the encoder work all hidden."""
     return replace(costs, encoder_forward_s=[0.0] * len(costs.encoder_forward_s),
-                   encoder_backward_s=[0.0] * len(costs.encoder_backward_s))
+                   encoder_backward_s=[0.0] * len(costs.encoder_backward_s),
+                   encoder_forward_comm_s=[], encoder_backward_comm_s=[])
