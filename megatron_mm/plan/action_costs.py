@@ -16,10 +16,10 @@ encoder's media items):
   lane per rank carries 1 / m of each encoder micro-batch's time (an even split of the
   micro-batches among identical co-located pipelines, Optimus' best composition);
 - TP bubbles: the LLM layers' all-reduces (compute idle) are ``forward_comm_s`` /
-  ``backward_comm_s``, where the planner's bubble schedule runs small encoder pieces'
-  computation (Optimus' fine-grained TP-bubble filling); their own TP all-reduces
-  (``encoder_*_comm_s``) share the links with the LLM's, so they lengthen the rank's
-  time there;
+  ``backward_comm_s``, where the planner's bubble schedule runs small encoder pieces
+  (Optimus' fine-grained TP-bubble filling); their own TP all-reduces
+  (``encoder_*_comm_s``) share the links with the LLM's, so the rank pays for them once
+  more there;
 - a frozen encoder runs forwards only (its trainable projector's backward, a small
   matmul, is left out of both the baseline and the plans);
 - Megatron baseline: the whole encoder at the LLM's TP inside LLM chunk 0 (the first

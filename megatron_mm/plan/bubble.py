@@ -18,9 +18,10 @@ are placed by list scheduling on the per-action costs:
   work fills that bubble too;
 - ``tp_bubbles``: while an LLM action waits for its tensor-parallel all-reduces
   (``costs.forward_comm_s`` / ``backward_comm_s``), the rank runs encoder actions whose
-  inputs are there when it starts and whose computation fits in what is left of that
-  wait (Optimus' TP-bubble filling; small pieces, e.g. attention / MLP kernels, fit
-  best); their own TP all-reduces (``costs.encoder_*_comm_s``) lengthen the rank's time;
+  inputs are there when it starts and that fit in what is left of that wait (Optimus'
+  TP-bubble filling; small pieces, e.g. attention / MLP kernels, fit best); their own TP
+  all-reduces (``costs.encoder_*_comm_s``) slow the LLM's on the same links, so they
+  lengthen the rank's time too;
 - ``extra_warmup="auto"`` also tries one and two more LLM warm-up forwards per rank
   (Optimus' adjusted warm-up: the backwards come later, which can open room for encoder
   work, at the cost of activations in flight) and keeps the fastest by simulation.
@@ -230,8 +231,7 @@ class _ListScheduler:
                     arrival = self.arrival(a, rank)
                     cost = self.cost(a)
                     comm = self.costs.encoder_comm(a.kind, a.chunk)  # not hidden
-                    if (arrival is not None and arrival <= at + 1e-12
-                            and cost - comm <= left + 1e-12):
+                    if arrival is not None and arrival <= at + 1e-12 and cost <= left + 1e-12:
                         break
             else:
                 return
@@ -240,4 +240,4 @@ class _ListScheduler:
             self.clock[rank] += comm  # its all-reduces share the LLM's links
             self.orders[rank].append(Action(a.kind, a.microbatch, a.chunk, in_tp_bubble=True))
             self.release(a)
-            at, left = at + cost - comm, left - (cost - comm)
+            at, left = at + cost, left - cost

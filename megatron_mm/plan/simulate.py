@@ -36,8 +36,8 @@ class ActionCosts(Record):
     backward spent waiting for its tensor-parallel all-reduces (compute idle: encoder
     actions ``in_tp_bubble`` run there); ``encoder_forward_comm_s`` /
     ``encoder_backward_comm_s`` per encoder piece: the part of ``EF`` / ``EB`` that is its
-    own TP all-reduces, which an action in a TP bubble cannot hide (the links are the
-    LLM's); empty: none.
+    own TP all-reduces: inside a TP bubble they slow the LLM's all-reduces on the same
+    links, so the rank pays for them once more; empty: none.
 
     The collectives' seconds (an empty list: the costs do not model that traffic, it is
     free): ``broadcast_s`` per encoder piece (``BCAST`` of an encoder's last piece's
@@ -200,9 +200,9 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
             at, left = host[rank]
             inputs = max([finish[d] + (p2p if owner[d] != rank else 0.0)
                           for d in schedule.dependencies(a)], default=0.0)
-            if inputs <= at + 1e-12 and duration - comm <= left + 1e-12:
+            if inputs <= at + 1e-12 and duration <= left + 1e-12:
                 finish[a.key], owner[a.key] = at + duration, rank
-                host[rank] = (at + duration - comm, left - (duration - comm))
+                host[rank] = (at + duration, left - duration)
                 clock[rank] += comm
                 busy[rank] += comm
                 enc[rank] += duration
