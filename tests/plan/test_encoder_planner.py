@@ -134,6 +134,8 @@ def test_vision_and_audio_are_planned_together_each_with_its_own_layout(vision_a
     assert s.encoder_spans() == [(0, len(vision.ranks(4))),
                                  (len(vision.ranks(4)), s.encoder_stages)]
     assert s.encoder_ranks == vision.ranks(4) + audio.ranks(4)
+    # the small audio encoder on fewer ranks than the vision encoder
+    assert len(set(audio.ranks(4))) < len(set(vision.ranks(4)))
     # the audio encoder's layout is its own choice: no other layout of it, beside the
     # chosen vision layout, simulates faster
     cm = CostModel(model, r.layout, H100, H100_LINKS)
