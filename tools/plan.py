@@ -355,8 +355,11 @@ def print_schedule_table(args) -> int:
     from megatron_mm.plan.optimus_reference import table as optimus_schedule_table
     print("Optimus' encoder plan and bubble schedule, simulated (plan/encoder_planner.py): "
           "Megatron-LM puts the encoder in the first stage's chunk 0; the plan searches "
-          "encoder PP / TP, pieces, placement order, coarse vs bubble schedule and micro-batch "
-          "size; hidden = share of encoder work that does not lengthen the iteration")
+          "encoder PP / TP, pieces (layers, or attention / MLP kernels), placement order, "
+          "coarse vs bubble schedule (pipeline, data-parallel and TP bubbles) and micro-batch "
+          "size; the schedules' collectives (data-parallel reductions, encoder replicas' "
+          "broadcast and sum) are charged; hidden = share of encoder work that does not "
+          "lengthen the iteration")
     images = args.images_per_sample or 2  # the paper gives none; see optimus_reference
     print(f"{images} image(s) of 224 x 224 (256 tokens each) per 2048-token sample")
     lines, plans = optimus_schedule_table(images_per_sample=images)

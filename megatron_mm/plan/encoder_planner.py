@@ -8,7 +8,9 @@ The LLM plan (PP, TP, DP, VPP) and the global batch are fixed. Enumerated:
 - micro-batch sizes (``micro_batch_sizes``): the number of micro-batches the fixed global
   batch is cut into;
 - encoder pieces (granularity) and placement order (``generate.encoder_placement``:
-  forward or ``reverse``, the encoder ending on the rank where the LLM starts);
+  forward or ``reverse``, the encoder ending on the rank where the LLM starts); pieces
+  of whole layers, and of attention / MLP kernels (``sublayer``, as Optimus cuts them)
+  where a stage's layers do not split evenly into the pieces, or are fewer than them;
 - schedules: ``coarse`` (Optimus' initial schedule) and ``bubble`` (fine-grained filling).
 
 Each candidate's per-action costs come from the cost model (``action_costs``), its
@@ -21,8 +23,14 @@ work) bounds every schedule of that plan from below, so plans are tried in that 
 skipped once the bound is no better than the best found; ``bubble`` is not tried where
 ``coarse`` already hides all encoder work.
 
-Not modelled (see ``action_costs``): TP bubbles (Optimus fills them with encoder kernels;
-here TP communication is exposed inside LLM actions), encoder pipelines on disjoint rank
+Several encoders (vision and audio): the first is enumerated as above; each other one
+gets its own layout (stages, pieces, order; ``_other_layouts``), all at the same encoder
+TP (one ``--encoder-tensor-model-parallel-size``).
+
+The bubble schedule also fills the LLM's TP bubbles (its layers' all-reduces) with small
+encoder pieces (``bubble(tp_bubbles=True)``), as Optimus does at kernel level.
+
+Not modelled (see ``action_costs``): encoder pipelines on disjoint rank
 sets when PP_enc < PP (the IR has one encoder pipeline per LLM pipeline: PP_enc < PP puts
 the encoder's stages on PP_enc of the ranks), and uneven micro-batch compositions among the
 co-located encoder pipelines (identical pipelines: the even split is taken).
@@ -37,7 +45,7 @@ from .action_costs import CostModel, EncoderPlan, LLMLayout
 from .actions import Schedule, validate
 from .bubble import bubble
 from .errors import PlanError
-from .generate import coarse, megatron
+from .generate import EncoderLayout, coarse, megatron
 from .hardware import Hardware, Interconnect
 from .model import ModelSpec
 from .record import Record
@@ -60,13 +68,20 @@ class Candidate(Record):
     llm_only_iteration_s: float
     encoder_hidden_fraction: float
     memory_gb: float
+    sublayer: bool = False  # pieces cut at attention / MLP kernels, not whole layers
+    # the layouts of the encoders after the first (a small audio encoder on fewer ranks)
+    other_encoders: List[EncoderLayout] = field(default_factory=list)
 
     def describe(self) -> str:
         return (f"{self.schedule}, encoder PP {self.encoder_pipeline_model_parallel_size} "
                 f"TP {self.encoder_tensor_model_parallel_size} DP "
-                f"{self.encoder_data_parallel_size}, {self.encoder_pieces} piece(s) per "
+                f"{self.encoder_data_parallel_size}, {self.encoder_pieces} "
+                f"{'sub-layer ' if self.sublayer else ''}piece(s) per "
                 f"stage{', reversed' if self.reverse else ''}, micro-batch "
-                f"{self.micro_batch_size} x {self.num_microbatches}")
+                f"{self.micro_batch_size} x {self.num_microbatches}"
+                + "".join(f"; encoder {e + 1}: PP {o.encoder_pipeline_model_parallel_size}, "
+                          f"{o.pieces} piece(s){', reversed' if o.reverse else ''}"
+                          for e, o in enumerate(self.other_encoders)))
 
 
 @dataclass
@@ -104,12 +119,54 @@ def _divisors(n: int) -> List[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def granularities(layers: int, pp_enc: int, pieces: Sequence[int]) -> List[tuple]:
+    """(pieces per stage, sublayer) to try: whole layers where the encoder has enough, and
+    attention / MLP kernels where whole layers cannot cut a stage evenly into the pieces."""
+    options = []
+    for k in pieces:
+        if pp_enc * k <= layers:
+            options.append((k, False))
+        if pp_enc * k <= 2 * layers and (pp_enc * k > layers or layers % (pp_enc * k)):
+            options.append((k, True))
+    return options
+
+
+def _other_layouts(cm: CostModel, plan: EncoderPlan, num_microbatches: int,
+                   settings: dict) -> List[EncoderLayout]:
+    """Each encoder after the first its own layout (stages dividing PP, 1 or 2 pieces per
+    stage, placement order), chosen one encoder after the other by the simulated bubble
+    schedule, the first encoder at one piece per stage of ``plan``: a small encoder gets
+    fewer ranks when that fills the bubbles better."""
+    lay = cm.layout
+    pp, vpp = lay.pipeline_model_parallel_size, lay.virtual_pipeline_model_parallel_size
+    main = EncoderLayout(plan.encoder_pipeline_model_parallel_size)
+    chosen = [main] * (len(cm.encoders) - 1)
+    for e in range(1, len(cm.encoders)):
+        layers = cm.encoders[e].spec.transformer.num_layers
+        best = None
+        for stages in _divisors(pp):
+            for k in (1, 2):
+                if stages * k > layers:
+                    continue
+                for reverse in (False, True):
+                    trial = chosen[:e - 1] + [EncoderLayout(stages, k, reverse)] + chosen[e:]
+                    costs = cm.optimus(plan, 1, others=trial)
+                    s = bubble(pp, vpp, num_microbatches, cm.encoder_trainable, costs,
+                               layouts=[main] + trial, **settings)
+                    t = simulate(s, costs, False).iteration_s
+                    if best is None or t < best[0] - 1e-12:
+                        best = (t, trial[e - 1])
+        chosen[e - 1] = best[1]
+    return chosen
+
+
 def _llm_only(costs: ActionCosts) -> ActionCosts:
-    return replace(costs, encoder_forward_s=[], encoder_backward_s=[])
+    return replace(costs, encoder_forward_s=[], encoder_backward_s=[], broadcast_s=[],
+                   replica_allreduce_s=[], encoder_reduce_s=[])
 
 
 def plan_encoder_schedule(model: ModelSpec, layout: LLMLayout, hardware: Hardware,
-                          links: Interconnect, pieces: Sequence[int] = (1, 2, 4),
+                          links: Interconnect, pieces: Sequence[int] = (1, 2, 4, 8),
                           schedules: Sequence[str] = ("coarse", "bubble"),
                           micro_batch_sizes: Optional[Iterable[int]] = None,
                           baseline_vpp: int = 1,
@@ -123,8 +180,9 @@ def plan_encoder_schedule(model: ModelSpec, layout: LLMLayout, hardware: Hardwar
     base_layout = replace(layout, virtual_pipeline_model_parallel_size=baseline_vpp)
     base = CostModel(model, base_layout, hardware, links)
     m = layout.num_microbatches
-    baseline_s = simulate(megatron(pp, baseline_vpp, m), base.baseline(), False).iteration_s
-    interleaved_s = simulate(megatron(pp, vpp, m),
+    baseline_s = simulate(megatron(pp, baseline_vpp, m, grad_sync=True), base.baseline(),
+                          False).iteration_s
+    interleaved_s = simulate(megatron(pp, vpp, m, grad_sync=True),
                              CostModel(model, layout, hardware, links).baseline(),
                              False).iteration_s
 
@@ -145,7 +203,7 @@ def plan_encoder_schedule(model: ModelSpec, layout: LLMLayout, hardware: Hardwar
                     rejected.append(f"encoder PP {pp_enc} TP {tp_enc}, micro-batch {mbs}: "
                                     f"{mem / GB:.1f} GB > {memory_limit_bytes / GB:.1f} GB")
                     continue
-                bound = simulate(megatron(pp, vpp, lay.num_microbatches),
+                bound = simulate(megatron(pp, vpp, lay.num_microbatches, grad_sync=True),
                                  _llm_only(cm.optimus(plan, 1)), False).iteration_s
                 options.append((bound, mbs, pp_enc, tp_enc, lay, cm, plan, mem))
     if not options:
@@ -161,26 +219,31 @@ def plan_encoder_schedule(model: ModelSpec, layout: LLMLayout, hardware: Hardwar
             pruned += 1
             continue
         n = lay.num_microbatches
-        for k in pieces:
-            if pp_enc * k > model.encoders[0].transformer.num_layers:
-                continue
+        # the encoders' own data-parallel groups: each piece reduces on its own
+        settings = dict(encoder_replicas=tp // tp_enc, grad_sync=True, encoder_grad_sync=True,
+                        frozen_encoders=cm.frozen_encoders)
+        others = _other_layouts(cm, plan, n, settings) if len(model.encoders) > 1 else []
+        for k, sublayer in granularities(model.encoders[0].transformer.num_layers, pp_enc,
+                                         pieces):
             if best is not None and best.iteration_s <= bound + 1e-12:
                 break  # this plan's encoder is already fully hidden: nothing beats it
-            costs = cm.optimus(plan, k)
             for reverse in (False, True):
                 if best is not None and best.iteration_s <= bound + 1e-12:
                     break
+                costs = cm.optimus(plan, k, sublayer, reverse, others)
+                layouts = [EncoderLayout(pp_enc, k, reverse)] + others
                 hidden_all = False
                 for kind in schedules:
                     if kind == "bubble" and hidden_all:
                         continue
-                    s = (coarse(pp, vpp, n, cm.encoder_trainable, pp_enc, k, reverse)
+                    s = (coarse(pp, vpp, n, cm.encoder_trainable, layouts=layouts, **settings)
                          if kind == "coarse" else
-                         bubble(pp, vpp, n, cm.encoder_trainable, costs, pp_enc, k, reverse))
+                         bubble(pp, vpp, n, cm.encoder_trainable, costs, layouts=layouts,
+                                tp_bubbles=True, **settings))
                     sim = simulate(s, costs, False)
                     c = Candidate(pp_enc, tp_enc, plan.encoder_data_parallel_size, k, reverse,
                                   kind, mbs, n, sim.iteration_s, sim.llm_only_iteration_s,
-                                  sim.encoder_hidden_fraction, mem / GB)
+                                  sim.encoder_hidden_fraction, mem / GB, sublayer, others)
                     candidates.append(c)
                     schedules_of[id(c)] = s
                     hidden_all = sim.iteration_s <= sim.llm_only_iteration_s + 1e-12

@@ -14,7 +14,7 @@ per token 2 x (4h + 2q + 2kv + MLP intermediates); with recompute only the layer
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Tuple
 
 from .model import EncoderSpec, TransformerSpec
 
@@ -54,6 +54,34 @@ def transformer_layer(t: TransformerSpec, sequences: int, seq_len: int, causal: 
     hidden = BF16 * tokens * h
     return Cost(fwd=linear + core, dgrad=linear + 2 * core, wgrad=linear, params=params,
                 act=act, recompute_act=hidden, out=hidden)
+
+
+def transformer_sublayers(t: TransformerSpec, sequences: int, seq_len: int, causal: bool
+                          ) -> Tuple[Cost, Cost]:
+    """The layer's two kernels Optimus schedules apart: (attention: its norm, QKV, core and
+    output projection; MLP: its norm and FFN), which add up to ``transformer_layer``."""
+    h, q, kv, f = t.hidden_size, t.q_dim, t.kv_dim, t.ffn_hidden_size
+    tokens = sequences * seq_len
+    attn_weights = h * q + 2 * h * kv + q * h
+    ffn_weights = (3 if t.gated_linear_unit else 2) * h * f
+    router = h * t.num_experts if t.num_experts > 1 else 0
+    attn_linear = 2.0 * tokens * attn_weights
+    mlp_linear = 2.0 * tokens * (t.moe_router_topk * ffn_weights + router)
+    core = 4.0 * sequences * seq_len * seq_len * q * (0.5 if causal else 1.0)
+    norm = h * (2 if t.add_bias_linear else 1)
+    attn_biases = q + 2 * kv + h if t.add_bias_linear else 0
+    mlp_biases = (t.num_experts * (f * (2 if t.gated_linear_unit else 1) + h)
+                  if t.add_bias_linear else 0)
+    ffn_act = (3 if t.gated_linear_unit else 2) * f * t.moe_router_topk
+    hidden = BF16 * tokens * h
+    attention = Cost(fwd=attn_linear + core, dgrad=attn_linear + 2 * core, wgrad=attn_linear,
+                     params=attn_weights + norm + attn_biases,
+                     act=BF16 * tokens * (2 * h + 2 * q + 2 * kv), recompute_act=hidden,
+                     out=hidden)
+    mlp = Cost(fwd=mlp_linear, dgrad=mlp_linear, wgrad=mlp_linear,
+               params=t.num_experts * ffn_weights + router + norm + mlp_biases,
+               act=BF16 * tokens * (2 * h + ffn_act), recompute_act=hidden, out=hidden)
+    return attention, mlp
 
 
 def encoder_embed(enc: EncoderSpec, sequences: int) -> Cost:

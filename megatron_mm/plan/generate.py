@@ -7,15 +7,34 @@
   baseline).
 
 Optimus' ``bubble`` schedule, which moves encoder pieces into the LLM's bubbles, is in
-``bubble.py``.
+``bubble.py``. Every generator places the collectives its settings call for
+(``collectives.add_collectives``: ``encoder_replicas``, ``grad_sync``) and validates what it
+returns (``actions.validated``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from .actions import Action, Schedule
+from .actions import Action, Kind, Schedule, validated
+from .collectives import add_collectives
 from .errors import PlanError
+from .record import Record
+
+
+@dataclass
+class EncoderLayout(Record):
+    """One encoder's own pipeline layout (``encoder_placement``): its stages, the pieces
+    each stage is cut into, and whether it is placed from the last rank."""
+
+    encoder_pipeline_model_parallel_size: int
+    pieces: int = 1
+    reverse: bool = False
+
+    def ranks(self, pp: int) -> List[int]:
+        return encoder_placement(pp, self.encoder_pipeline_model_parallel_size, self.pieces,
+                                 self.reverse)[1]
 
 
 def llm_order(pp: int, vpp: int, m: int, rank: int, extra_warmup: int = 0) -> List[Action]:
@@ -39,7 +58,7 @@ def llm_order(pp: int, vpp: int, m: int, rank: int, extra_warmup: int = 0) -> Li
         if not forward:
             v = vpp - 1 - v
         mb = (k // (pp * vpp)) * pp + k % pp if vpp > 1 else k
-        return Action("F" if forward else "B", mb, v * pp + rank)
+        return Action(Kind.F if forward else Kind.B, mb, v * pp + rank)
 
     order = [unit(k, True) for k in range(warmup)]
     for i in range(total - warmup):
@@ -49,11 +68,13 @@ def llm_order(pp: int, vpp: int, m: int, rank: int, extra_warmup: int = 0) -> Li
     return order
 
 
-def megatron(pp: int, vpp: int, num_microbatches: int) -> Schedule:
-    return Schedule(name="megatron", pipeline_model_parallel_size=pp,
-                    virtual_pipeline_model_parallel_size=vpp,
-                    num_microbatches=num_microbatches,
-                    ranks=[llm_order(pp, vpp, num_microbatches, r) for r in range(pp)])
+@validated
+def megatron(pp: int, vpp: int, num_microbatches: int, grad_sync: bool = False) -> Schedule:
+    return add_collectives(Schedule(
+        name="megatron", pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp, num_microbatches=num_microbatches,
+        ranks=[llm_order(pp, vpp, num_microbatches, r) for r in range(pp)]),
+        grad_sync=grad_sync)
 
 
 def encoder_placement(pp: int, encoder_stages: Optional[int] = None, pieces: int = 1,
@@ -75,32 +96,46 @@ def encoder_placement(pp: int, encoder_stages: Optional[int] = None, pieces: int
 def separate_encoders(name: str, pp: int, vpp: int, num_microbatches: int,
                       encoder_trainable: bool, encoder_stages: Optional[int] = None,
                       pieces: int = 1, reverse: bool = False, encoders: int = 1,
-                      frozen_encoders: Sequence[int] = ()) -> Schedule:
-    """An empty schedule (no actions yet) whose ``encoders`` encoders each run as their own
-    pipeline, all with the same layout (``encoder_placement``), their pieces numbered one
-    encoder after the other; ``frozen_encoders`` have no backward."""
-    _, ranks = encoder_placement(pp, encoder_stages, pieces, reverse)
-    if encoders < 1:
-        raise PlanError(f"a schedule with separate encoders needs at least one (got {encoders})")
+                      frozen_encoders: Sequence[int] = (),
+                      layouts: Optional[Sequence[EncoderLayout]] = None) -> Schedule:
+    """An empty schedule (no actions yet, no collectives: ``add_collectives`` places them
+    once the compute is ordered) whose ``encoders`` encoders each run as their own
+    pipeline, all with the same layout (``encoder_placement``), or each with its own
+    (``layouts``, one per encoder: a small audio encoder on fewer ranks, say), their pieces
+    numbered one encoder after the other; ``frozen_encoders`` have no backward."""
+    if layouts is None:
+        if encoders < 1:
+            raise PlanError(f"a schedule with separate encoders needs at least one (got "
+                            f"{encoders})")
+        layouts = [EncoderLayout(encoder_placement(pp, encoder_stages)[0], pieces, reverse)
+                   ] * encoders
+    elif not layouts:
+        raise PlanError("a schedule with separate encoders needs at least one layout")
+    per_encoder = [layout.ranks(pp) for layout in layouts]
+    ranks = [r for mine in per_encoder for r in mine]
     return Schedule(name=name, pipeline_model_parallel_size=pp,
                     virtual_pipeline_model_parallel_size=vpp,
-                    num_microbatches=num_microbatches, encoder_stages=len(ranks) * encoders,
-                    encoder_trainable=encoder_trainable, encoder_ranks=ranks * encoders,
-                    encoder_pieces=[len(ranks)] * encoders if encoders > 1 else [],
+                    num_microbatches=num_microbatches, encoder_stages=len(ranks),
+                    encoder_trainable=encoder_trainable, encoder_ranks=ranks,
+                    encoder_pieces=[len(m) for m in per_encoder] if len(layouts) > 1 else [],
                     frozen_encoders=sorted(frozen_encoders))
 
 
+@validated
 def coarse(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
            encoder_stages: Optional[int] = None, pieces: int = 1,
            reverse: bool = False, encoders: int = 1,
-           frozen_encoders: Sequence[int] = ()) -> Schedule:
+           frozen_encoders: Sequence[int] = (), encoder_replicas: int = 1,
+           grad_sync: bool = False, encoder_grad_sync: bool = False,
+           layouts: Optional[Sequence[EncoderLayout]] = None) -> Schedule:
     """Every encoder forward first, then the LLM, then every encoder backward."""
     schedule = separate_encoders("coarse", pp, vpp, num_microbatches, encoder_trainable,
-                                 encoder_stages, pieces, reverse, encoders, frozen_encoders)
+                                 encoder_stages, pieces, reverse, encoders, frozen_encoders,
+                                 layouts)
     for r in range(pp):
         mine = [s for s, rank in enumerate(schedule.encoder_ranks) if rank == r]
-        before = [Action("EF", mb, s) for mb in range(num_microbatches) for s in mine]
-        after = [Action("EB", mb, s) for mb in range(num_microbatches) for s in reversed(mine)
-                 if schedule.encoder_backward(s)]
+        before = [Action(Kind.EF, mb, s) for mb in range(num_microbatches) for s in mine]
+        after = [Action(Kind.EB, mb, s) for mb in range(num_microbatches)
+                 for s in reversed(mine) if schedule.encoder_backward(s)]
         schedule.ranks.append(before + llm_order(pp, vpp, num_microbatches, r) + after)
-    return schedule
+    return add_collectives(schedule, encoder_replicas, grad_sync, encoder_grad_sync)

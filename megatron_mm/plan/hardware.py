@@ -78,6 +78,11 @@ class Interconnect(Record):
     def allreduce_seconds(self, nbytes: float, ways: int) -> float:
         return 0.0 if ways <= 1 else 2.0 * (ways - 1) / ways * nbytes / self.tp_bandwidth
 
+    def broadcast_seconds(self, nbytes: float, ways: int) -> float:
+        """A pipelined ring broadcast of n bytes to ``ways`` GPUs of a node (the encoder
+        replicas' output to the LLM TP group): (t - 1) / t x n / bw."""
+        return 0.0 if ways <= 1 else (ways - 1) / ways * nbytes / self.tp_bandwidth
+
     def dp_seconds(self, nbytes: float, ways: int) -> float:
         """One all-gather or reduce-scatter over ``ways`` data-parallel replicas."""
         return 0.0 if ways <= 1 else (ways - 1) / ways * nbytes / self.dp_bandwidth

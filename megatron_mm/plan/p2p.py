@@ -55,7 +55,13 @@ def message_inputs(s: Schedule, a: Action) -> List[Tuple[Key, Action]]:
     if a.kind == "F":
         if c > 0:
             return [(("F", m, c - 1), Action("F", m, c - 1))]
+        if s.encoder_replicas > 1:  # the encoder outputs arrive through BCAST (local)
+            return []
         return [(("EF", m, end - 1), Action("EF", m, end - 1)) for _, end in s.encoder_spans()]
+    if a.kind == "BCAST":  # the owner replica receives encoder piece c's output
+        return [(("EF", m, c), Action("EF", m, c))]
+    if a.kind in ("ALLREDUCE", "GRAD_SYNC", "ENCODER_GRAD_SYNC"):
+        return []
     if a.kind == "B":
         if c == s.num_chunks - 1:
             return []

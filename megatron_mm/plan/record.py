@@ -2,13 +2,14 @@
 
 The runtime that will execute a plan and the simulator that replays it read the same dicts,
 so every plan type derives from ``Record`` and keeps to JSON types (str, int, float, bool,
-None, lists, dicts of those, nested Records). Lists, never tuples: JSON has no tuples, and
+None, lists, dicts of those, nested Records; an Enum is written as its value). Lists, never tuples: JSON has no tuples, and
 a round trip must compare equal.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import typing
 from typing import Any, Dict, Type, TypeVar, Union
@@ -43,6 +44,8 @@ class Record:
 
 
 def _encode(value: Any) -> Any:
+    if isinstance(value, enum.Enum):  # its value: JSON's own type (an action kind's letters)
+        return value.value
     if isinstance(value, Record):
         return value.to_dict()
     if isinstance(value, (list, tuple)):
@@ -61,6 +64,12 @@ def _decode(hint: Any, value: Any) -> Any:
         return _decode(inner[0], value) if len(inner) == 1 else value
     if isinstance(hint, type) and issubclass(hint, Record):
         return hint.from_dict(value)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            raise PlanError(f"unknown {hint.__name__} {value!r}; expected one of "
+                            f"{[k.value for k in hint]}") from None
     if origin is list:
         return [_decode(args[0], v) for v in value]
     if origin is dict:

@@ -8,7 +8,9 @@ from typing import Sequence
 
 from .simulate import Simulation
 
-COLOURS = {"F": (66, 133, 244), "B": (25, 80, 170), "EF": (251, 188, 5), "EB": (219, 120, 0)}
+COLOURS = {"F": (66, 133, 244), "B": (25, 80, 170), "EF": (251, 188, 5), "EB": (219, 120, 0),
+           "BCAST": (150, 90, 200), "ALLREDUCE": (110, 50, 160), "GRAD_SYNC": (40, 160, 80),
+           "ENCODER_GRAD_SYNC": (20, 110, 50)}
 
 
 def write_chrome_trace(runs: Sequence[Simulation], path: str) -> None:
@@ -24,7 +26,9 @@ def write_chrome_trace(runs: Sequence[Simulation], path: str) -> None:
 
 def write_png(runs, path: str, width: int = 1200, row: int = 28) -> None:
     """Ranks as rows per schedule, LLM work blue (forward light, backward dark), encoder work
-    orange, bubbles white; every schedule on the same time scale."""
+    orange, encoder collectives purple, bubbles white; the data-parallel reductions
+    (``GRAD_SYNC``, on the communication stream) a green strip under the row; every
+    schedule on the same time scale."""
     from PIL import Image, ImageDraw
 
     ranks = len(runs[0].busy_s)
@@ -46,7 +50,12 @@ def write_png(runs, path: str, width: int = 1200, row: int = 28) -> None:
         for t in sim.timeline:
             x0, x1 = left + t.start_s * scale, left + t.end_s * scale
             top = y + t.rank * row + 2
-            draw.rectangle([x0, top, max(x0 + 1, x1 - 1), top + row - 4], fill=COLOURS[t.kind])
+            if t.kind in ("GRAD_SYNC", "ENCODER_GRAD_SYNC"):  # beside the compute: a strip
+                draw.rectangle([x0, top + row - 8, max(x0 + 1, x1 - 1), top + row - 4],
+                               fill=COLOURS[t.kind])
+                continue
+            draw.rectangle([x0, top, max(x0 + 1, x1 - 1), top + row - 4],
+                           fill=COLOURS[str(t.kind)])
             if x1 - x0 > 18:
                 draw.text((x0 + 3, top + 6), f"{t.kind}{t.microbatch}", fill="white")
         y += ranks * row + 10

@@ -4,7 +4,8 @@ Each rank walks its own action list: ``F`` / ``B`` are Megatron-Core's ``forward
 ``backward_step`` on an LLM model chunk (losses, per-token scaling, grad-scale hooks as
 in its schedules), ``EF`` / ``EB`` run and differentiate one encoder piece
 (``MultimodalModel.run_encoder_piece``); ``F(m, 0)`` takes every encoder's output and
-``B(m, 0)`` hands each its gradient. Tensors between actions stay local when producer
+``B(m, 0)`` hands each its gradient; the collectives are actions too (``BCAST``,
+``ALLREDUCE``, ``GRAD_SYNC``, below). Tensors between actions stay local when producer
 and consumer share a rank, else travel in the exchanges ``plan/p2p.py`` lays out: before
 each action one batched exchange (``Mailbox``) sends what the previous action produced and
 receives what this one needs (and what its peers sent before that), sized from the
@@ -37,7 +38,8 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel.schedules import backward_step, forward_step
 from megatron.core.utils import get_attr_wrapped_model, get_model_config
 
-from ..plan.actions import Action, Schedule
+from ..plan.actions import Action, Kind, Schedule, validate
+from ..plan.errors import PlanError
 from ..plan.encoder_pipeline import EncoderPieces
 from ..plan.p2p import Exchange, output_grad_key, p2p_program
 from ..plan.placement import ChunkPlacement
@@ -76,8 +78,26 @@ class ScheduleExecutor:
         self.timeline: List[TimedAction] = []  # the last iteration's, when recorded
 
     def schedule(self, num_microbatches: int) -> Schedule:
+        """The iteration's schedule, validated before any rank runs it."""
         if num_microbatches not in self._schedules:
-            self._schedules[num_microbatches] = self.make_schedule(num_microbatches)
+            schedule = self.make_schedule(num_microbatches)
+            validate(schedule)
+            replicas = 1 if self.replicas is None else self.replicas.replicas
+            if schedule.encoder_replicas != replicas:
+                raise PlanError(f"schedule {schedule.name!r} is for {schedule.encoder_replicas}"
+                                f" encoder replicas per TP group; this run has {replicas}")
+            if schedule.encoder_grad_sync:  # the pieces share the first chunk's buffers
+                raise PlanError(f"schedule {schedule.name!r} reduces the encoder pieces on "
+                                "their own (ENCODER_GRAD_SYNC); this runtime reduces them "
+                                "with the first model chunk (GRAD_SYNC)")
+            if any(a.in_tp_bubble for r in schedule.ranks for a in r):
+                raise PlanError(f"schedule {schedule.name!r} runs encoder work inside TP "
+                                "communication (in_tp_bubble); this runtime runs one action "
+                                "at a time")
+            if schedule.num_microbatches != num_microbatches:
+                raise PlanError(f"schedule {schedule.name!r} has {schedule.num_microbatches} "
+                                f"micro-batches; the iteration has {num_microbatches}")
+            self._schedules[num_microbatches] = schedule
         return self._schedules[num_microbatches]
 
     def actions(self, schedule: Schedule, rank: int, forward_only: bool) -> List[Action]:
@@ -86,7 +106,7 @@ class ScheduleExecutor:
         replicas' encoder work is skipped (the whole pipeline group is one replica)."""
         actions = schedule.ranks[rank]
         if forward_only:
-            actions = [a for a in actions if a.kind in ("F", "EF")]
+            actions = [a for a in actions if a.kind in (Kind.F, Kind.EF, Kind.BCAST)]
         return [a for a in actions
                 if not a.kind.startswith("E") or self.replicas is None
                 or self.replicas.owns(a.microbatch)]
@@ -103,13 +123,14 @@ class ScheduleExecutor:
     def __call__(self, *, forward_step_func, data_iterator, model, num_microbatches: int,
                  seq_length=None, micro_batch_size=None, forward_only: bool = False,
                  collect_non_loss_data: bool = False, **_) -> list:
+        schedule = self.schedule(num_microbatches)
         model = model if isinstance(model, list) else [model]
         iterators = data_iterator if isinstance(data_iterator, list) else [data_iterator]
         batches = [next(iterators[0]) for _ in range(num_microbatches)]
         for other in iterators[1:]:  # the per-chunk copies stay in step
             for _ in range(num_microbatches):
                 next(other)
-        run = _Iteration(self, self.schedule(num_microbatches), model, batches,
+        run = _Iteration(self, schedule, model, batches,
                          forward_step_func, forward_only, collect_non_loss_data)
         run.execute()
         if self.record_timeline:
@@ -227,11 +248,7 @@ class _Iteration:
         self.mailbox.finish()
         assert not self.local, f"local messages never used: {sorted(self.local)}"
         assert not self.inbox, f"messages received but never used: {sorted(self.inbox)}"
-        if self.replicas is not None and self.encoder_trainable:
-            self.replicas.reduce_grads([
-                p for chunk in self.model
-                for p in get_attr_wrapped_model(chunk, "encoder_piece_parameters")()])
-        overlap.after(len(actions))  # what waited for the replicas' sum, or had no backward
+        overlap.after(len(actions))  # a schedule without GRAD_SYNC: what had no backward
         if not self.forward_only and self.config.finalize_model_grads_func is not None:
             self.config.finalize_model_grads_func(
                 self.model, self.num_tokens if self.config.calculate_per_token_loss else None)
@@ -289,15 +306,29 @@ class _Iteration:
         group."""
         if self.replicas is None:
             return self.receive(self.rank_of("EF", last), ("EF", m, last), self.trains(last))
-        out = (self.receive(self.rank_of("EF", last), ("EF", m, last), False)
-               if self.runs_encoder(m) else None)
-        out = self.replicas.share_output(m, out, self.spec(("EF", m, last)),
-                                         self.mailbox.device)
-        self.inputs_ready = self.now()
+        out = self.local.pop((Kind.BCAST, m, last))  # BCAST(m, last) ran just before
         if out is not None:  # only the owner's EB takes its gradient
             out = out.detach().requires_grad_(self.trains(last) and self.runs_encoder(m)
                                                and out.is_floating_point())
         return out
+
+    def run_BCAST(self, m: int, p: int) -> None:
+        """Encoder piece ``p``'s output from the owner replica to the LLM TP group."""
+        out = (self.receive(self.rank_of("EF", p), ("EF", m, p), False)
+               if self.runs_encoder(m) else None)
+        self.local[(Kind.BCAST, m, p)] = self.replicas.share_output(
+            m, out, self.spec(("EF", m, p)), self.mailbox.device)
+
+    def run_ALLREDUCE(self, m: int, rank: int) -> None:
+        """This rank's encoder pieces' gradients summed over the replicas."""
+        if self.encoder_trainable:
+            self.replicas.reduce_grads([
+                p for chunk in self.model
+                for p in get_attr_wrapped_model(chunk, "encoder_piece_parameters")()])
+
+    def run_GRAD_SYNC(self, m: int, c: int) -> None:
+        """Nothing here: ``_OverlappedGradSync.after`` starts chunk ``c``'s reduction right
+        after this action (with --overlap-grad-reduce; else finalisation reduces)."""
 
     def run_B(self, m: int, c: int) -> None:
         inputs, output = self.saved.pop(("F", m, c))
@@ -334,9 +365,10 @@ class _OverlappedGradSync:
     that adds to its gradients, so it runs under the rest of the schedule (the encoder's
     backward pieces, say); ``finalize_model_grads`` then waits for it. Until then the
     chunk's backward hooks stay quiet (its ``no_sync``): gradients accumulate over
-    micro-batches, and no bucket starts while a later action still adds to it. Encoder
-    pieces live in the first chunk; with encoder replicas that chunk starts only after the
-    replicas' gradients are summed."""
+    micro-batches, and no bucket starts while a later action still adds to it. The start
+    points are the schedule's ``GRAD_SYNC`` actions; a schedule without them: after the
+    last ``B`` / ``EB`` (encoder pieces live in the first chunk; with encoder replicas that
+    chunk starts only at the end, after their sum)."""
 
     def __init__(self, it: "_Iteration", actions: List[Action]):
         self.chunks = it.model
@@ -353,6 +385,9 @@ class _OverlappedGradSync:
         for k, i in self.start_at.items():
             if i < 0 or (k == 0 and it.replicas is not None):
                 self.start_at[k] = end
+        if any(a.kind == Kind.GRAD_SYNC for a in actions):
+            self.start_at = {a.chunk // pp: i for i, a in enumerate(actions)
+                             if a.kind == Kind.GRAD_SYNC}
         funcs = no_sync if isinstance(no_sync, list) else [no_sync]
         self.quiet = [f() for f in funcs]
         for context in self.quiet:

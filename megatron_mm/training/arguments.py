@@ -27,6 +27,7 @@ from .fp8_args import fp8_args, validate_fp8_args
 from .logging_args import logging_args, validate_logging_args
 from .transformer_impl import validate_transformer_impl
 from .user_errors import ArgumentParser, exit_with_user_error
+from .encoder_schedule_auto import apply_encoder_schedule_auto
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -160,13 +161,15 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pipeline-profile", default=None, metavar="FILE",
                    help="measured per-layer times (tools/profile_layers.py) for "
                         "--pipeline-partition auto, instead of the FLOP cost model")
-    g.add_argument("--encoder-schedule", choices=["megatron", "coarse", "bubble"],
+    g.add_argument("--encoder-schedule", choices=["megatron", "coarse", "bubble", "auto"],
                    default="megatron",
                    help="megatron: Megatron-Core's schedules, encoders inside the pipeline "
                         "chunks that --pipeline-partition gives them; coarse: the encoder as "
                         "its own pipeline over the ranks, all its forwards before the LLM's "
                         "work and its backwards after; bubble: its pieces placed in the "
-                        "LLM pipeline's bubbles (Optimus)")
+                        "LLM pipeline's bubbles (Optimus); auto: the one of these (and its "
+                        "encoder PP and pieces) the simulator finds fastest on this run's "
+                        "costs")
     g.add_argument("--encoder-pipeline-model-parallel-size", type=int, default=None,
                    help="encoder pipeline stages for --encoder-schedule coarse|bubble; "
                         "divides --pipeline-model-parallel-size (default: equal to it)")
@@ -379,6 +382,8 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
 
 def _validate_encoder_schedule(args: argparse.Namespace) -> None:
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    if args.encoder_schedule == "auto":  # the planner picks; the choice is checked below
+        apply_encoder_schedule_auto(args)
     if args.encoder_schedule == "megatron":
         for flag in ("encoder_pipeline_model_parallel_size",
                      "encoder_tensor_model_parallel_size"):

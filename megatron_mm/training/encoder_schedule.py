@@ -3,7 +3,10 @@ schedule executor instead of Megatron-Core's schedules (``megatron``, the defaul
 
 The plan (LLM partition, encoder pieces and their ranks) comes from the training chain; the
 ``bubble`` schedule is generated on its per-action costs, from the cost model or measured
-per-layer times (``--pipeline-profile``), once per micro-batch count.
+per-layer times (``--pipeline-profile``), once per micro-batch count. The schedules name
+their collectives (the encoder replicas' broadcast and gradient sum, the data-parallel
+reductions' start points) and are validated as they are generated; ``build_executor``
+generates the run's schedule up front, so a schedule that cannot run fails at start-up.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ def encoder_pipeline_plan(args, chain=None, policy=None) -> EncoderPipelinePlan:
 def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int, chain=None):
     pp, vpp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1
     stages, pieces = args.encoder_pipeline_model_parallel_size, args.encoder_pieces
-    encoders = dict(encoders=len(plan.pieces), frozen_encoders=plan.frozen_encoders)
+    encoders = dict(encoders=len(plan.pieces), frozen_encoders=plan.frozen_encoders,
+                    encoder_replicas=encoder_replicas(args), grad_sync=True)
     if args.encoder_schedule == "coarse":
         return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, stages, pieces,
                       **encoders)
@@ -53,14 +57,22 @@ def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int, chain=
                   extra_warmup="auto", **encoders)
 
 
+def encoder_replicas(args) -> int:
+    """Encoder replicas per LLM TP group (TP / encoder TP)."""
+    etp = getattr(args, "encoder_tensor_model_parallel_size", None)
+    return args.tensor_model_parallel_size // etp if etp else 1
+
+
 def build_executor(args, plan: EncoderPipelinePlan, chain, replicas=None,
                    attention=None) -> ScheduleExecutor:
     """``replicas``: the encoder replicas' groups (an encoder TP below the LLM's);
     ``attention``: the attention settings (with CP, they give each rank's token count)."""
-    return ScheduleExecutor(lambda m: make_schedule(args, plan, m, chain), plan.pieces,
-                            batch_to_device, replicas, plan.placements,
-                            partial(local_length, attention)
-                            if args.context_parallel_size > 1 else None)
+    executor = ScheduleExecutor(lambda m: make_schedule(args, plan, m, chain), plan.pieces,
+                                batch_to_device, replicas, plan.placements,
+                                partial(local_length, attention)
+                                if args.context_parallel_size > 1 else None)
+    executor.schedule(args.num_microbatches)  # generated and validated before any step
+    return executor
 
 
 def local_length(attention, batch: dict) -> int:

@@ -18,7 +18,7 @@ from ..plan.partition import parse_partition_flag
 from ..plan.placement import ChunkPlacement, chunk_placements
 from ..plan.recompute_budget import GB, RecomputeChoice
 from .encoder_schedule import encoder_pipeline_plan, separate_encoder
-from .pipeline_plan import describe_encoder_plan, training_chain
+from .pipeline_plan import auto_lines, describe_encoder_plan, training_chain
 from .recompute_plan import adaptive_choice
 
 
@@ -36,7 +36,7 @@ class TrainingPlan:
         if self.encoder_plan is not None:
             return describe_encoder_plan(args, self.encoder_plan)
         part = self.partition
-        lines = []
+        lines = auto_lines(args)
         if part.pipeline_model_parallel_size > 1:
             lines.append(f"> pipeline partition ({self.policy}): layers per stage "
                          f"{part.layers_per_chunk}")

@@ -3,7 +3,7 @@
 import pytest
 
 from megatron_mm.plan import TransformerSpec, Workload, build_chain, resolve_backward
-from megatron_mm.plan.flops import transformer_layer
+from megatron_mm.plan.flops import transformer_layer, transformer_sublayers
 from megatron_mm.plan.model import EncoderSpec, ModelSpec
 
 from helpers import layer, vlm_chain
@@ -77,6 +77,24 @@ def test_transformer_layer_backward_split():
     assert c.fwd + c.dgrad + c.wgrad == 3 * c.fwd  # a trained layer costs exactly 3F
     full = transformer_layer(t, sequences=3, seq_len=32, causal=False)
     assert full.fwd - linear == 2 * core
+
+
+@pytest.mark.parametrize("bias, glu, experts", [(False, True, 1), (True, False, 1),
+                                                (False, True, 4)])
+def test_attention_and_mlp_kernels_add_up_to_the_layer(bias, glu, experts):
+    """Sub-layer pieces (Optimus' kernels): the attention and the MLP halves of a layer
+    together cost what the layer does, the attention core all in the first."""
+    t = TransformerSpec(hidden_size=64, num_layers=1, ffn_hidden_size=256,
+                        num_attention_heads=4, num_query_groups=2, gated_linear_unit=glu,
+                        add_bias_linear=bias, num_experts=experts,
+                        moe_router_topk=2 if experts > 1 else 1)
+    layer = transformer_layer(t, sequences=3, seq_len=32, causal=False)
+    attention, mlp = transformer_sublayers(t, sequences=3, seq_len=32, causal=False)
+    for field in ("fwd", "dgrad", "wgrad", "params", "act"):
+        assert getattr(attention, field) + getattr(mlp, field) == pytest.approx(
+            getattr(layer, field)), field
+    assert attention.dgrad - attention.wgrad == 2 * 4 * 3 * 32 * 32 * 64  # its core: 2A
+    assert mlp.dgrad == mlp.wgrad == mlp.fwd
 
 
 def test_build_chain_modules_tokens_and_freezing():

@@ -64,6 +64,8 @@ FOUR_LAYERS = ["--num-layers", "4"]  # chain: 1 + 1 + 2 + 1 + 4 + 1 = 10
 COARSE = ["--encoder-schedule", "coarse"]
 BUBBLE = ["--encoder-schedule", "bubble"]
 ETP1 = ["--encoder-tensor-model-parallel-size", "1"]
+# --encoder-schedule auto on a measured profile (written by the test) whose ViT is slow
+AUTO = ["--encoder-schedule", "auto", "--pipeline-profile", "SLOW_VIT_PROFILE"]
 RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "block",
              "--recompute-num-layers", "1"]
 
@@ -100,14 +102,18 @@ RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "block",
     # ViT 0 on rank 0, ViT 1 on rank 2
     (4, PP4 + BUBBLE + ["--encoder-pipeline-model-parallel-size", "2"],
      FOUR_LAYERS + ["--freeze-ViT"]),
+    # the planner picks the schedule from the profile: the ViT as its own pipeline
+    (2, PP2 + AUTO, []),
 ], ids=["pp2", "pp2-split-vit", "tp2-pp2", "pp2-auto-frozen-vit", "pp2-search-frozen-vit",
         "pp2-vpp2-split-frozen-vit", "pp4-frozen-vit", "pp2-coarse", "tp2-pp2-bubble",
         "dp2-pp2-bubble-overlap", "pp2-bubble-recompute", "tp2-pp2-bubble-etp1",
-        "pp2-vpp2-bubble-frozen-vit", "pp4-bubble-frozen-vit"])
+        "pp2-vpp2-bubble-frozen-vit", "pp4-bubble-frozen-vit", "pp2-auto-slow-vit"])
 def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout,
                                               model):
     # Stages draw different random streams, so both runs start from one saved init.
     argv, ref = _reference(digits_dir, tmp_path_factory, model)
+    if AUTO[-1] in layout:
+        layout = _with_slow_vit_profile(argv, layout, tmp_path_factory)
     extra = []
     if layout[-2:] == ETP1:  # save, and evaluate (forward-only runs skip other replicas)
         saved = tmp_path_factory.mktemp("etp1")
@@ -153,6 +159,24 @@ def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, worl
             c = out["observed"]["vit_calls"]
             assert c["fwd"] > 0 and c["bwd"] > 0, c
         _check_etp1_checkpoint(argv, saved, stages)
+
+
+def _with_slow_vit_profile(argv, layout, tmp_path_factory):
+    """The layout with a profile in which ViT layers take 20x an LLM layer, and the choice
+    --encoder-schedule auto makes on it: an encoder pipeline of its own."""
+    from megatron_mm.plan.profile import LayerProfile, LayerTime
+    from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.encoder_schedule_auto import _chain
+
+    args = parse_args(argv + [a for a in layout if a not in AUTO], world_size=2)
+    path = tmp_path_factory.mktemp("profile") / "slow_vit.json"
+    LayerProfile("test", args.micro_batch_size, args.seq_length, 1, [], [
+        LayerTime(l.module, 20e-3 if "vision" in l.module else 1e-3,
+                  40e-3 if "vision" in l.module else 2e-3) for l in _chain(args)]).save(str(path))
+    layout = [str(path) if a == AUTO[-1] else a for a in layout]
+    chosen = parse_args(argv + layout, world_size=2)
+    assert chosen.encoder_schedule in ("coarse", "bubble"), chosen.encoder_schedule_auto.lines()
+    return layout
 
 
 def _check_etp1_checkpoint(argv, saved, stages):
