@@ -165,12 +165,15 @@ def test_mismatched_placeholders_and_grids_are_named():
                               second_per_grid_ts=[1.0, 1.0], tokens_per_second=2)
 
 
-def test_temporal_positions_use_the_reference_float32_arithmetic(hf_model):
-    # 25 tokens/s at 7.75 fps: float64 would give temporal patch 31 one position more
+@pytest.mark.parametrize("fps,frames", [(7.75, 34), (2.75, 12)])
+def test_temporal_positions_use_the_reference_float32_arithmetic(hf_model, fps, frames):
+    # at 25 tokens/s float64 would put a temporal patch one position later: at 7.75 fps
+    # through the interval (25 * 2 / fps), at 2.75 fps through the product (i * interval)
     model = hf_model(25)
-    ids = np.array([[3] + _item(VID, [34, 2, 2]) + [4]])
-    want, want_deltas = _hf(model, ids, None, [], [[34, 2, 2]], [2 / 7.75])
+    grid = [frames, 2, 2]
+    ids = np.array([[3] + _item(VID, grid) + [4]])
+    want, want_deltas = _hf(model, ids, None, [], [grid], [2 / fps])
     got, deltas = batch_mrope_positions(ids, image_token_id=IMG, video_token_id=VID,
-                                        video_grid_thw=[[34, 2, 2]],
-                                        second_per_grid_ts=[2 / 7.75], tokens_per_second=25)
+                                        video_grid_thw=[grid], second_per_grid_ts=[2 / fps],
+                                        tokens_per_second=25)
     assert np.array_equal(got, want) and np.array_equal(deltas, want_deltas)
