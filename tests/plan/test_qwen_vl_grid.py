@@ -16,7 +16,8 @@ def test_smart_resize_equals_transformers_on_many_sizes():
         smart_resize as hf_smart_resize
 
     rng = random.Random(0)
-    bounds = [(56 * 56, 28 * 28 * 1280), (4 * 28 * 28, 16 * 28 * 28), (128 * 28 * 28, 768 * 28 * 28)]
+    bounds = [(56 * 56, 28 * 28 * 1280), (4 * 28 * 28, 16 * 28 * 28),
+              (128 * 28 * 28, 768 * 28 * 28)]
     sizes = [(rng.randint(1, 3000), rng.randint(1, 3000)) for _ in range(3000)]
     # round-half-even corners: sides at 14 + 28k round to an even multiple of 28
     sizes += [(14 + 28 * k, 42 + 28 * k) for k in range(20)] + [(1, 150), (3000, 15)]
