@@ -159,16 +159,27 @@ class Qwen2_5VisionTransformer(MegatronModule):
     def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
         self.decoder.set_input_tensor(input_tensor)
 
-    def layout(self, grid_thw) -> VisionGridLayout:
+    def prepare(self, grid_thw, device=None) -> "PreparedVisionBatch":
+        """Everything the forward needs from the grids, built on the host and copied to
+        ``device`` once: run it with the batch preparation, outside the step's model code
+        (the forward then reads no value back from the device)."""
         e = self.encoder_config
-        return vision_grid_layout(grid_thw, e.spatial_merge_size, e.window_size, e.patch_size)
+        layout = vision_grid_layout(grid_thw, e.spatial_merge_size, e.window_size,
+                                    e.patch_size)
+        device = device or self.patch_embed.weight.device
 
-    def attention_masks(self, layout: VisionGridLayout, device) -> WindowedAttentionMasks:
-        """Host-built masks, copied to ``device`` once (no device value is read)."""
-        return WindowedAttentionMasks(
-            window=block_diagonal_mask(layout.window_seqlens).to(device, non_blocking=True),
-            full=block_diagonal_mask(layout.frame_seqlens).to(device, non_blocking=True),
-            full_layers=frozenset(self.encoder_config.fullatt_block_indexes))
+        def to_device(t):
+            return t.to(device, non_blocking=True)
+
+        return PreparedVisionBatch(
+            layout=layout,
+            window_index=to_device(layout.window_index),
+            reverse_index=to_device(layout.reverse_index),
+            positions=to_device(layout.positions),
+            masks=WindowedAttentionMasks(
+                window=to_device(block_diagonal_mask(layout.window_seqlens)),
+                full=to_device(block_diagonal_mask(layout.frame_seqlens)),
+                full_layers=frozenset(e.fullatt_block_indexes)))
 
     def _units(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Rows of [N, ...] taken by merge unit (4 consecutive patches) in ``index`` order."""
@@ -177,23 +188,32 @@ class Qwen2_5VisionTransformer(MegatronModule):
 
     def forward(self, pixel_values: torch.Tensor, grid_thw) -> torch.Tensor:
         """``pixel_values`` [N, 1176] as Qwen2-VL's processor gives them (all items of the
-        batch concatenated); ``grid_thw`` host metadata (a list of (t, h, w) or a CPU
-        tensor)."""
-        layout = self.layout(grid_thw)
-        if pixel_values.shape != (layout.num_patches, self.encoder_config.patch_input_size):
-            raise ValueError(
-                f"pixel_values has shape {tuple(pixel_values.shape)}; grids {layout.grids} "
-                f"need ({layout.num_patches}, {self.encoder_config.patch_input_size})")
-        device = pixel_values.device
-        window_index = layout.window_index.to(device, non_blocking=True)
+        batch concatenated); ``grid_thw``: a ``PreparedVisionBatch`` (``prepare``), or the
+        host grids (a list of (t, h, w) or a CPU tensor), prepared here."""
+        batch = (grid_thw if isinstance(grid_thw, PreparedVisionBatch)
+                 else self.prepare(grid_thw, pixel_values.device))
+        expected = (batch.layout.num_patches, self.encoder_config.patch_input_size)
+        if tuple(pixel_values.shape) != expected:
+            raise ValueError(f"pixel_values has shape {tuple(pixel_values.shape)}; grids "
+                             f"{batch.layout.grids} need {expected}")
         x = self.patch_embed(pixel_values.to(self.patch_embed.weight.dtype))
-        x = self._units(x, window_index)  # windows contiguous
-        rope = self.rotary(layout.positions.to(device, non_blocking=True))
-        hidden = self.decoder(x.unsqueeze(1), attention_mask=self.attention_masks(layout, device),
-                              rotary_pos_emb=rope)  # [N, 1, hidden]
+        x = self._units(x, batch.window_index)  # windows contiguous
+        hidden = self.decoder(x.unsqueeze(1), attention_mask=batch.masks,
+                              rotary_pos_emb=self.rotary(batch.positions))  # [N, 1, hidden]
         hidden = self.ln_post(hidden.squeeze(1))
         merged = hidden.reshape(-1, self.encoder_config.merged_size)
-        return merged[layout.reverse_index.to(device, non_blocking=True)]
+        return merged[batch.reverse_index]
+
+
+@dataclass
+class PreparedVisionBatch:
+    """A batch's grid layout (host) and its index tensors and masks (on the device)."""
+
+    layout: VisionGridLayout
+    window_index: torch.Tensor
+    reverse_index: torch.Tensor
+    positions: torch.Tensor
+    masks: WindowedAttentionMasks
 
 
 class Qwen2_5VLVisionWithMerger(MegatronModule):
@@ -209,5 +229,9 @@ class Qwen2_5VLVisionWithMerger(MegatronModule):
         self.vision_projection = MultimodalProjector(
             merger_config, merger_submodules(transformer_impl), "mlp", encoder.merged_size)
 
+    def prepare(self, grid_thw, device=None) -> PreparedVisionBatch:
+        return self.vision_model.prepare(grid_thw, device)
+
     def forward(self, pixel_values: torch.Tensor, grid_thw) -> torch.Tensor:
+        """``grid_thw``: as ``Qwen2_5VisionTransformer.forward`` takes it."""
         return self.vision_projection(self.vision_model(pixel_values, grid_thw))

@@ -144,6 +144,20 @@ def test_items_attend_only_within_themselves(imported, reference):
             start, tokens = start + n, tokens + n // 4
 
 
+def test_forward_and_backward_read_no_device_value(imported, reference):
+    """With the grids prepared on the host (batch preparation), the step's model code
+    reads nothing back from the device."""
+    from host_syncs import HostSyncCounter
+
+    batch = imported.prepare(GRIDS)
+    counter = HostSyncCounter()
+    with counter.active():
+        out = imported(reference["pixels"], batch)
+        (out * reference["weights"]).sum().backward()
+    assert counter.found == []
+    imported.zero_grad()
+
+
 def test_window_layers_differ_from_full_attention(imported, reference):
     """The window masks matter on these grids: attending the whole frame in every layer
     gives other tokens (so the parity test checks the windows)."""
