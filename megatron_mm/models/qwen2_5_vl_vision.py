@@ -10,8 +10,9 @@
 - Window attention: all items' patches run as one sequence (no padding), permuted so each
   window is contiguous (``qwen2_5_vl_grid``); window layers attend within a window, the
   ``fullatt_block_indexes`` layers within a frame. On the local path that is one
-  block-diagonal mask per kind, built on the host from the grids; each layer's core
-  attention picks its own by layer number.
+  block-diagonal mask per kind, built on the host from the grids and stacked into one
+  tensor; each layer's core attention picks its own (its kind comes from the spec, by
+  global layer number).
 - Output: ``ln_post`` (the merger's ``ln_q``) per patch, the 2x2 units side by side
   ([units, 4 x hidden]), back in the processor's order. The merger's MLP is the projector,
   a Megatron-Core ``MultimodalProjector`` (``Qwen2_5VLVisionWithMerger`` holds both, named
@@ -45,33 +46,38 @@ from .qwen2_5_vl_vision_config import Qwen2_5VLVisionConfig
 from .te_names import with_te_checkpoint_names
 
 
-@dataclass
-class WindowedAttentionMasks:
-    """The two masks of one batch ([1, 1, N, N] bool, True = masked); it travels as
-    ``attention_mask`` (Megatron-Core hands that to every layer's core attention as is)."""
+WINDOW, FULL = 0, 1  # the two masks of a batch, stacked: [2, 1, N, N]
 
-    window: torch.Tensor
-    full: torch.Tensor
-    full_layers: FrozenSet[int]  # 0-based layer indices that attend over the whole frame
 
-    def for_layer(self, layer_number: int) -> torch.Tensor:
-        """``layer_number``: Megatron-Core's, 1-based and global (pipeline offsets added)."""
-        return self.full if layer_number - 1 in self.full_layers else self.window
+def stacked_masks(window: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """[2, 1, N, N] bool (True = masked): the window layers' mask, then the full layers'.
+    One tensor travels as ``attention_mask`` (Megatron-Core hands it to every layer's core
+    attention as is, and activation recomputation can save it)."""
+    return torch.cat([window, full], dim=0)
 
 
 class WindowedDotProductAttention(DotProductAttention):
-    """Megatron-Core's local attention with the mask of this layer's kind."""
+    """Megatron-Core's local attention with the mask of this layer's kind.
+    ``full_attention_layers``: 0-based layer indices that attend over the whole frame."""
+
+    def __init__(self, *args, full_attention_layers: FrozenSet[int] = frozenset(), **kwargs):
+        super().__init__(*args, **kwargs)
+        # layer_number: Megatron-Core's, 1-based and global (pipeline offsets added).
+        self.full_attention = self.layer_number - 1 in full_attention_layers
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None):
-        if isinstance(attention_mask, WindowedAttentionMasks):
-            attention_mask = attention_mask.for_layer(self.layer_number)
+        if attention_mask is None or attention_mask.shape[0] != 2:
+            raise ValueError("the Qwen2.5-VL vision attention takes the stacked [2, 1, N, N] "
+                             "window / full masks (stacked_masks)")
+        attention_mask = attention_mask[FULL if self.full_attention else WINDOW][None]
         return super().forward(query, key, value, attention_mask, attn_mask_type,
                                attention_bias=attention_bias,
                                packed_seq_params=packed_seq_params)
 
 
-def qwen2_5_vl_vision_layer_spec(transformer_impl: str = "local") -> ModuleSpec:
+def qwen2_5_vl_vision_layer_spec(encoder: Qwen2_5VLVisionConfig,
+                                 transformer_impl: str = "local") -> ModuleSpec:
     """The ViT block's spec. Checkpoint keys are TE's (``te_names.py``)."""
     if transformer_impl == "transformer_engine":
         # TODO: TE's THD route: TEDotProductAttention with PackedSeqParams (qkv_format
@@ -93,7 +99,10 @@ def qwen2_5_vl_vision_layer_spec(transformer_impl: str = "local") -> ModuleSpec:
                 params={"attn_mask_type": AttnMaskType.padding},
                 submodules=SelfAttentionSubmodules(
                     linear_qkv=ColumnParallelLinear,
-                    core_attention=WindowedDotProductAttention,
+                    core_attention=ModuleSpec(
+                        module=WindowedDotProductAttention,
+                        params={"full_attention_layers":
+                                frozenset(encoder.fullatt_block_indexes)}),
                     linear_proj=RowParallelLinear,
                 ),
             ),
@@ -150,7 +159,7 @@ class Qwen2_5VisionTransformer(MegatronModule):
         config.init_method(self.patch_embed.weight)
         self.rotary = Qwen2_5VisionRotaryEmbedding(encoder.head_dim, encoder.rope_theta)
         self.decoder = TransformerBlock(
-            config=config, spec=layer_spec or qwen2_5_vl_vision_layer_spec(),
+            config=config, spec=layer_spec or qwen2_5_vl_vision_layer_spec(encoder),
             pre_process=True, post_process=False, vp_stage=vp_stage,
             pg_collection=pg_collection)
         self.ln_post = WrappedTorchNorm(config=config, hidden_size=encoder.hidden_size,
@@ -176,10 +185,8 @@ class Qwen2_5VisionTransformer(MegatronModule):
             window_index=to_device(layout.window_index),
             reverse_index=to_device(layout.reverse_index),
             positions=to_device(layout.positions),
-            masks=WindowedAttentionMasks(
-                window=to_device(block_diagonal_mask(layout.window_seqlens)),
-                full=to_device(block_diagonal_mask(layout.frame_seqlens)),
-                full_layers=frozenset(e.fullatt_block_indexes)))
+            masks=to_device(stacked_masks(block_diagonal_mask(layout.window_seqlens),
+                                          block_diagonal_mask(layout.frame_seqlens))))
 
     def _units(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Rows of [N, ...] taken by merge unit (4 consecutive patches) in ``index`` order."""
@@ -213,7 +220,7 @@ class PreparedVisionBatch:
     window_index: torch.Tensor
     reverse_index: torch.Tensor
     positions: torch.Tensor
-    masks: WindowedAttentionMasks
+    masks: torch.Tensor  # [2, 1, N, N] (stacked_masks)
 
 
 class Qwen2_5VLVisionWithMerger(MegatronModule):
@@ -225,7 +232,7 @@ class Qwen2_5VLVisionWithMerger(MegatronModule):
                  encoder: Qwen2_5VLVisionConfig, transformer_impl: str = "local"):
         super().__init__(config=vision_config)
         self.vision_model = Qwen2_5VisionTransformer(
-            vision_config, encoder, qwen2_5_vl_vision_layer_spec(transformer_impl))
+            vision_config, encoder, qwen2_5_vl_vision_layer_spec(encoder, transformer_impl))
         self.vision_projection = MultimodalProjector(
             merger_config, merger_submodules(transformer_impl), "mlp", encoder.merged_size)
 

@@ -161,15 +161,45 @@ def test_forward_and_backward_read_no_device_value(imported, reference):
 def test_window_layers_differ_from_full_attention(imported, reference):
     """The window masks matter on these grids: attending the whole frame in every layer
     gives other tokens (so the parity test checks the windows)."""
-    vit = imported.vision_model
-    saved = vit.encoder_config.fullatt_block_indexes
+    from megatron_mm.models.qwen2_5_vl_vision import WindowedDotProductAttention
+
+    cores = [m for m in imported.modules() if isinstance(m, WindowedDotProductAttention)]
+    assert [c.full_attention for c in cores] == [False, True]  # fullatt_block_indexes=[1]
     try:
-        vit.encoder_config.fullatt_block_indexes = (0, 1)
+        for c in cores:
+            c.full_attention = True
         with torch.no_grad():
             all_full = imported(reference["pixels"], GRIDS)
     finally:
-        vit.encoder_config.fullatt_block_indexes = saved
+        cores[0].full_attention = False
     assert (all_full - reference["out"]).abs().max() > 1e-3
+
+
+def test_activation_recompute_gives_the_same_step(gloo_world, reference):
+    """--recompute-granularity full: the stacked masks go through Megatron-Core's
+    checkpoint function; output and gradients unchanged."""
+    from megatron_mm.models.qwen2_5_vl_vision import Qwen2_5VLVisionWithMerger
+    from megatron_mm.models.qwen2_5_vl_vision_config import (
+        Qwen2_5VLVisionConfig,
+        qwen2_5_vl_merger_transformer_config,
+        qwen2_5_vl_vision_transformer_config,
+    )
+    from megatron_mm.models.transformer_configs import BuildSettings
+
+    enc = Qwen2_5VLVisionConfig.from_hf(reference["config"])
+    s = BuildSettings(recompute_granularity="full", recompute_method="uniform",
+                      recompute_num_layers=1)
+    model = Qwen2_5VLVisionWithMerger(qwen2_5_vl_vision_transformer_config(enc, s),
+                                      qwen2_5_vl_merger_transformer_config(enc, s), enc)
+    plain = _imported(reference["state"], reference["config"])
+    model.load_state_dict(plain.state_dict())
+    grads = []
+    for m in (plain, model):
+        m.train()
+        (m(reference["pixels"], GRIDS) * reference["weights"]).sum().backward()
+        grads.append({k: p.grad for k, p in m.named_parameters()})
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6), name
 
 
 def test_import_export_round_trip_is_bit_identical(gloo_world, reference):
@@ -281,4 +311,4 @@ def test_config_refuses_what_it_does_not_implement(reference):
     with pytest.raises(ConfigError, match="hidden_act"):
         Qwen2_5VLVisionConfig.from_hf(bad)
     with pytest.raises(ConfigError, match="THD"):
-        qwen2_5_vl_vision_layer_spec("transformer_engine")
+        qwen2_5_vl_vision_layer_spec(Qwen2_5VLVisionConfig(), "transformer_engine")
