@@ -231,6 +231,8 @@ def _tp_worker(rank, state, hf_config, pixels, weights, ckpt_dir):
             torch.distributed.barrier()
         else:
             model = _build(hf_config)
+            qkv = model.vision_model.decoder.layers[0].self_attention.linear_qkv.weight
+            assert qkv.shape == (3 * 32 // 2, 32)  # really split: 2 of 4 heads per rank
             loaded = dist_checkpointing.load(model.sharded_state_dict(), ckpt_dir)
             model.load_state_dict(loaded, strict=True)
         out = model(pixels, GRIDS)
@@ -257,6 +259,33 @@ def test_tensor_parallel_equals_one_process(reference, tmp_path):
         assert set(g1) == set(g2) and "vision_model.patch_embed.weight" in g1
         for name in g1:
             assert torch.allclose(g2[name], g1[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_table_serves_the_full_model(gloo_world):
+    """Under ``model.visual.`` the table imports the tower of a whole
+    ``Qwen2_5_VLForConditionalGeneration`` (transformers 5.x in-memory names)."""
+    from megatron_mm.hf.mapping import MappingTable
+    from megatron_mm.hf.qwen2_5_vl_vision_table import qwen2_5_vl_vision_rules
+    from megatron_mm.hf.transforms import Context
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    text = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                num_attention_heads=4, num_key_value_heads=2,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                 "mrope_section": [2, 3, 3]})
+    torch.manual_seed(0)
+    hf = Qwen2_5_VLForConditionalGeneration(
+        Qwen2_5_VLConfig(text_config=text, vision_config=HF_VISION)).eval()
+    state = hf.state_dict()
+    model = _build(hf.config.vision_config)
+    mapped, used = MappingTable(qwen2_5_vl_vision_rules("model.visual.")).to_megatron(
+        state, _megatron_names(model), Context(HEADS))
+    assert used == {k for k in state if k.startswith("model.visual.")}
+    model.load_state_dict({**model.state_dict(), **mapped})
+    pixels, _ = _inputs()
+    with torch.no_grad():
+        ref = hf.model.visual(pixels, torch.tensor(GRIDS)).pooler_output
+        assert (model(pixels, GRIDS) - ref).abs().max() <= TOLERANCE
 
 
 def test_layout_matches_hugging_face_helpers():
