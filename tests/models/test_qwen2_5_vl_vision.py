@@ -122,13 +122,14 @@ def test_output_and_gradients_equal_hugging_face(imported, reference):
 
     expected, _ = _table().to_megatron(reference["grads"], _megatron_names(imported),
                                        Context(HEADS))  # the transforms are linear
-    worst = 0.0
+    worst = 0.0  # relative to the tensor's largest gradient (they reach ~100 here)
     for name, p in imported.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
         assert p.grad.abs().sum() > 0, name
-        worst = max(worst, (p.grad - expected[name]).abs().max().item())
-    print(f"max abs gradient diff {worst:.3g}")
-    assert worst <= 1e-4
+        scale = expected[name].abs().max().item()
+        worst = max(worst, (p.grad - expected[name]).abs().max().item() / scale)
+    print(f"max gradient diff relative to the largest gradient: {worst:.3g}")
+    assert worst <= 1e-5
 
 
 def test_items_attend_only_within_themselves(imported, reference):
