@@ -10,6 +10,8 @@ from typing import List, Optional, Tuple
 import torch
 from megatron.core import tensor_parallel
 
+from . import sequence_parallel
+
 
 class EncoderParts:
     """Mixed into an encoder module that has ``decoder`` (a TransformerBlock or None)."""
@@ -36,6 +38,19 @@ class EncoderParts:
         embedding and the transformer layers, not the output norm (``ln_post``), which runs
         with the projector."""
         return [p for name, p in self.named_parameters() if not name.startswith("ln_post.")]
+
+    @property
+    def sequence_parallel_group(self):
+        """The group an encoder's sequence is sharded over under ``--sequence-parallel``:
+        its TP group (None: Megatron-Core's default)."""
+        return getattr(self, "tp_group", None)
+
+    def to_sequence_parallel(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The embedding's output [T, N, H] as the layers take it: this rank's shard of the
+        sequence under sequence parallelism, else whole."""
+        if not self.config.sequence_parallel:
+            return hidden
+        return sequence_parallel.split(hidden, self.sequence_parallel_group)
 
     def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
         """Unused: the multimodal model hands each part its input explicitly."""

@@ -19,6 +19,7 @@ from megatron.core.transformer.module import MegatronModule
 from ..config import MultimodalModelConfig
 from ..plan.placement import ChunkPlacement
 from .audio import AudioEncoder
+from . import sequence_parallel
 from .context_parallel import ContextParallelMask
 from .vision import VisionTransformer
 
@@ -62,6 +63,7 @@ class MultimodalModel(MegatronModule):
                 setattr(self, f"{name}_projection", projectors[name])
         self.language_model = language_model
         self.input_tensor: Optional[torch.Tensor] = None
+        self._seq_length: Optional[int] = None  # the micro-batch's, during forward
         # Encoder outputs handed to chunk 0 when the encoder runs as its own pipeline.
         self.encoder_inputs: Dict[str, Optional[torch.Tensor]] = {}
         # Read by Megatron-Core's schedules (first / last pipeline stage of this chunk).
@@ -155,8 +157,18 @@ class MultimodalModel(MegatronModule):
         """The encoders' last hidden states for chunk 0 (``encoder_separate`` placements)."""
         self.encoder_inputs = dict(inputs)
 
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.language_model.config.sequence_parallel
+
     def project(self, name: str, hidden: torch.Tensor) -> torch.Tensor:
-        """Encoder output norm and projector: [T, N, H_enc] -> [N, T', H_llm]."""
+        """Encoder output norm and projector: [T, N, H_enc] (under sequence parallelism
+        this rank's shard of it) -> [N, T', H_llm]."""
+        if self.sequence_parallel:
+            return sequence_parallel.project_shard(
+                self.encoder(name), self.projector(name), hidden,
+                self.mm_config.projectors[name].projector_type,
+                self.encoder(name).sequence_parallel_group)
         features = self.encoder(name).features(hidden)
         n, t, h = features.shape
         return self.projector(name)(features.reshape(n * t, h)).reshape(n, t, -1)
@@ -231,18 +243,29 @@ class MultimodalModel(MegatronModule):
         if place.encoder_separate:  # the encoder ran as its own actions
             for name in self.encoder_names:
                 if self.placement.encoder(name).projector:
-                    text = self.merge(name, tokens, text, media, self.encoder_inputs.get(name))
+                    text = self.merge(name, tokens, self._whole(text, tokens), media,
+                                      self.encoder_inputs.get(name))
             return text, None
         for name in self.encoder_names:
             if self._items(name, media) is not None:
                 hidden = self.run_encoder(name, media, hidden)
             if self.placement.encoder(name).projector:
-                text = self.merge(name, tokens, text, media, hidden)
+                text = self.merge(name, tokens, self._whole(text, tokens), media, hidden)
                 hidden = None
         return text, hidden
 
+    def _whole(self, text: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The whole text embeddings [S, B, H], for a merge: under sequence parallelism a
+        chunk may hold only this rank's shard of them (sent by the chunk before)."""
+        if self.sequence_parallel and text.shape[0] != tokens.shape[1]:
+            return sequence_parallel.gather(text)
+        return text
+
     def pack(self, text: torch.Tensor, hidden: Optional[torch.Tensor]) -> torch.Tensor:
-        """What this chunk sends on: the text embeddings, with an encoder's hidden state."""
+        """What this chunk sends on: the text embeddings, with an encoder's hidden state
+        (under sequence parallelism this rank's shards of both)."""
+        if self.sequence_parallel and text.shape[0] == self._seq_length:
+            text = sequence_parallel.split(text)
         if hidden is None:
             return text
         hidden = hidden.to(text.dtype)
@@ -255,12 +278,31 @@ class MultimodalModel(MegatronModule):
         if name is None or self._items(name, media) is None:
             return received, None
         b, s = tokens.shape
+        t = self.encoder(name).seq_length
+        if self.sequence_parallel:  # this rank's shards
+            tp = self.language_model.config.tensor_model_parallel_size
+            s, t = s // tp, t // tp
         n_text = s * b * self.language_model.config.hidden_size
         enc = self.mm_config.encoders[name]
         n_items = self._items(name, media).shape[0]
         flat = received.reshape(-1)
-        hidden = flat[n_text:].view(self.encoder(name).seq_length, n_items, enc.hidden_size)
+        hidden = flat[n_text:].view(t, n_items, enc.hidden_size)
         return flat[:n_text].view(s, b, -1), hidden
+
+    def _sequence_parallel_input(self, hidden: torch.Tensor, tokens: torch.Tensor,
+                                 cpm: Optional[ContextParallelMask]) -> torch.Tensor:
+        """The LLM layers' input under sequence parallelism: this TP rank's shard of (this
+        CP rank's tokens of) the sequence. The chunk holding the LLM's first layer gets the
+        text embeddings whole, or this rank's shard of the whole sequence from the chunk
+        before; later chunks get the LLM's hidden state, already sharded."""
+        first = self.placement.num_llm_layers > 0 and self.placement.llm_layers[0] == 0
+        if not first:
+            return hidden
+        if cpm is None:
+            return sequence_parallel.split(hidden) if hidden.shape[0] == tokens.shape[1] \
+                else hidden
+        hidden = self._whole(hidden, tokens)
+        return sequence_parallel.split(hidden[cpm.local.to(hidden.device)])
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor,
                 media: Optional[Mapping[str, torch.Tensor]] = None,
@@ -280,18 +322,22 @@ class MultimodalModel(MegatronModule):
         cpm = attention_mask if isinstance(attention_mask, ContextParallelMask) else None
         media = media or {}
         place = self.placement
+        self._seq_length = tokens.shape[1]
         if place.llm_embed or (place.encoders and not place.encoder_separate):
             hidden_in, encoder_hidden = self.front(tokens, position_ids, media)
             if not place.runs_llm:
                 return self.pack(hidden_in, encoder_hidden)
         else:
             hidden_in = self.input_tensor
-        if cpm is not None:
+        if self.sequence_parallel:
+            hidden_in = self._sequence_parallel_input(hidden_in, tokens, cpm)
+        elif cpm is not None:
             # The text embeddings are whole until the first chunk running LLM layers takes
             # this rank's tokens; a full-length input (the chunk before held no LLM layer,
             # or nothing is split) is whole, a shorter one already this rank's.
             if hidden_in.shape[0] == tokens.shape[1]:
                 hidden_in = hidden_in[cpm.local.to(hidden_in.device)]
+        if cpm is not None:
             tokens, position_ids = cpm.take(tokens), cpm.take(position_ids)
             labels, loss_mask = cpm.take(labels), cpm.take_loss_mask(loss_mask)
         if self.language_model.pre_process:

@@ -27,6 +27,7 @@ from ..plan.encoder_pipeline import plan_encoder_pipeline
 from ..plan.hardware import MemoryModel
 from ..plan.partition import parse_partition_flag, partition
 from ..plan.recompute_budget import GB, choose_recompute, chunk_activations, static_bytes
+from .sequence_parallel import add_sequence_parallel_args, validate_sequence_parallel
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -271,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False)
     _model_args(p)
     _training_args(p)
+    add_sequence_parallel_args(p)
     return p
 
 
@@ -365,6 +367,7 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
     _validate_data_balance(args)
     args.model_config = model_config_from_args(args)
     _validate_encoder_schedule(args)
+    validate_sequence_parallel(args)
     args.model_config.validate_parallel(tp, args.encoder_tensor_model_parallel_size)
     check_pipeline_partition(args)
 

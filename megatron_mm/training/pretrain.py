@@ -49,6 +49,7 @@ from .initialize import device, initialize_distributed, set_random_seed
 from .partition_trials import search_partition
 from .pipeline_plan import describe_encoder_plan, describe_plan, plan_pipeline
 from .recompute_plan import describe_choice, recompute_layers_per_chunk
+from .sequence_parallel import sequence_multiple
 from .step import TokenCounter, train_step
 
 # Errors caused by the user's flags or data; scripts report them without a traceback.
@@ -90,6 +91,7 @@ def build_settings(args, placements=None) -> BuildSettings:
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
         context_parallel_size=args.context_parallel_size, transformer_impl=impl, bf16=args.bf16, hidden_dropout=args.hidden_dropout,
+        sequence_parallel=getattr(args, "sequence_parallel", False),
         attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
         use_cpu_initialization=cpu_init, placements=placements,
         recompute_granularity=getattr(args, "recompute_granularity", None),
@@ -188,7 +190,8 @@ def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: boo
     # Its own generator: the loader must not draw from the global RNG, whose state a
     # checkpoint restores (resume would otherwise be one draw off).
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
-                        collate_fn=partial(collate, pad_id=tokenizer.pad_id),
+                        collate_fn=partial(collate, pad_id=tokenizer.pad_id,
+                                           pad_to_multiple_of=sequence_multiple(args)),
                         generator=torch.Generator().manual_seed(args.seed))
     return iter(loader)
 
