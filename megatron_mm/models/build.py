@@ -12,7 +12,7 @@ from megatron.core.transformer.transformer_block import (
     get_num_layers_to_build,
 )
 
-from ..config import AudioEncoderConfig, MultimodalModelConfig
+from ..config import AudioEncoderConfig, ConfigError, MultimodalModelConfig
 from ..plan import ModelSpec, Workload, build_chain
 from ..plan.placement import ChunkPlacement, whole_model
 from .audio import AudioEncoder
@@ -72,6 +72,10 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
             specs.vision_norm, embed=part.embed, build_layers=part.num_layers > 0,
             post=part.projector, vp_stage=vp_stage, pg_collection=encoder_groups,
             checkpoint_dp_group=settings.encoder_data_parallel_group)
+        if encoders[part.name].sp_padding and specs.impl != "local":
+            raise ConfigError(f"--sequence-parallel pads the {part.name} encoder's sequence "
+                              "and masks the padding, which only the local attention takes: "
+                              "pass --transformer-impl local")
         if part.projector:
             proj = config.projectors[part.name]
             projectors[part.name] = MultimodalProjector(

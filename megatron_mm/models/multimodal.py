@@ -278,7 +278,7 @@ class MultimodalModel(MegatronModule):
         if name is None or self._items(name, media) is None:
             return received, None
         b, s = tokens.shape
-        t = self.encoder(name).seq_length
+        t = self.encoder(name).layer_seq_length
         if self.sequence_parallel:  # this rank's shards
             tp = self.language_model.config.tensor_model_parallel_size
             s, t = s // tp, t // tp

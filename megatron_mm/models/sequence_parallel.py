@@ -61,4 +61,6 @@ def project_shard(encoder, projector, hidden: torch.Tensor, projector_type: str,
     y = y.view(-1, n, y.shape[-1])
     if projector_type != "affine":  # the affine projector gathers its output itself
         y = gather(y, group)
+    if encoder.sp_padding:  # the tokens that made the sequence divide over the ranks
+        y = y[:y.shape[0] - encoder.sp_padding]
     return encoder.select_output_tokens(y.transpose(0, 1)).contiguous()

@@ -35,6 +35,8 @@ class VisionTransformer(EncoderParts, MegatronModule):
         clip = encoder.model_type == "clip"
         self.class_token_len = 1 if encoder.has_class_token else 0
         self.seq_length = encoder.num_patches + self.class_token_len
+        if config.sequence_parallel:  # a class token makes the length odd: pad it
+            self.sp_padding = -self.seq_length % config.tensor_model_parallel_size
         self.has_embed = embed
         if embed:
             self.conv1 = torch.nn.Conv2d(3, hidden, kernel_size=encoder.patch_dim,

@@ -47,21 +47,26 @@ def validate_sequence_parallel(args: argparse.Namespace) -> None:
             f"multiple of --tensor-model-parallel-size ({tp}): each CP rank's tokens are "
             "then split over the TP ranks")
     for name, enc in args.model_config.encoders.items():
-        _check_encoder(name, enc, tp)
+        _check_encoder(name, enc, tp, args.transformer_impl)
 
 
-def _check_encoder(name: str, enc, tp: int) -> None:
-    if isinstance(enc, AudioEncoderConfig):
-        t, how = enc.seq_length, "--audio-max-source-positions"
-    else:
+def _check_encoder(name: str, enc, tp: int, impl) -> None:
+    if not isinstance(enc, AudioEncoderConfig):
         t = enc.num_patches + int(enc.has_class_token)
-        how = ("(--img-h / --patch-dim) x (--img-w / --patch-dim) patches"
-               + (" + 1 class token (--vision-model-type clip)" if enc.has_class_token else ""))
+        if t % tp and impl == "transformer_engine":
+            raise ConfigError(
+                f"--sequence-parallel pads the {name} encoder's {t} tokens to a multiple of "
+                f"--tensor-model-parallel-size {tp} and masks the padding, which only the "
+                f"local attention takes: pass --transformer-impl local (or a patch count plus "
+                f"class token divisible by {tp})")
+        return  # padded by the model otherwise (models/vision.py)
+    t = enc.seq_length
     if t % tp:
         raise ConfigError(
-            f"--sequence-parallel splits the {name} encoder's sequence of {t} tokens ({how}) "
-            f"over --tensor-model-parallel-size {tp} ranks: it must be a multiple of {tp}")
-    stride = getattr(enc, "pool_stride", 1)
+            f"--sequence-parallel splits the {name} encoder's {t} frames "
+            f"(--audio-max-source-positions) over --tensor-model-parallel-size {tp} ranks: "
+            f"it must be a multiple of {tp}")
+    stride = enc.pool_stride
     if (t // tp) % stride:
         raise ConfigError(
             f"--sequence-parallel: each TP rank's {t // tp} frames of the {name} encoder "

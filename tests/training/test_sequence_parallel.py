@@ -1,0 +1,129 @@
+"""``--sequence-parallel`` at TP=2 equals one process from the same initial checkpoint
+(losses, gradients, parameters), sharing the references of the other equivalence tests:
+TP=2; TP=2 x PP=2 with the cut inside the ViT (the ViT's hidden state and the text
+embeddings travel as sequence shards); TP=2 x PP=2 with the ViT in the LLM's bubbles
+(``--encoder-schedule bubble``); vision + audio (Whisper-style) encoders; packed
+micro-batches of varying length (``--data-balance``); TP=2 x CP=2. The CLIP ViT's 17 tokens
+(16 patches and the class token) are padded to 18 and the padding masked. Every norm's
+weights are marked ``sequence_parallel`` (so Megatron-Core's ``finalize_model_grads``
+all-reduces their gradients over the TP group; unmarked, the gradients above differ) and
+bad flag combinations stop with a message naming the flags."""
+
+import pytest
+import torch
+from dist_harness import run_distributed
+from test_audio_training import _assert_equal_runs as assert_equal_audio_runs
+from test_audio_training import _reference as audio_reference
+from test_balanced_training import balanced_reference  # noqa: F401  (a fixture)
+from test_pipeline_parallel import STEPS, _merge, _reference
+from train_workers import train
+
+from megatron_mm.training.arguments import parse_args
+
+TP2_SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
+PP2 = ["--pipeline-model-parallel-size", "2"]
+
+
+def watch_sequence_parallel(chunks, optimizer, holder):
+    """Each module's ``sequence_parallel`` setting, and every norm parameter with its
+    ``sequence_parallel`` mark."""
+    holder["configs"] = sorted({
+        (name.split(".")[0] or "model", module.config.sequence_parallel)
+        for chunk in chunks for name, module in chunk.named_modules()
+        if getattr(module, "config", None) is not None})
+    norms = (torch.nn.LayerNorm, torch.nn.RMSNorm)
+    holder["norm_marks"] = {
+        f"{name}.{p_name}": getattr(p, "sequence_parallel", None)
+        for chunk in chunks for name, module in chunk.named_modules()
+        if isinstance(module, norms) for p_name, p in module.named_parameters()}
+
+
+def _assert_marked(ranks):
+    for out in ranks:
+        assert all(sp for _, sp in out["observed"]["configs"]), out["observed"]["configs"]
+        marks = out["observed"]["norm_marks"]
+        assert marks and all(v is True for v in marks.values()), marks
+
+
+@pytest.mark.parametrize("world, layout", [
+    (2, TP2_SP),
+    # [embedding, ViT embed, ViT 0] [ViT 1, projector, LLM]: shards of both cross the cut
+    (4, TP2_SP + PP2 + ["--pipeline-partition", "3,5"]),
+    # ViT 0 | ViT 1 as encoder pieces on the two stages (schedule executor)
+    (4, TP2_SP + PP2 + ["--encoder-schedule", "bubble"]),
+], ids=["tp2-sp", "tp2-pp2-split-vit-sp", "tp2-pp2-bubble-sp"])
+def test_sequence_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout):
+    argv, ref = _reference(digits_dir, tmp_path_factory, [])
+    ranks = run_distributed(train, world, argv + layout, (1, STEPS), watch_sequence_parallel)
+    _assert_marked(ranks)
+    pp = 2 if PP2[0] in layout else 1
+    stages = ranks[:: world // pp]  # TP rank 0 of each stage: full (TP-gathered) tensors
+    for it in range(1, STEPS + 1):
+        assert stages[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    for what, step, atol in (("grads", 1, 1e-6), ("grads", STEPS, 1e-6), ("params", None, 1e-5)):
+        ours = _merge(stages, what, step)
+        theirs = ref[what] if step is None else ref[what][step]
+        assert ours.keys() == theirs.keys()
+        for name, value in theirs.items():
+            torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=atol,
+                                       msg=lambda m: f"{what} {step} {name}: {m}")
+    for step in (1, STEPS):  # each parameter counted once in the gradient norm
+        squares = {}
+        for out in ranks:
+            for top, value in out["norm_squares"][step].items():
+                squares[top] = squares.get(top, 0.0) + value
+        assert squares == pytest.approx(ref["norm_squares"][step], rel=1e-4), step
+
+
+def test_vision_and_audio_sequence_parallel(audio_digits_dir, tmp_path_factory):
+    """The Whisper-style encoder's 20 frames split 10 + 10 (whole pooling windows of 2)."""
+    argv, ref = audio_reference(audio_digits_dir, tmp_path_factory, [])
+    ranks = run_distributed(train, 2, argv + TP2_SP, (1, 3), watch_sequence_parallel)
+    _assert_marked(ranks)
+    assert any(n.startswith("audio_model.ln_post") for n in ranks[0]["observed"]["norm_marks"])
+    assert_equal_audio_runs(ranks[:1], ref)
+
+
+def test_packed_sequence_parallel(balanced_reference):  # noqa: F811
+    """Packed micro-batches of varying length get a padding segment up to a multiple of
+    TP (attending only to itself, no loss)."""
+    argv, ref = balanced_reference
+    ranks = run_distributed(train, 2, argv + TP2_SP, (1, 2), watch_sequence_parallel)
+    _assert_marked(ranks)
+    for it in (1, 2):
+        assert ranks[0]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    for name, value in ref["grads"][1].items():
+        if value is not None:
+            torch.testing.assert_close(ranks[0]["grads"][1][name], value, rtol=1e-4,
+                                       atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("argv, world, message", [
+    (TP2_SP + PP2 + ["--encoder-schedule", "bubble", "--encoder-tensor-model-parallel-size",
+                     "1"], 4,
+     "--sequence-parallel with --encoder-tensor-model-parallel-size 1 below "
+     "--tensor-model-parallel-size 2 is not supported"),
+    (TP2_SP + ["--context-parallel-size", "2", "--context-parallel-block", "7"], 4,
+     "--sequence-parallel with --context-parallel-size 2 needs --context-parallel-block (7) "
+     "to be a multiple of --tensor-model-parallel-size (2)"),
+    (TP2_SP + ["--audio-model-type", "whisper", "--audio-max-source-positions", "25"], 2,
+     "--sequence-parallel splits the audio encoder's 25 frames (--audio-max-source-positions)"
+     " over --tensor-model-parallel-size 2 ranks"),
+    (TP2_SP + ["--audio-model-type", "whisper", "--audio-max-source-positions", "20",
+               "--audio-pool-stride", "4"], 2,
+     "each TP rank's 10 frames of the audio encoder must be whole windows of "
+     "--audio-pool-stride 4"),
+    (TP2_SP + ["--transformer-impl", "transformer_engine"], 2,
+     "--sequence-parallel pads the vision encoder's 17 tokens to a multiple of "
+     "--tensor-model-parallel-size 2 and masks the padding"),
+], ids=["etp-below-tp", "cp-block", "audio-frames", "audio-pool", "clip-padding-te"])
+def test_bad_flags_name_the_flags(capsys, argv, world, message):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv, world_size=world)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_off_at_tp1_as_in_megatron():
+    assert not parse_args(["--sequence-parallel"], world_size=1).sequence_parallel
+    assert parse_args(TP2_SP, world_size=2).sequence_parallel
