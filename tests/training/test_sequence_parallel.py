@@ -2,8 +2,9 @@
 (losses, gradients, parameters), sharing the references of the other equivalence tests:
 TP=2; TP=2 x PP=2 with the cut inside the ViT (the ViT's hidden state and the text
 embeddings travel as sequence shards); TP=2 x PP=2 with the ViT in the LLM's bubbles
-(``--encoder-schedule bubble``); vision + audio (Whisper-style) encoders; packed
-micro-batches of varying length (``--data-balance``); TP=2 x CP=2. The CLIP ViT's 17 tokens
+(``--encoder-schedule bubble``); vision + audio (Whisper-style) encoders. Packed
+micro-batches (test_balanced_training) and TP=2 x CP=2 with greedy decoding
+(test_context_parallel) have their SP cases beside their references. The CLIP ViT's 17 tokens
 (16 patches and the class token) are padded to 18 and the padding masked. Every norm's
 weights are marked ``sequence_parallel`` (so Megatron-Core's ``finalize_model_grads``
 all-reduces their gradients over the TP group; unmarked, the gradients above differ) and
@@ -14,7 +15,6 @@ import torch
 from dist_harness import run_distributed
 from test_audio_training import _assert_equal_runs as assert_equal_audio_runs
 from test_audio_training import _reference as audio_reference
-from test_balanced_training import balanced_reference  # noqa: F401  (a fixture)
 from test_pipeline_parallel import STEPS, _merge, _reference
 from train_workers import train
 
@@ -82,20 +82,6 @@ def test_vision_and_audio_sequence_parallel(audio_digits_dir, tmp_path_factory):
     _assert_marked(ranks)
     assert any(n.startswith("audio_model.ln_post") for n in ranks[0]["observed"]["norm_marks"])
     assert_equal_audio_runs(ranks[:1], ref)
-
-
-def test_packed_sequence_parallel(balanced_reference):  # noqa: F811
-    """Packed micro-batches of varying length get a padding segment up to a multiple of
-    TP (attending only to itself, no loss)."""
-    argv, ref = balanced_reference
-    ranks = run_distributed(train, 2, argv + TP2_SP, (1, 2), watch_sequence_parallel)
-    _assert_marked(ranks)
-    for it in (1, 2):
-        assert ranks[0]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
-    for name, value in ref["grads"][1].items():
-        if value is not None:
-            torch.testing.assert_close(ranks[0]["grads"][1][name], value, rtol=1e-4,
-                                       atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("argv, world, message", [
