@@ -84,6 +84,41 @@ def test_vision_and_audio_sequence_parallel(audio_digits_dir, tmp_path_factory):
     assert_equal_audio_runs(ranks[:1], ref)
 
 
+def greedy_ids(rank, argv, n_prompts):
+    """Greedy continuations of the first validation prompts, each alone (their lengths
+    differ, odd ones padded under SP), from the checkpoint ``--load`` names."""
+    import os
+
+    from megatron_mm.training.checkpointing import load_checkpoint
+    from megatron_mm.training.evaluation import greedy_generate
+    from megatron_mm.training.pretrain import setup_training
+    from megatron_mm.training.sequence_parallel import sequence_multiple
+
+    args = parse_args(argv, world_size=int(os.environ["WORLD_SIZE"]))
+    run = setup_training(args)
+    load_checkpoint(args, run.model, run.optimizer, run.scheduler)
+    out, lengths = [], []
+    for i in range(n_prompts):
+        sample = run.valid_ds[i]
+        n = sample.prompt_len
+        sample.tokens, sample.labels = sample.tokens[:n], sample.labels[:n]
+        sample.loss_mask = sample.loss_mask[:n]
+        lengths.append(n)
+        out.append(greedy_generate(run.model_chunks, [sample], run.tokenizer.pad_id, 3, -1,
+                                   run.tokenizer.base_vocab_size,
+                                   pad_to_multiple_of=sequence_multiple(args))[0])
+    return out, lengths
+
+
+def test_greedy_decoding_reads_the_last_real_token(digits_dir, tmp_path_factory):
+    """Prompts padded to a multiple of TP decode as unpadded at TP=1: the next token comes
+    from the last prompt token, not from the padding."""
+    argv, _ = _reference(digits_dir, tmp_path_factory, [])
+    ref, lengths = run_distributed(greedy_ids, 1, argv, 4)[0]
+    assert any(n % 2 for n in lengths), lengths
+    assert run_distributed(greedy_ids, 2, argv + TP2_SP, 4)[0][0] == ref
+
+
 @pytest.mark.parametrize("argv, world, message", [
     (TP2_SP + PP2 + ["--encoder-schedule", "bubble", "--encoder-tensor-model-parallel-size",
                      "1"], 4,
