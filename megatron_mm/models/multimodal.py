@@ -18,8 +18,8 @@ from megatron.core.transformer.module import MegatronModule
 
 from ..config import MultimodalModelConfig
 from ..plan.placement import ChunkPlacement
-from .audio import AudioEncoder
 from . import sequence_parallel
+from .audio import AudioEncoder
 from .context_parallel import ContextParallelMask
 from .vision import VisionTransformer
 
@@ -63,7 +63,6 @@ class MultimodalModel(MegatronModule):
                 setattr(self, f"{name}_projection", projectors[name])
         self.language_model = language_model
         self.input_tensor: Optional[torch.Tensor] = None
-        self._seq_length: Optional[int] = None  # the micro-batch's, during forward
         # Encoder outputs handed to chunk 0 when the encoder runs as its own pipeline.
         self.encoder_inputs: Dict[str, Optional[torch.Tensor]] = {}
         # Read by Megatron-Core's schedules (first / last pipeline stage of this chunk).
@@ -261,10 +260,12 @@ class MultimodalModel(MegatronModule):
             return sequence_parallel.gather(text)
         return text
 
-    def pack(self, text: torch.Tensor, hidden: Optional[torch.Tensor]) -> torch.Tensor:
+    def pack(self, text: torch.Tensor, hidden: Optional[torch.Tensor],
+             seq_length: Optional[int] = None) -> torch.Tensor:
         """What this chunk sends on: the text embeddings, with an encoder's hidden state
-        (under sequence parallelism this rank's shards of both)."""
-        if self.sequence_parallel and text.shape[0] == self._seq_length:
+        (under sequence parallelism this rank's shards of both; ``seq_length``: the
+        micro-batch's, S of whole text embeddings)."""
+        if self.sequence_parallel and text.shape[0] == seq_length:
             text = sequence_parallel.split(text)
         if hidden is None:
             return text
@@ -322,11 +323,10 @@ class MultimodalModel(MegatronModule):
         cpm = attention_mask if isinstance(attention_mask, ContextParallelMask) else None
         media = media or {}
         place = self.placement
-        self._seq_length = tokens.shape[1]
         if place.llm_embed or (place.encoders and not place.encoder_separate):
             hidden_in, encoder_hidden = self.front(tokens, position_ids, media)
             if not place.runs_llm:
-                return self.pack(hidden_in, encoder_hidden)
+                return self.pack(hidden_in, encoder_hidden, tokens.shape[1])
         else:
             hidden_in = self.input_tensor
         if self.sequence_parallel:

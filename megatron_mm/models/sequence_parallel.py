@@ -27,13 +27,6 @@ import torch
 from megatron.core import tensor_parallel
 
 
-def tp_size(group=None) -> int:
-    from megatron.core import parallel_state
-
-    group = group or parallel_state.get_tensor_model_parallel_group()
-    return group.size()
-
-
 def split(x: torch.Tensor, group=None) -> torch.Tensor:
     """This rank's shard of a sequence-first tensor every TP rank holds whole."""
     return tensor_parallel.scatter_to_sequence_parallel_region(x, group=group)
