@@ -345,8 +345,7 @@ class MultimodalModel(MegatronModule):
         else:  # GPTModel's decoder reads a chunk's input from set_input_tensor
             self.language_model.set_input_tensor(hidden_in)
             decoder_input = None
-        sparse = (labels is not None and loss_mask is not None
-                  and not self.language_model.config.sequence_parallel)
+        sparse = labels is not None and loss_mask is not None
         self._rope_positions = None if cpm is None else cpm.local
         try:
             return self.language_model(
@@ -366,8 +365,11 @@ def loss_at_masked_positions(*, hidden_states, output_layer, output_weight, labe
     vocabulary-sized matmul and softmax; the per-token losses are the same as the full path.
     """
     keep = loss_mask.transpose(0, 1) > 0  # [S, B], as hidden_states
-    selected = hidden_states[keep].unsqueeze(1)  # [n, 1, H]
-    logits, _ = output_layer(selected, weight=output_weight)
+    if output_layer.sequence_parallel:  # hidden_states: this TP rank's shard
+        logits = sequence_parallel.logits_at(output_layer, output_weight, hidden_states, keep)
+    else:
+        selected = hidden_states[keep].unsqueeze(1)  # [n, 1, H]
+        logits, _ = output_layer(selected, weight=output_weight)
     per_token = compute_language_model_loss(labels.transpose(0, 1)[keep].unsqueeze(0),
                                             scale_logits(logits))  # [1, n]
     loss = torch.zeros(keep.shape, dtype=per_token.dtype, device=per_token.device)

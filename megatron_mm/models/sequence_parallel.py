@@ -57,3 +57,19 @@ def project_shard(encoder, projector, hidden: torch.Tensor, projector_type: str,
     if encoder.sp_padding:  # the tokens that made the sequence divide over the ranks
         y = y[:y.shape[0] - encoder.sp_padding]
     return encoder.select_output_tokens(y.transpose(0, 1)).contiguous()
+
+
+def logits_at(output_layer, output_weight, hidden: torch.Tensor,
+              keep: torch.Tensor) -> torch.Tensor:
+    """The output layer's logits [n, 1, V/TP] at the ``keep`` positions ([S, B] bool) of
+    a sequence-parallel hidden state (this rank's shard [S/TP, B, H]): the selected rows,
+    padded to a multiple of TP, are split over the ranks again for the output layer's own
+    sequence-parallel gather (so its input gradient is reduce-scattered as usual)."""
+    group = output_layer.tp_group
+    selected = gather(hidden, group)[keep]  # [n, H], the same on every rank
+    n, ranks = selected.shape[0], group.size()
+    pad = -n % ranks
+    if pad:
+        selected = torch.cat([selected, selected.new_zeros(pad, selected.shape[1])])
+    logits, _ = output_layer(split(selected.unsqueeze(1), group), weight=output_weight)
+    return logits[:n]
