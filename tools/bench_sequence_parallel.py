@@ -7,10 +7,10 @@ and with ``--sequence-parallel`` (default model below, or the training flags giv
 run: one warm-up iteration, ``--bench-iters`` timed ones (median), then one more under
 saved-tensor hooks for the peak of live saved-for-backward bytes on each rank (each
 storage once while autograd holds it, parameters left out; ``tools/bench_recompute.py``'s
-counter). Sequence parallelism stores the norms', residuals' and dropouts' inputs at 1/TP,
-so the peak falls; the column-parallel linears' gathered inputs are saved whole by
-Megatron-Core's local layers (TE saves them sharded and gathers again in backward), which
-bounds the saving here. On a shared CPU the times only say that nothing is badly off.
+counter). Sequence parallelism stores the norms', residuals' and dropouts' inputs at 1/TP
+(the linears save their input shard and gather it again in backward), so the peak falls;
+attention scores and the MLP's inner activations are split by TP either way. Times on CPU
+say little: gloo's all-gather and reduce-scatter into tensors cost several all-reduces.
 """
 
 from __future__ import annotations
