@@ -2,9 +2,9 @@
 
     python tools/bench_sequence_parallel.py [<training flags>] [--bench-iters 3]
 
-Two gloo ranks (TP=2, one thread each) train the same model from the same seed without
-and with ``--sequence-parallel`` (default model below, or the training flags given); per
-run: one warm-up iteration, ``--bench-iters`` timed ones (median), then one more under
+Two gloo ranks (TP=2, one thread each) build and train the same model from the same seed
+without, then with ``--sequence-parallel`` (default model below, or the training flags
+given); per run: one warm-up iteration, ``--bench-iters`` timed ones (median), then one more under
 saved-tensor hooks for the peak of live saved-for-backward bytes on each rank (each
 storage once while autograd holds it, parameters left out; ``tools/bench_recompute.py``'s
 counter). Sequence parallelism stores the norms', residuals' and dropouts' inputs at 1/TP
@@ -46,29 +46,37 @@ def _worker(rank: int, argv: Sequence[str], iters: int, port: int, out: str) -> 
     from bench_recompute import LiveSavedBytes
     from megatron_mm.training.activation_profile import parameter_storages
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pretrain import batch_iterators, setup_training
+    from megatron_mm.training.initialize import set_random_seed
+    from megatron_mm.training.pretrain import (batch_iterators, build_model_chunks,
+                                               setup_model_and_optimizer, setup_training)
     from megatron_mm.training.step import train_step
 
     args = parse_args(list(argv), world_size=2)
     run = setup_training(args)
-    data = batch_iterators(args, run.train_ds, run.tokenizer, 0, shuffle=True)
-    step = (run.model_chunks, run.optimizer, run.scheduler)
-    train_step(args, *step, data)  # warm-up
-    times, loss = [], None
-    for _ in range(iters):
-        torch.distributed.barrier()
-        start = time.perf_counter()
-        loss, _, _ = train_step(args, *step, data)
-        times.append(time.perf_counter() - start)
-    tracker = LiveSavedBytes(parameter_storages(run.model_chunks))
-    with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
-        train_step(args, *step, data)
-    torch.save(dict(time=statistics.median(times), peak=tracker.peak, loss=loss),
-               os.path.join(out, f"{rank}.pt"))
+    results = []
+    for sp in (False, True):  # the same seed, model and data order for both
+        args.sequence_parallel = sp
+        set_random_seed(args.seed)
+        chunks, optimizer, scheduler = setup_model_and_optimizer(
+            args, build_model_chunks(args, run.tokenizer))
+        data = batch_iterators(args, run.train_ds, run.tokenizer, 0, shuffle=True)
+        train_step(args, chunks, optimizer, scheduler, data)  # warm-up
+        times, loss = [], None
+        for _ in range(iters):
+            torch.distributed.barrier()
+            start = time.perf_counter()
+            loss, _, _ = train_step(args, chunks, optimizer, scheduler, data)
+            times.append(time.perf_counter() - start)
+        tracker = LiveSavedBytes(parameter_storages(chunks))
+        with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
+            train_step(args, chunks, optimizer, scheduler, data)
+        results.append(dict(time=statistics.median(times), peak=tracker.peak, loss=loss))
+    torch.save(results, os.path.join(out, f"{rank}.pt"))
     torch.distributed.destroy_process_group()
 
 
 def measure(argv: Sequence[str], iters: int) -> list:
+    """Per run (without, with SP): each rank's time, peak and loss."""
     import torch
     import torch.multiprocessing as mp
     from dist_harness import free_port
@@ -76,7 +84,8 @@ def measure(argv: Sequence[str], iters: int) -> list:
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(_worker, args=(argv, iters, free_port(), out), nprocs=2,
                            start_method="spawn", join=True)
-        return [torch.load(os.path.join(out, f"{r}.pt")) for r in range(2)]
+        ranks = [torch.load(os.path.join(out, f"{r}.pt")) for r in range(2)]
+    return [[ranks[r][k] for r in range(2)] for k in range(2)]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -85,9 +94,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ours, train_argv = tool.parse_known_args(argv)
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     base = (train_argv or MODEL) + ["--tensor-model-parallel-size", "2"]
-    rows = [(name, measure(base + flags, ours.bench_iters))
-            for name, flags in (("TP=2", []), ("TP=2 --sequence-parallel",
-                                               ["--sequence-parallel"]))]
+    rows = list(zip(("TP=2", "TP=2 --sequence-parallel"), measure(base, ours.bench_iters)))
     print(f"\nsequence parallelism benchmark: {' '.join(base)}; median of "
           f"{ours.bench_iters} iterations, 2 gloo ranks x 1 thread")
     print("| run | iteration s | peak saved-activation MiB per rank | vs TP=2 | last loss |")
