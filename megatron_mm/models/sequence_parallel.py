@@ -1,6 +1,6 @@
 """Sequence parallelism (Megatron's ``--sequence-parallel``) where the multimodal model
-differs from Megatron-Core's GPTModel: the text embeddings, encoder hidden states and
-projected features.
+differs from Megatron-Core's GPTModel: the text embeddings, encoder hidden states,
+projected features and the answer-only output layer.
 
 Under SP each TP rank holds 1/TP of every sequence (dim 0 of Megatron's [S, B, H]) in the
 norms, residuals and dropouts; the column-parallel linears all-gather it and the
@@ -10,11 +10,14 @@ module places the remaining boundaries:
 - the text embeddings are whole on the stage that merges media features into them (the
   merge writes anywhere in the sequence, as Megatron-Core's LLaVA model does before it
   scatters); they enter the LLM's layers as this rank's shard;
-- an encoder's layers run on its shard of the encoder sequence (``scatter`` after the
-  patch or convolution embedding); its output norm and projector run on the shard too, and
-  the projected features are gathered once for the merge;
+- an encoder's layers run on its shard of the encoder sequence (``split`` after the
+  patch or convolution embedding; a ViT's padding to a multiple of TP is masked); its
+  output norm and projector run on the shard too, and the projected features are gathered
+  once for the merge;
 - between pipeline stages travel the shards: of the text embeddings (``split`` before
-  sending, ``gather`` on the stage that merges) and of the encoder hidden state.
+  sending, ``gather`` on the stage that merges) and of the encoder hidden state;
+- the output layer at the answer tokens only (``logits_at``) takes its rows from the
+  gathered hidden state.
 
 ``gather`` / ``split`` are for tensors whose consumers compute the same thing on every TP
 rank (the merge), so the backward of ``gather`` keeps this rank's part of an already
