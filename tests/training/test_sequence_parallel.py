@@ -7,8 +7,9 @@ micro-batches (test_balanced_training) and TP=2 x CP=2 with greedy decoding
 (test_context_parallel) have their SP cases beside their references. The CLIP ViT's 17 tokens
 (16 patches and the class token) are padded to 18 and the padding masked. Every norm's
 weights are marked ``sequence_parallel`` (so Megatron-Core's ``finalize_model_grads``
-all-reduces their gradients over the TP group; unmarked, the gradients above differ) and
-bad flag combinations stop with a message naming the flags."""
+all-reduces their gradients over the TP group; unmarked, the gradients above differ),
+greedy decoding of padded prompts equals TP=1, and bad flag combinations stop with a
+message naming the flags."""
 
 import pytest
 import torch
