@@ -156,3 +156,17 @@ def test_bad_flags_name_the_flags(capsys, monkeypatch, argv, world, message):
 def test_off_at_tp1_as_in_megatron():
     assert not parse_args(["--sequence-parallel"], world_size=1).sequence_parallel
     assert parse_args(TP2_SP, world_size=2).sequence_parallel
+
+
+def test_llm_padding_is_one_rule_with_fp8():
+    """SP pads the LLM's sequences to a multiple of TP through FP8's rule
+    (``llm_sequence_multiple``); without FP8 no CP factor, without SP nothing."""
+    from megatron_mm.training.fp8_args import llm_sequence_multiple
+
+    assert llm_sequence_multiple(parse_args(TP2_SP, world_size=2)) == 2
+    assert llm_sequence_multiple(parse_args(
+        TP2_SP + ["--context-parallel-size", "2", "--context-parallel-block", "8"],
+        world_size=4)) == 2
+    assert llm_sequence_multiple(parse_args(TP2_SP[:2], world_size=2)) == 1
+    fp8 = ["--fp8-format", "hybrid", "--fp8-emulation"]
+    assert llm_sequence_multiple(parse_args(fp8 + TP2_SP, world_size=2)) == 16
