@@ -83,7 +83,7 @@ class EncoderParts:
         encoder-wide) among them."""
         if self.decoder is None:
             return hidden
-        mask = self._padding_mask(hidden.device)
+        mask = self._padding_mask(hidden.device) if self.sp_padding else None
         if start is None and end is None:
             return self.decoder(hidden, attention_mask=mask)
         config = self.decoder.config
