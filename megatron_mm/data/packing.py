@@ -22,12 +22,21 @@ def packed_causal_mask(lengths: list[int]) -> torch.Tensor:
     return (future | (doc[:, None] != doc[None, :]))[None, None]
 
 
-def collate_packed(samples: list[Sample], pad_id: int) -> dict:
+def collate_packed(samples: list[Sample], pad_id: int, pad_to_multiple_of: int = 1) -> dict:
     """One packed sequence of ``samples`` (batch of 1), the keys of ``collate`` plus
-    ``attention_mask`` and ``cu_seqlens`` (sample boundaries, as PackedSeqParams takes)."""
+    ``attention_mask`` and ``cu_seqlens`` (sample boundaries, as PackedSeqParams takes).
+    A length short of a multiple of ``pad_to_multiple_of`` gets a padding segment of its
+    own (pad tokens, no loss, attending only to itself)."""
     if not samples:
         raise ValueError("collate_packed() got an empty list of samples")
+    short = -sum(len(s.tokens) for s in samples) % pad_to_multiple_of
+    if short:
+        pad = torch.full((short,), pad_id, dtype=samples[0].tokens.dtype)
+        samples = list(samples) + [Sample(tokens=pad, labels=pad.clone(),
+                                          loss_mask=torch.zeros(short), media={},
+                                          prompt_len=0, answer="", record_id="")]
     lengths = [len(s.tokens) for s in samples]
+    real = samples[:len(samples) - bool(short)]
     cu = [0]
     for n in lengths:
         cu.append(cu[-1] + n)
@@ -42,7 +51,7 @@ def collate_packed(samples: list[Sample], pad_id: int) -> dict:
         "attention_mask": packed_causal_mask(lengths),
         "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
         "media": media,
-        "prompt_lens": [s.prompt_len for s in samples],
-        "answers": [s.answer for s in samples],
-        "record_ids": [s.record_id for s in samples],
+        "prompt_lens": [s.prompt_len for s in real],
+        "answers": [s.answer for s in real],
+        "record_ids": [s.record_id for s in real],
     }

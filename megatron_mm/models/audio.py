@@ -72,16 +72,24 @@ class AudioEncoder(EncoderParts, MegatronModule):
         x = F.gelu(self.conv1(mels.to(self.conv1.weight.dtype)))
         x = F.gelu(self.conv2(x))  # [N, hidden, T]
         x = x.transpose(1, 2) + self.position_embeddings.unsqueeze(0)
-        return x.transpose(0, 1).contiguous()
+        return self.to_sequence_parallel(x.transpose(0, 1)).contiguous()
 
-    def features(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[T, N, hidden] -> [N, T // pool_stride, hidden]: pooled, then normed
-        (Qwen2-Audio's order; without pooling it is Whisper's final norm)."""
+    def shard_features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[T, N, hidden] (or this rank's shard of it, a whole number of pooling windows)
+        -> [T // pool_stride, N, hidden]: pooled, then normed (Qwen2-Audio's order; without
+        pooling it is Whisper's final norm)."""
         x = hidden.transpose(0, 1)
         stride = self.encoder_config.pool_stride
         if stride > 1:
             x = F.avg_pool1d(x.transpose(1, 2), stride, stride).transpose(1, 2)
-        return self.ln_post(x).contiguous()
+        return self.ln_post(x).transpose(0, 1)
+
+    def select_output_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        return x  # every pooled frame is an output token
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[T, N, hidden] -> [N, T // pool_stride, hidden]."""
+        return self.shard_features(hidden).transpose(0, 1).contiguous()
 
     def forward(self, mels: torch.Tensor) -> torch.Tensor:
         """The whole encoder: [N, mel bins, frames] -> [N, T', hidden] features."""

@@ -7,14 +7,19 @@ from typing import Mapping, Optional
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.vision.multimodal_projector import MultimodalProjector
 from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.transformer.transformer_block import (
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
 
-from ..config import AudioEncoderConfig, MultimodalModelConfig
+from ..config import AudioEncoderConfig, ConfigError, MultimodalModelConfig
 from ..plan import ModelSpec, Workload, build_chain
 from ..plan.placement import ChunkPlacement, whole_model
 from .audio import AudioEncoder
 from .fp8_emulation import emulate_fp8
 from .multimodal import MultimodalModel
-from .specs import get_layer_specs
+from .norms import SequenceParallelNorm
+from .specs import LayerSpecs, get_layer_specs
 from .transformer_configs import (
     BuildSettings,
     encoder_transformer_config,
@@ -42,9 +47,10 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
                             context_parallel=settings.context_parallel_size > 1,
                             cp_attention=settings.cp_attention,
                             media_attention=settings.media_attention)
+    lm_config = language_transformer_config(lm, settings)
     language_model = GPTModel(
-        config=language_transformer_config(lm, settings),
-        transformer_layer_spec=specs.language_layer,
+        config=lm_config,
+        transformer_layer_spec=language_block(specs, lm_config, vp_stage),
         vocab_size=lm.vocab_size_padded(settings.tensor_model_parallel_size),
         max_sequence_length=lm.max_position_embeddings,
         share_embeddings_and_output_weights=not lm.untie_embeddings_and_output_weights,
@@ -53,6 +59,9 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
         pre_process=placement.llm_embed,
         post_process=placement.llm_head,
         vp_stage=vp_stage,
+        # The text embeddings stay whole until the media are merged in (as LLaVA's);
+        # MultimodalModel shards them for the layers under --sequence-parallel.
+        scatter_embedding_sequence_parallel=False,
     )
     encoders, projectors = {}, {}
     encoder_groups = encoder_process_groups(settings)
@@ -65,6 +74,10 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
             specs.vision_norm, embed=part.embed, build_layers=part.num_layers > 0,
             post=part.projector, vp_stage=vp_stage, pg_collection=encoder_groups,
             checkpoint_dp_group=settings.encoder_data_parallel_group)
+        if encoders[part.name].sp_padding and specs.impl != "local":
+            raise ConfigError(f"--sequence-parallel pads the {part.name} encoder's sequence "
+                              "and masks the padding, which only the local attention takes: "
+                              "pass --transformer-impl local")
         if part.projector:
             proj = config.projectors[part.name]
             projectors[part.name] = MultimodalProjector(
@@ -76,6 +89,16 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
     if settings.fp8 is not None and settings.fp8.emulation:
         emulate_fp8(model)  # quantise-dequantise in the FP8 modules' local linears
     return model
+
+
+def language_block(specs: LayerSpecs, config, vp_stage: Optional[int]):
+    """The LLM's layer spec; with the local impl, as block submodules whose final norm is
+    the specs' own (Megatron-Core's default torch norm refuses sequence parallelism)."""
+    if specs.impl != "local":
+        return specs.language_layer
+    return TransformerBlockSubmodules(
+        layer_specs=[specs.language_layer] * get_num_layers_to_build(config, vp_stage),
+        layer_norm=SequenceParallelNorm)
 
 
 def encoder_process_groups(settings: BuildSettings) -> Optional[ProcessGroupCollection]:

@@ -12,6 +12,8 @@ import torch
 from megatron.core import tensor_parallel
 from megatron.core.fp8_utils import get_fp8_context
 
+from . import sequence_parallel
+
 
 class EncoderParts:
     """Mixed into an encoder module that has ``decoder`` (a TransformerBlock or None)."""
@@ -39,6 +41,39 @@ class EncoderParts:
         with the projector."""
         return [p for name, p in self.named_parameters() if not name.startswith("ln_post.")]
 
+    # Tokens appended to the encoder's sequence so that it divides over the TP ranks under
+    # sequence parallelism (the ViT's patches plus class token); the layers mask them as
+    # keys, the projector's output drops them.
+    sp_padding: int = 0
+
+    @property
+    def layer_seq_length(self) -> int:
+        """The sequence the layers run: ``seq_length`` plus ``sp_padding``."""
+        return self.seq_length + self.sp_padding
+
+    def _padding_mask(self, device) -> Optional[torch.Tensor]:
+        """[1, 1, T, T] bool, True = masked: no token attends to the padding (None: no
+        padding, the layers' own no-mask attention)."""
+        if not self.sp_padding:
+            return None
+        keys = torch.arange(self.layer_seq_length, device=device) >= self.seq_length
+        return keys.expand(self.layer_seq_length, -1)[None, None]
+
+    @property
+    def sequence_parallel_group(self):
+        """The group an encoder's sequence is sharded over under ``--sequence-parallel``:
+        its TP group (None: Megatron-Core's default)."""
+        return getattr(self, "tp_group", None)
+
+    def to_sequence_parallel(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The embedding's output [T, N, H] as the layers take it: this rank's shard of the
+        sequence under sequence parallelism, else whole."""
+        if not self.config.sequence_parallel:
+            return hidden
+        if self.sp_padding:
+            hidden = torch.nn.functional.pad(hidden, (0, 0, 0, 0, 0, self.sp_padding))
+        return sequence_parallel.split(hidden, self.sequence_parallel_group)
+
     def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
         """Unused: the multimodal model hands each part its input explicitly."""
 
@@ -48,15 +83,17 @@ class EncoderParts:
         encoder-wide) among them."""
         if self.decoder is None:
             return hidden
+        mask = self._padding_mask(hidden.device) if self.sp_padding else None
         if start is None and end is None:
-            return self.decoder(hidden, attention_mask=None)
+            return self.decoder(hidden, attention_mask=mask)
         config = self.decoder.config
         # TransformerBlock.forward's FP8 contexts, which a piece bypasses: one around the
         # whole run for delayed scaling, one per layer otherwise.
         delayed = bool(config.fp8) and config.fp8_recipe == "delayed"
         with get_fp8_context(config) if delayed else nullcontext():
             for layers, recompute in self._piece_groups(start, end):
-                run = _run_layers(layers, per_layer_fp8=bool(config.fp8) and not delayed)
+                run = _run_layers(layers, mask,
+                                  per_layer_fp8=bool(config.fp8) and not delayed)
                 hidden = (tensor_parallel.checkpoint(
                     run, config.distribute_saved_activations, hidden)
                           if recompute else run(hidden))
@@ -84,12 +121,12 @@ class EncoderParts:
                 for key, run in itertools.groupby(mine, key=group)]
 
 
-def _run_layers(layers, per_layer_fp8: bool = False):
+def _run_layers(layers, mask: Optional[torch.Tensor] = None, per_layer_fp8: bool = False):
     def run(hidden: torch.Tensor) -> torch.Tensor:
         for layer in layers:
             context = (get_fp8_context(layer.config, layer.layer_number - 1)
                        if per_layer_fp8 else nullcontext())
             with context:
-                hidden, _ = layer(hidden_states=hidden, attention_mask=None)
+                hidden, _ = layer(hidden_states=hidden, attention_mask=mask)
         return hidden
     return run

@@ -18,6 +18,7 @@ from megatron.core.transformer.module import MegatronModule
 
 from ..config import MultimodalModelConfig
 from ..plan.placement import ChunkPlacement
+from . import sequence_parallel
 from .audio import AudioEncoder
 from .batch_layout import (  # noqa: F401  (MediaMismatchError: re-exported)
     ENCODER_MODALITY, BatchLayout, MediaMismatchError, batch_layout, loss_positions)
@@ -158,8 +159,18 @@ class MultimodalModel(MegatronModule):
         """The encoders' last hidden states for chunk 0 (``encoder_separate`` placements)."""
         self.encoder_inputs = dict(inputs)
 
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.language_model.config.sequence_parallel
+
     def project(self, name: str, hidden: torch.Tensor) -> torch.Tensor:
-        """Encoder output norm and projector: [T, N, H_enc] -> [N, T', H_llm]."""
+        """Encoder output norm and projector: [T, N, H_enc] (under sequence parallelism
+        this rank's shard of it) -> [N, T', H_llm]."""
+        if self.sequence_parallel:
+            return sequence_parallel.project_shard(
+                self.encoder(name), self.projector(name), hidden,
+                self.mm_config.projectors[name].projector_type,
+                self.encoder(name).sequence_parallel_group)
         features = self.encoder(name).features(hidden)
         n, t, h = features.shape
         return self.projector(name)(features.reshape(n * t, h)).reshape(n, t, -1)
@@ -214,13 +225,14 @@ class MultimodalModel(MegatronModule):
         if place.encoder_separate:  # the encoder ran as its own actions
             for name in self.encoder_names:
                 if self.placement.encoder(name).projector:
-                    text = self.merge(name, text, layout, self.encoder_inputs.get(name))
+                    text = self.merge(name, self._whole(text, tokens), layout,
+                                      self.encoder_inputs.get(name))
             return text, None
         for name in self.encoder_names:
             if layout.items[name]:
                 hidden = self.run_encoder(name, media, hidden)
             if self.placement.encoder(name).projector:
-                text = self.merge(name, text, layout, hidden)
+                text = self.merge(name, self._whole(text, tokens), layout, hidden)
                 hidden = None
         return text, hidden
 
@@ -230,8 +242,20 @@ class MultimodalModel(MegatronModule):
         return not self.placement.encoder_separate and any(
             e.embed for e in self.placement.encoders)
 
-    def pack(self, text: torch.Tensor, hidden: Optional[torch.Tensor]) -> torch.Tensor:
-        """What this chunk sends on: the text embeddings, with an encoder's hidden state."""
+    def _whole(self, text: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The whole text embeddings [S, B, H], for a merge: under sequence parallelism a
+        chunk may hold only this rank's shard of them (sent by the chunk before)."""
+        if self.sequence_parallel and text.shape[0] != tokens.shape[1]:
+            return sequence_parallel.gather(text)
+        return text
+
+    def pack(self, text: torch.Tensor, hidden: Optional[torch.Tensor],
+             seq_length: Optional[int] = None) -> torch.Tensor:
+        """What this chunk sends on: the text embeddings, with an encoder's hidden state
+        (under sequence parallelism this rank's shards of both; ``seq_length``: the
+        micro-batch's, S of whole text embeddings)."""
+        if self.sequence_parallel and text.shape[0] == seq_length:
+            text = sequence_parallel.split(text)
         if hidden is None:
             return text
         hidden = hidden.to(text.dtype)
@@ -243,12 +267,31 @@ class MultimodalModel(MegatronModule):
         if name is None or not layout.items[name]:
             return received, None
         b, s = tokens.shape
+        t = self.encoder(name).layer_seq_length
+        if self.sequence_parallel:  # this rank's shards
+            tp = self.language_model.config.tensor_model_parallel_size
+            s, t = s // tp, t // tp
         n_text = s * b * self.language_model.config.hidden_size
         enc = self.mm_config.encoders[name]
         n_items = layout.items[name]
         flat = received.reshape(-1)
-        hidden = flat[n_text:].view(self.encoder(name).seq_length, n_items, enc.hidden_size)
+        hidden = flat[n_text:].view(t, n_items, enc.hidden_size)
         return flat[:n_text].view(s, b, -1), hidden
+
+    def _sequence_parallel_input(self, hidden: torch.Tensor, tokens: torch.Tensor,
+                                 cpm: Optional[ContextParallelMask]) -> torch.Tensor:
+        """The LLM layers' input under sequence parallelism: this TP rank's shard of (this
+        CP rank's tokens of) the sequence. The chunk holding the LLM's first layer gets the
+        text embeddings whole, or this rank's shard of the whole sequence from the chunk
+        before; later chunks get the LLM's hidden state, already sharded."""
+        first = self.placement.num_llm_layers > 0 and self.placement.llm_layers[0] == 0
+        if not first:
+            return hidden
+        if cpm is None:
+            return sequence_parallel.split(hidden) if hidden.shape[0] == tokens.shape[1] \
+                else hidden
+        hidden = self._whole(hidden, tokens)
+        return sequence_parallel.split(hidden[cpm.local.to(hidden.device)])
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor,
                 media: Optional[Mapping[str, torch.Tensor]] = None,
@@ -279,15 +322,18 @@ class MultimodalModel(MegatronModule):
         if place.llm_embed or (place.encoders and not place.encoder_separate):
             hidden_in, encoder_hidden = self.front(tokens, position_ids, media, layout)
             if not place.runs_llm:
-                return self.pack(hidden_in, encoder_hidden)
+                return self.pack(hidden_in, encoder_hidden, tokens.shape[1])
         else:
             hidden_in = self.input_tensor
-        if cpm is not None:
+        if self.sequence_parallel:
+            hidden_in = self._sequence_parallel_input(hidden_in, tokens, cpm)
+        elif cpm is not None:
             # The text embeddings are whole until the first chunk running LLM layers takes
             # this rank's tokens; a full-length input (the chunk before held no LLM layer,
             # or nothing is split) is whole, a shorter one already this rank's.
             if hidden_in.shape[0] == tokens.shape[1]:
                 hidden_in = hidden_in[cpm.local.to(hidden_in.device)]
+        if cpm is not None:
             tokens, position_ids = cpm.take(tokens), cpm.take(position_ids)
             labels, loss_mask = cpm.take(labels), cpm.take_loss_mask(loss_mask)
         if self.language_model.pre_process:
@@ -295,8 +341,7 @@ class MultimodalModel(MegatronModule):
         else:  # GPTModel's decoder reads a chunk's input from set_input_tensor
             self.language_model.set_input_tensor(hidden_in)
             decoder_input = None
-        sparse = (labels is not None and loss_mask is not None
-                  and not self.language_model.config.sequence_parallel)
+        sparse = labels is not None and loss_mask is not None
         self._rope_positions = None if cpm is None else (cpm.local, cpm.codes.shape[1])
         try:
             return self.language_model(
@@ -318,12 +363,16 @@ def loss_at_masked_positions(*, hidden_states, output_layer, output_weight, labe
     ``context`` (``BatchLayout.loss_positions``: the flat [S, B] positions of the loss,
     from the host) keeps it free of host reads; without it they come from ``loss_mask``.
     """
-    s, b, h = hidden_states.shape
+    b, s = labels.shape  # hidden_states: [S, B, H], or this TP rank's shard under SP
     positions = context
     if positions is None:
         positions = loss_positions(loss_mask).to(hidden_states.device)
-    selected = hidden_states.reshape(s * b, h).index_select(0, positions).unsqueeze(1)
-    logits, _ = output_layer(selected, weight=output_weight)  # [n, 1, V / TP]
+    if output_layer.sequence_parallel:
+        logits = sequence_parallel.logits_at(output_layer, output_weight, hidden_states,
+                                             positions)
+    else:
+        selected = hidden_states.reshape(s * b, -1).index_select(0, positions).unsqueeze(1)
+        logits, _ = output_layer(selected, weight=output_weight)  # [n, 1, V / TP]
     targets = labels.transpose(0, 1).reshape(s * b).index_select(0, positions)
     per_token = compute_language_model_loss(targets.unsqueeze(0),
                                             scale_logits(logits))  # [1, n]

@@ -38,6 +38,7 @@ from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from ..config import ConfigError
 from .context_parallel import ContextParallelMask
 from .cp_attention import ContextParallelAttention
+from .norms import SequenceParallelNorm
 from .te_attention_mask import language_attn_mask_type, with_attn_mask_type
 from .te_names import with_te_checkpoint_names
 
@@ -181,15 +182,36 @@ def _impl_specs(transformer_impl: str, qk_layernorm: bool) -> LayerSpecs:
                                     linear_fc2=TERowParallelLinear),
             vision_norm=TENorm,
         )
+    # Megatron-Core's torch norm refuses sequence parallelism: ours runs it (models/norms.py).
     return LayerSpecs(
         impl=transformer_impl,
         # Checkpoint keys as the TE ViT spec names them (te_names.py).
-        vision_layer=with_te_checkpoint_names(vit_layer_specs.get_vit_layer_with_local_spec()),
-        language_layer=get_gpt_layer_local_spec(qk_layernorm=qk_layernorm,
-                                                normalization="RMSNorm"),
+        vision_layer=with_te_checkpoint_names(with_norm(
+            vit_layer_specs.get_vit_layer_with_local_spec(), SequenceParallelNorm)),
+        language_layer=with_norm(get_gpt_layer_local_spec(qk_layernorm=qk_layernorm,
+                                                          normalization="RMSNorm"),
+                                 SequenceParallelNorm),
         projector=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
-        vision_norm=WrappedTorchNorm,
+        vision_norm=SequenceParallelNorm,
     )
+
+
+def with_norm(spec, norm: type):
+    """A copy of a layer spec with every ``WrappedTorchNorm`` slot built by ``norm``."""
+    spec = copy.deepcopy(spec)
+
+    def visit(node) -> None:
+        if not dataclasses.is_dataclass(node) or isinstance(node, type):
+            return
+        for f in dataclasses.fields(node):
+            value = getattr(node, f.name)
+            if value is WrappedTorchNorm:
+                setattr(node, f.name, norm)
+            else:
+                visit(value)
+
+    visit(spec)
+    return spec
 
 
 def _te_cp_attention():

@@ -41,6 +41,8 @@ class BuildSettings:
     cp_comm_type: Optional[str] = None
     transformer_impl: str = "local"
     media_attention: str = "causal"  # --media-attention: the LLM's mask type on TE
+    # Megatron's --sequence-parallel (on at TP > 1 only, as Megatron-LM turns it off at 1).
+    sequence_parallel: bool = False
     bf16: bool = False
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
@@ -96,6 +98,7 @@ class BuildSettings:
             **recompute,
             pipeline_model_parallel_layout=layout,
             tensor_model_parallel_size=tp,
+            sequence_parallel=self.sequence_parallel and tp > 1,
             pipeline_model_parallel_size=pp,
             virtual_pipeline_model_parallel_size=vpp,
             # Interleaving with batched p2p is wrong at PP=2 and deadlocks with variable

@@ -35,6 +35,8 @@ class VisionTransformer(EncoderParts, MegatronModule):
         clip = encoder.model_type == "clip"
         self.class_token_len = 1 if encoder.has_class_token else 0
         self.seq_length = encoder.num_patches + self.class_token_len
+        if config.sequence_parallel:  # a class token makes the length odd: pad it
+            self.sp_padding = -self.seq_length % config.tensor_model_parallel_size
         self.has_embed = embed
         if embed:
             self.conv1 = torch.nn.Conv2d(3, hidden, kernel_size=encoder.patch_dim,
@@ -64,18 +66,25 @@ class VisionTransformer(EncoderParts, MegatronModule):
         if self.class_token_len:
             x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1)
         x = x + self.position_embeddings.weight.unsqueeze(0)
+        x = self.to_sequence_parallel(x.transpose(0, 1))  # [T(/TP), N, hidden]
         if self.ln_pre is not None:
             x = self.ln_pre(x)
-        return x.transpose(0, 1).contiguous()
+        return x.contiguous()
+
+    def shard_features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The per-token part of ``features``: the output norm, [T, N, hidden] (or this
+        rank's shard of it) in and out."""
+        return self.ln_post(hidden) if self.ln_post is not None else hidden
+
+    def select_output_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, T, ...] -> [N, T', ...]: the class token dropped on request."""
+        if self.class_token_len and self.encoder_config.drop_class_token:
+            x = x[:, self.class_token_len:]
+        return x
 
     def features(self, hidden: torch.Tensor) -> torch.Tensor:
         """[T, N, hidden] -> [N, T', hidden] features (T' = ``num_output_tokens``)."""
-        if self.ln_post is not None:
-            hidden = self.ln_post(hidden)
-        x = hidden.transpose(0, 1)
-        if self.class_token_len and self.encoder_config.drop_class_token:
-            x = x[:, self.class_token_len:]
-        return x.contiguous()
+        return self.select_output_tokens(self.shard_features(hidden).transpose(0, 1)).contiguous()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """The whole encoder: [N, 3, H, W] images -> [N, T', hidden] features."""

@@ -9,6 +9,9 @@ back from the device).
   context-parallel rank's token count once some chunk up to it ran LLM layers (the model
   takes the rank's tokens there), else the whole sequence; whole always for a forward
   step marked ``whole_sequence`` (generation decodes the whole prompt on every CP rank).
+- Under sequence parallelism both travel as this TP rank's shard of their sequence
+  (``models/sequence_parallel.py``): [S / TP, B, H], and [T / TP, N, H_enc] with T the
+  encoder's ``layer_seq_length`` (its sequence padded to a multiple of TP).
 - A gradient (``B``, ``EB``) has the shape of the forward message it is the gradient of.
 
 The sender checks its tensor against the same spec, so a model change that breaks these
@@ -52,12 +55,17 @@ class MessageSpecs:
         if items is None or items.shape[0] == 0:
             return None
         encoder = get_attr_wrapped_model(self.model, "encoder")(name)
-        return Spec((encoder.seq_length, items.shape[0], encoder.encoder_config.hidden_size),
+        t = encoder.seq_length
+        if encoder.config.sequence_parallel:
+            t = encoder.layer_seq_length // encoder.config.tensor_model_parallel_size
+        return Spec((t, items.shape[0], encoder.encoder_config.hidden_size),
                     encoder.config.params_dtype)
 
     def chunk_output(self, chunk: int, batch: dict) -> Spec:
         b, s = batch["tokens"].shape
         if self.local_length is not None and chunk >= self.local_from:
             s = self.local_length(batch)
+        if self.config.sequence_parallel:
+            s //= self.config.tensor_model_parallel_size
         dtype = self.config.pipeline_dtype or self.config.params_dtype
         return Spec((s, b, self.config.hidden_size), dtype)

@@ -25,6 +25,7 @@ from ..plan.cp_assignment import BLOCK_OVERHEAD
 from ..plan.partition import parse_partition_flag
 from .fp8_args import fp8_args, validate_fp8_args
 from .logging_args import logging_args, validate_logging_args
+from .sequence_parallel import add_sequence_parallel_args, validate_sequence_parallel
 from .transformer_impl import validate_transformer_impl
 from .user_errors import ArgumentParser, exit_with_user_error
 from .encoder_schedule_auto import apply_encoder_schedule_auto
@@ -279,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     _training_args(p)
     fp8_args(p)
     logging_args(p)
+    add_sequence_parallel_args(p)
     return p
 
 
@@ -375,6 +377,7 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
     validate_data_args(args)
     args.model_config = model_config_from_args(args)
     _validate_encoder_schedule(args)
+    validate_sequence_parallel(args)
     args.model_config.validate_parallel(tp, args.encoder_tensor_model_parallel_size)
     validate_fp8_args(args)
     # The pipeline plan needs the vocabulary: the Trainer plans once the tokenizer loads.

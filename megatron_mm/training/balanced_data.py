@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from ..config import ConfigError
 from ..data.packing import collate_packed
 from ..data.processing import tokenize_record
+from .fp8_args import llm_sequence_multiple
 from ..plan.balance import BalancedSampler, SampleLoad, parse_bounds, search_bounds
 
 
@@ -62,7 +63,8 @@ def balanced_batch_iterator(args, dataset, tokenizer, consumed_samples: int,
         method=args.data_balance, iterations=args.data_balance_iters,
         sample_names=[rec.where() for rec in dataset.records])
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
-                        collate_fn=partial(collate_packed, pad_id=tokenizer.pad_id),
+                        collate_fn=partial(collate_packed, pad_id=tokenizer.pad_id,
+                                           pad_to_multiple_of=llm_sequence_multiple(args)),
                         pin_memory=torch.cuda.is_available(),
                         generator=torch.Generator().manual_seed(args.seed))
     return iter(loader)

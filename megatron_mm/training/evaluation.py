@@ -15,6 +15,7 @@ from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_regi
 
 from ..data import Sample, collate
 from ..runtime.collective_device import collective_device
+from .fp8_args import llm_sequence_multiple
 from .step import prepare_batch, reduce_lm_loss, run_schedule
 
 
@@ -32,20 +33,21 @@ def evaluate_loss(args, model: List, batches, forward_backward=None, attention=N
 
 
 def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
-                attention=None, forward_backward=None) -> torch.Tensor:
+                attention=None, forward_backward=None, last: int = -1) -> torch.Tensor:
     """Greedy next token of every row of ``micro_batches``, by one forward-only pass through
     the pipeline (the schedule Megatron-Core picks for the layout); all pipeline ranks get
     the result. ``attention`` (AttentionSettings) gives the training mask, whole-sequence:
-    with context parallelism every CP rank decodes the whole prompt."""
+    with context parallelism every CP rank decodes the whole prompt. ``last``: the position
+    whose next token is wanted (the rows' last real token, before padding)."""
     def forward_step(data_iterator, chunk):
         b, mask, layout = prepare_batch(next(data_iterator), chunk, attention, split=False)
         logits = chunk(b["tokens"], b["position_ids"], b["media"], attention_mask=mask,
                        layout=layout)  # [B, S, V / TP] at the end
 
         def argmax_last(output, non_loss_data=True):
-            last = gather_from_tensor_model_parallel_region(output[:, -1].contiguous()).float()
-            last[:, vocab_size:] = -math.inf  # media ids and TP vocab padding are not text
-            return last.argmax(-1)
+            top = gather_from_tensor_model_parallel_region(output[:, last].contiguous()).float()
+            top[:, vocab_size:] = -math.inf  # media ids and TP vocab padding are not text
+            return top.argmax(-1)
         return logits, argmax_last
     # the schedule executor sizes its pipeline messages by it (runtime/message_specs.py)
     forward_step.whole_sequence = True
@@ -69,8 +71,9 @@ def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
 @torch.no_grad()
 def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tokens: int,
                     eos_id: int, vocab_size: int, attention=None,
-                    forward_backward=None) -> List[List[int]]:
-    """Greedy continuation of prompts of equal length; returns new ids up to EOS."""
+                    forward_backward=None, pad_to_multiple_of: int = 1) -> List[List[int]]:
+    """Greedy continuation of prompts of equal length; returns new ids up to EOS. Rows are
+    right-padded to a multiple of ``pad_to_multiple_of`` (SP, FP8: ``llm_sequence_multiple``)."""
     # Interleaved 1F1B runs whole groups of PP equal micro-batches: pad with repeats.
     pieces = parallel_state.get_pipeline_model_parallel_world_size() if len(model) > 1 else 1
     rows = list(prompts) + [prompts[-1]] * (-len(prompts) % pieces)
@@ -78,8 +81,10 @@ def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tok
     done = [False] * len(prompts)
     for _ in range(max_new_tokens):
         size = len(rows) // pieces
-        micro = [collate(rows[i:i + size], pad_id=pad_id) for i in range(0, len(rows), size)]
-        nxt = next_tokens(model, micro, vocab_size, attention, forward_backward).tolist()
+        micro = [collate(rows[i:i + size], pad_id=pad_id, pad_to_multiple_of=pad_to_multiple_of)
+                 for i in range(0, len(rows), size)]
+        nxt = next_tokens(model, micro, vocab_size, attention, forward_backward,
+                          last=len(rows[0].tokens) - 1).tolist()
         for i, t in enumerate(nxt[:len(prompts)]):
             if not done[i]:
                 out[i].append(t)
@@ -128,7 +133,7 @@ def answer_accuracy(args, model: List, dataset, tokenizer, indices: Sequence[int
             generated = greedy_generate(model, batch, tokenizer.pad_id,
                                         args.eval_max_new_tokens, tokenizer.eos_id,
                                         tokenizer.base_vocab_size, attention,
-                                        forward_backward)
+                                        forward_backward, llm_sequence_multiple(args))
             for sample, ids in zip(batch, generated):
                 guess = normalize_answer(tokenizer.detokenize(ids))
                 correct += int(guess == normalize_answer(sample.answer))

@@ -233,12 +233,13 @@ def _validate_media_alignment(args: argparse.Namespace, modules) -> None:
 
 
 def llm_sequence_multiple(args: argparse.Namespace) -> int:
-    """What the collator pads each micro-batch's sequence length to: with an FP8 LLM, the
-    FP8 alignment combined with the SP and CP factors (``plan.fp8.sequence_multiple``);
-    otherwise 1 (runs without FP8 keep their shapes)."""
+    """What the collator pads each micro-batch's sequence length to
+    (``plan.fp8.sequence_multiple``): TP under --sequence-parallel (each TP rank holds a
+    shard of the sequence), with an FP8 LLM also the FP8 alignment and the CP factor;
+    otherwise 1 (runs without FP8 or SP keep their shapes)."""
     fp8 = getattr(args, "fp8_settings", None)
-    if fp8 is None or not fp8.applies_to("llm"):
-        return 1
-    return sequence_multiple(fp8.recipe, args.tensor_model_parallel_size,
+    fp8_llm = fp8 is not None and fp8.applies_to("llm")
+    return sequence_multiple(fp8.recipe if fp8_llm else None,
+                             args.tensor_model_parallel_size,
                              getattr(args, "sequence_parallel", False),
-                             args.context_parallel_size)
+                             args.context_parallel_size if fp8_llm else 1)

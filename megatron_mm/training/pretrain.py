@@ -88,6 +88,7 @@ def build_settings(args, placements=None, replicas=None) -> BuildSettings:
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
         context_parallel_size=args.context_parallel_size, transformer_impl=impl, bf16=args.bf16, hidden_dropout=args.hidden_dropout,
+        sequence_parallel=getattr(args, "sequence_parallel", False),
         attention_dropout=args.attention_dropout, init_method_std=args.init_method_std,
         use_cpu_initialization=cpu_init, placements=placements,
         recompute_granularity=getattr(args, "recompute_granularity", None),

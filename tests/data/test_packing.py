@@ -67,3 +67,20 @@ def test_packed_losses_equal_each_sample_alone(gloo_world):
         torch.testing.assert_close(packed[cu[k]:cu[k + 1]], ref, rtol=1e-5, atol=1e-5)
     # Without the block mask later samples see earlier ones: their losses change.
     assert not torch.allclose(causal_only[cu[1]:], packed[cu[1]:], atol=1e-4)
+
+
+def test_padding_segment_makes_the_length_a_multiple():
+    """--sequence-parallel: a packed length short of a multiple of TP gets a padding
+    segment of its own (pad tokens, no loss, attending only to itself)."""
+    gen = torch.Generator().manual_seed(0)
+    samples = _samples(4, [1, 0], [9, 4], gen)
+    batch = collate_packed(samples, pad_id=7, pad_to_multiple_of=4)
+    assert batch["tokens"].shape == (1, 16)
+    assert batch["cu_seqlens"].tolist() == [0, 9, 13, 16]
+    assert batch["tokens"][0, 13:].tolist() == [7, 7, 7]
+    assert batch["loss_mask"][0, 13:].sum() == 0
+    assert batch["position_ids"][0, 13:].tolist() == [0, 1, 2]
+    assert torch.equal(batch["attention_mask"], packed_causal_mask([9, 4, 3]))
+    assert batch["record_ids"] == ["s0", "s1"]  # the padding is no record
+    unpadded = collate_packed(samples, pad_id=7, pad_to_multiple_of=13)
+    assert unpadded["tokens"].shape == (1, 13) and len(unpadded["cu_seqlens"]) == 3

@@ -98,7 +98,9 @@ def balanced_reference(digits_dir, tmp_path_factory):
     ["--context-parallel-size", "2", "--context-parallel-block", "8"],
     # the ViT as its own pipeline, its pieces in the LLM's bubbles (schedule executor)
     ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"],
-], ids=["pp2", "cp2", "pp2-bubble"])
+    # packed lengths padded to a multiple of TP by a segment of their own
+    ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+], ids=["pp2", "cp2", "pp2-bubble", "tp2-sp"])
 def test_balanced_parallel_equals_one_process(balanced_reference, layout):
     """Packed, balanced micro-batches under PP=2 or CP=2: the same losses and gradients as
     one process (packed samples stay apart on every stage and CP rank)."""

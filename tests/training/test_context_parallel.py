@@ -1,5 +1,6 @@
 """Context parallelism (our CP attention, workload-balanced token assignment) equals one
-process from the same initial checkpoint: losses and gradients of CP=4, CP=2 x TP=2,
+process from the same initial checkpoint: losses and gradients of CP=4, CP=2 x TP=2 (also
+with --sequence-parallel),
 CP=2 x PP=2, CP=2 x PP=2 x VPP=2 and CP=2 x PP=2 with the ViT in the LLM's bubbles
 (CP=2 alone is their CP part, not run on its own), media attending
 bidirectionally inside each image, on data mixing one-image, two-image (adjacent items)
@@ -85,6 +86,8 @@ CP2 = ["--context-parallel-size", "2"]
     # shorter ones (32-35 tokens: 3 blocks) run replicated on every CP rank.
     (4, ["--context-parallel-size", "4", "--context-parallel-block", "12"], True),
     (4, CP2 + ["--tensor-model-parallel-size", "2"], False),
+    # each CP rank's tokens split again over the TP ranks (blocks of 8: even counts)
+    (4, CP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel"], False),
     (4, CP2 + ["--pipeline-model-parallel-size", "2"], False),
     # interleaved: [embedding, ViT embed, ViT 0] [ViT 1, projector] [LLM 0-1] [output]
     (4, CP2 + ["--pipeline-model-parallel-size", "2",
@@ -93,7 +96,7 @@ CP2 = ["--context-parallel-size", "2"]
     # the ViT as its own pipeline over both stages, in the LLM's bubbles (whole on each
     # CP rank, as the encoders are)
     (4, CP2 + ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"], False),
-], ids=["cp4", "cp2-tp2", "cp2-pp2", "cp2-pp2-vpp2", "cp2-pp2-bubble"])
+], ids=["cp4", "cp2-tp2", "cp2-tp2-sp", "cp2-pp2", "cp2-pp2-vpp2", "cp2-pp2-bubble"])
 def test_context_parallel_equals_one_process(reference, world, layout, some_unsplit):
     argv, ref = reference
     check = world == 4 and "4" in layout  # the CP=4 run hosts the attention check

@@ -1,8 +1,8 @@
 """No host syncs inside the model during a training step: the forward and backward of
 every model chunk (encoder pieces too) read no device value on the host and size no
 output by one (``tests/host_syncs.py`` lists what counts), in three settings: the default
-model on one rank, the ViT in the LLM's bubbles (``--encoder-schedule bubble``, PP=2) and
-context parallelism (CP=2, bidirectional media attention). What the model needs from the
+model on one rank, the ViT in the LLM's bubbles (``--encoder-schedule bubble``, PP=2),
+context parallelism (CP=2, bidirectional media attention) and sequence parallelism (TP=2). What the model needs from the
 batch's values comes from the ``BatchLayout`` the training step computes on the host;
 the media go only to the chunks that embed them."""
 
@@ -25,7 +25,9 @@ IMAGES, NONE = [["image"]], [[]]
      [NONE, NONE]),
     (2, ["--context-parallel-size", "2", "--media-attention", "bidirectional",
          "--context-parallel-block", "8"], 4, [IMAGES, IMAGES]),
-], ids=["default", "pp2-bubble", "cp2"])
+    # sequence parallelism: the merge and the answer-only output layer on sequence shards
+    (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"], 4, [IMAGES, IMAGES]),
+], ids=["default", "pp2-bubble", "cp2", "tp2-sp"])
 def test_no_host_syncs_inside_the_model(digits_dir, world, flags, scopes, media):
     ranks = run_distributed(train, world, TINY_MODEL + ["--data-path", digits_dir]
                             + ONE_STEP + flags, (), count_model_host_syncs)

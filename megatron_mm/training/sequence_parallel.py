@@ -1,0 +1,74 @@
+"""``--sequence-parallel`` (Megatron's flag and meaning): its flag, the checks that make it
+fail up front. No torch import: flags are checked before any process group exists. The
+model side is ``models/sequence_parallel.py``; the padding of the LLM's sequences is
+``fp8_args.llm_sequence_multiple`` (one rule with FP8's alignment and CP's factor).
+
+Under sequence parallelism every sequence a transformer stack runs is split over the TP
+ranks, so its length must divide by the TP size: the LLM's micro-batches are padded to a
+multiple of it (right padding, no loss there; packed micro-batches get a padding sample of
+their own), and each encoder's fixed sequence (patches and class token; audio frames)
+must divide by it, or the flags are refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..config import AudioEncoderConfig, ConfigError
+
+
+def add_sequence_parallel_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sequence parallelism")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="split the sequence over the tensor-parallel ranks in the norms, "
+                        "residuals and dropouts of the LLM, the encoders and the projectors "
+                        "(Megatron's sequence parallelism; off at --tensor-model-parallel-size "
+                        "1, as in Megatron-LM)")
+
+
+def validate_sequence_parallel(args: argparse.Namespace) -> None:
+    """After the model config and the encoder schedule flags are known."""
+    tp = args.tensor_model_parallel_size
+    if not args.sequence_parallel:
+        return
+    if tp == 1:  # Megatron-LM turns it off there
+        args.sequence_parallel = False
+        return
+    etp = getattr(args, "encoder_tensor_model_parallel_size", None)
+    if etp is not None and etp != tp:
+        raise ConfigError(
+            f"--sequence-parallel with --encoder-tensor-model-parallel-size {etp} below "
+            f"--tensor-model-parallel-size {tp} is not supported: each encoder replica would "
+            "hold only a shard of its output, which the LLM's TP group takes whole; drop one "
+            "of the flags")
+    if args.context_parallel_size > 1 and args.context_parallel_block % tp:
+        raise ConfigError(
+            f"--sequence-parallel with --context-parallel-size {args.context_parallel_size} "
+            f"needs --context-parallel-block ({args.context_parallel_block}) to be a "
+            f"multiple of --tensor-model-parallel-size ({tp}): each CP rank's tokens are "
+            "then split over the TP ranks")
+    for name, enc in args.model_config.encoders.items():
+        _check_encoder(name, enc, tp, args.transformer_impl)
+
+
+def _check_encoder(name: str, enc, tp: int, impl) -> None:
+    if not isinstance(enc, AudioEncoderConfig):
+        t = enc.num_patches + int(enc.has_class_token)
+        if t % tp and impl == "transformer_engine":
+            raise ConfigError(
+                f"--sequence-parallel pads the {name} encoder's {t} tokens to a multiple of "
+                f"--tensor-model-parallel-size {tp} and masks the padding, which only the "
+                f"local attention takes: pass --transformer-impl local (or a patch count plus "
+                f"class token divisible by {tp})")
+        return  # padded by the model otherwise (models/vision.py)
+    t = enc.seq_length
+    if t % tp:
+        raise ConfigError(
+            f"--sequence-parallel splits the {name} encoder's {t} frames "
+            f"(--audio-max-source-positions) over --tensor-model-parallel-size {tp} ranks: "
+            f"it must be a multiple of {tp}")
+    stride = enc.pool_stride
+    if (t // tp) % stride:
+        raise ConfigError(
+            f"--sequence-parallel: each TP rank's {t // tp} frames of the {name} encoder "
+            f"must be whole windows of --audio-pool-stride {stride}")
