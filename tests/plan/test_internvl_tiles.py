@@ -38,7 +38,7 @@ def test_grid_and_tile_count_equal_transformers_on_many_sizes():
                                       crop_to_patches=True, min_patches=lo, max_patches=hi)
         tiling = InternVLTiling(tile_size=tile, min_tiles=lo, max_tiles=hi,
                                 patch_size=tile // 32)
-        for h, w in _sizes(400):
+        for h, w in _sizes(250):
             grid = optimal_grid(h, w, tiling)
             if hi > 1:
                 assert grid == get_optimal_tiled_canvas((h, w), (tile, tile), lo, hi), (h, w)
