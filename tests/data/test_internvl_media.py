@@ -14,7 +14,8 @@ from megatron_mm.data.internvl_media import (InternVLProcessorConfig, check_reco
                                              expand_image_placeholders, image_token_counter,
                                              load_record_images, process_images, tile_image)
 from megatron_mm.data.records import DataRecordError, parse_record
-from megatron_mm.plan.internvl_tiles import IMAGENET_MEAN, IMAGENET_STD, InternVLTiling
+from megatron_mm.plan.internvl_tiles import (IMAGENET_MEAN, IMAGENET_STD, InternVLTiling,
+                                             image_tokens, tile_count)
 
 # (height, width): square, wide, tall, extreme, tiny, near-square large, grid-exact
 SIZES = [(448, 448), (300, 900), (1000, 250), (37, 1500), (50, 60), (800, 801), (896, 1344)]
@@ -117,6 +118,12 @@ def test_placeholder_expansion_equals_internvl_processor(monkeypatch):
     assert np.array_equal(torch.cat(ours_pixels).numpy(), ref["pixel_values"])
     # 4 + 1 + 5 tiles here: the thumbnail only comes with a grid of several tiles
     assert [len(p) for p in ours_pixels] == [5, 5]
+    # the processor's own token count per image size (2 markers + tiles * tokens per tile)
+    sizes = [(h, w) for h, w in SIZES] + [(31 * k, 1000 - 29 * k) for k in range(1, 30)]
+    counts = proc._get_num_multimodal_tokens(image_sizes=sizes)
+    assert counts["num_image_patches"] == [tile_count(h, w, tiling) for h, w in sizes]
+    assert counts["num_image_tokens"] == [image_tokens(tile_count(h, w, tiling), tiling)
+                                          for h, w in sizes]
 
 
 def test_expansion_needs_one_placeholder_per_image():
