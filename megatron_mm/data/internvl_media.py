@@ -1,0 +1,161 @@
+"""InternVL dynamic tiling of images: pixels of each tile, tile counts, placeholder counts,
+the record's token budget check and the ``<img>``/``<IMG_CONTEXT>``/``</img>`` expansion.
+
+Mirrors transformers' ``GotOcr2ImageProcessorPil`` with ``crop_to_patches=True`` (what
+``InternVLProcessor`` asks for) step for step: convert to RGB (transparency on white),
+bicubic resize of the uint8 image to the grid's canvas, cut row by row into tiles, the
+thumbnail (the original resized to one tile) last, then rescale in float64 -> float32 and
+normalise in float32, so ``pixel_values`` equal it bit for bit. The grid and counts come
+from ``megatron_mm.plan.internvl_tiles`` (pure Python).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..plan.internvl_tiles import (IMAGENET_MEAN, IMAGENET_STD, InternVLTiling,
+                                   check_sample_budget, context_tokens, image_tokens,
+                                   optimal_grid, tile_count)
+from ..plan.qwen_vl_grid import MediaGeometryError
+from .media import load_image
+from .qwen_vl_media import _to_rgb  # transformers' convert_to_rgb, shared with Qwen-VL
+from .records import DataRecordError, MediaRef, Record
+
+
+@dataclass(frozen=True)
+class InternVLProcessorConfig:
+    """Tiling plus the pixel statistics of the processor config (``image_mean``,
+    ``image_std``, ``rescale_factor``)."""
+
+    tiling: InternVLTiling = field(default_factory=InternVLTiling)
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    rescale_factor: float = 1 / 255
+
+    def __post_init__(self):
+        if len(self.mean) != 3 or len(self.std) != 3:
+            raise ValueError("mean and std need one value per RGB channel")
+        if any(s == 0 for s in self.std):
+            raise ValueError(f"std must not contain 0, got {self.std}")
+
+
+@dataclass
+class InternVLMedia:
+    """Model inputs of one sample's (or batch's) images, in the Hugging Face names.
+
+    ``num_tiles``: tiles of each image in order (transformers' ``num_patches``);
+    ``image_tokens``: ``<IMG_CONTEXT>`` tokens of each image.
+    """
+
+    pixel_values: torch.Tensor  # [sum num_tiles, 3, tile, tile] float32
+    num_tiles: list[int]
+    image_tokens: list[int]
+
+
+def _normalise(x: np.ndarray, cfg: InternVLProcessorConfig) -> np.ndarray:
+    """uint8 [..., 3, H, W] -> float32: rescale in float64 then float32, normalise."""
+    x = (x.astype(np.float64) * cfg.rescale_factor).astype(np.float32)
+    mean = np.asarray(cfg.mean, dtype=np.float32)[:, None, None]
+    std = np.asarray(cfg.std, dtype=np.float32)[:, None, None]
+    return (x - mean) / std
+
+
+def tile_image(image, cfg: InternVLProcessorConfig, context: str = "image") -> np.ndarray:
+    """One image (PIL or uint8 array) -> its tiles [n, 3, tile, tile] float32: the grid's
+    cells row by row, then the thumbnail when there is one."""
+    tiling = cfg.tiling
+    size = tiling.tile_size
+    rgb = _to_rgb(image, context)
+    try:
+        cols, rows = optimal_grid(rgb.height, rgb.width, tiling, context)
+    except MediaGeometryError as e:
+        raise DataRecordError(str(e)) from None
+    canvas = rgb.resize((cols * size, rows * size), Image.Resampling.BICUBIC)
+    x = np.asarray(canvas).transpose(2, 0, 1)  # [3, rows*size, cols*size] uint8
+    tiles = x.reshape(3, rows, size, cols, size).transpose(1, 3, 0, 2, 4).reshape(-1, 3, size, size)
+    if tiling.use_thumbnail and cols * rows > 1:
+        thumb = np.asarray(rgb.resize((size, size), Image.Resampling.BICUBIC)).transpose(2, 0, 1)
+        tiles = np.concatenate([tiles, thumb[None]])
+    return _normalise(tiles, cfg)
+
+
+def process_images(images, cfg: InternVLProcessorConfig | None = None,
+                   context: str = "record") -> InternVLMedia:
+    """All images of one sample, in order; errors name "<context> image <i>"."""
+    cfg = cfg or InternVLProcessorConfig()
+    tiles = [tile_image(im, cfg, f"{context} image {i}") for i, im in enumerate(images)]
+    if not tiles:
+        size = cfg.tiling.tile_size
+        return InternVLMedia(torch.empty(0, 3, size, size), [], [])
+    counts = [len(t) for t in tiles]
+    return InternVLMedia(torch.from_numpy(np.concatenate(tiles)), counts,
+                         [context_tokens(n, cfg.tiling) for n in counts])
+
+
+def load_record_images(record: Record, cfg: InternVLProcessorConfig | None = None
+                       ) -> InternVLMedia:
+    """Decode and tile a record's images; a missing or corrupt image is a DataRecordError
+    naming the record and the image."""
+    where = record.where()
+    images = [load_image(ref, context=f"{where} image {i}")
+              for i, ref in enumerate(record.media.get("image", []))]
+    return process_images(images, cfg, where)
+
+
+def image_size(ref: MediaRef, context: str) -> tuple[int, int]:
+    """(height, width) of an image from its header, without decoding its pixels."""
+    if ref.path is None and ref.raw is None and ref.data is None:
+        raise DataRecordError(f"{context}: image reference without path or data")
+    try:
+        if ref.path is not None:
+            with Image.open(ref.path) as im:
+                return im.height, im.width
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise DataRecordError(f"{context}: cannot read image {ref.describe()}: {e}") from e
+    return load_image(ref, context=context).size[::-1]
+
+
+def image_token_counter(tiling: InternVLTiling):
+    """``processing.MediaTokenCount`` for images: the context tokens of the item's tiles
+    (read from the file header), called as f(ref, where)."""
+    def count(ref: MediaRef, where: str) -> int:
+        h, w = image_size(ref, where)
+        return context_tokens(tile_count(h, w, tiling, where), tiling)
+    return count
+
+
+def check_record_budget(record: Record, text_tokens: int, seq_length: int,
+                        tiling: InternVLTiling) -> int:
+    """The record's sequence length (``text_tokens`` plus each image's ``<img>``, context
+    tokens and ``</img>``), from image headers; a DataRecordError naming the record, each
+    image's tiles and the ``--max-num-tiles`` that would fit when over ``seq_length``."""
+    where = record.where()
+    sizes = [image_size(ref, f"{where} image {i}")
+             for i, ref in enumerate(record.media.get("image", []))]
+    try:
+        return check_sample_budget(sizes, text_tokens, seq_length, tiling, where)
+    except MediaGeometryError as e:
+        raise DataRecordError(str(e)) from None
+
+
+def expand_image_placeholders(ids: list[int], num_tiles: list[int], tiling: InternVLTiling,
+                              context_id: int, start_id: int, end_id: int,
+                              context: str = "record") -> list[int]:
+    """Token ids with each single ``<IMG_CONTEXT>`` id (one per image, in order) replaced by
+    ``<img>`` + tiles * tokens_per_tile ``<IMG_CONTEXT>`` + ``</img>``, as
+    ``InternVLProcessor`` expands its text."""
+    found = ids.count(context_id)
+    if found != len(num_tiles):
+        raise DataRecordError(f"{context}: {found} image placeholders for {len(num_tiles)} "
+                              f"images")
+    out, k = [], 0
+    for t in ids:
+        if t == context_id:
+            out += [start_id] + [context_id] * context_tokens(num_tiles[k], tiling) + [end_id]
+            k += 1
+        else:
+            out.append(t)
+    return out
