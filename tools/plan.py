@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Optimus' runs (ViT-22B + GPT-175B on 1536 / 2048 / 3072 GPUs, "
                         "ViT-3B + GPT-11B on 8): simulated Megatron baseline vs the planned "
                         "encoder plan and bubble schedule, beside the paper's figures")
+    g.add_argument("--optimus-gpus", type=int, nargs="+", default=None, metavar="N",
+                   help="with --optimus-schedule-table: only the runs on these GPU counts "
+                        "(1536 2048 3072 8; default all)")
     g.add_argument("--json", default=None, help="write the plan(s) as JSON to this path")
 
     g = p.add_argument_group("model: a zoo pair or sizes")
@@ -352,7 +355,12 @@ def print_tables(args, hardware: Hardware, memory: MemoryModel, limit) -> int:
 def print_schedule_table(args) -> int:
     """Optimus' settings and hardware are fixed by the paper (``plan/optimus_reference.py``);
     of the model flags only --images-per-sample applies (the paper does not give it)."""
-    from megatron_mm.plan.optimus_reference import table as optimus_schedule_table
+    from megatron_mm.plan.optimus_reference import RUNS, table as optimus_schedule_table
+
+    def gpus(run) -> int:
+        lay = run.layout
+        return (lay.pipeline_model_parallel_size * lay.tensor_model_parallel_size
+                * lay.data_parallel_size)
     print("Optimus' encoder plan and bubble schedule, simulated (plan/encoder_planner.py): "
           "Megatron-LM puts the encoder in the first stage's chunk 0; the plan searches "
           "encoder PP / TP, pieces (layers, or attention / MLP kernels), placement order, "
@@ -362,7 +370,12 @@ def print_schedule_table(args) -> int:
           "lengthen the iteration")
     images = args.images_per_sample or 2  # the paper gives none; see optimus_reference
     print(f"{images} image(s) of 224 x 224 (256 tokens each) per 2048-token sample")
-    lines, plans = optimus_schedule_table(images_per_sample=images)
+    runs = [r for r in RUNS if args.optimus_gpus is None or gpus(r) in args.optimus_gpus]
+    if not runs:
+        print(f"--optimus-gpus {args.optimus_gpus}: no Optimus run on those GPU counts "
+              f"(they are {[gpus(r) for r in RUNS]})", file=sys.stderr)
+        return 2
+    lines, plans = optimus_schedule_table(runs, images_per_sample=images)
     print("\n".join(lines))
     if args.json:
         Path(args.json).write_text(json.dumps([p.to_dict() for p in plans]))
