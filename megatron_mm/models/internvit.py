@@ -132,6 +132,15 @@ class LayerScaleTransformerLayer(TransformerLayer):
         self.mlp_bda = partial(layer_scale_bias_dropout_add, self.ls2)
 
 
+class ColumnParallelLinearWithoutBias(ColumnParallelLinear):
+    """``linear_qkv`` when the config has no attention bias: Megatron-Core gives the QKV
+    projection a bias whenever the other linears have one (``add_bias_linear``), while
+    Hugging Face's ``attention_bias`` concerns q / k / v only."""
+
+    def __init__(self, *args, bias: bool = True, **kwargs):
+        super().__init__(*args, bias=False, **kwargs)
+
+
 def internvit_layer_spec(encoder: InternViTConfig,
                          transformer_impl: str = "local") -> ModuleSpec:
     """The ViT block's spec. Checkpoint keys are TE's (``te_names.py``)."""
@@ -152,7 +161,8 @@ def internvit_layer_spec(encoder: InternViTConfig,
                 module=SelfAttention,
                 params={"attn_mask_type": AttnMaskType.no_mask},
                 submodules=SelfAttentionSubmodules(
-                    linear_qkv=ColumnParallelLinear,
+                    linear_qkv=(ColumnParallelLinear if encoder.attention_bias
+                                else ColumnParallelLinearWithoutBias),
                     core_attention=DotProductAttention,
                     linear_proj=RowParallelLinear,
                     q_layernorm=qk_norm,
