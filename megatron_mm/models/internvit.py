@@ -22,7 +22,6 @@ shuffle and the MLP projector, equal to transformers' ``InternVLModel.get_image_
 
 from __future__ import annotations
 
-import math
 from functools import partial
 from typing import Optional
 
@@ -73,7 +72,8 @@ class _AllReduceSum(torch.autograd.Function):
 class CrossHeadRMSNorm(MegatronModule):
     """RMSNorm of q or k over all heads (Hugging Face's ``q_norm`` / ``k_norm``, eps 1e-6)
     on [s, b, local heads, head dim]. Its weight is split over TP ranks like the heads
-    (rank r: heads r x local ... ), and so is its checkpoint tensor."""
+    (rank r holds the channels of its heads), and so is its checkpoint tensor. The TP
+    group is Megatron-Core's global one (an encoder TP of its own is not wired yet)."""
 
     def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = None):
         super().__init__(config=config)
@@ -316,4 +316,4 @@ def tokens_per_tile(encoder: InternViTConfig, tile_size: Optional[int] = None) -
     """LLM tokens of one tile (256 for 448 px, patch 14, ratio 0.5): the placeholder count
     per tile."""
     side = (tile_size or encoder.image_size) // encoder.patch_size
-    return int(math.prod((side // encoder.shuffle_scale,) * 2))
+    return (side // encoder.shuffle_scale) ** 2

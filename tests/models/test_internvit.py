@@ -337,3 +337,13 @@ def test_config_refuses_what_it_does_not_implement(case):
             InternViTConfig.from_hf(bad)
     with pytest.raises(ConfigError, match="transformer_engine"):
         internvit_layer_spec(InternViTConfig(), "transformer_engine")
+
+
+def test_tokens_per_tile():
+    """The placeholder count per tile: 256 for InternVL's 448 px tiles."""
+    from megatron_mm.models.internvit import tokens_per_tile
+    from megatron_mm.models.internvit_config import InternViTConfig
+
+    assert tokens_per_tile(InternViTConfig()) == 256
+    small = InternViTConfig(hidden_size=32, num_attention_heads=4, image_size=56)
+    assert tokens_per_tile(small) == 4 and tokens_per_tile(small, 112) == 16
