@@ -81,6 +81,10 @@ class CrossHeadRMSNorm(MegatronModule):
         del hidden_size, eps
         self.group = parallel_state.get_tensor_model_parallel_group()
         tp = torch.distributed.get_world_size(self.group)
+        if config.tensor_model_parallel_size != tp:
+            raise ConfigError(f"the InternViT QK norm runs over the global tensor-parallel "
+                              f"group ({tp} ranks); an encoder TP of "
+                              f"{config.tensor_model_parallel_size} is not implemented")
         if config.num_attention_heads % tp:
             raise ConfigError(f"the tensor-parallel size {tp} must divide the vision "
                               f"heads {config.num_attention_heads}")

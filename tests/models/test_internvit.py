@@ -196,6 +196,33 @@ def test_earlier_feature_layer_builds_only_the_layers_it_needs(gloo_world):
         assert (model(pixels) - ref).abs().max() <= TOLERANCE
 
 
+def test_activation_recompute_gives_the_same_step(gloo_world, case):
+    """--recompute-granularity full: the layer-scaled layers rerun in backward; output
+    and gradients unchanged."""
+    from megatron_mm.models.internvit import InternViTWithProjector
+    from megatron_mm.models.internvit_config import (
+        InternViTConfig,
+        internvit_transformer_config,
+        internvl_projector_transformer_config,
+    )
+    from megatron_mm.models.transformer_configs import BuildSettings
+
+    enc = InternViTConfig.from_hf(case["config"])
+    s = BuildSettings(recompute_granularity="full", recompute_method="uniform",
+                      recompute_num_layers=1)
+    model = InternViTWithProjector(internvit_transformer_config(enc, s),
+                                   internvl_projector_transformer_config(enc, s), enc)
+    plain = _imported(case["state"], case["config"])
+    model.load_state_dict(plain.state_dict())
+    grads = []
+    for m in (plain, model):
+        m.train()
+        (m(case["pixels"]) * case["weights"]).sum().backward()
+        grads.append({k: p.grad for k, p in m.named_parameters()})
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6), name
+
+
 def test_other_tile_sizes_resize_the_position_grid(gloo_world):
     """A model trained at 28 px (2x2 patches) fed 56 px tiles: Hugging Face resizes its
     position embeddings bicubically, and so does the Megatron model; 28 px tiles use them
@@ -339,11 +366,21 @@ def test_config_refuses_what_it_does_not_implement(case):
         internvit_layer_spec(InternViTConfig(), "transformer_engine")
 
 
-def test_tokens_per_tile():
-    """The placeholder count per tile: 256 for InternVL's 448 px tiles."""
-    from megatron_mm.models.internvit import tokens_per_tile
-    from megatron_mm.models.internvit_config import InternViTConfig
+def test_encoder_tensor_parallel_of_its_own_is_refused(gloo_world):
+    """The QK norm reduces over the global TP group: an encoder TP that differs is an
+    error, not a wrong norm."""
+    from megatron_mm.models.internvit import InternViTWithProjector
+    from megatron_mm.models.internvit_config import (
+        InternViTConfig,
+        internvit_transformer_config,
+        internvl_projector_transformer_config,
+    )
+    from megatron_mm.models.transformer_configs import BuildSettings
 
-    assert tokens_per_tile(InternViTConfig()) == 256
-    small = InternViTConfig(hidden_size=32, num_attention_heads=4, image_size=56)
-    assert tokens_per_tile(small) == 4 and tokens_per_tile(small, 112) == 16
+    enc = InternViTConfig(hidden_size=32, num_attention_heads=4, num_layers=1,
+                          ffn_hidden_size=64, image_size=56, qk_norm=True)
+    s = BuildSettings(encoder_tensor_model_parallel_size=2)
+    with pytest.raises(ConfigError, match="encoder TP of 2"):
+        InternViTWithProjector(internvit_transformer_config(enc, s),
+                               internvl_projector_transformer_config(enc, BuildSettings()),
+                               enc)
