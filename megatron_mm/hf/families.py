@@ -31,20 +31,28 @@ class Family:
     # feature layer, the towers' final norm and pooling head, OneVision's tiling newline):
     # kept verbatim next to the checkpoint so export restores them.
     unused: Tuple[str, ...] = ()
+    # The keyword arguments of the Hugging Face forward the megatron_mm model reproduces
+    # (``convert_hf.py compare --inputs``).
+    inputs: Tuple[str, ...] = ("input_ids", "attention_mask")
 
 
 _VISION_UNUSED = (r"model\.vision_tower\.encoder\.layers\.\d+\..*",
                   r"model\.vision_tower\.post_layernorm\..*", r"model\.vision_tower\.head\..*")
 
+_IMAGE_INPUTS = ("input_ids", "attention_mask", "pixel_values")
+
 FAMILIES = {f.architecture: f for f in (
     *(Family(f"{name}ForCausalLM", CAUSAL_LM, causal_lm_rules, False)
       for name in ("Llama", "Mistral", "Qwen2", "Qwen3")),
-    Family("LlavaForConditionalGeneration", LLAVA, llava_rules, True, _VISION_UNUSED),
+    Family("LlavaForConditionalGeneration", LLAVA, llava_rules, True, _VISION_UNUSED,
+           _IMAGE_INPUTS),
     # Without any-resolution tiling: one image = one tile at the tower's resolution.
     Family("LlavaOnevisionForConditionalGeneration", LLAVA, llava_rules, True,
-           _VISION_UNUSED + (r"model\.image_newline",)),
+           _VISION_UNUSED + (r"model\.image_newline",), _IMAGE_INPUTS),
     # Whisper encoder (pooled by 2) + one Linear + Qwen2.
-    Family("Qwen2AudioForConditionalGeneration", QWEN2_AUDIO, qwen2_audio_rules, True),
+    Family("Qwen2AudioForConditionalGeneration", QWEN2_AUDIO, qwen2_audio_rules, True,
+           inputs=("input_ids", "attention_mask", "input_features",
+                   "feature_attention_mask")),
 )}
 
 
