@@ -100,6 +100,8 @@ def load_args(ckpt: str, tp: int = 1, pp: int = 1):
             "--pipeline-model-parallel-size", str(pp)]
     args = build_parser().parse_args(argv)
     apply_checkpoint_args(args, given_flags(argv))
+    if args.max_position_embeddings:  # no training: any length the model takes
+        args.seq_length = args.max_position_embeddings
     validate_args(args, world_size=tp * pp)
     return args
 
@@ -242,7 +244,12 @@ def compare(hf_dir: str, ckpt: str, inputs: Dict[str, torch.Tensor], tp: int = 1
 
     family = family_for(_hf_config(hf_dir))
     check_inputs(family, inputs)  # bad input fails before any work
-    load_args(ckpt, tp, pp)  # and so does a layout the checkpoint cannot take
+    longest = load_args(ckpt, tp, pp).max_position_embeddings  # and a layout it cannot take
+    if inputs["input_ids"].shape[-1] > longest:
+        raise ConversionError(
+            f"--inputs key 'input_ids' has {inputs['input_ids'].shape[-1]} tokens per "
+            f"sequence; the checkpoint takes at most {longest} (--max-position-embeddings; "
+            f"capped at a Hugging Face sliding_window)")
     inputs = {k: (v.float() if torch.is_floating_point(v) else v) for k, v in inputs.items()}
     model = load_hf(hf_dir, family)
     expected = hf_logits(model, inputs)

@@ -2,8 +2,9 @@
 reproduce for every value: the values it accepts, and why the others are refused at
 import. A field left out of these tables is either mapped onto a flag (``families.py``:
 sizes, ``rms_norm_eps``, ``head_dim``, ``tie_word_embeddings``, ``rope_theta``, the towers'
-``layer_norm_eps``, ``image_size``, ``patch_size``, ...) or does not change the forward of
-a trained model (initialisation, dropout, generation, token ids of the tokenizer).
+``layer_norm_eps``, ``image_size``, ``patch_size``, ``sliding_window`` through
+``longest_exact_sequence``, ...) or does not change the forward of a trained model
+(initialisation, dropout, generation, token ids of the tokenizer).
 """
 
 from __future__ import annotations
@@ -62,6 +63,17 @@ def sliding_window_layers(text) -> list:
     return [i for i, t in enumerate(types) if t == "sliding_attention"]
 
 
+def longest_exact_sequence(text) -> int:
+    """The ``--max-position-embeddings`` a converted LLM gets: Hugging Face's, capped at
+    the sliding window when a layer has one. Within the window a sliding-window mask
+    equals the causal mask (a query at position q < W sees keys q - W < k <= q, i.e. all
+    of them), so the converted model is exact for every sequence it accepts, and a longer
+    ``--seq-length`` is refused (``--seq-length exceeds --max-position-embeddings``)."""
+    if sliding_window_layers(text):
+        return text.sliding_window
+    return text.max_position_embeddings
+
+
 LANGUAGE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 LANGUAGE_FIELDS = (
@@ -79,11 +91,6 @@ LANGUAGE_FIELDS = (
     # elsewhere biases o_proj too.
     Field("attention_bias", _one_of(False),
           "biases on q/k/v and o_proj are not implemented (Qwen2's q/k/v bias is)", False),
-    Field("sliding_window", lambda v, text: not sliding_window_layers(text),
-          "sliding-window attention shorter than max_position_embeddings changes the "
-          "logits of longer sequences, and megatron_mm's language model attends over the "
-          "whole sequence (a window of at least max_position_embeddings, or none, is "
-          "accepted)"),
 )
 
 # Hugging Face activation of each tower type; megatron_mm's ViT has exactly these.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Tuple
 
 from .config_fields import (AUDIO_FIELDS, LANGUAGE_FIELDS, LLAVA_FIELDS, VISION_FIELDS,
-                            VISION_TYPES, refuse_unsupported)
+                            VISION_TYPES, longest_exact_sequence, refuse_unsupported)
 from .errors import ConversionError
 from .layouts import CAUSAL_LM, LLAVA, QWEN2_AUDIO, Layout
 from .tables import causal_lm_rules, llava_rules, qwen2_audio_rules
@@ -74,7 +74,8 @@ def language_flags(text, where: str = "") -> List[str]:
              "--group-query-attention",
              "--num-query-groups", text.num_key_value_heads or heads,
              "--kv-channels", head_dim,
-             "--max-position-embeddings", text.max_position_embeddings,
+             # Sliding-window attention: exact for sequences up to the window.
+             "--max-position-embeddings", longest_exact_sequence(text),
              "--rotary-base", rope.get("rope_theta", 10000.0),
              "--norm-epsilon", text.rms_norm_eps]
     if kind == "qwen2":

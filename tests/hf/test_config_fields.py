@@ -70,16 +70,6 @@ REFUSED = {
                              "config attention_bias=True is not supported"),
     "hidden_act": (lambda: _lm("llama", hidden_act="gelu"),
                    "config hidden_act='gelu' is not supported"),
-    "mistral_sliding_window": (lambda: _lm("mistral", sliding_window=16),
-                               "config sliding_window=16 is not supported: sliding-window"),
-    "qwen2_sliding_window": (lambda: _lm("qwen2", use_sliding_window=True, sliding_window=16,
-                                         max_window_layers=1),
-                             "config sliding_window=16 is not supported"),
-    "qwen3_sliding_window": (lambda: _lm("qwen3", use_sliding_window=True, sliding_window=16,
-                                         max_window_layers=0),
-                             "config sliding_window=16 is not supported"),
-    "llava_text_sliding_window": (lambda: _llava("mistral", dict(sliding_window=16)),
-                                  "config text_config.sliding_window=16 is not supported"),
     "vision_hidden_act": (lambda: _llava(vision_kw=dict(hidden_act="gelu")),
                           "config vision_config.hidden_act='gelu' is not supported"),
     "vision_num_channels": (lambda: _llava(vision_kw=dict(num_channels=1)),
@@ -115,13 +105,35 @@ def test_a_field_that_changes_outputs_is_refused(case):
     assert message in str(e.value)
 
 
-ACCEPTED = {
+def _max_positions(flags):
+    return int(flags[flags.index("--max-position-embeddings") + 1])
+
+
+WINDOWS = {  # config -> the longest sequence the converted model takes
+    "mistral_window": (lambda: _lm("mistral", sliding_window=16), 16),
+    "qwen2_sliding_layer": (lambda: _lm("qwen2", use_sliding_window=True, sliding_window=16,
+                                        max_window_layers=1), 16),
+    "qwen3_sliding_layers": (lambda: _lm("qwen3", use_sliding_window=True, sliding_window=16,
+                                         max_window_layers=0), 16),
+    "llava_mistral_window": (lambda: _llava("mistral", dict(sliding_window=16)), 16),
     # Mistral's default window (4096) is longer than any sequence the model takes.
-    "mistral_long_window": lambda: _lm("mistral", sliding_window=4096),
-    "mistral_no_window": lambda: _lm("mistral", sliding_window=None),
+    "mistral_long_window": (lambda: _lm("mistral", sliding_window=4096), 256),
+    "mistral_no_window": (lambda: _lm("mistral", sliding_window=None), 256),
     # use_sliding_window with every layer below max_window_layers: no layer slides.
-    "qwen2_no_sliding_layer": lambda: _lm("qwen2", use_sliding_window=True, sliding_window=16,
-                                          max_window_layers=2),
+    "qwen2_no_sliding_layer": (lambda: _lm("qwen2", use_sliding_window=True,
+                                           sliding_window=16, max_window_layers=2), 256),
+}
+
+
+@pytest.mark.parametrize("case", list(WINDOWS))
+def test_a_sliding_window_caps_the_sequence_length(case):
+    from megatron_mm.hf.families import model_flags
+
+    build, longest = WINDOWS[case]
+    assert _max_positions(model_flags(build())) == longest
+
+
+ACCEPTED = {
     "llava_siglip_full": lambda: _llava(
         "qwen2", vision="siglip_vision_model", vision_kw=dict(hidden_act="gelu_pytorch_tanh"),
         arch="LlavaOnevisionForConditionalGeneration", vision_feature_select_strategy="full"),
@@ -137,10 +149,53 @@ def test_a_reproduced_value_is_accepted(case):
 
 
 def test_the_tool_names_the_field(capsys, tmp_path):
-    _lm("mistral", sliding_window=16).save_pretrained(tmp_path / "hf")  # config alone
+    _lm("llama", mlp_bias=True).save_pretrained(tmp_path / "hf")  # config alone
     code = convert_hf.main(["import", "--hf-dir", str(tmp_path / "hf"),
                             "--save", str(tmp_path / "ckpt")])
     err = capsys.readouterr().err
     assert code == 2
-    assert "error: config sliding_window=16 is not supported" in err
+    assert "error: config mlp_bias=True is not supported" in err
     assert len(err.strip().splitlines()) == 1
+
+
+WINDOW = 8
+
+
+def test_sliding_window_model_equals_hugging_face_up_to_its_window(capsys, tmp_path):
+    """A tiny Mistral with an 8-token window: the window changes Hugging Face's logits
+    past 8 tokens; the converted model equals them on 8 tokens and refuses longer."""
+    import torch
+    import transformers
+    from megatron_mm.training.arguments import parse_args
+
+    torch.manual_seed(0)
+    model = transformers.MistralForCausalLM(_lm("mistral", sliding_window=WINDOW)).eval()
+    long = torch.randint(0, 250, (2, WINDOW + 4), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        windowed = model(input_ids=long).logits
+        model.config.sliding_window = None
+        full = model(input_ids=long).logits
+        model.config.sliding_window = WINDOW
+    assert (windowed - full).abs().max() > 1e-3  # the window matters past its length
+    hf_dir, ckpt = str(tmp_path / "hf"), str(tmp_path / "ckpt")
+    model.save_pretrained(hf_dir)
+    assert convert_hf.main(["import", "--hf-dir", hf_dir, "--save", ckpt]) == 0
+    capsys.readouterr()
+    for tokens, code_wanted in ((long[:, :WINDOW], 0), (long, 2)):
+        torch.save({"input_ids": tokens}, str(tmp_path / "inputs.pt"))
+        code = convert_hf.main(["compare", "--hf-dir", hf_dir, "--load", ckpt,
+                                "--inputs", str(tmp_path / "inputs.pt")])
+        out, err = capsys.readouterr()
+        assert code == code_wanted, err
+        if code == 0:
+            diff = float(out.strip().splitlines()[-1].split(": ")[1])
+            with capsys.disabled():
+                print(f"mistral sliding_window={WINDOW}, {WINDOW} tokens: {diff:.3g}")
+            assert diff <= 1e-4
+        else:
+            assert (f"'input_ids' has {WINDOW + 4} tokens per sequence; the checkpoint "
+                    f"takes at most {WINDOW}") in err
+    with pytest.raises(SystemExit):
+        parse_args(["--load", ckpt, "--seq-length", str(WINDOW + 4)], world_size=1)
+    assert (f"--seq-length ({WINDOW + 4}) exceeds --max-position-embeddings ({WINDOW})"
+            in capsys.readouterr().err)
