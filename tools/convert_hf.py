@@ -4,11 +4,17 @@
         --tensor-model-parallel-size 4
     torchrun ... examples/pretrain_mllm.py --load ckpts/llava --save ckpts/llava ...
     python tools/convert_hf.py export --load ckpts/llava --hf-dir llava-finetuned-hf
+    python tools/convert_hf.py compare --hf-dir llava-1.5-7b-hf --load ckpts/llava \\
+        --inputs inputs.pt --tensor-model-parallel-size 2
 
 Import writes iteration 0 (weights only) with the model's flags, tokenizer and image
 processor, so ``--load`` needs no architecture flags and loads at any TP / PP.
 ``--tensor-model-parallel-size`` on import is the largest TP it will be loaded at (the
-vocabulary is padded for it). Supported architectures: see ``--help``.
+vocabulary is padded for it). Compare runs the Hugging Face model and the checkpoint (at
+the TP / PP given, in the processes those need, started by itself) on the keyword
+arguments of the Hugging Face forward saved with ``torch.save`` in ``--inputs`` (e.g.
+``{"input_ids": ..., "pixel_values": ...}``), in fp32, and prints ``max abs logit
+difference: X`` last. Supported architectures: see ``--help``.
 """
 
 import argparse
@@ -29,7 +35,17 @@ def main(argv=None) -> int:
     exp = sub.add_parser("export", help="megatron_mm checkpoint -> Hugging Face directory")
     exp.add_argument("--load", required=True)
     exp.add_argument("--hf-dir", required=True)
+    cmp = sub.add_parser("compare", help="max |logit difference| of a checkpoint and its "
+                                         "Hugging Face model on given inputs")
+    cmp.add_argument("--hf-dir", required=True)
+    cmp.add_argument("--load", required=True)
+    cmp.add_argument("--inputs", required=True,
+                     help="torch.save'd dict of the Hugging Face forward's keyword arguments")
+    cmp.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    cmp.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     args = p.parse_args(argv)
+    if args.command == "compare":
+        return _compare(args)
 
     from megatron_mm.hf.convert import export_hf, import_hf
     from megatron_mm.hf.world import single_rank_world
@@ -46,6 +62,29 @@ def main(argv=None) -> int:
         print(f"{sys.argv[0]}: error: {e}", file=sys.stderr, flush=True)
         return 2
     print(f"wrote {out}")
+    return 0
+
+
+def _compare(args) -> int:
+    import torch
+    from megatron_mm.hf.compare import compare
+    from megatron_mm.training.pretrain import USER_ERRORS
+
+    try:
+        try:
+            inputs = torch.load(args.inputs, weights_only=True)
+        except Exception as e:
+            raise ConversionError(f"--inputs {args.inputs}: not a torch.save'd dict of "
+                                  f"tensors ({e.__class__.__name__})") from None
+        diff, shape = compare(args.hf_dir, args.load, inputs,
+                              args.tensor_model_parallel_size,
+                              args.pipeline_model_parallel_size)
+    except (ConversionError, *USER_ERRORS) as e:
+        print(f"{sys.argv[0]}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    print(f"logits {list(shape)}, TP={args.tensor_model_parallel_size} "
+          f"PP={args.pipeline_model_parallel_size}")
+    print(f"max abs logit difference: {diff:.6g}", flush=True)
     return 0
 
 

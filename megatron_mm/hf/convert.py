@@ -137,11 +137,12 @@ def import_hf(hf_dir: str, save_dir: str, tensor_model_parallel_size: int = 1,
     family = family_for(hf_config)
     text = hf_config.get_text_config()
     flags = model_flags(hf_config)
+    longest = int(flags[flags.index("--max-position-embeddings") + 1])  # sliding window
     hf = family.layout.normalise(read_weights(hf_dir))
     carried = _carry_files(hf_dir, os.path.join(save_dir, HF_SUBDIR))
     args = _args(flags + _data_flags(carried) + [
         "--make-vocab-size-divisible-by", str(make_vocab_size_divisible_by),
-        "--seq-length", str(min(128, text.max_position_embeddings)),
+        "--seq-length", str(min(128, longest)),
         "--save", save_dir, "--no-save-optim", "--no-save-rng", "--train-iters", "0"])
     config = args.model_config
     check_tensor_parallel(config, tensor_model_parallel_size)

@@ -15,6 +15,7 @@ from megatron.core.transformer.transformer_block import (
 from ..config import AudioEncoderConfig, ConfigError, MultimodalModelConfig
 from ..plan import ModelSpec, Workload, build_chain
 from ..plan.placement import ChunkPlacement, whole_model
+from .affine_projector import affine_projector_submodules
 from .audio import AudioEncoder
 from .fp8_emulation import emulate_fp8
 from .multimodal import MultimodalModel
@@ -81,7 +82,8 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
         if part.projector:
             proj = config.projectors[part.name]
             projectors[part.name] = MultimodalProjector(
-                projector_transformer_config(proj, lm, settings, part.name), specs.projector,
+                projector_transformer_config(proj, lm, settings, part.name),
+                affine_projector_submodules(specs.projector, proj.projector_type),
                 proj.projector_type, input_size=enc.hidden_size)
     model = MultimodalModel(config, language_model, encoders, projectors, media_token_ids,
                             placement)

@@ -91,18 +91,10 @@ def inputs(name: str, seq: int = 12, batch: int = 2, seed: int = 1):
     return tokens, pixels
 
 
-@torch.no_grad()
 def reference_logits(model, tokens, pixels) -> torch.Tensor:
-    if pixels is None:
-        return model(input_ids=tokens).logits
-    if type(model).__name__.startswith("LlavaOnevision"):
-        # Its forward always tiles (any resolution); one tile is the encoder, projector
-        # and language model of the same Hugging Face model, composed as its forward does.
-        cfg, inner = model.config, model.model
-        hidden = inner.vision_tower(pixels, output_hidden_states=True).hidden_states
-        features = inner.multi_modal_projector(hidden[cfg.vision_feature_layer])
-        embeds = inner.get_input_embeddings()(tokens)
-        embeds = embeds.masked_scatter((tokens == IMAGE_TOKEN)[..., None], features)
-        out = inner.language_model(inputs_embeds=embeds).last_hidden_state
-        return model.lm_head(out)
-    return model(input_ids=tokens, pixel_values=pixels).logits
+    from megatron_mm.hf.compare import hf_logits
+
+    inputs = {"input_ids": tokens}
+    if pixels is not None:
+        inputs["pixel_values"] = pixels
+    return hf_logits(model, inputs)

@@ -1,0 +1,262 @@
+"""A converted checkpoint against its Hugging Face model: both run the same forward
+keyword arguments in fp32 and the largest absolute logit difference comes back.
+
+The Hugging Face model runs in this process; the megatron_mm model is loaded from the
+distributed checkpoint the way the training script loads it (``--load`` alone decides the
+architecture) at the requested TP / PP, in as many processes as those need (started here:
+gloo on the CPU, NCCL on GPUs). ``tools/convert_hf.py compare`` is the command line; the
+tests use the same functions.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import traceback
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .errors import ConversionError
+from .families import Family, family_for
+
+ATTENTION_MASK = "attention_mask"
+
+
+# ---------------------------------------------------------------- inputs
+
+def check_inputs(family: Family, inputs: Dict[str, torch.Tensor]) -> None:
+    """Refuse keyword arguments the family's megatron_mm model does not take."""
+    if not isinstance(inputs, dict):
+        raise ConversionError(f"--inputs must hold a dict of the Hugging Face forward's "
+                              f"keyword arguments, not a {type(inputs).__name__}")
+    for key in inputs:
+        if key not in family.inputs:
+            raise ConversionError(f"--inputs key {key!r} is not an input of {family.architecture}"
+                                  f" here; accepted: {', '.join(family.inputs)}")
+    if "input_ids" not in inputs:
+        raise ConversionError("--inputs has no 'input_ids'")
+    mask = inputs.get(ATTENTION_MASK)
+    if mask is not None and not bool((mask == 1).all()):
+        raise ConversionError("--inputs key 'attention_mask' has zeros (padding): the "
+                              "megatron_mm model runs unpadded sequences; give each "
+                              "sequence at its own length")
+    pixels = inputs.get("pixel_values")
+    if pixels is not None and pixels.dim() != 4:
+        raise ConversionError(f"--inputs key 'pixel_values' has shape {tuple(pixels.shape)};"
+                              f" expected [images, channels, height, width] (one tile per "
+                              f"image)")
+
+
+def megatron_media(inputs: Dict[str, torch.Tensor]) -> Optional[Dict[str, torch.Tensor]]:
+    """The megatron_mm model's media dict for the Hugging Face forward's arguments."""
+    media = {}
+    if "pixel_values" in inputs:
+        media["image"] = inputs["pixel_values"].float()
+    if "input_features" in inputs:
+        mels = inputs["input_features"].float()
+        frames = inputs.get("feature_attention_mask")
+        media["audio"] = mels
+        media["audio_frames"] = (frames.sum(-1) if frames is not None
+                                 else torch.full((mels.shape[0],), mels.shape[-1]))
+    return media or None
+
+
+@torch.no_grad()
+def hf_logits(model, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
+    """The Hugging Face model's logits on ``inputs``."""
+    if type(model).__name__.startswith("LlavaOnevision") and "pixel_values" in inputs:
+        # Its forward always tiles (any resolution); one tile is the encoder, projector
+        # and language model of the same Hugging Face model, composed as its forward does.
+        cfg, inner, tokens = model.config, model.model, inputs["input_ids"]
+        hidden = inner.vision_tower(inputs["pixel_values"], output_hidden_states=True)
+        features = inner.multi_modal_projector(hidden.hidden_states[cfg.vision_feature_layer])
+        embeds = inner.get_input_embeddings()(tokens)
+        embeds = embeds.masked_scatter((tokens == cfg.image_token_id)[..., None],
+                                       features.to(embeds.dtype))
+        out = inner.language_model(inputs_embeds=embeds).last_hidden_state
+        return model.lm_head(out)
+    return model(**inputs).logits
+
+
+def load_hf(hf_dir: str, family: Family):
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # the last line is the result
+    return getattr(transformers, family.architecture).from_pretrained(
+        hf_dir, dtype=torch.float32).eval()
+
+
+# ---------------------------------------------------------------- megatron_mm side
+
+def load_args(ckpt: str, tp: int = 1, pp: int = 1):
+    """The training script's arguments for ``--load ckpt`` at TP / PP (ConfigError on a
+    layout the checkpoint cannot take)."""
+    from ..training.arguments import apply_checkpoint_args, build_parser, given_flags
+    from ..training.arguments import validate_args
+
+    argv = ["--load", ckpt, "--tensor-model-parallel-size", str(tp),
+            "--pipeline-model-parallel-size", str(pp)]
+    args = build_parser().parse_args(argv)
+    apply_checkpoint_args(args, given_flags(argv))
+    if args.max_position_embeddings:  # no training: any length the model takes
+        args.seq_length = args.max_position_embeddings
+    validate_args(args, world_size=tp * pp)
+    return args
+
+
+def load_converted(ckpt: str, tp: int = 1, pp: int = 1):
+    """This rank's model chunk, loaded from ``ckpt``; the Megatron world must be set up
+    with the same TP / PP."""
+    from megatron.core import parallel_state
+
+    from ..models import build_model
+    from ..training.checkpointing import load_checkpoint, saved_args
+    from ..training.pipeline_plan import plan_pipeline
+    from ..training.pretrain import build_settings
+
+    args = load_args(ckpt, tp, pp)
+    lm = args.model_config.language
+    lm.padded_vocab_size = lm.vocab_size = saved_args(args)["padded_vocab_size"]
+    ids = {"vision": ("image", args.image_token_id), "audio": ("audio", args.audio_token_id)}
+    media = dict(ids[name] for name in args.model_config.encoders)
+    _, placements = plan_pipeline(args)  # --pipeline-partition uniform: Megatron's layout
+    model = build_model(args.model_config, build_settings(args, placements), media,
+                        placement=placements[parallel_state.get_pipeline_model_parallel_rank()])
+    load_checkpoint(args, [model], None, None)
+    return model.eval()
+
+
+def _device() -> torch.device:
+    return (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
+            else torch.device("cpu"))
+
+
+@torch.no_grad()
+def logits(model, tokens: torch.Tensor, media) -> Optional[torch.Tensor]:
+    """Full logits [B, S, padded vocab] on the last pipeline stage (None elsewhere):
+    stage 0 sends its hidden states on, TP ranks gather their vocabulary shards."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    if media is not None and torch.is_tensor(media):  # the tests' pixels alone
+        media = {"image": media}
+    device = _device()
+    tokens = tokens.to(device)
+    media = {k: v.to(device) for k, v in media.items()} if media else None
+    positions = torch.arange(tokens.shape[1], device=device).expand_as(tokens)
+    first, last = (parallel_state.is_pipeline_first_stage(),
+                   parallel_state.is_pipeline_last_stage())
+    if not first:
+        hidden = torch.empty(tokens.shape[1], tokens.shape[0], model.config.hidden_size,
+                             device=device)
+        torch.distributed.recv(hidden, parallel_state.get_pipeline_model_parallel_prev_rank())
+        model.set_input_tensor(hidden)
+    out = model(tokens, positions, media)
+    if not last:
+        torch.distributed.send(out.contiguous(),
+                               parallel_state.get_pipeline_model_parallel_next_rank())
+        return None
+    return gather_from_tensor_model_parallel_region(out)
+
+
+class _Layout:  # what initialize_distributed reads
+    virtual_pipeline_model_parallel_size = None
+    distributed_backend = None  # NCCL with CUDA, gloo without
+    context_parallel_size = 1
+    distributed_timeout_minutes = 5
+
+    def __init__(self, tp: int, pp: int):
+        self.tensor_model_parallel_size, self.pipeline_model_parallel_size = tp, pp
+
+
+def rank_logits(ckpt: str, tp: int, pp: int, tokens, media) -> Optional[torch.Tensor]:
+    """In a fresh Megatron world of TP * PP ranks (torch.distributed's env variables set):
+    this rank's full logits (last stage) or None."""
+    from megatron.core import parallel_state
+
+    from ..training.initialize import initialize_distributed, set_random_seed
+
+    owns_group = not torch.distributed.is_initialized()
+    parallel_state.destroy_model_parallel()
+    initialize_distributed(_Layout(tp, pp))
+    try:
+        set_random_seed(1234)
+        out = logits(load_converted(ckpt, tp, pp), tokens, media)
+        return None if out is None else out.float().cpu()
+    finally:
+        parallel_state.destroy_model_parallel()
+        if owns_group:
+            torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_entry(rank: int, world: int, port: int, out_dir: str, job: tuple) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    import megatron_mm.training  # noqa: F401  (CPU patches before megatron.core)
+
+    try:
+        result = {"logits": rank_logits(*job)}
+    except Exception as e:  # the parent reports it once
+        from ..training.pretrain import USER_ERRORS
+
+        result = {"user_error" if isinstance(e, USER_ERRORS) else "error":
+                  str(e) if isinstance(e, USER_ERRORS) else traceback.format_exc()}
+    torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
+
+
+def megatron_logits(ckpt: str, tokens: torch.Tensor, media, tp: int = 1,
+                    pp: int = 1) -> torch.Tensor:
+    """The megatron_mm model's full logits, from TP * PP processes started here (this
+    process alone when both are 1)."""
+    world = tp * pp
+    job = (ckpt, tp, pp, tokens, media)
+    if world == 1:
+        return rank_logits(*job)
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.start_processes(_rank_entry, args=(world, _free_port(), out_dir, job),
+                           nprocs=world, start_method="spawn", join=True)
+        results = [torch.load(os.path.join(out_dir, f"{r}.pt"), weights_only=False)
+                   for r in range(world)]
+    for r in results:
+        if "user_error" in r:
+            raise ConversionError(r["user_error"])
+    errors = [f"rank {i}:\n{r['error']}" for i, r in enumerate(results) if "error" in r]
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    return results[-1]["logits"]  # the last stage; TP ranks all hold the gathered logits
+
+
+def compare(hf_dir: str, ckpt: str, inputs: Dict[str, torch.Tensor], tp: int = 1,
+            pp: int = 1) -> Tuple[float, torch.Size]:
+    """Max |logit difference| of the checkpoint (at TP / PP) and the Hugging Face model on
+    ``inputs``, with the logits' shape."""
+    from .convert import _hf_config
+
+    family = family_for(_hf_config(hf_dir))
+    check_inputs(family, inputs)  # bad input fails before any work
+    longest = load_args(ckpt, tp, pp).max_position_embeddings  # and a layout it cannot take
+    if inputs["input_ids"].shape[-1] > longest:
+        raise ConversionError(
+            f"--inputs key 'input_ids' has {inputs['input_ids'].shape[-1]} tokens per "
+            f"sequence; the checkpoint takes at most {longest} (--max-position-embeddings; "
+            f"capped at a Hugging Face sliding_window)")
+    inputs = {k: (v.float() if torch.is_floating_point(v) else v) for k, v in inputs.items()}
+    model = load_hf(hf_dir, family)
+    expected = hf_logits(model, inputs)
+    del model
+    got = megatron_logits(ckpt, inputs["input_ids"], megatron_media(inputs), tp, pp)
+    got = got[..., :expected.shape[-1]]  # the padded vocabulary rows
+    if got.shape != expected.shape:
+        raise RuntimeError(f"logit shapes differ: megatron_mm {tuple(got.shape)}, "
+                           f"Hugging Face {tuple(expected.shape)}")
+    return (got - expected).abs().max().item(), expected.shape
