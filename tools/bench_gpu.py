@@ -206,7 +206,7 @@ def print_table(rows, args, cfg, world, tp, cuda, flops, peak) -> None:
             print(f"| {r['row']} | {r['skipped']} | | | | |")
             continue
         mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-        print(f"| {r['row']} | {r['step_ms']:.1f} | {r['tokens_per_s']:.0f} | {mfu} | "
+        print(f"| {r['row']} | {r['step_ms']:.3f} | {r['tokens_per_s']:.0f} | {mfu} | "
               f"{r['peak_mib']:.1f} | {r['loss']:.6f} |", flush=True)
 
 

@@ -26,12 +26,13 @@ def initialize_distributed(args):
         backend = args.distributed_backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        if "MASTER_ADDR" not in os.environ:  # a plain `python script.py` is a 1-rank world
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=_free_port(),
-                              RANK="0", WORLD_SIZE="1")
+        # A plain `python script.py` is a 1-rank world; its address is not put into the
+        # environment, where processes this one starts would take it for theirs.
+        single = ({} if "MASTER_ADDR" in os.environ else
+                  dict(init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1))
         torch.distributed.init_process_group(
             backend=backend,
-            timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes))
+            timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes), **single)
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
