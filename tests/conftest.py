@@ -8,21 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 @pytest.fixture(scope="module")
 def gloo_world():
     """A 1-rank gloo world, model parallel state TP=PP=1, RNG tracker seeded."""
-    import megatron_mm.models  # noqa: F401  (CPU patches before megatron.core)
-    import torch
-    from dist_harness import free_port
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from dist_harness import one_rank_world
 
-    owns_group = not torch.distributed.is_initialized()
-    if owns_group:
-        torch.distributed.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(1, 1)
-    torch.manual_seed(1234)
-    model_parallel_cuda_manual_seed(1234)
-    yield parallel_state
-    parallel_state.destroy_model_parallel()
-    if owns_group:
-        torch.distributed.destroy_process_group()
+    with one_rank_world("gloo") as parallel_state:
+        yield parallel_state

@@ -8,6 +8,7 @@ runs in its strict mode (``MEGATRON_MM_STRICT_P2P=1``, ``runtime/mailbox.py``)."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
@@ -63,3 +64,27 @@ def run_distributed(fn, world_size: int, *args):
             raise AssertionError("\n".join(errors)) from None
         return [torch.load(os.path.join(out_dir, f"{r}.pt"), weights_only=False)["result"]
                 for r in range(world_size)]
+
+
+@contextlib.contextmanager
+def one_rank_world(backend: str):
+    """A 1-rank ``backend`` world (unless one exists), model parallel state TP=PP=1, the
+    RNG tracker seeded; yields Megatron-Core's ``parallel_state``."""
+    import megatron_mm.models  # noqa: F401  (CPU patches before megatron.core)
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    owns_group = not torch.distributed.is_initialized()
+    if owns_group:
+        torch.distributed.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(1, 1)
+    torch.manual_seed(1234)
+    model_parallel_cuda_manual_seed(1234)
+    try:
+        yield parallel_state
+    finally:
+        parallel_state.destroy_model_parallel()
+        if owns_group:
+            torch.distributed.destroy_process_group()

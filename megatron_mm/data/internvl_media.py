@@ -17,10 +17,10 @@ import torch
 from PIL import Image
 
 from ..plan.internvl_tiles import (IMAGENET_MEAN, IMAGENET_STD, InternVLTiling,
-                                   check_sample_budget, context_tokens, image_tokens,
+                                   check_sample_budget, context_tokens,
                                    optimal_grid, tile_count)
 from ..plan.qwen_vl_grid import MediaGeometryError
-from .media import load_image
+from .media import check_pixel_statistics, load_image, rescale_and_normalise
 from .qwen_vl_media import _to_rgb  # transformers' convert_to_rgb, shared with Qwen-VL
 from .records import DataRecordError, MediaRef, Record
 
@@ -36,10 +36,7 @@ class InternVLProcessorConfig:
     rescale_factor: float = 1 / 255
 
     def __post_init__(self):
-        if len(self.mean) != 3 or len(self.std) != 3:
-            raise ValueError("mean and std need one value per RGB channel")
-        if any(s == 0 for s in self.std):
-            raise ValueError(f"std must not contain 0, got {self.std}")
+        check_pixel_statistics(self.mean, self.std)
 
 
 @dataclass
@@ -57,10 +54,7 @@ class InternVLMedia:
 
 def _normalise(x: np.ndarray, cfg: InternVLProcessorConfig) -> np.ndarray:
     """uint8 [..., 3, H, W] -> float32: rescale in float64 then float32, normalise."""
-    x = (x.astype(np.float64) * cfg.rescale_factor).astype(np.float32)
-    mean = np.asarray(cfg.mean, dtype=np.float32)[:, None, None]
-    std = np.asarray(cfg.std, dtype=np.float32)[:, None, None]
-    return (x - mean) / std
+    return rescale_and_normalise(x, cfg.mean, cfg.std, cfg.rescale_factor)
 
 
 def tile_image(image, cfg: InternVLProcessorConfig, context: str = "image") -> np.ndarray:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .records import DataRecordError, Record, parse_record
+from .records import DataRecordError, parse_record
 
 _SCAN_CHUNK = 1 << 24  # bytes compared at a time: bounds the scan's temporary memory
 _WHITESPACE = b" \t\r\n\f\v"

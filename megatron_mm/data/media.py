@@ -33,6 +33,22 @@ class ImageProcessorConfig:
     rescale_factor: float = 1 / 255
 
 
+def check_pixel_statistics(mean, std) -> None:
+    """A processor config's ``image_mean`` / ``image_std``: one value per RGB channel."""
+    if len(mean) != 3 or len(std) != 3:
+        raise ValueError("mean and std need one value per RGB channel")
+    if any(s == 0 for s in std):
+        raise ValueError(f"std must not contain 0, got {std}")
+
+
+def rescale_and_normalise(x: np.ndarray, mean, std, rescale_factor: float) -> np.ndarray:
+    """uint8 [..., 3, H, W] -> float32 as Hugging Face's image processors compute it:
+    rescale in float64 then float32, normalise in float32."""
+    x = (x.astype(np.float64) * rescale_factor).astype(np.float32)
+    return ((x - np.asarray(mean, dtype=np.float32)[:, None, None])
+            / np.asarray(std, dtype=np.float32)[:, None, None])
+
+
 def _decode_data(data: str) -> bytes:
     """Bytes of a data URI ("data:image/png;base64,...") or of bare base64."""
     if data.startswith("data:"):
@@ -91,7 +107,6 @@ def preprocess_image(img: Image.Image, cfg: ImageProcessorConfig) -> torch.Tenso
         img = img.resize(size, Image.Resampling.BICUBIC)
     x = np.asarray(img)  # [H, W, 3] uint8
     top, left = (x.shape[0] - cfg.image_size) // 2, (x.shape[1] - cfg.image_size) // 2
-    x = x[top:top + cfg.image_size, left:left + cfg.image_size]
-    x = (x.astype(np.float64) * cfg.rescale_factor).astype(np.float32)
-    x = (x - np.asarray(cfg.mean, dtype=np.float32)) / np.asarray(cfg.std, dtype=np.float32)
-    return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
+    x = x[top:top + cfg.image_size, left:left + cfg.image_size].transpose(2, 0, 1)
+    x = rescale_and_normalise(x, cfg.mean, cfg.std, cfg.rescale_factor)
+    return torch.from_numpy(np.ascontiguousarray(x))

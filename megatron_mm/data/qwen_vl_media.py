@@ -25,6 +25,7 @@ from PIL import Image
 from ..plan.qwen_vl_grid import (MediaGeometryError, QwenVLGeometry, image_resized_size,
                                  num_placeholder_tokens, second_per_grid_t,
                                  video_frame_count, video_resized_size)
+from .media import check_pixel_statistics, rescale_and_normalise
 from .records import DataRecordError
 
 # OpenAI CLIP statistics: Qwen2-VL's and Qwen2.5-VL's preprocessor_config.json use them.
@@ -43,10 +44,7 @@ class QwenVLProcessorConfig:
     rescale_factor: float = 1 / 255
 
     def __post_init__(self):
-        if len(self.mean) != 3 or len(self.std) != 3:
-            raise ValueError("mean and std need one value per RGB channel")
-        if any(s == 0 for s in self.std):
-            raise ValueError(f"std must not contain 0, got {self.std}")
+        check_pixel_statistics(self.mean, self.std)
 
 
 @dataclass
@@ -91,10 +89,7 @@ def _normalised(image: Image.Image, size_hw: tuple[int, int],
     if image.size != (width, height):
         image = image.resize((width, height), Image.Resampling.BICUBIC)
     x = np.asarray(image).transpose(2, 0, 1)
-    x = (x.astype(np.float64) * cfg.rescale_factor).astype(np.float32)
-    mean = np.asarray(cfg.mean, dtype=np.float32)[:, None, None]
-    std = np.asarray(cfg.std, dtype=np.float32)[:, None, None]
-    return (x - mean) / std
+    return rescale_and_normalise(x, cfg.mean, cfg.std, cfg.rescale_factor)
 
 
 def patchify(frames: np.ndarray, geo: QwenVLGeometry) -> tuple[np.ndarray, tuple[int, int, int]]:
