@@ -34,7 +34,7 @@ class MultimodalDataset(Dataset):
                  media_token_counts: dict[str, int], image_cfg: ImageProcessorConfig,
                  max_seq_length: int | None = None,
                  audio_cfg: AudioProcessorConfig | None = None,
-                 bad_record_policy: str = "fail"):
+                 bad_record_policy: str = "fail", processors: dict | None = None):
         if bad_record_policy not in BAD_RECORD_POLICIES:
             raise ValueError(f"bad_record_policy must be one of {BAD_RECORD_POLICIES}, "
                              f"got {bad_record_policy!r}")
@@ -47,6 +47,7 @@ class MultimodalDataset(Dataset):
         self.media_token_counts = dict(media_token_counts)
         self.image_cfg = image_cfg
         self.audio_cfg = audio_cfg
+        self.processors = processors  # modality -> media processor; None: the defaults
         self.max_seq_length = max_seq_length
         self.bad_record_policy = bad_record_policy
 
@@ -64,7 +65,8 @@ class MultimodalDataset(Dataset):
     def encode(self, idx: int) -> Sample:
         """Record ``idx`` encoded, or DataRecordError naming it."""
         return encode_record(self.records[idx], self.tokenizer, self.media_token_counts,
-                             self.image_cfg, self.max_seq_length, self.audio_cfg)
+                             self.image_cfg, self.max_seq_length, self.audio_cfg,
+                             self.processors)
 
     def __getitem__(self, idx: int) -> Sample:
         if self.bad_record_policy == "fail":

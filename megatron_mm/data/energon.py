@@ -141,12 +141,14 @@ class RecordTaskEncoder(TaskEncoder):
 
     def __init__(self, tokenizer, media_token_counts, image_cfg, max_seq_length=None,
                  audio_cfg=None, bad_record_policy: str = "fail",
-                 packing_seq_length: Optional[int] = None, pad_to_multiple_of: int = 1):
+                 packing_seq_length: Optional[int] = None, pad_to_multiple_of: int = 1,
+                 processors: Optional[dict] = None):
         super().__init__()
         self.cookers = [Cooker(cook_record)]
         self.encode = partial(encode_record, tokenizer=tokenizer,
                               media_token_counts=media_token_counts, image_cfg=image_cfg,
-                              max_seq_length=max_seq_length, audio_cfg=audio_cfg)
+                              max_seq_length=max_seq_length, audio_cfg=audio_cfg,
+                              processors=processors)
         self.pad_id = tokenizer.pad_id
         self.bad_record_policy = bad_record_policy
         self.packing_seq_length = packing_seq_length

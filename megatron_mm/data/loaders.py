@@ -43,19 +43,22 @@ class EncodingSettings:
     audio_cfg: object
     bad_record_policy: str = "fail"
     pad_to_multiple_of: int = 1  # micro-batch length multiple (the JSONL path's collate's)
+    processors: Optional[dict] = None  # modality -> the encoder family's media processor
 
     def dataset(self, records) -> MultimodalDataset:
         return MultimodalDataset(records, self.tokenizer, self.media_token_counts,
                                  self.image_cfg, max_seq_length=self.max_seq_length,
                                  audio_cfg=self.audio_cfg,
-                                 bad_record_policy=self.bad_record_policy)
+                                 bad_record_policy=self.bad_record_policy,
+                                 processors=self.processors)
 
     def task_encoder(self, packing_seq_length: Optional[int] = None):
         from .energon import RecordTaskEncoder
 
         return RecordTaskEncoder(self.tokenizer, self.media_token_counts, self.image_cfg,
                                  self.max_seq_length, self.audio_cfg, self.bad_record_policy,
-                                 packing_seq_length, self.pad_to_multiple_of)
+                                 packing_seq_length, self.pad_to_multiple_of,
+                                 self.processors)
 
 
 class EnergonTrainData:

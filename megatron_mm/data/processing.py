@@ -12,8 +12,9 @@ from typing import Callable, Union
 
 import torch
 
-from .audio import AudioProcessorConfig, audio_features
-from .media import ImageProcessorConfig, load_image, preprocess_image
+from .audio import AudioProcessorConfig
+from .media import ImageProcessorConfig
+from .media_processors import AudioProcessor, ImageProcessor
 from .records import MODALITIES, DataRecordError, MediaRef, Record, placeholder_pattern
 from .tokenizer import MultimodalTokenizer
 
@@ -105,45 +106,32 @@ def tokenize_record(record: Record, tokenizer: MultimodalTokenizer,
     return out
 
 
-def _load_images(refs: list[MediaRef], cfg: ImageProcessorConfig, where: str) -> torch.Tensor:
-    if not refs:
-        return torch.empty(0, 3, cfg.image_size, cfg.image_size)
-    return torch.stack([preprocess_image(load_image(r, context=where), cfg) for r in refs])
-
-
-def _load_audios(refs: list[MediaRef], cfg: AudioProcessorConfig, where: str
-                 ) -> dict[str, torch.Tensor]:
-    feats = [audio_features(r, cfg, where) for r in refs]
-    mels = (torch.stack([m for m, _ in feats]) if feats
-            else torch.empty(0, cfg.num_mel_bins, cfg.max_frames))
-    return {"audio": mels, "audio_frames": torch.tensor([n for _, n in feats], dtype=torch.long)}
-
-
 def encode_record(record: Record, tokenizer: MultimodalTokenizer,
                   media_token_counts: dict[str, MediaTokenCount],
                   image_cfg: ImageProcessorConfig, max_seq_length: int | None = None,
-                  audio_cfg: AudioProcessorConfig | None = None) -> Sample:
+                  audio_cfg: AudioProcessorConfig | None = None,
+                  processors: dict | None = None) -> Sample:
     """Encode one record; raises DataRecordError if longer than `max_seq_length` (no
-    truncation) or if a clip is longer than the audio encoder takes. Audio needs
-    `audio_cfg` (the model's audio encoder)."""
+    truncation) or if an item does not suit its encoder. ``processors`` (modality ->
+    ``media_processors`` processor, the model's encoder families) decode the media;
+    without them, fixed-size images (`image_cfg`) and, given `audio_cfg`, Whisper clips."""
+    if processors is None:
+        processors = default_processors(media_token_counts, image_cfg, audio_cfg)
     tr = tokenize_record(record, tokenizer, media_token_counts)
     if max_seq_length is not None and len(tr.ids) > max_seq_length:
         raise DataRecordError(f"{record.where()}: {len(tr.ids)} tokens exceed max_seq_length="
                               f"{max_seq_length} (reduce media_token_counts or drop the record)")
     media: dict[str, torch.Tensor] = {}
     for name, refs in record.media.items():
-        if name == "image":
-            media[name] = _load_images(refs, image_cfg, record.where())
-        elif name == "audio" and audio_cfg is not None:
-            media.update(_load_audios(refs, audio_cfg, record.where()))
-        elif refs:  # new modalities need a loader here
+        if name in processors:
+            media.update(processors[name].load(refs, record.where()))
+        elif refs:
             raise DataRecordError(f"{record.where()}: has {name} items but the model has no "
                                   f"{name} encoder" + (" (--audio-model-type whisper)"
                                                        if name == "audio" else ""))
-    media.setdefault("image", torch.empty(0, 3, image_cfg.image_size, image_cfg.image_size))
-    if audio_cfg is not None:
-        media.update({k: v for k, v in _load_audios([], audio_cfg, "").items()
-                      if k not in media})
+    for proc in processors.values():  # every sample carries every key: batches collate
+        for key, empty in proc.load([], "").items():
+            media.setdefault(key, empty)
 
     tokens = torch.tensor(tr.ids, dtype=torch.long)
     labels = torch.full_like(tokens, tokenizer.pad_id)
@@ -152,6 +140,16 @@ def encode_record(record: Record, tokenizer: MultimodalTokenizer,
     loss_mask[:-1] = torch.tensor(tr.is_loss[1:], dtype=torch.float32)
     return Sample(tokens=tokens, labels=labels, loss_mask=loss_mask, media=media,
                   prompt_len=tr.prompt_len, answer=tr.answer, record_id=record.id)
+
+
+def default_processors(media_token_counts: dict[str, MediaTokenCount],
+                       image_cfg: ImageProcessorConfig,
+                       audio_cfg: AudioProcessorConfig | None = None) -> dict:
+    """Fixed-size images, and Whisper clips when ``audio_cfg`` is given."""
+    procs = {"image": ImageProcessor(image_cfg, media_token_counts.get("image"))}
+    if audio_cfg is not None:
+        procs["audio"] = AudioProcessor(audio_cfg, media_token_counts.get("audio"))
+    return procs
 
 
 def collate(samples: list[Sample], pad_id: int, pad_to_multiple_of: int = 1,

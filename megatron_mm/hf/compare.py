@@ -18,6 +18,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from .convert import media_token_ids
 from .errors import ConversionError
 from .families import Family, family_for
 
@@ -119,8 +120,7 @@ def load_converted(ckpt: str, tp: int = 1, pp: int = 1):
     args = load_args(ckpt, tp, pp)
     lm = args.model_config.language
     lm.padded_vocab_size = lm.vocab_size = saved_args(args)["padded_vocab_size"]
-    ids = {"vision": ("image", args.image_token_id), "audio": ("audio", args.audio_token_id)}
-    media = dict(ids[name] for name in args.model_config.encoders)
+    media = media_token_ids(args.model_config, args)
     _, placements = plan_pipeline(args)  # --pipeline-partition uniform: Megatron's layout
     model = build_model(args.model_config, build_settings(args, placements), media,
                         placement=placements[parallel_state.get_pipeline_model_parallel_rank()])

@@ -63,9 +63,16 @@ def _context(config: MultimodalModelConfig, vocab_size: int) -> Context:
 def _build(config: MultimodalModelConfig, args):
     from ..models import BuildSettings, build_model
 
-    ids = {"vision": ("image", args.image_token_id), "audio": ("audio", args.audio_token_id)}
-    media = dict(ids[name] for name in config.encoders)
-    return build_model(config, BuildSettings(transformer_impl="local"), media)
+    return build_model(config, BuildSettings(transformer_impl="local"),
+                       media_token_ids(config, args))
+
+
+def media_token_ids(config: MultimodalModelConfig, args) -> Dict[str, int]:
+    """Modality -> placeholder id, from ``--{modality}-token-id`` (the converted config's)."""
+    from ..encoders import modality_of
+
+    modalities = [modality_of(enc) for enc in config.encoders.values()]
+    return {m: getattr(args, f"{m}_token_id") for m in modalities}
 
 
 def _tensors(model) -> Dict[str, torch.Tensor]:

@@ -20,6 +20,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from ..config import AudioEncoderConfig
 from .encoder_parts import EncoderParts
+from .transformer_configs import audio_transformer_config
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
@@ -94,3 +95,15 @@ class AudioEncoder(EncoderParts, MegatronModule):
     def forward(self, mels: torch.Tensor) -> torch.Tensor:
         """The whole encoder: [N, mel bins, frames] -> [N, T', hidden] features."""
         return self.features(self.layers(self.embed(mels)))
+
+
+def build_audio_encoder(enc: AudioEncoderConfig, settings, specs, part, name: str,
+                        vp_stage=None, pg_collection=None,
+                        checkpoint_dp_group=None) -> AudioEncoder:
+    """The Whisper family's builder (``encoders/whisper.py``). Pre-norm LayerNorm layers
+    without a mask, as the ViT's: the same layer spec."""
+    return AudioEncoder(
+        audio_transformer_config(enc, settings, name), enc, specs.vision_layer,
+        specs.vision_norm, embed=part.embed, build_layers=part.num_layers > 0,
+        post=part.projector, vp_stage=vp_stage, pg_collection=pg_collection,
+        checkpoint_dp_group=checkpoint_dp_group)

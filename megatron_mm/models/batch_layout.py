@@ -17,11 +17,8 @@ from typing import Dict, Mapping, Optional
 import torch
 
 from ..config import MultimodalModelConfig
+from ..encoders import family_of
 
-# Which batch media key feeds each encoder kind.
-ENCODER_MODALITY = {"clip": "image", "siglip": "image", "whisper": "audio"}
-# Batch media key with each clip's true length (mel frames) for variable-length modalities.
-LENGTHS_KEY = {"audio": "audio_frames"}
 
 
 class MediaMismatchError(ValueError):
@@ -66,42 +63,26 @@ def batch_layout(config: MultimodalModelConfig, media_token_ids: Mapping[str, in
     layout = BatchLayout(
         loss_positions=None if loss_mask is None else loss_positions(loss_mask))
     for name, enc in config.encoders.items():
-        modality = ENCODER_MODALITY[enc.model_type]
-        items = media.get(modality)
-        n_items = 0 if items is None else items.shape[0]
+        family = family_of(enc)
+        modality = family.modality
         # row-major (sample, position) order, as flat [S, B] positions
         rows, cols = torch.nonzero(tokens == media_token_ids[modality], as_tuple=True)
         slots = cols * b + rows
-        per_item = _tokens_per_item(name, config, modality, media, n_items)
+        n_items, per_item = family.feature_tokens(enc, media)
+        keep = None
         if per_item is None:
             width = enc.num_output_tokens
             expected, what = n_items * width, f"x {width} tokens each"
-            keep = None
         else:
             expected = sum(per_item)
             what = f"(their lengths give {expected} tokens)"
-            width = enc.num_output_tokens
-            keep = torch.cat([torch.arange(n, dtype=torch.long) + i * width
-                              for i, n in enumerate(per_item)]) if per_item else None
+            if family.padded_features and per_item:  # drop each item's padding rows
+                width = enc.num_output_tokens
+                keep = torch.cat([torch.arange(n, dtype=torch.long) + i * width
+                                  for i, n in enumerate(per_item)])
         if len(slots) != expected:
             raise MediaMismatchError(
                 f"batch has {len(slots)} {modality} placeholder tokens but "
                 f"{n_items} {modality} items {what}")
         layout.items[name], layout.slots[name], layout.keep[name] = n_items, slots, keep
     return layout
-
-
-def _tokens_per_item(name: str, config: MultimodalModelConfig, modality: str,
-                     media: Mapping[str, torch.Tensor], n_items: int) -> Optional[list]:
-    """Each item's feature count for a variable-length modality (a clip's first
-    ``output_tokens(frames)``; the rest come from its padding), else None."""
-    key = LENGTHS_KEY.get(modality)
-    if key is None or n_items == 0:
-        return None
-    frames = media.get(key)
-    if frames is None or frames.shape[0] != n_items:
-        raise MediaMismatchError(f"batch has {n_items} {modality} items but "
-                                 f"{'no' if frames is None else frames.shape[0]} "
-                                 f"lengths in media[{key!r}]")
-    enc = config.encoders[name]
-    return [enc.output_tokens(int(f)) for f in frames.detach().cpu().tolist()]

@@ -12,22 +12,20 @@ from megatron.core.transformer.transformer_block import (
     get_num_layers_to_build,
 )
 
-from ..config import AudioEncoderConfig, ConfigError, MultimodalModelConfig
+from ..config import ConfigError, MultimodalModelConfig
+from ..encoders import family_of
 from ..plan import ModelSpec, Workload, build_chain
 from ..plan.placement import ChunkPlacement, whole_model
 from .affine_projector import affine_projector_submodules
-from .audio import AudioEncoder
 from .fp8_emulation import emulate_fp8
 from .multimodal import MultimodalModel
 from .norms import SequenceParallelNorm
 from .specs import LayerSpecs, get_layer_specs
 from .transformer_configs import (
     BuildSettings,
-    encoder_transformer_config,
     language_transformer_config,
     projector_transformer_config,
 )
-from .vision import VisionTransformer
 
 __all__ = ["BuildSettings", "build_model", "model_chain"]
 
@@ -68,13 +66,9 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
     encoder_groups = encoder_process_groups(settings)
     for part in placement.encoders:
         enc = config.encoders[part.name]
-        # Both encoders are pre-norm LayerNorm transformers without a mask: one layer spec.
-        cls = AudioEncoder if isinstance(enc, AudioEncoderConfig) else VisionTransformer
-        encoders[part.name] = cls(
-            encoder_transformer_config(enc, settings, part.name), enc, specs.vision_layer,
-            specs.vision_norm, embed=part.embed, build_layers=part.num_layers > 0,
-            post=part.projector, vp_stage=vp_stage, pg_collection=encoder_groups,
-            checkpoint_dp_group=settings.encoder_data_parallel_group)
+        encoders[part.name] = family_of(enc).build_encoder(
+            enc, settings, specs, part, part.name, vp_stage=vp_stage,
+            pg_collection=encoder_groups, checkpoint_dp_group=settings.encoder_data_parallel_group)
         if encoders[part.name].sp_padding and specs.impl != "local":
             raise ConfigError(f"--sequence-parallel pads the {part.name} encoder's sequence "
                               "and masks the padding, which only the local attention takes: "

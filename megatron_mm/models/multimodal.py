@@ -8,7 +8,7 @@ embeddings. Submodules are named ``{name}_model`` / ``{name}_projection`` /
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional, Tuple, Union
+from typing import Dict, Mapping, Optional, Tuple
 
 import torch
 from megatron.core.models.gpt import GPTModel
@@ -17,15 +17,15 @@ from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
 
 from ..config import MultimodalModelConfig
+from ..encoders import modality_of
 from ..plan.placement import ChunkPlacement
 from . import sequence_parallel
-from .audio import AudioEncoder
 from .batch_layout import (  # noqa: F401  (MediaMismatchError: re-exported)
-    ENCODER_MODALITY, BatchLayout, MediaMismatchError, batch_layout, loss_positions)
+    BatchLayout, MediaMismatchError, batch_layout, loss_positions)
 from .context_parallel import ContextParallelMask
-from .vision import VisionTransformer
 
-Encoder = Union[VisionTransformer, AudioEncoder]
+# An encoder family's module (``EncoderParts``): see ``megatron_mm.encoders``.
+Encoder = MegatronModule
 
 
 class MultimodalModel(MegatronModule):
@@ -116,7 +116,7 @@ class MultimodalModel(MegatronModule):
                     p.requires_grad_(False)
 
     def _modality(self, name: str) -> str:
-        return ENCODER_MODALITY[self.mm_config.encoders[name].model_type]
+        return modality_of(self.mm_config.encoders[name])
 
     def _items(self, name: str, media: Mapping[str, torch.Tensor]) -> Optional[torch.Tensor]:
         items = media.get(self._modality(name))

@@ -200,12 +200,6 @@ def audio_transformer_config(enc: AudioEncoderConfig, s: BuildSettings,
     )
 
 
-def encoder_transformer_config(enc, s: BuildSettings, name: str) -> TransformerConfig:
-    if isinstance(enc, AudioEncoderConfig):
-        return audio_transformer_config(enc, s, name)
-    return vision_transformer_config(enc, s, name)
-
-
 def projector_transformer_config(proj: ProjectorConfig, lm: LanguageModelConfig,
                                  s: BuildSettings, name: Optional[str] = None
                                  ) -> TransformerConfig:

@@ -17,6 +17,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from ..config import VisionEncoderConfig
 from .encoder_parts import EncoderParts
+from .transformer_configs import vision_transformer_config
 
 
 class VisionTransformer(EncoderParts, MegatronModule):
@@ -89,3 +90,14 @@ class VisionTransformer(EncoderParts, MegatronModule):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """The whole encoder: [N, 3, H, W] images -> [N, T', hidden] features."""
         return self.features(self.layers(self.embed(images)))
+
+
+def build_vit(enc: VisionEncoderConfig, settings, specs, part, name: str, vp_stage=None,
+              pg_collection=None, checkpoint_dp_group=None) -> VisionTransformer:
+    """The CLIP / SigLIP family's builder (``encoders/vit.py``): the part of the ViT the
+    chunk's ``part`` (an ``EncoderPart`` of its placement) holds."""
+    return VisionTransformer(
+        vision_transformer_config(enc, settings, name), enc, specs.vision_layer,
+        specs.vision_norm, embed=part.embed, build_layers=part.num_layers > 0,
+        post=part.projector, vp_stage=vp_stage, pg_collection=pg_collection,
+        checkpoint_dp_group=checkpoint_dp_group)

@@ -126,29 +126,18 @@ class ModelSpec(Record):
     @classmethod
     def from_config(cls, config, images_per_sample: int = 1, clips_per_sample: int = 1,
                     name: str = "config") -> "ModelSpec":
-        """From a ``megatron_mm.config.MultimodalModelConfig`` (our ViTs, Whisper-style audio
-        encoders and Llama-style LLM). Audio costs assume full-length clips (every clip is
-        padded to the encoder's length; the LLM sees at most that many tokens)."""
+        """From a ``megatron_mm.config.MultimodalModelConfig``: each encoder as its family
+        declares it (``megatron_mm.encoders``), the Llama-style LLM."""
+        from ..encoders import family_of  # torch-free; the families import this module
+
         encoders = []
         for enc_name, enc in config.encoders.items():
             proj = config.projectors[enc_name]
             common = dict(projector_ffn_hidden_size=proj.ffn_hidden_size,
                           projector_type=proj.projector_type)
-            if getattr(enc, "model_type", None) == "whisper":
-                encoders.append(_audio_encoder_spec(enc_name, enc, clips_per_sample, common))
-                continue
-            tokens = enc.num_patches + int(enc.has_class_token)
-            encoders.append(EncoderSpec(
-                name=enc_name, modality="vision",
-                transformer=TransformerSpec(
-                    hidden_size=enc.hidden_size, num_layers=enc.num_layers_built,
-                    ffn_hidden_size=enc.ffn_hidden_size,
-                    num_attention_heads=enc.num_attention_heads, add_bias_linear=True),
-                tokens_per_item=tokens, llm_tokens_per_item=enc.num_output_tokens,
-                items_per_sample=images_per_sample,
-                embed_flops_per_token=patch_embed_flops(enc.patch_dim, enc.hidden_size),
-                embed_params=(3 * enc.patch_dim ** 2 + tokens + 1) * enc.hidden_size,
-                **common))
+            family = family_of(enc)
+            items = clips_per_sample if family.slot == "audio" else images_per_sample
+            encoders.append(family.planner_spec(enc_name, enc, items, common))
         lm = config.language
         llm = TransformerSpec(
             hidden_size=lm.hidden_size, num_layers=lm.num_layers,
@@ -175,22 +164,6 @@ class Workload(Record):
         for name in ("seq_length", "micro_batch_size", "tensor_model_parallel_size"):
             if getattr(self, name) <= 0:
                 raise PlanError(f"--{name.replace('_', '-')} must be positive")
-
-
-def _audio_encoder_spec(name: str, enc, clips_per_sample: int, common: dict) -> EncoderSpec:
-    """A ``megatron_mm.config.AudioEncoderConfig`` as the planner sees it."""
-    h = enc.hidden_size
-    return EncoderSpec(
-        name=name, modality="audio",
-        transformer=TransformerSpec(
-            hidden_size=h, num_layers=enc.num_layers_built,
-            ffn_hidden_size=enc.ffn_hidden_size,
-            num_attention_heads=enc.num_attention_heads, add_bias_linear=True),
-        tokens_per_item=enc.seq_length, llm_tokens_per_item=enc.num_output_tokens,
-        items_per_sample=clips_per_sample,
-        embed_flops_per_token=whisper_stem_flops(enc.num_mel_bins, h),
-        embed_params=3 * enc.num_mel_bins * h + 3 * h * h + 2 * h,
-        **common)
 
 
 def patch_embed_flops(patch: int, hidden: int, channels: int = 3, frames: int = 1) -> float:

@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence
 
 from megatron.core.utils import get_attr_wrapped_model, get_model_config
 
-from ..models.multimodal import ENCODER_MODALITY
+from ..encoders import modality_of
 from ..plan.p2p import Key, forward_key
 from ..plan.placement import ChunkPlacement
 from .mailbox import Spec
@@ -51,7 +51,7 @@ class MessageSpecs:
 
     def encoder_output(self, name: str, batch: dict) -> Optional[Spec]:
         mm_config = get_attr_wrapped_model(self.model, "mm_config")
-        items = batch["media"].get(ENCODER_MODALITY[mm_config.encoders[name].model_type])
+        items = batch["media"].get(modality_of(mm_config.encoders[name]))
         if items is None or items.shape[0] == 0:
             return None
         encoder = get_attr_wrapped_model(self.model, "encoder")(name)

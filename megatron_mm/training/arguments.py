@@ -12,14 +12,13 @@ import os
 from typing import Optional, Sequence
 
 from ..config import (
-    AudioEncoderConfig,
     ConfigError,
     FreezeConfig,
     LanguageModelConfig,
     MultimodalModelConfig,
     ProjectorConfig,
-    VisionEncoderConfig,
 )
+from ..encoders import FAMILIES, SLOTS, family, slot_families
 from .data_args import add_data_args, validate_data_args
 from ..plan.cp_assignment import BLOCK_OVERHEAD
 from ..plan.partition import parse_partition_flag
@@ -58,9 +57,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="build full weights on the CPU then split (TP-independent init; "
                         "always on without CUDA)")
 
-    g = p.add_argument_group("vision encoder")
-    g.add_argument("--vision-model-type", choices=["clip", "siglip", "none"], default="clip",
-                   help="none: a language model only")
+    g = vision_group = p.add_argument_group("vision encoder")
+    g.add_argument("--vision-model-type", choices=slot_choices("vision"), default="clip",
+                   help="the vision encoder's family (megatron_mm.encoders); none: a "
+                        "language model only")
     g.add_argument("--vision-hidden-size", type=int, default=64)
     g.add_argument("--vision-num-layers", type=int, default=2)
     g.add_argument("--vision-num-attention-heads", type=int, default=4)
@@ -80,7 +80,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "after its vocabulary)")
 
     g = p.add_argument_group("audio encoder")
-    g.add_argument("--audio-model-type", choices=["whisper", "none"], default="none",
+    g.add_argument("--audio-model-type", choices=slot_choices("audio"), default="none",
                    help="whisper: a Whisper-style encoder (conv stem, sinusoidal positions, "
                         "pre-norm layers) as the \"audio\" encoder, fed <audio> clips")
     g.add_argument("--audio-hidden-size", type=int, default=64)
@@ -99,6 +99,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="default: --projector-type")
     g.add_argument("--audio-token-id", type=int, default=None,
                    help="the audio placeholder's token id (default: the tokenizer's own)")
+    groups = {"vision": vision_group, "audio": g}
+    for family in FAMILIES.values():  # each family's own flags, in its slot's group
+        if family.add_arguments is not None:
+            family.add_arguments(groups[family.slot])
 
     g = p.add_argument_group("freezing")
     g.add_argument("--freeze-LM", action="store_true")
@@ -460,7 +464,7 @@ CHECKPOINT_FLAGS = (
     "audio_ffn_hidden_size", "audio_num_mel_bins", "audio_max_source_positions",
     "audio_pool_stride", "audio_norm_epsilon", "audio_projector_type", "audio_token_id",
     "image_token_id", "tokenizer_type", "tokenizer_model", "image_processor_config",
-)
+) + tuple(dest for f in FAMILIES.values() for dest in f.checkpoint_flags)
 # Saved relative to the checkpoint directory (files the converter put there).
 CHECKPOINT_PATH_FLAGS = ("tokenizer_model", "image_processor_config")
 
@@ -513,18 +517,12 @@ def _validate_data_balance(args: argparse.Namespace) -> None:
                           "are isolated by a dense mask, which TE's causal attention ignores)")
 
 
+def slot_choices(slot: str) -> list:
+    """``--{slot}-model-type`` values: the registered families of the slot, and none."""
+    return sorted(f.model_type for f in slot_families(slot)) + ["none"]
+
+
 def model_config_from_args(args: argparse.Namespace) -> MultimodalModelConfig:
-    vision = None if args.vision_model_type == "none" else VisionEncoderConfig(
-        model_type=args.vision_model_type,
-        hidden_size=args.vision_hidden_size,
-        num_layers=args.vision_num_layers,
-        num_attention_heads=args.vision_num_attention_heads,
-        ffn_hidden_size=args.vision_ffn_hidden_size,
-        img_h=args.img_h, img_w=args.img_w, patch_dim=args.patch_dim,
-        feature_layer=args.vision_feature_layer,
-        drop_class_token=args.disable_vision_class_token,
-        layernorm_epsilon=args.vision_norm_epsilon,
-    )
     language = LanguageModelConfig(
         vocab_size=0,  # set from the tokenizer once it is loaded
         hidden_size=args.hidden_size,
@@ -542,30 +540,23 @@ def model_config_from_args(args: argparse.Namespace) -> MultimodalModelConfig:
         norm_epsilon=args.norm_epsilon,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
     )
-    encoders = {} if vision is None else {"vision": vision}
-    projectors = {name: ProjectorConfig(args.projector_type, args.projector_ffn_hidden_size)
-                  for name in encoders}
-    if args.audio_model_type != "none":
-        encoders["audio"] = AudioEncoderConfig(
-            model_type=args.audio_model_type,
-            hidden_size=args.audio_hidden_size,
-            num_layers=args.audio_num_layers,
-            num_attention_heads=args.audio_num_attention_heads,
-            ffn_hidden_size=args.audio_ffn_hidden_size,
-            num_mel_bins=args.audio_num_mel_bins,
-            max_source_positions=args.audio_max_source_positions,
-            pool_stride=args.audio_pool_stride,
-            layernorm_epsilon=args.audio_norm_epsilon,
-        )
-        projectors["audio"] = ProjectorConfig(args.audio_projector_type or args.projector_type,
-                                              args.projector_ffn_hidden_size)
-    if args.freeze_ViT and "vision" not in encoders:
-        raise ConfigError("--freeze-ViT needs a vision encoder (--vision-model-type)")
-    if args.freeze_audio and "audio" not in encoders:
-        raise ConfigError("--freeze-audio needs an audio encoder (--audio-model-type whisper)")
-    frozen = {"vision"} & set(encoders) if args.freeze_ViT else set()
-    if args.freeze_audio:
-        frozen.add("audio")
+    encoders, projectors = {}, {}
+    for slot in SLOTS:  # vision first: the chain's (and checkpoints') encoder order
+        model_type = getattr(args, f"{slot}_model_type")
+        if model_type == "none":
+            continue
+        encoders[slot] = family(model_type).from_args(args)
+        own_type = getattr(args, f"{slot}_projector_type", None)
+        projectors[slot] = ProjectorConfig(own_type or args.projector_type,
+                                           args.projector_ffn_hidden_size)
+    frozen = set()
+    for slot, flag in SLOTS.items():
+        if getattr(args, flag):
+            if slot not in encoders:
+                article = "an" if slot[0] in "aeiou" else "a"
+                raise ConfigError(f"--{flag.replace('_', '-')} needs {article} {slot} encoder "
+                                  f"(--{slot}-model-type)")
+            frozen.add(slot)
     freeze = FreezeConfig(
         language_model=args.freeze_LM,
         encoders=frozen,

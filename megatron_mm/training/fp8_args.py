@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
-from ..config import AudioEncoderConfig, ConfigError
+from ..config import ConfigError
+from ..encoders import family_of
 from ..plan.fp8 import (
     EMULATED_RECIPES,
     FP8_AMAX_COMPUTE_ALGOS,
@@ -211,18 +212,7 @@ def _validate_media_alignment(args: argparse.Namespace, modules) -> None:
                               f"--tensor-model-parallel-size: encoder replicas run different "
                               "micro-batch counts, and FP8's amax reduction spans them; "
                               "keep that encoder in BF16")
-        if isinstance(enc, AudioEncoderConfig):
-            sizes = {name: (enc.seq_length, "--audio-max-source-positions"),
-                     f"{name}-projector": (enc.num_output_tokens,
-                                           "--audio-max-source-positions / "
-                                           "--audio-pool-stride")}
-        else:
-            cls = "+ 1 class token " if enc.has_class_token else ""
-            sizes = {name: (enc.num_patches + int(enc.has_class_token),
-                            f"patches {cls}(--img-h, --img-w, --patch-dim)"),
-                     f"{name}-projector": (enc.num_output_tokens,
-                                           "tokens per image (--img-h, --img-w, "
-                                           "--patch-dim, --disable-vision-class-token)")}
+        sizes = family_of(enc).fp8_token_counts(name, enc)
         for part in fp8_parts:
             n, source = sizes[part]
             if n % align:

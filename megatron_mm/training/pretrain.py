@@ -30,14 +30,14 @@ from ..data import (
     collate,
     prepare_digits,
 )
-from ..data.audio import AudioProcessorConfig, ClipTokenCount
 from ..data.loaders import (EncodingSettings, EnergonTrainData, build_train_valid_datasets,
                             load_dataloader_state)
 from ..data.sources import resolve_sources
 from .checkpointing import iteration_dir, locate_checkpoint
 from ..data.spoken_digits import prepare_spoken_digits
 from ..models import BuildSettings, MultimodalModel, build_model
-from ..models.multimodal import ENCODER_MODALITY, MediaMismatchError
+from ..encoders import family_of, modality_of
+from ..models.multimodal import MediaMismatchError
 from ..models.specs import (
     CPAttentionChoice, choose_cp_attention, default_transformer_impl,
     transformer_engine_importable)
@@ -122,40 +122,27 @@ def data_paths(args) -> Optional[tuple[str, str]]:
     return None  # --data-path given: build_datasets resolves it
 
 
-def image_processor_config(args) -> ImageProcessorConfig:
-    if args.image_processor_config:  # a Hugging Face preprocessor_config.json
-        from ..hf.image_processor import image_processor_from_hf
-
-        return image_processor_from_hf(args.image_processor_config)
-    return ImageProcessorConfig(image_size=args.img_h)
-
-
-def audio_processor_config(args) -> Optional[AudioProcessorConfig]:
-    enc = args.model_config.encoders.get("audio")
-    if enc is None:
-        return None
-    return AudioProcessorConfig(num_mel_bins=enc.num_mel_bins, max_frames=enc.max_frames)
-
-
-def media_token_counts(args) -> dict:
-    """Placeholder tokens per item: fixed for images, from each clip's length for audio."""
-    counts = {}
-    for name, enc in args.model_config.encoders.items():
-        modality = ENCODER_MODALITY[enc.model_type]
-        if modality == "audio":
-            counts[modality] = ClipTokenCount(audio_processor_config(args), enc.output_tokens)
-        else:
-            counts[modality] = enc.num_output_tokens
-    return counts
+def media_processors(args) -> dict:
+    """Modality -> the media processor of the encoder family that reads it."""
+    procs = {}
+    for enc in args.model_config.encoders.values():
+        proc = family_of(enc).media_processor(args, enc)
+        procs[proc.modality] = proc
+    return procs
 
 
 def build_datasets(args, tokenizer):
     builtin = data_paths(args)
     sources = (resolve_sources([builtin[0]], builtin[1]) if builtin
                else resolve_sources(args.data_path, args.valid_data_path))
-    encoding = EncodingSettings(tokenizer, media_token_counts(args), image_processor_config(args),
-                                args.seq_length, audio_processor_config(args),
-                                args.bad_record_policy, llm_sequence_multiple(args))
+    procs = media_processors(args)
+    image = procs.get("image")
+    audio = procs.get("audio")
+    encoding = EncodingSettings(
+        tokenizer, {m: p.token_count for m, p in procs.items()},
+        getattr(image, "cfg", ImageProcessorConfig(image_size=args.img_h)), args.seq_length,
+        getattr(audio, "cfg", None), args.bad_record_policy, llm_sequence_multiple(args),
+        processors=procs)
     return build_train_valid_datasets(sources, encoding,
                                       valid_limit=args.eval_iters * args.global_batch_size,
                                       global_batch_size=args.global_batch_size)
@@ -214,8 +201,8 @@ def build_model_chunks(args, tokenizer, model_config, plan, replicas=None
     settings = build_settings(args, plan.placements, replicas)
     pp, rank = args.pipeline_model_parallel_size, parallel_state.get_pipeline_model_parallel_rank()
     vpp = args.virtual_pipeline_model_parallel_size
-    media_ids = {ENCODER_MODALITY[enc.model_type]: tokenizer.media_token_id(
-        ENCODER_MODALITY[enc.model_type]) for enc in model_config.encoders.values()}
+    media_ids = {modality_of(enc): tokenizer.media_token_id(modality_of(enc))
+                 for enc in model_config.encoders.values()}
     chunks = []
     for vp in range(vpp) if vpp else [None]:
         index = (vp or 0) * pp + rank

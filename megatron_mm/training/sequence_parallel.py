@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import AudioEncoderConfig, ConfigError
+from ..config import ConfigError
+from ..encoders import family_of
 
 
 def add_sequence_parallel_args(p: argparse.ArgumentParser) -> None:
@@ -48,27 +49,4 @@ def validate_sequence_parallel(args: argparse.Namespace) -> None:
             f"multiple of --tensor-model-parallel-size ({tp}): each CP rank's tokens are "
             "then split over the TP ranks")
     for name, enc in args.model_config.encoders.items():
-        _check_encoder(name, enc, tp, args.transformer_impl)
-
-
-def _check_encoder(name: str, enc, tp: int, impl) -> None:
-    if not isinstance(enc, AudioEncoderConfig):
-        t = enc.num_patches + int(enc.has_class_token)
-        if t % tp and impl == "transformer_engine":
-            raise ConfigError(
-                f"--sequence-parallel pads the {name} encoder's {t} tokens to a multiple of "
-                f"--tensor-model-parallel-size {tp} and masks the padding, which only the "
-                f"local attention takes: pass --transformer-impl local (or a patch count plus "
-                f"class token divisible by {tp})")
-        return  # padded by the model otherwise (models/vision.py)
-    t = enc.seq_length
-    if t % tp:
-        raise ConfigError(
-            f"--sequence-parallel splits the {name} encoder's {t} frames "
-            f"(--audio-max-source-positions) over --tensor-model-parallel-size {tp} ranks: "
-            f"it must be a multiple of {tp}")
-    stride = enc.pool_stride
-    if (t // tp) % stride:
-        raise ConfigError(
-            f"--sequence-parallel: each TP rank's {t // tp} frames of the {name} encoder "
-            f"must be whole windows of --audio-pool-stride {stride}")
+        family_of(enc).check_sequence_parallel(name, enc, tp, args.transformer_impl)

@@ -1,0 +1,84 @@
+"""What one encoder family declares: the registry's entry (Megatron-Core MIMO's
+``ModalitySubmodules`` and torchtitan's ``TrainSpec`` in one record).
+
+Torch-free, so the planner and the argument parser read it before any process group
+exists; the torch-side builders are named as ``"package.module:attribute"`` and imported on
+first use (``resolve``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
+
+# An encoder's slot: its name in the model ("vision" -> vision_model), the prefix of its
+# flags (--vision-*) and the flag that freezes it.
+SLOTS = {"vision": "freeze_ViT", "audio": "freeze_audio"}
+
+
+def resolve(ref: str) -> Any:
+    """``"package.module:attribute"`` -> the attribute (imported now)."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class EncoderFamily:
+    """One kind of encoder, everything the package needs of it.
+
+    - ``model_type``: the ``--{slot}-model-type`` value and the config's ``model_type``.
+    - ``slot``: "vision" or "audio" (``SLOTS``).
+    - ``modality``: the media key of records, tokenizer placeholders and batches.
+    - ``config_class`` / ``from_args``: its self-validating config dataclass, built from
+      the parsed flags (``add_arguments`` adds the family's own flags to its slot's
+      group; ``checkpoint_flags`` are the dests of those a checkpoint fixes).
+    - ``planner_spec(name, config, items_per_sample, common)``: the planner's
+      ``EncoderSpec`` (costs from the family's own shapes).
+    - ``build``: ``build(config, settings, specs, part, name, vp_stage, pg_collection,
+      checkpoint_dp_group)`` -> the encoder module (or the part a pipeline chunk holds),
+      its layers from Megatron-Core specs (``models/specs.py``).
+    - ``media``: ``media(args, config)`` -> the ``MediaProcessor`` (raw media -> batch
+      tensors, and the exact placeholder count of every item).
+    - ``feature_tokens(config, media)``: (items in a batch's media, LLM tokens of each
+      item or None: ``config.num_output_tokens`` each) on the host; ``padded_features``:
+      every item's features are padded to ``num_output_tokens`` rows (the model drops each
+      item's padding before the merge).
+    - ``fp8_token_counts(name, config)``: {FP8 module: (tokens per item, the flags that set
+      it)} for the FP8 alignment check; ``check_sequence_parallel(name, config, tp, impl)``
+      raises a ``ConfigError`` for a layout the family cannot shard.
+    """
+
+    model_type: str
+    slot: str
+    modality: str
+    config_class: type
+    from_args: Callable
+    planner_spec: Callable
+    build: str
+    media: str
+    feature_tokens: Callable
+    fp8_token_counts: Callable
+    check_sequence_parallel: Callable
+    padded_features: bool = False
+    add_arguments: Optional[Callable] = None
+    checkpoint_flags: Tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.slot not in SLOTS:
+            raise ValueError(f"encoder family {self.model_type!r}: slot must be one of "
+                             f"{sorted(SLOTS)}, got {self.slot!r}")
+
+    def build_encoder(self, *args, **kwargs):
+        return resolve(self.build)(*args, **kwargs)
+
+    def media_processor(self, args, config):
+        return resolve(self.media)(args, config)
+
+
+def fixed_feature_tokens(modality: str) -> Callable:
+    """``feature_tokens`` of a family whose items all hand the LLM the same count."""
+    def feature_tokens(config, media: Dict[str, Any]):
+        items = media.get(modality)
+        return (0 if items is None else items.shape[0]), None
+    return feature_tokens

@@ -1,0 +1,38 @@
+"""The registry of encoder families: adding a family is its module plus one line here."""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+from ..config import ConfigError
+from .family import EncoderFamily
+from .vit import CLIP, SIGLIP
+from .whisper import WHISPER
+
+FAMILIES: Dict[str, EncoderFamily] = {f.model_type: f for f in (
+    CLIP,
+    SIGLIP,
+    WHISPER,
+)}
+
+
+def family(model_type: str) -> EncoderFamily:
+    try:
+        return FAMILIES[model_type]
+    except KeyError:
+        raise ConfigError(f"unknown encoder model type {model_type!r}; registered: "
+                          f"{', '.join(sorted(FAMILIES))}") from None
+
+
+def family_of(config) -> EncoderFamily:
+    """The family of an encoder config (its ``model_type``)."""
+    return family(config.model_type)
+
+
+def slot_families(slot: str) -> List[EncoderFamily]:
+    return [f for f in FAMILIES.values() if f.slot == slot]
+
+
+def modality_of(config) -> str:
+    """The media key an encoder config reads."""
+    return family_of(config).modality
