@@ -15,6 +15,7 @@ frozen-aware one. Pure Python: no torch, runs anywhere.
     python tools/plan.py --cornstarch-table        # the nine Cornstarch MLLMs
     python tools/plan.py --optimus-table           # Optimus' ViT + LLaMA / GPT models
     python tools/plan.py --optimus-schedule-table  # Optimus' encoder plan + bubble schedule
+    python tools/plan.py --omnibal-table STATS_DIR  # OmniBal's ablation at its scale
 
 The estimate's formula, the cost model and its assumptions are in megatron_mm/plan
 (estimate.py, flops.py, layers.py). ``--json PATH`` writes the plan(s) as data.
@@ -58,6 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--optimus-gpus", type=int, nargs="+", default=None, metavar="N",
                    help="with --optimus-schedule-table: only the runs on these GPU counts "
                         "(1536 2048 3072 8; default all)")
+    g.add_argument("--omnibal-table", nargs="+", default=None, metavar="STATS",
+                   help="OmniBal's four rows (Megatron's way, + balanced data, + partition "
+                        "search, + adaptive recompute) for InternViT-6B + InternLM2-20B on "
+                        "A100s, simulated on the per-sample tile / token counts in these "
+                        "files or directories (OmniBal's length statistics), beside the "
+                        "paper's GPU-days; layout from --tensor-model-parallel-size (4), "
+                        "--pipeline-model-parallel-size (4), --data-parallel-size (8), "
+                        "--global-batch-size (1024), --micro-batch-size (4), "
+                        "--memory-limit-gb (72)")
     g.add_argument("--json", default=None, help="write the plan(s) as JSON to this path")
 
     g = p.add_argument_group("model: a zoo pair or sizes")
@@ -104,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-microbatches", type=int, default=None)
     g.add_argument("--global-batch-size", type=int, default=None)
     g.add_argument("--micro-batch-size", type=int, default=None, help="default 1")
-    g.add_argument("--data-parallel-size", type=int, default=1)
+    g.add_argument("--data-parallel-size", type=int, default=None, help="default 1")
     g.add_argument("--seq-length", type=int, default=None,
                    help="LLM tokens per sample, media included (default: text + media)")
     g.add_argument("--text-seq-length", type=int, default=1024,
@@ -112,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--recompute-granularity", choices=["full"], default=None)
 
     g = p.add_argument_group("hardware and memory")
-    g.add_argument("--peak-tflops", type=float, default=989.0, help="H100 bf16 dense")
+    g.add_argument("--peak-tflops", type=float, default=None,
+                   help="default 989, H100 bf16 dense (--omnibal-table: 312, A100)")
     g.add_argument("--efficiency", type=float, default=0.5)
     g.add_argument("--p2p-bandwidth-gbps", type=float, default=None,
                    help="GB/s between neighbouring stages (default: transfers are free)")
@@ -130,7 +141,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        hardware = Hardware(peak_flops=args.peak_tflops * 1e12, efficiency=args.efficiency,
+        if args.omnibal_table:
+            return print_omnibal_table(args)
+        hardware = Hardware(peak_flops=(args.peak_tflops or 989.0) * 1e12,
+                            efficiency=args.efficiency,
                             p2p_bandwidth=(args.p2p_bandwidth_gbps * 1e9
                                            if args.p2p_bandwidth_gbps else None),
                             p2p_latency_s=args.p2p_latency_us * 1e-6)
@@ -201,7 +215,7 @@ def num_microbatches(args) -> int:
             raise PlanError("give --num-microbatches or --global-batch-size, not both")
         m = args.num_microbatches
     elif args.global_batch_size is not None:
-        per = (args.micro_batch_size or 1) * args.data_parallel_size
+        per = (args.micro_batch_size or 1) * (args.data_parallel_size or 1)
         if args.global_batch_size % per:
             raise PlanError(f"--global-batch-size ({args.global_batch_size}) must be a "
                             f"multiple of --micro-batch-size x --data-parallel-size ({per})")
@@ -211,6 +225,27 @@ def num_microbatches(args) -> int:
     if m < 1:
         raise PlanError("the number of micro-batches must be >= 1")
     return m
+
+
+def print_omnibal_table(args) -> int:
+    from megatron_mm.plan.balance.loads import read_all
+    from megatron_mm.plan.omnibal_scale import ScaleSetup, run_ablation, table
+
+    given = {"tensor_model_parallel_size": args.tensor_model_parallel_size,
+             "pipeline_model_parallel_size": args.pipeline_model_parallel_size,
+             "data_parallel_size": args.data_parallel_size,
+             "global_batch_size": args.global_batch_size,
+             "micro_batch_size": args.micro_batch_size,
+             "memory_budget_gb": args.memory_limit_gb}
+    setup = ScaleSetup(**{k: v for k, v in given.items() if v is not None})
+    hardware = Hardware(name="A100", peak_flops=(args.peak_tflops or 312.0) * 1e12,
+                        efficiency=args.efficiency)
+    ablation = run_ablation(read_all(args.omnibal_table), setup, hardware)
+    print(table(ablation))
+    if args.json:
+        Path(args.json).write_text(ablation.to_json())
+        print(f"\nwrote the ablation to {args.json}")
+    return 0
 
 
 def print_plan(args, hardware: Hardware, memory: MemoryModel, limit) -> int:

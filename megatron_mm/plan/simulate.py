@@ -66,6 +66,9 @@ class ActionCosts(Record):
     replica_allreduce_s: List[float] = field(default_factory=list)
     reduce_s: List[float] = field(default_factory=list)
     encoder_reduce_s: List[float] = field(default_factory=list)
+    # Micro-batches of different work (real samples: tiles and tokens vary): micro-batch
+    # m's compute costs are microbatches[m]'s tables; empty: every one costs the above.
+    microbatches: List[ActionCosts] = field(default_factory=list)
 
     def encoder_comm(self, kind: str, piece: int) -> float:
         """The TP all-reduces inside encoder action ``kind`` of ``piece``, seconds."""
@@ -77,7 +80,9 @@ class ActionCosts(Record):
         table = self.forward_comm_s if kind == Kind.F else self.backward_comm_s
         return table[chunk] if table else 0.0
 
-    def of(self, kind: str, chunk: int) -> float:
+    def of(self, kind: str, chunk: int, microbatch: Optional[int] = None) -> float:
+        if self.microbatches and microbatch is not None and kind in _COMPUTE:
+            return self.microbatches[microbatch].of(kind, chunk)
         table = getattr(self, _TABLES[kind])
         if not table and kind not in _COMPUTE:
             return 0.0
@@ -195,7 +200,7 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
     for rank, a in replay_order(schedule):
         llm, on_stream = a.kind.llm, a.kind in _STREAM
         if a.in_tp_bubble:  # inside the previous LLM action's TP communication, if it fits
-            duration = costs.of(a.kind, a.chunk)
+            duration = costs.of(a.kind, a.chunk, a.microbatch)
             comm = costs.encoder_comm(a.kind, a.chunk)  # on the LLM's links: not hidden
             at, left = host[rank]
             inputs = max([finish[d] + (p2p if owner[d] != rank else 0.0)
@@ -218,7 +223,7 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
                 arrival = finish[dep] + (p2p if owner[dep] != rank else 0.0)
                 if arrival > ready:
                     ready = arrival
-        duration = costs.of(a.kind, a.chunk)
+        duration = costs.of(a.kind, a.chunk, a.microbatch)
         if (a.kind == Kind.GRAD_SYNC and not schedule.encoder_grad_sync and a.chunk < pp
                 and costs.encoder_reduce_s):  # the rank's pieces, in its first chunk
             duration += sum(costs.of(Kind.ENCODER_GRAD_SYNC, p)
@@ -248,4 +253,5 @@ def _encoder_free(costs: ActionCosts) -> ActionCosts:
     take were the encoder work all hidden."""
     return replace(costs, encoder_forward_s=[0.0] * len(costs.encoder_forward_s),
                    encoder_backward_s=[0.0] * len(costs.encoder_backward_s),
-                   encoder_forward_comm_s=[], encoder_backward_comm_s=[])
+                   encoder_forward_comm_s=[], encoder_backward_comm_s=[],
+                   microbatches=[_encoder_free(m) for m in costs.microbatches])

@@ -20,6 +20,7 @@ SPLIT_AUDIO = ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "7
 
 PP2 = ["--pipeline-model-parallel-size", "2"]
 BUBBLE = ["--encoder-schedule", "bubble"]
+AUTO = ["--encoder-schedule", "auto"]  # the planner's choice for both encoders together
 ETP1 = ["--encoder-tensor-model-parallel-size", "1"]
 
 
@@ -85,8 +86,9 @@ def _assert_equal_runs(stages, ref):
     (2, PP2 + BUBBLE, ["--freeze-ViT"]),
     # both encoders at TP 1 inside TP 2: two replicas, each for half the micro-batches
     (4, ["--tensor-model-parallel-size", "2"] + PP2 + BUBBLE + ETP1, []),
+    (2, PP2 + AUTO, []),
 ], ids=["tp2", "pp2-split-audio", "pp2-bubble", "pp2-bubble-frozen-vit",
-        "tp2-pp2-bubble-etp1"])
+        "tp2-pp2-bubble-etp1", "pp2-auto"])
 def test_two_encoders_parallel_equals_one_process(audio_digits_dir, tmp_path_factory, world,
                                                   layout, model):
     argv, ref = _reference(audio_digits_dir, tmp_path_factory, model)
@@ -97,8 +99,8 @@ def test_two_encoders_parallel_equals_one_process(audio_digits_dir, tmp_path_fac
     for encoder in ("audio", "vision"):
         calls = [out["observed"][f"{encoder}_calls"] for out in stages]
         assert sum(c["layers"] for c in calls) == 2
-        if "--pipeline-model-parallel-size" in layout and (encoder == "audio"
-                                                           or BUBBLE[1] in layout):
+        if ("--pipeline-model-parallel-size" in layout and AUTO[1] not in layout
+                and (encoder == "audio" or BUBBLE[1] in layout)):
             assert [c["layers"] for c in calls] == [1, 1]  # the cut is inside the encoder
         frozen = encoder == "vision" and "--freeze-ViT" in model
         for c in calls:
