@@ -97,6 +97,14 @@ class MultimodalModel(MegatronModule):
             return position_ids.unsqueeze(0).expand(3, -1, -1)
         return position_ids
 
+    def rotary_embedding(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """The LLM layers' ``rotary_pos_emb`` for a whole (unsplit) micro-batch, as GPTModel
+        computes it (for callers running the layers themselves)."""
+        rotary = self.language_model.rotary_pos_emb
+        if self.mrope:
+            return rotary(self.rotary_positions(position_ids), self.language_model.mrope_section)
+        return rotary(position_ids.shape[-1])
+
     def shared_embedding_or_output_weight(self):
         """For ``finalize_model_grads``: the tied weight whose grads meet across stages."""
         return self.language_model.shared_embedding_or_output_weight()

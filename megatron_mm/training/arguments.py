@@ -461,8 +461,8 @@ def _validate_search_and_recompute(args: argparse.Namespace) -> None:
 CHECKPOINT_FLAGS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
     "group_query_attention", "num_query_groups", "kv_channels", "max_position_embeddings",
-    "rotary_base", "position_embedding_type", "mrope_section", "add_qkv_bias", "qk_layernorm", "untie_embeddings_and_output_weights",
-    "norm_epsilon", "make_vocab_size_divisible_by", "vision_model_type", "vision_hidden_size",
+    "rotary_base", "position_embedding_type", "mrope_section", "add_qkv_bias", "qk_layernorm",
+    "untie_embeddings_and_output_weights", "norm_epsilon", "make_vocab_size_divisible_by", "vision_model_type", "vision_hidden_size",
     "vision_num_layers", "vision_num_attention_heads", "vision_ffn_hidden_size",
     "vision_feature_layer", "vision_norm_epsilon", "img_h", "img_w", "patch_dim",
     "disable_vision_class_token", "projector_type", "projector_ffn_hidden_size",
