@@ -84,3 +84,18 @@ def test_padding_segment_makes_the_length_a_multiple():
     assert batch["record_ids"] == ["s0", "s1"]  # the padding is no record
     unpadded = collate_packed(samples, pad_id=7, pad_to_multiple_of=13)
     assert unpadded["tokens"].shape == (1, 13) and len(unpadded["cu_seqlens"]) == 3
+
+
+def test_packed_mrope_positions_concatenate():
+    """Samples with 3-D positions pack to [3, 1, S]: each sample's own, in order; text-only
+    samples and the padding segment count 0, 1, ... on every axis."""
+    gen = torch.Generator().manual_seed(0)
+    samples = _samples(4, [1, 0], [9, 4], gen)
+    samples[0].position_ids = torch.stack([torch.zeros(9), torch.arange(9),
+                                           torch.arange(9) % 3]).long()
+    batch = collate_packed(samples, pad_id=7, pad_to_multiple_of=4)
+    pos = batch["position_ids"]
+    assert pos.shape == (3, 1, 16)
+    assert torch.equal(pos[:, 0, :9], samples[0].position_ids)
+    assert torch.equal(pos[:, 0, 9:13], torch.arange(4).expand(3, -1))
+    assert torch.equal(pos[:, 0, 13:], torch.arange(3).expand(3, -1))
