@@ -2,7 +2,8 @@
 axes: CP=2 x PP=2 equals one process from the same initial checkpoint (losses and
 gradients), on padded micro-batches ([3, B, L] positions, padding counting on) and on
 packed ones (--data-balance: each sample's positions concatenated); so does TP=2 with
---sequence-parallel on packed ones. Every pipeline stage
+--sequence-parallel on packed ones. The padded run also checks the final evaluation
+(validation loss, greedy answers). Every pipeline stage
 takes the positions from its own copy of the micro-batch; each CP rank rotates its tokens
 at their own positions."""
 
@@ -69,7 +70,10 @@ def references(digits_dir, tmp_path_factory):
     def get(mode):
         if mode not in cache:
             init = str(tmp_path_factory.mktemp("init"))
-            argv = TINY_MODEL + MROPE + ["--data-path", data, "--global-batch-size", "8"]
+            # padded: with the final evaluation (validation loss, and greedy answers whose
+            # generated tokens continue the prompt's 3-D positions)
+            model = [a for a in TINY_MODEL if mode == "packed" or a != "--skip-final-eval"]
+            argv = model + MROPE + ["--data-path", data, "--global-batch-size", "8"]
             argv += DATA[mode]
             run_distributed(train_with_positions, 1,
                             argv + ["--train-iters", "0", "--save", init])
@@ -95,6 +99,9 @@ def test_mrope_parallel_equals_one_process(references, mode, world, layout):
     stages = ranks[::world // pp]  # TP / CP rank 0 of each stage
     for it in range(1, STEPS + 1):
         assert stages[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    if mode == "padded":
+        assert stages[-1]["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-5)
+        assert stages[-1]["val_accuracy"] == ref["val_accuracy"]
     for it in (1, STEPS):
         ours = {}
         for stage in stages:
