@@ -63,6 +63,7 @@ def test_mrope_language_model_matches_transformers(gloo_world, arch):
     """Our GPTModel with --position-embedding-type mrope, built from the flags the text
     config maps to and filled through the language weight table, gives transformers'
     logits on 3-D positions (max |diff| <= 1e-4, fp32)."""
+    from megatron_mm.hf.compare import logits
     from megatron_mm.hf.convert import _args, _build, _context
     from megatron_mm.hf.mapping import MappingTable, prefixed
     from megatron_mm.hf.tables import LANGUAGE, OUTPUT_LAYER
@@ -91,8 +92,8 @@ def test_mrope_language_model_matches_transformers(gloo_world, arch):
     with torch.no_grad():
         ref = hf.lm_head(hf.model.language_model(input_ids=tokens,
                                                  position_ids=positions).last_hidden_state)
-        got = ours(tokens, positions)[..., :VOCAB]
-        text_only = ours(tokens, positions[0])  # [B, S]: text positions on every axis
+        got = logits(ours, tokens, None, positions)[..., :VOCAB]
+        text_only = logits(ours, tokens, None)  # 0..S-1 on every axis
     diff = (got - ref).abs().max().item()
     assert diff <= 1e-4, diff
     # The positions matter: the same tokens at text positions give other logits.
