@@ -12,8 +12,8 @@ SEQ = 14
 # head dim 16: 8 rotary frequencies, split 2 / 3 / 3 over time, height and width
 _TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-             rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3],
-                                              "rope_theta": 10000.0})
+             rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1,
+             rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3], "rope_theta": 10000.0})
 
 
 def _flag(flags, name, n=1):
