@@ -47,7 +47,9 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, Transf
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from ..config import ConfigError
-from .internvit_config import PROJECTOR_NORM_EPSILON, QK_NORM_EPSILON, InternViTConfig
+from ..encoders.internvit_config import (PROJECTOR_NORM_EPSILON, QK_NORM_EPSILON,
+                                         InternViTConfig)
+from .encoder_parts import EncoderParts
 from .te_names import with_te_checkpoint_names
 
 
@@ -321,3 +323,103 @@ def tokens_per_tile(encoder: InternViTConfig, tile_size: Optional[int] = None) -
     per tile."""
     side = (tile_size or encoder.image_size) // encoder.patch_size
     return (side // encoder.shuffle_scale) ** 2
+
+
+class InternViTParts(EncoderParts, MegatronModule):
+    """The InternVL family's encoder module (``encoders/internvl.py``): InternViT, or the
+    part of it one pipeline chunk holds: the patch embedding with class token and
+    positions (``embed``), the layers Megatron-Core's layout gives this chunk
+    (``build_layers``), and the output side in front of the projector (``post``: the
+    tower's LayerNorm, class token dropped, pixel shuffle). Parameter names are
+    ``InternViT``'s, so its weight table serves both. Every tile is one item (a batch
+    entry of ``seq_length`` tokens)."""
+
+    def __init__(self, config: TransformerConfig, encoder: InternViTConfig,
+                 layer_spec: ModuleSpec, embed: bool = True, build_layers: bool = True,
+                 post: bool = True, vp_stage=None, pg_collection=None,
+                 checkpoint_dp_group=None):
+        super().__init__(config=config)
+        if config.sequence_parallel:
+            raise ConfigError("the InternViT encoder does not implement --sequence-parallel")
+        self.use_encoder_groups(pg_collection, checkpoint_dp_group)
+        self.encoder_config = e = encoder
+        self.seq_length = e.seq_length
+        dtype = config.params_dtype
+        self.has_embed = embed
+        if embed:
+            self.patch_embed = torch.nn.Linear(e.patch_input_size, e.hidden_size, dtype=dtype)
+            config.init_method(self.patch_embed.weight)
+            torch.nn.init.zeros_(self.patch_embed.bias)
+            self.class_token = torch.nn.Parameter(torch.zeros(1, 1, e.hidden_size,
+                                                              dtype=dtype))
+            self.position_embeddings = torch.nn.Parameter(
+                torch.zeros(1, e.num_positions, e.hidden_size, dtype=dtype))
+            config.init_method(self.position_embeddings)
+        self.decoder = (TransformerBlock(config=config, spec=layer_spec, pre_process=True,
+                                         post_process=False, vp_stage=vp_stage,
+                                         pg_collection=pg_collection)
+                        if build_layers else None)
+        self.has_post = post
+        self.ln_post = (torch.nn.LayerNorm(e.hidden_size, eps=e.norm_epsilon, dtype=dtype)
+                        if post and e.applies_final_layernorm else None)
+
+    def embed(self, tiles: torch.Tensor) -> torch.Tensor:
+        """[N, 3, S, S] tiles of the configured size -> [T, N, hidden] (class token first)."""
+        e = self.encoder_config
+        n, side, p = tiles.shape[0], e.patches_per_side, e.patch_size
+        if tuple(tiles.shape[1:]) != (e.in_channels, e.image_size, e.image_size):
+            raise ValueError(f"InternViT tiles must be [N, {e.in_channels}, {e.image_size}, "
+                             f"{e.image_size}] (--img-h); got {tuple(tiles.shape)}")
+        x = tiles.to(self.patch_embed.weight.dtype)
+        # [N, C, side, P, side, P] -> [N, side*side, C*P*P]: the Conv2d's kernel order.
+        x = x.reshape(n, e.in_channels, side, p, side, p).permute(0, 2, 4, 1, 3, 5)
+        x = self.patch_embed(x.reshape(n, side * side, e.patch_input_size))
+        x = torch.cat([self.class_token.expand(n, -1, -1), x], dim=1) + self.position_embeddings
+        return x.transpose(0, 1).contiguous()
+
+    def shard_features(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.ln_post(hidden) if self.ln_post is not None else hidden
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[T, N, hidden] -> [N, tokens per tile, 4 x hidden]: the pixel-shuffled patches."""
+        e = self.encoder_config
+        patches = self.shard_features(hidden)[1:].transpose(0, 1)  # class token dropped
+        n, side = patches.shape[0], e.patches_per_side
+        shuffled = pixel_shuffle(patches.reshape(n, side, side, e.hidden_size),
+                                 e.downsample_ratio)
+        return shuffled.reshape(n, -1, e.shuffled_size).contiguous()
+
+    def forward(self, tiles: torch.Tensor) -> torch.Tensor:
+        return self.features(self.layers(self.embed(tiles)))
+
+
+def build_internvit(enc: InternViTConfig, settings, specs, part, name: str, vp_stage=None,
+                    pg_collection=None, checkpoint_dp_group=None) -> InternViTParts:
+    """The InternVL family's builder: the part of InternViT the chunk's ``part`` holds."""
+    from .internvit_config import internvit_transformer_config
+
+    return InternViTParts(
+        internvit_transformer_config(enc, settings, name),
+        enc, internvit_layer_spec(enc, specs.impl), embed=part.embed,
+        build_layers=part.num_layers > 0, post=part.projector, vp_stage=vp_stage,
+        pg_collection=pg_collection, checkpoint_dp_group=checkpoint_dp_group)
+
+
+def build_internvl_projector(enc: InternViTConfig, proj, lm, settings, specs,
+                             name: str) -> InternVLProjector:
+    """The InternVL family's projector: LayerNorm + MLP over the pixel-shuffled features
+    (Linear 4 x hidden -> LLM hidden, GELU, Linear)."""
+    from .internvit_config import internvl_projector_transformer_config
+
+    if proj.projector_type != "mlp":
+        raise ConfigError(f"the InternVL projector is an MLP; --projector-type "
+                          f"{proj.projector_type} is not one")
+    if proj.ffn_hidden_size not in (None, lm.hidden_size):
+        raise ConfigError(f"the InternVL projector's hidden width is the LLM's --hidden-size "
+                          f"{lm.hidden_size}; --projector-ffn-hidden-size "
+                          f"{proj.ffn_hidden_size} differs")
+    if enc.out_hidden_size != lm.hidden_size:
+        raise ConfigError(f"the {name} projector outputs {enc.out_hidden_size} channels, the "
+                          f"LLM's --hidden-size is {lm.hidden_size}")
+    return InternVLProjector(internvl_projector_transformer_config(enc, settings, name),
+                             projector_submodules(specs.impl), enc.shuffled_size)
