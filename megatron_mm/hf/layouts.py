@@ -85,6 +85,7 @@ INTERNVL = Layout(
     aliases=(
         ("language_model.model.", "model.language_model."),
         ("language_model.lm_head.", "lm_head."),
+        ("language_model.", "model.language_model."),  # transformers 5 loads it too
         ("vision_tower.", "model.vision_tower."),
         ("multi_modal_projector.", "model.multi_modal_projector."),
     ),

@@ -7,6 +7,7 @@ fields are refused naming the field."""
 
 import importlib.util
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -134,20 +135,46 @@ def test_export_gives_back_every_tensor_bit_for_bit(internvl, tmp_path, variant)
         assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
 
 
-def test_in_memory_layout_imports_the_same(gloo_world, internvl, tmp_path):
-    """transformers 5's own names (save_original_format=False) and the legacy prefixes of
-    save_pretrained / the -hf hub files give the same checkpoint."""
+def _rewrite(src, dst, rename):
+    from safetensors.torch import save_file
+
+    os.makedirs(dst)
+    shutil.copy(os.path.join(src, "config.json"), dst)
+    save_file({rename(k): v for k, v in _tensors(src).items()},
+              os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+
+
+LAYOUTS = {
+    # transformers 5's own names (save_pretrained(save_original_format=False))
+    "memory_5x": lambda k: (k.replace("language_model.model.", "model.language_model.")
+                            .replace("vision_tower.", "model.vision_tower.")
+                            .replace("multi_modal_projector.", "model.multi_modal_projector.")
+                            .replace("language_model.lm_head.", "lm_head.")),
+    # the text model without its ".model" level (transformers 5 maps it as well)
+    "language_model_flat": lambda k: k.replace("language_model.model.", "language_model."),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_on_disk_layout_imports_the_same(internvl, tmp_path, layout):
+    """Each layout transformers 5 loads gives the checkpoint of the save_pretrained files
+    (the legacy prefixes of the -hf hub checkpoints)."""
+    from transformers import InternVLForConditionalGeneration
+
     from megatron_mm.hf.convert import import_hf
+    from megatron_mm.hf.world import single_rank_world
     from parity import load_converted
 
     models, _ = internvl
     model, hf_dir, reference = models["rmsnorm_untied_layer-2"]
-    memory = str(tmp_path / "memory")
-    model.save_pretrained(memory, save_original_format=False)
-    assert any(k.startswith("model.vision_tower.") for k in _tensors(memory))
-    import_hf(memory, str(tmp_path / "ckpt"), tensor_model_parallel_size=2)
-    want = load_converted(reference).state_dict()
-    got = load_converted(str(tmp_path / "ckpt")).state_dict()
+    other = str(tmp_path / "hf")
+    _rewrite(hf_dir, other, LAYOUTS[layout])
+    _, info = InternVLForConditionalGeneration.from_pretrained(other, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys")), info
+    with single_rank_world():  # convert_hf's own world (the fixture's tools end theirs)
+        import_hf(other, str(tmp_path / "ckpt"), tensor_model_parallel_size=2)
+        want = load_converted(reference).state_dict()
+        got = load_converted(str(tmp_path / "ckpt")).state_dict()
     for key, value in want.items():
         if torch.is_tensor(value):
             assert torch.equal(got[key], value), key
@@ -165,6 +192,7 @@ def test_in_memory_layout_imports_the_same(gloo_world, internvl, tmp_path):
 def test_unsupported_config_field_is_refused(capsys, tmp_path, vision, top, message):
     hf_dir = str(tmp_path / "hf")
     hf_model(vision, **top).save_pretrained(hf_dir)
+    capsys.readouterr()  # save_pretrained's progress bar
     code = convert_hf.main(["import", "--hf-dir", hf_dir, "--save", str(tmp_path / "ckpt")])
     _, err = capsys.readouterr()
     assert code == 2
