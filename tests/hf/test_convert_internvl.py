@@ -99,8 +99,11 @@ def internvl(tmp_path_factory):
     return out, path
 
 
-@pytest.mark.parametrize("tp, pp", [(1, 1), (2, 1), (1, 2)], ids=["TP1", "TP2", "PP2"])
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant, tp, pp", [
+    *((v, 1, 1) for v in VARIANTS),
+    *((v, 2, 1) for v in VARIANTS),  # the QK norm's all-reduce; QKV without bias
+    ("qknorm_tied", 1, 2),  # tied embedding and output layer on different stages
+], ids=lambda x: x if isinstance(x, str) else str(x))
 def test_compare_equals_hugging_face(capsys, internvl, variant, tp, pp):
     models, inputs_path = internvl
     _, hf_dir, ckpt = models[variant]
