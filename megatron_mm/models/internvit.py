@@ -359,6 +359,10 @@ class InternViTParts(EncoderParts, MegatronModule):
                                          post_process=False, vp_stage=vp_stage,
                                          pg_collection=pg_collection)
                         if build_layers else None)
+        for layer in self.decoder.layers if self.decoder is not None else ():
+            with torch.no_grad():
+                layer.ls1.fill_(e.layer_scale_init)
+                layer.ls2.fill_(e.layer_scale_init)
         self.has_post = post
         self.ln_post = (torch.nn.LayerNorm(e.hidden_size, eps=e.norm_epsilon, dtype=dtype)
                         if post and e.applies_final_layernorm else None)

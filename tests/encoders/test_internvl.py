@@ -29,12 +29,14 @@ def test_registered_without_torch():
 
 def test_flags_make_the_config():
     args = parse_args(FLAGS + ["--vision-qk-norm", "--vision-norm-type", "rms_norm",
-                               "--no-use-thumbnail", "--downsample-ratio", "0.25"],
+                               "--no-use-thumbnail", "--downsample-ratio", "0.25",
+                               "--vision-layerscale-init", "0.5"],
                       world_size=1)
     enc = args.model_config.encoders["vision"]
     assert (enc.model_type, enc.hidden_size, enc.image_size, enc.patch_size) == \
         ("internvit", 32, 16, 4)
     assert enc.qk_norm and enc.norm_type == "rms_norm" and not enc.use_thumbnail
+    assert enc.layer_scale_init == 0.5
     assert enc.num_output_tokens == 1 and enc.seq_length == 17  # 4x4 patches, 4x4 shuffle
     assert enc.out_hidden_size == args.hidden_size
     for dest in ("vision_norm_type", "vision_qk_norm", "vision_add_qkv_bias",

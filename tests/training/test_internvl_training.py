@@ -64,6 +64,8 @@ def _merge(ranks, key, step=None):
 def test_internvl_parallel_equals_one_process(reference, layout):
     argv, ref = reference
     assert len(set(ref["observed"]["tiles"])) > 1, ref["observed"]["tiles"]  # varying tiles
+    scale = ref["params"]["vision_model.decoder.layers.0.ls1"]  # --vision-layerscale-init
+    assert (scale - 0.1).abs().max() <= STEPS * 1e-3 + 1e-6  # 0.1 moved by Adam's lr a step
     ranks = run_distributed(train, 2, argv + layout, (1, STEPS), watch_vit)
     pp = "--pipeline-model-parallel-size" in layout
     dp = not layout
