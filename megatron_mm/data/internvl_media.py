@@ -10,7 +10,7 @@ from ``megatron_mm.plan.internvl_tiles`` (pure Python).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -153,3 +153,82 @@ def expand_image_placeholders(ids: list[int], num_tiles: list[int], tiling: Inte
         else:
             out.append(t)
     return out
+
+
+@dataclass
+class InternVLImageProcessor:
+    """The InternVL family's media processor (``encoders/internvl.py``): each image cut
+    into tiles; a batch's ``image`` holds every tile ([tiles, 3, S, S]), each tile one
+    encoder item handing the LLM ``tokens_per_tile`` tokens."""
+
+    cfg: InternVLProcessorConfig
+    modality: str = "image"
+
+    def load(self, refs: list[MediaRef], where: str) -> dict[str, torch.Tensor]:
+        images = [load_image(r, context=f"{where} image {i}") for i, r in enumerate(refs)]
+        return {"image": process_images(images, self.cfg, where).pixel_values}
+
+    def items(self, ref: MediaRef, where: str) -> int:
+        """Tiles of the image (its encoder work), from its header."""
+        h, w = image_size(ref, where)
+        return tile_count(h, w, self.cfg.tiling, where)
+
+    def token_count(self, ref: MediaRef, where: str) -> int:
+        return context_tokens(self.items(ref, where), self.cfg.tiling)
+
+    def overflow_advice(self, record: Record, tokens: int, seq_length: int) -> str:
+        """Why a record is over ``--seq-length``: each image's tiles, and the largest
+        ``--max-num-tiles`` that would fit."""
+        tiling = self.cfg.tiling
+        where = record.where()
+        sizes = [image_size(r, f"{where} image {i}")
+                 for i, r in enumerate(record.media.get("image", []))]
+        if not sizes:
+            return ""
+        image = sum(context_tokens(tile_count(h, w, tiling), tiling) for h, w in sizes)
+        text = tokens - image
+        fit = next((m for m in range(tiling.max_tiles, tiling.min_tiles - 1, -1)
+                    if text + sum(context_tokens(tile_count(h, w, replace(tiling, max_tiles=m)),
+                                                 tiling) for h, w in sizes) <= seq_length),
+                   None)
+        parts = ", ".join(f"image {i} ({w}x{h}): {tile_count(h, w, tiling)} tiles"
+                          for i, (h, w) in enumerate(sizes))
+        advice = (f"lower --max-num-tiles to {fit} or raise --seq-length" if fit is not None
+                  else "raise --seq-length or drop the record")
+        return (f"; {image} image tokens ({tiling.tokens_per_tile} per tile; {parts}) with "
+                f"--max-num-tiles {tiling.max_tiles}: {advice}")
+
+
+def internvl_image_processor(args, enc) -> InternVLImageProcessor:
+    """The InternVL family's processor: tiling from the encoder config (--img-h,
+    --max-num-tiles, --use-thumbnail), ImageNet statistics or those of
+    ``--image-processor-config`` (a GotOcr2 / InternVL preprocessor_config.json). One
+    image at its most tiles must fit in --seq-length."""
+    import json
+
+    from ..config import ConfigError
+
+    tiling = enc.tiling
+    stats = {}
+    path = getattr(args, "image_processor_config", None)
+    if path:
+        with open(path) as f:
+            hf = json.load(f)
+        for key, want in (("resample", 3), ("do_resize", True), ("do_rescale", True),
+                          ("do_normalize", True), ("do_convert_rgb", True)):
+            if hf.get(key, want) != want:  # 3: PIL's bicubic, as the tiling resizes
+                raise ConfigError(f"--image-processor-config {path}: {key}={hf[key]!r} is "
+                                  f"not supported (only {want!r})")
+        size = hf.get("size") or {}
+        if size.get("height", tiling.tile_size) != tiling.tile_size:
+            raise ConfigError(f"--image-processor-config {path}: tile size {size} differs "
+                              f"from --img-h {tiling.tile_size}")
+        stats = dict(mean=tuple(hf.get("image_mean", IMAGENET_MEAN)),
+                     std=tuple(hf.get("image_std", IMAGENET_STD)),
+                     rescale_factor=hf.get("rescale_factor", 1 / 255))
+    most = context_tokens(tiling.most_tiles, tiling)
+    if most > args.seq_length:
+        raise ConfigError(f"--max-num-tiles {tiling.max_tiles} lets one image take "
+                          f"{tiling.most_tiles} tiles = {most} tokens, more than --seq-length "
+                          f"{args.seq_length}")
+    return InternVLImageProcessor(InternVLProcessorConfig(tiling, **stats))

@@ -122,8 +122,12 @@ def encode_record(record: Record, tokenizer: MultimodalTokenizer,
         processors = default_processors(media_token_counts, image_cfg, audio_cfg)
     tr = tokenize_record(record, tokenizer, media_token_counts)
     if max_seq_length is not None and len(tr.ids) > max_seq_length:
+        # a processor may say why (InternVL: each image's tiles, the --max-num-tiles to use)
+        advice = "".join(p.overflow_advice(record, len(tr.ids), max_seq_length)
+                         for p in processors.values() if hasattr(p, "overflow_advice"))
         raise DataRecordError(f"{record.where()}: {len(tr.ids)} tokens exceed max_seq_length="
-                              f"{max_seq_length} (reduce media_token_counts or drop the record)")
+                              f"{max_seq_length}" + (advice or " (reduce media_token_counts "
+                                                               "or drop the record)"))
     media: dict[str, torch.Tensor] = {}
     for name, refs in record.media.items():
         if name in processors:

@@ -47,6 +47,9 @@ class EncoderFamily:
     - ``fp8_token_counts(name, config)``: {FP8 module: (tokens per item, the flags that set
       it)} for the FP8 alignment check; ``check_sequence_parallel(name, config, tp, impl)``
       raises a ``ConfigError`` for a layout the family cannot shard.
+    - ``projector``: ``"module:function"`` building the projector from ``(config,
+      projector config, LLM config, settings, specs, name)``; None: Megatron-Core's
+      ``MultimodalProjector`` of ``--projector-type`` (``models/build.py``).
     """
 
     model_type: str
@@ -63,6 +66,7 @@ class EncoderFamily:
     padded_features: bool = False
     add_arguments: Optional[Callable] = None
     checkpoint_flags: Tuple[str, ...] = ()
+    projector: Optional[str] = None
 
     def __post_init__(self):
         if self.slot not in SLOTS:
@@ -71,6 +75,10 @@ class EncoderFamily:
 
     def build_encoder(self, *args, **kwargs):
         return resolve(self.build)(*args, **kwargs)
+
+    def build_projector(self, *args, **kwargs):
+        """The family's own projector, or None: the default one (``models/build.py``)."""
+        return None if self.projector is None else resolve(self.projector)(*args, **kwargs)
 
     def media_processor(self, args, config):
         return resolve(self.media)(args, config)

@@ -6,6 +6,7 @@ from typing import Dict, List
 
 from ..config import ConfigError
 from .family import EncoderFamily
+from .internvl import INTERNVIT
 from .vit import CLIP, SIGLIP
 from .whisper import WHISPER
 
@@ -13,6 +14,7 @@ FAMILIES: Dict[str, EncoderFamily] = {f.model_type: f for f in (
     CLIP,
     SIGLIP,
     WHISPER,
+    INTERNVIT,
 )}
 
 

@@ -25,10 +25,19 @@ from ..plan.balance import BalancedSampler, SampleLoad, parse_bounds, search_bou
 
 
 def sample_loads(dataset) -> list[SampleLoad]:
-    """Vision work (images) and LLM work (tokens, media tokens included) per record."""
-    return [SampleLoad(len(rec.media.get("image", [])),
-                       len(tokenize_record(rec, dataset.tokenizer,
-                                           dataset.media_token_counts).ids))
+    """Vision work (the image encoder's items: images, or an image processor's own count
+    from the headers, ``items(ref, where)``: InternVL's tiles) and LLM work (tokens,
+    media tokens included) per record."""
+    items = getattr((dataset.processors or {}).get("image"), "items", None)
+
+    def vision(rec) -> int:
+        refs = rec.media.get("image", [])
+        if items is None:
+            return len(refs)
+        return sum(items(r, f"{rec.where()} image {i}") for i, r in enumerate(refs))
+
+    return [SampleLoad(vision(rec), len(tokenize_record(rec, dataset.tokenizer,
+                                                        dataset.media_token_counts).ids))
             for rec in dataset.records]
 
 
@@ -42,8 +51,11 @@ def balanced_batch_iterator(args, dataset, tokenizer, consumed_samples: int,
     loads = sample_loads(dataset)
     for rec, load in zip(dataset.records, loads):
         if load.tokens > args.seq_length:
+            advice = "".join(p.overflow_advice(rec, load.tokens, args.seq_length)
+                             for p in (dataset.processors or {}).values()
+                             if hasattr(p, "overflow_advice"))  # InternVL: its tiles
             raise ConfigError(f"{rec.where()}: {load.tokens} tokens exceed --seq-length "
-                              f"{args.seq_length} (the packed sequence length)")
+                              f"{args.seq_length} (the packed sequence length){advice}")
     dp = parallel_state.get_data_parallel_world_size()
     bounds = parse_bounds(args.data_balance_bounds)
     if bounds is None:
