@@ -119,8 +119,18 @@ class MultimodalModel(MegatronModule):
         return modality_of(self.mm_config.encoders[name])
 
     def _items(self, name: str, media: Mapping[str, torch.Tensor]) -> Optional[torch.Tensor]:
-        items = media.get(self._modality(name))
+        """The encoder's input: ``media[modality]``, or what the encoder picks from the
+        media (``media_input``: a family reading several keys)."""
+        pick = getattr(self.encoder(name), "media_input", None)
+        items = pick(media) if pick is not None else media.get(self._modality(name))
         return None if items is None or items.shape[0] == 0 else items
+
+    def bind_batches(self, layout: BatchLayout) -> None:
+        """Hand each encoder that takes one its batch's prepared layout (``bind_batch``)."""
+        for name in self.encoder_names:
+            bind = getattr(self.encoder(name), "bind_batch", None)
+            if bind is not None:
+                bind(layout.encoder_batches.get(name))
 
     def run_encoder(self, name: str, media: Mapping[str, torch.Tensor],
                     hidden: Optional[torch.Tensor]) -> torch.Tensor:
@@ -217,6 +227,7 @@ class MultimodalModel(MegatronModule):
         """This chunk's share of embedding and encoding: (text embeddings with the features
         merged so far, the hidden state of an encoder the chunk ends inside, or None)."""
         place = self.placement
+        self.bind_batches(layout)
         if place.llm_embed:
             text = self.language_model.embedding(input_ids=tokens, position_ids=position_ids)
             hidden = None
@@ -267,13 +278,15 @@ class MultimodalModel(MegatronModule):
         if name is None or not layout.items[name]:
             return received, None
         b, s = tokens.shape
-        t = self.encoder(name).layer_seq_length
+        t = self.encoder(name).layer_seq_length if name not in layout.hidden_shapes else None
+        n_items = layout.items[name]
+        if t is None:  # a family whose hidden shape varies by batch (host-known)
+            t, n_items = layout.hidden_shapes[name]
         if self.sequence_parallel:  # this rank's shards
             tp = self.language_model.config.tensor_model_parallel_size
             s, t = s // tp, t // tp
         n_text = s * b * self.language_model.config.hidden_size
         enc = self.mm_config.encoders[name]
-        n_items = layout.items[name]
         flat = received.reshape(-1)
         hidden = flat[n_text:].view(t, n_items, enc.hidden_size)
         return flat[:n_text].view(s, b, -1), hidden
