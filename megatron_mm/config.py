@@ -7,7 +7,7 @@ group exists. Error messages name the command-line flag to change.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Union
+from typing import Dict, Optional, Tuple, Union
 
 
 class ConfigError(ValueError):
@@ -173,6 +173,11 @@ class LanguageModelConfig:
     seq_length: int = 128
     max_position_embeddings: Optional[int] = None
     rotary_base: float = 10000.0
+    # "rope", or Qwen2-VL's multimodal RoPE ("mrope"): the rotary frequencies split into
+    # temporal, height and width sections (``mrope_section``, counts of frequencies, summing
+    # to kv_channels / 2), each rotated by its own row of 3-D position ids [3, B, S].
+    position_embedding_type: str = "rope"
+    mrope_section: Optional[Tuple[int, ...]] = None
     add_qkv_bias: bool = False  # Qwen2
     qk_layernorm: bool = False  # Qwen3
     untie_embeddings_and_output_weights: bool = False  # Megatron default: tied
@@ -199,6 +204,30 @@ class LanguageModelConfig:
         _require(self.seq_length <= self.max_position_embeddings,
                  f"--seq-length ({self.seq_length}) exceeds --max-position-embeddings "
                  f"({self.max_position_embeddings})")
+        self._validate_position_embedding()
+
+    def _validate_position_embedding(self) -> None:
+        kind, section = self.position_embedding_type, self.mrope_section
+        _require(kind in ("rope", "mrope"),
+                 f"--position-embedding-type must be rope or mrope, got {kind!r}")
+        if kind == "rope":
+            _require(section is None, "--mrope-section needs --position-embedding-type mrope")
+            return
+        _require(section is not None,
+                 "--position-embedding-type mrope needs --mrope-section T H W (rotary "
+                 "frequencies of the temporal, height and width positions)")
+        self.mrope_section = section = tuple(int(n) for n in section)
+        _require(len(section) == 3 and min(section) >= 0,
+                 f"--mrope-section takes three non-negative ints (temporal, height, width),"
+                 f" got {list(section)}")
+        _require(sum(section) == self.kv_channels // 2,
+                 f"--mrope-section {' '.join(map(str, section))} sums to {sum(section)}; it "
+                 f"must equal --kv-channels / 2 ({self.kv_channels // 2}: one entry per "
+                 f"rotary frequency of a head)")
+
+    @property
+    def mrope(self) -> bool:
+        return self.position_embedding_type == "mrope"
 
     def vocab_size_padded(self, tensor_model_parallel_size: int) -> int:
         """Megatron's rule: pad to a multiple of make_vocab_size_divisible_by * TP.

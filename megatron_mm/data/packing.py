@@ -4,14 +4,16 @@ Balanced batching (``--data-balance``) makes each micro-batch one packed sequenc
 group of samples: no pad tokens. Isolation is a block-diagonal causal mask (each sample's
 tokens see only earlier tokens of the same sample), which Megatron-Core's local
 ``DotProductAttention`` applies as given; position ids restart at 0 for every sample
-(GPTModel's RoPE is relative, so a sample's attention does not depend on its offset).
+(GPTModel's RoPE is relative, so a sample's attention does not depend on its offset);
+samples with M-RoPE positions ([3, S] ``Sample.position_ids``) are concatenated as they are,
+[3, 1, S] in all (a padding segment counts 0, 1, ... as text).
 A sample's last token carries no loss, so no sample learns to predict the next one.
 """
 from __future__ import annotations
 
 import torch
 
-from .processing import Sample
+from .processing import Sample, sample_positions
 
 
 def packed_causal_mask(lengths: list[int]) -> torch.Tensor:
@@ -43,11 +45,15 @@ def collate_packed(samples: list[Sample], pad_id: int, pad_to_multiple_of: int =
     media = {}
     for name in sorted({m for s in samples for m in s.media}):
         media[name] = torch.cat([s.media[name] for s in samples if name in s.media])
+    if any(s.position_ids is not None for s in samples):
+        positions = torch.cat([sample_positions(s) for s in samples], dim=1)[:, None]
+    else:
+        positions = torch.cat([torch.arange(n) for n in lengths])[None]
     return {
         "tokens": torch.cat([s.tokens for s in samples])[None],
         "labels": torch.cat([s.labels for s in samples])[None],
         "loss_mask": torch.cat([s.loss_mask for s in samples])[None],
-        "position_ids": torch.cat([torch.arange(n) for n in lengths])[None],
+        "position_ids": positions,
         "attention_mask": packed_causal_mask(lengths),
         "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
         "media": media,

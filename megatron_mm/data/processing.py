@@ -8,7 +8,7 @@ loss on text tokens and eos. Media tokens, bos and prompts never carry loss.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -32,6 +32,9 @@ class Sample:
     prompt_len: int = 0  # tokens up to and including the last "ASSISTANT:" (decode from here)
     answer: str = ""  # last assistant answer (stripped), the greedy-decoding target
     record_id: str = ""
+    # int64 [3, S]: M-RoPE's (temporal, height, width) positions (Qwen2-VL family, from
+    # data/mrope_positions.py); None: positions 0..S-1 on every axis.
+    position_ids: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -152,6 +155,27 @@ def default_processors(media_token_counts: dict[str, MediaTokenCount],
     return procs
 
 
+def sample_positions(sample: Sample, length: Optional[int] = None) -> torch.Tensor:
+    """[3, length] int64 M-RoPE positions of ``sample`` (default: its own length).
+
+    A sample without ``position_ids`` counts 0, 1, ... on all three axes (text). Positions
+    past the sample (padding) continue as text after its largest position: max + 1, + 2,
+    ... on every axis. Padding sits after the sample's tokens, which attend only backwards,
+    and carries no loss, so its positions change nothing; counting on keeps them in the
+    range the model sees anyway."""
+    n = len(sample.tokens)
+    length = n if length is None else length
+    pos = sample.position_ids
+    if pos is None:
+        return torch.arange(length, dtype=torch.long).expand(3, -1).contiguous()
+    if pos.shape != (3, n):
+        raise ValueError(f"sample {sample.record_id!r}: position_ids of shape "
+                         f"{tuple(pos.shape)}, expected (3, {n}) (one column per token)")
+    start = int(pos.max()) + 1 if n else 0  # host tensors: the loader's
+    tail = torch.arange(start, start + length - n, dtype=torch.long).expand(3, -1)
+    return torch.cat([pos.long(), tail], dim=1)
+
+
 def collate(samples: list[Sample], pad_id: int, pad_to_multiple_of: int = 1,
             seq_length: int | None = None) -> dict:
     """Right-pad samples into a batch.
@@ -160,6 +184,9 @@ def collate(samples: list[Sample], pad_id: int, pad_to_multiple_of: int = 1,
     rounded up to `pad_to_multiple_of`. media[m] concatenates samples in batch
     order, each in appearance order: the model fills media positions in
     row-major (batch, position) order with features in this order.
+
+    ``position_ids`` is [B, L] (0..L-1 per row), or [3, B, L] when a sample carries
+    M-RoPE positions (``sample_positions``: padding counts on after each sample).
     """
     if not samples:
         raise ValueError("collate() got an empty list of samples")
@@ -177,11 +204,15 @@ def collate(samples: list[Sample], pad_id: int, pad_to_multiple_of: int = 1,
         tokens[i, :n], labels[i, :n], loss_mask[i, :n] = s.tokens, s.labels, s.loss_mask
     names = list(dict.fromkeys(k for s in samples for k in s.media))  # audio_frames too
     media = {m: torch.cat([s.media[m] for s in samples if m in s.media]) for m in names}
+    if any(s.position_ids is not None for s in samples):
+        positions = torch.stack([sample_positions(s, length) for s in samples], dim=1)
+    else:
+        positions = torch.arange(length, dtype=torch.long).unsqueeze(0).expand(b, -1).contiguous()
     return {
         "tokens": tokens,
         "labels": labels,
         "loss_mask": loss_mask,
-        "position_ids": torch.arange(length, dtype=torch.long).unsqueeze(0).expand(b, -1).contiguous(),
+        "position_ids": positions,
         "media": media,
         "prompt_lens": [s.prompt_len for s in samples],
         "answers": [s.answer for s in samples],

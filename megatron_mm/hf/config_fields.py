@@ -74,15 +74,25 @@ def longest_exact_sequence(text) -> int:
     return text.max_position_embeddings
 
 
-LANGUAGE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# Text models of Qwen2-VL and Qwen2.5-VL: Qwen2 decoders rotating by M-RoPE (3-D positions).
+MROPE_LANGUAGE_TYPES = ("qwen2_vl_text", "qwen2_5_vl_text")
+# transformers' M-RoPE split of a head's rotary frequencies when the config names none.
+DEFAULT_MROPE_SECTION = (16, 24, 24)
+LANGUAGE_TYPES = ("llama", "mistral", "qwen2", "qwen3") + MROPE_LANGUAGE_TYPES
 
 LANGUAGE_FIELDS = (
     Field("model_type", lambda v, _: v in LANGUAGE_TYPES,
           f"the language models are {', '.join(LANGUAGE_TYPES)}"),
-    # transformers 5 folds a checkpoint's rope_scaling into rope_parameters.
-    Field("rope_parameters.rope_type", _one_of("default"),
+    # transformers 5 folds a checkpoint's rope_scaling into rope_parameters (and an
+    # M-RoPE model's rope_type "mrope" into "default" with an mrope_section).
+    Field("rope_parameters.rope_type",
+          lambda v, c: v == "default" or (v == "mrope" and c.model_type in MROPE_LANGUAGE_TYPES),
           "RoPE scaling (rope_scaling / rope_parameters) is not implemented; only "
-          "'default'", "default"),
+          "'default' (and 'mrope' for Qwen2-VL / Qwen2.5-VL text models)", "default"),
+    Field("rope_parameters.mrope_section",
+          lambda v, c: v is None or c.model_type in MROPE_LANGUAGE_TYPES,
+          "M-RoPE (an mrope_section) is implemented for the Qwen2-VL / Qwen2.5-VL text models "
+          f"({', '.join(MROPE_LANGUAGE_TYPES)}) only"),
     Field("rope_parameters.partial_rotary_factor", _one_of(1, 1.0),
           "rotary embedding on part of each head is not implemented", 1.0),
     Field("hidden_act", _one_of("silu"), "the language model's MLP is SwiGLU ('silu')"),

@@ -9,10 +9,11 @@ import, naming the field and its value (the tables in ``config_fields.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
-from .config_fields import (AUDIO_FIELDS, LANGUAGE_FIELDS, LLAVA_FIELDS, VISION_FIELDS,
-                            VISION_TYPES, longest_exact_sequence, refuse_unsupported)
+from .config_fields import (AUDIO_FIELDS, DEFAULT_MROPE_SECTION, LANGUAGE_FIELDS, LLAVA_FIELDS,
+                            MROPE_LANGUAGE_TYPES, VISION_FIELDS, VISION_TYPES,
+                            longest_exact_sequence, refuse_unsupported)
 from .errors import ConversionError
 from .layouts import CAUSAL_LM, LLAVA, QWEN2_AUDIO, Layout
 from .tables import causal_lm_rules, llava_rules, qwen2_audio_rules
@@ -63,7 +64,10 @@ def family_for(hf_config) -> Family:
         f"'architectures'); supported: {', '.join(sorted(FAMILIES))}")
 
 
-def language_flags(text, where: str = "") -> List[str]:
+def language_flags(text, where: str = "",
+                   tie_word_embeddings: Optional[bool] = None) -> List[str]:
+    """The LLM's flags from its (text) config. ``tie_word_embeddings``: where the model
+    keeps it outside the text config (Qwen2-VL / Qwen2.5-VL: the top level)."""
     refuse_unsupported(text, LANGUAGE_FIELDS, where)
     kind = text.model_type
     rope = dict(getattr(text, "rope_parameters", None) or {})
@@ -78,13 +82,24 @@ def language_flags(text, where: str = "") -> List[str]:
              "--max-position-embeddings", longest_exact_sequence(text),
              "--rotary-base", rope.get("rope_theta", 10000.0),
              "--norm-epsilon", text.rms_norm_eps]
-    if kind == "qwen2":
+    if kind == "qwen2" or kind in MROPE_LANGUAGE_TYPES:
         flags.append("--add-qkv-bias")
     if kind == "qwen3":
         flags.append("--qk-layernorm")
-    if not text.tie_word_embeddings:
+    if kind in MROPE_LANGUAGE_TYPES:
+        flags += mrope_flags(rope)
+    if tie_word_embeddings is None:
+        tie_word_embeddings = text.tie_word_embeddings
+    if not tie_word_embeddings:
         flags.append("--untie-embeddings-and-output-weights")
     return [str(f) for f in flags]
+
+
+def mrope_flags(rope: dict) -> List:
+    """Qwen2-VL / Qwen2.5-VL text models: M-RoPE with the config's split of the rotary
+    frequencies into temporal, height and width (transformers' default without one)."""
+    section = rope.get("mrope_section") or DEFAULT_MROPE_SECTION
+    return ["--position-embedding-type", "mrope", "--mrope-section", *section]
 
 
 def vision_flags(hf_config) -> List[str]:

@@ -53,7 +53,7 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
         vocab_size=lm.vocab_size_padded(settings.tensor_model_parallel_size),
         max_sequence_length=lm.max_position_embeddings,
         share_embeddings_and_output_weights=not lm.untie_embeddings_and_output_weights,
-        position_embedding_type="rope",
+        position_embedding_type=lm.position_embedding_type,  # mrope: lm_config's section
         rotary_base=lm.rotary_base,
         pre_process=placement.llm_embed,
         post_process=placement.llm_head,

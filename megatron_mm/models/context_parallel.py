@@ -41,6 +41,12 @@ class ContextParallelMask:
         """This rank's columns of a [B, S, ...] tensor."""
         return None if x is None else x[:, self.local.to(x.device)]
 
+    def take_positions(self, position_ids: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """This rank's columns of [B, S] or M-RoPE's [3, B, S] position ids: each token
+        then rotates at its own (3-D) position, wherever it sits in the sequence."""
+        return None if position_ids is None else position_ids[..., self.local.to(
+            position_ids.device)]
+
     def take_loss_mask(self, loss_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """The loss mask of this rank's tokens; when nothing is split only CP rank 0 takes
         the loss (the token count, and the gradient, must not count CP times)."""

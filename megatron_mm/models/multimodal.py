@@ -66,11 +66,14 @@ class MultimodalModel(MegatronModule):
         # With context parallelism a rank holds tokens from anywhere in the sequence: RoPE
         # must rotate each at its global position, not at its offset in the local chunk.
         # (positions [S_local] on the device, the whole sequence's length on the host)
+        # M-RoPE needs no hook: it rotates by the position ids it is given, this rank's.
         self._rope_positions: Optional[Tuple[torch.Tensor, int]] = None
+        self.mrope = language_model.position_embedding_type == "mrope"
         rotary = getattr(language_model, "rotary_pos_emb", None)
         if rotary is not None:
             rotary.cp_group = None  # no zigzag slicing: our positions are exact
-            rotary.register_forward_hook(self._rope_at_global_positions)
+            if not self.mrope:
+                rotary.register_forward_hook(self._rope_at_global_positions)
 
     def set_is_first_microbatch(self):
         """Refresh every TE layer's FP8 weight cache at a step's first micro-batch, whichever
@@ -85,6 +88,22 @@ class MultimodalModel(MegatronModule):
             return output
         pos, seq_length = self._rope_positions
         return module.get_emb(seq_length)[pos.to(output.device)]
+
+    def rotary_positions(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """What the language model's rotary embedding takes: M-RoPE's [3, B, S] (a [B, S]
+        batch, text only, has the same position on all three axes); RoPE reads none (it
+        rotates at 0..S-1, or at the CP hook's global positions)."""
+        if self.mrope and position_ids.dim() == 2:
+            return position_ids.unsqueeze(0).expand(3, -1, -1)
+        return position_ids
+
+    def rotary_embedding(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """The LLM layers' ``rotary_pos_emb`` for a whole (unsplit) micro-batch, as GPTModel
+        computes it (for callers running the layers themselves)."""
+        rotary = self.language_model.rotary_pos_emb
+        if self.mrope:
+            return rotary(self.rotary_positions(position_ids), self.language_model.mrope_section)
+        return rotary(position_ids.shape[-1])
 
     def shared_embedding_or_output_weight(self):
         """For ``finalize_model_grads``: the tied weight whose grads meet across stages."""
@@ -321,6 +340,8 @@ class MultimodalModel(MegatronModule):
         ``ContextParallelMask`` instead runs this CP rank's tokens only: ``tokens``,
         ``labels``, ``loss_mask`` and ``position_ids`` stay whole-sequence, the loss comes
         back for the rank's tokens ([B, S_local], in ``attention_mask.local`` order).
+        ``position_ids``: [B, S], or M-RoPE's [3, B, S] (``--position-embedding-type
+        mrope``), on every pipeline stage (each from its own copy of the micro-batch).
 
         ``layout`` (``BatchLayout``, computed on the host) gives every size and position
         the forward needs, so it reads no device value; without one it is computed here
@@ -346,8 +367,9 @@ class MultimodalModel(MegatronModule):
             # or nothing is split) is whole, a shorter one already this rank's.
             if hidden_in.shape[0] == tokens.shape[1]:
                 hidden_in = hidden_in[cpm.local.to(hidden_in.device)]
+        position_ids = self.rotary_positions(position_ids)
         if cpm is not None:
-            tokens, position_ids = cpm.take(tokens), cpm.take(position_ids)
+            tokens, position_ids = cpm.take(tokens), cpm.take_positions(position_ids)
             labels, loss_mask = cpm.take(labels), cpm.take_loss_mask(loss_mask)
         if self.language_model.pre_process:
             decoder_input = hidden_in

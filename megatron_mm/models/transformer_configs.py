@@ -146,6 +146,7 @@ def language_transformer_config(lm: LanguageModelConfig, s: BuildSettings) -> Tr
         add_bias_linear=False,
         add_qkv_bias=lm.add_qkv_bias,
         qk_layernorm=lm.qk_layernorm,
+        mrope_section=list(lm.mrope_section) if lm.mrope else None,
         **s.common("llm"),
         **s.fp8_fields("llm"),
         **_te_context_parallel(s),

@@ -43,6 +43,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seq-length", type=int, default=128)
     g.add_argument("--max-position-embeddings", type=int, default=None)
     g.add_argument("--rotary-base", type=float, default=10000.0)
+    g.add_argument("--position-embedding-type", choices=["rope", "mrope"], default="rope",
+                   help="mrope: Qwen2-VL's multimodal RoPE, rotating by 3-D (temporal, "
+                        "height, width) position ids")
+    g.add_argument("--mrope-section", type=int, nargs="+", default=None,
+                   help="with mrope: rotary frequencies of the temporal, height and width "
+                        "positions (three ints summing to --kv-channels / 2)")
     g.add_argument("--add-qkv-bias", action="store_true")
     g.add_argument("--qk-layernorm", action="store_true")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
@@ -455,8 +461,8 @@ def _validate_search_and_recompute(args: argparse.Namespace) -> None:
 CHECKPOINT_FLAGS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
     "group_query_attention", "num_query_groups", "kv_channels", "max_position_embeddings",
-    "rotary_base", "add_qkv_bias", "qk_layernorm", "untie_embeddings_and_output_weights",
-    "norm_epsilon", "make_vocab_size_divisible_by", "vision_model_type", "vision_hidden_size",
+    "rotary_base", "position_embedding_type", "mrope_section", "add_qkv_bias", "qk_layernorm",
+    "untie_embeddings_and_output_weights", "norm_epsilon", "make_vocab_size_divisible_by", "vision_model_type", "vision_hidden_size",
     "vision_num_layers", "vision_num_attention_heads", "vision_ffn_hidden_size",
     "vision_feature_layer", "vision_norm_epsilon", "img_h", "img_w", "patch_dim",
     "disable_vision_class_token", "projector_type", "projector_ffn_hidden_size",
@@ -496,7 +502,10 @@ def apply_checkpoint_args(args: argparse.Namespace, given: set) -> None:
             value = os.path.join(args.load, value)
         if isinstance(value, list):
             value = tuple(value)
-        if dest in given and getattr(args, dest) != value:
+        given_value = getattr(args, dest)
+        if isinstance(given_value, list):  # nargs flags: compare as the saved tuple
+            given_value = tuple(given_value)
+        if dest in given and given_value != value:
             flag = "--" + dest.replace("_", "-")
             raise ConfigError(f"{flag} {getattr(args, dest)} disagrees with the checkpoint in "
                               f"--load {args.load} ({value}); drop the flag to use the "
@@ -534,6 +543,8 @@ def model_config_from_args(args: argparse.Namespace) -> MultimodalModelConfig:
         seq_length=args.seq_length,
         max_position_embeddings=args.max_position_embeddings,
         rotary_base=args.rotary_base,
+        position_embedding_type=args.position_embedding_type,
+        mrope_section=None if args.mrope_section is None else tuple(args.mrope_section),
         add_qkv_bias=args.add_qkv_bias,
         qk_layernorm=args.qk_layernorm,
         untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,

@@ -32,7 +32,7 @@ class _Runner:
         self.lm = model.language_model
         self.text = None  # [S, B, H]: embeddings, then LLM hidden states
         self.hidden: Dict[str, torch.Tensor] = {}  # encoder name -> [T, N, H]
-        self.rope = self.lm.rotary_pos_emb(batch["tokens"].shape[1])
+        self.rope = model.rotary_embedding(batch["position_ids"])
         self.layout = model.layout(batch["tokens"], batch["media"], batch["loss_mask"])
 
     def detach_inputs(self, layer: Layer) -> None:
