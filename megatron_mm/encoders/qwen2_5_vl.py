@@ -87,8 +87,9 @@ def geometry(enc: Qwen2_5VLVisionConfig, **extra) -> QwenVLGeometry:
 
 def planner_spec(name: str, enc: Qwen2_5VLVisionConfig, items_per_sample: int,
                  common: dict) -> EncoderSpec:
-    """Costs of square images of ``--max-pixels`` (the largest an image becomes)."""
-    side = math.isqrt(enc.max_pixels)
+    """Costs of square images of ``--min-pixels``: the least every image costs (items vary
+    with each image's size; the data balancer reads every sample's own patch count)."""
+    side = math.isqrt(enc.min_pixels)
     t, h, w = image_grid(side, side, geometry(enc))
     patches = t * h * w
     common = {**common, "projector_input_size": enc.merged_size,

@@ -159,7 +159,7 @@ def import_hf(hf_dir: str, save_dir: str, tensor_model_parallel_size: int = 1,
         tensor_model_parallel_size)
     model = _build(config, args)
     expected = _tensors(model)
-    mapped, used = MappingTable(family.rules()).to_megatron(hf, expected,
+    mapped, used = MappingTable(family.table(hf_config)).to_megatron(hf, expected,
                                                              _context(config, text.vocab_size))
     unused = _leftovers(hf, used, family, tied=not lm.untie_embeddings_and_output_weights)
     model.load_state_dict({**model.state_dict(), **mapped}, strict=True)
@@ -188,7 +188,7 @@ def export_hf(load_dir: str, out_dir: str) -> str:
     config.language.padded_vocab_size = saved_args(args).get("padded_vocab_size")
     model = _build(config, args)
     load_checkpoint(args, [model], None, None)
-    table = MappingTable(family.rules())
+    table = MappingTable(family.table(hf_config))
     hf = table.to_hf(_tensors(model), _context(config, text.vocab_size))
     unused = os.path.join(hf_dir, UNUSED)
     if os.path.isfile(unused):

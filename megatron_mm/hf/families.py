@@ -14,6 +14,7 @@ from typing import Callable, List, Optional, Tuple
 from .config_fields import (AUDIO_FIELDS, DEFAULT_MROPE_SECTION, LANGUAGE_FIELDS, LLAVA_FIELDS,
                             MROPE_LANGUAGE_TYPES, VISION_FIELDS, VISION_TYPES,
                             longest_exact_sequence, refuse_unsupported)
+from . import qwen2_5_vl
 from .errors import ConversionError
 from .layouts import CAUSAL_LM, LLAVA, QWEN2_AUDIO, Layout
 from .tables import causal_lm_rules, llava_rules, qwen2_audio_rules
@@ -32,6 +33,20 @@ class Family:
     # The keyword arguments of the Hugging Face forward the megatron_mm model reproduces
     # (``convert_hf.py compare --inputs``).
     inputs: Tuple[str, ...] = ("input_ids", "attention_mask")
+    # A family's own hooks (None: the shared ones): ``flags(hf_config)`` -> megatron_mm
+    # flags; ``rules`` called with the config (``config_rules``: its table depends on it);
+    # ``media(inputs)`` -> the megatron_mm media dict and ``positions(hf_config, inputs)``
+    # -> position ids (M-RoPE) for ``compare``; ``hf_inputs(hf_config, inputs)``: the
+    # Hugging Face forward's arguments completed as its processor would.
+    flags: Optional[Callable] = None
+    config_rules: bool = False
+    media: Optional[Callable] = None
+    positions: Optional[Callable] = None
+    hf_inputs: Optional[Callable] = None
+
+    def table(self, hf_config):
+        """The weight rules of this family (for ``hf_config``)."""
+        return self.rules(hf_config) if self.config_rules else self.rules()
 
 
 _VISION_UNUSED = (r"model\.vision_tower\.encoder\.layers\.\d+\..*",
@@ -51,6 +66,11 @@ FAMILIES = {f.architecture: f for f in (
     Family("Qwen2AudioForConditionalGeneration", QWEN2_AUDIO, qwen2_audio_rules, True,
            inputs=("input_ids", "attention_mask", "input_features",
                    "feature_attention_mask")),
+    # Native-resolution ViT (window attention) + patch merger + Qwen2 with M-RoPE.
+    Family("Qwen2_5_VLForConditionalGeneration", qwen2_5_vl.QWEN2_5_VL, qwen2_5_vl.rules,
+           True, inputs=qwen2_5_vl.INPUTS, flags=qwen2_5_vl.model_flags, config_rules=True,
+           media=qwen2_5_vl.megatron_media, positions=qwen2_5_vl.position_ids,
+           hf_inputs=qwen2_5_vl.hf_inputs),
 )}
 
 
@@ -139,6 +159,8 @@ def audio_flags(hf_config) -> List[str]:
 
 def model_flags(hf_config) -> List[str]:
     family = family_for(hf_config)
+    if family.flags is not None:
+        return family.flags(hf_config)
     if not family.multimodal:
         return language_flags(hf_config) + ["--vision-model-type", "none"]
     if family.layout is QWEN2_AUDIO:
