@@ -1,0 +1,107 @@
+"""Qwen2.5-VL training (native-size images and videos through the window-attention ViT,
+M-RoPE in the LLM) under TP=2, PP=2 with the ViT cut between its two layers, and DP=2
+with --data-balance (vision work = patches) equals the single-process run from the same
+initial checkpoint: losses, gradients and parameters."""
+
+import pytest
+import torch
+from dist_harness import run_distributed
+from qwen_vl_data import QWEN_VL_MODEL, write_qwen_vl_data
+from train_workers import TINY_MODEL, train
+
+STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def qwen_vl_dir(tmp_path_factory):
+    return write_qwen_vl_data(str(tmp_path_factory.mktemp("qwen_vl")))
+
+
+def _argv(data, *extra):
+    return TINY_MODEL + QWEN_VL_MODEL + [
+        "--data-path", data, "--micro-batch-size", "2", "--global-batch-size", "4",
+        "--make-vocab-size-divisible-by", "64", *extra]
+
+
+@pytest.fixture(scope="module")
+def reference(qwen_vl_dir, tmp_path_factory):
+    """The saved initial checkpoint and the one-process run from it, for each data path
+    (padded micro-batches, or packed balanced ones)."""
+    init = str(tmp_path_factory.mktemp("init"))
+    run_distributed(train, 1, _argv(qwen_vl_dir, "--train-iters", "0", "--save", init))
+    common = ["--train-iters", str(STEPS), "--load", init, "--no-load-optim"]
+    padded = run_distributed(train, 1, _argv(qwen_vl_dir, *common), (1, STEPS))[0]
+    return common, padded
+
+
+def _merge(ranks, key, step=None):
+    merged = {}
+    for out in ranks:
+        merged.update(out[key] if step is None else out[key][step])
+    return merged
+
+
+def _assert_equal_runs(stages, ref):
+    last = stages[-1]
+    for it in range(1, STEPS + 1):
+        assert last["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    for what, step, atol in (("grads", 1, 1e-6), ("grads", STEPS, 1e-6), ("params", None, 1e-5)):
+        ours, theirs = _merge(stages, what, step), (ref[what] if step is None
+                                                    else ref[what][step])
+        assert ours.keys() == theirs.keys()
+        for name, value in theirs.items():
+            torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=atol,
+                                       msg=lambda m: f"{what} {step} {name}: {m}")
+    vision = [n for n in theirs if n.startswith("vision_model.")]
+    assert vision and all(ref["grads"][1][n].abs().sum() > 0 for n in vision
+                          if ref["grads"][1][n] is not None)
+
+
+@pytest.mark.parametrize("world,layout", [
+    (2, ["--tensor-model-parallel-size", "2"]),
+    # [LLM embedding, ViT patch embedding, ViT layer 0] [ViT layer 1, merger, LLM layers]:
+    # the packed patches of a micro-batch travel between the stages
+    (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,5"]),
+], ids=["tp2", "pp2-split-vit"])
+def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layout):
+    common, ref = reference
+    ranks = run_distributed(train, world, _argv(qwen_vl_dir, *common, *layout), (1, STEPS))
+    stages = ranks[:1] if "--tensor-model-parallel-size" in layout else ranks
+    _assert_equal_runs(stages, ref)
+
+
+def test_balanced_packing_pp2_equals_one_process(qwen_vl_dir, reference):
+    """--data-balance packs samples (their images and videos together) into one sequence
+    per micro-batch, balanced on patches and tokens; PP=2 with the ViT cut runs the same
+    plan as one process and gives the same losses and parameters."""
+    common, _ = reference
+    balance = ["--data-balance", "isf", "--seq-length", "128"]
+    ref = run_distributed(train, 1, _argv(qwen_vl_dir, *common, *balance), (1, STEPS))[0]
+    ranks = run_distributed(train, 2, _argv(qwen_vl_dir, *common, *balance,
+                                            "--pipeline-model-parallel-size", "2",
+                                            "--pipeline-partition", "3,5"), (1, STEPS))
+    _assert_equal_runs(ranks, ref)
+
+
+def test_balancer_counts_patches(qwen_vl_dir):
+    """The data balancer's vision work of a record is its items' patches (t * h * w)."""
+    from megatron_mm.data.dataset import MultimodalDataset
+    from megatron_mm.data.tokenizer import build_tokenizer
+    from megatron_mm.training.arguments import build_parser
+    from megatron_mm.training.balanced_data import sample_loads
+    from megatron_mm.training.pretrain import media_processors
+
+    args = build_parser().parse_args(_argv(qwen_vl_dir))
+    from megatron_mm.training.arguments import model_config_from_args
+
+    args.model_config = model_config_from_args(args)
+    procs = media_processors(args)
+    data = MultimodalDataset(f"{qwen_vl_dir}/train.jsonl", build_tokenizer(),
+                             {m: p.token_count for m, p in procs.items()}, None,
+                             processors=procs)
+    loads = sample_loads(data)
+    for i in range(3):  # one image; two images; an image and a video
+        media = data.encode(i).media
+        patches = sum(int(g.prod(-1).sum()) for k, g in media.items() if k.endswith("_thw"))
+        assert loads[i].vision == patches
+    assert len({load.vision for load in loads}) > 2  # the records differ in work
