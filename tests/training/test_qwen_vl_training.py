@@ -105,3 +105,33 @@ def test_balancer_counts_patches(qwen_vl_dir):
         patches = sum(int(g.prod(-1).sum()) for k, g in media.items() if k.endswith("_thw"))
         assert loads[i].vision == patches
     assert len({load.vision for load in loads}) > 2  # the records differ in work
+
+
+@pytest.mark.parametrize("world,flags", [
+    (1, []),
+    (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,5"]),
+], ids=["default", "pp2-split-vit"])
+def test_no_host_syncs_inside_the_model(qwen_vl_dir, world, flags):
+    """The windows, masks, rotary positions and packed shapes come from the host layout:
+    the model reads no device value, on either side of a cut inside the ViT."""
+    from host_syncs import count_model_host_syncs
+
+    ranks = run_distributed(train, world, _argv(qwen_vl_dir, "--train-iters", "1", *flags),
+                            (), count_model_host_syncs)
+    for rank, out in enumerate(ranks):
+        counted = out["observed"]["host_syncs"]
+        assert counted["scopes"] > 0 and counted["found"] == [], (rank, counted)
+
+
+def test_balanced_dp2_resumes_exactly(qwen_vl_dir, tmp_path):
+    """DP=2 on packed micro-batches balanced on patches and tokens: a run resumed from its
+    step-2 checkpoint gives the uninterrupted run's losses."""
+    from test_balanced_training import train_then_resume
+
+    argv = _argv(qwen_vl_dir, "--seq-length", "128", "--data-balance", "isf-sorted")
+    full, resumed, seen = run_distributed(train_then_resume, 2, argv,
+                                          str(tmp_path / "ckpt"))[0]
+    assert list(resumed) == [3, 4]
+    for it in (3, 4):
+        assert resumed[it] == full[it], it
+    assert all(shape[0] == 1 and masked for shape, masked in seen)  # packed, with its mask
