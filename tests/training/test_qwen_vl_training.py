@@ -1,7 +1,8 @@
 """Qwen2.5-VL training (native-size images and videos through the window-attention ViT,
-M-RoPE in the LLM) under TP=2, PP=2 with the ViT cut between its two layers, and DP=2
-with --data-balance (vision work = patches) equals the single-process run from the same
-initial checkpoint: losses, gradients and parameters."""
+M-RoPE in the LLM) under TP=2, PP=2 with the ViT cut between its two layers, PP=2 with the
+ViT in the LLM's bubbles, and on packed micro-batches balanced on patches (--data-balance)
+equals the single-process run from the same initial checkpoint: losses, gradients and
+parameters; DP=2 balanced runs resume exactly; the model reads no device value."""
 
 import pytest
 import torch
@@ -62,7 +63,10 @@ def _assert_equal_runs(stages, ref):
     # [LLM embedding, ViT patch embedding, ViT layer 0] [ViT layer 1, merger, LLM layers]:
     # the packed patches of a micro-batch travel between the stages
     (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,5"]),
-], ids=["tp2", "pp2-split-vit"])
+    # the ViT as its own pipeline [ViT 0 | ViT 1], run in the LLM's bubbles by the schedule
+    # executor: each piece binds its windows from the micro-batch's host media
+    (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"]),
+], ids=["tp2", "pp2-split-vit", "pp2-bubble"])
 def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layout):
     common, ref = reference
     ranks = run_distributed(train, world, _argv(qwen_vl_dir, *common, *layout), (1, STEPS))
@@ -110,7 +114,8 @@ def test_balancer_counts_patches(qwen_vl_dir):
 @pytest.mark.parametrize("world,flags", [
     (1, []),
     (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,5"]),
-], ids=["default", "pp2-split-vit"])
+    (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"]),
+], ids=["default", "pp2-split-vit", "pp2-bubble"])
 def test_no_host_syncs_inside_the_model(qwen_vl_dir, world, flags):
     """The windows, masks, rotary positions and packed shapes come from the host layout:
     the model reads no device value, on either side of a cut inside the ViT."""
