@@ -14,6 +14,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
 from ..data import Sample, collate
+from ..data.processing import sample_positions
 from ..runtime.collective_device import collective_device
 from .fp8_args import llm_sequence_multiple
 from .step import prepare_batch, reduce_lm_loss, run_schedule
@@ -96,10 +97,16 @@ def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tok
 
 
 def _extend(sample: Sample, token: int) -> Sample:
+    """``sample`` with ``token`` appended; M-RoPE positions go on as text (after the
+    largest position so far, as transformers' generation continues them)."""
     tail = torch.tensor([token], dtype=sample.tokens.dtype)
+    positions = sample.position_ids
+    if positions is not None:
+        positions = sample_positions(sample, len(sample.tokens) + 1)
     return dataclasses.replace(sample, tokens=torch.cat([sample.tokens, tail]),
                                labels=torch.cat([sample.labels, tail]),
-                               loss_mask=torch.cat([sample.loss_mask, torch.zeros(1)]))
+                               loss_mask=torch.cat([sample.loss_mask, torch.zeros(1)]),
+                               position_ids=positions)
 
 
 def normalize_answer(text: str) -> str:
@@ -123,6 +130,8 @@ def answer_accuracy(args, model: List, dataset, tokenizer, indices: Sequence[int
         n = sample.prompt_len
         sample.tokens, sample.labels = sample.tokens[:n], sample.labels[:n]
         sample.loss_mask = sample.loss_mask[:n]
+        if sample.position_ids is not None:
+            sample.position_ids = sample.position_ids[:, :n]
         prompts.append(sample)
     prompts.sort(key=lambda s: len(s.tokens))
     correct = 0
