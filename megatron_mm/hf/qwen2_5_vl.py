@@ -9,7 +9,7 @@ from typing import Dict, List
 
 import torch
 
-from .config_fields import Field, _one_of, refuse_unsupported
+from .config_fields import QWEN2_5_VL_VISION_FIELDS, refuse_unsupported
 from .layouts import Layout
 from .mapping import prefixed
 from .qwen2_5_vl_vision_table import qwen2_5_vl_vision_rules
@@ -33,13 +33,6 @@ QWEN2_5_VL = Layout(
 INPUTS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw",
           "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "mm_token_type_ids")
 
-# The vision tower's config fields the megatron_mm encoder does not reproduce for every
-# value (the sizes, window, merge and patch sizes map onto flags).
-VISION_FIELDS = (
-    Field("hidden_act", _one_of("silu"), "the vision MLP is SwiGLU ('silu')", "silu"),
-    Field("in_channels", _one_of(3), "images are RGB", 3),
-)
-
 
 def rules(hf_config):
     vision = hf_config.vision_config
@@ -54,7 +47,7 @@ def model_flags(hf_config) -> List[str]:
     from .families import language_flags
 
     text, vision = hf_config.get_text_config(), hf_config.vision_config
-    refuse_unsupported(vision, VISION_FIELDS, "vision_config.")
+    refuse_unsupported(vision, QWEN2_5_VL_VISION_FIELDS, "vision_config.")
     if vision.out_hidden_size != text.hidden_size:
         raise ConversionError(f"config vision_config.out_hidden_size={vision.out_hidden_size}"
                               f" differs from text_config.hidden_size={text.hidden_size}: "
