@@ -309,10 +309,10 @@ class MultimodalModel(MegatronModule):
         if name is None or not layout.items[name]:
             return received, None
         b, s = tokens.shape
-        t = self.encoder(name).layer_seq_length if name not in layout.hidden_shapes else None
-        n_items = layout.items[name]
-        if t is None:  # a family whose hidden shape varies by batch (host-known)
+        if name in layout.hidden_shapes:  # a family whose shape varies by batch (host-known)
             t, n_items = layout.hidden_shapes[name]
+        else:
+            t, n_items = self.encoder(name).layer_seq_length, layout.items[name]
         if self.sequence_parallel:  # this rank's shards
             tp = self.language_model.config.tensor_model_parallel_size
             s, t = s // tp, t // tp
