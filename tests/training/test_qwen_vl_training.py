@@ -1,6 +1,6 @@
 """Qwen2.5-VL training (native-size images and videos through the window-attention ViT,
 M-RoPE in the LLM) under TP=2, PP=2 with the ViT cut between its two layers, PP=2 with the
-ViT in the LLM's bubbles, and on packed micro-batches balanced on patches (--data-balance)
+ViT in the LLM's bubbles, CP=2, and on packed micro-batches balanced on patches (--data-balance)
 equals the single-process run from the same initial checkpoint: losses, gradients and
 parameters; DP=2 balanced runs resume exactly; the model reads no device value."""
 
@@ -66,11 +66,14 @@ def _assert_equal_runs(stages, ref):
     # the ViT as its own pipeline [ViT 0 | ViT 1], run in the LLM's bubbles by the schedule
     # executor: each piece binds its windows from the micro-batch's host media
     (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"]),
-], ids=["tp2", "pp2-split-vit", "pp2-bubble"])
+    # each CP rank takes its tokens' 3-D positions; the media merge into the whole text
+    (2, ["--context-parallel-size", "2", "--context-parallel-block", "8"]),
+], ids=["tp2", "pp2-split-vit", "pp2-bubble", "cp2"])
 def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layout):
     common, ref = reference
     ranks = run_distributed(train, world, _argv(qwen_vl_dir, *common, *layout), (1, STEPS))
-    stages = ranks[:1] if "--tensor-model-parallel-size" in layout else ranks
+    # TP / CP ranks hold the same (gathered) tensors; pipeline stages their own pieces
+    stages = ranks if "--pipeline-model-parallel-size" in layout else ranks[:1]
     _assert_equal_runs(stages, ref)
 
 
