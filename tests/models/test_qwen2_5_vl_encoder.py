@@ -87,6 +87,11 @@ def test_layout_counts_items_and_packs_patches(gloo_world):
     assert layout.items["vision"] == 3
     assert layout.hidden_shapes["vision"] == (patches, 1)
     assert layout.encoder_batches["vision"].layout.num_patches == patches
+    swapped = tokens.clone()
+    swapped[0, 30] = IMAGE_ID  # right total, but one video placeholder became an image's
+    with pytest.raises(MediaMismatchError, match="29 image placeholder tokens but its image "
+                                                 "items give 28"):
+        batch_layout(model.mm_config, model.media_token_ids, swapped, media)
     tokens[1, 9] = IMAGE_ID  # one placeholder more than the grids give
     with pytest.raises(MediaMismatchError, match="placeholder tokens"):
         batch_layout(model.mm_config, model.media_token_ids, tokens, media)
