@@ -1,6 +1,6 @@
 """Qwen2.5-VL training (native-size images and videos through the window-attention ViT,
 M-RoPE in the LLM) under TP=2, PP=2 with the ViT cut between its two layers, PP=2 with the
-ViT in the LLM's bubbles, CP=2, and on packed micro-batches balanced on patches (--data-balance)
+ViT in the LLM's bubbles, CP=2, full recompute, and on packed micro-batches balanced on patches (--data-balance)
 equals the single-process run from the same initial checkpoint: losses, gradients and
 parameters; DP=2 balanced runs resume exactly; the model reads no device value."""
 
@@ -11,6 +11,8 @@ from qwen_vl_data import QWEN_VL_MODEL, write_qwen_vl_data
 from train_workers import TINY_MODEL, train
 
 STEPS = 2
+RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "block",
+             "--recompute-num-layers", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -68,13 +70,26 @@ def _assert_equal_runs(stages, ref):
     (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"]),
     # each CP rank takes its tokens' 3-D positions; the media merge into the whole text
     (2, ["--context-parallel-size", "2", "--context-parallel-block", "8"]),
-], ids=["tp2", "pp2-split-vit", "pp2-bubble", "cp2"])
+    # full recompute: the whole tower's block, and an encoder piece's layers (their
+    # masks and rotary angles go into the checkpointed function)
+    (1, RECOMPUTE),
+    (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble", *RECOMPUTE]),
+], ids=["tp2", "pp2-split-vit", "pp2-bubble", "cp2", "recompute", "pp2-bubble-recompute"])
 def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layout):
+    from test_pipeline_parallel import count_vit_layer_calls
+
     common, ref = reference
-    ranks = run_distributed(train, world, _argv(qwen_vl_dir, *common, *layout), (1, STEPS))
+    ranks = run_distributed(train, world, _argv(qwen_vl_dir, *common, *layout), (1, STEPS),
+                            count_vit_layer_calls)
     # TP / CP ranks hold the same (gathered) tensors; pipeline stages their own pieces
     stages = ranks if "--pipeline-model-parallel-size" in layout else ranks[:1]
     _assert_equal_runs(stages, ref)
+    calls = [out["observed"]["vit_calls"] for out in stages]
+    once = 2 * STEPS * sum(c["layers"] for c in calls)  # each layer once per micro-batch
+    if RECOMPUTE[1] in layout:  # a recomputed ViT layer runs its forward twice
+        assert sum(c["fwd"] for c in calls) > once, calls
+    else:
+        assert sum(c["fwd"] for c in calls) == once, calls
 
 
 def test_balanced_packing_pp2_equals_one_process(qwen_vl_dir, reference):
