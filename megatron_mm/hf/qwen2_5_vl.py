@@ -72,6 +72,39 @@ def model_flags(hf_config) -> List[str]:
         str(f) for f in flags]
 
 
+def processor_flags(hf_dir: str, hf_config) -> List[str]:
+    """The pixel bounds of the directory's image and video processor configs
+    (``min_pixels`` / ``max_pixels``, or transformers 5's ``size`` shortest / longest edge):
+    they fix every item's token count. Patch, merge and temporal sizes must agree with the
+    vision config."""
+    import json
+    import os
+
+    from .errors import ConversionError
+
+    vision, flags = hf_config.vision_config, []
+    for name, prefix in (("preprocessor_config.json", "--"),
+                         ("video_preprocessor_config.json", "--video-")):
+        path = os.path.join(hf_dir, name)
+        if not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            cfg = json.load(f)
+        for key, want in (("patch_size", vision.patch_size),
+                          ("temporal_patch_size", vision.temporal_patch_size),
+                          ("merge_size", vision.spatial_merge_size)):
+            if cfg.get(key, want) != want:
+                raise ConversionError(f"{path}: {key}={cfg[key]} but the vision config's is "
+                                      f"{want}")
+        size = cfg.get("size") or {}
+        for flag, keys in (("min-pixels", ("min_pixels", "shortest_edge")),
+                           ("max-pixels", ("max_pixels", "longest_edge"))):
+            value = cfg.get(keys[0]) or size.get(keys[1])
+            if value:
+                flags += [f"{prefix}{flag}", str(int(value))]
+    return flags
+
+
 def megatron_media(inputs: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """The batch media the qwen2_5_vl encoder reads (``encoders/qwen2_5_vl.py``)."""
     media = {}
