@@ -1,6 +1,7 @@
 """Qwen2.5-VL training (native-size images and videos through the window-attention ViT,
 M-RoPE in the LLM) under TP=2, PP=2 with the ViT cut between its two layers, PP=2 with the
-ViT in the LLM's bubbles, CP=2, full recompute, and on packed micro-batches balanced on patches (--data-balance)
+ViT in the LLM's bubbles, CP=2, full recompute, a frozen ViT over PP=2 x VPP=2, and on
+packed micro-batches balanced on patches (--data-balance)
 equals the single-process run from the same initial checkpoint: losses, gradients and
 parameters; DP=2 balanced runs resume exactly; the model reads no device value."""
 
@@ -90,6 +91,32 @@ def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layou
         assert sum(c["fwd"] for c in calls) > once, calls
     else:
         assert sum(c["fwd"] for c in calls) == once, calls
+
+
+def test_frozen_vit_interleaved_pipeline_equals_one_process(qwen_vl_dir, tmp_path):
+    """A frozen tower split over two virtual chunks of PP=2 x VPP=2: [LLM embedding, ViT
+    embed, ViT 0] [ViT 1, merger] [LLM 0-2] [LLM 3, output]; it runs no backward."""
+    from test_pipeline_parallel import count_vit_layer_calls
+
+    model = ["--num-layers", "4", "--freeze-ViT"]
+    init = str(tmp_path / "init")
+    run_distributed(train, 1, _argv(qwen_vl_dir, *model, "--train-iters", "0", "--save", init))
+    common = [*model, "--train-iters", str(STEPS), "--load", init, "--no-load-optim"]
+    ref = run_distributed(train, 1, _argv(qwen_vl_dir, *common), (1, STEPS))[0]
+    ranks = run_distributed(train, 2, _argv(
+        qwen_vl_dir, *common, "--pipeline-model-parallel-size", "2",
+        "--virtual-pipeline-model-parallel-size", "2", "--pipeline-partition", "3,2,3,2"),
+        (1, STEPS), count_vit_layer_calls)
+    for it in range(1, STEPS + 1):
+        assert ranks[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    params = _merge(ranks, "params")
+    for name, value in ref["params"].items():
+        torch.testing.assert_close(params[name], value, rtol=1e-4, atol=1e-5, msg=name)
+        if name.startswith("vision_model."):  # frozen: no gradient, unchanged
+            assert ref["grads"][1][name] is None, name
+    calls = [out["observed"]["vit_calls"] for out in ranks]
+    assert [c["layers"] for c in calls] == [1, 1]
+    assert all(c["fwd"] == 2 * STEPS and c["bwd"] == 0 for c in calls), calls
 
 
 def test_balanced_packing_pp2_equals_one_process(qwen_vl_dir, reference):
