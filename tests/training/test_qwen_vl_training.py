@@ -1,9 +1,9 @@
 """Qwen2.5-VL training (native-size images and videos through the window-attention ViT,
-M-RoPE in the LLM) under TP=2, PP=2 with the ViT cut between its two layers, PP=2 with the
-ViT in the LLM's bubbles, CP=2, full recompute, a frozen ViT over PP=2 x VPP=2, and on
-packed micro-batches balanced on patches (--data-balance)
-equals the single-process run from the same initial checkpoint: losses, gradients and
-parameters; DP=2 balanced runs resume exactly; the model reads no device value."""
+M-RoPE in the LLM) equals the single-process run from the same initial checkpoint (losses,
+gradients, parameters) under TP=2, PP=2 with the ViT cut between its two layers, PP=2 with
+the ViT in the LLM's bubbles, CP=2, full recompute, a frozen ViT over PP=2 x VPP=2, and on
+packed micro-batches balanced on patches (--data-balance); DP=2 balanced runs resume
+exactly; the model reads no device value."""
 
 import pytest
 import torch
