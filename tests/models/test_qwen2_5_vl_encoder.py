@@ -121,3 +121,16 @@ def test_sequence_parallel_and_fp8_are_refused():
         qwen.check_sequence_parallel("vision", enc, 2, "local")
     with pytest.raises(ConfigError, match="--fp8-modules"):
         qwen.fp8_token_counts("vision", enc)
+
+
+def test_bidirectional_media_attention_is_refused():
+    """Bidirectional media attention splits placeholder runs into items by a fixed count;
+    Qwen2.5-VL's items have their own lengths (and its LLM attends causally)."""
+    from types import SimpleNamespace
+
+    from megatron_mm.training.attention import AttentionSettings
+
+    config = MultimodalModelConfig(encoders={"vision": Qwen2_5VLVisionConfig(**ENC)})
+    args = SimpleNamespace(model_config=config, media_attention="bidirectional")
+    with pytest.raises(ConfigError, match="--media-attention causal"):
+        AttentionSettings.from_args(args, tokenizer=None)
