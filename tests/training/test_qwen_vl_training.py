@@ -1,7 +1,8 @@
 """Qwen2.5-VL training (native-size images and videos through the window-attention ViT,
 M-RoPE in the LLM) equals the single-process run from the same initial checkpoint (losses,
 gradients, parameters) under TP=2, PP=2 with the ViT cut between its two layers, PP=2 with
-the ViT in the LLM's bubbles, CP=2, full recompute, a frozen ViT over PP=2 x VPP=2, and on
+the ViT in the LLM's bubbles (also at encoder TP 1 in TP 2), CP=2, full recompute, a
+frozen ViT over PP=2 x VPP=2, and on
 packed micro-batches balanced on patches (--data-balance); DP=2 balanced runs resume
 exactly; the model reads no device value."""
 
@@ -75,7 +76,11 @@ def _assert_equal_runs(stages, ref):
     # masks and rotary angles go into the checkpointed function)
     (1, RECOMPUTE),
     (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble", *RECOMPUTE]),
-], ids=["tp2", "pp2-split-vit", "pp2-bubble", "cp2", "recompute", "pp2-bubble-recompute"])
+    # the tower at TP 1 inside TP 2: two encoder replicas, each for half the micro-batches
+    (4, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+         "--encoder-schedule", "bubble", "--encoder-tensor-model-parallel-size", "1"]),
+], ids=["tp2", "pp2-split-vit", "pp2-bubble", "cp2", "recompute", "pp2-bubble-recompute",
+        "tp2-pp2-bubble-etp1"])
 def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layout):
     from test_pipeline_parallel import count_vit_layer_calls
 
@@ -83,10 +88,12 @@ def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layou
     ranks = run_distributed(train, world, _argv(qwen_vl_dir, *common, *layout), (1, STEPS),
                             count_vit_layer_calls)
     # TP / CP ranks hold the same (gathered) tensors; pipeline stages their own pieces
-    stages = ranks if "--pipeline-model-parallel-size" in layout else ranks[:1]
+    stages = ranks[::world // 2] if "--pipeline-model-parallel-size" in layout else ranks[:1]
     _assert_equal_runs(stages, ref)
-    calls = [out["observed"]["vit_calls"] for out in stages]
-    once = 2 * STEPS * sum(c["layers"] for c in calls)  # each layer once per micro-batch
+    # encoder replicas (encoder TP 1) split the micro-batches: count over all of them
+    replicas = "--encoder-tensor-model-parallel-size" in layout
+    calls = [out["observed"]["vit_calls"] for out in (ranks if replicas else stages)]
+    once = 2 * STEPS * sum(c["layers"] for c in calls) // (2 if replicas else 1)
     if RECOMPUTE[1] in layout:  # a recomputed ViT layer runs its forward twice
         assert sum(c["fwd"] for c in calls) > once, calls
     else:
