@@ -143,13 +143,11 @@ def test_balancer_counts_patches(qwen_vl_dir):
     """The data balancer's vision work of a record is its items' patches (t * h * w)."""
     from megatron_mm.data.dataset import MultimodalDataset
     from megatron_mm.data.tokenizer import build_tokenizer
-    from megatron_mm.training.arguments import build_parser
+    from megatron_mm.training.arguments import build_parser, model_config_from_args
     from megatron_mm.training.balanced_data import sample_loads
     from megatron_mm.training.pretrain import media_processors
 
     args = build_parser().parse_args(_argv(qwen_vl_dir))
-    from megatron_mm.training.arguments import model_config_from_args
-
     args.model_config = model_config_from_args(args)
     procs = media_processors(args)
     data = MultimodalDataset(f"{qwen_vl_dir}/train.jsonl", build_tokenizer(),
