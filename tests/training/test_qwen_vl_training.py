@@ -172,10 +172,13 @@ def test_balancer_counts_patches(qwen_vl_dir):
     (1, []),
     (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,5"]),
     (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"]),
-], ids=["default", "pp2-split-vit", "pp2-bubble"])
+    (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+         "--transformer-impl", "local"]),
+], ids=["default", "pp2-split-vit", "pp2-bubble", "tp2-sp"])
 def test_no_host_syncs_inside_the_model(qwen_vl_dir, world, flags):
     """The windows, masks, rotary positions and packed shapes come from the host layout:
-    the model reads no device value, on either side of a cut inside the ViT."""
+    the model reads no device value, on either side of a cut inside the ViT, in the
+    encoder pieces and with the sequence-parallel padding."""
     from host_syncs import count_model_host_syncs
 
     ranks = run_distributed(train, world, _argv(qwen_vl_dir, "--train-iters", "1", *flags),
