@@ -221,7 +221,8 @@ def run_tokenizer(args):
     if "tok" not in _CACHE:
         _CACHE["tok"] = build_tokenizer(args.tokenizer_type, args.tokenizer_model,
                                         image_token_id=args.image_token_id,
-                                        audio_token_id=args.audio_token_id)
+                                        audio_token_id=args.audio_token_id,
+                                        video_token_id=args.video_token_id)
     return _CACHE["tok"]
 
 

@@ -19,11 +19,11 @@ def _token_text(value) -> Optional[str]:
 
 class HuggingFaceTokenizer:
     def __init__(self, path: str | os.PathLike, image_token_id: Optional[int] = None,
-                 audio_token_id: Optional[int] = None):
+                 audio_token_id: Optional[int] = None, video_token_id: Optional[int] = None):
         from tokenizers import Tokenizer
 
         self.path, self.image_token_id = os.fspath(path), image_token_id
-        self.audio_token_id = audio_token_id
+        self.audio_token_id, self.video_token_id = audio_token_id, video_token_id
         file = os.path.join(self.path, "tokenizer.json")
         if not os.path.isfile(file):
             raise FileNotFoundError(f"--tokenizer-model {self.path}: no tokenizer.json there")
@@ -46,6 +46,12 @@ class HuggingFaceTokenizer:
                 audio = self._id(name)
         if audio is not None:
             self._media_ids["audio"] = audio
+        video = video_token_id
+        for name in ("<|video_pad|>", "<video>"):  # Qwen2-VL / Qwen2.5-VL's, or ours
+            if video is None:
+                video = self._id(name)
+        if video is not None:
+            self._media_ids["video"] = video
         self.base_vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 
     def _id(self, token: Optional[str]) -> Optional[int]:
@@ -53,10 +59,11 @@ class HuggingFaceTokenizer:
 
     def __getstate__(self) -> dict:
         return {"path": self.path, "image_token_id": self.image_token_id,
-                "audio_token_id": self.audio_token_id}
+                "audio_token_id": self.audio_token_id, "video_token_id": self.video_token_id}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"], state["image_token_id"], state.get("audio_token_id"))
+        self.__init__(state["path"], state["image_token_id"], state.get("audio_token_id"),
+                      state.get("video_token_id"))
 
     @property
     def vocab_size(self) -> int:

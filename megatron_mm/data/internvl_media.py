@@ -168,13 +168,13 @@ class InternVLImageProcessor:
         images = [load_image(r, context=f"{where} image {i}") for i, r in enumerate(refs)]
         return {"image": process_images(images, self.cfg, where).pixel_values}
 
-    def items(self, ref: MediaRef, where: str) -> int:
+    def vision_work(self, ref: MediaRef, where: str) -> int:
         """Tiles of the image (its encoder work), from its header."""
         h, w = image_size(ref, where)
         return tile_count(h, w, self.cfg.tiling, where)
 
     def token_count(self, ref: MediaRef, where: str) -> int:
-        return context_tokens(self.items(ref, where), self.cfg.tiling)
+        return context_tokens(self.vision_work(ref, where), self.cfg.tiling)
 
     def overflow_advice(self, record: Record, tokens: int, seq_length: int) -> str:
         """Why a record is over ``--seq-length``: each image's tiles, and the largest

@@ -116,7 +116,8 @@ def encode_record(record: Record, tokenizer: MultimodalTokenizer,
                   processors: dict | None = None) -> Sample:
     """Encode one record; raises DataRecordError if longer than `max_seq_length` (no
     truncation) or if an item does not suit its encoder. ``processors`` (modality ->
-    ``media_processors`` processor, the model's encoder families) decode the media;
+    ``media_processors`` processor, the model's encoder families) decode the media (and
+    one with ``position_ids`` gives the sample its M-RoPE positions);
     without them, fixed-size images (`image_cfg`) and, given `audio_cfg`, Whisper clips."""
     if processors is None:
         processors = default_processors(media_token_counts, image_cfg, audio_cfg)
@@ -140,13 +141,20 @@ def encode_record(record: Record, tokenizer: MultimodalTokenizer,
         for key, empty in proc.load([], "").items():
             media.setdefault(key, empty)
 
+    position_ids = None
+    for proc in {id(p): p for p in processors.values()}.values():  # e.g. M-RoPE's
+        positions = getattr(proc, "position_ids", None)
+        if positions is not None:
+            position_ids = positions(tr.ids, media, tokenizer.media_token_id, record.where())
+
     tokens = torch.tensor(tr.ids, dtype=torch.long)
     labels = torch.full_like(tokens, tokenizer.pad_id)
     labels[:-1] = tokens[1:]
     loss_mask = torch.zeros(len(tr.ids), dtype=torch.float32)
     loss_mask[:-1] = torch.tensor(tr.is_loss[1:], dtype=torch.float32)
     return Sample(tokens=tokens, labels=labels, loss_mask=loss_mask, media=media,
-                  prompt_len=tr.prompt_len, answer=tr.answer, record_id=record.id)
+                  prompt_len=tr.prompt_len, answer=tr.answer, record_id=record.id,
+                  position_ids=position_ids)
 
 
 def default_processors(media_token_counts: dict[str, MediaTokenCount],

@@ -32,10 +32,12 @@ class ModalitySpec:
 
 # Adding a modality only needs an entry here plus a media loader in processing.py;
 # the tokenizer appends one special token per entry, in this order, after the base
-# vocabulary (<image>, then <audio>).
+# vocabulary (<image>, <audio>, then <video>).
 MODALITIES: dict[str, ModalitySpec] = {
     "image": ModalitySpec(name="image", placeholder="<image>", record_key="images"),
     "audio": ModalitySpec(name="audio", placeholder="<audio>", record_key="audios"),
+    # Each item: {"frames": [frame paths or data], "fps": frames per second}.
+    "video": ModalitySpec(name="video", placeholder="<video>", record_key="videos"),
 }
 
 # What the loaders do with a record found bad when read (--bad-record-policy).
@@ -59,8 +61,13 @@ class MediaRef:
     data: str | None = None  # "data:image/png;base64,..." or bare base64
     raw: bytes | None = None
     member: str | None = None  # the shard member ``raw`` came from, for messages
+    # A video: its frames (each a MediaRef) and their rate; path / data / raw unset.
+    frames: tuple["MediaRef", ...] | None = None
+    fps: float | None = None
 
     def describe(self) -> str:
+        if self.frames is not None:
+            return f"video of {len(self.frames)} frames at {self.fps} fps"
         if self.path is not None:
             return self.path
         return self.member if self.raw is not None else "<inline data>"
@@ -90,8 +97,26 @@ class Record:
         return f"record {self.id!r} ({self.source})"
 
 
+def _parse_video(item: object, base_dir: str, where: str, key: str, i: int,
+                 check_files: bool) -> MediaRef:
+    """{"frames": [path or data, ...], "fps": number} -> a video MediaRef."""
+    if not isinstance(item, dict) or not isinstance(item.get("frames"), list) \
+            or not item["frames"]:
+        raise DataRecordError(f"{where}: {key}[{i}] must be an object with a non-empty "
+                              "'frames' list (frame paths or data) and an 'fps'")
+    fps = item.get("fps")
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0:
+        raise DataRecordError(f"{where}: {key}[{i}] needs a positive 'fps' (frames per "
+                              f"second), got {fps!r}")
+    frames = tuple(_parse_media_item(f, base_dir, where, f"{key}[{i}].frames", j, check_files)
+                   for j, f in enumerate(item["frames"]))
+    return MediaRef(frames=frames, fps=float(fps))
+
+
 def _parse_media_item(item: object, base_dir: str, where: str, key: str, i: int,
                       check_files: bool) -> MediaRef:
+    if key == MODALITIES["video"].record_key:
+        return _parse_video(item, base_dir, where, key, i, check_files)
     if isinstance(item, dict):
         data = item.get("data")
         if not isinstance(data, str) or not data:

@@ -41,9 +41,9 @@ class MultimodalTokenizer:
     """
 
     def __init__(self, model_path: str | os.PathLike, image_token_id: int | None = None,
-                 audio_token_id: int | None = None):
+                 audio_token_id: int | None = None, video_token_id: int | None = None):
         self.model_path, self.image_token_id = os.fspath(model_path), image_token_id
-        self.audio_token_id = audio_token_id
+        self.audio_token_id, self.video_token_id = audio_token_id, video_token_id
         self._sp = spm.SentencePieceProcessor(model_file=self.model_path)
         self.base_vocab_size = self._sp.vocab_size()
         self.bos_id = self._sp.bos_id()
@@ -54,6 +54,8 @@ class MultimodalTokenizer:
             self._media_ids["image"] = image_token_id
         if audio_token_id is not None:  # a converted checkpoint's (Qwen2-Audio: <|AUDIO|>)
             self._media_ids["audio"] = audio_token_id
+        if video_token_id is not None:  # a converted checkpoint's (Qwen2.5-VL: <|video_pad|>)
+            self._media_ids["video"] = video_token_id
         self._sentinel_ids = self._sp.encode(_SENTINEL)
         # Models that normalise whitespace away cannot tokenize literally; fall back.
         self._literal = bool(self._sentinel_ids) and all(
@@ -65,11 +67,11 @@ class MultimodalTokenizer:
     # path so the tokenizer can go to spawn/forkserver DataLoader workers.
     def __getstate__(self) -> dict:
         return {"model_path": self.model_path, "image_token_id": self.image_token_id,
-                "audio_token_id": self.audio_token_id}
+                "audio_token_id": self.audio_token_id, "video_token_id": self.video_token_id}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["model_path"], state.get("image_token_id"),
-                      state.get("audio_token_id"))
+                      state.get("audio_token_id"), state.get("video_token_id"))
 
     @property
     def vocab_size(self) -> int:
@@ -113,21 +115,24 @@ class MultimodalTokenizer:
 
 def build_tokenizer(tokenizer_type: str = "MistralV1SentencePiece",
                     tokenizer_model: str | os.PathLike | None = None,
-                    image_token_id: int | None = None, audio_token_id: int | None = None):
+                    image_token_id: int | None = None, audio_token_id: int | None = None,
+                    video_token_id: int | None = None):
     """Factory: "MistralV1SentencePiece" (default model, or `tokenizer_model` to override),
     "SentencePiece" (requires `tokenizer_model`, any SentencePiece .model file) or
-    "HuggingFaceTokenizer" (a directory with tokenizer.json). `image_token_id` overrides
-    the image placeholder's id (converted checkpoints have their own)."""
+    "HuggingFaceTokenizer" (a directory with tokenizer.json). `image_token_id` (audio,
+    video) overrides the placeholder's id (converted checkpoints have their own)."""
     if tokenizer_type == "MistralV1SentencePiece":
         return MultimodalTokenizer(tokenizer_model or default_tokenizer_model(), image_token_id,
-                                   audio_token_id)
+                                   audio_token_id, video_token_id)
     if tokenizer_type in ("SentencePiece", "HuggingFaceTokenizer"):
         if tokenizer_model is None:
             raise ValueError(f"tokenizer_type={tokenizer_type!r} needs tokenizer_model=PATH")
         if tokenizer_type == "SentencePiece":
-            return MultimodalTokenizer(tokenizer_model, image_token_id, audio_token_id)
+            return MultimodalTokenizer(tokenizer_model, image_token_id, audio_token_id,
+                                       video_token_id)
         from .hf_tokenizer import HuggingFaceTokenizer
 
-        return HuggingFaceTokenizer(tokenizer_model, image_token_id, audio_token_id)
+        return HuggingFaceTokenizer(tokenizer_model, image_token_id, audio_token_id,
+                                    video_token_id)
     raise ValueError(f"unknown tokenizer_type {tokenizer_type!r}; expected "
                      "'MistralV1SentencePiece', 'SentencePiece' or 'HuggingFaceTokenizer'")

@@ -38,10 +38,28 @@ class EncoderFamily:
     - ``build``: ``build(config, settings, specs, part, name, vp_stage, pg_collection,
       checkpoint_dp_group)`` -> the encoder module (or the part a pipeline chunk holds),
       its layers from Megatron-Core specs (``models/specs.py``).
+    - ``projector``: ``build_projector(config, proj_config, lm_config, settings, specs,
+      name)`` -> the module between the encoder and the LLM (a family's own, e.g.
+      Qwen2.5-VL's patch merger); None: Megatron-Core's ``MultimodalProjector`` from
+      ``--projector-type``.
+    - ``extra_modalities``: further media keys the encoder reads (Qwen2.5-VL: "video"
+      next to "image"); each has its own placeholder token, and the features fill the
+      placeholders modality by modality in this order (``modality`` first), each in the
+      batch's row-major (sample, position) order.
+    - ``prepare_batch``: ``prepare(config, media) -> object with .to(device)`` run on the
+      host with the batch layout (from host metadata such as grids), bound to the encoder
+      module (``bind_batch``) before it runs: indices and masks a variable-length encoder
+      needs without reading the device; None: nothing to prepare.
+    - ``hidden_shape(config, media)``: (T, N) of the encoder's hidden state for a batch's
+      host media (variable-length families pack all items into one sequence: (patches,
+      1); their module's ``layer_length(T)`` adds its sequence-parallel padding); None:
+      the encoder's fixed length x the batch's items.
     - ``media``: ``media(args, config)`` -> the ``MediaProcessor`` (raw media -> batch
       tensors, and the exact placeholder count of every item).
     - ``feature_tokens(config, media)``: (items in a batch's media, LLM tokens of each
-      item or None: ``config.num_output_tokens`` each) on the host; ``padded_features``:
+      item or None: ``config.num_output_tokens`` each; a family reading several
+      modalities may give {modality: tokens of each item}, checked modality by modality)
+      on the host; ``padded_features``:
       every item's features are padded to ``num_output_tokens`` rows (the model drops each
       item's padding before the merge).
     - ``fp8_token_counts(name, config)``: {FP8 module: (tokens per item, the flags that set
@@ -67,6 +85,14 @@ class EncoderFamily:
     add_arguments: Optional[Callable] = None
     checkpoint_flags: Tuple[str, ...] = ()
     projector: Optional[str] = None
+    extra_modalities: Tuple[str, ...] = ()
+    prepare_batch: Optional[str] = None
+    hidden_shape: Optional[Callable] = None
+
+    @property
+    def modalities(self) -> Tuple[str, ...]:
+        """Every media key the encoder reads, in the order its features fill the text."""
+        return (self.modality,) + self.extra_modalities
 
     def __post_init__(self):
         if self.slot not in SLOTS:
@@ -82,6 +108,13 @@ class EncoderFamily:
 
     def media_processor(self, args, config):
         return resolve(self.media)(args, config)
+
+    def build_projector(self, *args, **kwargs):
+        return resolve(self.projector)(*args, **kwargs)
+
+    def prepare(self, config, media):
+        """The host-side batch object (``prepare_batch``), or None."""
+        return None if self.prepare_batch is None else resolve(self.prepare_batch)(config, media)
 
 
 def fixed_feature_tokens(modality: str) -> Callable:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from ..config import ConfigError
 from .family import EncoderFamily
 from .internvl import INTERNVIT
+from .qwen2_5_vl import QWEN2_5_VL
 from .vit import CLIP, SIGLIP
 from .whisper import WHISPER
 
@@ -15,6 +16,7 @@ FAMILIES: Dict[str, EncoderFamily] = {f.model_type: f for f in (
     SIGLIP,
     WHISPER,
     INTERNVIT,
+    QWEN2_5_VL,
 )}
 
 
@@ -36,5 +38,10 @@ def slot_families(slot: str) -> List[EncoderFamily]:
 
 
 def modality_of(config) -> str:
-    """The media key an encoder config reads."""
+    """The media key an encoder config reads (its first, for families reading several)."""
     return family_of(config).modality
+
+
+def modalities_of(config) -> Tuple[str, ...]:
+    """Every media key an encoder config reads (``EncoderFamily.modalities``)."""
+    return family_of(config).modalities

@@ -44,7 +44,7 @@ def check_inputs(family: Family, inputs: Dict[str, torch.Tensor]) -> None:
                               "megatron_mm model runs unpadded sequences; give each "
                               "sequence at its own length")
     pixels = inputs.get("pixel_values")
-    if pixels is not None and pixels.dim() != 4:
+    if family.media is None and pixels is not None and pixels.dim() != 4:
         raise ConversionError(f"--inputs key 'pixel_values' has shape {tuple(pixels.shape)};"
                               f" expected [images, channels, height, width] (InternVL: "
                               f"every image's tiles)")
@@ -175,7 +175,8 @@ class _Layout:  # what initialize_distributed reads
         self.tensor_model_parallel_size, self.pipeline_model_parallel_size = tp, pp
 
 
-def rank_logits(ckpt: str, tp: int, pp: int, tokens, media) -> Optional[torch.Tensor]:
+def rank_logits(ckpt: str, tp: int, pp: int, tokens, media,
+                positions=None) -> Optional[torch.Tensor]:
     """In a fresh Megatron world of TP * PP ranks (torch.distributed's env variables set):
     this rank's full logits (last stage) or None."""
     from megatron.core import parallel_state
@@ -187,7 +188,7 @@ def rank_logits(ckpt: str, tp: int, pp: int, tokens, media) -> Optional[torch.Te
     initialize_distributed(_Layout(tp, pp))
     try:
         set_random_seed(1234)
-        out = logits(load_converted(ckpt, tp, pp), tokens, media)
+        out = logits(load_converted(ckpt, tp, pp), tokens, media, positions)
         return None if out is None else out.float().cpu()
     finally:
         parallel_state.destroy_model_parallel()
@@ -217,11 +218,11 @@ def _rank_entry(rank: int, world: int, port: int, out_dir: str, job: tuple) -> N
 
 
 def megatron_logits(ckpt: str, tokens: torch.Tensor, media, tp: int = 1,
-                    pp: int = 1) -> torch.Tensor:
+                    pp: int = 1, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The megatron_mm model's full logits, from TP * PP processes started here (this
     process alone when both are 1)."""
     world = tp * pp
-    job = (ckpt, tp, pp, tokens, media)
+    job = (ckpt, tp, pp, tokens, media, positions)
     if world == 1:
         return rank_logits(*job)
     import torch.multiprocessing as mp
@@ -255,10 +256,14 @@ def compare(hf_dir: str, ckpt: str, inputs: Dict[str, torch.Tensor], tp: int = 1
             f"sequence; the checkpoint takes at most {longest} (--max-position-embeddings; "
             f"capped at a Hugging Face sliding_window)")
     inputs = {k: (v.float() if torch.is_floating_point(v) else v) for k, v in inputs.items()}
+    hf_config = _hf_config(hf_dir)
     model = load_hf(hf_dir, family)
-    expected = hf_logits(model, inputs)
+    expected = hf_logits(model, inputs if family.hf_inputs is None
+                         else family.hf_inputs(hf_config, inputs))
     del model
-    got = megatron_logits(ckpt, inputs["input_ids"], megatron_media(inputs), tp, pp)
+    media = (family.media or megatron_media)(inputs)
+    positions = None if family.positions is None else family.positions(hf_config, inputs)
+    got = megatron_logits(ckpt, inputs["input_ids"], media, tp, pp, positions)
     got = got[..., :expected.shape[-1]]  # the padded vocabulary rows
     if got.shape != expected.shape:
         raise RuntimeError(f"logit shapes differ: megatron_mm {tuple(got.shape)}, "

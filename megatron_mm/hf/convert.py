@@ -69,9 +69,9 @@ def _build(config: MultimodalModelConfig, args):
 
 def media_token_ids(config: MultimodalModelConfig, args) -> Dict[str, int]:
     """Modality -> placeholder id, from ``--{modality}-token-id`` (the converted config's)."""
-    from ..encoders import modality_of
+    from ..encoders import modalities_of
 
-    modalities = [modality_of(enc) for enc in config.encoders.values()]
+    modalities = [m for enc in config.encoders.values() for m in modalities_of(enc)]
     return {m: getattr(args, f"{m}_token_id") for m in modalities}
 
 
@@ -144,6 +144,8 @@ def import_hf(hf_dir: str, save_dir: str, tensor_model_parallel_size: int = 1,
     family = family_for(hf_config)
     text = hf_config.get_text_config()
     flags = model_flags(hf_config)
+    if family.file_flags is not None:
+        flags += family.file_flags(hf_dir, hf_config)
     longest = int(flags[flags.index("--max-position-embeddings") + 1])  # sliding window
     hf = family.layout.normalise(read_weights(hf_dir))
     carried = _carry_files(hf_dir, os.path.join(save_dir, HF_SUBDIR))
@@ -159,7 +161,7 @@ def import_hf(hf_dir: str, save_dir: str, tensor_model_parallel_size: int = 1,
         tensor_model_parallel_size)
     model = _build(config, args)
     expected = _tensors(model)
-    mapped, used = MappingTable(family.rules()).to_megatron(hf, expected,
+    mapped, used = MappingTable(family.table(hf_config)).to_megatron(hf, expected,
                                                              _context(config, text.vocab_size))
     unused = _leftovers(hf, used, family, tied=not lm.untie_embeddings_and_output_weights)
     model.load_state_dict({**model.state_dict(), **mapped}, strict=True)
@@ -188,7 +190,7 @@ def export_hf(load_dir: str, out_dir: str) -> str:
     config.language.padded_vocab_size = saved_args(args).get("padded_vocab_size")
     model = _build(config, args)
     load_checkpoint(args, [model], None, None)
-    table = MappingTable(family.rules())
+    table = MappingTable(family.table(hf_config))
     hf = table.to_hf(_tensors(model), _context(config, text.vocab_size))
     unused = os.path.join(hf_dir, UNUSED)
     if os.path.isfile(unused):

@@ -15,6 +15,7 @@ from .config_fields import (AUDIO_FIELDS, DEFAULT_MROPE_SECTION, INTERNVL_FIELDS
                             INTERNVL_VISION_FIELDS, LANGUAGE_FIELDS, LLAVA_FIELDS,
                             MROPE_LANGUAGE_TYPES, VISION_FIELDS, VISION_TYPES,
                             longest_exact_sequence, refuse_unsupported)
+from . import qwen2_5_vl
 from .errors import ConversionError
 from .internvit_table import internvl_rules
 from .layouts import CAUSAL_LM, INTERNVL, LLAVA, QWEN2_AUDIO, Layout
@@ -34,32 +35,25 @@ class Family:
     # The keyword arguments of the Hugging Face forward the megatron_mm model reproduces
     # (``convert_hf.py compare --inputs``).
     inputs: Tuple[str, ...] = ("input_ids", "attention_mask")
+    # ``flags(hf_config)`` -> megatron_mm flags. A family's own hooks (None: the shared
+    # ones): ``rules`` called with the config (``config_rules``: its table depends on it);
+    # ``media(inputs)`` -> the megatron_mm media dict and ``positions(hf_config, inputs)``
+    # -> position ids (M-RoPE) for ``compare``; ``hf_inputs(hf_config, inputs)``: the
+    # Hugging Face forward's arguments completed as its processor would;
+    # ``file_flags(hf_dir, hf_config)``: flags from the directory's other files (processor
+    # configs).
+    flags: Optional[Callable] = None
+    config_rules: bool = False
+    media: Optional[Callable] = None
+    positions: Optional[Callable] = None
+    hf_inputs: Optional[Callable] = None
+    file_flags: Optional[Callable] = None
+
+    def table(self, hf_config):
+        """The weight rules of this family (for ``hf_config``)."""
+        return self.rules(hf_config) if self.config_rules else self.rules()
 
 
-_VISION_UNUSED = (r"model\.vision_tower\.encoder\.layers\.\d+\..*",
-                  r"model\.vision_tower\.post_layernorm\..*", r"model\.vision_tower\.head\..*")
-
-_IMAGE_INPUTS = ("input_ids", "attention_mask", "pixel_values")
-
-FAMILIES = {f.architecture: f for f in (
-    *(Family(f"{name}ForCausalLM", CAUSAL_LM, causal_lm_rules, False)
-      for name in ("Llama", "Mistral", "Qwen2", "Qwen3")),
-    Family("LlavaForConditionalGeneration", LLAVA, llava_rules, True, _VISION_UNUSED,
-           _IMAGE_INPUTS),
-    # Without any-resolution tiling: one image = one tile at the tower's resolution.
-    Family("LlavaOnevisionForConditionalGeneration", LLAVA, llava_rules, True,
-           _VISION_UNUSED + (r"model\.image_newline",), _IMAGE_INPUTS),
-    # Whisper encoder (pooled by 2) + one Linear + Qwen2.
-    Family("Qwen2AudioForConditionalGeneration", QWEN2_AUDIO, qwen2_audio_rules, True,
-           inputs=("input_ids", "attention_mask", "input_features",
-                   "feature_attention_mask")),
-    # InternViT (layer scale, QK norm) + pixel shuffle + LayerNorm/MLP projector; a
-    # batch's pixel_values are its images' tiles. Unused: the tower's layers past the
-    # feature layer and its final LayerNorm when an earlier layer is taken.
-    Family("InternVLForConditionalGeneration", INTERNVL, internvl_rules, True,
-           (r"model\.vision_tower\.encoder\.layer\.\d+\..*",
-            r"model\.vision_tower\.layernorm\..*"), _IMAGE_INPUTS),
-)}
 
 
 def family_for(hf_config) -> Family:
@@ -176,13 +170,50 @@ def internvl_flags(hf_config) -> List[str]:
     return language + [str(f) for f in flags]
 
 
-def model_flags(hf_config) -> List[str]:
-    family = family_for(hf_config)
-    if family.layout is INTERNVL:
-        return internvl_flags(hf_config)
-    if not family.multimodal:
-        return language_flags(hf_config) + ["--vision-model-type", "none"]
-    if family.layout is QWEN2_AUDIO:
-        return language_flags(hf_config.get_text_config(), "text_config.") + audio_flags(
-            hf_config)
+def causal_lm_flags(hf_config) -> List[str]:
+    return language_flags(hf_config) + ["--vision-model-type", "none"]
+
+
+def llava_flags(hf_config) -> List[str]:
     return language_flags(hf_config.get_text_config(), "text_config.") + vision_flags(hf_config)
+
+
+def qwen2_audio_flags(hf_config) -> List[str]:
+    return language_flags(hf_config.get_text_config(), "text_config.") + audio_flags(hf_config)
+
+
+def model_flags(hf_config) -> List[str]:
+    """The megatron_mm flags of a Hugging Face config (its family's ``flags``)."""
+    return family_for(hf_config).flags(hf_config)
+
+
+# Every supported architecture: one line each.
+_VISION_UNUSED = (r"model\.vision_tower\.encoder\.layers\.\d+\..*",
+                  r"model\.vision_tower\.post_layernorm\..*", r"model\.vision_tower\.head\..*")
+
+_IMAGE_INPUTS = ("input_ids", "attention_mask", "pixel_values")
+
+FAMILIES = {f.architecture: f for f in (
+    *(Family(f"{name}ForCausalLM", CAUSAL_LM, causal_lm_rules, False, flags=causal_lm_flags)
+      for name in ("Llama", "Mistral", "Qwen2", "Qwen3")),
+    Family("LlavaForConditionalGeneration", LLAVA, llava_rules, True, _VISION_UNUSED,
+           _IMAGE_INPUTS, flags=llava_flags),
+    # Without any-resolution tiling: one image = one tile at the tower's resolution.
+    Family("LlavaOnevisionForConditionalGeneration", LLAVA, llava_rules, True,
+           _VISION_UNUSED + (r"model\.image_newline",), _IMAGE_INPUTS, flags=llava_flags),
+    # Whisper encoder (pooled by 2) + one Linear + Qwen2.
+    Family("Qwen2AudioForConditionalGeneration", QWEN2_AUDIO, qwen2_audio_rules, True,
+           inputs=("input_ids", "attention_mask", "input_features",
+                   "feature_attention_mask"), flags=qwen2_audio_flags),
+    # InternViT (layer scale, QK norm) + pixel shuffle + LayerNorm/MLP projector; a
+    # batch's pixel_values are its images' tiles. Unused: the tower's layers past the
+    # feature layer and its final LayerNorm when an earlier layer is taken.
+    Family("InternVLForConditionalGeneration", INTERNVL, internvl_rules, True,
+           (r"model\.vision_tower\.encoder\.layer\.\d+\..*",
+            r"model\.vision_tower\.layernorm\..*"), _IMAGE_INPUTS, flags=internvl_flags),
+    # Native-resolution ViT (window attention) + patch merger + Qwen2 with M-RoPE.
+    Family("Qwen2_5_VLForConditionalGeneration", qwen2_5_vl.QWEN2_5_VL, qwen2_5_vl.rules,
+           True, inputs=qwen2_5_vl.INPUTS, flags=qwen2_5_vl.model_flags, config_rules=True,
+           media=qwen2_5_vl.megatron_media, positions=qwen2_5_vl.position_ids,
+           hf_inputs=qwen2_5_vl.hf_inputs, file_flags=qwen2_5_vl.processor_flags),
+)}

@@ -12,7 +12,7 @@ reaches the device.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
@@ -38,13 +38,19 @@ class BatchLayout:
     slots: Dict[str, torch.Tensor] = field(default_factory=dict)
     keep: Dict[str, Optional[torch.Tensor]] = field(default_factory=dict)
     loss_positions: Optional[torch.Tensor] = None
+    # Per encoder name: (T, N) of its hidden state, for families whose shape varies by
+    # batch (``EncoderFamily.hidden_shape``), and the family's prepared batch
+    # (``EncoderFamily.prepare_batch``: indices and masks from host metadata).
+    hidden_shapes: Dict[str, Tuple[int, int]] = field(default_factory=dict)
+    encoder_batches: Dict[str, Any] = field(default_factory=dict)
 
     def to(self, device) -> "BatchLayout":
         def move(t):
             return None if t is None else t.to(device, non_blocking=True)
         return BatchLayout(dict(self.items), {k: move(v) for k, v in self.slots.items()},
                            {k: move(v) for k, v in self.keep.items()},
-                           move(self.loss_positions))
+                           move(self.loss_positions), dict(self.hidden_shapes),
+                           {k: move(v) for k, v in self.encoder_batches.items()})
 
 
 def loss_positions(loss_mask: torch.Tensor) -> torch.Tensor:
@@ -65,10 +71,20 @@ def batch_layout(config: MultimodalModelConfig, media_token_ids: Mapping[str, in
     for name, enc in config.encoders.items():
         family = family_of(enc)
         modality = family.modality
-        # row-major (sample, position) order, as flat [S, B] positions
-        rows, cols = torch.nonzero(tokens == media_token_ids[modality], as_tuple=True)
-        slots = cols * b + rows
+        # modality by modality, each in row-major (sample, position) order, as flat [S, B]
+        # positions: the order of the features
+        found = [torch.nonzero(tokens == media_token_ids[m], as_tuple=True)
+                 for m in family.modalities]
+        slots = torch.cat([cols * b + rows for rows, cols in found])
+        modality = "/".join(family.modalities)
         n_items, per_item = family.feature_tokens(enc, media)
+        if isinstance(per_item, dict):  # per modality: each one's placeholders must match
+            for m, (rows, _) in zip(family.modalities, found):
+                want = sum(per_item.get(m, ()))
+                if len(rows) != want:
+                    raise MediaMismatchError(f"batch has {len(rows)} {m} placeholder tokens "
+                                             f"but its {m} items give {want} tokens")
+            per_item = [n for m in family.modalities for n in per_item.get(m, ())]
         keep = None
         if per_item is None:
             width = enc.num_output_tokens
@@ -85,4 +101,8 @@ def batch_layout(config: MultimodalModelConfig, media_token_ids: Mapping[str, in
                 f"batch has {len(slots)} {modality} placeholder tokens but "
                 f"{n_items} {modality} items {what}")
         layout.items[name], layout.slots[name], layout.keep[name] = n_items, slots, keep
+        if n_items and family.hidden_shape is not None:
+            layout.hidden_shapes[name] = family.hidden_shape(enc, media)
+        if n_items and family.prepare_batch is not None:
+            layout.encoder_batches[name] = family.prepare(enc, media)
     return layout

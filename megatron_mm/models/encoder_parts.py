@@ -74,6 +74,12 @@ class EncoderParts:
             hidden = torch.nn.functional.pad(hidden, (0, 0, 0, 0, 0, self.sp_padding))
         return sequence_parallel.split(hidden, self.sequence_parallel_group)
 
+    def layer_inputs(self, hidden: torch.Tensor) -> dict:
+        """Keyword arguments every layer takes next to the hidden state: the padding mask;
+        a family adds its own (Qwen2.5-VL: window masks and rotary angles of the batch)."""
+        return {"attention_mask": self._padding_mask(hidden.device) if self.sp_padding
+                else None}
+
     def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
         """Unused: the multimodal model hands each part its input explicitly."""
 
@@ -83,16 +89,16 @@ class EncoderParts:
         encoder-wide) among them."""
         if self.decoder is None:
             return hidden
-        mask = self._padding_mask(hidden.device) if self.sp_padding else None
+        inputs = self.layer_inputs(hidden)
         if start is None and end is None:
-            return self.decoder(hidden, attention_mask=mask)
+            return self.decoder(hidden, **inputs)
         config = self.decoder.config
         # TransformerBlock.forward's FP8 contexts, which a piece bypasses: one around the
         # whole run for delayed scaling, one per layer otherwise.
         delayed = bool(config.fp8) and config.fp8_recipe == "delayed"
         with get_fp8_context(config) if delayed else nullcontext():
             for layers, recompute in self._piece_groups(start, end):
-                run = _run_layers(layers, mask,
+                run = _run_layers(layers, inputs,
                                   per_layer_fp8=bool(config.fp8) and not delayed)
                 hidden = (tensor_parallel.checkpoint(
                     run, config.distribute_saved_activations, hidden)
@@ -121,12 +127,12 @@ class EncoderParts:
                 for key, run in itertools.groupby(mine, key=group)]
 
 
-def _run_layers(layers, mask: Optional[torch.Tensor] = None, per_layer_fp8: bool = False):
+def _run_layers(layers, inputs: dict, per_layer_fp8: bool = False):
     def run(hidden: torch.Tensor) -> torch.Tensor:
         for layer in layers:
             context = (get_fp8_context(layer.config, layer.layer_number - 1)
                        if per_layer_fp8 else nullcontext())
             with context:
-                hidden, _ = layer(hidden_states=hidden, attention_mask=mask)
+                hidden, _ = layer(hidden_states=hidden, **inputs)
         return hidden
     return run

@@ -17,7 +17,7 @@ from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
 
 from ..config import MultimodalModelConfig
-from ..encoders import modality_of
+from ..encoders import family_of, modality_of
 from ..plan.placement import ChunkPlacement
 from . import sequence_parallel
 from .batch_layout import (  # noqa: F401  (MediaMismatchError: re-exported)
@@ -138,8 +138,30 @@ class MultimodalModel(MegatronModule):
         return modality_of(self.mm_config.encoders[name])
 
     def _items(self, name: str, media: Mapping[str, torch.Tensor]) -> Optional[torch.Tensor]:
-        items = media.get(self._modality(name))
+        """The encoder's input: ``media[modality]``, or what the encoder picks from the
+        media (``media_input``: a family reading several keys)."""
+        pick = getattr(self.encoder(name), "media_input", None)
+        items = pick(media) if pick is not None else media.get(self._modality(name))
         return None if items is None or items.shape[0] == 0 else items
+
+    def bind_encoder_media(self, name: str, host_media: Mapping[str, torch.Tensor]) -> None:
+        """For encoder pieces run as their own actions (the schedule executor, which holds
+        no ``BatchLayout``): bind encoder ``name`` its family's prepared batch, built from
+        the micro-batch's host media."""
+        bind = getattr(self.encoder(name), "bind_batch", None)
+        enc = self.mm_config.encoders[name]
+        if bind is None:
+            return
+        prepared = family_of(enc).prepare(enc, host_media)
+        device = next(self.encoder(name).parameters()).device
+        bind(None if prepared is None else prepared.to(device))
+
+    def bind_batches(self, layout: BatchLayout) -> None:
+        """Hand each encoder that takes one its batch's prepared layout (``bind_batch``)."""
+        for name in self.encoder_names:
+            bind = getattr(self.encoder(name), "bind_batch", None)
+            if bind is not None:
+                bind(layout.encoder_batches.get(name))
 
     def run_encoder(self, name: str, media: Mapping[str, torch.Tensor],
                     hidden: Optional[torch.Tensor]) -> torch.Tensor:
@@ -185,6 +207,9 @@ class MultimodalModel(MegatronModule):
     def project(self, name: str, hidden: torch.Tensor) -> torch.Tensor:
         """Encoder output norm and projector: [T, N, H_enc] (under sequence parallelism
         this rank's shard of it) -> [N, T', H_llm]."""
+        own = getattr(self.encoder(name), "project_shard", None)
+        if self.sequence_parallel and own is not None:  # a family's own (Qwen2.5-VL)
+            return own(self.projector(name), hidden, self.encoder(name).sequence_parallel_group)
         if self.sequence_parallel:
             return sequence_parallel.project_shard(
                 self.encoder(name), self.projector(name), hidden,
@@ -236,6 +261,7 @@ class MultimodalModel(MegatronModule):
         """This chunk's share of embedding and encoding: (text embeddings with the features
         merged so far, the hidden state of an encoder the chunk ends inside, or None)."""
         place = self.placement
+        self.bind_batches(layout)
         if place.llm_embed:
             text = self.language_model.embedding(input_ids=tokens, position_ids=position_ids)
             hidden = None
@@ -286,13 +312,16 @@ class MultimodalModel(MegatronModule):
         if name is None or not layout.items[name]:
             return received, None
         b, s = tokens.shape
-        t = self.encoder(name).layer_seq_length
+        if name in layout.hidden_shapes:  # a family whose shape varies by batch (host-known)
+            t, n_items = layout.hidden_shapes[name]
+            t = self.encoder(name).layer_length(t)  # with its sequence-parallel padding
+        else:
+            t, n_items = self.encoder(name).layer_seq_length, layout.items[name]
         if self.sequence_parallel:  # this rank's shards
             tp = self.language_model.config.tensor_model_parallel_size
             s, t = s // tp, t // tp
         n_text = s * b * self.language_model.config.hidden_size
         enc = self.mm_config.encoders[name]
-        n_items = layout.items[name]
         flat = received.reshape(-1)
         hidden = flat[n_text:].view(t, n_items, enc.hidden_size)
         return flat[:n_text].view(s, b, -1), hidden

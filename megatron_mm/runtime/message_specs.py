@@ -3,8 +3,9 @@ micro-batch that both the sender and the receiver hold (no header travels, nothi
 back from the device).
 
 - An encoder piece's output (``EF``): [T, N, H_enc] in the encoder's dtype (T: the
-  encoder's sequence length, N: the micro-batch's items of its modality); None when the
-  micro-batch has none.
+  encoder's sequence length, N: the micro-batch's items of its modality; a family whose
+  shape varies by batch gives (T, N) from the host media, ``EncoderFamily.hidden_shape``);
+  None when the micro-batch has none.
 - An LLM chunk's output (``F``): [S, B, H] in Megatron's ``pipeline_dtype``; S is this
   context-parallel rank's token count once some chunk up to it ran LLM layers (the model
   takes the rank's tokens there), else the whole sequence; whole always for a forward
@@ -24,7 +25,7 @@ from typing import Callable, Optional, Sequence
 
 from megatron.core.utils import get_attr_wrapped_model, get_model_config
 
-from ..encoders import modality_of
+from ..encoders import family_of, modality_of
 from ..plan.p2p import Key, forward_key
 from ..plan.placement import ChunkPlacement
 from .mailbox import Spec
@@ -51,10 +52,21 @@ class MessageSpecs:
 
     def encoder_output(self, name: str, batch: dict) -> Optional[Spec]:
         mm_config = get_attr_wrapped_model(self.model, "mm_config")
-        items = batch["media"].get(modality_of(mm_config.encoders[name]))
+        enc = mm_config.encoders[name]
+        encoder = get_attr_wrapped_model(self.model, "encoder")(name)
+        family = family_of(enc)
+        if family.hidden_shape is not None:  # varies by batch: from its host media
+            if not family.feature_tokens(enc, batch["media"])[0]:
+                return None
+            t, n = family.hidden_shape(enc, batch["media"])
+            t = encoder.layer_length(t)  # with its sequence-parallel padding
+            if encoder.config.sequence_parallel:
+                t //= encoder.config.tensor_model_parallel_size
+            return Spec((t, n, encoder.encoder_config.hidden_size),
+                        encoder.config.params_dtype)
+        items = batch["media"].get(modality_of(enc))
         if items is None or items.shape[0] == 0:
             return None
-        encoder = get_attr_wrapped_model(self.model, "encoder")(name)
         t = encoder.seq_length
         if encoder.config.sequence_parallel:
             t = encoder.layer_seq_length // encoder.config.tensor_model_parallel_size

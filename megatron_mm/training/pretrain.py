@@ -36,7 +36,7 @@ from ..data.sources import resolve_sources
 from .checkpointing import iteration_dir, locate_checkpoint
 from ..data.spoken_digits import prepare_spoken_digits
 from ..models import BuildSettings, MultimodalModel, build_model
-from ..encoders import family_of, modality_of
+from ..encoders import family_of, modalities_of
 from ..models.multimodal import MediaMismatchError
 from ..models.specs import (
     CPAttentionChoice, choose_cp_attention, default_transformer_impl,
@@ -126,8 +126,9 @@ def media_processors(args) -> dict:
     """Modality -> the media processor of the encoder family that reads it."""
     procs = {}
     for enc in args.model_config.encoders.values():
-        proc = family_of(enc).media_processor(args, enc)
-        procs[proc.modality] = proc
+        proc = family_of(enc).media_processor(args, enc)  # one, or one per modality
+        for p in proc if isinstance(proc, (list, tuple)) else (proc,):
+            procs[p.modality] = p
     return procs
 
 
@@ -201,8 +202,8 @@ def build_model_chunks(args, tokenizer, model_config, plan, replicas=None
     settings = build_settings(args, plan.placements, replicas)
     pp, rank = args.pipeline_model_parallel_size, parallel_state.get_pipeline_model_parallel_rank()
     vpp = args.virtual_pipeline_model_parallel_size
-    media_ids = {modality_of(enc): tokenizer.media_token_id(modality_of(enc))
-                 for enc in model_config.encoders.values()}
+    media_ids = {m: tokenizer.media_token_id(m)
+                 for enc in model_config.encoders.values() for m in modalities_of(enc)}
     chunks = []
     for vp in range(vpp) if vpp else [None]:
         index = (vp or 0) * pp + rank

@@ -92,7 +92,8 @@ class Trainer:
     def build(cls, args) -> "Trainer":
         tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model,
                                     image_token_id=args.image_token_id,
-                                    audio_token_id=args.audio_token_id)
+                                    audio_token_id=args.audio_token_id,
+                                    video_token_id=args.video_token_id)
         model_config = model_config_for(args, tokenizer)
         plan = plan_training(args, model_config)  # a ConfigError here names the flag
         replicas = initialize_distributed(args)

@@ -46,9 +46,10 @@ def loss_targets(sample) -> list[int]:
 # ---------------------------------------------------------------- tokenizer
 
 def test_tokenizer_ids_and_vocab(tok):
-    assert tok.base_vocab_size == 32000 and tok.vocab_size == 32002
+    assert tok.base_vocab_size == 32000 and tok.vocab_size == 32003
     assert tok.media_token_id("image") == 32000
     assert tok.media_token_id("audio") == 32001
+    assert tok.media_token_id("video") == 32002
     assert (tok.bos_id, tok.eos_id, tok.eod, tok.pad_id) == (1, 2, 2, 2)  # no pad in v1: pad = eos
     with pytest.raises(KeyError):
         tok.media_token_id("smell")
@@ -84,7 +85,7 @@ def test_custom_sentencepiece_model_path(tmp_path):
                                    normalization_rule_name="identity", remove_extra_whitespaces=False,
                                    minloglevel=2)
     t = build_tokenizer("SentencePiece", str(tmp_path / "tiny.model"))
-    assert (t.vocab_size, t.media_token_id("image"), t.pad_id) == (302, 300, 3)
+    assert (t.vocab_size, t.media_token_id("image"), t.pad_id) == (303, 300, 3)
     assert t.detokenize(t.tokenize(" the digit two")) == " the digit two"
     with pytest.raises(ValueError, match="tokenizer_model"):
         build_tokenizer("SentencePiece")

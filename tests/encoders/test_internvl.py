@@ -82,7 +82,7 @@ def test_processor_counts_tiles_from_the_header(images):
     proc = _processor()
     refs = [MediaRef(path=images[size]) for size in SIZES]
     for ref, tiles in zip(refs, SIZES.values()):
-        assert proc.items(ref, "r") == tiles
+        assert proc.vision_work(ref, "r") == tiles
         assert proc.token_count(ref, "r") == 4 * tiles  # 4 LLM tokens per 16 px tile
     batch = proc.load(refs, "record 'r'")["image"]
     assert tuple(batch.shape) == (sum(SIZES.values()), 3, 16, 16)
