@@ -65,9 +65,6 @@ class EncoderFamily:
     - ``fp8_token_counts(name, config)``: {FP8 module: (tokens per item, the flags that set
       it)} for the FP8 alignment check; ``check_sequence_parallel(name, config, tp, impl)``
       raises a ``ConfigError`` for a layout the family cannot shard.
-    - ``projector``: ``"module:function"`` building the projector from ``(config,
-      projector config, LLM config, settings, specs, name)``; None: Megatron-Core's
-      ``MultimodalProjector`` of ``--projector-type`` (``models/build.py``).
     """
 
     model_type: str
@@ -108,9 +105,6 @@ class EncoderFamily:
 
     def media_processor(self, args, config):
         return resolve(self.media)(args, config)
-
-    def build_projector(self, *args, **kwargs):
-        return resolve(self.projector)(*args, **kwargs)
 
     def prepare(self, config, media):
         """The host-side batch object (``prepare_batch``), or None."""

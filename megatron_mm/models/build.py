@@ -73,10 +73,7 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
             raise ConfigError(f"--sequence-parallel pads the {part.name} encoder's sequence "
                               "and masks the padding, which only the local attention takes: "
                               "pass --transformer-impl local")
-        if part.projector and family_of(enc).projector is not None:  # the family's own
-            projectors[part.name] = family_of(enc).build_projector(
-                enc, config.projectors[part.name], lm, settings, specs, part.name)
-        elif part.projector:
+        if part.projector:  # the family's own, else Megatron-Core's of --projector-type
             proj = config.projectors[part.name]
             own = family_of(enc).build_projector(enc, proj, lm, settings, specs, part.name)
             projectors[part.name] = own if own is not None else MultimodalProjector(
