@@ -1,7 +1,7 @@
 """OmniBal's ablation at this machine's scale: Megatron-Core's way, + balanced data,
 + partition search, + adaptive recompute, side by side (PP=2 x DP=2, gloo, CPU).
 
-    python tools/bench_omnibal.py STATS [STATS ...] [--rounds 2] [--iters 5]
+    python tools/bench_omnibal.py STATS [STATS ...] [--rounds 2] [--iters 4]
 
 STATS: OmniBal's per-sample statistics (JSON lists, optionally gzip, of {"vit_num": tiles,
 "token_num": tokens, "image_flags"}; files or directories of them, e.g. the four files of
@@ -18,10 +18,9 @@ tiling with ``--max-num-tiles 4`` and a thumbnail, the setting the statistics co
   record's LLM sequence is ``tiles x tokens per tile`` image tokens plus
   ``round(text / s)`` text tokens, text = ``token_num - 256 x vit_num`` (the chat template
   and the image markers included). The text is words of a word-level tokenizer (one token
-  each) split between question and answer; the template's own tokens (``USER:``,
-  ``ASSISTANT:``, BOS, EOS, the image markers) count towards it, so a record whose scaled
-  text is shorter than the template gets the template plus a one-word answer (the
-  achieved mean is printed beside the target). The ViT sees 4 x more tokens per tile than
+  each) split between question and answer; the template's own 4 tokens (BOS, ``USER:``,
+  ``ASSISTANT:``, EOS) count towards it, so a record whose scaled text is shorter gets the
+  template plus a one-word answer (the achieved mean is printed beside the target). The ViT sees 4 x more tokens per tile than
   the LLM (65 vs 16 with the class token; InternVL-Chat-1.5: 1025 vs 256), and the ViT's
   width is half the LLM's over as many layers (InternViT-6B vs InternLM2-20B: 3200 vs
   6144, 45 vs 48 layers), so the ViT does about half the work, as there.
@@ -35,19 +34,24 @@ ranks, all from the same initial checkpoint, the rows alternating A B C D A B C 
    --recompute-method uniform --recompute-num-layers 1`` (every layer recomputed);
 2. + balanced data: ``--data-balance isf-sorted`` (packed, balanced on tiles and tokens
    across data-parallel ranks; ``--micro-batch-size`` samples per pack on average);
-3. + partition search: ``--pipeline-partition search`` (its first run searches; later
-   rounds and row 4 take the partition it chose, so all time the same layout);
+3. + partition search: ``--pipeline-partition search`` on a per-layer profile measured
+   first (``tools/profile_layers.py`` on balanced micro-batches, ``--pipeline-profile``;
+   the cost model alone would size the LLM at ``--seq-length`` tokens per sample and the
+   ViT at one tile). Its first run searches; later rounds and row 4 take the partition it
+   chose, so all time the same layout;
 4. + adaptive recompute: ``--recompute-memory-budget GB`` instead of full recompute. The
-   budget is chosen on the package's own memory estimate for row 3's partition: halfway
+   budget is chosen on the package's own memory estimate (the profile's saved bytes) for
+   row 3's partition: halfway
    between no recompute and full recompute on the rank that needs the most, and never
    below what full recompute needs on any rank, so it is below the no-recompute peak and
    binds (printed).
 
 Per row: iteration time (median of the timed iterations after ``--warmup``, all rounds),
-real tokens per second (padding excluded), both against row 1, peak memory per rank (the
-largest over ranks of the process's max resident memory, which the training log reports
-on CPU, and of the bytes autograd holds for backward at their peak over one more
-iteration, measured with tools/bench_recompute.py's saved-tensor hooks), and ``lm loss``
+real tokens per second (padding excluded), both against row 1, the tokens computed per
+iteration (padding included), each stage's recompute, peak memory per rank (the largest
+over ranks of the process's max resident memory, which the training log reports on CPU,
+in the last round, and of the bytes autograd holds for backward at their peak over one
+more iteration, measured with tools/bench_recompute.py's saved-tensor hooks), and ``lm loss``
 at iteration 1. Rows 2-4 train on the same data from the same weights, so their
 iteration-1 losses must agree; one more 1-iteration run with row 1's data and row 4's
 partition and budget checks row 1 the same way. The last line is
@@ -303,6 +307,20 @@ def launch(a, argv: list, out: Path, iters: int, warmup: int) -> dict:
             "layers": ranks[0]["layers"], "recompute": " / ".join(ranks[0]["recompute"])}
 
 
+def measure_profile(a, data: Path, out: Path) -> list:
+    """Per-layer times and saved bytes of the whole model on balanced micro-batches, one
+    process (tools/profile_layers.py): the ``--pipeline-profile`` rows 3 and 4 plan with
+    (the partition search's anchor, the recompute budget's bytes). Without it the planner
+    sizes the LLM at ``--seq-length`` tokens and the ViT at one tile per sample."""
+    flags = model_flags(a, data, a.tokenizer_dir, 1) + ["--data-balance", "isf-sorted"]
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "profile_layers.py"), *flags,
+                           "--profile-out", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if proc.returncode:
+        sys.exit(f"profile_layers.py failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return ["--pipeline-profile", str(out)]
+
+
 def recompute_budget(a, base: list, layers: list) -> dict:
     """GB per rank for row 4 on the package's memory estimate (the one the budget is
     checked against) for ``layers``: halfway between no recompute and full recompute on
@@ -338,17 +356,17 @@ def main(argv=None) -> int:
     p.add_argument("stats", nargs="*", help="OmniBal statistics files or directories")
     p.add_argument("--samples", type=int, default=600, help="records drawn from the stats")
     p.add_argument("--rounds", type=int, default=2, help="runs of every row, alternating")
-    p.add_argument("--iters", type=int, default=5, help="timed iterations per run")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=4, help="timed iterations per run")
+    p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--data-parallel-size", type=int, default=2)
-    p.add_argument("--micro-batch-size", type=int, default=4)
-    p.add_argument("--microbatches", type=int, default=4,
+    p.add_argument("--micro-batch-size", type=int, default=2)
+    p.add_argument("--microbatches", type=int, default=8,
                    help="micro-batches per data-parallel rank per iteration")
     p.add_argument("--hidden-size", type=int, default=256, help="LLM; the ViT's is half")
     p.add_argument("--num-layers", type=int, default=4, help="of the LLM and of the ViT")
     p.add_argument("--tile", type=int, default=32, help="tile side in pixels")
     p.add_argument("--patch", type=int, default=4)
-    p.add_argument("--seq-length", type=int, default=1024)
+    p.add_argument("--seq-length", type=int, default=512)
     p.add_argument("--search-candidates", type=int, default=3)
     p.add_argument("--search-iters", type=int, default=3)
     p.add_argument("--seed", type=int, default=0, help="which records are drawn")
@@ -373,14 +391,16 @@ def main(argv=None) -> int:
             "--pipeline-model-parallel-size", "2",
             "--pipeline-search-candidates", str(a.search_candidates),
             "--pipeline-search-iters", str(a.search_iters)]
+        profile = measure_profile(a, data, work / "profile.json")
         init = ["--save", str(work / "init")]  # the first run saves, the others load
         runs = {r: [] for r in range(len(ROWS))}
         partition, memory = "search", None
         for rnd in range(a.rounds):
             for row in range(len(ROWS)):
                 if row == 3 and memory is None:
-                    memory = recompute_budget(a, base + init, runs[2][0]["layers"])
+                    memory = recompute_budget(a, base + init + profile, runs[2][0]["layers"])
                 flags = row_flags(row, partition, memory and memory["budget"])
+                flags += profile if row >= 2 else []
                 print(f"round {rnd + 1}, row {row + 1}: {' '.join(flags)}", file=sys.stderr,
                       flush=True)
                 runs[row].append(launch(a, base + init + flags, work / "run.json", a.iters,
@@ -389,7 +409,8 @@ def main(argv=None) -> int:
                 if row == 2 and partition == "search":
                     partition = ",".join(map(str, runs[2][0]["layers"]))
         check = launch(a, base + init + ["--data-balance", "none", "--pipeline-partition", partition,
-                                  "--recompute-memory-budget", f"{memory['budget']:.6f}"],
+                                  "--recompute-memory-budget", f"{memory['budget']:.6f}",
+                                  *profile],
                        work / "check.json", 0, 1)
     report(a, synth, achieved, runs, check, memory, partition)
     return 0
@@ -423,7 +444,7 @@ def report(a, synth, achieved, runs, check, memory, partition) -> None:
         print(f"| {row + 1}. {name} | {step:.3f} | {step / rows[0][0]:.3f} | {tps:.0f} | "
               f"{tps / rows[0][1]:.3f} | {statistics.median(r['computed'] for r in rs):.0f} | "
               f"{rs[-1]['recompute']} | "
-              f"{max(r['max_rss_mb'] for r in rs):.0f} | "
+              f"{rs[-1]['max_rss_mb']:.0f} | "
               f"{max(r['saved_peak'] for r in rs) / 2 ** 20:.1f} | {rs[0]['loss1']:.6f} |")
     same = [runs[r][0]["loss1"] for r in (1, 2, 3)]
     spread = (max(same) - min(same)) / abs(same[0])
