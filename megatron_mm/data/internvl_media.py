@@ -214,6 +214,11 @@ def internvl_image_processor(args, enc) -> InternVLImageProcessor:
     if path:
         with open(path) as f:
             hf = json.load(f)
+        for key, want in (("resample", 3), ("do_resize", True), ("do_rescale", True),
+                          ("do_normalize", True), ("do_convert_rgb", True)):
+            if hf.get(key, want) != want:  # 3: PIL's bicubic, as the tiling resizes
+                raise ConfigError(f"--image-processor-config {path}: {key}={hf[key]!r} is "
+                                  f"not supported (only {want!r})")
         size = hf.get("size") or {}
         if size.get("height", tiling.tile_size) != tiling.tile_size:
             raise ConfigError(f"--image-processor-config {path}: tile size {size} differs "

@@ -51,6 +51,9 @@ class InternViTConfig:
     downsample_ratio: float = 0.5
     projector_hidden_act: str = "gelu"
     feature_layer: int = -1
+    # Initial value of the layer scale (ls1 / ls2) when training from scratch (Hugging
+    # Face layer_scale_init_value; checkpoints bring their own).
+    layer_scale_init: float = 0.1
     # Dynamic tiling (the media processor's; not the checkpoint's): Megatron-LM's
     # --max-num-tiles / --use-thumbnail, InternVL's min/max_patches.
     min_tiles: int = 1
@@ -190,7 +193,8 @@ class InternViTConfig:
                    final_layernorm=not v.use_mean_pooling,
                    downsample_ratio=hf.downsample_ratio,
                    projector_hidden_act=hf.projector_hidden_act,
-                   feature_layer=hf.vision_feature_layer)
+                   feature_layer=hf.vision_feature_layer,
+                   layer_scale_init=v.layer_scale_init_value)
 
 
 def _value(hf, field):

@@ -27,6 +27,9 @@ def add_arguments(g) -> None:
     g.add_argument("--vision-final-layernorm", action="store_true",
                    help="internvit: the tower's LayerNorm after its last layer "
                         "(use_mean_pooling=False)")
+    g.add_argument("--vision-layerscale-init", type=float, default=0.1,
+                   help="internvit: initial layer scale of each branch when training from "
+                        "scratch (layer_scale_init_value)")
     g.add_argument("--downsample-ratio", type=float, default=0.5,
                    help="internvit: pixel shuffle; 0.5 folds 2x2 patches into one token "
                         "(Megatron-LM's --pixel-shuffle)")
@@ -57,6 +60,7 @@ def from_args(args) -> InternViTConfig:
         final_layernorm=args.vision_final_layernorm,
         downsample_ratio=args.downsample_ratio,
         feature_layer=args.vision_feature_layer,
+        layer_scale_init=args.vision_layerscale_init,
         min_tiles=args.min_num_tiles, max_tiles=args.max_num_tiles,
         use_thumbnail=args.use_thumbnail)
 

@@ -46,8 +46,8 @@ def check_inputs(family: Family, inputs: Dict[str, torch.Tensor]) -> None:
     pixels = inputs.get("pixel_values")
     if pixels is not None and pixels.dim() != 4:
         raise ConversionError(f"--inputs key 'pixel_values' has shape {tuple(pixels.shape)};"
-                              f" expected [images, channels, height, width] (one tile per "
-                              f"image)")
+                              f" expected [images, channels, height, width] (InternVL: "
+                              f"every image's tiles)")
 
 
 def megatron_media(inputs: Dict[str, torch.Tensor]) -> Optional[Dict[str, torch.Tensor]]:

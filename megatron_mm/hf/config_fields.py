@@ -127,3 +127,31 @@ AUDIO_FIELDS = (
     Field("scale_embedding", _one_of(False),
           "the audio encoder does not scale its input by sqrt(d_model)", False),
 )
+
+# InternVL (InternViT + pixel shuffle + LayerNorm/MLP projector; models/internvit.py).
+INTERNVL_VISION_FIELDS = (
+    Field("model_type", _one_of("internvl_vision"), "the InternVL tower is internvl_vision"),
+    Field("hidden_act", _one_of("gelu"), "InternViT's MLP uses exact 'gelu'"),
+    Field("num_channels", _one_of(3), "images are RGB", 3),
+    Field("image_size", lambda v, _: len(set(v if isinstance(v, (list, tuple)) else [v])) == 1,
+          "tiles are square"),
+    Field("patch_size", lambda v, _: len(set(v if isinstance(v, (list, tuple)) else [v])) == 1,
+          "patches are square"),
+    Field("use_mask_token", _one_of(False), "masked image modelling is not implemented",
+          False),
+    Field("use_absolute_position_embeddings", _one_of(True),
+          "only absolute position embeddings are implemented", True),
+    Field("norm_type", _one_of("layer_norm", "rms_norm"),
+          "the layers' norm is 'layer_norm' or 'rms_norm'"),
+)
+
+INTERNVL_FIELDS = (
+    Field("vision_feature_layer", lambda v, _: isinstance(v, int),
+          "features of a single layer (an int) only"),
+    Field("vision_feature_select_strategy", _one_of("default"),
+          "only 'default' (class token dropped): the pixel shuffle takes the patch grid"),
+    Field("projector_hidden_act", _one_of("gelu"),
+          "the projector is LayerNorm-Linear-GELU-Linear"),
+    Field("downsample_ratio", lambda v, _: v > 0 and (1 / v) == round(1 / v),
+          "the pixel shuffle folds an integer n x n patches into one token (ratio 1/n)"),
+)

@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, List, Tuple
 
-from .config_fields import (AUDIO_FIELDS, LANGUAGE_FIELDS, LLAVA_FIELDS, VISION_FIELDS,
-                            VISION_TYPES, longest_exact_sequence, refuse_unsupported)
+from .config_fields import (AUDIO_FIELDS, INTERNVL_FIELDS, INTERNVL_VISION_FIELDS,
+                            LANGUAGE_FIELDS, LLAVA_FIELDS, VISION_FIELDS, VISION_TYPES,
+                            longest_exact_sequence, refuse_unsupported)
 from .errors import ConversionError
-from .layouts import CAUSAL_LM, LLAVA, QWEN2_AUDIO, Layout
+from .internvit_table import internvl_rules
+from .layouts import CAUSAL_LM, INTERNVL, LLAVA, QWEN2_AUDIO, Layout
 from .tables import causal_lm_rules, llava_rules, qwen2_audio_rules
 
 
@@ -50,6 +52,12 @@ FAMILIES = {f.architecture: f for f in (
     Family("Qwen2AudioForConditionalGeneration", QWEN2_AUDIO, qwen2_audio_rules, True,
            inputs=("input_ids", "attention_mask", "input_features",
                    "feature_attention_mask")),
+    # InternViT (layer scale, QK norm) + pixel shuffle + LayerNorm/MLP projector; a
+    # batch's pixel_values are its images' tiles. Unused: the tower's layers past the
+    # feature layer and its final LayerNorm when an earlier layer is taken.
+    Family("InternVLForConditionalGeneration", INTERNVL, internvl_rules, True,
+           (r"model\.vision_tower\.encoder\.layer\.\d+\..*",
+            r"model\.vision_tower\.layernorm\..*"), _IMAGE_INPUTS),
 )}
 
 
@@ -122,8 +130,42 @@ def audio_flags(hf_config) -> List[str]:
     return [str(f) for f in flags]
 
 
+def internvl_flags(hf_config) -> List[str]:
+    """InternVL: the tower, the pixel shuffle and the projector; the LLM's tied output
+    layer is the top-level ``tie_word_embeddings`` (InternVLForConditionalGeneration ties
+    by it, whatever the text config says)."""
+    vision, text = hf_config.vision_config, hf_config.get_text_config()
+    refuse_unsupported(vision, INTERNVL_VISION_FIELDS, "vision_config.")
+    refuse_unsupported(hf_config, INTERNVL_FIELDS)
+    size, patch = (v[0] if isinstance(v, (list, tuple)) else v
+                   for v in (vision.image_size, vision.patch_size))
+    flags = ["--vision-model-type", "internvit", "--vision-hidden-size", vision.hidden_size,
+             "--vision-num-layers", vision.num_hidden_layers,
+             "--vision-num-attention-heads", vision.num_attention_heads,
+             "--vision-ffn-hidden-size", vision.intermediate_size,
+             "--img-h", size, "--img-w", size, "--patch-dim", patch,
+             "--vision-feature-layer", hf_config.vision_feature_layer,
+             "--vision-norm-epsilon", vision.layer_norm_eps,
+             "--vision-norm-type", vision.norm_type,
+             "--downsample-ratio", hf_config.downsample_ratio,
+             "--projector-type", "mlp", "--projector-ffn-hidden-size", text.hidden_size,
+             "--image-token-id", hf_config.image_token_id]
+    for flag, on in (("--vision-qk-norm", vision.use_qk_norm),
+                     ("--vision-add-qkv-bias", vision.attention_bias),
+                     ("--vision-final-layernorm", not vision.use_mean_pooling)):
+        if on:
+            flags.append(flag)
+    language = [f for f in language_flags(text, "text_config.")
+                if f != "--untie-embeddings-and-output-weights"]
+    if not getattr(hf_config, "tie_word_embeddings", True):
+        language.append("--untie-embeddings-and-output-weights")
+    return language + [str(f) for f in flags]
+
+
 def model_flags(hf_config) -> List[str]:
     family = family_for(hf_config)
+    if family.layout is INTERNVL:
+        return internvl_flags(hf_config)
     if not family.multimodal:
         return language_flags(hf_config) + ["--vision-model-type", "none"]
     if family.layout is QWEN2_AUDIO:

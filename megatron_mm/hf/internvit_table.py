@@ -12,7 +12,8 @@ per-group ``linear_qkv`` (``QKVPerGroup``; InternViT has as many groups as heads
 
 from __future__ import annotations
 
-from typing import Tuple
+import math
+from typing import Optional, Tuple
 
 from .mapping import Rule, prefixed
 from .transforms import QKVPerGroup, Transform
@@ -26,21 +27,34 @@ class Conv2dAsLinear(Transform):
     patch <-> a linear weight [hidden, C*P*P] over the flattened patch (the model
     flattens each patch in that same (C, P, P) order)."""
 
-    def __init__(self, in_channels: int, patch_size: int):
-        self.kernel = (in_channels, patch_size, patch_size)
-        self.name = f"conv2d_as_linear[{'x'.join(map(str, self.kernel))}]"
+    def __init__(self, in_channels: int, patch_size: Optional[int] = None):
+        # patch_size None: the square kernel the tensor's width gives (C*P*P)
+        self.in_channels, self.patch_size = in_channels, patch_size
+        self.name = f"conv2d_as_linear[{in_channels}x{patch_size or 'P'}x{patch_size or 'P'}]"
+
+    def _kernel(self, width: int) -> tuple:
+        c, p = self.in_channels, self.patch_size
+        if p is None:
+            p = math.isqrt(width // c)
+        if c * p * p != width:
+            raise RuntimeError(f"{self.name}: a linear of {width} inputs is no "
+                               f"{c}-channel square patch")
+        return c, p, p
 
     def to_megatron(self, tensors, ctx):
         (w,) = tensors
-        if tuple(w.shape[1:]) != self.kernel:
-            raise RuntimeError(f"expected a Conv2d kernel of {self.kernel}")
+        c = self.in_channels
+        if w.dim() != 4 or w.shape[1] != c or w.shape[2] != w.shape[3] or (
+                self.patch_size not in (None, w.shape[2])):
+            raise RuntimeError(f"{self.name}: expected a square Conv2d kernel, got "
+                               f"{tuple(w.shape)}")
         return w.reshape(w.shape[0], -1)
 
     def to_hf(self, tensor, ctx):
-        return [tensor.reshape(tensor.shape[0], *self.kernel).contiguous()]
+        return [tensor.reshape(tensor.shape[0], *self._kernel(tensor.shape[1])).contiguous()]
 
 
-def internvit_tower_rules(in_channels: int = 3, patch_size: int = 14,
+def internvit_tower_rules(in_channels: int = 3, patch_size: Optional[int] = 14,
                           stack: str = "vision") -> Tuple[Rule, ...]:
     """``InternViT`` <- ``InternVLVisionModel``. A rule the built model has no tensor for
     (no QKV bias, no q/k norm, no ``ln_post``) is skipped. ``stack``: the key of the head
@@ -82,7 +96,7 @@ PROJECTOR = tuple(
 
 def internvit_rules(vision_hf_prefix: str = "model.vision_tower.",
                     projector_hf_prefix: str = "model.multi_modal_projector.",
-                    in_channels: int = 3, patch_size: int = 14,
+                    in_channels: int = 3, patch_size: Optional[int] = 14,
                     vision_prefix: str = "vision_model.",
                     projector_prefix: str = "vision_projection.",
                     stack: str = "vision") -> Tuple[Rule, ...]:
@@ -92,3 +106,14 @@ def internvit_rules(vision_hf_prefix: str = "model.vision_tower.",
     return (prefixed(internvit_tower_rules(in_channels, patch_size, stack), vision_prefix,
                      vision_hf_prefix)
             + prefixed(PROJECTOR, projector_prefix, projector_hf_prefix))
+
+
+def internvl_rules() -> Tuple[Rule, ...]:
+    """``InternVLForConditionalGeneration`` (transformers 5 in-memory names): the LLM
+    (Qwen2 / Llama tables), InternViT and its projector; the patch size comes from the
+    patch embedding's shape."""
+    from .tables import LANGUAGE, OUTPUT_LAYER
+
+    return (prefixed(LANGUAGE, "language_model.", "model.language_model.")
+            + prefixed(OUTPUT_LAYER, "language_model.", "")
+            + internvit_rules(patch_size=None))

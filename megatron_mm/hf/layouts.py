@@ -78,3 +78,21 @@ QWEN2_AUDIO = Layout(
         ("model.multi_modal_projector.", "multi_modal_projector."),
     ),
 )
+
+# InternVL (-hf hub checkpoints and transformers 5 saves: the legacy prefixes; transformers
+# 5's in-memory names load as they are).
+INTERNVL = Layout(
+    aliases=(
+        ("language_model.model.", "model.language_model."),
+        ("language_model.lm_head.", "lm_head."),
+        ("language_model.", "model.language_model."),  # transformers 5 loads it too
+        ("vision_tower.", "model.vision_tower."),
+        ("multi_modal_projector.", "model.multi_modal_projector."),
+    ),
+    export=(
+        ("model.language_model.", "language_model.model."),
+        ("lm_head.", "language_model.lm_head."),
+        ("model.vision_tower.", "vision_tower."),
+        ("model.multi_modal_projector.", "multi_modal_projector."),
+    ),
+)

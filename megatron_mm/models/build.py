@@ -75,8 +75,8 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
                               "pass --transformer-impl local")
         if part.projector:
             proj = config.projectors[part.name]
-            projectors[part.name] = family_of(enc).build_projector(
-                enc, proj, lm, settings, specs, part.name) or MultimodalProjector(
+            own = family_of(enc).build_projector(enc, proj, lm, settings, specs, part.name)
+            projectors[part.name] = own if own is not None else MultimodalProjector(
                 projector_transformer_config(proj, lm, settings, part.name),
                 affine_projector_submodules(specs.projector, proj.projector_type),
                 proj.projector_type, input_size=enc.hidden_size)

@@ -22,6 +22,7 @@ shuffle and the MLP projector, equal to transformers' ``InternVLModel.get_image_
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Optional
 
@@ -197,34 +198,48 @@ def pixel_shuffle(features: torch.Tensor, scale_factor: float = 0.5) -> torch.Te
     return x.permute(0, 2, 1, 3)
 
 
-class InternViT(MegatronModule):
-    """Tiles [B, C, H, W] -> pixel-shuffled features [B, (H/P/2) x (W/P/2), 4 x hidden]
-    (before the projector)."""
+class InternViTParts(EncoderParts, MegatronModule):
+    """InternViT, or the part of it one pipeline chunk holds (the InternVL family's module,
+    ``encoders/internvl.py``): the patch embedding with class token and positions
+    (``embed``), the layers Megatron-Core's layout gives this chunk (``build_layers``), and
+    the output side in front of the projector (``post``: the tower's LayerNorm, class token
+    dropped, pixel shuffle). Every tile is one item: a batch entry of ``seq_length``
+    tokens."""
 
     def __init__(self, config: TransformerConfig, encoder: InternViTConfig,
-                 layer_spec: Optional[ModuleSpec] = None, vp_stage=None, pg_collection=None):
+                 layer_spec: ModuleSpec, embed: bool = True, build_layers: bool = True,
+                 post: bool = True, vp_stage=None, pg_collection=None,
+                 checkpoint_dp_group=None):
         super().__init__(config=config)
         if config.sequence_parallel:
             raise ConfigError("the InternViT encoder does not implement --sequence-parallel")
+        self.use_encoder_groups(pg_collection, checkpoint_dp_group)
         self.encoder_config = e = encoder
+        self.seq_length = e.seq_length
         dtype = config.params_dtype
-        self.patch_embed = torch.nn.Linear(e.patch_input_size, e.hidden_size, dtype=dtype)
-        config.init_method(self.patch_embed.weight)
-        torch.nn.init.zeros_(self.patch_embed.bias)
-        self.class_token = torch.nn.Parameter(torch.zeros(1, 1, e.hidden_size, dtype=dtype))
-        self.position_embeddings = torch.nn.Parameter(
-            torch.zeros(1, e.num_positions, e.hidden_size, dtype=dtype))
-        self.decoder = TransformerBlock(
-            config=config, spec=layer_spec or internvit_layer_spec(e),
-            pre_process=True, post_process=False, vp_stage=vp_stage,
-            pg_collection=pg_collection)
+        self.has_embed = embed
+        if embed:
+            self.patch_embed = torch.nn.Linear(e.patch_input_size, e.hidden_size, dtype=dtype)
+            config.init_method(self.patch_embed.weight)
+            torch.nn.init.zeros_(self.patch_embed.bias)
+            self.class_token = torch.nn.Parameter(torch.zeros(1, 1, e.hidden_size,
+                                                              dtype=dtype))
+            self.position_embeddings = torch.nn.Parameter(
+                torch.zeros(1, e.num_positions, e.hidden_size, dtype=dtype))
+            config.init_method(self.position_embeddings)
+        self.decoder = (TransformerBlock(config=config, spec=layer_spec, pre_process=True,
+                                         post_process=False, vp_stage=vp_stage,
+                                         pg_collection=pg_collection)
+                        if build_layers else None)
+        for layer in self.decoder.layers if self.decoder is not None else ():
+            with torch.no_grad():
+                layer.ls1.fill_(e.layer_scale_init)
+                layer.ls2.fill_(e.layer_scale_init)
+        self.has_post = post
         # Hugging Face's tower LayerNorm (use_mean_pooling=False): a LayerNorm whatever
         # norm_type says.
         self.ln_post = (torch.nn.LayerNorm(e.hidden_size, eps=e.norm_epsilon, dtype=dtype)
-                        if e.applies_final_layernorm else None)
-
-    def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
-        self.decoder.set_input_tensor(input_tensor)
+                        if post and e.applies_final_layernorm else None)
 
     def _positions(self, side: int) -> torch.Tensor:
         """[1, 1 + side^2, hidden]: the trained grid, or it resized to ``side`` patches a
@@ -255,24 +270,46 @@ class InternViT(MegatronModule):
                              f"the pixel shuffle ({e.patch_size} x {e.shuffle_scale})")
         return h // e.patch_size
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """``pixel_values`` [tiles, C, H, W] as InternVL's processor gives them (all
-        images' tiles of the batch concatenated; square, H a multiple of 2 patches)."""
+    def embed(self, tiles: torch.Tensor) -> torch.Tensor:
+        """[N, C, H, W] tiles (square, H a multiple of 2 patches; another size than the
+        config's gets resized positions) -> [T, N, hidden], class token first. Training
+        batches hold tiles of ``--img-h``: the pipeline's message shapes assume it."""
         e = self.encoder_config
-        side = self._check(pixel_values)
-        b, p = pixel_values.shape[0], e.patch_size
-        x = pixel_values.to(self.patch_embed.weight.dtype)
-        # [B, C, side, P, side, P] -> [B, side*side, C*P*P]: the Conv2d's kernel order.
-        x = x.reshape(b, e.in_channels, side, p, side, p).permute(0, 2, 4, 1, 3, 5)
-        x = self.patch_embed(x.reshape(b, side * side, e.patch_input_size))
-        x = torch.cat([self.class_token.expand(b, -1, -1), x], dim=1) + self._positions(side)
-        hidden = self.decoder(x.transpose(0, 1).contiguous(), attention_mask=None)
-        if self.ln_post is not None:
-            hidden = self.ln_post(hidden)
-        patches = hidden[1:].transpose(0, 1)  # 'default': the class token dropped
-        grid = patches.reshape(b, side, side, e.hidden_size)
-        shuffled = pixel_shuffle(grid, e.downsample_ratio)
-        return shuffled.reshape(b, -1, e.shuffled_size)
+        side = self._check(tiles)
+        n, p = tiles.shape[0], e.patch_size
+        x = tiles.to(self.patch_embed.weight.dtype)
+        # [N, C, side, P, side, P] -> [N, side*side, C*P*P]: the Conv2d's kernel order.
+        x = x.reshape(n, e.in_channels, side, p, side, p).permute(0, 2, 4, 1, 3, 5)
+        x = self.patch_embed(x.reshape(n, side * side, e.patch_input_size))
+        x = torch.cat([self.class_token.expand(n, -1, -1), x], dim=1) + self._positions(side)
+        return x.transpose(0, 1).contiguous()
+
+    def shard_features(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.ln_post(hidden) if self.ln_post is not None else hidden
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[T, N, hidden] -> [N, tokens per tile, 4 x hidden]: the pixel-shuffled patches."""
+        e = self.encoder_config
+        patches = self.shard_features(hidden)[1:].transpose(0, 1)  # 'default': no class token
+        n, side = patches.shape[0], math.isqrt(patches.shape[1])
+        shuffled = pixel_shuffle(patches.reshape(n, side, side, e.hidden_size),
+                                 e.downsample_ratio)
+        return shuffled.reshape(n, -1, e.shuffled_size).contiguous()
+
+    def forward(self, tiles: torch.Tensor) -> torch.Tensor:
+        """The whole tower: tiles [N, C, H, W] (all images' tiles of the batch) ->
+        pixel-shuffled features [N, (H/P/2)^2, 4 x hidden] (before the projector)."""
+        return self.features(self.layers(self.embed(tiles)))
+
+
+class InternViT(InternViTParts):
+    """The whole tower in one module (every part), as transformers' ``InternVLVisionModel``
+    plus the feature selection and pixel shuffle of ``get_image_features``."""
+
+    def __init__(self, config: TransformerConfig, encoder: InternViTConfig,
+                 layer_spec: Optional[ModuleSpec] = None, vp_stage=None, pg_collection=None):
+        super().__init__(config, encoder, layer_spec or internvit_layer_spec(encoder),
+                         vp_stage=vp_stage, pg_collection=pg_collection)
 
 
 class InternVLProjector(MultimodalProjector):
@@ -323,74 +360,6 @@ def tokens_per_tile(encoder: InternViTConfig, tile_size: Optional[int] = None) -
     per tile."""
     side = (tile_size or encoder.image_size) // encoder.patch_size
     return (side // encoder.shuffle_scale) ** 2
-
-
-class InternViTParts(EncoderParts, MegatronModule):
-    """The InternVL family's encoder module (``encoders/internvl.py``): InternViT, or the
-    part of it one pipeline chunk holds: the patch embedding with class token and
-    positions (``embed``), the layers Megatron-Core's layout gives this chunk
-    (``build_layers``), and the output side in front of the projector (``post``: the
-    tower's LayerNorm, class token dropped, pixel shuffle). Parameter names are
-    ``InternViT``'s, so its weight table serves both. Every tile is one item (a batch
-    entry of ``seq_length`` tokens)."""
-
-    def __init__(self, config: TransformerConfig, encoder: InternViTConfig,
-                 layer_spec: ModuleSpec, embed: bool = True, build_layers: bool = True,
-                 post: bool = True, vp_stage=None, pg_collection=None,
-                 checkpoint_dp_group=None):
-        super().__init__(config=config)
-        if config.sequence_parallel:
-            raise ConfigError("the InternViT encoder does not implement --sequence-parallel")
-        self.use_encoder_groups(pg_collection, checkpoint_dp_group)
-        self.encoder_config = e = encoder
-        self.seq_length = e.seq_length
-        dtype = config.params_dtype
-        self.has_embed = embed
-        if embed:
-            self.patch_embed = torch.nn.Linear(e.patch_input_size, e.hidden_size, dtype=dtype)
-            config.init_method(self.patch_embed.weight)
-            torch.nn.init.zeros_(self.patch_embed.bias)
-            self.class_token = torch.nn.Parameter(torch.zeros(1, 1, e.hidden_size,
-                                                              dtype=dtype))
-            self.position_embeddings = torch.nn.Parameter(
-                torch.zeros(1, e.num_positions, e.hidden_size, dtype=dtype))
-            config.init_method(self.position_embeddings)
-        self.decoder = (TransformerBlock(config=config, spec=layer_spec, pre_process=True,
-                                         post_process=False, vp_stage=vp_stage,
-                                         pg_collection=pg_collection)
-                        if build_layers else None)
-        self.has_post = post
-        self.ln_post = (torch.nn.LayerNorm(e.hidden_size, eps=e.norm_epsilon, dtype=dtype)
-                        if post and e.applies_final_layernorm else None)
-
-    def embed(self, tiles: torch.Tensor) -> torch.Tensor:
-        """[N, 3, S, S] tiles of the configured size -> [T, N, hidden] (class token first)."""
-        e = self.encoder_config
-        n, side, p = tiles.shape[0], e.patches_per_side, e.patch_size
-        if tuple(tiles.shape[1:]) != (e.in_channels, e.image_size, e.image_size):
-            raise ValueError(f"InternViT tiles must be [N, {e.in_channels}, {e.image_size}, "
-                             f"{e.image_size}] (--img-h); got {tuple(tiles.shape)}")
-        x = tiles.to(self.patch_embed.weight.dtype)
-        # [N, C, side, P, side, P] -> [N, side*side, C*P*P]: the Conv2d's kernel order.
-        x = x.reshape(n, e.in_channels, side, p, side, p).permute(0, 2, 4, 1, 3, 5)
-        x = self.patch_embed(x.reshape(n, side * side, e.patch_input_size))
-        x = torch.cat([self.class_token.expand(n, -1, -1), x], dim=1) + self.position_embeddings
-        return x.transpose(0, 1).contiguous()
-
-    def shard_features(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.ln_post(hidden) if self.ln_post is not None else hidden
-
-    def features(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[T, N, hidden] -> [N, tokens per tile, 4 x hidden]: the pixel-shuffled patches."""
-        e = self.encoder_config
-        patches = self.shard_features(hidden)[1:].transpose(0, 1)  # class token dropped
-        n, side = patches.shape[0], e.patches_per_side
-        shuffled = pixel_shuffle(patches.reshape(n, side, side, e.hidden_size),
-                                 e.downsample_ratio)
-        return shuffled.reshape(n, -1, e.shuffled_size).contiguous()
-
-    def forward(self, tiles: torch.Tensor) -> torch.Tensor:
-        return self.features(self.layers(self.embed(tiles)))
 
 
 def build_internvit(enc: InternViTConfig, settings, specs, part, name: str, vp_stage=None,

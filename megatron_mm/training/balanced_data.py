@@ -51,8 +51,11 @@ def balanced_batch_iterator(args, dataset, tokenizer, consumed_samples: int,
     loads = sample_loads(dataset)
     for rec, load in zip(dataset.records, loads):
         if load.tokens > args.seq_length:
+            advice = "".join(p.overflow_advice(rec, load.tokens, args.seq_length)
+                             for p in (dataset.processors or {}).values()
+                             if hasattr(p, "overflow_advice"))  # InternVL: its tiles
             raise ConfigError(f"{rec.where()}: {load.tokens} tokens exceed --seq-length "
-                              f"{args.seq_length} (the packed sequence length)")
+                              f"{args.seq_length} (the packed sequence length){advice}")
     dp = parallel_state.get_data_parallel_world_size()
     bounds = parse_bounds(args.data_balance_bounds)
     if bounds is None:

@@ -1,7 +1,9 @@
 """The InternVL family (InternViT, pixel shuffle, LayerNorm/MLP projector, dynamic tiling)
 in the training script: TP=2, PP=2 with the cut inside the ViT, CP=2, DP=2 and the ViT as
 its own pipeline in the LLM's bubbles each equal the one-process run from the same initial
-checkpoint (losses, gradients, parameters), on micro-batches of different tile counts."""
+checkpoint (losses, gradients, parameters), on micro-batches of different tile counts;
+--data-balance (vision work in tiles) at DP=2 equals one process on both ranks' packed
+micro-batches."""
 
 import pytest
 import torch
@@ -62,6 +64,8 @@ def _merge(ranks, key, step=None):
 def test_internvl_parallel_equals_one_process(reference, layout):
     argv, ref = reference
     assert len(set(ref["observed"]["tiles"])) > 1, ref["observed"]["tiles"]  # varying tiles
+    scale = ref["params"]["vision_model.decoder.layers.0.ls1"]  # --vision-layerscale-init
+    assert (scale - 0.1).abs().max() <= STEPS * 1e-3 + 1e-6  # 0.1 moved by Adam's lr a step
     ranks = run_distributed(train, 2, argv + layout, (1, STEPS), watch_vit)
     pp = "--pipeline-model-parallel-size" in layout
     dp = not layout
@@ -89,3 +93,42 @@ def test_internvl_parallel_equals_one_process(reference, layout):
                 continue
             torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=atol,
                                        msg=lambda m: f"{what} {step} {name}: {m}")
+
+
+BALANCE = ["--data-balance", "isf-sorted", "--data-balance-bounds", "12,64",
+           "--transformer-impl", "local"]
+
+
+def train_on_both_ranks_plans(rank, argv, grad_steps):
+    """One process that trains, each step, on both DP=2 ranks' packed micro-batches of the
+    balanced plan (rank 0's, then rank 1's): what DP=2 computes together."""
+    import megatron_mm.training.balanced_data as balanced
+
+    real = balanced.BalancedSampler
+
+    class BothRanks:
+        def __init__(self, loads, bounds, dp_rank, dp, microbatches, **kwargs):
+            assert (dp_rank, dp) == (0, 1) and microbatches % 2 == 0
+            self.samplers = [real(loads, bounds, r, 2, microbatches // 2, **kwargs)
+                             for r in (0, 1)]
+
+        def __iter__(self):
+            for pair in zip(*self.samplers):
+                yield from pair
+
+    balanced.BalancedSampler = BothRanks
+    return train(rank, argv, grad_steps)
+
+
+def test_data_balance_dp2_equals_one_process(reference):
+    """--data-balance packs samples by tiles and tokens; DP=2 on the packed plan equals one
+    process on both ranks' packed micro-batches."""
+    argv = reference[0] + BALANCE
+    ref = run_distributed(train_on_both_ranks_plans, 1, argv, (1, STEPS))[0]
+    ranks = run_distributed(train, 2, argv, (1, STEPS))
+    for it in range(1, STEPS + 1):
+        assert ranks[0]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    for name, value in ref["params"].items():
+        torch.testing.assert_close(ranks[0]["params"][name], value, rtol=1e-4, atol=1e-5,
+                                   msg=lambda m: f"param {name}: {m}")
+        assert torch.equal(ranks[1]["params"][name], ranks[0]["params"][name]), name
