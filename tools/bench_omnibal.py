@@ -408,15 +408,29 @@ def main(argv=None) -> int:
                 init = ["--load", str(work / "init"), "--no-load-optim"]
                 if row == 2 and partition == "search":
                     partition = ",".join(map(str, runs[2][0]["layers"]))
+        stage_ms = profile_summary(work / "profile.json", {
+            "uniform": runs[0][0]["layers"], "searched": runs[2][0]["layers"]})
         check = launch(a, base + init + ["--data-balance", "none", "--pipeline-partition", partition,
                                   "--recompute-memory-budget", f"{memory['budget']:.6f}",
                                   *profile],
                        work / "check.json", 0, 1)
-    report(a, synth, achieved, runs, check, memory, partition)
+    report(a, synth, achieved, runs, check, memory, partition, stage_ms)
     return 0
 
 
-def report(a, synth, achieved, runs, check, memory, partition) -> None:
+def profile_summary(path: Path, partitions: dict) -> dict:
+    """Forward + backward ms per micro-batch of each chain layer, from the profile, and
+    their sums per stage for each partition (what the search's anchor sees)."""
+    from megatron_mm.plan.profile import LayerProfile
+
+    ms = [1e3 * (t.forward_s + t.backward_s) for t in LayerProfile.load(str(path)).layers]
+    out = {"per layer": [round(x, 1) for x in ms]}
+    for name, layers in partitions.items():
+        out[name] = [round(sum(ms[:layers[0]]), 1), round(sum(ms[layers[0]:]), 1)]
+    return out
+
+
+def report(a, synth, achieved, runs, check, memory, partition, stage_ms) -> None:
     targets = synth["targets"]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     print(f"{len(targets)} records drawn from {', '.join(map(str, a.stats))}: tiles "
@@ -446,6 +460,12 @@ def report(a, synth, achieved, runs, check, memory, partition) -> None:
               f"{rs[-1]['recompute']} | "
               f"{rs[-1]['max_rss_mb']:.0f} | "
               f"{max(r['saved_peak'] for r in rs) / 2 ** 20:.1f} | {rs[0]['loss1']:.6f} |")
+    print("iteration s per run (median of its timed iterations), in launch order: " + "; ".join(
+        f"row {row + 1}: " + ", ".join(f"{statistics.median(r['walls']):.3f}" for r in rs)
+        for row, rs in runs.items()))
+    print(f"profile, forward + backward ms per micro-batch of each chain layer: "
+          f"{stage_ms['per layer']}; per stage: uniform {stage_ms['uniform']}, searched "
+          f"{stage_ms['searched']}")
     same = [runs[r][0]["loss1"] for r in (1, 2, 3)]
     spread = (max(same) - min(same)) / abs(same[0])
     print(f"iteration-1 lm loss, rows 2-4 (same data): {', '.join(f'{x:.6f}' for x in same)}"
