@@ -20,10 +20,11 @@ tiling with ``--max-num-tiles 4`` and a thumbnail, the setting the statistics co
   and the image markers included). The text is words of a word-level tokenizer (one token
   each) split between question and answer; the template's own 4 tokens (BOS, ``USER:``,
   ``ASSISTANT:``, EOS) count towards it, so a record whose scaled text is shorter gets the
-  template plus a one-word answer (the achieved mean is printed beside the target). The ViT sees 4 x more tokens per tile than
-  the LLM (65 vs 16 with the class token; InternVL-Chat-1.5: 1025 vs 256), and the ViT's
-  width is half the LLM's over as many layers (InternViT-6B vs InternLM2-20B: 3200 vs
-  6144, 45 vs 48 layers), so the ViT does about half the work, as there.
+  template plus a one-word answer (the achieved mean is printed beside the target).
+  The ViT sees 4 x more tokens per tile than the LLM (65 vs 16 with the class token;
+  InternVL-Chat-1.5: 1025 vs 256), and the ViT's width is half the LLM's over as many
+  layers (InternViT-6B vs InternLM2-20B: 3200 vs 6144, 45 vs 48 layers), so the ViT does
+  about half the work, as there.
 
 Rows (each its own ``torch.distributed.run`` launch of ``world = 2 x --data-parallel-size``
 ranks, all from the same initial checkpoint, the rows alternating A B C D A B C D ...):
@@ -84,7 +85,6 @@ sys.path.insert(0, str(ROOT / "tools"))  # the other benchmarks' helpers
 from bench_balance import WORDS  # noqa: E402
 from bench_encoder_schedule import _free_port  # noqa: E402
 
-REAL_TILE_TOKENS = 256  # InternVL: 448 px tiles, 14 px patches, pixel shuffle 0.5
 ROWS = ("megatron", "+ balanced data", "+ partition search", "+ adaptive recompute")
 FULL_RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "uniform",
                   "--recompute-num-layers", "1"]
@@ -173,7 +173,7 @@ def _tokenised(a, data: Path):
 
 def _template_tokens(out: Path, a, tiles: int) -> int:
     """Tokens a record has beyond its image tokens and its words (BOS, the chat template,
-    the image markers, EOS), from a probe record of ``tiles`` tiles and two words."""
+    EOS), from a probe record of ``tiles`` tiles and two words."""
     from megatron_mm.data.records import parse_record
     from megatron_mm.plan.internvl_tiles import InternVLTiling
 
@@ -293,8 +293,6 @@ def launch(a, argv: list, out: Path, iters: int, warmup: int) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode:
-        if os.environ.get("BENCH_OMNIBAL_LOG"):
-            Path(os.environ["BENCH_OMNIBAL_LOG"]).write_text(proc.stdout + proc.stderr)
         sys.exit(f"run failed: {' '.join(argv[-12:])}\n{proc.stdout[-3000:]}\n"
                  f"{proc.stderr[-20000:]}")
     ranks = json.loads(out.read_text())
@@ -410,10 +408,10 @@ def main(argv=None) -> int:
                     partition = ",".join(map(str, runs[2][0]["layers"]))
         stage_ms = profile_summary(work / "profile.json", {
             "uniform": runs[0][0]["layers"], "searched": runs[2][0]["layers"]})
-        check = launch(a, base + init + ["--data-balance", "none", "--pipeline-partition", partition,
-                                  "--recompute-memory-budget", f"{memory['budget']:.6f}",
-                                  *profile],
-                       work / "check.json", 0, 1)
+        check = launch(a, base + init + [
+            "--data-balance", "none", "--pipeline-partition", partition,
+            "--recompute-memory-budget", f"{memory['budget']:.6f}", *profile],
+            work / "check.json", 0, 1)
     report(a, synth, achieved, runs, check, memory, partition, stage_ms)
     return 0
 
@@ -433,8 +431,9 @@ def profile_summary(path: Path, partitions: dict) -> dict:
 def report(a, synth, achieved, runs, check, memory, partition, stage_ms) -> None:
     targets = synth["targets"]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    tiles = sorted({x["tiles"] for x in targets})
     print(f"{len(targets)} records drawn from {', '.join(map(str, a.stats))}: tiles "
-          f"{ {t: sum(1 for x in targets if x['tiles'] == t) for t in sorted({x['tiles'] for x in targets})} }; "
+          f"{ {t: sum(1 for x in targets if x['tiles'] == t) for t in tiles} }; "
           f"{a.tile} px tiles, {a.patch} px patches: {synth['tokens_per_tile']} LLM tokens per "
           f"tile (InternVL 256), all tokens scaled by 1/{synth['scale']:g}: mean LLM tokens "
           f"per record {mean([x['tokens'] for x in targets]):.1f} targeted, "
