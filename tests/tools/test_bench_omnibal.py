@@ -1,0 +1,46 @@
+"""tools/bench_omnibal.py end to end at its tiniest setting (PP=2, DP=1, one timed
+iteration, a 2-layer ViT and LLM): the four rows in order, their columns, the
+iteration-1 losses equal where the data is the same, and the last line. Speed is never
+asserted. Skipped where OmniBal's statistics are absent."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STATS = ROOT.parent / "shared" / "data" / "omnibal_lengths"
+ROWS = ["1. megatron", "2. + balanced data", "3. + partition search",
+        "4. + adaptive recompute"]
+
+
+@pytest.mark.skipif(not any(STATS.glob("*.json.gz")), reason="no OmniBal statistics here")
+def test_bench_omnibal_tiny():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "bench_omnibal.py"), str(STATS),
+         "--samples", "48", "--rounds", "1", "--iters", "1", "--warmup", "1",
+         "--data-parallel-size", "1", "--hidden-size", "64", "--num-layers", "2",
+         "--microbatches", "2", "--micro-batch-size", "2", "--search-candidates", "2",
+         "--search-iters", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    table = [[c.strip() for c in line.split("|")[1:-1]] for line in lines
+             if line.startswith("| ") and line[2].isdigit()]
+    assert [r[0] for r in table] == ROWS, proc.stdout
+    header = next(line for line in lines if line.startswith("| row"))
+    assert all(len(r) == len(header.split("|")) - 2 for r in table)
+    for r in table:
+        assert float(r[1]) > 0 and float(r[3]) > 0 and float(r[8]) > 0
+    assert table[0][2] == table[0][4] == "1.000"
+    # full recompute (rows 1-3) and the budget's choice (row 4) per stage
+    assert table[0][6] == table[1][6] == table[2][6]
+    budget = float(re.search(r"row 4 budget ([0-9.]+) GB", proc.stdout).group(1))
+    assert budget > 0
+    assert re.search(r"rows 2-4 \(same data\).* -> equal", proc.stdout), proc.stdout
+    assert re.search(r"row 1 vs row 1's data.* -> equal", proc.stdout), proc.stdout
+    assert re.fullmatch(r"all three / megatron tokens per second: \d+\.\d{3}", lines[-1])
