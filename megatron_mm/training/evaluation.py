@@ -97,9 +97,13 @@ def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tok
 
 def _extend(sample: Sample, token: int) -> Sample:
     tail = torch.tensor([token], dtype=sample.tokens.dtype)
+    pos = sample.position_ids  # M-RoPE (host): a generated token is text after the largest
+    if pos is not None:
+        pos = torch.cat([pos, (pos.max() + 1).expand(3, 1)], dim=1)
     return dataclasses.replace(sample, tokens=torch.cat([sample.tokens, tail]),
                                labels=torch.cat([sample.labels, tail]),
-                               loss_mask=torch.cat([sample.loss_mask, torch.zeros(1)]))
+                               loss_mask=torch.cat([sample.loss_mask, torch.zeros(1)]),
+                               position_ids=pos)
 
 
 def normalize_answer(text: str) -> str:
@@ -123,6 +127,8 @@ def answer_accuracy(args, model: List, dataset, tokenizer, indices: Sequence[int
         n = sample.prompt_len
         sample.tokens, sample.labels = sample.tokens[:n], sample.labels[:n]
         sample.loss_mask = sample.loss_mask[:n]
+        if sample.position_ids is not None:  # M-RoPE [3, S]
+            sample.position_ids = sample.position_ids[:, :n]
         prompts.append(sample)
     prompts.sort(key=lambda s: len(s.tokens))
     correct = 0
