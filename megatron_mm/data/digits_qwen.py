@@ -30,18 +30,25 @@ DIGITS_QWEN_VERSION = 1  # bump when the output changes, to force regeneration
 NUM_RECORDS = {"train": 4000, "valid": 320}
 SEED = {"train": 1, "valid": 2}
 UNIT = 28  # patch 14 x merge 2: sides in multiples of it are kept as drawn
-IMAGE_SIDES = (28, 56, 84)  # a digit: 1 to 9 LLM tokens
+IMAGE_SIDES = (28, 56, 84)  # each image its own width and height: 1 to 9 LLM tokens
 FRAME_SIDES = (28, 56)  # all frames of a clip share one size
 VIDEO_FPS = 2.0
 IMAGE_QUESTION = "Which digits are shown, in order?"
 VIDEO_QUESTION = "Which digits appear, in order?"
-# The record kinds, in turn: (modality, items): 1-3 images, or a clip of 2 or 4 frames.
-KINDS = (("image", 1), ("image", 2), ("image", 3), ("video", 2), ("video", 4))
+# The record kinds, in turn: (modality, items, sides): 1-3 images, or a clip of 2 or 4
+# frames.
+KINDS = (("image", 1, IMAGE_SIDES), ("image", 2, IMAGE_SIDES), ("image", 3, IMAGE_SIDES),
+         ("video", 2, FRAME_SIDES), ("video", 4, FRAME_SIDES))
 
 
 def render(digit: np.ndarray, width: int, height: int) -> np.ndarray:
-    """An 8x8 uint8 digit stretched to ``width`` x ``height`` (bilinear), uint8 [h, w]."""
-    return np.asarray(Image.fromarray(digit).resize((width, height), Image.BILINEAR))
+    """An 8x8 uint8 digit drawn at 28 x 28 (bilinear) in every 28 px cell of a ``width`` x
+    ``height`` image (multiples of 28), uint8 [h, w]: each merged token sees the whole
+    digit, so the tokens of any size read alike. (A digit stretched over the whole image
+    leaves a tiny model from scratch at chance for hundreds of steps: each token holds a
+    different part of it at every size.)"""
+    cell = np.asarray(Image.fromarray(digit).resize((UNIT, UNIT), Image.BILINEAR))
+    return np.tile(cell, (height // UNIT, width // UNIT))
 
 
 def _inline(img: np.ndarray) -> dict:
@@ -54,19 +61,19 @@ def build_records(split: str, images: np.ndarray, targets: np.ndarray,
     rng = np.random.default_rng(SEED[split])
     records = []
     for i in range(NUM_RECORDS[split]):
-        modality, n = KINDS[i % len(KINDS)]
+        modality, n, side_choices = KINDS[i % len(KINDS)]
         picks = [int(s) for s in rng.choice(pool, size=n, replace=False)]
         answer = " ".join(WORDS[targets[s]] for s in picks)
         rec = {"id": f"digits-qwen-{split}-{i:05d}"}
         if modality == "image":
-            sides = rng.choice(IMAGE_SIDES, size=(n, 2))  # each image its own w, h
+            sides = rng.choice(side_choices, size=(n, 2))  # each image its own w, h
             rec["conversations"] = [
                 {"from": "human", "value": "<image>" * n + "\n" + IMAGE_QUESTION},
                 {"from": "gpt", "value": answer}]
             rec["images"] = [_inline(render(images[s], int(w), int(h)))
                              for s, (w, h) in zip(picks, sides)]
         else:
-            w, h = (int(v) for v in rng.choice(FRAME_SIDES, size=2))
+            w, h = (int(v) for v in rng.choice(side_choices, size=2))
             rec["conversations"] = [
                 {"from": "human", "value": "<video>\n" + VIDEO_QUESTION},
                 {"from": "gpt", "value": answer}]
