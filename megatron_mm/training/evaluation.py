@@ -95,6 +95,15 @@ def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tok
     return [ids[:-1] if ids and ids[-1] == eos_id else ids for ids in out]
 
 
+def prompt_of(sample: Sample) -> Sample:
+    """The sample cut to its prompt (``prompt_len`` tokens; M-RoPE positions too)."""
+    n = sample.prompt_len
+    pos = sample.position_ids
+    return dataclasses.replace(sample, tokens=sample.tokens[:n], labels=sample.labels[:n],
+                               loss_mask=sample.loss_mask[:n],
+                               position_ids=None if pos is None else pos[:, :n])
+
+
 def _extend(sample: Sample, token: int) -> Sample:
     tail = torch.tensor([token], dtype=sample.tokens.dtype)
     pos = sample.position_ids  # M-RoPE (host): a generated token is text after the largest
@@ -121,15 +130,7 @@ def answer_accuracy(args, model: List, dataset, tokenizer, indices: Sequence[int
     mine = list(indices)[dp_rank::dp_size]
     for chunk in model:
         chunk.eval()
-    prompts = []
-    for idx in mine:
-        sample = dataset[idx]
-        n = sample.prompt_len
-        sample.tokens, sample.labels = sample.tokens[:n], sample.labels[:n]
-        sample.loss_mask = sample.loss_mask[:n]
-        if sample.position_ids is not None:  # M-RoPE [3, S]
-            sample.position_ids = sample.position_ids[:, :n]
-        prompts.append(sample)
+    prompts = [prompt_of(dataset[idx]) for idx in mine]
     prompts.sort(key=lambda s: len(s.tokens))
     correct = 0
     for _, group in itertools.groupby(prompts, key=lambda s: len(s.tokens)):
