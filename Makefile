@@ -77,16 +77,16 @@ demo-audio: setup
 # 1-3 per question, and on clips of 2 or 4 digit frames (data/digits_qwen.py); the pixel
 # bounds keep every image and frame at the size it is drawn.
 DEMO_QWEN_FLAGS = \
-	--num-layers 2 --hidden-size 128 --num-attention-heads 4 --group-query-attention \
-	--num-query-groups 2 --seq-length 64 --position-embedding-type mrope --mrope-section 4 6 6 \
+	--num-layers 2 --hidden-size 128 --num-attention-heads 8 --group-query-attention \
+	--num-query-groups 4 --seq-length 64 --position-embedding-type mrope --mrope-section 2 3 3 \
 	--vision-model-type qwen2_5_vl --vision-hidden-size 64 --vision-num-layers 2 \
 	--vision-num-attention-heads 4 --patch-dim 14 --min-pixels 784 --max-pixels 7056 \
 	--video-min-pixels 784 --video-max-pixels 3136 \
-	--micro-batch-size 16 --global-batch-size 32 --train-iters 1000 \
+	--micro-batch-size 16 --global-batch-size 32 --train-iters 1600 \
 	--lr 1e-3 --min-lr 1e-5 --lr-decay-style cosine --lr-warmup-iters 10 \
 	--weight-decay 0.01 --clip-grad 1.0 --seed 1234 \
-	--log-interval 50 --eval-interval 500 --eval-iters 10 \
-	--save runs/demo-qwen/checkpoints --save-interval 1000
+	--log-interval 50 --eval-interval 800 --eval-iters 10 \
+	--save runs/demo-qwen/checkpoints --save-interval 1600
 
 demo-qwen: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
