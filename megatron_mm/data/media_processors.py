@@ -94,6 +94,10 @@ class QwenVLImageProcessor:
             raise DataRecordError(str(e)) from None
         return num_placeholder_tokens(grid, self.cfg.geometry.merge_size)
 
+    def vision_work(self, ref: MediaRef, where: str) -> int:
+        """Patches through the encoder (the data balancer's vision work)."""
+        return self.token_count(ref, where) * self.cfg.geometry.merge_size ** 2
+
     def load(self, refs: list[MediaRef], where: str) -> dict[str, torch.Tensor]:
         if not refs:
             return {"image": torch.empty(0, _patch_width(self.cfg)),
@@ -133,6 +137,9 @@ class QwenVLVideoProcessor:
         except MediaGeometryError as e:
             raise DataRecordError(str(e)) from None
         return num_placeholder_tokens(grid, self.cfg.geometry.merge_size)
+
+    def vision_work(self, ref: MediaRef, where: str) -> int:
+        return self.token_count(ref, where) * self.cfg.geometry.merge_size ** 2
 
     def load(self, refs: list[MediaRef], where: str) -> dict[str, torch.Tensor]:
         if not refs:

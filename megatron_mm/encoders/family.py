@@ -68,7 +68,9 @@ class EncoderFamily:
     - ``media``: ``media(args, config)`` -> the ``MediaProcessor`` (raw media -> batch
       tensors, and the exact placeholder count of every item).
     - ``feature_tokens(config, media)``: (items in a batch's media, LLM tokens of each
-      item or None: ``config.num_output_tokens`` each) on the host; ``padded_features``:
+      item or None: ``config.num_output_tokens`` each; a family reading several
+      modalities may give {modality: tokens of each item}, checked modality by modality)
+      on the host; ``padded_features``:
       every item's features are padded to ``num_output_tokens`` rows (the model drops each
       item's padding before the merge).
     - ``fp8_token_counts(name, config)``: {FP8 module: (tokens per item, the flags that set

@@ -119,7 +119,8 @@ def item_grids(media: dict) -> list:
 
 
 def feature_tokens(enc: Qwen2_5VLVisionConfig, media: dict):
-    """Items (images and videos) and each one's LLM tokens: t * h * w / merge unit."""
+    """Items (images and videos) and each one's LLM tokens (t * h * w / merge unit), per
+    modality."""
     from ..models.batch_layout import MediaMismatchError  # torch: only with a batch
 
     for rows, grid, what in ((IMAGE, IMAGE_GRID, "image"), (VIDEO, VIDEO_GRID, "video")):
@@ -129,8 +130,11 @@ def feature_tokens(enc: Qwen2_5VLVisionConfig, media: dict):
         if n_rows != patches:
             raise MediaMismatchError(f"batch has {n_rows} {what} patch rows but its grids "
                                      f"(media[{grid!r}]) give {patches}")
-    grids = item_grids(media)
-    return len(grids), [t * h * w // enc.merge_unit for t, h, w in grids]
+    tokens = {}
+    for kind, key in ((IMAGE, IMAGE_GRID), (VIDEO, VIDEO_GRID)):
+        grids = item_grids({key: media[key]} if key in media else {})
+        tokens[kind] = [t * h * w // enc.merge_unit for t, h, w in grids]
+    return len(tokens[IMAGE]) + len(tokens[VIDEO]), tokens
 
 
 def hidden_shape(enc: Qwen2_5VLVisionConfig, media: dict):

@@ -138,7 +138,7 @@ def logits(model, tokens: torch.Tensor, media,
            positions: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """Full logits [B, S, padded vocab] on the last pipeline stage (None elsewhere):
     stage 0 sends its hidden states on, TP ranks gather their vocabulary shards.
-    ``positions``: the position ids ([3, B, S] with M-RoPE; None: 0..S-1)."""
+    ``positions``: M-RoPE's [3, B, S] (default 0..S-1 on every axis)."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
@@ -147,8 +147,9 @@ def logits(model, tokens: torch.Tensor, media,
     device = _device()
     tokens = tokens.to(device)
     media = {k: v.to(device) for k, v in media.items()} if media else None
-    positions = (torch.arange(tokens.shape[1], device=device).expand_as(tokens)
-                 if positions is None else positions.to(device))
+    if positions is None:
+        positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+    positions = positions.to(device)
     first, last = (parallel_state.is_pipeline_first_stage(),
                    parallel_state.is_pipeline_last_stage())
     if not first:

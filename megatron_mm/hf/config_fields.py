@@ -116,6 +116,14 @@ VISION_FIELDS = (
     Field("num_channels", _one_of(3), "images are RGB", 3),
 )
 
+# Qwen2.5-VL's tower (its sizes, window, merge and patch sizes map onto flags:
+# hf/qwen2_5_vl.py).
+QWEN2_5_VL_VISION_FIELDS = (
+    Field("hidden_act", _one_of("silu"), "the Qwen2.5-VL vision MLP is SwiGLU ('silu')",
+          "silu"),
+    Field("in_channels", _one_of(3), "images are RGB", 3),
+)
+
 # LLaVA-1.5 / LLaVA-OneVision top level (the towers and the LLM are checked above).
 LLAVA_FIELDS = (
     Field("vision_feature_layer", lambda v, _: isinstance(v, int),

@@ -144,6 +144,8 @@ def import_hf(hf_dir: str, save_dir: str, tensor_model_parallel_size: int = 1,
     family = family_for(hf_config)
     text = hf_config.get_text_config()
     flags = model_flags(hf_config)
+    if family.file_flags is not None:
+        flags += family.file_flags(hf_dir, hf_config)
     longest = int(flags[flags.index("--max-position-embeddings") + 1])  # sliding window
     hf = family.layout.normalise(read_weights(hf_dir))
     carried = _carry_files(hf_dir, os.path.join(save_dir, HF_SUBDIR))

@@ -37,12 +37,15 @@ class Family:
     # flags; ``rules`` called with the config (``config_rules``: its table depends on it);
     # ``media(inputs)`` -> the megatron_mm media dict and ``positions(hf_config, inputs)``
     # -> position ids (M-RoPE) for ``compare``; ``hf_inputs(hf_config, inputs)``: the
-    # Hugging Face forward's arguments completed as its processor would.
+    # Hugging Face forward's arguments completed as its processor would;
+    # ``file_flags(hf_dir, hf_config)``: flags from the directory's other files (processor
+    # configs).
     flags: Optional[Callable] = None
     config_rules: bool = False
     media: Optional[Callable] = None
     positions: Optional[Callable] = None
     hf_inputs: Optional[Callable] = None
+    file_flags: Optional[Callable] = None
 
     def table(self, hf_config):
         """The weight rules of this family (for ``hf_config``)."""
@@ -70,7 +73,7 @@ FAMILIES = {f.architecture: f for f in (
     Family("Qwen2_5_VLForConditionalGeneration", qwen2_5_vl.QWEN2_5_VL, qwen2_5_vl.rules,
            True, inputs=qwen2_5_vl.INPUTS, flags=qwen2_5_vl.model_flags, config_rules=True,
            media=qwen2_5_vl.megatron_media, positions=qwen2_5_vl.position_ids,
-           hf_inputs=qwen2_5_vl.hf_inputs),
+           hf_inputs=qwen2_5_vl.hf_inputs, file_flags=qwen2_5_vl.processor_flags),
 )}
 
 

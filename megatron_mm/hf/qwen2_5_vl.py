@@ -9,7 +9,7 @@ from typing import Dict, List
 
 import torch
 
-from .config_fields import Field, _one_of, refuse_unsupported
+from .config_fields import QWEN2_5_VL_VISION_FIELDS, refuse_unsupported
 from .layouts import Layout
 from .mapping import prefixed
 from .qwen2_5_vl_vision_table import qwen2_5_vl_vision_rules
@@ -33,13 +33,6 @@ QWEN2_5_VL = Layout(
 INPUTS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw",
           "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "mm_token_type_ids")
 
-# The vision tower's config fields the megatron_mm encoder does not reproduce for every
-# value (the sizes, window, merge and patch sizes map onto flags).
-VISION_FIELDS = (
-    Field("hidden_act", _one_of("silu"), "the vision MLP is SwiGLU ('silu')", "silu"),
-    Field("in_channels", _one_of(3), "images are RGB", 3),
-)
-
 
 def rules(hf_config):
     vision = hf_config.vision_config
@@ -54,7 +47,7 @@ def model_flags(hf_config) -> List[str]:
     from .families import language_flags
 
     text, vision = hf_config.get_text_config(), hf_config.vision_config
-    refuse_unsupported(vision, VISION_FIELDS, "vision_config.")
+    refuse_unsupported(vision, QWEN2_5_VL_VISION_FIELDS, "vision_config.")
     if vision.out_hidden_size != text.hidden_size:
         raise ConversionError(f"config vision_config.out_hidden_size={vision.out_hidden_size}"
                               f" differs from text_config.hidden_size={text.hidden_size}: "
@@ -77,6 +70,39 @@ def model_flags(hf_config) -> List[str]:
     return language_flags(text, "text_config.",
                           tie_word_embeddings=hf_config.tie_word_embeddings) + [
         str(f) for f in flags]
+
+
+def processor_flags(hf_dir: str, hf_config) -> List[str]:
+    """The pixel bounds of the directory's image and video processor configs
+    (``min_pixels`` / ``max_pixels``, or transformers 5's ``size`` shortest / longest edge):
+    they fix every item's token count. Patch, merge and temporal sizes must agree with the
+    vision config."""
+    import json
+    import os
+
+    from .errors import ConversionError
+
+    vision, flags = hf_config.vision_config, []
+    for name, prefix in (("preprocessor_config.json", "--"),
+                         ("video_preprocessor_config.json", "--video-")):
+        path = os.path.join(hf_dir, name)
+        if not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            cfg = json.load(f)
+        for key, want in (("patch_size", vision.patch_size),
+                          ("temporal_patch_size", vision.temporal_patch_size),
+                          ("merge_size", vision.spatial_merge_size)):
+            if cfg.get(key, want) != want:
+                raise ConversionError(f"{path}: {key}={cfg[key]} but the vision config's is "
+                                      f"{want}")
+        size = cfg.get("size") or {}
+        for flag, keys in (("min-pixels", ("min_pixels", "shortest_edge")),
+                           ("max-pixels", ("max_pixels", "longest_edge"))):
+            value = cfg.get(keys[0]) or size.get(keys[1])
+            if value:
+                flags += [f"{prefix}{flag}", str(int(value))]
+    return flags
 
 
 def megatron_media(inputs: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:

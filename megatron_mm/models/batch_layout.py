@@ -78,6 +78,13 @@ def batch_layout(config: MultimodalModelConfig, media_token_ids: Mapping[str, in
         slots = torch.cat([cols * b + rows for rows, cols in found])
         modality = "/".join(family.modalities)
         n_items, per_item = family.feature_tokens(enc, media)
+        if isinstance(per_item, dict):  # per modality: each one's placeholders must match
+            for m, (rows, _) in zip(family.modalities, found):
+                want = sum(per_item.get(m, ()))
+                if len(rows) != want:
+                    raise MediaMismatchError(f"batch has {len(rows)} {m} placeholder tokens "
+                                             f"but its {m} items give {want} tokens")
+            per_item = [n for m in family.modalities for n in per_item.get(m, ())]
         keep = None
         if per_item is None:
             width = enc.num_output_tokens

@@ -17,7 +17,7 @@ from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
 
 from ..config import MultimodalModelConfig
-from ..encoders import modality_of
+from ..encoders import family_of, modality_of
 from ..plan.placement import ChunkPlacement
 from . import sequence_parallel
 from .batch_layout import (  # noqa: F401  (MediaMismatchError: re-exported)
@@ -143,6 +143,18 @@ class MultimodalModel(MegatronModule):
         pick = getattr(self.encoder(name), "media_input", None)
         items = pick(media) if pick is not None else media.get(self._modality(name))
         return None if items is None or items.shape[0] == 0 else items
+
+    def bind_encoder_media(self, name: str, host_media: Mapping[str, torch.Tensor]) -> None:
+        """For encoder pieces run as their own actions (the schedule executor, which holds
+        no ``BatchLayout``): bind encoder ``name`` its family's prepared batch, built from
+        the micro-batch's host media."""
+        bind = getattr(self.encoder(name), "bind_batch", None)
+        enc = self.mm_config.encoders[name]
+        if bind is None:
+            return
+        prepared = family_of(enc).prepare(enc, host_media)
+        device = next(self.encoder(name).parameters()).device
+        bind(None if prepared is None else prepared.to(device))
 
     def bind_batches(self, layout: BatchLayout) -> None:
         """Hand each encoder that takes one its batch's prepared layout (``bind_batch``)."""
@@ -297,10 +309,10 @@ class MultimodalModel(MegatronModule):
         if name is None or not layout.items[name]:
             return received, None
         b, s = tokens.shape
-        t = self.encoder(name).layer_seq_length if name not in layout.hidden_shapes else None
-        n_items = layout.items[name]
-        if t is None:  # a family whose hidden shape varies by batch (host-known)
+        if name in layout.hidden_shapes:  # a family whose shape varies by batch (host-known)
             t, n_items = layout.hidden_shapes[name]
+        else:
+            t, n_items = self.encoder(name).layer_seq_length, layout.items[name]
         if self.sequence_parallel:  # this rank's shards
             tp = self.language_model.config.tensor_model_parallel_size
             s, t = s // tp, t // tp

@@ -98,8 +98,8 @@ class Qwen2_5VLEncoder(EncoderParts, MegatronModule):
     def _batch(self) -> QwenVisionBatch:
         if self.batch is None:
             raise RuntimeError("the qwen2_5_vl encoder runs on a batch layout computed on "
-                               "the host (MultimodalModel binds it in front); this caller "
-                               "bound none (the encoder schedule's pieces do not yet)")
+                               "the host, bound before it runs (MultimodalModel.front / "
+                               "bind_encoder_media); this caller bound none")
         return self.batch
 
     def media_input(self, media: dict) -> Optional[torch.Tensor]:

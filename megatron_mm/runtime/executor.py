@@ -263,6 +263,9 @@ class _Iteration:
                   self.receive(self.rank_of("EF", p - 1), ("EF", m, p - 1), self.trains(p)))
         run_piece = get_attr_wrapped_model(self.model[0], "run_encoder_piece")
         name, layers = self.x.pieces[p]
+        # a variable-length encoder's windows and masks, from the host media (no sync)
+        get_attr_wrapped_model(self.model[0], "bind_encoder_media")(
+            name, self.batches[m]["media"])
         # only the embedding piece reads the media; later ones their count (on the host)
         media = self.media_of(m) if p == first else self.batches[m]["media"]
         with torch.set_grad_enabled(self.trains(p)):

@@ -28,7 +28,15 @@ class AttentionSettings:
     @classmethod
     def from_args(cls, args, tokenizer, cp_attention: str = "ours") -> "AttentionSettings":
         media = {}
-        for enc in args.model_config.encoders.values():
+        for name, enc in args.model_config.encoders.items():
+            if enc.num_output_tokens is None:  # items of their own lengths (Qwen2.5-VL)
+                if args.media_attention == "bidirectional":
+                    raise ConfigError(
+                        f"--media-attention bidirectional needs every {name} item's token "
+                        f"count from the placeholder runs; the {enc.model_type} encoder's "
+                        "items vary in length (and its LLM attends causally): use "
+                        "--media-attention causal")
+                continue  # causal: media attend as text, no item boundaries needed
             media[tokenizer.media_token_id("image")] = enc.num_output_tokens
         return cls(media, args.media_attention, args.context_parallel_size,
                    args.context_parallel_assignment, args.context_parallel_block,

@@ -25,11 +25,25 @@ from ..plan.balance import BalancedSampler, SampleLoad, parse_bounds, search_bou
 
 
 def sample_loads(dataset) -> list[SampleLoad]:
-    """Vision work (images) and LLM work (tokens, media tokens included) per record."""
-    return [SampleLoad(len(rec.media.get("image", [])),
+    """Vision work and LLM work (tokens, media tokens included) per record."""
+    return [SampleLoad(vision_work(dataset, rec),
                        len(tokenize_record(rec, dataset.tokenizer,
                                            dataset.media_token_counts).ids))
             for rec in dataset.records]
+
+
+def vision_work(dataset, rec) -> int:
+    """A record's vision encoder work: what its modalities' processors count
+    (``vision_work(ref, where)``: Qwen2.5-VL's patches per image or video), else one per
+    image (fixed-size images all cost the same)."""
+    procs, work = getattr(dataset, "processors", None) or {}, 0
+    for modality, refs in rec.media.items():
+        count = getattr(procs.get(modality), "vision_work", None)
+        if count is not None:
+            work += sum(count(ref, rec.where()) for ref in refs)
+        elif modality == "image":
+            work += len(refs)
+    return work
 
 
 def balanced_batch_iterator(args, dataset, tokenizer, consumed_samples: int,

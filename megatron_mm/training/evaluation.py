@@ -14,6 +14,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
 from ..data import Sample, collate
+from ..data.processing import sample_positions
 from ..runtime.collective_device import collective_device
 from .fp8_args import llm_sequence_multiple
 from .step import prepare_batch, reduce_lm_loss, run_schedule
@@ -95,24 +96,17 @@ def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tok
     return [ids[:-1] if ids and ids[-1] == eos_id else ids for ids in out]
 
 
-def prompt_of(sample: Sample) -> Sample:
-    """The sample cut to its prompt (``prompt_len`` tokens; M-RoPE positions too)."""
-    n = sample.prompt_len
-    pos = sample.position_ids
-    return dataclasses.replace(sample, tokens=sample.tokens[:n], labels=sample.labels[:n],
-                               loss_mask=sample.loss_mask[:n],
-                               position_ids=None if pos is None else pos[:, :n])
-
-
 def _extend(sample: Sample, token: int) -> Sample:
+    """``sample`` with ``token`` appended; M-RoPE positions go on as text (after the
+    largest position so far, as transformers' generation continues them)."""
     tail = torch.tensor([token], dtype=sample.tokens.dtype)
-    pos = sample.position_ids  # M-RoPE (host): a generated token is text after the largest
-    if pos is not None:
-        pos = torch.cat([pos, (pos.max() + 1).expand(3, 1)], dim=1)
+    positions = sample.position_ids
+    if positions is not None:
+        positions = sample_positions(sample, len(sample.tokens) + 1)
     return dataclasses.replace(sample, tokens=torch.cat([sample.tokens, tail]),
                                labels=torch.cat([sample.labels, tail]),
                                loss_mask=torch.cat([sample.loss_mask, torch.zeros(1)]),
-                               position_ids=pos)
+                               position_ids=positions)
 
 
 def normalize_answer(text: str) -> str:
@@ -130,7 +124,15 @@ def answer_accuracy(args, model: List, dataset, tokenizer, indices: Sequence[int
     mine = list(indices)[dp_rank::dp_size]
     for chunk in model:
         chunk.eval()
-    prompts = [prompt_of(dataset[idx]) for idx in mine]
+    prompts = []
+    for idx in mine:
+        sample = dataset[idx]
+        n = sample.prompt_len
+        sample.tokens, sample.labels = sample.tokens[:n], sample.labels[:n]
+        sample.loss_mask = sample.loss_mask[:n]
+        if sample.position_ids is not None:
+            sample.position_ids = sample.position_ids[:, :n]
+        prompts.append(sample)
     prompts.sort(key=lambda s: len(s.tokens))
     correct = 0
     for _, group in itertools.groupby(prompts, key=lambda s: len(s.tokens)):

@@ -4,7 +4,7 @@ alone (packed samples do not attend to each other)."""
 import torch
 
 from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig, VisionEncoderConfig
-from megatron_mm.data import Sample, collate_packed, packed_causal_mask
+from megatron_mm.data import Sample, collate, collate_packed, packed_causal_mask
 
 IMAGE_ID = 250
 
@@ -84,3 +84,55 @@ def test_padding_segment_makes_the_length_a_multiple():
     assert batch["record_ids"] == ["s0", "s1"]  # the padding is no record
     unpadded = collate_packed(samples, pad_id=7, pad_to_multiple_of=13)
     assert unpadded["tokens"].shape == (1, 13) and len(unpadded["cu_seqlens"]) == 3
+
+
+def test_packed_mrope_positions_concatenate():
+    """Samples with 3-D positions pack to [3, 1, S]: each sample's own, in order; text-only
+    samples and the padding segment count 0, 1, ... on every axis."""
+    gen = torch.Generator().manual_seed(0)
+    samples = _samples(4, [1, 0], [9, 4], gen)
+    samples[0].position_ids = torch.stack([torch.zeros(9), torch.arange(9),
+                                           torch.arange(9) % 3]).long()
+    batch = collate_packed(samples, pad_id=7, pad_to_multiple_of=4)
+    pos = batch["position_ids"]
+    assert pos.shape == (3, 1, 16)
+    assert torch.equal(pos[:, 0, :9], samples[0].position_ids)
+    assert torch.equal(pos[:, 0, 9:13], torch.arange(4).expand(3, -1))
+    assert torch.equal(pos[:, 0, 13:], torch.arange(3).expand(3, -1))
+
+
+def test_packed_mrope_losses_equal_each_sample_alone(gloo_world):
+    """M-RoPE: a packed sample's tokens rotate at its own 3-D positions, so its losses are
+    those of the sample run alone (and not those at text positions)."""
+    from megatron_mm.models import BuildSettings, build_model
+
+    enc = VisionEncoderConfig(hidden_size=32, num_layers=1, num_attention_heads=2, img_h=16,
+                              img_w=16, patch_dim=8, drop_class_token=True)
+    cfg = MultimodalModelConfig(
+        encoders={"vision": enc},
+        language=LanguageModelConfig(vocab_size=256, hidden_size=64, num_attention_heads=4,
+                                     position_embedding_type="mrope", mrope_section=(2, 3, 3)))
+    model = build_model(cfg, BuildSettings(), {"image": IMAGE_ID}).eval()
+    with torch.no_grad():  # sharp attention: the rotation angles show in the losses
+        for layer in model.language_model.decoder.layers:
+            layer.self_attention.linear_qkv.weight.mul_(8.0)
+    gen = torch.Generator().manual_seed(0)
+    samples = _samples(enc.num_output_tokens, [1, 2, 0], [13, 17, 9], gen)
+    for s in samples:
+        n = len(s.tokens)
+        s.position_ids = torch.stack([torch.arange(n), torch.arange(n) + s.tokens % 4,
+                                      2 * torch.arange(n) + s.tokens % 3])
+    batch = collate_packed(samples, pad_id=0)
+
+    def run(b, mask=None):
+        with torch.no_grad():
+            return model(b["tokens"], b["position_ids"], b["media"], labels=b["labels"],
+                         loss_mask=b["loss_mask"], attention_mask=mask)[0]
+
+    packed = run(batch, batch["attention_mask"])
+    cu = batch["cu_seqlens"].tolist()
+    for k, s in enumerate(samples):
+        torch.testing.assert_close(packed[cu[k]:cu[k + 1]], run(collate([s], pad_id=0)),
+                                   rtol=1e-5, atol=1e-5)
+    text = run({**batch, "position_ids": torch.arange(cu[-1])[None]}, batch["attention_mask"])
+    assert not torch.allclose(text, packed, atol=1e-3)

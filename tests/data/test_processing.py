@@ -287,3 +287,24 @@ def test_sampler_dp2_matches_dp1_same_global_batch():
     acc = steps(total, 0, mbs=2, dp=1, n=60, seed=3, gbs=4)
     assert [acc[2 * k][0] + acc[2 * k + 1][0] for k in range(30)] == [s[0] for s in dp1]
     assert Counter(len(mb) for st in acc for mb in st) == Counter({2: 60})
+
+
+def test_collate_mrope_positions(tok):
+    """Samples with 3-D positions collate to [3, B, L]: each row's own, padding counting on
+    after its largest position; a sample without them counts 0, 1, ... on every axis."""
+    recs = [conv_record([("q", "a")], rid="a"), conv_record([("a longer question", "b")])]
+    samples = [encode_record(r, tok, {"image": 2}, CFG) for r in recs]
+    n = len(samples[0].tokens)
+    samples[0].position_ids = torch.stack([torch.arange(n), torch.arange(n) + 5,
+                                           torch.arange(n) * 2])
+    b = collate(samples, tok.pad_id, pad_to_multiple_of=8)
+    length = b["tokens"].shape[1]
+    assert b["position_ids"].shape == (3, 2, length)
+    assert torch.equal(b["position_ids"][:, 0, :n], samples[0].position_ids)
+    start = 2 * (n - 1) + 1
+    assert torch.equal(b["position_ids"][:, 0, n:],
+                       torch.arange(start, start + length - n).expand(3, -1))
+    assert torch.equal(b["position_ids"][:, 1], torch.arange(length).expand(3, -1))
+    samples[1].position_ids = torch.zeros(2, len(samples[1].tokens), dtype=torch.long)
+    with pytest.raises(ValueError, match=r"expected \(3, "):
+        collate(samples, tok.pad_id)

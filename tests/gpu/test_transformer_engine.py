@@ -7,6 +7,7 @@ which is every CPU machine; these have never run.
 - ``--media-attention bidirectional`` on TE (mask type ``arbitrary``) equals the local
   layers with the same mask, and differs from causal: TE does not drop the mask.
 - A checkpoint saved with local specs loads into TE specs and back.
+- M-RoPE (3-D positions) on TE equals the local layers.
 """
 
 import argparse
@@ -39,23 +40,23 @@ ENCODERS = {  # each family's encoder; 16 media tokens per item
 }
 
 
-def _config(kind):
+def _config(kind, **language):
     name = "audio" if kind == "whisper" else "vision"
     return MultimodalModelConfig(
         encoders={name: ENCODERS[kind]},
         projectors={name: ProjectorConfig("affine" if kind == "whisper" else "mlp")},
         language=LanguageModelConfig(vocab_size=256, hidden_size=128, num_attention_heads=4,
                                      num_query_groups=2, qk_layernorm=True,
-                                     add_qkv_bias=True, seq_length=64))
+                                     add_qkv_bias=True, seq_length=64, **language))
 
 
-def _build(impl, media_attention="causal", kind="clip"):
+def _build(impl, media_attention="causal", kind="clip", **language):
     from megatron_mm.models import BuildSettings, build_model
 
     torch.manual_seed(0)
     settings = BuildSettings(transformer_impl=impl, media_attention=media_attention)
     media = {"audio" if kind == "whisper" else "image": MEDIA_ID}
-    return build_model(_config(kind), settings, media).cuda()
+    return build_model(_config(kind, **language), settings, media).cuda()
 
 
 def _te_weights(local_state, te_model):
@@ -113,6 +114,19 @@ def test_te_applies_the_bidirectional_media_mask(cuda_world):
     torch.testing.assert_close(bidirectional, _loss(local, mask), rtol=1e-3, atol=1e-3)
     causal = _loss(local)  # the same weights, text-style causal attention over media
     assert not torch.allclose(bidirectional, causal, rtol=1e-3, atol=1e-3)
+
+
+def test_te_mrope_equals_local(cuda_world):
+    """Megatron-Core's M-RoPE (unfused, [S, B] layout) on TE layers: 3-D positions that
+    differ across the axes give the local layers' loss."""
+    mrope = dict(position_embedding_type="mrope", mrope_section=(4, 6, 6))  # head dim 32
+    local, te = _build("local", **mrope), _build("transformer_engine", **mrope)
+    te.load_state_dict(_te_weights(local.state_dict(), te), strict=True)
+    tokens, pos, media, labels = _batch()
+    pos3 = torch.stack([pos, pos + tokens % 5, 2 * pos + 1])
+    te_loss = te(tokens, pos3, media, labels=labels)
+    torch.testing.assert_close(te_loss, local(tokens, pos3, media, labels=labels),
+                               rtol=1e-3, atol=1e-3)
 
 
 def test_local_checkpoint_loads_into_te_and_back(cuda_world, tmp_path):

@@ -72,9 +72,35 @@ def converted(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen2_5_vl")
     model = _tiny()
     model.save_pretrained(str(root / "hf"))
+    _processor_config(root / "hf", min_pixels=784, max_pixels=50176)
     with single_rank_world():
         import_hf(str(root / "hf"), str(root / "ckpt"), tensor_model_parallel_size=2)
     return model, str(root / "hf"), str(root / "ckpt")
+
+
+def _processor_config(directory, **fields):
+    import json
+
+    (directory / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Qwen2VLImageProcessor", "patch_size": 14,
+        "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5] * 3,
+        "image_std": [0.5] * 3, **fields}))
+
+
+def test_pixel_bounds_come_from_the_processor_config(converted, tmp_path):
+    """The checkpoint's --min-pixels / --max-pixels are the processor config's (they fix
+    every item's token count); a patch size other than the tower's is refused."""
+    from megatron_mm.hf.compare import load_args
+    from megatron_mm.hf.qwen2_5_vl import processor_flags
+
+    args = load_args(converted[2])
+    assert (args.min_pixels, args.max_pixels) == (784, 50176)
+    _processor_config(tmp_path, size={"shortest_edge": 1568, "longest_edge": 3136})
+    assert processor_flags(str(tmp_path), _config()) == ["--min-pixels", "1568",
+                                                          "--max-pixels", "3136"]
+    _processor_config(tmp_path, patch_size=16)
+    with pytest.raises(ConversionError, match="patch_size=16 but the vision config's is 14"):
+        processor_flags(str(tmp_path), _config())
 
 
 @pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2)])

@@ -12,8 +12,8 @@ SEQ = 14
 # head dim 16: 8 rotary frequencies, split 2 / 3 / 3 over time, height and width
 _TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-             rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3],
-                                              "rope_theta": 10000.0})
+             rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1,
+             rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3], "rope_theta": 10000.0})
 
 
 def _flag(flags, name, n=1):
@@ -63,6 +63,7 @@ def test_mrope_language_model_matches_transformers(gloo_world, arch):
     """Our GPTModel with --position-embedding-type mrope, built from the flags the text
     config maps to and filled through the language weight table, gives transformers'
     logits on 3-D positions (max |diff| <= 1e-4, fp32)."""
+    from megatron_mm.hf.compare import logits
     from megatron_mm.hf.convert import _args, _build, _context
     from megatron_mm.hf.mapping import MappingTable, prefixed
     from megatron_mm.hf.tables import LANGUAGE, OUTPUT_LAYER
@@ -91,8 +92,8 @@ def test_mrope_language_model_matches_transformers(gloo_world, arch):
     with torch.no_grad():
         ref = hf.lm_head(hf.model.language_model(input_ids=tokens,
                                                  position_ids=positions).last_hidden_state)
-        got = ours(tokens, positions)[..., :VOCAB]
-        text_only = ours(tokens, positions[0])  # [B, S]: text positions on every axis
+        got = logits(ours, tokens, None, positions)[..., :VOCAB]
+        text_only = logits(ours, tokens, None)  # 0..S-1 on every axis
     diff = (got - ref).abs().max().item()
     assert diff <= 1e-4, diff
     # The positions matter: the same tokens at text positions give other logits.

@@ -87,6 +87,11 @@ def test_layout_counts_items_and_packs_patches(gloo_world):
     assert layout.items["vision"] == 3
     assert layout.hidden_shapes["vision"] == (patches, 1)
     assert layout.encoder_batches["vision"].layout.num_patches == patches
+    swapped = tokens.clone()
+    swapped[0, 30] = IMAGE_ID  # right total, but one video placeholder became an image's
+    with pytest.raises(MediaMismatchError, match="29 image placeholder tokens but its image "
+                                                 "items give 28"):
+        batch_layout(model.mm_config, model.media_token_ids, swapped, media)
     tokens[1, 9] = IMAGE_ID  # one placeholder more than the grids give
     with pytest.raises(MediaMismatchError, match="placeholder tokens"):
         batch_layout(model.mm_config, model.media_token_ids, tokens, media)
@@ -116,3 +121,16 @@ def test_sequence_parallel_and_fp8_are_refused():
         qwen.check_sequence_parallel("vision", enc, 2, "local")
     with pytest.raises(ConfigError, match="--fp8-modules"):
         qwen.fp8_token_counts("vision", enc)
+
+
+def test_bidirectional_media_attention_is_refused():
+    """Bidirectional media attention splits placeholder runs into items by a fixed count;
+    Qwen2.5-VL's items have their own lengths (and its LLM attends causally)."""
+    from types import SimpleNamespace
+
+    from megatron_mm.training.attention import AttentionSettings
+
+    config = MultimodalModelConfig(encoders={"vision": Qwen2_5VLVisionConfig(**ENC)})
+    args = SimpleNamespace(model_config=config, media_attention="bidirectional")
+    with pytest.raises(ConfigError, match="--media-attention causal"):
+        AttentionSettings.from_args(args, tokenizer=None)

@@ -78,6 +78,15 @@ SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
     (["--context-parallel-size", "2", "--tensor-model-parallel-size", "2"], 2,
      "world size 2 is not divisible by --tensor-model-parallel-size (2) x "
      "--pipeline-model-parallel-size (1) x --context-parallel-size (2)"),
+    # M-RoPE (default LLM: 4 heads of 32 channels, 16 rotary frequencies)
+    (["--position-embedding-type", "mrope"], 1,
+     "--position-embedding-type mrope needs --mrope-section T H W"),
+    (["--position-embedding-type", "mrope", "--mrope-section", "4", "4", "4"], 1,
+     "--mrope-section 4 4 4 sums to 12; it must equal --kv-channels / 2 (16"),
+    (["--position-embedding-type", "mrope", "--mrope-section", "8", "8"], 1,
+     "--mrope-section takes three non-negative ints (temporal, height, width), got [8, 8]"),
+    (["--mrope-section", "4", "6", "6"], 1,
+     "--mrope-section needs --position-embedding-type mrope"),
     # Transformer Engine is never installed on the CPU test machine
     (["--transformer-impl", "transformer_engine"], 1,
      "--transformer-impl transformer_engine needs Transformer Engine, which is not installed"),
@@ -198,3 +207,21 @@ def test_load_without_a_checkpoint(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert f"--load {empty}: no checkpoint found" in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
+
+
+def test_mrope_flags_come_from_the_checkpoint(monkeypatch):
+    """--mrope-section (a list on the command line, a tuple once taken from a checkpoint)
+    agrees with the saved value when equal, and is refused when not."""
+    import megatron_mm.training.checkpointing as checkpointing
+    from megatron_mm.training.arguments import (apply_checkpoint_args, build_parser,
+                                                given_flags)
+
+    monkeypatch.setattr(checkpointing, "saved_args", lambda args: {
+        "position_embedding_type": "mrope", "mrope_section": [4, 6, 6]})
+    for argv in (["--load", "ckpt"], ["--load", "ckpt", "--mrope-section", "4", "6", "6"]):
+        args = build_parser().parse_args(argv)
+        apply_checkpoint_args(args, given_flags(argv))
+        assert (args.position_embedding_type, tuple(args.mrope_section)) == ("mrope", (4, 6, 6))
+    argv = ["--load", "ckpt", "--mrope-section", "4", "4", "8"]
+    with pytest.raises(ConfigError, match="--mrope-section .* disagrees with the checkpoint"):
+        apply_checkpoint_args(build_parser().parse_args(argv), given_flags(argv))

@@ -2,7 +2,8 @@
 every model chunk (encoder pieces too) read no device value on the host and size no
 output by one (``tests/host_syncs.py`` lists what counts), in three settings: the default
 model on one rank, the ViT in the LLM's bubbles (``--encoder-schedule bubble``, PP=2),
-context parallelism (CP=2, bidirectional media attention) and sequence parallelism (TP=2). What the model needs from the
+context parallelism (CP=2, bidirectional media attention; also with M-RoPE on 3-D
+positions) and sequence parallelism (TP=2). What the model needs from the
 batch's values comes from the ``BatchLayout`` the training step computes on the host;
 the media go only to the chunks that embed them."""
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 from dist_harness import run_distributed
 from host_syncs import count_during, count_model_host_syncs
+from test_mrope_training import MROPE, train_with_positions
 from train_workers import TINY_MODEL, train
 
 ONE_STEP = ["--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "1"]
@@ -27,9 +29,13 @@ IMAGES, NONE = [["image"]], [[]]
          "--context-parallel-block", "8"], 4, [IMAGES, IMAGES]),
     # sequence parallelism: the merge and the answer-only output layer on sequence shards
     (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"], 4, [IMAGES, IMAGES]),
-], ids=["default", "pp2-bubble", "cp2", "tp2-sp"])
+    # M-RoPE: each CP rank rotates by its tokens' 3-D positions
+    (2, MROPE + ["--context-parallel-size", "2", "--context-parallel-block", "8"], 4,
+     [IMAGES, IMAGES]),
+], ids=["default", "pp2-bubble", "cp2", "tp2-sp", "cp2-mrope"])
 def test_no_host_syncs_inside_the_model(digits_dir, world, flags, scopes, media):
-    ranks = run_distributed(train, world, TINY_MODEL + ["--data-path", digits_dir]
+    worker = train_with_positions if "mrope" in flags else train
+    ranks = run_distributed(worker, world, TINY_MODEL + ["--data-path", digits_dir]
                             + ONE_STEP + flags, (), count_model_host_syncs)
     for rank, out in enumerate(ranks):
         counted = out["observed"]["host_syncs"]

@@ -1,0 +1,192 @@
+"""Qwen2.5-VL training (native-size images and videos through the window-attention ViT,
+M-RoPE in the LLM) equals the single-process run from the same initial checkpoint (losses,
+gradients, parameters) under TP=2, PP=2 with the ViT cut between its two layers, PP=2 with
+the ViT in the LLM's bubbles (also at encoder TP 1 in TP 2), CP=2, full recompute, a
+frozen ViT over PP=2 x VPP=2, and on
+packed micro-batches balanced on patches (--data-balance); DP=2 balanced runs resume
+exactly; the model reads no device value."""
+
+import pytest
+import torch
+from dist_harness import run_distributed
+from qwen_vl_data import QWEN_VL_MODEL, write_qwen_vl_data
+from train_workers import TINY_MODEL, train
+
+STEPS = 2
+RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "block",
+             "--recompute-num-layers", "1"]
+
+
+@pytest.fixture(scope="module")
+def qwen_vl_dir(tmp_path_factory):
+    return write_qwen_vl_data(str(tmp_path_factory.mktemp("qwen_vl")))
+
+
+def _argv(data, *extra):
+    return TINY_MODEL + QWEN_VL_MODEL + [
+        "--data-path", data, "--micro-batch-size", "2", "--global-batch-size", "4",
+        "--make-vocab-size-divisible-by", "64", *extra]
+
+
+@pytest.fixture(scope="module")
+def reference(qwen_vl_dir, tmp_path_factory):
+    """The saved initial checkpoint and the one-process run from it, for each data path
+    (padded micro-batches, or packed balanced ones)."""
+    init = str(tmp_path_factory.mktemp("init"))
+    run_distributed(train, 1, _argv(qwen_vl_dir, "--train-iters", "0", "--save", init))
+    common = ["--train-iters", str(STEPS), "--load", init, "--no-load-optim"]
+    padded = run_distributed(train, 1, _argv(qwen_vl_dir, *common), (1, STEPS))[0]
+    return common, padded
+
+
+def _merge(ranks, key, step=None):
+    merged = {}
+    for out in ranks:
+        merged.update(out[key] if step is None else out[key][step])
+    return merged
+
+
+def _assert_equal_runs(stages, ref):
+    last = stages[-1]
+    for it in range(1, STEPS + 1):
+        assert last["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    for what, step, atol in (("grads", 1, 1e-6), ("grads", STEPS, 1e-6), ("params", None, 1e-5)):
+        ours, theirs = _merge(stages, what, step), (ref[what] if step is None
+                                                    else ref[what][step])
+        assert ours.keys() == theirs.keys()
+        for name, value in theirs.items():
+            torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=atol,
+                                       msg=lambda m: f"{what} {step} {name}: {m}")
+    vision = [n for n in theirs if n.startswith("vision_model.")]
+    assert vision and all(ref["grads"][1][n].abs().sum() > 0 for n in vision
+                          if ref["grads"][1][n] is not None)
+
+
+@pytest.mark.parametrize("world,layout", [
+    (2, ["--tensor-model-parallel-size", "2"]),
+    # [LLM embedding, ViT patch embedding, ViT layer 0] [ViT layer 1, merger, LLM layers]:
+    # the packed patches of a micro-batch travel between the stages
+    (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,5"]),
+    # the ViT as its own pipeline [ViT 0 | ViT 1], run in the LLM's bubbles by the schedule
+    # executor: each piece binds its windows from the micro-batch's host media
+    (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"]),
+    # each CP rank takes its tokens' 3-D positions; the media merge into the whole text
+    (2, ["--context-parallel-size", "2", "--context-parallel-block", "8"]),
+    # full recompute: the whole tower's block, and an encoder piece's layers (their
+    # masks and rotary angles go into the checkpointed function)
+    (1, RECOMPUTE),
+    (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble", *RECOMPUTE]),
+    # the tower at TP 1 inside TP 2: two encoder replicas, each for half the micro-batches
+    (4, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+         "--encoder-schedule", "bubble", "--encoder-tensor-model-parallel-size", "1"]),
+], ids=["tp2", "pp2-split-vit", "pp2-bubble", "cp2", "recompute", "pp2-bubble-recompute",
+        "tp2-pp2-bubble-etp1"])
+def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layout):
+    from test_pipeline_parallel import count_vit_layer_calls
+
+    common, ref = reference
+    ranks = run_distributed(train, world, _argv(qwen_vl_dir, *common, *layout), (1, STEPS),
+                            count_vit_layer_calls)
+    # TP / CP ranks hold the same (gathered) tensors; pipeline stages their own pieces
+    stages = ranks[::world // 2] if "--pipeline-model-parallel-size" in layout else ranks[:1]
+    _assert_equal_runs(stages, ref)
+    # encoder replicas (encoder TP 1) split the micro-batches: count over all of them
+    replicas = "--encoder-tensor-model-parallel-size" in layout
+    calls = [out["observed"]["vit_calls"] for out in (ranks if replicas else stages)]
+    once = 2 * STEPS * sum(c["layers"] for c in calls) // (2 if replicas else 1)
+    if RECOMPUTE[1] in layout:  # a recomputed ViT layer runs its forward twice
+        assert sum(c["fwd"] for c in calls) > once, calls
+    else:
+        assert sum(c["fwd"] for c in calls) == once, calls
+
+
+def test_frozen_vit_interleaved_pipeline_equals_one_process(qwen_vl_dir, tmp_path):
+    """A frozen tower split over two virtual chunks of PP=2 x VPP=2: [LLM embedding, ViT
+    embed, ViT 0] [ViT 1, merger] [LLM 0-2] [LLM 3, output]; it runs no backward."""
+    from test_pipeline_parallel import count_vit_layer_calls
+
+    model = ["--num-layers", "4", "--freeze-ViT"]
+    init = str(tmp_path / "init")
+    run_distributed(train, 1, _argv(qwen_vl_dir, *model, "--train-iters", "0", "--save", init))
+    common = [*model, "--train-iters", str(STEPS), "--load", init, "--no-load-optim"]
+    ref = run_distributed(train, 1, _argv(qwen_vl_dir, *common), (1, STEPS))[0]
+    ranks = run_distributed(train, 2, _argv(
+        qwen_vl_dir, *common, "--pipeline-model-parallel-size", "2",
+        "--virtual-pipeline-model-parallel-size", "2", "--pipeline-partition", "3,2,3,2"),
+        (1, STEPS), count_vit_layer_calls)
+    for it in range(1, STEPS + 1):
+        assert ranks[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    params = _merge(ranks, "params")
+    for name, value in ref["params"].items():
+        torch.testing.assert_close(params[name], value, rtol=1e-4, atol=1e-5, msg=name)
+        if name.startswith("vision_model."):  # frozen: no gradient, unchanged
+            assert ref["grads"][1][name] is None, name
+    calls = [out["observed"]["vit_calls"] for out in ranks]
+    assert [c["layers"] for c in calls] == [1, 1]
+    assert all(c["fwd"] == 2 * STEPS and c["bwd"] == 0 for c in calls), calls
+
+
+def test_balanced_packing_pp2_equals_one_process(qwen_vl_dir, reference):
+    """--data-balance packs samples (their images and videos together) into one sequence
+    per micro-batch, balanced on patches and tokens; PP=2 with the ViT cut runs the same
+    plan as one process and gives the same losses and parameters."""
+    common, _ = reference
+    balance = ["--data-balance", "isf", "--seq-length", "128"]
+    ref = run_distributed(train, 1, _argv(qwen_vl_dir, *common, *balance), (1, STEPS))[0]
+    ranks = run_distributed(train, 2, _argv(qwen_vl_dir, *common, *balance,
+                                            "--pipeline-model-parallel-size", "2",
+                                            "--pipeline-partition", "3,5"), (1, STEPS))
+    _assert_equal_runs(ranks, ref)
+
+
+def test_balancer_counts_patches(qwen_vl_dir):
+    """The data balancer's vision work of a record is its items' patches (t * h * w)."""
+    from megatron_mm.data.dataset import MultimodalDataset
+    from megatron_mm.data.tokenizer import build_tokenizer
+    from megatron_mm.training.arguments import build_parser, model_config_from_args
+    from megatron_mm.training.balanced_data import sample_loads
+    from megatron_mm.training.pretrain import media_processors
+
+    args = build_parser().parse_args(_argv(qwen_vl_dir))
+    args.model_config = model_config_from_args(args)
+    procs = media_processors(args)
+    data = MultimodalDataset(f"{qwen_vl_dir}/train.jsonl", build_tokenizer(),
+                             {m: p.token_count for m, p in procs.items()}, None,
+                             processors=procs)
+    loads = sample_loads(data)
+    for i in range(3):  # one image; two images; an image and a video
+        media = data.encode(i).media
+        patches = sum(int(g.prod(-1).sum()) for k, g in media.items() if k.endswith("_thw"))
+        assert loads[i].vision == patches
+    assert len({load.vision for load in loads}) > 2  # the records differ in work
+
+
+@pytest.mark.parametrize("world,flags", [
+    (1, []),
+    (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,5"]),
+    (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"]),
+], ids=["default", "pp2-split-vit", "pp2-bubble"])
+def test_no_host_syncs_inside_the_model(qwen_vl_dir, world, flags):
+    """The windows, masks, rotary positions and packed shapes come from the host layout:
+    the model reads no device value, on either side of a cut inside the ViT."""
+    from host_syncs import count_model_host_syncs
+
+    ranks = run_distributed(train, world, _argv(qwen_vl_dir, "--train-iters", "1", *flags),
+                            (), count_model_host_syncs)
+    for rank, out in enumerate(ranks):
+        counted = out["observed"]["host_syncs"]
+        assert counted["scopes"] > 0 and counted["found"] == [], (rank, counted)
+
+
+def test_balanced_dp2_resumes_exactly(qwen_vl_dir, tmp_path):
+    """DP=2 on packed micro-batches balanced on patches and tokens: a run resumed from its
+    step-2 checkpoint gives the uninterrupted run's losses."""
+    from test_balanced_training import train_then_resume
+
+    argv = _argv(qwen_vl_dir, "--seq-length", "128", "--data-balance", "isf-sorted")
+    full, resumed, seen = run_distributed(train_then_resume, 2, argv,
+                                          str(tmp_path / "ckpt"))[0]
+    assert list(resumed) == [3, 4]
+    for it in (3, 4):
+        assert resumed[it] == full[it], it
+    assert all(shape[0] == 1 and masked for shape, masked in seen)  # packed, with its mask
