@@ -26,14 +26,13 @@ from PIL import Image
 from .digits import (MANIFEST, WORDS, _sha256, _write_atomic, load_digits_arrays,
                      manifest_matches, png_bytes, split_indices)
 
-DIGITS_QWEN_VERSION = 2  # bump when the output changes, to force regeneration
+DIGITS_QWEN_VERSION = 3  # bump when the output changes, to force regeneration
 NUM_RECORDS = {"train": 4000, "valid": 320}
 SEED = {"train": 1, "valid": 2}
 UNIT = 28  # patch 14 x merge 2: sides in multiples of it are kept as drawn
 IMAGE_SIDES = (28, 56, 84)  # each image its own width and height: 1 to 9 LLM tokens
 FRAME_SIDES = (28, 56)  # all frames of a clip share one size
 VIDEO_FPS = 2.0
-MAX_SHIFT = 2  # px a digit moves in its cell (train records only)
 IMAGE_QUESTION = "Which digits are shown, in order?"
 VIDEO_QUESTION = "Which digits appear, in order?"
 # The record kinds, in turn: (modality, items, sides): 1-3 images, or a clip of 2 or 4
@@ -42,26 +41,14 @@ KINDS = (("image", 1, IMAGE_SIDES), ("image", 2, IMAGE_SIDES), ("image", 3, IMAG
          ("video", 2, FRAME_SIDES), ("video", 4, FRAME_SIDES))
 
 
-def render(digit: np.ndarray, width: int, height: int,
-           rng: np.random.Generator | None = None) -> np.ndarray:
+def render(digit: np.ndarray, width: int, height: int) -> np.ndarray:
     """An 8x8 uint8 digit drawn at 28 x 28 (bilinear) in every 28 px cell of a ``width`` x
     ``height`` image (multiples of 28), uint8 [h, w]: each merged token sees the whole
     digit, so the tokens of any size read alike. (A digit stretched over the whole image
     leaves a tiny model from scratch at chance for hundreds of steps: each token holds a
-    different part of it at every size.) With ``rng`` each cell moves the digit by up to
-    ``MAX_SHIFT`` px each way, so the 1,500 train digits are not seen twice alike."""
+    different part of it at every size; docs/demo_qwen.md.)"""
     cell = np.asarray(Image.fromarray(digit).resize((UNIT, UNIT), Image.BILINEAR))
-    rows, cols = height // UNIT, width // UNIT
-    if rng is None:
-        return np.tile(cell, (rows, cols))
-    padded = np.pad(cell, MAX_SHIFT)
-    out = np.empty((height, width), np.uint8)
-    for r in range(rows):
-        for c in range(cols):
-            dy, dx = rng.integers(0, 2 * MAX_SHIFT + 1, size=2)
-            out[r * UNIT:(r + 1) * UNIT, c * UNIT:(c + 1) * UNIT] = \
-                padded[dy:dy + UNIT, dx:dx + UNIT]
-    return out
+    return np.tile(cell, (height // UNIT, width // UNIT))
 
 
 def _inline(img: np.ndarray) -> dict:
@@ -72,7 +59,6 @@ def build_records(split: str, images: np.ndarray, targets: np.ndarray,
                   pool: np.ndarray) -> list[dict]:
     """``NUM_RECORDS[split]`` records whose digits come from the sklearn indices ``pool``."""
     rng = np.random.default_rng(SEED[split])
-    shift = rng if split == "train" else None  # held-out digits as drawn
     records = []
     for i in range(NUM_RECORDS[split]):
         modality, n, side_choices = KINDS[i % len(KINDS)]
@@ -84,14 +70,14 @@ def build_records(split: str, images: np.ndarray, targets: np.ndarray,
             rec["conversations"] = [
                 {"from": "human", "value": "<image>" * n + "\n" + IMAGE_QUESTION},
                 {"from": "gpt", "value": answer}]
-            rec["images"] = [_inline(render(images[s], int(w), int(h), shift))
+            rec["images"] = [_inline(render(images[s], int(w), int(h)))
                              for s, (w, h) in zip(picks, sides)]
         else:
             w, h = (int(v) for v in rng.choice(side_choices, size=2))
             rec["conversations"] = [
                 {"from": "human", "value": "<video>\n" + VIDEO_QUESTION},
                 {"from": "gpt", "value": answer}]
-            rec["videos"] = [{"frames": [_inline(render(images[s], w, h, shift)) for s in picks],
+            rec["videos"] = [{"frames": [_inline(render(images[s], w, h)) for s in picks],
                               "fps": VIDEO_FPS}]
         rec["labels"] = [int(targets[s]) for s in picks]  # extra fields: ignored by the reader
         rec["sklearn_indices"] = picks

@@ -96,17 +96,9 @@ def test_answers_held_out_digits_and_kinds(data_dir):
         assert max(kinds.values()) - min(kinds.values()) <= 1  # the kinds take turns
 
 
-def _shifted(cell, dy, dx):
-    m = dq.MAX_SHIFT
-    return np.pad(cell, m)[m + dy:m + dy + 28, m + dx:m + dx + 28]
-
-
 def test_pixels_are_the_sklearn_digit_in_every_cell(data_dir):
-    """Held-out images: the digit (bilinear, 28 px) in every cell; train images: moved by up
-    to MAX_SHIFT px in each cell, not all alike."""
     images, _ = load_digits_arrays()
-    m, moves = dq.MAX_SHIFT, set()
-    for split in ("valid", "train"):
+    for split in ("train", "valid"):
         raw = read_jsonl(data_dir / f"{split}.jsonl")[:10]
         for obj, rec in zip(raw, read_records(data_dir / f"{split}.jsonl")[:10]):
             refs = (rec.media["image"] if "image" in rec.media
@@ -115,17 +107,7 @@ def test_pixels_are_the_sklearn_digit_in_every_cell(data_dir):
                 px = np.asarray(load_image(ref))[:, :, 0]
                 h, w = px.shape
                 cell = np.asarray(Image.fromarray(images[s]).resize((28, 28), Image.BILINEAR))
-                if split == "valid":
-                    assert np.array_equal(px, np.tile(cell, (h // 28, w // 28)))
-                    continue
-                for r in range(0, h, 28):
-                    for c in range(0, w, 28):
-                        found = [(dy, dx) for dy in range(-m, m + 1) for dx in range(-m, m + 1)
-                                 if np.array_equal(px[r:r + 28, c:c + 28],
-                                                   _shifted(cell, dy, dx))]
-                        assert found, (obj["id"], r, c)
-                        moves.add(found[0])
-    assert len(moves) > 5
+                assert np.array_equal(px, np.tile(cell, (h // 28, w // 28)))  # every cell
 
 
 def test_placeholders_expand_to_exact_counts_under_the_demo_flags(data_dir, demo):
