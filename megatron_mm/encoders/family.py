@@ -64,7 +64,8 @@ class EncoderFamily:
       needs without reading the device; None: nothing to prepare.
     - ``hidden_shape(config, media)``: (T, N) of the encoder's hidden state for a batch's
       host media (variable-length families pack all items into one sequence: (patches,
-      1)); None: the encoder's fixed length x the batch's items.
+      1); their module's ``layer_length(T)`` adds its sequence-parallel padding); None:
+      the encoder's fixed length x the batch's items.
     - ``media``: ``media(args, config)`` -> the ``MediaProcessor`` (raw media -> batch
       tensors, and the exact placeholder count of every item).
     - ``feature_tokens(config, media)``: (items in a batch's media, LLM tokens of each

@@ -149,9 +149,12 @@ def fp8_token_counts(name: str, enc: Qwen2_5VLVisionConfig) -> dict:
 
 
 def check_sequence_parallel(name: str, enc: Qwen2_5VLVisionConfig, tp: int, impl: str) -> None:
-    raise ConfigError(f"--sequence-parallel: the {name} encoder (qwen2_5_vl) packs a "
-                      "variable number of patches per batch and is not sharded over the "
-                      "sequence yet; drop --sequence-parallel")
+    """The packed patches are padded with whole merge units to a multiple of TP and the
+    padding masked, which only the local attention takes."""
+    if impl != "local":
+        raise ConfigError(f"--sequence-parallel pads the {name} encoder's packed patches "
+                          "and masks the padding, which only the local attention takes: "
+                          "pass --transformer-impl local")
 
 
 QWEN2_5_VL = EncoderFamily(

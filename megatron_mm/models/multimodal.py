@@ -207,6 +207,9 @@ class MultimodalModel(MegatronModule):
     def project(self, name: str, hidden: torch.Tensor) -> torch.Tensor:
         """Encoder output norm and projector: [T, N, H_enc] (under sequence parallelism
         this rank's shard of it) -> [N, T', H_llm]."""
+        own = getattr(self.encoder(name), "project_shard", None)
+        if self.sequence_parallel and own is not None:  # a family's own (Qwen2.5-VL)
+            return own(self.projector(name), hidden, self.encoder(name).sequence_parallel_group)
         if self.sequence_parallel:
             return sequence_parallel.project_shard(
                 self.encoder(name), self.projector(name), hidden,
@@ -311,6 +314,7 @@ class MultimodalModel(MegatronModule):
         b, s = tokens.shape
         if name in layout.hidden_shapes:  # a family whose shape varies by batch (host-known)
             t, n_items = layout.hidden_shapes[name]
+            t = self.encoder(name).layer_length(t)  # with its sequence-parallel padding
         else:
             t, n_items = self.encoder(name).layer_seq_length, layout.items[name]
         if self.sequence_parallel:  # this rank's shards

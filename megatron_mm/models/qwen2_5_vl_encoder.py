@@ -18,13 +18,14 @@ from typing import Optional
 import torch
 from megatron.core.models.vision.multimodal_projector import MultimodalProjector
 from megatron.core.transformer.module import MegatronModule
-from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_block import TransformerBlock
 
 from ..config import ConfigError
 from ..encoders.qwen2_5_vl import IMAGE, VIDEO, item_grids
 from ..encoders.qwen2_5_vl_config import Qwen2_5VLVisionConfig
+from . import sequence_parallel
 from .encoder_parts import EncoderParts
+from .norms import SequenceParallelNorm
 from .qwen2_5_vl_grid import VisionGridLayout, block_diagonal_mask, vision_grid_layout
 from .qwen2_5_vl_vision import (
     Qwen2_5VisionRotaryEmbedding,
@@ -87,12 +88,34 @@ class Qwen2_5VLEncoder(EncoderParts, MegatronModule):
                                          post_process=False, vp_stage=vp_stage,
                                          pg_collection=pg_collection)
                         if build_layers else None)
-        self.ln_post = (WrappedTorchNorm(config=config, hidden_size=encoder.hidden_size,
+        self.ln_post = (SequenceParallelNorm(config=config, hidden_size=encoder.hidden_size,
                                          eps=encoder.norm_epsilon) if post else None)
+
+    @property
+    def sp_ranks(self) -> int:
+        """TP ranks the packed sequence is split over (1: not split)."""
+        return self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
+
+    def layer_length(self, patches: int) -> int:
+        """The sequence the layers run for ``patches`` packed patches: under sequence
+        parallelism padded with whole merge units to a multiple of TP x unit, so each
+        rank's shard holds whole units (the merger then runs on the shard)."""
+        return patches + (-patches % (self.encoder_config.merge_unit * self.sp_ranks))
 
     def bind_batch(self, batch: Optional[QwenVisionBatch]) -> None:
         """The batch's prepared layout (``prepare_batch``, on the device), for the parts
-        that run next."""
+        that run next; under sequence parallelism its masks and positions take the
+        padding (a segment of its own: no real patch attends to it)."""
+        if batch is not None and self.sp_ranks > 1:
+            p = batch.layout.num_patches
+            pad = self.layer_length(p) - p
+            if pad:
+                masks = torch.nn.functional.pad(batch.masks, (0, pad, 0, pad), value=True)
+                masks[..., p:, p:] = False
+                positions = torch.cat([batch.positions,
+                                       batch.positions.new_zeros(pad, 2)])
+                batch = QwenVisionBatch(batch.layout, batch.window_index,
+                                        batch.reverse_index, positions, masks)
         self.batch = batch
 
     def _batch(self) -> QwenVisionBatch:
@@ -121,7 +144,12 @@ class Qwen2_5VLEncoder(EncoderParts, MegatronModule):
             raise ValueError(f"{pixels.shape[0]} patch rows; the batch's grids need "
                              f"{batch.layout.num_patches}")
         x = self.patch_embed(pixels.to(self.patch_embed.weight.dtype))
-        return self._units(x, batch.window_index).unsqueeze(1)
+        x = self._units(x, batch.window_index).unsqueeze(1)
+        if self.sp_ranks == 1:
+            return x
+        pad = self.layer_length(x.shape[0]) - x.shape[0]
+        x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
+        return sequence_parallel.split(x, self.sequence_parallel_group)
 
     def layer_inputs(self, hidden: torch.Tensor) -> dict:
         batch = self._batch()
@@ -129,6 +157,16 @@ class Qwen2_5VLEncoder(EncoderParts, MegatronModule):
 
     def shard_features(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.ln_post(hidden)
+
+    def project_shard(self, projector, hidden: torch.Tensor, group=None) -> torch.Tensor:
+        """Under sequence parallelism: ``ln_post`` and the merger on this rank's shard
+        [P_local, 1, hidden] (whole merge units), the merged tokens gathered, the padding
+        dropped, back in the processor's order: [1, LLM tokens, out]."""
+        merged = self.ln_post(hidden.squeeze(1)).reshape(-1, self.encoder_config.merged_size)
+        y = sequence_parallel.gather(projector(merged).unsqueeze(1), group).squeeze(1)
+        batch = self._batch()
+        units = batch.layout.num_patches // self.encoder_config.merge_unit
+        return y[:units].index_select(0, batch.reverse_index).unsqueeze(0)
 
     def features(self, hidden: torch.Tensor) -> torch.Tensor:
         """[patches, 1, hidden] -> [1, LLM tokens, 4 x hidden] in the processor's order."""

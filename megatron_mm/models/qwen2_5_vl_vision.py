@@ -35,12 +35,12 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
-from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
 from ..config import ConfigError
+from .norms import SequenceParallelNorm
 from .qwen2_5_vl_grid import VisionGridLayout, block_diagonal_mask, vision_grid_layout
 from .qwen2_5_vl_vision_config import Qwen2_5VLVisionConfig
 from .te_names import with_te_checkpoint_names
@@ -93,7 +93,7 @@ def qwen2_5_vl_vision_layer_spec(encoder: Qwen2_5VLVisionConfig,
     return with_te_checkpoint_names(ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
-            input_layernorm=WrappedTorchNorm,
+            input_layernorm=SequenceParallelNorm,
             self_attention=ModuleSpec(
                 module=SelfAttention,
                 params={"attn_mask_type": AttnMaskType.padding},
@@ -107,7 +107,7 @@ def qwen2_5_vl_vision_layer_spec(encoder: Qwen2_5VLVisionConfig,
                 ),
             ),
             self_attn_bda=get_bias_dropout_add,
-            pre_mlp_layernorm=WrappedTorchNorm,
+            pre_mlp_layernorm=SequenceParallelNorm,
             mlp=partial(MLP.as_mlp_submodule, submodules=MLPSubmodules(
                 linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)),
             mlp_bda=get_bias_dropout_add,
@@ -162,7 +162,7 @@ class Qwen2_5VisionTransformer(MegatronModule):
             config=config, spec=layer_spec or qwen2_5_vl_vision_layer_spec(encoder),
             pre_process=True, post_process=False, vp_stage=vp_stage,
             pg_collection=pg_collection)
-        self.ln_post = WrappedTorchNorm(config=config, hidden_size=encoder.hidden_size,
+        self.ln_post = SequenceParallelNorm(config=config, hidden_size=encoder.hidden_size,
                                         eps=encoder.norm_epsilon)
 
     def set_input_tensor(self, input_tensor: torch.Tensor) -> None:

@@ -59,6 +59,9 @@ class MessageSpecs:
             if not family.feature_tokens(enc, batch["media"])[0]:
                 return None
             t, n = family.hidden_shape(enc, batch["media"])
+            t = encoder.layer_length(t)  # with its sequence-parallel padding
+            if encoder.config.sequence_parallel:
+                t //= encoder.config.tensor_model_parallel_size
             return Spec((t, n, encoder.encoder_config.hidden_size),
                         encoder.config.params_dtype)
         items = batch["media"].get(modality_of(enc))

@@ -114,11 +114,12 @@ def test_flags_build_the_config():
         family("qwen2_5_vl").from_args(args)
 
 
-def test_sequence_parallel_and_fp8_are_refused():
+def test_sequence_parallel_on_te_and_fp8_are_refused():
     qwen = family("qwen2_5_vl")
     enc = Qwen2_5VLVisionConfig(**ENC)
-    with pytest.raises(ConfigError, match="--sequence-parallel"):
-        qwen.check_sequence_parallel("vision", enc, 2, "local")
+    qwen.check_sequence_parallel("vision", enc, 2, "local")  # padded and masked
+    with pytest.raises(ConfigError, match="--transformer-impl local"):
+        qwen.check_sequence_parallel("vision", enc, 2, "transformer_engine")
     with pytest.raises(ConfigError, match="--fp8-modules"):
         qwen.fp8_token_counts("vision", enc)
 

@@ -2,7 +2,7 @@
 M-RoPE in the LLM) equals the single-process run from the same initial checkpoint (losses,
 gradients, parameters) under TP=2, PP=2 with the ViT cut between its two layers, PP=2 with
 the ViT in the LLM's bubbles (also at encoder TP 1 in TP 2), CP=2, full recompute, a
-frozen ViT over PP=2 x VPP=2, and on
+frozen ViT over PP=2 x VPP=2, TP=2 with sequence parallelism (also across a ViT cut), and on
 packed micro-batches balanced on patches (--data-balance); DP=2 balanced runs resume
 exactly; the model reads no device value."""
 
@@ -79,8 +79,15 @@ def _assert_equal_runs(stages, ref):
     # the tower at TP 1 inside TP 2: two encoder replicas, each for half the micro-batches
     (4, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
          "--encoder-schedule", "bubble", "--encoder-tensor-model-parallel-size", "1"]),
+    # sequence parallelism in the tower: the packed patches padded with whole merge units
+    # to a multiple of TP, split; the merger on each rank's shard; also across a ViT cut
+    (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+         "--transformer-impl", "local"]),
+    (4, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+         "--transformer-impl", "local", "--pipeline-model-parallel-size", "2",
+         "--pipeline-partition", "3,5"]),
 ], ids=["tp2", "pp2-split-vit", "pp2-bubble", "cp2", "recompute", "pp2-bubble-recompute",
-        "tp2-pp2-bubble-etp1"])
+        "tp2-pp2-bubble-etp1", "tp2-sp", "tp2-sp-pp2-split-vit"])
 def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layout):
     from test_pipeline_parallel import count_vit_layer_calls
 
@@ -165,10 +172,13 @@ def test_balancer_counts_patches(qwen_vl_dir):
     (1, []),
     (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,5"]),
     (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"]),
-], ids=["default", "pp2-split-vit", "pp2-bubble"])
+    (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+         "--transformer-impl", "local"]),
+], ids=["default", "pp2-split-vit", "pp2-bubble", "tp2-sp"])
 def test_no_host_syncs_inside_the_model(qwen_vl_dir, world, flags):
     """The windows, masks, rotary positions and packed shapes come from the host layout:
-    the model reads no device value, on either side of a cut inside the ViT."""
+    the model reads no device value, on either side of a cut inside the ViT, in the
+    encoder pieces and with the sequence-parallel padding."""
     from host_syncs import count_model_host_syncs
 
     ranks = run_distributed(train, world, _argv(qwen_vl_dir, "--train-iters", "1", *flags),
