@@ -3,6 +3,8 @@
 #   make test   set up .venv, then run the test suite
 # and one more for the vision + audio model:
 #   make demo-audio   the same with spoken digits (needs espeak-ng, which setup installs)
+# and one for the Qwen2.5-VL family (native-resolution images, video, M-RoPE):
+#   make demo-qwen    digits at varying sizes, several per sample, and digit clips
 PYTHON ?= python3.11
 VENV   ?= .venv
 # On a GPU machine pass the CUDA build you want, e.g. TORCH="torch==2.13.0 --index-url ...".
@@ -10,7 +12,7 @@ TORCH  ?= torch==2.13.0
 PIP    := $(VENV)/bin/python -m pip
 NPROC  ?= 2
 
-.PHONY: demo demo-audio test setup espeak-ng clean print-demo-flags
+.PHONY: demo demo-audio demo-qwen test setup espeak-ng clean print-demo-flags
 
 setup: $(VENV)/.installed espeak-ng
 
@@ -69,6 +71,26 @@ demo-audio: setup
 	  "sudo apt-get install -y espeak-ng (Debian/Ubuntu) or brew install espeak-ng"; exit 2; }
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
 		examples/pretrain_mllm.py $(DEMO_AUDIO_FLAGS)
+
+# The Qwen2.5-VL demo: its ViT (14 px patches, 2x2 merger, window attention) at each
+# image's own size + an M-RoPE LLM, on digit images of sides 28-84 px (the digit in every
+# 28 px cell: 1-9 tokens), 1-3 per question, and on clips of 2 or 4 digit frames
+# (data/digits_qwen.py); the pixel bounds keep every image and frame as it is drawn.
+DEMO_QWEN_FLAGS = \
+	--num-layers 2 --hidden-size 128 --num-attention-heads 8 --group-query-attention \
+	--num-query-groups 4 --seq-length 64 --position-embedding-type mrope --mrope-section 2 3 3 \
+	--vision-model-type qwen2_5_vl --vision-hidden-size 64 --vision-num-layers 2 \
+	--vision-num-attention-heads 4 --patch-dim 14 --min-pixels 784 --max-pixels 7056 \
+	--video-min-pixels 784 --video-max-pixels 3136 \
+	--micro-batch-size 16 --global-batch-size 32 --train-iters 2000 \
+	--lr 1e-3 --min-lr 1e-5 --lr-decay-style cosine --lr-warmup-iters 10 \
+	--weight-decay 0.01 --clip-grad 1.0 --seed 1234 \
+	--log-interval 50 --eval-interval 1000 --eval-iters 10 \
+	--save runs/demo-qwen/checkpoints --save-interval 2000
+
+demo-qwen: setup
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
+		examples/pretrain_mllm.py $(DEMO_QWEN_FLAGS)
 
 # The demo's flags, for the GPU checks of docs/gpu.md: DEMO="$(make -s print-demo-flags)".
 print-demo-flags:

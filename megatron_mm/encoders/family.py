@@ -17,6 +17,18 @@ from typing import Any, Callable, Dict, Optional, Tuple
 SLOTS = {"vision": "freeze_ViT", "audio": "freeze_audio"}
 
 
+@dataclass(frozen=True)
+class BuiltinData:
+    """Data a family trains on when no ``--data-path`` is given (the demos): ``prepare``
+    names ``"package.module:function"``, ``function(out_dir) -> (train_path, valid_path)``
+    (idempotent), run under ``--data-cache-path``/``name``; ``modalities``: the media keys
+    its records hold (``builtin_data_for`` picks data holding every one the model reads)."""
+
+    name: str
+    prepare: str
+    modalities: Tuple[str, ...]
+
+
 def resolve(ref: str) -> Any:
     """``"package.module:attribute"`` -> the attribute (imported now)."""
     module, _, attr = ref.partition(":")
@@ -65,6 +77,7 @@ class EncoderFamily:
     - ``fp8_token_counts(name, config)``: {FP8 module: (tokens per item, the flags that set
       it)} for the FP8 alignment check; ``check_sequence_parallel(name, config, tp, impl)``
       raises a ``ConfigError`` for a layout the family cannot shard.
+    - ``builtin_data``: the ``BuiltinData`` its demo trains on without ``--data-path``.
     """
 
     model_type: str
@@ -85,6 +98,7 @@ class EncoderFamily:
     extra_modalities: Tuple[str, ...] = ()
     prepare_batch: Optional[str] = None
     hidden_shape: Optional[Callable] = None
+    builtin_data: Optional[BuiltinData] = None
 
     @property
     def modalities(self) -> Tuple[str, ...]:

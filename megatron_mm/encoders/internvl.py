@@ -13,7 +13,7 @@ import argparse
 
 from ..config import ConfigError
 from ..plan.model import EncoderSpec, TransformerSpec, patch_embed_flops
-from .family import EncoderFamily, fixed_feature_tokens
+from .family import BuiltinData, EncoderFamily, fixed_feature_tokens
 from .internvit_config import NORM_TYPES, InternViTConfig
 
 
@@ -104,4 +104,6 @@ INTERNVIT = EncoderFamily(
     feature_tokens=fixed_feature_tokens("image"), fp8_token_counts=fp8_token_counts,
     check_sequence_parallel=check_sequence_parallel, add_arguments=add_arguments,
     checkpoint_flags=("vision_norm_type", "vision_qk_norm", "vision_add_qkv_bias",
-                      "vision_final_layernorm", "downsample_ratio"))
+                      "vision_final_layernorm", "downsample_ratio"),
+    # the handwritten digits, each image one tile (its grid at any --max-num-tiles)
+    builtin_data=BuiltinData("digits", "megatron_mm.data.digits:prepare_digits", ("image",)))

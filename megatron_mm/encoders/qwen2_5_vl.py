@@ -10,7 +10,7 @@ import math
 from ..config import ConfigError
 from ..plan.model import EncoderSpec, TransformerSpec, patch_embed_flops
 from ..plan.qwen_vl_grid import QwenVLGeometry, image_grid
-from .family import EncoderFamily
+from .family import BuiltinData, EncoderFamily
 from .qwen2_5_vl_config import Qwen2_5VLVisionConfig
 
 # The batch's media keys (``data/media_processors.py: QwenVLProcessor``): patch rows of
@@ -166,4 +166,6 @@ QWEN2_5_VL = EncoderFamily(
     media="megatron_mm.data.media_processors:qwen_vl_processor",
     feature_tokens=feature_tokens, hidden_shape=hidden_shape,
     fp8_token_counts=fp8_token_counts, check_sequence_parallel=check_sequence_parallel,
-    add_arguments=add_arguments, checkpoint_flags=CHECKPOINT_FLAGS)
+    add_arguments=add_arguments, checkpoint_flags=CHECKPOINT_FLAGS,
+    builtin_data=BuiltinData("digits_qwen", "megatron_mm.data.digits_qwen:prepare_digits_qwen",
+                             (IMAGE, VIDEO)))

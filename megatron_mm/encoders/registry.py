@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..config import ConfigError
-from .family import EncoderFamily
+from .family import BuiltinData, EncoderFamily
 from .internvl import INTERNVIT
 from .qwen2_5_vl import QWEN2_5_VL
 from .vit import CLIP, SIGLIP
@@ -45,3 +45,15 @@ def modality_of(config) -> str:
 def modalities_of(config) -> Tuple[str, ...]:
     """Every media key an encoder config reads (``EncoderFamily.modalities``)."""
     return family_of(config).modalities
+
+
+def builtin_data_for(configs) -> Optional[BuiltinData]:
+    """The built-in data a model of these encoder configs trains on without --data-path:
+    the first family's (in encoder order) whose records hold every modality the model
+    reads (CLIP + Whisper: Whisper's handwritten + spoken digits); None: no such data."""
+    needed = {m for c in configs for m in modalities_of(c)}
+    for c in configs:
+        data = family_of(c).builtin_data
+        if data is not None and needed <= set(data.modalities):
+            return data
+    return None

@@ -7,7 +7,7 @@ import dataclasses
 
 from ..config import ConfigError, VisionEncoderConfig
 from ..plan.model import EncoderSpec, TransformerSpec, patch_embed_flops
-from .family import EncoderFamily, fixed_feature_tokens
+from .family import BuiltinData, EncoderFamily, fixed_feature_tokens
 
 
 def from_args(args) -> VisionEncoderConfig:
@@ -67,5 +67,6 @@ CLIP = EncoderFamily(
     build="megatron_mm.models.vision:build_vit",
     media="megatron_mm.data.media_processors:image_processor",
     feature_tokens=fixed_feature_tokens("image"), fp8_token_counts=fp8_token_counts,
-    check_sequence_parallel=check_sequence_parallel)
+    check_sequence_parallel=check_sequence_parallel,
+    builtin_data=BuiltinData("digits", "megatron_mm.data.digits:prepare_digits", ("image",)))
 SIGLIP = dataclasses.replace(CLIP, model_type="siglip")

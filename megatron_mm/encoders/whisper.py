@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..config import AudioEncoderConfig, ConfigError
 from ..plan.model import EncoderSpec, TransformerSpec, whisper_stem_flops
-from .family import EncoderFamily
+from .family import BuiltinData, EncoderFamily
 
 
 def from_args(args) -> AudioEncoderConfig:
@@ -83,4 +83,8 @@ WHISPER = EncoderFamily(
     build="megatron_mm.models.audio:build_audio_encoder",
     media="megatron_mm.data.media_processors:audio_processor",
     feature_tokens=feature_tokens, padded_features=True, fp8_token_counts=fp8_token_counts,
-    check_sequence_parallel=check_sequence_parallel)
+    check_sequence_parallel=check_sequence_parallel,
+    # handwritten + spoken digits: a vision + audio model, or audio alone, trains on them
+    builtin_data=BuiltinData("spoken_digits",
+                             "megatron_mm.data.spoken_digits:prepare_spoken_digits",
+                             ("image", "audio")))

@@ -28,15 +28,13 @@ from ..data import (
     ImageProcessorConfig,
     MegatronPretrainingSampler,
     collate,
-    prepare_digits,
 )
 from ..data.loaders import (EncodingSettings, EnergonTrainData, build_train_valid_datasets,
                             load_dataloader_state)
 from ..data.sources import resolve_sources
 from .checkpointing import iteration_dir, locate_checkpoint
-from ..data.spoken_digits import prepare_spoken_digits
 from ..models import BuildSettings, MultimodalModel, build_model
-from ..encoders import family_of, modalities_of
+from ..encoders import builtin_data_for, family_of, modalities_of, resolve
 from ..models.multimodal import MediaMismatchError
 from ..models.specs import (
     CPAttentionChoice, choose_cp_attention, default_transformer_impl,
@@ -98,14 +96,19 @@ def build_settings(args, placements=None, replicas=None) -> BuildSettings:
 
 
 def data_paths(args) -> Optional[tuple[str, str]]:
-    if args.data_path is None:  # built-in data: digits, or spoken + written digits with audio
+    if args.data_path is None:  # built-in data: the one the encoders' families declare
+        encoders = list(args.model_config.encoders.values())
+        data = builtin_data_for(encoders)
+        if data is None:
+            raise ConfigError("no built-in data holds every modality of these encoders ("
+                              + ", ".join(sorted({m for c in encoders for m in modalities_of(c)}))
+                              + "): pass --data-path")
         cache = args.data_cache_path or os.path.join(os.path.expanduser("~"), ".cache",
                                                      "megatron_mm")
-        audio = "audio" in args.model_config.encoders
-        out = os.path.join(cache, "spoken_digits" if audio else "digits")
+        out = os.path.join(cache, data.name)
         if torch.distributed.get_rank() == 0:
             try:
-                (prepare_spoken_digits if audio else prepare_digits)(out)
+                resolve(data.prepare)(out)
             except FileNotFoundError as e:  # no espeak-ng: every rank must stop, not hang
                 error = e
             else:
