@@ -20,7 +20,6 @@ from ..config import MultimodalModelConfig
 from ..encoders import family_of
 
 
-
 class MediaMismatchError(ValueError):
     """The placeholder tokens of a batch do not match its media."""
 
@@ -70,7 +69,6 @@ def batch_layout(config: MultimodalModelConfig, media_token_ids: Mapping[str, in
         loss_positions=None if loss_mask is None else loss_positions(loss_mask))
     for name, enc in config.encoders.items():
         family = family_of(enc)
-        modality = family.modality
         # modality by modality, each in row-major (sample, position) order, as flat [S, B]
         # positions: the order of the features
         found = [torch.nonzero(tokens == media_token_ids[m], as_tuple=True)
