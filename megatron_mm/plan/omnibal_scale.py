@@ -344,9 +344,9 @@ def table(ab: Ablation) -> str:
         f"DP {s.data_parallel_size}), {s.global_batch_size} samples per step, micro-batches "
         f"of {s.micro_batch_size}; {ab.samples} samples of real tile / token counts; "
         f"ISF bounds {ab.bounds}",
-        f"| row | layers per stage | recompute (layers per stack, per stage) | s / step "
-        f"| tokens/s | speed-up | peak GB | GPU-days (1.2M, 1 epoch) | paper GPU-days "
-        f"| paper speed-up |",
+        "| row | layers per stage | recompute (layers per stack, per stage) | s / step "
+        "| tokens/s | speed-up | peak GB | GPU-days (1.2M, 1 epoch) | paper GPU-days "
+        "| paper speed-up |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in ab.rows:
         lines.append(

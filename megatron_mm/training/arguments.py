@@ -106,9 +106,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--audio-token-id", type=int, default=None,
                    help="the audio placeholder's token id (default: the tokenizer's own)")
     groups = {"vision": vision_group, "audio": g}
-    for family in FAMILIES.values():  # each family's own flags, in its slot's group
-        if family.add_arguments is not None:
-            family.add_arguments(groups[family.slot])
+    for fam in FAMILIES.values():  # each family's own flags, in its slot's group
+        if fam.add_arguments is not None:
+            fam.add_arguments(groups[fam.slot])
 
     g = p.add_argument_group("freezing")
     g.add_argument("--freeze-LM", action="store_true")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 
 INTERNVL_MODEL = [
     "--vision-model-type", "internvit", "--vision-hidden-size", "32",
