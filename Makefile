@@ -82,11 +82,11 @@ DEMO_QWEN_FLAGS = \
 	--vision-model-type qwen2_5_vl --vision-hidden-size 64 --vision-num-layers 2 \
 	--vision-num-attention-heads 4 --patch-dim 14 --min-pixels 784 --max-pixels 7056 \
 	--video-min-pixels 784 --video-max-pixels 3136 \
-	--micro-batch-size 16 --global-batch-size 32 --train-iters 2000 \
+	--micro-batch-size 16 --global-batch-size 32 --train-iters 3000 \
 	--lr 1e-3 --min-lr 1e-5 --lr-decay-style cosine --lr-warmup-iters 10 \
 	--weight-decay 0.01 --clip-grad 1.0 --seed 1234 \
 	--log-interval 50 --eval-interval 1000 --eval-iters 10 \
-	--save runs/demo-qwen/checkpoints --save-interval 2000
+	--save runs/demo-qwen/checkpoints --save-interval 3000
 
 demo-qwen: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
