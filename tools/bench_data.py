@@ -128,7 +128,7 @@ def main(argv=None) -> None:
     for n, size_mb, mode, r in rows:
         reader = ("eager read_records (main)" if mode == "before"
                   else "lazy JsonlRecords (this change)")
-        print(f"| {n} | {size_mb:.1f} | {reader} | {r['startup_s']:.2f} | {r['cpu_s']:.2f} | "
+        print(f"| {n} | {size_mb:.1f} | {reader} | {r['startup_s']:.4f} | {r['cpu_s']:.4f} | "
               f"{r['rss_mb']:.1f} | {r['index_mb']:.3f} |")
 
 
