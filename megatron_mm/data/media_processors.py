@@ -76,8 +76,16 @@ def audio_processor(args, enc) -> AudioProcessor:
     return AudioProcessor(cfg, ClipTokenCount(cfg, enc.output_tokens))
 
 
+class _QwenVLPatches:
+    """What Qwen2.5-VL's image and video processors share."""
+
+    def vision_work(self, ref: MediaRef, where: str) -> int:
+        """Patches through the encoder (the data balancer's vision work)."""
+        return self.token_count(ref, where) * self.cfg.geometry.merge_size ** 2
+
+
 @dataclass
-class QwenVLImageProcessor:
+class QwenVLImageProcessor(_QwenVLPatches):
     """Qwen2.5-VL images at (about) their own size: patch rows and grids (t, h, w), each
     item's placeholder count from its header and the resize rule. Also fills each sample's
     M-RoPE positions (``position_ids``), from the grids of its images and videos."""
@@ -93,10 +101,6 @@ class QwenVLImageProcessor:
         except MediaGeometryError as e:
             raise DataRecordError(str(e)) from None
         return num_placeholder_tokens(grid, self.cfg.geometry.merge_size)
-
-    def vision_work(self, ref: MediaRef, where: str) -> int:
-        """Patches through the encoder (the data balancer's vision work)."""
-        return self.token_count(ref, where) * self.cfg.geometry.merge_size ** 2
 
     def load(self, refs: list[MediaRef], where: str) -> dict[str, torch.Tensor]:
         if not refs:
@@ -121,7 +125,7 @@ class QwenVLImageProcessor:
 
 
 @dataclass
-class QwenVLVideoProcessor:
+class QwenVLVideoProcessor(_QwenVLPatches):
     """Qwen2.5-VL videos: each a list of frames with an fps (``MediaRef.frames``)."""
 
     cfg: QwenVLProcessorConfig
@@ -137,9 +141,6 @@ class QwenVLVideoProcessor:
         except MediaGeometryError as e:
             raise DataRecordError(str(e)) from None
         return num_placeholder_tokens(grid, self.cfg.geometry.merge_size)
-
-    def vision_work(self, ref: MediaRef, where: str) -> int:
-        return self.token_count(ref, where) * self.cfg.geometry.merge_size ** 2
 
     def load(self, refs: list[MediaRef], where: str) -> dict[str, torch.Tensor]:
         if not refs:
