@@ -1,5 +1,5 @@
 """OmniBal's ablation at this machine's scale: Megatron-Core's way, + balanced data,
-+ partition search, + adaptive recompute, side by side (PP=2 x DP=2, gloo, CPU).
++ partition search, + adaptive recompute, side by side (PP=2, gloo, CPU).
 
     python tools/bench_omnibal.py STATS [STATS ...] [--rounds 2] [--iters 4]
 
@@ -34,16 +34,18 @@ ranks, all from the same initial checkpoint, the rows alternating A B C D A B C 
    uniform`` (the ViT and projector on stage 0), ``--recompute-granularity full
    --recompute-method uniform --recompute-num-layers 1`` (every layer recomputed);
 2. + balanced data: ``--data-balance isf-sorted`` (packed, balanced on tiles and tokens
-   across data-parallel ranks; ``--micro-batch-size`` samples per pack on average);
+   across micro-batches and data-parallel ranks; ``--micro-batch-size`` samples per pack
+   on average);
 3. + partition search: ``--pipeline-partition search`` on a per-layer profile measured
    first (``tools/profile_layers.py`` on balanced micro-batches, ``--pipeline-profile``;
    the cost model alone would size the LLM at ``--seq-length`` tokens per sample and the
-   ViT at one tile). Its first run searches; later rounds and row 4 take the partition it
-   chose, so all time the same layout;
-4. + adaptive recompute: ``--recompute-memory-budget GB`` instead of full recompute. The
-   budget is chosen on the package's own memory estimate (the profile's saved bytes) for
-   row 3's partition: halfway
-   between no recompute and full recompute on the rank that needs the most, and never
+   ViT at one tile). Its first run searches; later rounds take the partition it chose;
+4. + adaptive recompute: ``--recompute-memory-budget GB`` instead of full recompute, and
+   the partition searched again under it (each candidate is timed with the recompute the
+   budget leaves it: a layer moved off the fuller stage can buy that stage its recompute
+   back); its first run searches, later ones take its pick. The budget (one figure for
+   every rank, standing in for the device's memory) is chosen on the package's own memory
+   estimate (the profile's saved bytes) for row 3's partition: halfway between no recompute and full recompute on the rank that needs the most, and never
    below what full recompute needs on any rank, so it is below the no-recompute peak and
    binds (printed).
 
@@ -59,9 +61,10 @@ partition and budget checks row 1 the same way. The last line is
 ``all three / megatron tokens per second: R``.
 
 Each rank runs one thread pinned to a core: core = rank where there are enough cores,
-else core = pipeline stage (both data-parallel replicas of a stage share a core, so the
-pipeline's imbalance shows, while the replicas' imbalance is partly hidden by the sharing:
-balanced data then gains only from packing). Micro-batches are loaded before timing.
+else core = pipeline stage. The default is DP=1 (two ranks, one core each: every idle
+moment is real). ``--data-parallel-size 2`` needs four cores to show the replicas'
+imbalance; on two, both replicas of a stage share a core, which hides it (balanced data
+then gains only from packing). Micro-batches are loaded before timing.
 """
 
 from __future__ import annotations
@@ -356,7 +359,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="runs of every row, alternating")
     p.add_argument("--iters", type=int, default=4, help="timed iterations per run")
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--data-parallel-size", type=int, default=2)
+    p.add_argument("--data-parallel-size", type=int, default=1)
     p.add_argument("--micro-batch-size", type=int, default=2)
     p.add_argument("--microbatches", type=int, default=8,
                    help="micro-batches per data-parallel rank per iteration")
@@ -392,27 +395,30 @@ def main(argv=None) -> int:
         profile = measure_profile(a, data, work / "profile.json")
         init = ["--save", str(work / "init")]  # the first run saves, the others load
         runs = {r: [] for r in range(len(ROWS))}
-        partition, memory = "search", None
+        # rows 3 and 4 search in their first run (row 4 under its budget: each candidate
+        # timed with the recompute the budget leaves it), later runs take their pick
+        partitions, memory = {2: "search", 3: "search"}, None
         for rnd in range(a.rounds):
             for row in range(len(ROWS)):
                 if row == 3 and memory is None:
                     memory = recompute_budget(a, base + init + profile, runs[2][0]["layers"])
-                flags = row_flags(row, partition, memory and memory["budget"])
+                flags = row_flags(row, partitions.get(row), memory and memory["budget"])
                 flags += profile if row >= 2 else []
                 print(f"round {rnd + 1}, row {row + 1}: {' '.join(flags)}", file=sys.stderr,
                       flush=True)
                 runs[row].append(launch(a, base + init + flags, work / "run.json", a.iters,
                                         a.warmup))
                 init = ["--load", str(work / "init"), "--no-load-optim"]
-                if row == 2 and partition == "search":
-                    partition = ",".join(map(str, runs[2][0]["layers"]))
+                if partitions.get(row) == "search":
+                    partitions[row] = ",".join(map(str, runs[row][0]["layers"]))
         stage_ms = profile_summary(work / "profile.json", {
-            "uniform": runs[0][0]["layers"], "searched": runs[2][0]["layers"]})
+            "uniform": runs[0][0]["layers"], "searched": runs[2][0]["layers"],
+            "searched under the budget": runs[3][0]["layers"]})
         check = launch(a, base + init + [
-            "--data-balance", "none", "--pipeline-partition", partition,
+            "--data-balance", "none", "--pipeline-partition", partitions[3],
             "--recompute-memory-budget", f"{memory['budget']:.6f}", *profile],
             work / "check.json", 0, 1)
-    report(a, synth, achieved, runs, check, memory, partition, stage_ms)
+    report(a, synth, achieved, runs, check, memory, partitions, stage_ms)
     return 0
 
 
@@ -428,7 +434,7 @@ def profile_summary(path: Path, partitions: dict) -> dict:
     return out
 
 
-def report(a, synth, achieved, runs, check, memory, partition, stage_ms) -> None:
+def report(a, synth, achieved, runs, check, memory, partitions, stage_ms) -> None:
     targets = synth["targets"]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     tiles = sorted({x["tiles"] for x in targets})
@@ -442,7 +448,8 @@ def report(a, synth, achieved, runs, check, memory, partition, stage_ms) -> None
           f"ViT {a.num_layers} layers x {a.hidden_size // 2}, LLM {a.num_layers} layers x "
           f"{a.hidden_size}, {a.microbatches} micro-batches of {a.micro_batch_size} samples "
           f"per data-parallel rank; medians of {a.rounds} x {a.iters} iterations")
-    print(f"partition search chose {partition} (chain layers per stage); row 4 budget "
+    print(f"partition search chose {partitions[2]} (chain layers per stage), under row 4's "
+          f"budget {partitions[3]}; row 4 budget "
           f"{memory['budget']:.4f} GB per rank (package estimate per rank: no recompute "
           f"{[round(x, 4) for x in memory['none']]}, full {[round(x, 4) for x in memory['full']]})")
     print("| row | iteration s | vs 1 | real tokens / s | vs 1 | computed tokens / iter "
@@ -463,8 +470,8 @@ def report(a, synth, achieved, runs, check, memory, partition, stage_ms) -> None
         f"row {row + 1}: " + ", ".join(f"{statistics.median(r['walls']):.3f}" for r in rs)
         for row, rs in runs.items()))
     print(f"profile, forward + backward ms per micro-batch of each chain layer: "
-          f"{stage_ms['per layer']}; per stage: uniform {stage_ms['uniform']}, searched "
-          f"{stage_ms['searched']}")
+          f"{stage_ms['per layer']}; per stage: " + ", ".join(
+              f"{name} {ms}" for name, ms in stage_ms.items() if name != "per layer"))
     same = [runs[r][0]["loss1"] for r in (1, 2, 3)]
     spread = (max(same) - min(same)) / abs(same[0])
     print(f"iteration-1 lm loss, rows 2-4 (same data): {', '.join(f'{x:.6f}' for x in same)}"

@@ -16,7 +16,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from ..config import AudioEncoderConfig, LanguageModelConfig, ProjectorConfig, VisionEncoderConfig
 from ..plan.fp8 import Fp8Settings
-from ..plan.placement import ChunkPlacement, megatron_layout
+from ..plan.placement import ChunkPlacement, stack_layout
+from .mirrored_layout import MirroredLayout
 
 
 @dataclass
@@ -86,7 +87,10 @@ class BuildSettings:
         if pipelined:
             if self.placements is None:
                 raise ValueError("pipeline parallelism needs BuildSettings.placements")
-            layout = megatron_layout(self.placements, None if stack == "llm" else stack)
+            layout, mirrored = stack_layout(self.placements, pp,
+                                            None if stack == "llm" else stack)
+            if mirrored:  # an encoder placed from the last rank
+                layout = MirroredLayout(layout, pp)
         n = self.recompute_num_layers
         if isinstance(n, dict):
             n = n.get(stack, 0)

@@ -27,6 +27,7 @@ action, as for r = 1).
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -68,13 +69,14 @@ def split_chain(chain: Sequence[Layer]) -> Tuple[List[Tuple[str, List[Layer]]], 
 def encoder_pieces(chain: Sequence[Layer], encoder_ranks: Sequence[int],
                    rank_load: Optional[Sequence[float]] = None,
                    hardware: Optional[Hardware] = None,
-                   name: Optional[str] = None) -> EncoderPieces:
+                   name: Optional[str] = None, shift: Sequence[int] = ()) -> EncoderPieces:
     """Cut the encoder's transformer layers into ``len(encoder_ranks)`` pieces, each of at
     least one layer. Without ``rank_load``: equal layer counts (the first ones one layer
     longer). With it (seconds of other work per pipeline rank, timed on ``hardware``): the
     encoder stages' layer ranges minimise the busiest rank's total, min-max over the chain
     order; each stage's range is then cut into its pieces evenly. ``name``: which encoder
-    (needed when the model has several)."""
+    (needed when the model has several). ``shift[i]``: move the boundary after stage i by
+    that many layers (a neighbour of the balanced cut, for a search by simulation)."""
     encoders = dict(split_chain(chain)[0])
     if name is None:
         if len(encoders) != 1:
@@ -85,10 +87,10 @@ def encoder_pieces(chain: Sequence[Layer], encoder_ranks: Sequence[int],
     if n > len(layers):
         raise PlanError(f"{n} pieces of encoder {name!r} but it has {len(layers)} layers: lower "
                         "--encoder-pieces or --encoder-pipeline-model-parallel-size")
-    if list(encoder_ranks) != sorted(encoder_ranks):
-        raise PlanError("encoder pieces must run on non-decreasing pipeline ranks (Megatron-"
-                        "Core numbers a stack's layers in pipeline order)")
-    stage_ranks = sorted(set(encoder_ranks))
+    if list(encoder_ranks) not in (sorted(encoder_ranks), sorted(encoder_ranks)[::-1]):
+        raise PlanError("encoder pieces must run on non-decreasing or non-increasing pipeline "
+                        "ranks (each rank holds one range of an encoder's layers)")
+    stage_ranks = list(dict.fromkeys(encoder_ranks))  # in layer order
     per_stage = [encoder_ranks.count(r) for r in stage_ranks]
     if rank_load is None:
         sizes = _even(len(layers), n)
@@ -101,6 +103,14 @@ def encoder_pieces(chain: Sequence[Layer], encoder_ranks: Sequence[int],
                              if j - i >= per_stage[g] else math.inf))[1]
         if stage_sizes is None:
             raise PlanError(f"the encoder's {len(layers)} layers cannot fill {n} pieces")
+        sizes = [s for size, k in zip(stage_sizes, per_stage) for s in _even(size, k)]
+    if any(shift):
+        ends = list(accumulate(per_stage))  # each stage's last piece + 1
+        cuts = [sum(sizes[:e]) + d for e, d in zip(ends[:-1], list(shift) + [0] * len(ends))]
+        stage_sizes = [b - a for a, b in zip([0] + cuts, cuts + [len(layers)])]
+        if any(size < k for size, k in zip(stage_sizes, per_stage)):
+            raise PlanError(f"shifting the encoder's stage boundaries by {list(shift)} leaves "
+                            "a stage fewer layers than pieces")
         sizes = [s for size, k in zip(stage_sizes, per_stage) for s in _even(size, k)]
     bounds, start = [], 0
     for size in sizes:
@@ -190,6 +200,7 @@ class EncoderPipelinePlan(Record):
     pieces: List[EncoderPieces]  # per encoder, in chain order
     placements: List[ChunkPlacement]
     trainable: List[bool]  # per encoder
+    reverse: bool = False  # the encoders' first stage on the last rank
 
     @property
     def encoder_trainable(self) -> bool:
@@ -204,15 +215,18 @@ class EncoderPipelinePlan(Record):
 
 def plan_encoder_pipeline(chain: Sequence[Layer], pp: int, vpp: int, policy,
                           encoder_pp: Optional[int] = None, pieces_per_stage: int = 1,
-                          num_microbatches: int = 1, hardware: Optional[Hardware] = None
+                          num_microbatches: int = 1, hardware: Optional[Hardware] = None,
+                          reverse: bool = False, shift: Sequence[int] = ()
                           ) -> EncoderPipelinePlan:
     """The LLM partitioned over its own chain by ``policy`` (as ``--pipeline-partition``),
-    each encoder over ``encoder_pp`` stages of ``pieces_per_stage`` pieces: equal layer
-    counts with ``uniform``, else balancing each rank's total work on ``hardware`` (the
-    LLM's, the encoders' placed before, this encoder's)."""
+    each encoder over ``encoder_pp`` stages of ``pieces_per_stage`` pieces (``reverse``: the
+    first stage on the last rank, ``generate.encoder_placement``): equal layer counts with
+    ``uniform``, else balancing each rank's total work on ``hardware`` (the LLM's, the
+    encoders' placed before, this encoder's); ``shift`` moves each encoder's stage
+    boundaries off that balance (``encoder_pieces``)."""
     encoders, llm = split_chain(chain)
     part = partition(llm, pp, vpp, policy, num_microbatches=num_microbatches)
-    _, ranks = encoder_placement(pp, encoder_pp, pieces_per_stage)
+    _, ranks = encoder_placement(pp, encoder_pp, pieces_per_stage, reverse)
     hw = hardware or Hardware()
     load = None
     if policy != "uniform":  # balance each rank's LLM and encoder work together
@@ -227,7 +241,7 @@ def plan_encoder_pipeline(chain: Sequence[Layer], pp: int, vpp: int, policy,
                 if layer.kind == "projector" or layer.kind.endswith("_embed"):
                     load[part.rank_of_chunk(0) if layer.kind == "projector" else ranks[0]] += \
                         hw.seconds(layer.fwd_flops + layer.bwd_flops)
-        enc = encoder_pieces(chain, ranks, load, hw, name)
+        enc = encoder_pieces(chain, ranks, load, hw, name, shift)
         pieces.append(enc)
         if load is not None:
             layers = [l for l in encoder if l.kind.endswith("_layer")]
@@ -237,4 +251,4 @@ def plan_encoder_pipeline(chain: Sequence[Layer], pp: int, vpp: int, policy,
         llm_partition=part, pieces=pieces,
         placements=separate_placements(chain, part, pieces),
         trainable=[any(l.trainable for l in encoder if l.kind.endswith(("_layer", "_embed")))
-                   for _, encoder in encoders])
+                   for _, encoder in encoders], reverse=reverse)

@@ -9,7 +9,7 @@ inside an encoder sends that encoder's hidden state along with the text embeddin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from .errors import PlanError
 from .layers import LLM, Layer
@@ -98,6 +98,34 @@ def megatron_layout(placements: Sequence[ChunkPlacement], encoder: Optional[str]
     layout[0].insert(0, "embedding")
     layout[-1].append("loss")
     return layout
+
+
+def stack_layout(placements: Sequence[ChunkPlacement], pp: int,
+                 encoder: Optional[str] = None) -> Tuple[List[List[str]], bool]:
+    """(Megatron-Core layout, mirrored) for the LLM or ``encoder``'s transformer layers over
+    ``pp`` pipeline ranks. Megatron-Core numbers a stack's layers in pipeline-rank order;
+    an encoder placed from the last rank (``encoder_placement(reverse=True)``: its first
+    layers on the later rank) is laid out over mirrored ranks (rank r's layers at position
+    PP - 1 - r), and its layers are built seeing rank PP - 1 - r (``mirrored``), so each
+    part still numbers its layers globally (checkpoints do not depend on the placement)."""
+    layout = megatron_layout(placements, encoder)
+    if encoder is None:
+        return layout, False
+    holders = [p for p in placements if p.encoder(encoder) and p.encoder(encoder).num_layers]
+    by_layer = [p.chunk for p in sorted(holders, key=lambda p: p.encoder(encoder).layers[0])]
+    if by_layer == sorted(by_layer):
+        return layout, False  # layer order is chunk order
+    if any(c >= pp for c in by_layer) or by_layer != sorted(by_layer, reverse=True):
+        raise PlanError(f"encoder {encoder!r}: its layers must run in pipeline order, or in "
+                        f"reverse pipeline order in each rank's first chunk (chunks {by_layer})")
+    mirrored = [list(layout[c - c % pp + pp - 1 - c % pp]) for c in range(len(layout))]
+    for stage in mirrored:
+        for marker in ("embedding", "loss"):
+            if marker in stage:
+                stage.remove(marker)
+    mirrored[0].insert(0, "embedding")
+    mirrored[-1].append("loss")
+    return mirrored, True
 
 
 def _add(place: ChunkPlacement, layer: Layer) -> None:

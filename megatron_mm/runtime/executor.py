@@ -150,6 +150,12 @@ class _Iteration:
         self.mailbox = Mailbox(parallel_state.get_pipeline_model_parallel_group(),
                                _device_of(model[0]))
         self.actions = executor.actions(schedule, self.rank, forward_only)
+        # each chunk's first forward of the iteration (FP8 weight casts are made there);
+        # a schedule need not run micro-batch 0 first
+        self.first_forward: Dict[int, int] = {}
+        for a in self.actions:
+            if a.kind == Kind.F:
+                self.first_forward.setdefault(a.chunk, a.microbatch)
         self.program = executor.program(schedule, forward_only)[self.rank]
         # A forward step marked ``whole_sequence`` (generation) runs every token on every
         # context-parallel rank: its hidden states travel whole.
@@ -234,6 +240,10 @@ class _Iteration:
         if self.x.record_timeline:
             torch.distributed.barrier(group=parallel_state.get_pipeline_model_parallel_group())
         overlap = _OverlappedGradSync(self, actions)
+        if self.x.encoders:  # encoder pieces may run before their chunk's first forward,
+            # which is where Megatron-Core's step marks the iteration's first micro-batch
+            # (TE re-casts FP8 weights there): mark it for them up front
+            get_attr_wrapped_model(self.model[0], "set_is_first_microbatch")()
         origin = self.now()
         for i, a in enumerate(actions):
             self.exchange(i)
@@ -293,7 +303,8 @@ class _Iteration:
                 self.forward_step_func, iter([self.batches[m]]), chunk,
                 self.s.num_microbatches, None if c == 0 else inputs, self.forward_data_store,
                 self.config, cp_group_size=1, collect_non_loss_data=self.collect,
-                is_first_microbatch=m == 0, vp_stage=c // self.s.pipeline_model_parallel_size,
+                is_first_microbatch=self.first_forward[c] == m,
+                vp_stage=c // self.s.pipeline_model_parallel_size,
                 is_last_stage=last)
         if c == 0 and self.x.encoders:
             get_attr_wrapped_model(chunk, "set_encoder_inputs")({})

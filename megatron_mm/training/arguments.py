@@ -193,6 +193,12 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--encoder-pieces", type=int, default=1,
                    help="pieces per encoder stage with coarse|bubble: finer pieces fit "
                         "shorter bubbles")
+    g.add_argument("--encoder-placement", choices=["first", "last", "auto"], default="auto",
+                   help="which end of the pipeline the encoder's first stage sits at with "
+                        "coarse|bubble: first (rank 0) or last (its forwards start on the "
+                        "last rank, idle in the LLM's warm-up, and its backwards end on the "
+                        "first, idle in the cool-down); auto: the faster of the two in "
+                        "simulation for bubble, first for coarse")
     g = p.add_argument_group("activation recomputation")
     g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
                    help="full: recompute whole transformer layers (--recompute-method, "

@@ -15,10 +15,12 @@ from functools import partial
 
 from ..plan.bubble import bubble
 from ..plan.encoder_pipeline import EncoderPipelinePlan, schedule_costs, plan_encoder_pipeline
+from ..plan.errors import PlanError
 from ..plan.generate import coarse
 from ..plan.hardware import Hardware
 from ..plan.partition import parse_partition_flag
 from ..plan.profile import MEASURED
+from ..plan.simulate import simulate
 from ..runtime import ScheduleExecutor
 from .pipeline_plan import training_chain
 from .step import batch_to_device
@@ -34,27 +36,60 @@ def hardware(args) -> Hardware:
 
 
 def encoder_pipeline_plan(args, chain=None, policy=None) -> EncoderPipelinePlan:
-    return plan_encoder_pipeline(
-        chain if chain is not None else training_chain(args),
-        args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1,
-        policy if policy is not None else parse_partition_flag(args.pipeline_partition),
-        args.encoder_pipeline_model_parallel_size,
-        args.encoder_pieces, args.num_microbatches, hardware(args))
+    """The plan for the flags. For the bubble schedule on a balanced partition (not
+    ``uniform`` or explicit counts) the encoder's stage boundaries are searched by
+    simulation: the balanced cut and each boundary one layer either side (what balances
+    ranks' totals need not pack the bubbles best), from each end of the pipeline that
+    ``--encoder-placement`` allows (auto: both; coarse: the first)."""
+    chain = chain if chain is not None else training_chain(args)
+    policy = policy if policy is not None else parse_partition_flag(args.pipeline_partition)
+    placement = getattr(args, "encoder_placement", "first")
+    bubble_search = args.encoder_schedule == "bubble"
+    if placement == "auto":
+        placement = "auto" if bubble_search else "first"
+    stages = args.encoder_pipeline_model_parallel_size or args.pipeline_model_parallel_size
+    shifts = [()]
+    if bubble_search and isinstance(policy, str) and policy != "uniform":
+        shifts += [tuple(d if i == b else 0 for i in range(stages - 1))
+                   for b in range(stages - 1) for d in (-1, 1)]
+    plans = []
+    for reverse in {"first": [False], "last": [True], "auto": [False, True]}[placement]:
+        for shift in shifts:
+            try:
+                plans.append(plan_encoder_pipeline(
+                    chain, args.pipeline_model_parallel_size,
+                    args.virtual_pipeline_model_parallel_size or 1, policy, stages,
+                    args.encoder_pieces, args.num_microbatches, hardware(args),
+                    reverse=reverse, shift=shift))
+            except PlanError:
+                if not shift:  # the balanced cut itself: the flags' error
+                    raise
+    if len(plans) == 1:
+        return plans[0]
+    # the first of equals: the balanced cut, the usual placement
+    return min(plans, key=lambda plan: simulate(
+        make_schedule(args, plan, args.num_microbatches, chain),
+        plan_costs(args, plan, chain), timeline=False).iteration_s)
+
+
+def plan_costs(args, plan: EncoderPipelinePlan, chain=None):
+    """Per-action costs of the plan's LLM chunks and encoder pieces."""
+    return schedule_costs(chain if chain is not None else training_chain(args),
+                          plan.llm_partition, plan.pieces, hardware(args))
 
 
 def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int, chain=None):
     pp, vpp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1
     stages, pieces = args.encoder_pipeline_model_parallel_size, args.encoder_pieces
-    encoders = dict(encoders=len(plan.pieces), frozen_encoders=plan.frozen_encoders,
+    encoders = dict(reverse=plan.reverse, encoders=len(plan.pieces),
+                    frozen_encoders=plan.frozen_encoders,
                     encoder_replicas=encoder_replicas(args), grad_sync=True)
     if args.encoder_schedule == "coarse":
         return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, stages, pieces,
                       **encoders)
-    costs = schedule_costs(chain if chain is not None else training_chain(args),
-                           plan.llm_partition, plan.pieces,
-                           hardware(args))
-    return bubble(pp, vpp, num_microbatches, plan.encoder_trainable, costs, stages, pieces,
-                  extra_warmup="auto", **encoders)
+    return bubble(pp, vpp, num_microbatches, plan.encoder_trainable,
+                  plan_costs(args, plan, chain), stages, pieces, extra_warmup="auto",
+                  **encoders)
 
 
 def encoder_replicas(args) -> int:

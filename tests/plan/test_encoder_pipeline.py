@@ -25,8 +25,10 @@ def test_pieces_cut_the_encoder_layers_evenly_in_pipeline_order():
     assert pieces.of_rank(0) == [0, 1]
     with pytest.raises(PlanError, match="--encoder-pieces"):
         encoder_pieces(vlm_chain(2, 4), [0, 0, 1])
-    with pytest.raises(PlanError, match="non-decreasing"):
-        encoder_pieces(vlm_chain(4, 4), [1, 0])
+    # placed from the last rank: rank 1 holds the first layers
+    assert encoder_pieces(vlm_chain(5, 4), [1, 1, 0]).layers == [[0, 2], [2, 4], [4, 5]]
+    with pytest.raises(PlanError, match="non-decreasing or non-increasing"):
+        encoder_pieces(vlm_chain(4, 4), [1, 0, 1])
 
 
 def test_auto_gives_the_encoder_to_the_less_loaded_ranks():
@@ -130,3 +132,20 @@ def test_encoder_replicas_own_micro_batches_round_robin():
             assert sum(owned) == n and max(owned) - min(owned) <= 1
     with pytest.raises(PlanError, match="encoder replicas must be >= 1"):
         encoder_replica_of(0, 0)
+
+
+def test_an_encoder_placed_from_the_last_rank_is_laid_out_over_mirrored_ranks():
+    from megatron_mm.plan.placement import stack_layout
+
+    chain = vlm_chain(5, 4)
+    first = plan_encoder_pipeline(chain, 2, 1, "auto", 2, 1)
+    assert stack_layout(first.placements, 2, "vision") == (
+        megatron_layout(first.placements, "vision"), False)
+    last = plan_encoder_pipeline(chain, 2, 1, "auto", 2, 1, reverse=True)
+    assert last.pieces[0].ranks == [1, 0] and last.reverse
+    rank1, rank0 = (last.placements[r].encoder("vision").num_layers for r in (1, 0))
+    assert last.placements[1].encoder("vision").layers[0] == 0  # rank 1: the first layers
+    # position PP - 1 - r holds rank r's layers: rank 1's come first, as numbered
+    layout, mirrored = stack_layout(last.placements, 2, "vision")
+    assert mirrored and layout == [["embedding"] + ["decoder"] * rank1,
+                                   ["decoder"] * rank0 + ["loss"]]

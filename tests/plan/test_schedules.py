@@ -8,6 +8,7 @@ import pytest
 from megatron_mm.plan import PlanError
 from megatron_mm.plan.actions import Action, Schedule, validate
 from megatron_mm.plan.bubble import bubble
+from megatron_mm.plan.dataflow import dataflow
 from megatron_mm.plan.generate import coarse, encoder_placement, llm_order, megatron
 from megatron_mm.plan.simulate import ActionCosts, simulate
 
@@ -113,6 +114,9 @@ def test_extra_warmup_is_valid_and_auto_keeps_the_fastest(vpp):
 
     assert forwards_before_first_backward(llm_order(pp, vpp, m, 0, extra_warmup=2)) == (
         forwards_before_first_backward(llm_order(pp, vpp, m, 0)) + 2)
+    for in_flight in sorted({pp, pp + 1, pp + 2, pp * vpp}):  # the dataflow orders
+        schedule = dataflow(pp, vpp, m, True, costs, pp, 2, max_in_flight=in_flight)
+        times.append(simulate(schedule, costs).iteration_s)
     auto = bubble(pp, vpp, m, True, costs, pp, 2, extra_warmup="auto")
     assert simulate(auto, costs).iteration_s == pytest.approx(min(times))
 

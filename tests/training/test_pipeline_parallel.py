@@ -104,10 +104,14 @@ RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "block",
      FOUR_LAYERS + ["--freeze-ViT"]),
     # the planner picks the schedule from the profile: the ViT as its own pipeline
     (2, PP2 + AUTO, []),
+    # the ViT placed from the last rank: [ViT 0 on rank 1 | ViT 1 on rank 0], its layers
+    # numbered at virtual stages of its own (global names, as from the first rank)
+    (2, PP2 + BUBBLE + ["--encoder-placement", "last"], []),
 ], ids=["pp2", "pp2-split-vit", "tp2-pp2", "pp2-auto-frozen-vit", "pp2-search-frozen-vit",
         "pp2-vpp2-split-frozen-vit", "pp4-frozen-vit", "pp2-coarse", "tp2-pp2-bubble",
         "dp2-pp2-bubble-overlap", "pp2-bubble-recompute", "tp2-pp2-bubble-etp1",
-        "pp2-vpp2-bubble-frozen-vit", "pp4-bubble-frozen-vit", "pp2-auto-slow-vit"])
+        "pp2-vpp2-bubble-frozen-vit", "pp4-bubble-frozen-vit", "pp2-auto-slow-vit",
+        "pp2-bubble-placed-last"])
 def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout,
                                               model):
     # Stages draw different random streams, so both runs start from one saved init.
