@@ -109,11 +109,11 @@ class Trainer:
     @classmethod
     def build(cls, args) -> "Trainer":
         tokenizer = tokenizer_from_args(args)
-        print_rank_0("> " + describe_tags(tokenizer.item_tags, tokenizer.missing_tags,
-                                          tokenizer.tag_request))
         model_config = model_config_for(args, tokenizer)
         plan = plan_training(args, model_config)  # a ConfigError here names the flag
         replicas = initialize_distributed(args)
+        print_rank_0("> " + describe_tags(tokenizer.item_tags, tokenizer.missing_tags,
+                                          tokenizer.tag_request))
         set_random_seed(args.seed)
         writers = build_writers(args)  # a missing package fails before the model is built
         train_ds, valid_ds = build_datasets(args, tokenizer)
