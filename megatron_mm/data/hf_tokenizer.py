@@ -12,6 +12,8 @@ import json
 import os
 from typing import Optional
 
+from .item_tags import ItemTag, TagRequest, resolve_tags
+
 
 def _token_text(value) -> Optional[str]:
     return value.get("content") if isinstance(value, dict) else value
@@ -19,7 +21,8 @@ def _token_text(value) -> Optional[str]:
 
 class HuggingFaceTokenizer:
     def __init__(self, path: str | os.PathLike, image_token_id: Optional[int] = None,
-                 audio_token_id: Optional[int] = None, video_token_id: Optional[int] = None):
+                 audio_token_id: Optional[int] = None, video_token_id: Optional[int] = None,
+                 item_tags: Optional[TagRequest] = None):
         from tokenizers import Tokenizer
 
         self.path, self.image_token_id = os.fspath(path), image_token_id
@@ -53,21 +56,33 @@ class HuggingFaceTokenizer:
         if video is not None:
             self._media_ids["video"] = video
         self.base_vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        # The vocabulary is the checkpoint's: a tag it lacks is never invented.
+        self.tag_request = item_tags
+        self.item_tags, self.missing_tags = resolve_tags(item_tags, self.token_id)
 
     def _id(self, token: Optional[str]) -> Optional[int]:
         return None if token is None else self._tok.token_to_id(token)
 
     def __getstate__(self) -> dict:
         return {"path": self.path, "image_token_id": self.image_token_id,
-                "audio_token_id": self.audio_token_id, "video_token_id": self.video_token_id}
+                "audio_token_id": self.audio_token_id, "video_token_id": self.video_token_id,
+                "item_tags": self.tag_request}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["path"], state["image_token_id"], state.get("audio_token_id"),
-                      state.get("video_token_id"))
+                      state.get("video_token_id"), state.get("item_tags"))
 
     @property
     def vocab_size(self) -> int:
         return max([self.base_vocab_size] + [i + 1 for i in self._media_ids.values()])
+
+    def token_id(self, text: str) -> Optional[int]:
+        """The id of the single token ``text`` (an added token such as ``<img>``), or None."""
+        return self._tok.token_to_id(text)
+
+    def item_tag(self, modality: str) -> Optional[ItemTag]:
+        """The tokens around each item of ``modality`` (None: no tags)."""
+        return self.item_tags.get(modality)
 
     @property
     def eod(self) -> int:

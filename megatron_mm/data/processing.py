@@ -4,6 +4,10 @@ Conversation template (LLaVA v1 / Vicuna style), per (human, assistant) pair:
     [bos] once, then  tok("USER: " + human + " ASSISTANT:")  tok(" " + answer) [eos]
 Loss is on the answer tokens and their eos. Text records: [bos] text [eos] with
 loss on text tokens and eos. Media tokens, bos and prompts never carry loss.
+
+Each placeholder becomes its item's placeholder tokens, wrapped in the tokenizer's item tags
+for that modality when it has them (``tokenizer.item_tag``, ``--image-tag-type``):
+``<img>`` + tokens + ``</img>``. The tags are input like the media tokens (no loss).
 """
 from __future__ import annotations
 
@@ -45,6 +49,7 @@ class TokenizedRecord:
     is_loss: list[bool]  # per token: is this token a prediction target?
     prompt_len: int
     answer: str
+    items_end: int = 0  # tokens up to and including the last media item (and its end tag)
 
 
 # Placeholder tokens per media item: a fixed count (images), or a function of the item
@@ -52,11 +57,28 @@ class TokenizedRecord:
 MediaTokenCount = Union[int, Callable[[MediaRef, str], int]]
 
 
+def _item_tag(tokenizer, modality: str):
+    """The tokenizer's tags around items of ``modality``, or None."""
+    lookup = getattr(tokenizer, "item_tag", None)
+    return None if lookup is None else lookup(modality)
+
+
+def _check_untagged(text: str, match, tag, where: str) -> None:
+    """A record whose text already wraps a placeholder in the tags would get them twice."""
+    before, after = text[:match.start()].rstrip(), text[match.end():].lstrip()
+    if before.endswith(tag.start) or after.startswith(tag.end):
+        raise DataRecordError(
+            f"{where}: its text already wraps {match.group(0)} in {tag.start} ... {tag.end}, "
+            f"which the data path adds around every item; remove them from the record's "
+            f"text, or pass --image-tag-type none to keep the record's own")
+
+
 def _append_text(text: str, loss: bool, out: TokenizedRecord, tokenizer: MultimodalTokenizer,
                  counts: dict[str, MediaTokenCount], where: str, record: Record,
                  seen: dict[str, int]) -> None:
     """Tokenize `text` segment by segment; each placeholder becomes counts[m] media ids (no
-    loss). `seen` counts the items of each modality placed so far (in appearance order)."""
+    loss), between its modality's item tags when the tokenizer has them (no loss either).
+    `seen` counts the items of each modality placed so far (in appearance order)."""
     by_placeholder = {m.placeholder: name for name, m in MODALITIES.items()}
     pos = 0
     for match in placeholder_pattern().finditer(text):
@@ -72,8 +94,15 @@ def _append_text(text: str, loss: bool, out: TokenizedRecord, tokenizer: Multimo
         if not isinstance(n, int) or n < 1:
             raise DataRecordError(f"{where}: uses {match.group(0)} but media_token_counts[{name!r}] "
                                   f"is {n!r} (need a positive int)")
-        out.ids += [tokenizer.media_token_id(name)] * n
+        tag = _item_tag(tokenizer, name)
+        if tag is not None:
+            _check_untagged(text, match, tag, where)
+            out.ids += [tag.start_id] + [tokenizer.media_token_id(name)] * n + [tag.end_id]
+            n += 2
+        else:
+            out.ids += [tokenizer.media_token_id(name)] * n
         out.is_loss += [False] * n
+        out.items_end = len(out.ids)
         pos = match.end()
     ids = tokenizer.tokenize(text[pos:])
     out.ids += ids
@@ -100,10 +129,8 @@ def tokenize_record(record: Record, tokenizer: MultimodalTokenizer,
         _append_text(text, True, out, tokenizer, media_token_counts, where, record, seen)
         out.ids.append(tokenizer.eos_id)
         out.is_loss.append(True)
-        # For captions the "prompt" is everything up to the last media token.
-        media_ids = {tokenizer.media_token_id(m) for m in record.media if record.media[m]}
-        last_media = max((i for i, t in enumerate(out.ids) if t in media_ids), default=0)
-        out.prompt_len = last_media + 1
+        # For captions the "prompt" is everything up to the last media item (its end tag).
+        out.prompt_len = max(out.items_end, 1)
         tail = placeholder_pattern().split(text)[-1]
         out.answer = tail.strip()
     return out

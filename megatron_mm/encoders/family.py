@@ -9,8 +9,8 @@ first use (``resolve``).
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 # An encoder's slot: its name in the model ("vision" -> vision_model), the prefix of its
 # flags (--vision-*) and the flag that freezes it.
@@ -78,6 +78,10 @@ class EncoderFamily:
       it)} for the FP8 alignment check; ``check_sequence_parallel(name, config, tp, impl)``
       raises a ``ConfigError`` for a layout the family cannot shard.
     - ``builtin_data``: the ``BuiltinData`` its demo trains on without ``--data-path``.
+    - ``item_tags``: {modality: (start, end)} token text around each item's placeholder run
+      in the model's own (Hugging Face) input layout (InternVL: ``<img>`` ``</img>``); the
+      default of ``--image-tag-type auto`` (``data/item_tags.py``), used where the tokenizer
+      has those tokens; None: no tags.
     """
 
     model_type: str
@@ -99,6 +103,7 @@ class EncoderFamily:
     prepare_batch: Optional[str] = None
     hidden_shape: Optional[Callable] = None
     builtin_data: Optional[BuiltinData] = None
+    item_tags: Optional[Mapping[str, Tuple[str, str]]] = field(default=None, hash=False)
 
     @property
     def modalities(self) -> Tuple[str, ...]:

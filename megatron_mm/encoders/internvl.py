@@ -13,6 +13,7 @@ import argparse
 
 from ..config import ConfigError
 from ..plan.model import EncoderSpec, TransformerSpec, patch_embed_flops
+from ..data.item_tags import IMAGE_TAGS
 from .family import BuiltinData, EncoderFamily, fixed_feature_tokens
 from .internvit_config import NORM_TYPES, InternViTConfig
 
@@ -106,4 +107,6 @@ INTERNVIT = EncoderFamily(
     checkpoint_flags=("vision_norm_type", "vision_qk_norm", "vision_add_qkv_bias",
                       "vision_final_layernorm", "downsample_ratio"),
     # the handwritten digits, each image one tile (its grid at any --max-num-tiles)
-    builtin_data=BuiltinData("digits", "megatron_mm.data.digits:prepare_digits", ("image",)))
+    builtin_data=BuiltinData("digits", "megatron_mm.data.digits:prepare_digits", ("image",)),
+    # InternVLProcessor: <img> + tiles x tokens per tile <IMG_CONTEXT> + </img>
+    item_tags={"image": IMAGE_TAGS["internvl"]})

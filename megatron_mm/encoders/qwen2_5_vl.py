@@ -10,6 +10,7 @@ import math
 from ..config import ConfigError
 from ..plan.model import EncoderSpec, TransformerSpec, patch_embed_flops
 from ..plan.qwen_vl_grid import QwenVLGeometry, image_grid
+from ..data.item_tags import IMAGE_TAGS
 from .family import BuiltinData, EncoderFamily
 from .qwen2_5_vl_config import Qwen2_5VLVisionConfig
 
@@ -168,4 +169,6 @@ QWEN2_5_VL = EncoderFamily(
     fp8_token_counts=fp8_token_counts, check_sequence_parallel=check_sequence_parallel,
     add_arguments=add_arguments, checkpoint_flags=CHECKPOINT_FLAGS,
     builtin_data=BuiltinData("digits_qwen", "megatron_mm.data.digits_qwen:prepare_digits_qwen",
-                             (IMAGE, VIDEO)))
+                             (IMAGE, VIDEO)),
+    # the chat template's <|vision_start|><|image_pad|><|vision_end|> (<|video_pad|>) per item
+    item_tags={IMAGE: IMAGE_TAGS["qwen-vl"], VIDEO: IMAGE_TAGS["qwen-vl"]})

@@ -18,6 +18,7 @@ from ..config import (
     MultimodalModelConfig,
     ProjectorConfig,
 )
+from ..data.item_tags import TAG_TYPES
 from ..encoders import FAMILIES, SLOTS, family, slot_families
 from .data_args import add_data_args, validate_data_args
 from ..plan.cp_assignment import BLOCK_OVERHEAD
@@ -84,6 +85,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--image-token-id", type=int, default=None,
                    help="the image placeholder's token id (default: the tokenizer's own, "
                         "after its vocabulary)")
+    g.add_argument("--image-tag-type", choices=TAG_TYPES, default="auto",
+                   help="tokens around each image's (and video's) placeholder tokens "
+                        "(Megatron-LM's flag): internvl <img> </img>, nvlm <Image> </Image>, "
+                        "qwen-vl <|vision_start|> <|vision_end|>; none (or \"\"): no tags, for "
+                        "records whose text carries them; auto: the encoder family's own "
+                        "(InternVL's, Qwen2.5-VL's) where the tokenizer has those tokens. A "
+                        "named style adds tokens a SentencePiece vocabulary lacks after it")
 
     g = p.add_argument_group("audio encoder")
     g.add_argument("--audio-model-type", choices=slot_choices("audio"), default="none",

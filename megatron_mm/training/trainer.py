@@ -23,7 +23,10 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.timers import Timers
 
+from ..config import ConfigError
 from ..data import build_tokenizer
+from ..data.item_tags import MissingTagToken, describe as describe_tags, tag_request
+from ..encoders import family_of
 from ..models import model_chain
 from .attention import AttentionSettings
 from .checkpointing import load_checkpoint, save_checkpoint, saved_args
@@ -68,6 +71,21 @@ def model_flops_per_iteration(args, model_config) -> float:
     return per_micro_batch * args.num_microbatches * args.data_parallel_size
 
 
+def tokenizer_from_args(args):
+    """The run's tokenizer: --tokenizer-type / --tokenizer-model, the placeholder ids of
+    --{image,audio,video}-token-id, and the item tags of --image-tag-type for its
+    encoders (a tag a named style needs and the tokenizer cannot hold: a ConfigError)."""
+    families = [family_of(enc) for enc in args.model_config.encoders.values()]
+    try:
+        return build_tokenizer(args.tokenizer_type, args.tokenizer_model,
+                               image_token_id=args.image_token_id,
+                               audio_token_id=args.audio_token_id,
+                               video_token_id=args.video_token_id,
+                               item_tags=tag_request(args.image_tag_type, families))
+    except MissingTagToken as e:
+        raise ConfigError(f"{e} (--tokenizer-model {args.tokenizer_model})") from None
+
+
 @dataclass
 class Trainer:
     args: object  # the validated flags, never written to
@@ -90,13 +108,12 @@ class Trainer:
 
     @classmethod
     def build(cls, args) -> "Trainer":
-        tokenizer = build_tokenizer(args.tokenizer_type, args.tokenizer_model,
-                                    image_token_id=args.image_token_id,
-                                    audio_token_id=args.audio_token_id,
-                                    video_token_id=args.video_token_id)
+        tokenizer = tokenizer_from_args(args)
         model_config = model_config_for(args, tokenizer)
         plan = plan_training(args, model_config)  # a ConfigError here names the flag
         replicas = initialize_distributed(args)
+        print_rank_0("> " + describe_tags(tokenizer.item_tags, tokenizer.missing_tags,
+                                          tokenizer.tag_request))
         set_random_seed(args.seed)
         writers = build_writers(args)  # a missing package fails before the model is built
         train_ds, valid_ds = build_datasets(args, tokenizer)

@@ -1,8 +1,9 @@
 """The InternVL family (InternViT, pixel shuffle, LayerNorm/MLP projector, dynamic tiling)
 in the training script: TP=2, PP=2 with the cut inside the ViT, CP=2, DP=2 and the ViT as
 its own pipeline in the LLM's bubbles each equal the one-process run from the same initial
-checkpoint (losses, gradients, parameters), on micro-batches of different tile counts;
---data-balance (vision work in tiles) at DP=2 equals one process on both ranks' packed
+checkpoint (losses, gradients, parameters), on micro-batches of different tile counts,
+each image between <img> and </img> (--image-tag-type internvl, added to the demo's
+SentencePiece vocabulary); --data-balance (vision work in tiles) at DP=2 equals one process on both ranks' packed
 micro-batches."""
 
 import pytest
@@ -17,8 +18,19 @@ STEPS = 2
 PP2_SPLIT_VIT = ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,5"]
 
 
+# --image-tag-type internvl on the Mistral v1 vocabulary: after 32000 + 3 media tokens
+IMG_START, IMG_END = 32003, 32004
+
+
 def watch_vit(chunks, optimizer, holder):
-    """The ViT layers each rank holds, and the tiles its micro-batches carried."""
+    """The ViT layers each rank holds, the tiles its micro-batches carried and the image
+    tags in their tokens."""
+    tags = holder["tags"] = []
+    for chunk in chunks:
+        def count_tags(module, args, kwargs):
+            tokens = args[0] if args else kwargs["tokens"]
+            tags.append(((tokens == IMG_START).sum().item(), (tokens == IMG_END).sum().item()))
+        chunk.register_forward_pre_hook(count_tags, with_kwargs=True)
     holder["vit_layers"] = sum(len(c.vision_model.decoder.layers) for c in chunks
                                if getattr(c, "vision_model", None) is not None
                                and c.vision_model.decoder is not None)
@@ -41,7 +53,8 @@ def reference(internvl_digits_dir, tmp_path_factory):
     common = TINY_MODEL + INTERNVL_MODEL + ["--data-path", internvl_digits_dir,
                                             "--micro-batch-size", "2",
                                             "--global-batch-size", "4",
-                                            "--context-parallel-block", "8"]
+                                            "--context-parallel-block", "8",
+                                            "--image-tag-type", "internvl"]
     run_distributed(train, 1, common + ["--train-iters", "0", "--save", str(init)])
     argv = common + ["--train-iters", str(STEPS), "--load", str(init), "--no-load-optim"]
     return argv, run_distributed(train, 1, argv, (1, STEPS), watch_vit)[0]
@@ -64,6 +77,8 @@ def _merge(ranks, key, step=None):
 def test_internvl_parallel_equals_one_process(reference, layout):
     argv, ref = reference
     assert len(set(ref["observed"]["tiles"])) > 1, ref["observed"]["tiles"]  # varying tiles
+    tags = ref["observed"]["tags"]  # each micro-batch's images wrapped, one pair each
+    assert all(start == end > 0 for start, end in tags), tags
     scale = ref["params"]["vision_model.decoder.layers.0.ls1"]  # --vision-layerscale-init
     assert (scale - 0.1).abs().max() <= STEPS * 1e-3 + 1e-6  # 0.1 moved by Adam's lr a step
     ranks = run_distributed(train, 2, argv + layout, (1, STEPS), watch_vit)
