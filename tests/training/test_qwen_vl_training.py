@@ -110,6 +110,38 @@ def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layou
         assert sum(c["fwd"] for c in calls) == once, calls
 
 
+def count_encoder_batches(chunks, optimizer, holder):
+    """Count the executor's prepared encoder batches and their binds on this rank."""
+    from megatron.core.utils import get_attr_wrapped_model
+
+    model = get_attr_wrapped_model(chunks[0], "prepare_encoder_media").__self__
+    counts = holder["encoder_batches"] = {"prepared": 0, "bound": 0}
+
+    def counted(key, fn):
+        def wrapped(*args):
+            counts[key] += 1
+            return fn(*args)
+        return wrapped
+    model.prepare_encoder_media = counted("prepared", model.prepare_encoder_media)
+    model.bind_encoder_batch = counted("bound", model.bind_encoder_batch)
+
+
+def test_encoder_pieces_share_one_prepared_batch(qwen_vl_dir, reference):
+    """Both ViT layers as two pieces on the first stage (bubble schedule): each micro-batch's
+    windows, masks and rotary positions are prepared once and bound to both pieces, and
+    the run equals one process."""
+    common, ref = reference
+    ranks = run_distributed(train, 2, _argv(
+        qwen_vl_dir, *common, "--pipeline-model-parallel-size", "2", "--encoder-schedule",
+        "bubble", "--encoder-pipeline-model-parallel-size", "1", "--encoder-pieces", "2"),
+        (1, STEPS), count_encoder_batches)
+    _assert_equal_runs(ranks, ref)
+    microbatches = STEPS * 2  # global batch 4 / micro-batch 2, one DP rank
+    assert ranks[0]["observed"]["encoder_batches"] == {"prepared": microbatches,
+                                                       "bound": 2 * microbatches}
+    assert ranks[1]["observed"]["encoder_batches"] == {"prepared": 0, "bound": 0}
+
+
 def test_frozen_vit_interleaved_pipeline_equals_one_process(qwen_vl_dir, tmp_path):
     """A frozen tower split over two virtual chunks of PP=2 x VPP=2: [LLM embedding, ViT
     embed, ViT 0] [ViT 1, merger] [LLM 0-2] [LLM 3, output]; it runs no backward."""
