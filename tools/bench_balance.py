@@ -1,20 +1,36 @@
-"""Step time with balanced batching vs random batching, DP=2, side by side.
+"""Step time with balanced batching vs random batching (DP=2), and with the workload-balanced
+CP token assignment vs zigzag (CP=2), side by side in one run.
 
-Writes a heterogeneous multimodal dataset (1 to 4 images per sample, questions and answers
-of widely varying length), then trains the same tiny model on it twice with torchrun and
-the same flags, once with ``--data-balance none`` (random micro-batches of
-``--micro-batch-size`` samples padded to their longest) and once with ``--data-balance
-isf-sorted`` (packed, rank-balanced micro-batches of that many samples on average), and
-prints per mode: step time (median over the timed steps), samples, real tokens (pad
-excluded) and computed tokens (pad included) per step, then the ratios. Since a balanced
-step holds a few more samples (the bound search aims at [B, B + 1] per micro-batch), the
-figure to read is the step time at equal real tokens per step:
-(time / real token, balanced) / (time / real token, random).
+Writes a heterogeneous multimodal dataset, then trains the same tiny model on it with
+torchrun (2 processes) and the same flags once per row, and prints per row: iteration
+time (median over the timed steps), real tokens per second (pad excluded), samples, real
+and computed tokens (pad included) per step, and the ratios to the row's baseline:
+
+- ``dp2-random`` (``--data-balance none``: random micro-batches of ``--micro-batch-size``
+  samples padded to their longest), baseline of ``dp2-balanced`` (``--data-balance
+  isf-sorted``: packed, rank-balanced micro-batches of that many samples on average);
+- ``cp2-zigzag`` (``--context-parallel-assignment zigzag``), baseline of ``cp2-balanced``
+  (``ours``: blocks assigned by their attention work on the real mask), random batching.
+
+A balanced step holds a few more samples (the bound search aims at [B, B + 1] per
+micro-batch), so the figure to read is real tokens per second (the ratio of time per real
+token, inverted).
+
+``--family`` picks the data and the vision tower:
+
+- ``vit`` (default; rows dp2-*): 1 to 4 fixed-size images per sample (a CLIP-style ViT),
+  questions and answers of widely varying length;
+- ``qwen2_5_vl`` (rows dp2-* and cp2-*): Qwen2.5-VL-shaped native-resolution data, 1 to 3
+  images per sample whose sides are drawn independently from 28 px to ``--max-side``
+  (multiples of 28: 1 to (max-side / 28)^2 / 4 LLM tokens each, so a sample's vision work
+  varies 10-100x), through the Qwen2.5-VL tower (window attention, M-RoPE LLM).
 
     python tools/bench_balance.py                       # DP=2 on CPU (gloo)
     python tools/bench_balance.py --steps 40 --samples 1200 --repeats 2
+    python tools/bench_balance.py --family qwen2_5_vl   # DP=2 and CP=2 rows
 
-Runs alternate A B (A B ...) so machine noise hits both; speed is never asserted in tests.
+Runs alternate (A B C D, A B C D ...) so machine noise hits all; speed is never asserted
+in tests.
 """
 
 from __future__ import annotations
@@ -35,7 +51,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 
-MODES = ("none", "isf-sorted")
+# name -> (its baseline, its flags), in print order; every row runs on 2 processes.
+ROWS = {
+    "dp2-random": (None, ["--data-balance", "none"]),
+    "dp2-balanced": ("dp2-random", ["--data-balance", "isf-sorted"]),
+    "cp2-zigzag": (None, ["--context-parallel-size", "2",
+                          "--context-parallel-assignment", "zigzag"]),
+    "cp2-balanced": ("cp2-zigzag", ["--context-parallel-size", "2",
+                                    "--context-parallel-assignment", "ours"]),
+}
+FAMILY_ROWS = {"vit": ["dp2-random", "dp2-balanced"], "qwen2_5_vl": list(ROWS)}
 WORDS = ("the chart shows a value of red blue green bar line axis year total sales mean "
          "document page table figure left right top bottom label answer question").split()
 
@@ -44,18 +69,30 @@ def model_flags(a) -> list:
     # Hidden size large against the sequence, as in real MLLMs (InternLM2-20B: 6144 vs
     # 6016-token packs): local-spec attention computes the whole packed S x S block and
     # masks it, so a tiny hidden size would measure that waste rather than the balance.
-    return ["--num-layers", "2", "--hidden-size", str(a.hidden_size),
-            "--ffn-hidden-size", str(4 * a.hidden_size), "--num-attention-heads", "4",
-            "--group-query-attention", "--num-query-groups", "2",
-            "--seq-length", str(a.seq_length), "--vision-hidden-size", str(a.hidden_size // 2),
-            "--vision-num-layers", "2", "--vision-num-attention-heads", "4",
-            "--img-h", str(a.img_size), "--img-w", str(a.img_size), "--patch-dim", "4",
-            "--disable-vision-class-token", "--transformer-impl", "local",
-            "--lr", "1e-4", "--lr-decay-style", "constant", "--seed", "1234",
-            "--micro-batch-size", str(a.micro_batch_size),
-            "--global-batch-size", str(a.micro_batch_size * 2 * a.microbatches),
-            "--train-iters", str(a.warmup + a.steps), "--log-interval", str(a.warmup + a.steps),
-            "--eval-interval", str(10 ** 6), "--skip-final-eval"]
+    flags = ["--num-layers", "2", "--hidden-size", str(a.hidden_size),
+             "--ffn-hidden-size", str(4 * a.hidden_size), "--num-attention-heads", "4",
+             "--group-query-attention", "--num-query-groups", "2",
+             "--seq-length", str(a.seq_length), "--vision-hidden-size", str(a.hidden_size // 2),
+             "--vision-num-layers", "2", "--vision-num-attention-heads", "4",
+             "--transformer-impl", "local",
+             "--lr", "1e-4", "--lr-decay-style", "constant", "--seed", "1234",
+             "--micro-batch-size", str(a.micro_batch_size),
+             "--global-batch-size", str(a.micro_batch_size * 2 * a.microbatches),
+             "--context-parallel-block", str(max(8, a.seq_length // 16)),
+             "--train-iters", str(a.warmup + a.steps), "--log-interval", str(a.warmup + a.steps),
+             "--eval-interval", str(10 ** 6), "--skip-final-eval"]
+    if a.family == "vit":
+        return flags + ["--img-h", str(a.img_size), "--img-w", str(a.img_size),
+                        "--patch-dim", "4", "--disable-vision-class-token"]
+    half = a.hidden_size // 4 // 2  # M-RoPE sections split half the LLM head: t, h, w
+    t = half // 4
+    side = 28 * (a.max_side // 28)
+    return flags + ["--vision-model-type", "qwen2_5_vl", "--patch-dim", "14",
+                    "--vision-ffn-hidden-size", str(a.hidden_size),
+                    "--vision-window-size", "112", "--vision-fullatt-block-indexes", "1",
+                    "--min-pixels", str(28 * 28), "--max-pixels", str(side * side),
+                    "--position-embedding-type", "mrope",
+                    "--mrope-section", str(t), str((half - t) // 2), str(half - t - (half - t) // 2)]
 
 
 def _png(rng: random.Random, size: int) -> str:
@@ -89,6 +126,37 @@ def write_dataset(out: Path, samples: int, img_size: int, seed: int = 0) -> None
                     "images": [_png(rng, img_size) for _ in range(k)]}) + "\n")
 
 
+def _flat_png(rng: random.Random, w: int, h: int) -> str:
+    """A one-colour ``w`` x ``h`` image (a few hundred bytes: only its size matters)."""
+    from PIL import Image
+
+    img = Image.new("RGB", (w, h), tuple(rng.randrange(256) for _ in range(3)))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def write_native_resolution_dataset(out: Path, samples: int, max_side: int,
+                                    seed: int = 0) -> None:
+    """Qwen2.5-VL-shaped records: 1-3 images each, width and height drawn independently
+    from 28 px to ``max_side`` in steps of 28 (the processor keeps them: multiples of 28
+    within the pixel bounds), a question of 3-60 words and an answer of 1-40."""
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    sides = range(28, max_side + 1, 28)
+    for name, n in (("train.jsonl", samples), ("valid.jsonl", 8)):
+        with open(out / name, "w") as f:
+            for i in range(n):
+                k = rng.randint(1, 3)
+                human = "<image>\n" * k + _text(rng, 3, 60) + "?"
+                f.write(json.dumps({
+                    "id": f"{name[:5]}-{i}",
+                    "conversations": [{"from": "human", "value": human},
+                                      {"from": "gpt", "value": _text(rng, 1, 40)}],
+                    "images": [_flat_png(rng, rng.choice(sides), rng.choice(sides))
+                               for _ in range(k)]}) + "\n")
+
+
 def worker(a) -> None:
     """One rank of one training run (under torchrun): times steps, counts tokens."""
     import torch
@@ -97,7 +165,7 @@ def worker(a) -> None:
     from megatron_mm.data.processing import tokenize_record
     from megatron_mm.training.arguments import parse_args
 
-    args = parse_args(model_flags(a) + ["--data-path", str(a.data), "--data-balance", a.mode])
+    args = parse_args(model_flags(a) + ["--data-path", str(a.data), *ROWS[a.row][1]])
     stamps, counts = [], {"real": 0, "computed": 0, "samples": 0}
     make = pretrain.batch_iterator
 
@@ -115,29 +183,47 @@ def worker(a) -> None:
     pretrain.pretrain(args, pretrain.TrainingCallbacks(
         on_step=lambda it, model, loss: stamps.append(time.perf_counter())))
     rank = int(os.environ["RANK"])
-    with open(Path(a.out) / f"{a.mode}.{rank}.json", "w") as f:
+    with open(Path(a.out) / f"{a.row}.{rank}.json", "w") as f:
         json.dump({"stamps": stamps, **counts}, f)
     torch.distributed.barrier()
 
 
-def launch(a, mode: str, out: str) -> dict:
+def launch(a, row: str, out: str) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", str(29500 + random.randrange(1000)), str(Path(__file__).resolve()),
-           "--worker", "--mode", mode, "--data", str(a.data), "--out", out,
+           "--worker", "--row", row, "--data", str(a.data), "--out", out,
            *[f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
              if k in ("steps", "warmup", "micro_batch_size", "microbatches", "seq_length",
-                      "img_size", "hidden_size")]]
+                      "img_size", "hidden_size", "family", "max_side")]]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode:
-        sys.exit(f"{mode} run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    ranks = [json.load(open(Path(out) / f"{mode}.{r}.json")) for r in range(2)]
+        sys.exit(f"{row} run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    ranks = [json.load(open(Path(out) / f"{row}.{r}.json")) for r in range(2)]
     stamps = ranks[0]["stamps"]
     times = [b - a_ for a_, b in zip(stamps[a.warmup:], stamps[a.warmup + 1:])]
-    # counts cover steps warmup+1 .. end (one more batch may be prefetched: ignore it)
-    per_step = {k: sum(r[k] for r in ranks) / (len(stamps) - a.warmup)
+    # counts cover steps warmup+1 .. end (one more batch may be prefetched: ignore it);
+    # the two CP ranks read the same micro-batches, the two DP ranks their own
+    replicas = 2 if row.startswith("dp") else 1
+    per_step = {k: sum(r[k] for r in ranks[:replicas]) / (len(stamps) - a.warmup)
                 for k in ("real", "computed", "samples")}
     return {"step": statistics.median(times), **per_step}
+
+
+def table(res: dict) -> list:
+    """The printed rows: per row its figures and the ratios to its baseline."""
+    lines = ["| row | baseline | iteration time (s) | real tokens / s | samples / step | "
+             "real tokens / step | computed tokens / step | time / baseline | "
+             "real tokens/s / baseline |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in res.items():
+        base = ROWS[name][0] or name
+        b = res[base]
+        rate, base_rate = r["real"] / r["step"], b["real"] / b["step"]
+        lines.append(f"| {name} | {base} | {r['step']:.3f} | {rate:.0f} | "
+                     f"{r['samples']:.1f} | {r['real']:.0f} | {r['computed']:.0f} | "
+                     f"{r['step'] / b['step']:.3f} | {rate / base_rate:.3f} |")
+    return lines
 
 
 def main() -> None:
@@ -149,39 +235,43 @@ def main() -> None:
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--microbatches", type=int, default=2, help="micro-batches per step")
     p.add_argument("--seq-length", type=int, default=1024)
-    p.add_argument("--img-size", type=int, default=16, help="16 px / patch 4: 16 tokens")
+    p.add_argument("--img-size", type=int, default=16,
+                   help="--family vit: 16 px / patch 4: 16 tokens")
+    p.add_argument("--family", choices=sorted(FAMILY_ROWS), default="vit",
+                   help="the data and vision tower (see above)")
+    p.add_argument("--max-side", type=int, default=336,
+                   help="--family qwen2_5_vl: the largest image side in pixels (x 28)")
+    p.add_argument("--rows", nargs="+", choices=list(ROWS), default=None,
+                   help="rows to run (default: the family's); a row brings its baseline")
     p.add_argument("--hidden-size", type=int, default=512)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--data", default=None, help="dataset dir (default: a fresh temp dir)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    p.add_argument("--row", choices=list(ROWS), help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
         return worker(a)
+    wanted = set(a.rows or FAMILY_ROWS[a.family])
+    wanted |= {ROWS[r][0] for r in wanted if ROWS[r][0]}
+    rows = [r for r in ROWS if r in wanted]
     with tempfile.TemporaryDirectory() as tmp:
         if a.data is None:
             a.data = Path(tmp) / "data"
-            write_dataset(a.data, a.samples, a.img_size)
-        runs = {m: [] for m in MODES}
+            if a.family == "vit":
+                write_dataset(a.data, a.samples, a.img_size)
+            else:
+                write_native_resolution_dataset(a.data, a.samples, a.max_side)
+        runs = {r: [] for r in rows}
         for _ in range(a.repeats):
-            for mode in MODES:
-                runs[mode].append(launch(a, mode, tmp))
-    res = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in runs.items()}
-    print(f"DP=2, {a.micro_batch_size} samples per micro-batch (mean, when balanced), "
-          f"{a.microbatches} micro-batches per step, {a.steps} timed steps, "
-          f"{a.repeats} run(s) per mode")
-    print("| batching | step time (s) | samples / step | real tokens / step | "
-          "computed tokens / step | time per 1k real tokens (s) |")
-    print("|---|---|---|---|---|---|")
-    for m in MODES:
-        r = res[m]
-        print(f"| {m} | {r['step']:.3f} | {r['samples']:.1f} | {r['real']:.0f} | "
-              f"{r['computed']:.0f} | {1000 * r['step'] / r['real']:.4f} |")
-    bal, rnd = res["isf-sorted"], res["none"]
-    print(f"step time ratio balanced / random: {bal['step'] / rnd['step']:.3f}")
-    print(f"step time ratio at equal real tokens per step (balanced / random): "
-          f"{(bal['step'] / bal['real']) / (rnd['step'] / rnd['real']):.3f}")
+            for r in rows:
+                runs[r].append(launch(a, r, tmp))
+    res = {r: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for r, rs in runs.items()}
+    print(f"{a.family} data, 2 processes per row, {a.micro_batch_size} samples per "
+          f"micro-batch (mean, when balanced), global batch "
+          f"{a.micro_batch_size * 2 * a.microbatches} samples, {a.steps} timed steps, "
+          f"{a.repeats} run(s) per row")
+    print("\n".join(table(res)))
 
 
 if __name__ == "__main__":

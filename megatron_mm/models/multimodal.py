@@ -144,17 +144,22 @@ class MultimodalModel(MegatronModule):
         items = pick(media) if pick is not None else media.get(self._modality(name))
         return None if items is None or items.shape[0] == 0 else items
 
-    def bind_encoder_media(self, name: str, host_media: Mapping[str, torch.Tensor]) -> None:
+    def prepare_encoder_media(self, name: str, host_media: Mapping[str, torch.Tensor]):
         """For encoder pieces run as their own actions (the schedule executor, which holds
-        no ``BatchLayout``): bind encoder ``name`` its family's prepared batch, built from
-        the micro-batch's host media."""
-        bind = getattr(self.encoder(name), "bind_batch", None)
+        no ``BatchLayout``): encoder ``name``'s family prepared batch for a micro-batch's
+        host media, on the encoder's device (None: its module binds none, or no items)."""
+        if getattr(self.encoder(name), "bind_batch", None) is None:
+            return None
         enc = self.mm_config.encoders[name]
-        if bind is None:
-            return
         prepared = family_of(enc).prepare(enc, host_media)
         device = next(self.encoder(name).parameters()).device
-        bind(None if prepared is None else prepared.to(device))
+        return None if prepared is None else prepared.to(device)
+
+    def bind_encoder_batch(self, name: str, prepared) -> None:
+        """Bind encoder ``name`` a prepared batch (``prepare_encoder_media``)."""
+        bind = getattr(self.encoder(name), "bind_batch", None)
+        if bind is not None:
+            bind(prepared)
 
     def bind_batches(self, layout: BatchLayout) -> None:
         """Hand each encoder that takes one its batch's prepared layout (``bind_batch``)."""

@@ -4,15 +4,15 @@ transformer layers this pipeline chunk holds, ``features`` (``ln_post``, 2x2 mer
 in the processor's order) and the merger MLP as the projector.
 
 A batch's items (images, then videos) run as one packed sequence [patches, 1, hidden]; its
-window / frame masks, rotary positions and permutations come from the items' grids, built
-on the host with the batch layout (``prepare_batch``) and bound before the encoder runs
-(``bind_batch``), so the forward reads nothing back from the device. Parameter names are
+attention segments (window / frame masks, or TE's THD params), rotary positions and
+permutations come from the items' grids, built on the host with the batch layout
+(``prepare_batch``) and bound before the encoder runs (``bind_batch``), so the forward
+reads nothing back from the device. Parameter names are
 ``Qwen2_5VisionTransformer``'s (its Hugging Face table applies unchanged).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -26,12 +26,14 @@ from ..encoders.qwen2_5_vl_config import Qwen2_5VLVisionConfig
 from . import sequence_parallel
 from .encoder_parts import EncoderParts
 from .norms import SequenceParallelNorm
-from .qwen2_5_vl_grid import VisionGridLayout, block_diagonal_mask, vision_grid_layout
+from .qwen2_5_vl_grid import vision_grid_layout
 from .qwen2_5_vl_vision import (
+    PreparedVisionBatch,
     Qwen2_5VisionRotaryEmbedding,
     merger_submodules,
+    prepare_vision_batch,
     qwen2_5_vl_vision_layer_spec,
-    stacked_masks,
+    uses_thd_attention,
 )
 from .qwen2_5_vl_vision_config import (
     qwen2_5_vl_merger_transformer_config,
@@ -39,22 +41,8 @@ from .qwen2_5_vl_vision_config import (
 )
 
 
-@dataclass
-class QwenVisionBatch:
-    """One batch's grid layout: index tensors, rotary positions and the stacked window /
-    frame masks ([2, 1, P, P], ``stacked_masks``), on the host until ``to``."""
-
-    layout: VisionGridLayout
-    window_index: torch.Tensor
-    reverse_index: torch.Tensor
-    positions: torch.Tensor
-    masks: torch.Tensor
-
-    def to(self, device, non_blocking: bool = True) -> "QwenVisionBatch":
-        def move(t):
-            return t.to(device, non_blocking=non_blocking)
-        return QwenVisionBatch(self.layout, move(self.window_index), move(self.reverse_index),
-                               move(self.positions), move(self.masks))
+# One batch's grid layout, index tensors, rotary positions and attention segments.
+QwenVisionBatch = PreparedVisionBatch
 
 
 def prepare_batch(enc: Qwen2_5VLVisionConfig, media: dict) -> Optional[QwenVisionBatch]:
@@ -62,10 +50,8 @@ def prepare_batch(enc: Qwen2_5VLVisionConfig, media: dict) -> Optional[QwenVisio
     grids = item_grids(media)
     if not grids:
         return None
-    layout = vision_grid_layout(grids, enc.spatial_merge_size, enc.window_size, enc.patch_size)
-    return QwenVisionBatch(layout, layout.window_index, layout.reverse_index, layout.positions,
-                           stacked_masks(block_diagonal_mask(layout.window_seqlens),
-                                         block_diagonal_mask(layout.frame_seqlens)))
+    return prepare_vision_batch(vision_grid_layout(grids, enc.spatial_merge_size,
+                                                   enc.window_size, enc.patch_size))
 
 
 class Qwen2_5VLEncoder(EncoderParts, MegatronModule):
@@ -78,6 +64,7 @@ class Qwen2_5VLEncoder(EncoderParts, MegatronModule):
         self.use_encoder_groups(pg_collection, checkpoint_dp_group)
         self.encoder_config = encoder
         self.batch: Optional[QwenVisionBatch] = None
+        self.pad = 0  # sequence-parallel padding of the bound batch
         self.has_embed, self.has_post = embed, post
         if embed:
             self.patch_embed = torch.nn.Linear(encoder.patch_input_size, encoder.hidden_size,
@@ -88,6 +75,8 @@ class Qwen2_5VLEncoder(EncoderParts, MegatronModule):
                                          post_process=False, vp_stage=vp_stage,
                                          pg_collection=pg_collection)
                         if build_layers else None)
+        # the TE spec's layers take THD segments, the local one's masks
+        self.thd = self.decoder is not None and uses_thd_attention(self.decoder)
         self.ln_post = (SequenceParallelNorm(config=config, hidden_size=encoder.hidden_size,
                                          eps=encoder.norm_epsilon) if post else None)
 
@@ -104,18 +93,17 @@ class Qwen2_5VLEncoder(EncoderParts, MegatronModule):
 
     def bind_batch(self, batch: Optional[QwenVisionBatch]) -> None:
         """The batch's prepared layout (``prepare_batch``, on the device), for the parts
-        that run next; under sequence parallelism its masks and positions take the
-        padding (a segment of its own: no real patch attends to it)."""
+        that run next; under sequence parallelism its positions take the padding (whose
+        masks make it a segment of its own: no real patch attends to it)."""
+        self.pad = 0
         if batch is not None and self.sp_ranks > 1:
             p = batch.layout.num_patches
-            pad = self.layer_length(p) - p
-            if pad:
-                masks = torch.nn.functional.pad(batch.masks, (0, pad, 0, pad), value=True)
-                masks[..., p:, p:] = False
-                positions = torch.cat([batch.positions,
-                                       batch.positions.new_zeros(pad, 2)])
-                batch = QwenVisionBatch(batch.layout, batch.window_index,
-                                        batch.reverse_index, positions, masks)
+            self.pad = self.layer_length(p) - p
+            if self.pad:
+                batch = PreparedVisionBatch(
+                    batch.layout, batch.window_index, batch.reverse_index,
+                    torch.cat([batch.positions, batch.positions.new_zeros(self.pad, 2)]),
+                    batch.attention)
         self.batch = batch
 
     def _batch(self) -> QwenVisionBatch:
@@ -153,7 +141,8 @@ class Qwen2_5VLEncoder(EncoderParts, MegatronModule):
 
     def layer_inputs(self, hidden: torch.Tensor) -> dict:
         batch = self._batch()
-        return {"attention_mask": batch.masks, "rotary_pos_emb": self.rotary(batch.positions)}
+        return {"rotary_pos_emb": self.rotary(batch.positions),
+                **batch.attention.layer_inputs(self.thd, self.pad)}
 
     def shard_features(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.ln_post(hidden)

@@ -9,10 +9,11 @@
   (Hugging Face's ``VisionRotaryEmbedding``), applied by Megatron-Core's rotary code.
 - Window attention: all items' patches run as one sequence (no padding), permuted so each
   window is contiguous (``qwen2_5_vl_grid``); window layers attend within a window, the
-  ``fullatt_block_indexes`` layers within a frame. On the local path that is one
-  block-diagonal mask per kind, built on the host from the grids and stacked into one
-  tensor; each layer's core attention picks its own (its kind comes from the spec, by
-  global layer number).
+  ``fullatt_block_indexes`` layers within a frame. The segments come from the grids on
+  the host (``qwen2_5_vl_attention``): on the local path one block-diagonal mask per
+  kind, stacked into one tensor; on Transformer Engine TE's THD varlen attention with
+  ``PackedSeqParams`` per kind. Each layer's core attention picks its own kind (from the
+  spec, by global layer number).
 - Output: ``ln_post`` (the merger's ``ln_q``) per patch, the 2x2 units side by side
   ([units, 4 x hidden]), back in the processor's order. The merger's MLP is the projector,
   a Megatron-Core ``MultimodalProjector`` (``Qwen2_5VLVisionWithMerger`` holds both, named
@@ -32,6 +33,7 @@ from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParall
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
@@ -41,19 +43,11 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, Transf
 
 from ..config import ConfigError
 from .norms import SequenceParallelNorm
-from .qwen2_5_vl_grid import VisionGridLayout, block_diagonal_mask, vision_grid_layout
+from .specs import transformer_engine_importable
+from .qwen2_5_vl_attention import FULL, WINDOW, PreparedAttention
+from .qwen2_5_vl_grid import VisionGridLayout, vision_grid_layout
 from .qwen2_5_vl_vision_config import Qwen2_5VLVisionConfig
 from .te_names import with_te_checkpoint_names
-
-
-WINDOW, FULL = 0, 1  # the two masks of a batch, stacked: [2, 1, N, N]
-
-
-def stacked_masks(window: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
-    """[2, 1, N, N] bool (True = masked): the window layers' mask, then the full layers'.
-    One tensor travels as ``attention_mask`` (Megatron-Core hands it to every layer's core
-    attention as is, and activation recomputation can save it)."""
-    return torch.cat([window, full], dim=0)
 
 
 class WindowedDotProductAttention(DotProductAttention):
@@ -69,7 +63,7 @@ class WindowedDotProductAttention(DotProductAttention):
                 attention_bias=None, packed_seq_params=None):
         if attention_mask is None or attention_mask.shape[0] != 2:
             raise ValueError("the Qwen2.5-VL vision attention takes the stacked [2, 1, N, N] "
-                             "window / full masks (stacked_masks)")
+                             "window / full masks (PreparedAttention.layer_inputs)")
         attention_mask = attention_mask[FULL if self.full_attention else WINDOW][None]
         return super().forward(query, key, value, attention_mask, attn_mask_type,
                                attention_bias=attention_bias,
@@ -78,47 +72,68 @@ class WindowedDotProductAttention(DotProductAttention):
 
 def qwen2_5_vl_vision_layer_spec(encoder: Qwen2_5VLVisionConfig,
                                  transformer_impl: str = "local") -> ModuleSpec:
-    """The ViT block's spec. Checkpoint keys are TE's (``te_names.py``)."""
+    """The ViT block's spec. Checkpoint keys are TE's (``te_names.py``) on either path.
+    Local: masks per layer kind (``WindowedDotProductAttention``). Transformer Engine:
+    TE's fused norm + linears and its THD varlen attention, each layer handed its kind's
+    segments (``qwen2_5_vl_attention``)."""
+    full = frozenset(encoder.fullatt_block_indexes)
     if transformer_impl == "transformer_engine":
-        # TODO: TE's THD route: TEDotProductAttention with PackedSeqParams (qkv_format
-        # "thd", cu_seqlens of windows / frames from the grid layout, per layer kind) and
-        # TELayerNormColumnParallelLinear, so no N x N mask is built on the GPU.
-        raise ConfigError(
-            "the Qwen2.5-VL vision encoder is not wired for --transformer-impl "
-            "transformer_engine yet (its variable-length attention needs TE's THD path); "
-            "use --transformer-impl local")
+        if not transformer_engine_importable():
+            raise ConfigError("--transformer-impl transformer_engine needs Transformer "
+                              "Engine, which is not installed: use --transformer-impl local")
+        from megatron.core.extensions.transformer_engine import (
+            TELayerNormColumnParallelLinear,
+            TERowParallelLinear,
+        )
+
+        from .qwen2_5_vl_attention import te_segmented_attention
+
+        # The pre-norms fuse into the linears after them (TE's names: te_names.py).
+        return vision_layer_spec(IdentityOp, TELayerNormColumnParallelLinear,
+                                 TERowParallelLinear, te_segmented_attention(), full)
     if transformer_impl != "local":
         raise ConfigError(f"--transformer-impl must be local or transformer_engine, got "
                           f"{transformer_impl!r}")
-    return with_te_checkpoint_names(ModuleSpec(
+    return with_te_checkpoint_names(vision_layer_spec(
+        SequenceParallelNorm, ColumnParallelLinear, RowParallelLinear,
+        WindowedDotProductAttention, full))
+
+
+def vision_layer_spec(norm, column_linear, row_linear, core_attention: type,
+                      full_attention_layers: FrozenSet[int]) -> ModuleSpec:
+    """A tower layer from its parts: pre-norms, linears and the core attention (which
+    takes ``full_attention_layers``)."""
+    return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
-            input_layernorm=SequenceParallelNorm,
+            input_layernorm=norm,
             self_attention=ModuleSpec(
                 module=SelfAttention,
                 params={"attn_mask_type": AttnMaskType.padding},
                 submodules=SelfAttentionSubmodules(
-                    linear_qkv=ColumnParallelLinear,
+                    linear_qkv=column_linear,
                     core_attention=ModuleSpec(
-                        module=WindowedDotProductAttention,
-                        params={"full_attention_layers":
-                                frozenset(encoder.fullatt_block_indexes)}),
-                    linear_proj=RowParallelLinear,
+                        module=core_attention,
+                        params={"full_attention_layers": full_attention_layers}),
+                    linear_proj=row_linear,
                 ),
             ),
             self_attn_bda=get_bias_dropout_add,
-            pre_mlp_layernorm=SequenceParallelNorm,
+            pre_mlp_layernorm=norm,
             mlp=partial(MLP.as_mlp_submodule, submodules=MLPSubmodules(
-                linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)),
+                linear_fc1=column_linear, linear_fc2=row_linear)),
             mlp_bda=get_bias_dropout_add,
         ),
-    ))
+    )
 
 
 def merger_submodules(transformer_impl: str = "local") -> MLPSubmodules:
     """The merger MLP's linears (plain column / row parallel: its norm runs per patch,
     before the 2x2 units are put side by side, so it cannot fuse into ``linear_fc1``)."""
     if transformer_impl == "transformer_engine":
+        if not transformer_engine_importable():
+            raise ConfigError("--transformer-impl transformer_engine needs Transformer "
+                              "Engine, which is not installed: use --transformer-impl local")
         from megatron.core.extensions.transformer_engine import (
             TEColumnParallelLinear,
             TERowParallelLinear,
@@ -164,6 +179,7 @@ class Qwen2_5VisionTransformer(MegatronModule):
             pg_collection=pg_collection)
         self.ln_post = SequenceParallelNorm(config=config, hidden_size=encoder.hidden_size,
                                         eps=encoder.norm_epsilon)
+        self.thd = uses_thd_attention(self.decoder)
 
     def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
         self.decoder.set_input_tensor(input_tensor)
@@ -175,18 +191,7 @@ class Qwen2_5VisionTransformer(MegatronModule):
         e = self.encoder_config
         layout = vision_grid_layout(grid_thw, e.spatial_merge_size, e.window_size,
                                     e.patch_size)
-        device = device or self.patch_embed.weight.device
-
-        def to_device(t):
-            return t.to(device, non_blocking=True)
-
-        return PreparedVisionBatch(
-            layout=layout,
-            window_index=to_device(layout.window_index),
-            reverse_index=to_device(layout.reverse_index),
-            positions=to_device(layout.positions),
-            masks=to_device(stacked_masks(block_diagonal_mask(layout.window_seqlens),
-                                          block_diagonal_mask(layout.frame_seqlens))))
+        return prepare_vision_batch(layout).to(device or self.patch_embed.weight.device)
 
     def _units(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Rows of [N, ...] taken by merge unit (4 consecutive patches) in ``index`` order."""
@@ -205,8 +210,8 @@ class Qwen2_5VisionTransformer(MegatronModule):
                              f"{batch.layout.grids} need {expected}")
         x = self.patch_embed(pixel_values.to(self.patch_embed.weight.dtype))
         x = self._units(x, batch.window_index)  # windows contiguous
-        hidden = self.decoder(x.unsqueeze(1), attention_mask=batch.masks,
-                              rotary_pos_emb=self.rotary(batch.positions))  # [N, 1, hidden]
+        hidden = self.decoder(x.unsqueeze(1), rotary_pos_emb=self.rotary(batch.positions),
+                              **batch.attention.layer_inputs(self.thd))  # [N, 1, hidden]
         hidden = self.ln_post(hidden.squeeze(1))
         merged = hidden.reshape(-1, self.encoder_config.merged_size)
         return merged[batch.reverse_index]
@@ -214,13 +219,36 @@ class Qwen2_5VisionTransformer(MegatronModule):
 
 @dataclass
 class PreparedVisionBatch:
-    """A batch's grid layout (host) and its index tensors and masks (on the device)."""
+    """A batch's grid layout (host), its index tensors, rotary positions and attention
+    segments (``PreparedAttention``), on the host until ``to``."""
 
     layout: VisionGridLayout
     window_index: torch.Tensor
     reverse_index: torch.Tensor
     positions: torch.Tensor
-    masks: torch.Tensor  # [2, 1, N, N] (stacked_masks)
+    attention: PreparedAttention
+
+    def to(self, device, non_blocking: bool = True) -> "PreparedVisionBatch":
+        def move(t):
+            return t.to(device, non_blocking=non_blocking)
+        return PreparedVisionBatch(self.layout, move(self.window_index),
+                                   move(self.reverse_index), move(self.positions),
+                                   self.attention.to(device, non_blocking))
+
+
+def prepare_vision_batch(layout: VisionGridLayout) -> PreparedVisionBatch:
+    """Everything the tower needs from a grid layout, on the host."""
+    return PreparedVisionBatch(layout, layout.window_index, layout.reverse_index,
+                               layout.positions, PreparedAttention.from_seqlens(
+                                   layout.window_seqlens, layout.frame_seqlens))
+
+
+def uses_thd_attention(block) -> bool:
+    """Whether ``block``'s layers attend through THD segments (the TE spec)."""
+    from .qwen2_5_vl_attention import SegmentedAttention
+
+    return any(isinstance(layer.self_attention.core_attention, SegmentedAttention)
+               for layer in block.layers)
 
 
 class Qwen2_5VLVisionWithMerger(MegatronModule):
@@ -229,10 +257,12 @@ class Qwen2_5VLVisionWithMerger(MegatronModule):
     ``pooler_output``)."""
 
     def __init__(self, vision_config: TransformerConfig, merger_config: TransformerConfig,
-                 encoder: Qwen2_5VLVisionConfig, transformer_impl: str = "local"):
+                 encoder: Qwen2_5VLVisionConfig, transformer_impl: str = "local",
+                 layer_spec: Optional[ModuleSpec] = None):
         super().__init__(config=vision_config)
         self.vision_model = Qwen2_5VisionTransformer(
-            vision_config, encoder, qwen2_5_vl_vision_layer_spec(encoder, transformer_impl))
+            vision_config, encoder,
+            layer_spec or qwen2_5_vl_vision_layer_spec(encoder, transformer_impl))
         self.vision_projection = MultimodalProjector(
             merger_config, merger_submodules(transformer_impl), "mlp", encoder.merged_size)
 

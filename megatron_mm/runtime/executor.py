@@ -31,6 +31,7 @@ so training, evaluation and generation run through it unchanged.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -170,6 +171,13 @@ class _Iteration:
         self.forward_data_store: list = []
         self.num_tokens = torch.zeros((), dtype=torch.int, device=self.mailbox.device)
         self.media: Dict[int, dict] = {}
+        # Each micro-batch's prepared encoder batch (a variable-length encoder's windows,
+        # masks, rotary positions), built once from its host media for all the pieces this
+        # rank runs of it, dropped after the last of them.
+        self.encoder_batches: Dict[Tuple[int, str], object] = {}
+        self.encoder_forwards_left = Counter(
+            (a.microbatch, executor.pieces[a.chunk][0]) for a in self.actions
+            if a.kind == Kind.EF)
         self.timeline: List[TimedAction] = []
         self.replicas = executor.replicas
         self.inputs_ready = 0.0  # when the running action's last input arrived
@@ -223,6 +231,17 @@ class _Iteration:
             self.media[m] = self.x.to_device({**self.batches[m]})["media"]
         return self.media[m]
 
+    def encoder_batch(self, m: int, name: str):
+        """Micro-batch ``m``'s prepared batch of encoder ``name``, for one more piece."""
+        key = (m, name)
+        if key not in self.encoder_batches:
+            self.encoder_batches[key] = get_attr_wrapped_model(
+                self.model[0], "prepare_encoder_media")(name, self.batches[m]["media"])
+        self.encoder_forwards_left[key] -= 1
+        if self.encoder_forwards_left[key] > 0:
+            return self.encoder_batches[key]
+        return self.encoder_batches.pop(key)
+
     def chunk(self, c: int):
         return self.model[c // self.s.pipeline_model_parallel_size]
 
@@ -274,8 +293,8 @@ class _Iteration:
         run_piece = get_attr_wrapped_model(self.model[0], "run_encoder_piece")
         name, layers = self.x.pieces[p]
         # a variable-length encoder's windows and masks, from the host media (no sync)
-        get_attr_wrapped_model(self.model[0], "bind_encoder_media")(
-            name, self.batches[m]["media"])
+        get_attr_wrapped_model(self.model[0], "bind_encoder_batch")(
+            name, self.encoder_batch(m, name))
         # only the embedding piece reads the media; later ones their count (on the host)
         media = self.media_of(m) if p == first else self.batches[m]["media"]
         with torch.set_grad_enabled(self.trains(p)):

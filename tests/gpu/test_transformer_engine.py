@@ -8,6 +8,7 @@ which is every CPU machine; these have never run.
   layers with the same mask, and differs from causal: TE does not drop the mask.
 - A checkpoint saved with local specs loads into TE specs and back.
 - M-RoPE (3-D positions) on TE equals the local layers.
+- The Qwen2.5-VL tower on TE's THD varlen attention equals the local masks.
 """
 
 import argparse
@@ -154,3 +155,52 @@ def test_local_checkpoint_loads_into_te_and_back(cuda_world, tmp_path):
     for name, value in local.state_dict().items():
         if torch.is_tensor(value) and not is_module_state(name):
             assert torch.equal(back.state_dict()[name], value), name
+
+
+def test_qwen2_5_vl_tower_thd_equals_local(cuda_world):
+    """The Qwen2.5-VL tower on TE's THD varlen attention (window segments in window layers,
+    frames in the full-attention layer) takes the local tower's weights and gives its
+    tokens and gradients on two images of different sizes and a 2-frame video, reading no
+    device value (the counter sets CUDA's sync debug mode to "error")."""
+    from host_syncs import HostSyncCounter
+
+    from megatron_mm.encoders.qwen2_5_vl_config import Qwen2_5VLVisionConfig
+    from megatron_mm.models.qwen2_5_vl_vision import Qwen2_5VLVisionWithMerger
+    from megatron_mm.models.qwen2_5_vl_vision_config import (
+        qwen2_5_vl_merger_transformer_config,
+        qwen2_5_vl_vision_transformer_config,
+    )
+    from megatron_mm.models.transformer_configs import BuildSettings
+
+    enc = Qwen2_5VLVisionConfig(hidden_size=64, num_layers=2, num_attention_heads=4,
+                                ffn_hidden_size=128, out_hidden_size=128, window_size=56,
+                                fullatt_block_indexes=(1,))
+    grids = [(1, 8, 12), (1, 4, 4), (2, 4, 8)]
+
+    def build(impl):
+        torch.manual_seed(0)
+        s = BuildSettings(transformer_impl=impl)
+        return Qwen2_5VLVisionWithMerger(qwen2_5_vl_vision_transformer_config(enc, s),
+                                         qwen2_5_vl_merger_transformer_config(enc, s), enc,
+                                         impl).cuda()
+
+    local, te = build("local"), build("transformer_engine")
+    te.load_state_dict(_te_weights(local.state_dict(), te), strict=True)
+    g = torch.Generator().manual_seed(0)
+    patches = sum(t * h * w for t, h, w in grids)
+    pixels = torch.randn(patches, enc.patch_input_size, generator=g).cuda()
+    weights = torch.randn(patches // 4, 128, generator=g).cuda()
+    outs = {}
+    for name, model in (("local", local), ("te", te)):
+        batch = model.prepare(grids)  # host layout, copied to the device once
+        counter = HostSyncCounter()
+        with counter.active():
+            out = model(pixels, batch)
+            (out * weights).sum().backward()
+        assert counter.found == [], name
+        outs[name] = out
+    torch.testing.assert_close(outs["te"], outs["local"], rtol=1e-3, atol=1e-3)
+    local_grads = {to_te(k): p.grad for k, p in local.named_parameters()}
+    for name, p in te.named_parameters():
+        torch.testing.assert_close(p.grad, local_grads[name], rtol=1e-3, atol=1e-3,
+                                   msg=name)

@@ -57,7 +57,7 @@ def _table():
     return MappingTable(qwen2_5_vl_vision_rules())
 
 
-def _build(hf_config, transformer_impl="local"):
+def _build(hf_config, transformer_impl="local", layer_spec=None):
     from megatron_mm.models.qwen2_5_vl_vision import Qwen2_5VLVisionWithMerger
     from megatron_mm.models.qwen2_5_vl_vision_config import (
         Qwen2_5VLVisionConfig,
@@ -70,7 +70,7 @@ def _build(hf_config, transformer_impl="local"):
     s = BuildSettings(tensor_model_parallel_size=_tp())
     return Qwen2_5VLVisionWithMerger(qwen2_5_vl_vision_transformer_config(enc, s),
                                      qwen2_5_vl_merger_transformer_config(enc, s), enc,
-                                     transformer_impl)
+                                     transformer_impl, layer_spec)
 
 
 def _tp():
@@ -157,6 +157,76 @@ def test_forward_and_backward_read_no_device_value(imported, reference):
         (out * reference["weights"]).sum().backward()
     assert counter.found == []
     imported.zero_grad()
+
+
+class ReferenceThdAttention(torch.nn.Module):
+    """TE's THD varlen attention on the CPU: q / k / v [t, heads, dim]; each cu_seqlens
+    segment attends within itself (device ops only: nothing is read back)."""
+
+    def __init__(self, config, layer_number, **kwargs):
+        super().__init__()
+        self.kinds = []
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None,
+                attention_bias=None, packed_seq_params=None):
+        assert packed_seq_params.qkv_format == "thd" and attention_mask is None
+        self.kinds.append(packed_seq_params.max_seqlen_q)
+        t = query.shape[0]
+        cu = packed_seq_params.cu_seqlens_q.long()
+        segment = torch.searchsorted(cu[1:], torch.arange(t), right=True)
+        allowed = segment[:, None] == segment[None, :]
+        q, k, v = (x.transpose(0, 1) for x in (query, key, value))  # [heads, t, dim]
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        return out.transpose(0, 1).reshape(t, -1)
+
+
+@pytest.fixture(scope="module")
+def imported_thd(imported, reference):
+    """The tower on the THD route (the TE spec's segmented core attention over a CPU
+    varlen reference; local linears, so the weights load by the same names)."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    from megatron_mm.models.norms import SequenceParallelNorm
+    from megatron_mm.models.qwen2_5_vl_attention import SegmentedAttention
+    from megatron_mm.models.qwen2_5_vl_vision import vision_layer_spec
+    from megatron_mm.models.te_names import with_te_checkpoint_names
+
+    core = type("SegmentedReference", (SegmentedAttention, ReferenceThdAttention), {})
+    spec = with_te_checkpoint_names(vision_layer_spec(
+        SequenceParallelNorm, ColumnParallelLinear, RowParallelLinear, core,
+        frozenset(reference["config"].fullatt_block_indexes)))
+    model = _build(reference["config"], layer_spec=spec)
+    model.load_state_dict(imported.state_dict(), strict=True)
+    assert model.vision_model.thd and not imported.vision_model.thd
+    return model
+
+
+def test_thd_route_equals_hugging_face(imported_thd, imported, reference):
+    """Megatron-Core's layers carry the segments to the core attention (rotary angles per
+    patch, unpacked), window layers get the windows and full layers the frames: the same
+    tokens and gradients as Hugging Face and the local masks, and no device value read."""
+    from host_syncs import HostSyncCounter
+
+    batch = imported_thd.prepare(GRIDS)
+    counter = HostSyncCounter()
+    with counter.active():
+        out = imported_thd(reference["pixels"], batch)
+        (out * reference["weights"]).sum().backward()
+    assert counter.found == []
+    assert (out - reference["out"]).abs().max() <= TOLERANCE
+    cores = [m.core_attention for m in imported_thd.modules() if hasattr(m, "core_attention")]
+    layout = batch.layout
+    assert [c.kinds for c in cores] == [[max(layout.window_seqlens)],
+                                        [max(layout.frame_seqlens)]]  # fullatt: layer 1
+    imported.zero_grad()
+    local_out = imported(reference["pixels"], GRIDS)
+    (local_out * reference["weights"]).sum().backward()
+    grads = dict(imported.named_parameters())
+    for name, p in imported_thd.named_parameters():  # gradients reach ~100 here
+        scale = grads[name].grad.abs().max()
+        assert (p.grad - grads[name].grad).abs().max() <= 1e-5 * scale, name
+    imported.zero_grad()
+    imported_thd.zero_grad()
 
 
 def test_window_layers_differ_from_full_attention(imported, reference):
@@ -340,5 +410,5 @@ def test_config_refuses_what_it_does_not_implement(reference):
     bad = type(cfg)(**{**cfg.to_dict(), "hidden_act": "gelu"})
     with pytest.raises(ConfigError, match="hidden_act"):
         Qwen2_5VLVisionConfig.from_hf(bad)
-    with pytest.raises(ConfigError, match="THD"):
-        qwen2_5_vl_vision_layer_spec(Qwen2_5VLVisionConfig(), "transformer_engine")
+    with pytest.raises(ConfigError, match="--transformer-impl must be local"):
+        qwen2_5_vl_vision_layer_spec(Qwen2_5VLVisionConfig(), "flash")

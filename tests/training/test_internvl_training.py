@@ -10,6 +10,7 @@ import pytest
 import torch
 from dist_harness import run_distributed
 from internvl_data import INTERNVL_MODEL
+from test_balanced_training import assert_dp2_equals_both_ranks_plans
 from train_workers import TINY_MODEL, train
 
 STEPS = 2
@@ -114,36 +115,7 @@ BALANCE = ["--data-balance", "isf-sorted", "--data-balance-bounds", "12,64",
            "--transformer-impl", "local"]
 
 
-def train_on_both_ranks_plans(rank, argv, grad_steps):
-    """One process that trains, each step, on both DP=2 ranks' packed micro-batches of the
-    balanced plan (rank 0's, then rank 1's): what DP=2 computes together."""
-    import megatron_mm.training.balanced_data as balanced
-
-    real = balanced.BalancedSampler
-
-    class BothRanks:
-        def __init__(self, loads, bounds, dp_rank, dp, microbatches, **kwargs):
-            assert (dp_rank, dp) == (0, 1) and microbatches % 2 == 0
-            self.samplers = [real(loads, bounds, r, 2, microbatches // 2, **kwargs)
-                             for r in (0, 1)]
-
-        def __iter__(self):
-            for pair in zip(*self.samplers):
-                yield from pair
-
-    balanced.BalancedSampler = BothRanks
-    return train(rank, argv, grad_steps)
-
-
 def test_data_balance_dp2_equals_one_process(reference):
     """--data-balance packs samples by tiles and tokens; DP=2 on the packed plan equals one
     process on both ranks' packed micro-batches."""
-    argv = reference[0] + BALANCE
-    ref = run_distributed(train_on_both_ranks_plans, 1, argv, (1, STEPS))[0]
-    ranks = run_distributed(train, 2, argv, (1, STEPS))
-    for it in range(1, STEPS + 1):
-        assert ranks[0]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
-    for name, value in ref["params"].items():
-        torch.testing.assert_close(ranks[0]["params"][name], value, rtol=1e-4, atol=1e-5,
-                                   msg=lambda m: f"param {name}: {m}")
-        assert torch.equal(ranks[1]["params"][name], ranks[0]["params"][name]), name
+    assert_dp2_equals_both_ranks_plans(reference[0] + BALANCE, STEPS)

@@ -1,10 +1,10 @@
 """Qwen2.5-VL training (native-size images and videos through the window-attention ViT,
 M-RoPE in the LLM) equals the single-process run from the same initial checkpoint (losses,
 gradients, parameters) under TP=2, PP=2 with the ViT cut between its two layers, PP=2 with
-the ViT in the LLM's bubbles (also at encoder TP 1 in TP 2), CP=2, full recompute, a
-frozen ViT over PP=2 x VPP=2, TP=2 with sequence parallelism (also across a ViT cut), and on
-packed micro-batches balanced on patches (--data-balance); DP=2 balanced runs resume
-exactly; the model reads no device value."""
+the ViT in the LLM's bubbles (also at encoder TP 1 in TP 2) or coarse, CP=2, full
+recompute, a frozen ViT over PP=2 x VPP=2, TP=2 with sequence parallelism (also across a ViT
+cut), and on packed micro-batches balanced on patches (--data-balance) at PP=2 and at DP=2
+(one process on both ranks' plans); the model reads no device value."""
 
 import pytest
 import torch
@@ -70,6 +70,8 @@ def _assert_equal_runs(stages, ref):
     # the ViT as its own pipeline [ViT 0 | ViT 1], run in the LLM's bubbles by the schedule
     # executor: each piece binds its windows from the micro-batch's host media
     (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"]),
+    # the same pieces, all forwards first and all backwards last (coarse schedule)
+    (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "coarse"]),
     # each CP rank takes its tokens' 3-D positions; the media merge into the whole text
     (2, ["--context-parallel-size", "2", "--context-parallel-block", "8"]),
     # full recompute: the whole tower's block, and an encoder piece's layers (their
@@ -86,7 +88,8 @@ def _assert_equal_runs(stages, ref):
     (4, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
          "--transformer-impl", "local", "--pipeline-model-parallel-size", "2",
          "--pipeline-partition", "3,5"]),
-], ids=["tp2", "pp2-split-vit", "pp2-bubble", "cp2", "recompute", "pp2-bubble-recompute",
+], ids=["tp2", "pp2-split-vit", "pp2-bubble", "pp2-coarse", "cp2", "recompute",
+        "pp2-bubble-recompute",
         "tp2-pp2-bubble-etp1", "tp2-sp", "tp2-sp-pp2-split-vit"])
 def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layout):
     from test_pipeline_parallel import count_vit_layer_calls
@@ -105,6 +108,38 @@ def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layou
         assert sum(c["fwd"] for c in calls) > once, calls
     else:
         assert sum(c["fwd"] for c in calls) == once, calls
+
+
+def count_encoder_batches(chunks, optimizer, holder):
+    """Count the executor's prepared encoder batches and their binds on this rank."""
+    from megatron.core.utils import get_attr_wrapped_model
+
+    model = get_attr_wrapped_model(chunks[0], "prepare_encoder_media").__self__
+    counts = holder["encoder_batches"] = {"prepared": 0, "bound": 0}
+
+    def counted(key, fn):
+        def wrapped(*args):
+            counts[key] += 1
+            return fn(*args)
+        return wrapped
+    model.prepare_encoder_media = counted("prepared", model.prepare_encoder_media)
+    model.bind_encoder_batch = counted("bound", model.bind_encoder_batch)
+
+
+def test_encoder_pieces_share_one_prepared_batch(qwen_vl_dir, reference):
+    """Both ViT layers as two pieces on the first stage (bubble schedule): each micro-batch's
+    windows, masks and rotary positions are prepared once and bound to both pieces, and
+    the run equals one process."""
+    common, ref = reference
+    ranks = run_distributed(train, 2, _argv(
+        qwen_vl_dir, *common, "--pipeline-model-parallel-size", "2", "--encoder-schedule",
+        "bubble", "--encoder-pipeline-model-parallel-size", "1", "--encoder-pieces", "2"),
+        (1, STEPS), count_encoder_batches)
+    _assert_equal_runs(ranks, ref)
+    microbatches = STEPS * 2  # global batch 4 / micro-batch 2, one DP rank
+    assert ranks[0]["observed"]["encoder_batches"] == {"prepared": microbatches,
+                                                       "bound": 2 * microbatches}
+    assert ranks[1]["observed"]["encoder_batches"] == {"prepared": 0, "bound": 0}
 
 
 def test_frozen_vit_interleaved_pipeline_equals_one_process(qwen_vl_dir, tmp_path):
@@ -188,15 +223,12 @@ def test_no_host_syncs_inside_the_model(qwen_vl_dir, world, flags):
         assert counted["scopes"] > 0 and counted["found"] == [], (rank, counted)
 
 
-def test_balanced_dp2_resumes_exactly(qwen_vl_dir, tmp_path):
-    """DP=2 on packed micro-batches balanced on patches and tokens: a run resumed from its
-    step-2 checkpoint gives the uninterrupted run's losses."""
-    from test_balanced_training import train_then_resume
+def test_data_balance_dp2_equals_one_process(qwen_vl_dir, reference):
+    """--data-balance packs samples (images and videos) balanced on patches and tokens; DP=2
+    on the packed plan equals one process on both ranks' packed micro-batches."""
+    from test_balanced_training import assert_dp2_equals_both_ranks_plans
 
-    argv = _argv(qwen_vl_dir, "--seq-length", "128", "--data-balance", "isf-sorted")
-    full, resumed, seen = run_distributed(train_then_resume, 2, argv,
-                                          str(tmp_path / "ckpt"))[0]
-    assert list(resumed) == [3, 4]
-    for it in (3, 4):
-        assert resumed[it] == full[it], it
-    assert all(shape[0] == 1 and masked for shape, masked in seen)  # packed, with its mask
+    common, _ = reference
+    assert_dp2_equals_both_ranks_plans(
+        _argv(qwen_vl_dir, *common, "--seq-length", "128", "--data-balance", "isf-sorted"),
+        STEPS)
