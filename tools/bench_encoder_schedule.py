@@ -12,18 +12,20 @@ core (a bubble is real idle time). Steps:
    each core at the same time (the runs keep both cores busy), averaged;
 2. two-rank runs train with Megatron-Core's own 1F1B schedule, the encoder on stage 0
    (``--encoder-schedule megatron``, ``--pipeline-partition uniform``), the same schedule
-   on the frozen-aware balanced layout (``megatron-auto``: ``--pipeline-partition auto``,
-   the strongest baseline without the encoder schedules), and with the
-   encoder as its own pipeline over both ranks (``coarse``, ``bubble`` with
-   ``--pipeline-partition auto``: LLM chunks and encoder pieces balanced per rank on the
-   measured profile, the bubble schedule generated on it), alternating, ``--rounds``
-   times;
+   on the frozen-aware balanced layout (``megatron-auto``: ``--pipeline-partition auto``)
+   and interleaved over two virtual stages per rank on it (``megatron-auto-vpp2``: the
+   strongest baseline without the encoder schedules), and with the encoder as its own
+   pipeline over both ranks (``coarse``, ``bubble`` with ``--pipeline-partition auto``:
+   LLM chunks and encoder pieces balanced per rank on the measured profile, the bubble
+   schedule generated on it; ``bubble-vpp2`` with the LLM interleaved), alternating,
+   ``--rounds`` times;
 3. it prints the median iteration time of each (and its forward-backward part: the
    schedule and gradient sync, without the optimizer step), its ratio to Megatron-Core's,
-   and the simulator's prediction from the profile plus the p2p and gradient-sync times
-   measured before the timed iterations (``plan.simulate`` on the same schedules), and
-   writes the measured timelines (the executor records them) beside the
-   simulated ones as a PNG and a Chrome trace.
+   and the simulator's prediction from the profile plus the p2p, gradient-sync and
+   optimizer-step times measured before the timed iterations (``plan.simulate`` on the
+   same schedules), and writes the measured timelines (the executor records them) beside
+   the simulated ones as a PNG and a Chrome trace. The last lines compare the bubble
+   schedule with Megatron-Core's rows, the fastest of each side too.
 
 Micro-batches are loaded before timing, so iteration time is model work plus waiting.
 """
@@ -55,15 +57,28 @@ AUDIO = ["--audio-model-type", "whisper", "--audio-hidden-size", "256",
          "--audio-num-layers", "6", "--audio-num-attention-heads", "8",
          "--audio-num-mel-bins", "80", "--audio-max-source-positions", "64",
          "--audio-pool-stride", "4"]
-# Rows: Megatron-Core's 1F1B on its own layout (``megatron``) and on the frozen-aware
-# balanced layout (``megatron-auto``, the strongest baseline a user can set up without the
-# encoder schedules), then the encoder as its own pipeline (each rank's LLM and encoder work
-# balanced on the measured profile).
-SCHEDULES = ("megatron", "megatron-auto", "coarse", "bubble")
-ENCODER_SCHEDULE = {"megatron": "megatron", "megatron-auto": "megatron", "coarse": "coarse",
-                    "bubble": "bubble"}
-PARTITION = {"megatron": "uniform", "megatron-auto": "auto", "coarse": "auto",
-             "bubble": "auto"}
+# Rows: Megatron-Core's 1F1B on its own layout (``megatron``), on the frozen-aware
+# balanced layout (``megatron-auto``), and interleaved over two virtual stages per rank on
+# the balanced layout (``megatron-auto-vpp2``: the strongest baseline a user can set up
+# without the encoder schedules); then the encoder as its own pipeline (each rank's LLM and
+# encoder work balanced on the measured profile), the bubble schedule also with the LLM
+# interleaved.
+SCHEDULES = ("megatron", "megatron-auto", "megatron-auto-vpp2", "coarse", "bubble",
+             "bubble-vpp2")
+ENCODER_SCHEDULE = {"megatron": "megatron", "megatron-auto": "megatron",
+                    "megatron-auto-vpp2": "megatron", "coarse": "coarse", "bubble": "bubble",
+                    "bubble-vpp2": "bubble"}
+PARTITION = {"megatron": "uniform", "megatron-auto": "auto", "megatron-auto-vpp2": "auto",
+             "coarse": "auto", "bubble": "auto", "bubble-vpp2": "auto"}
+VPP = {"megatron-auto-vpp2": 2, "bubble-vpp2": 2}
+
+
+def schedule_flags(schedule: str) -> List[str]:
+    """The flags of a row, beside the model's."""
+    vpp = VPP.get(schedule)
+    return ["--pipeline-model-parallel-size", "2", "--encoder-schedule",
+            ENCODER_SCHEDULE[schedule], "--pipeline-partition", PARTITION[schedule]] + (
+        ["--virtual-pipeline-model-parallel-size", str(vpp)] if vpp else [])
 
 
 
@@ -107,7 +122,9 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
             executor.record_timeline = it == warmup + iters - 1
         torch.distributed.barrier()
         start = _clock()
-        step.train_step(args, run.model_chunks, run.optimizer, run.scheduler, iter(batches),
+        data = ([iter(batches) for _ in run.model_chunks] if len(run.model_chunks) > 1
+                else iter(batches))  # interleaving: one iterator per model chunk
+        step.train_step(args, run.model_chunks, run.optimizer, run.scheduler, data,
                         run.executor, run.attention)
         torch.distributed.barrier()
         walls.append(_clock() - start)
@@ -125,8 +142,9 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
 
 def _communication_costs(run, args, repeats: int = 5) -> dict:
     """What the simulator charges beyond compute, measured here: one activation's p2p
-    transfer between the two ranks (half a round trip) and ``finalize_model_grads`` (the
-    tied embedding's gradient all-reduce between first and last stage)."""
+    transfer between the two ranks (half a round trip), ``finalize_model_grads`` (the
+    tied embedding's gradient all-reduce between first and last stage) and the optimizer
+    step (on zero gradients, before the timed iterations: the same work)."""
     import torch
     from megatron.core import parallel_state
     from megatron.core.distributed import finalize_model_grads
@@ -135,7 +153,7 @@ def _communication_costs(run, args, repeats: int = 5) -> dict:
     peers = torch.distributed.get_process_group_ranks(group)
     me = parallel_state.get_pipeline_model_parallel_rank()
     x = torch.zeros(args.seq_length, args.micro_batch_size, args.hidden_size)
-    trips, syncs = [], []
+    trips, syncs, steps = [], [], []
     for _ in range(repeats):
         torch.distributed.barrier()
         start = _clock()
@@ -150,9 +168,14 @@ def _communication_costs(run, args, repeats: int = 5) -> dict:
         start = _clock()
         finalize_model_grads(run.model_chunks, torch.tensor(1, dtype=torch.int))
         syncs.append(_clock() - start)
+        torch.distributed.barrier()
+        start = _clock()
+        run.optimizer.step()
+        steps.append(_clock() - start)
     for chunk in run.model_chunks:
         chunk.zero_grad_buffer()
-    return {"p2p_s": statistics.median(trips) / 2, "grad_sync_s": statistics.median(syncs)}
+    return {"p2p_s": statistics.median(trips) / 2, "grad_sync_s": statistics.median(syncs),
+            "optimizer_s": statistics.median(steps)}
 
 
 def co_run_profile(workdir: str, model: Sequence[str]) -> str:
@@ -185,22 +208,21 @@ def run_schedule(schedule: str, profile: str, workdir: str, iters: int, warmup: 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-port", _free_port(), os.path.abspath(__file__), "--worker", "--out", out,
            "--iters", str(iters), "--warmup", str(warmup), "--", *model,
-           "--pipeline-model-parallel-size", "2", "--encoder-schedule",
-           ENCODER_SCHEDULE[schedule], "--pipeline-partition", PARTITION[schedule],
-           "--pipeline-profile", profile]
+           *schedule_flags(schedule), "--pipeline-profile", profile]
     _run(cmd)
     with open(out) as f:
         ranks = json.load(f)
     return {"walls": ranks[0]["wall"], "schedules": ranks[0]["schedule"],
             "timeline": [t for r in ranks for t in r["timeline"]],
             "p2p_s": max(r["p2p_s"] for r in ranks),
-            "grad_sync_s": max(r["grad_sync_s"] for r in ranks)}
+            "grad_sync_s": max(r["grad_sync_s"] for r in ranks),
+            "optimizer_s": max(r["optimizer_s"] for r in ranks)}
 
 
 def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float,
-              model: Sequence[str]):
-    """The simulator's replay of ``schedule`` on the measured per-layer profile and
-    communication costs."""
+              model: Sequence[str], optimizer_s: float = 0.0):
+    """The simulator's replay of ``schedule`` on the measured per-layer profile,
+    communication costs and optimizer step."""
     from megatron_mm.data import build_tokenizer
     from megatron_mm.plan import partition
     from megatron_mm.plan.encoder_pipeline import schedule_costs, megatron_costs
@@ -211,22 +233,21 @@ def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float
     from megatron_mm.training.encoder_schedule import encoder_pipeline_plan, make_schedule
     from megatron_mm.training.pipeline_plan import training_chain
 
-    args = parse_args([*model, "--pipeline-model-parallel-size", "2", "--encoder-schedule",
-                       ENCODER_SCHEDULE[schedule], "--pipeline-partition", PARTITION[schedule],
-                               "--pipeline-profile", profile_path], world_size=2)
+    args = parse_args([*model, *schedule_flags(schedule), "--pipeline-profile", profile_path],
+                      world_size=2)
     args.model_config.language.vocab_size = build_tokenizer(
         args.tokenizer_type, args.tokenizer_model).vocab_size
     chain = training_chain(args)  # costs: the measured profile
-    m = args.num_microbatches
+    m, vpp = args.num_microbatches, VPP.get(schedule, 1)
     if ENCODER_SCHEDULE[schedule] == "megatron":
-        part = partition(chain, 2, 1, PARTITION[schedule])
+        part = partition(chain, 2, vpp, PARTITION[schedule], num_microbatches=m)
         costs = megatron_costs(chain, part, MEASURED, p2p_s)
-        order = megatron(2, 1, m)
+        order = megatron(2, vpp, m)
     else:
         plan = encoder_pipeline_plan(args, chain)
         costs = schedule_costs(chain, plan.llm_partition, plan.pieces, MEASURED, p2p_s)
         order = make_schedule(args, plan, m)
-    costs.grad_sync_s = grad_sync_s
+    costs.grad_sync_s, costs.optimizer_s = grad_sync_s, optimizer_s
     sim = simulate(order, costs)
     sim.schedule = f"{schedule} (simulated)"
     return sim
@@ -244,6 +265,30 @@ def measured_timeline(schedule: str, events: List[dict]):
                       idle_s=[end - b for b in busy],
                       bubble_fraction=sum(end - b for b in busy) / (end * ranks),
                       timeline=timeline)
+
+
+def action_ratios(measured, simulated) -> str:
+    """Per action kind, the measured time of its actions over their simulated (profiled)
+    time; then each rank's idle time, measured vs simulated: where an iteration's time goes
+    that the profile does not predict."""
+    sim = {(t.rank, t.kind, t.microbatch, t.chunk): t.end_s - t.start_s
+           for t in simulated.timeline}
+    kinds = {}
+    for t in measured.timeline:
+        key = (t.rank, t.kind, t.microbatch, t.chunk)
+        if key in sim and sim[key] > 0:
+            got, want = kinds.get(t.kind, (0.0, 0.0))
+            kinds[t.kind] = (got + t.end_s - t.start_s, want + sim[key])
+    ratios = ", ".join(f"{k} {got / want:.2f}" for k, (got, want) in sorted(kinds.items()))
+
+    def idle(timeline):  # to the timeline's end (no gradient sync, no optimizer step)
+        end = max(t.end_s for t in timeline)
+        return [end - sum(t.end_s - t.start_s for t in timeline
+                          if t.rank == r and t.kind in ("F", "B", "EF", "EB"))
+                for r in sorted({t.rank for t in timeline})]
+    idles = ", ".join(f"rank {r} {m * 1e3:.0f} vs {s * 1e3:.0f} ms" for r, (m, s) in
+                      enumerate(zip(idle(measured.timeline), idle(simulated.timeline))))
+    return f"{ratios}; idle {idles}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -282,15 +327,16 @@ def report(results: dict, profile: str, args) -> None:
           "160 tokens x 4), 8 micro-batches per iteration, one thread per rank on its own "
           f"core; medians of {args.rounds} x {args.iters} iterations")
     print("| schedule | iteration s | vs megatron | of which forward-backward s | "
-          "simulated s | vs forward-backward | vs iteration |")
+          "simulated s | sim vs forward-backward | sim vs iteration |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    iteration, timelines = {}, []
+    iteration, timelines, overheads = {}, [], []
     p2p = statistics.median(r["p2p_s"] for runs in results.values() for r in runs)
     sync = statistics.median(r["grad_sync_s"] for runs in results.values() for r in runs)
+    step = statistics.median(r["optimizer_s"] for runs in results.values() for r in runs)
     for schedule in SCHEDULES:
         iteration[schedule] = statistics.median(w for r in results[schedule] for w in r["walls"])
         fwd_bwd = statistics.median(w for r in results[schedule] for w in r["schedules"])
-        sim = simulated(schedule, profile, p2p, sync, args.model)
+        sim = simulated(schedule, profile, p2p, sync, args.model, step)
         print(f"| {schedule} | {iteration[schedule]:.3f} | "
               f"{iteration[schedule] / iteration['megatron']:.3f} | {fwd_bwd:.3f} | "
               f"{sim.iteration_s:.3f} | {sim.iteration_s / fwd_bwd - 1:+.1%} | "
@@ -298,10 +344,22 @@ def report(results: dict, profile: str, args) -> None:
         timelines.append(sim)
         if results[schedule][-1]["timeline"]:
             timelines.append(measured_timeline(schedule, results[schedule][-1]["timeline"]))
-    print(f"measured communication charged by the simulator: p2p {p2p * 1e3:.2f} ms per "
-          f"transfer, gradient sync {sync * 1e3:.1f} ms per iteration")
+            overheads.append(f"{schedule}: " + action_ratios(timelines[-1], sim))
+    print(f"measured and charged by the simulator besides the profile: p2p {p2p * 1e3:.2f} ms "
+          f"per transfer, gradient sync {sync * 1e3:.1f} ms and optimizer step "
+          f"{step * 1e3:.1f} ms per iteration (the simulated figure includes both; the "
+          "forward-backward column has neither)")
+    print("measured / profiled time of each kind of action (the executor's timeline of the "
+          "last iteration against the simulator's costs), and idle time per rank measured vs "
+          "simulated:")
+    for line in overheads:
+        print(f"  {line}")
+    strongest = min(("megatron-auto", "megatron-auto-vpp2"), key=iteration.get)
+    ours = min(("bubble", "bubble-vpp2"), key=iteration.get)
     print(f"bubble / megatron iteration time: "
           f"{iteration['bubble'] / iteration['megatron']:.3f}")
+    print(f"{ours} / {strongest} (the fastest of each) iteration time: "
+          f"{iteration[ours] / iteration[strongest]:.3f}")
     print(f"bubble / megatron-auto iteration time: "
           f"{iteration['bubble'] / iteration['megatron-auto']:.3f}")
     write_png(timelines, args.png_out)

@@ -26,7 +26,8 @@ are placed by list scheduling on the per-action costs:
   (Optimus' adjusted warm-up: the backwards come later, which can open room for encoder
   work, at the cost of activations in flight), and the ``dataflow`` schedule (no fixed LLM
   order: every rank runs the most urgent ready action, with PP, PP + 1, PP + 2 or PP x VPP
-  micro-batches in flight), and keeps the fastest by simulation.
+  micro-batches in flight and PP or 2 PP micro-batches' encoder work ahead of the LLM),
+  and keeps the fastest by simulation.
 
 The collectives (``collectives.add_collectives``) are placed once the compute is ordered.
 The result is plain data (``actions.Schedule``), checked by ``validate`` and replayed by
@@ -67,12 +68,13 @@ def bubble(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
                           encoder_replicas, grad_sync, encoder_grad_sync, layouts,
                           tp_bubbles)
                    for extra in (0, 1, 2)]
-        if not tp_bubbles:  # the dataflow order, as many micro-batches in flight at most
+        if not tp_bubbles:  # the dataflow order within these memory bounds
             options += [dataflow(pp, vpp, num_microbatches, encoder_trainable, costs,
                                  encoder_stages, pieces, reverse, encoders, frozen_encoders,
                                  encoder_replicas, grad_sync, encoder_grad_sync, layouts,
-                                 max_in_flight=in_flight)
-                        for in_flight in sorted({pp, pp + 1, pp + 2, pp * vpp})]
+                                 max_in_flight=in_flight, max_encoder_ahead=ahead)
+                        for in_flight in sorted({pp, pp + 1, pp + 2, pp * vpp})
+                        for ahead in (pp, 2 * pp)]
         return min(options, key=lambda s: simulate(s, costs, timeline=False).iteration_s)
     schedule = separate_encoders("bubble", pp, vpp, num_microbatches, encoder_trainable,
                                  encoder_stages, pieces, reverse, encoders, frozen_encoders,

@@ -30,7 +30,7 @@ class ActionCosts(Record):
     its last one). The LLM waits for them; encoder work may run inside them.
     ``grad_sync_s``: gradient synchronisation once every rank is done (Megatron-Core's
     ``finalize_model_grads``: tied-embedding and data-parallel all-reduces); nothing
-    overlaps it.
+    overlaps it. ``optimizer_s``: the optimizer step after it (the iteration's tail).
 
     ``forward_comm_s`` / ``backward_comm_s`` per LLM chunk: the part of its forward /
     backward spent waiting for its tensor-parallel all-reduces (compute idle: encoder
@@ -58,6 +58,7 @@ class ActionCosts(Record):
     llm_start_s: float = 0.0
     llm_end_s: float = 0.0
     grad_sync_s: float = 0.0
+    optimizer_s: float = 0.0
     forward_comm_s: List[float] = field(default_factory=list)
     backward_comm_s: List[float] = field(default_factory=list)
     encoder_forward_comm_s: List[float] = field(default_factory=list)
@@ -244,7 +245,7 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
             timeline.append(TimedAction(rank, a.kind, a.microbatch, a.chunk, ready, end))
     iteration = max(max(c, s, e + costs.llm_end_s)
                     for c, s, e in zip(clock, stream, llm_end))
-    return iteration + costs.grad_sync_s, busy, enc, timeline
+    return iteration + costs.grad_sync_s + costs.optimizer_s, busy, enc, timeline
 
 
 def _encoder_free(costs: ActionCosts) -> ActionCosts:

@@ -115,8 +115,10 @@ def test_extra_warmup_is_valid_and_auto_keeps_the_fastest(vpp):
     assert forwards_before_first_backward(llm_order(pp, vpp, m, 0, extra_warmup=2)) == (
         forwards_before_first_backward(llm_order(pp, vpp, m, 0)) + 2)
     for in_flight in sorted({pp, pp + 1, pp + 2, pp * vpp}):  # the dataflow orders
-        schedule = dataflow(pp, vpp, m, True, costs, pp, 2, max_in_flight=in_flight)
-        times.append(simulate(schedule, costs).iteration_s)
+        for ahead in (pp, 2 * pp):
+            schedule = dataflow(pp, vpp, m, True, costs, pp, 2, max_in_flight=in_flight,
+                                max_encoder_ahead=ahead)
+            times.append(simulate(schedule, costs).iteration_s)
     auto = bubble(pp, vpp, m, True, costs, pp, 2, extra_warmup="auto")
     assert simulate(auto, costs).iteration_s == pytest.approx(min(times))
 
