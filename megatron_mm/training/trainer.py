@@ -5,7 +5,7 @@ plan (computed once, before any process group: a plan that cannot work is report
 first), the encoder replicas' groups, the attention settings, the schedule executor, the
 datasets, the model chunks, optimizer, scheduler, timers and metric writers. The argparse
 namespace stays what the user typed (plus Megatron's derived sizes) and is never written
-to. ``train()`` is Megatron-LM's loop: step, log, evaluate, then save and decide to exit
+to; the run reads a copy with the plan's encoder schedule (``TrainingPlan.run_args``). ``train()`` is Megatron-LM's loop: step, log, evaluate, then save and decide to exit
 (``--exit-interval``, ``--exit-duration-in-mins``, ``--exit-signal-handler``).
 """
 
@@ -70,7 +70,7 @@ def model_flops_per_iteration(args, model_config) -> float:
 
 @dataclass
 class Trainer:
-    args: object  # the validated flags, never written to
+    args: object  # the validated flags with the plan's encoder schedule, never written to
     tokenizer: object
     model_config: object  # with the tokenizer's vocabulary
     plan: TrainingPlan
@@ -96,6 +96,8 @@ class Trainer:
                                     video_token_id=args.video_token_id)
         model_config = model_config_for(args, tokenizer)
         plan = plan_training(args, model_config)  # a ConfigError here names the flag
+        # The run reads its encoder schedule (the flags', or auto's pick) from the plan.
+        args = plan.run_args(args)
         replicas = initialize_distributed(args)
         set_random_seed(args.seed)
         writers = build_writers(args)  # a missing package fails before the model is built
@@ -118,12 +120,12 @@ class Trainer:
             best = search_partition(
                 args, plan.chain,
                 build=lambda layers: build_run(plan_training(
-                    args, model_config, layers, "search trial"))[1:],
+                    args, model_config, layers, "search trial", plan.schedule))[1:],
                 batches=lambda: batch_iterators(args, train_ds, tokenizer, 0, shuffle=True),
                 step=lambda run, data: train_step(args, run[0], run[1], run[2], data,
                                                   attention=attention),
                 reseed=lambda: set_random_seed(args.seed), log=print_rank_0)
-            plan = plan_training(args, model_config, best, "search")
+            plan = plan_training(args, model_config, best, "search", plan.schedule)
         description = plan.describe(args)
         if description:
             print_rank_0(description)
