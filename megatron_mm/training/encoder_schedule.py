@@ -49,7 +49,8 @@ def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int, chain=
                       **encoders)
     costs = schedule_costs(chain if chain is not None else training_chain(args),
                            plan.llm_partition, plan.pieces, hardware(args),
-                           encoder_tensor_model_parallel_size=args.encoder_tensor_model_parallel_size,
+                           encoder_tensor_model_parallel_size=(
+                               args.encoder_tensor_model_parallel_size),
                            **time_inputs(args))
     return bubble(pp, vpp, num_microbatches, plan.encoder_trainable, costs, stages, pieces,
                   extra_warmup="auto", **encoders)

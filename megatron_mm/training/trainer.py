@@ -5,7 +5,8 @@ plan (computed once, before any process group: a plan that cannot work is report
 first), the encoder replicas' groups, the attention settings, the schedule executor, the
 datasets, the model chunks, optimizer, scheduler, timers and metric writers. The argparse
 namespace stays what the user typed (plus Megatron's derived sizes) and is never written
-to; the run reads a copy with the plan's encoder schedule (``TrainingPlan.run_args``). ``train()`` is Megatron-LM's loop: step, log, evaluate, then save and decide to exit
+to; the run reads a copy with the plan's encoder schedule (``TrainingPlan.run_args``).
+``train()`` is Megatron-LM's loop: step, log, evaluate, then save and decide to exit
 (``--exit-interval``, ``--exit-duration-in-mins``, ``--exit-signal-handler``).
 """
 
