@@ -60,6 +60,7 @@ from .model import EncoderSpec, ModelSpec
 from .record import Record
 from .schedule import inflight_microbatches
 from .simulate import ActionCosts
+from .unit_costs import TimeModel, UnitSeconds
 
 
 @dataclass
@@ -145,6 +146,7 @@ class CostModel:
         if not model.encoders:
             raise PlanError("the Optimus planner schedules encoders; this model has none")
         self.model, self.layout, self.hw, self.links = model, layout, hardware, links
+        self.time = TimeModel(hardware, links)  # the one time model (unit_costs)
         self.encoders = [_EncoderFlops(enc, model, layout) for enc in model.encoders]
         self.enc: EncoderSpec = model.encoders[0]
         self.encoder_trainable = any(e.trainable for e in self.encoders)
@@ -160,18 +162,19 @@ class CostModel:
     def _layer_s(self, cost: flops.Cost, tp: int, act_bytes: float, trainable: bool,
                  allreduces: int = 2) -> Tuple[float, float]:
         """(forward, backward) seconds of a transformer layer (``allreduces`` 2) or one of
-        its two kernels (1) at ``tp``."""
+        its two kernels (1) at ``tp`` (``unit_costs.TimeModel``)."""
+        u = self._unit(cost, tp, act_bytes, trainable, allreduces)
+        return u.forward_s, u.backward_s
+
+    def _unit(self, cost: flops.Cost, tp: int, act_bytes: float, trainable: bool,
+              allreduces: int) -> UnitSeconds:
         rec = self.layout.recompute
-        ar = self.links.allreduce_seconds(act_bytes, tp)
-        fwd = self.hw.seconds(cost.fwd / tp) + allreduces * ar
-        if not trainable:
-            return fwd, 0.0
-        bwd_flops = cost.dgrad + cost.wgrad + (cost.fwd if rec else 0.0)
-        return fwd, self.hw.seconds(bwd_flops / tp) + (2 if rec else 1) * allreduces * ar
+        return self.time.unit(cost.fwd, cost.dgrad + cost.wgrad + (cost.fwd if rec else 0.0),
+                              tp, act_bytes, allreduces, rec, trainable)
 
     def _plain_s(self, cost: flops.Cost, tp: int, trainable: bool) -> Tuple[float, float]:
-        return (self.hw.seconds(cost.fwd / tp),
-                self.hw.seconds((cost.dgrad + cost.wgrad) / tp) if trainable else 0.0)
+        u = self.time.unit(cost.fwd, cost.dgrad + cost.wgrad, tp, backward=trainable)
+        return u.forward_s, u.backward_s
 
     def llm_chunks(self) -> Tuple[List[float], List[float]]:
         lay = self.layout
@@ -192,10 +195,10 @@ class CostModel:
         """(forward, backward) seconds per LLM chunk spent in its layers' TP all-reduces,
         compute idle: Optimus' TP bubbles."""
         lay = self.layout
-        ar = self.links.allreduce_seconds(self.llm_act_bytes, lay.tensor_model_parallel_size)
+        u = self._unit(self.llm_layer, lay.tensor_model_parallel_size, self.llm_act_bytes,
+                       not self.model.freeze_llm, 2)
         per = self.model.llm.num_layers // lay.num_chunks
-        backward = 0.0 if self.model.freeze_llm else per * (4 if lay.recompute else 2) * ar
-        return [per * 2 * ar] * lay.num_chunks, [backward] * lay.num_chunks
+        return [per * u.forward_comm_s] * lay.num_chunks, [per * u.backward_comm_s] * lay.num_chunks
 
     def encoder_units(self, tp_enc: int, sublayer: bool = False, e: int = 0
                       ) -> List[Tuple[float, float, float, float, float]]:
@@ -204,14 +207,12 @@ class CostModel:
         layers, or their attention and MLP kernels (``sublayer``)."""
         enc = self.encoders[e]
         t, layers = enc.trainable, enc.spec.transformer.num_layers
-        ar = self.links.allreduce_seconds(enc.act_bytes, tp_enc)
-        rec = 2 if self.layout.recompute else 1
         kernels = [(enc.layer, 2)] if not sublayer else [(k, 1) for k in enc.sublayers]
         units = []
         for kernel, allreduces in kernels:
-            f, b = self._layer_s(kernel, tp_enc, enc.act_bytes, t, allreduces)
-            units.append((f, b, kernel.params / tp_enc, allreduces * ar,
-                          rec * allreduces * ar if t else 0.0))
+            u = self._unit(kernel, tp_enc, enc.act_bytes, t, allreduces)
+            units.append((u.forward_s, u.backward_s, kernel.params / tp_enc, u.forward_comm_s,
+                          u.backward_comm_s))
         return units * layers
 
     def encoder_pieces(self, tp_enc: int, n: int, share: float = 1.0,
@@ -339,13 +340,13 @@ class CostModel:
             ef += f
             eb += b if trainable else [0.0] * len(b)
             enc_reduce += self.encoder_reduce_s(params, dp_enc // replicas, e)
-            bcast += [0.0] * (len(ranks) - 1) + [self.links.broadcast_seconds(
+            bcast += [0.0] * (len(ranks) - 1) + [self.time.broadcast_s(
                 self.encoders[e].act_bytes, tp) if replicas > 1 else 0.0]
             gathers.append((e, self.encoder_params(e) / (stages * tp_enc), dp_enc))
             if replicas > 1 and trainable:
                 for r in set(ranks):
-                    allreduce[r] += self.links.allreduce_seconds(
-                        flops.FP32 * sum(p for p, q in zip(params, ranks) if q == r), replicas)
+                    allreduce[r] += self.time.replica_allreduce_s(
+                        sum(p for p, q in zip(params, ranks) if q == r), replicas)
         fwd_comm, bwd_comm = self.llm_tp_bubbles()
         costs = ActionCosts(fwd, bwd, ef, eb if self.encoder_trainable else [],
                             p2p_s=self.p2p_s(), llm_start_s=self.dp_gather_s(gathers),

@@ -32,14 +32,15 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import PlanError
-from .hardware import Hardware
-from .layers import LLM, Layer
+from .hardware import Hardware, Interconnect
+from .layers import LLM, TRANSFORMER_KINDS, Layer
 from .minmax import minmax_split, prefix_sums
 from .generate import encoder_placement
 from .partition import StagePartition, partition
 from .placement import ChunkPlacement, EncoderPlacement, chunk_placements
 from .record import Record
 from .simulate import ActionCosts
+from .unit_costs import TimeModel, UnitSeconds, replica_share
 
 
 @dataclass
@@ -157,39 +158,92 @@ def separate_placements(chain: Sequence[Layer], llm_partition: StagePartition,
     return placements
 
 
+def chain_unit(layer: Layer, time: TimeModel, chain_tp: int = 1,
+               tp: Optional[int] = None) -> UnitSeconds:
+    """A training chain layer (its costs per rank at ``chain_tp``, the chain's TP) run at
+    ``tp`` (default ``chain_tp``; an encoder layer at the encoder TP), timed by the one
+    time model: a transformer layer adds its 2 TP all-reduces of its output per forward."""
+    tp = tp or chain_tp
+    return time.unit(layer.fwd_flops * chain_tp, layer.bwd_flops * chain_tp, tp,
+                     layer.out_bytes * chain_tp,
+                     2 if layer.kind in TRANSFORMER_KINDS else 0, layer.recompute,
+                     layer.runs_backward)
+
+
 def schedule_costs(chain: Sequence[Layer], llm_partition: StagePartition,
-                   pieces: Sequence[EncoderPieces], hardware: Hardware, p2p_s: float = 0.0
-                   ) -> ActionCosts:
+                   pieces: Sequence[EncoderPieces], hardware: Hardware, p2p_s: float = 0.0,
+                   *, links: Optional[Interconnect] = None, tensor_model_parallel_size: int = 1,
+                   encoder_tensor_model_parallel_size: Optional[int] = None) -> ActionCosts:
     """Per-action seconds of one micro-batch: LLM chunk c's layers (chunk 0 with the
     projectors), each encoder's piece p's layers (piece 0 with its patch embedding), the
-    encoders' pieces one after the other."""
+    encoders' pieces one after the other; each layer timed by ``unit_costs.TimeModel``
+    (``hardware``, and the TP all-reduces on ``links``: None, free). ``chain``'s costs are
+    per rank at ``tensor_model_parallel_size``; the encoder layers run at
+    ``encoder_tensor_model_parallel_size`` (default the same), r = TP / encoder TP replicas
+    taking turns with the micro-batches (each piece 1 / r of its time per rank, plus each
+    encoder's output broadcast and the replicas' gradient sum)."""
     encoders, llm = split_chain(chain)
     encoders = dict(encoders)
-    fwd = lambda layers: sum(hardware.seconds(l.fwd_flops) for l in layers)  # noqa: E731
-    bwd = lambda layers: sum(hardware.seconds(l.bwd_flops) for l in layers)  # noqa: E731
+    time = TimeModel(hardware, links)
+    tp = tensor_model_parallel_size
+    etp = encoder_tensor_model_parallel_size or tp
+    share = replica_share(tp, etp)
+    replicas = tp // etp
+
+    def units(layers, at=tp, scale=1.0):
+        return [chain_unit(l, time, tp, at) for l in layers], scale
+
     chunks = [llm[s:e] for s, e in llm_partition.chunk_bounds()]
-    per_piece = []
+    per_piece, bcast, ranks_params = [], [], {}
     for enc in pieces:
         encoder = encoders[enc.name]
         chunks[0] = chunks[0] + [l for l in encoder if l.kind == "projector"]
         embed = [l for l in encoder if l.kind.endswith("_embed")]
         layers = [l for l in encoder if l.kind.endswith("_layer")]
-        per_piece += [layers[s:e] + (embed if p == 0 else [])
-                      for p, (s, e) in enumerate(enc.layers)]
-    return ActionCosts(forward_s=[fwd(c) for c in chunks], backward_s=[bwd(c) for c in chunks],
-                       encoder_forward_s=[fwd(p) for p in per_piece],
-                       encoder_backward_s=[bwd(p) for p in per_piece], p2p_s=p2p_s)
+        for p, (s, e) in enumerate(enc.layers):
+            mine = layers[s:e] + (embed if p == 0 else [])
+            per_piece.append(units(mine, etp, share))
+            last = p == len(enc.layers) - 1
+            bcast.append(time.broadcast_s(layers[-1].out_bytes * tp, tp) if last else 0.0)
+            trained = sum(l.params * tp / etp for l in mine if l.trainable)
+            ranks_params[enc.ranks[p]] = ranks_params.get(enc.ranks[p], 0.0) + trained
+    per_chunk = [units(c) for c in chunks]
+    total = lambda us, what: us[1] * sum(getattr(u, what) for u in us[0])  # noqa: E731
+    costs = ActionCosts(forward_s=[total(c, "forward_s") for c in per_chunk],
+                        backward_s=[total(c, "backward_s") for c in per_chunk],
+                        encoder_forward_s=[total(p, "forward_s") for p in per_piece],
+                        encoder_backward_s=[total(p, "backward_s") for p in per_piece],
+                        p2p_s=p2p_s)
+    if links is not None:
+        costs.forward_comm_s = [total(c, "forward_comm_s") for c in per_chunk]
+        costs.backward_comm_s = [total(c, "backward_comm_s") for c in per_chunk]
+        costs.encoder_forward_comm_s = [total(p, "forward_comm_s") for p in per_piece]
+        costs.encoder_backward_comm_s = [total(p, "backward_comm_s") for p in per_piece]
+        if replicas > 1:
+            ranks = max(llm_partition.pipeline_model_parallel_size, 1)
+            costs.broadcast_s = bcast
+            costs.replica_allreduce_s = [time.replica_allreduce_s(ranks_params.get(r, 0.0),
+                                                                  replicas)
+                                         for r in range(ranks)]
+    return costs
 
 
 def megatron_costs(chain: Sequence[Layer], partition: StagePartition, hardware: Hardware,
-                   p2p_s: float = 0.0) -> ActionCosts:
+                   p2p_s: float = 0.0, *, links: Optional[Interconnect] = None,
+                   tensor_model_parallel_size: int = 1) -> ActionCosts:
     """Per-chunk seconds of the whole chain partitioned as Megatron runs it (the encoder
-    inside the chunks that hold it): the ``megatron`` schedule's costs."""
-    bounds = partition.chunk_bounds()
-    return ActionCosts(
-        forward_s=[sum(hardware.seconds(l.fwd_flops) for l in chain[s:e]) for s, e in bounds],
-        backward_s=[sum(hardware.seconds(l.bwd_flops) for l in chain[s:e]) for s, e in bounds],
-        p2p_s=p2p_s)
+    inside the chunks that hold it, at the LLM's TP): the ``megatron`` schedule's costs,
+    timed as ``schedule_costs``."""
+    time = TimeModel(hardware, links)
+    tp = tensor_model_parallel_size
+    chunks = [[chain_unit(l, time, tp) for l in chain[s:e]]
+              for s, e in partition.chunk_bounds()]
+    costs = ActionCosts(forward_s=[sum(u.forward_s for u in c) for c in chunks],
+                        backward_s=[sum(u.backward_s for u in c) for c in chunks], p2p_s=p2p_s)
+    if links is not None:
+        costs.forward_comm_s = [sum(u.forward_comm_s for u in c) for c in chunks]
+        costs.backward_comm_s = [sum(u.backward_comm_s for u in c) for c in chunks]
+    return costs
 
 
 @dataclass

@@ -66,7 +66,9 @@ class Interconnect(Record):
     ``tp_bandwidth``: a ring all-reduce of n bytes over t GPUs takes 2 (t - 1) / t x n / bw
     (NVLink inside a node); ``dp_bandwidth``: all-gather and reduce-scatter of the
     distributed optimizer, (d - 1) / d x n / bw each (RDMA between nodes);
-    ``p2p_bandwidth``: a pipeline send of one activation or gradient.
+    ``p2p_bandwidth``: a pipeline send of one activation or gradient. ``tp_latency_s``:
+    what each all-reduce or broadcast inside the node costs besides its bytes (0: the
+    bandwidth term alone, as the cluster-scale tables charge).
     """
 
     name: str = "H100 node: NVLink 4 + 400 Gb/s RDMA per GPU"
@@ -74,14 +76,24 @@ class Interconnect(Record):
     dp_bandwidth: float = 40e9
     p2p_bandwidth: float = 40e9
     p2p_latency_s: float = 20e-6
+    tp_latency_s: float = 0.0
+
+    def __post_init__(self):
+        for name in ("tp_bandwidth", "dp_bandwidth", "p2p_bandwidth"):
+            if getattr(self, name) <= 0:
+                raise PlanError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.tp_latency_s < 0 or self.p2p_latency_s < 0:
+            raise PlanError("link latencies must not be negative")
 
     def allreduce_seconds(self, nbytes: float, ways: int) -> float:
-        return 0.0 if ways <= 1 else 2.0 * (ways - 1) / ways * nbytes / self.tp_bandwidth
+        return 0.0 if ways <= 1 else (self.tp_latency_s + 2.0 * (ways - 1) / ways * nbytes
+                                      / self.tp_bandwidth)
 
     def broadcast_seconds(self, nbytes: float, ways: int) -> float:
         """A pipelined ring broadcast of n bytes to ``ways`` GPUs of a node (the encoder
         replicas' output to the LLM TP group): (t - 1) / t x n / bw."""
-        return 0.0 if ways <= 1 else (ways - 1) / ways * nbytes / self.tp_bandwidth
+        return 0.0 if ways <= 1 else (self.tp_latency_s + (ways - 1) / ways * nbytes
+                                      / self.tp_bandwidth)
 
     def dp_seconds(self, nbytes: float, ways: int) -> float:
         """One all-gather or reduce-scatter over ``ways`` data-parallel replicas."""

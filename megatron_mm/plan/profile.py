@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from .errors import PlanError
-from .hardware import Hardware
+from .hardware import Hardware, Interconnect
 from .layers import Layer
 from .record import Record
 
@@ -43,6 +43,10 @@ class LayerProfile(Record):
     tensor_model_parallel_size: int
     frozen: List[str]  # module roots whose parameters were frozen while measuring
     layers: List[LayerTime] = field(default_factory=list)
+    # The links the run's TP all-reduces take (bus bandwidth, latency per collective):
+    # layer times are measured in one process, without TP traffic, which the time model
+    # (``unit_costs``) adds on these links; None: ``Interconnect``'s defaults.
+    tp_links: Optional[Interconnect] = None
 
     def by_module(self) -> Dict[str, LayerTime]:
         return {t.module: t for t in self.layers}

@@ -28,7 +28,6 @@ from .logging_args import logging_args, validate_logging_args
 from .sequence_parallel import add_sequence_parallel_args, validate_sequence_parallel
 from .transformer_impl import validate_transformer_impl
 from .user_errors import ArgumentParser, exit_with_user_error
-from .encoder_schedule_auto import apply_encoder_schedule_auto
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -410,8 +409,9 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
 
 def _validate_encoder_schedule(args: argparse.Namespace) -> None:
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    if args.encoder_schedule == "auto":  # the planner picks; the choice is checked below
-        apply_encoder_schedule_auto(args)
+    if args.encoder_schedule == "auto":  # the plan picks, among the options these allow
+        _validate_auto(args)
+        return
     if args.encoder_schedule == "megatron":
         for flag in ("encoder_pipeline_model_parallel_size",
                      "encoder_tensor_model_parallel_size"):
@@ -438,6 +438,23 @@ def _validate_encoder_schedule(args: argparse.Namespace) -> None:
         if blocked:
             raise ConfigError(f"--encoder-schedule {args.encoder_schedule} does not combine "
                               f"with {flag} yet: drop one of them")
+
+
+def _validate_auto(args: argparse.Namespace) -> None:
+    """``--encoder-schedule auto``: what it can choose from (the choice itself is made with
+    the training plan, on the real vocabulary: ``encoder_schedule_auto``)."""
+    tp, etp = args.tensor_model_parallel_size, args.encoder_tensor_model_parallel_size
+    if etp is not None and (etp < 1 or tp % etp):
+        raise ConfigError(f"--encoder-tensor-model-parallel-size ({etp}) must divide "
+                          f"--tensor-model-parallel-size ({tp})")
+    if etp is not None and etp < tp and (args.pipeline_partition == "search"
+                                         or args.recompute_memory_budget is not None
+                                         or args.context_parallel_size > 1):
+        raise ConfigError("--encoder-schedule auto has nothing to choose from: "
+                          "--encoder-tensor-model-parallel-size below --tensor-model-parallel-"
+                          "size needs the encoder as its own pipeline, which "
+                          "--pipeline-partition search / --recompute-memory-budget / "
+                          "--context-parallel-size > 1 exclude")
 
 
 def _validate_search_and_recompute(args: argparse.Namespace) -> None:

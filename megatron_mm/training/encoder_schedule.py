@@ -2,8 +2,11 @@
 schedule executor instead of Megatron-Core's schedules (``megatron``, the default).
 
 The plan (LLM partition, encoder pieces and their ranks) comes from the training chain; the
-``bubble`` schedule is generated on its per-action costs, from the cost model or measured
-per-layer times (``--pipeline-profile``), once per micro-batch count. The schedules name
+``bubble`` schedule is generated on its per-action costs (``schedule_costs``: the cost
+model or measured per-layer times of ``--pipeline-profile``, with the TP traffic of
+``plan/unit_costs``, the costs ``--encoder-schedule auto`` chose on), once per micro-batch
+count. ``args`` here are the run's flags with the plan's encoder schedule
+(``TrainingPlan.run_args``). The schedules name
 their collectives (the encoder replicas' broadcast and gradient sum, the data-parallel
 reductions' start points) and are validated as they are generated; ``build_executor``
 generates the run's schedule up front, so a schedule that cannot run fails at start-up.
@@ -17,22 +20,16 @@ from ..plan.bubble import bubble
 from ..plan.encoder_pipeline import EncoderPipelinePlan, schedule_costs, plan_encoder_pipeline
 from ..plan.errors import PlanError
 from ..plan.generate import coarse
-from ..plan.hardware import Hardware
 from ..plan.partition import parse_partition_flag
-from ..plan.profile import MEASURED
 from ..plan.simulate import simulate
 from ..runtime import ScheduleExecutor
+from .encoder_schedule_auto import hardware, time_inputs
 from .pipeline_plan import training_chain
 from .step import batch_to_device
 
 
 def separate_encoder(args) -> bool:
     return getattr(args, "encoder_schedule", "megatron") != "megatron"
-
-
-def hardware(args) -> Hardware:
-    """What the chain's costs are in: measured seconds, or FLOPs of the cost model."""
-    return MEASURED if getattr(args, "pipeline_profile", None) else Hardware()
 
 
 def encoder_pipeline_plan(args, chain=None, policy=None) -> EncoderPipelinePlan:
@@ -73,9 +70,13 @@ def encoder_pipeline_plan(args, chain=None, policy=None) -> EncoderPipelinePlan:
 
 
 def plan_costs(args, plan: EncoderPipelinePlan, chain=None):
-    """Per-action costs of the plan's LLM chunks and encoder pieces."""
+    """Per-action costs of the plan's LLM chunks and encoder pieces (with the encoder
+    TP's traffic: ``encoder_schedule_auto.time_inputs``)."""
     return schedule_costs(chain if chain is not None else training_chain(args),
-                          plan.llm_partition, plan.pieces, hardware(args))
+                          plan.llm_partition, plan.pieces, hardware(args),
+                          encoder_tensor_model_parallel_size=(
+                              args.encoder_tensor_model_parallel_size),
+                          **time_inputs(args))
 
 
 def make_schedule(args, plan: EncoderPipelinePlan, num_microbatches: int, chain=None):

@@ -1,21 +1,28 @@
-"""``--encoder-schedule auto``: the planner picks the encoder schedule of a training run.
+"""The run's encoder schedule, and ``--encoder-schedule auto``: the planner picks it.
 
-Every alternative is built and simulated on the training chain's per-action costs (the
-cost model, or the measured per-layer times of ``--pipeline-profile``), the very costs
-the ``bubble`` schedule is generated on and the simulator replays, so one cost model
-serves the choice, the run's schedule and its simulation:
+``plan_training`` settles it once, on the training chain with the tokenizer's real
+vocabulary, into the ``TrainingPlan`` (``EncoderScheduleChoice``): the flags' schedule,
+encoder PP, encoder TP and pieces, or with ``auto`` the fastest simulated alternative:
 
 - ``megatron``: Megatron-Core's schedule, the encoders inside the chunks
-  ``--pipeline-partition`` gives them;
+  ``--pipeline-partition`` gives them, at the LLM's TP;
 - ``coarse`` and ``bubble``: every encoder as its own pipeline over each encoder PP that
-  divides PP, at 1, 2 or 4 pieces per stage (where the encoder has the layers).
+  divides PP, at 1, 2 or 4 pieces per stage (where the encoder has the layers), at each
+  encoder TP dividing TP that the run's other flags allow (encoder replicas = TP /
+  encoder TP; ``--encoder-tensor-model-parallel-size`` given: that one only), each planned
+  as the run would plan it with those flags (``encoder_schedule.encoder_pipeline_plan``:
+  for bubble, the encoder's placement and stage boundaries searched by simulation).
 
-The fastest wins (ties: the earlier in that order, the simpler schedule); the run then
-takes its ``--encoder-schedule``, ``--encoder-pipeline-model-parallel-size`` and
-``--encoder-pieces``. The encoder TP stays as given: the training chain's costs do not
-model TP traffic, so they cannot tell encoder TPs apart. Encoder-pipeline alternatives
-are left out where the run's other flags do not combine with them (``--pipeline-partition
-search``, ``--recompute-memory-budget``).
+Every alternative is simulated on the per-action costs of ``encoder_pipeline``'s
+``schedule_costs`` / ``megatron_costs``, timed by ``plan/unit_costs.TimeModel`` (the
+Optimus planner's time model): compute from the cost model, or the measured per-layer
+times of ``--pipeline-profile``, plus the TP all-reduces, the encoder replicas' broadcast
+and gradient sum modelled on ``plan/hardware.Interconnect``'s links (a profile's layer
+times carry no TP traffic: its ``tp_links``, or the defaults). The same costs generate
+the run's ``bubble`` schedule and the simulator replays them. The fastest wins; ties go
+to the earlier in that order (the simpler schedule, the larger encoder TP). Encoder-pipeline alternatives are left out where
+the run's other flags do not combine with them (``--pipeline-partition search``,
+``--recompute-memory-budget``).
 """
 
 from __future__ import annotations
@@ -24,14 +31,16 @@ import copy
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from ..plan import ModelSpec, PlanError, Workload, build_chain, partition
-from ..plan.bubble import bubble
-from ..plan.encoder_pipeline import megatron_costs, plan_encoder_pipeline, schedule_costs
-from ..plan.generate import coarse, megatron
-from ..plan.hardware import Hardware
-from ..plan.profile import MEASURED, LayerProfile, apply_profile
+from ..config import ConfigError
+from ..plan import PlanError, partition
+from ..plan.encoder_pipeline import megatron_costs
+from ..plan.generate import megatron
+from ..plan.hardware import Hardware, Interconnect
+from ..plan.profile import MEASURED, LayerProfile
 from ..plan.record import Record
 from ..plan.simulate import simulate
+from .fp8_args import validate_fp8_args
+from .sequence_parallel import validate_sequence_parallel
 
 
 @dataclass
@@ -40,12 +49,16 @@ class Alternative(Record):
     encoder_pipeline_model_parallel_size: Optional[int]
     encoder_pieces: int
     iteration_s: float
+    encoder_tensor_model_parallel_size: Optional[int] = None  # None: the LLM's (megatron)
+    tensor_model_parallel_size: int = 1
 
     def describe(self) -> str:
         if self.schedule == "megatron":
             return "megatron"
-        return (f"{self.schedule}, encoder PP {self.encoder_pipeline_model_parallel_size}, "
-                f"{self.encoder_pieces} piece(s) per stage")
+        tp = (f" TP {self.encoder_tensor_model_parallel_size}"
+              if self.tensor_model_parallel_size > 1 else "")
+        return (f"{self.schedule}, encoder PP {self.encoder_pipeline_model_parallel_size}"
+                f"{tp}, {self.encoder_pieces} piece(s) per stage")
 
 
 @dataclass
@@ -63,55 +76,111 @@ class AutoChoice(Record):
         return out
 
 
-def _chain(args):
-    """The training chain from the model config (the tokenizer's vocabulary is not known
-    yet: a stand-in only shifts the output layer's cost; a profile measures it)."""
-    config = copy.deepcopy(args.model_config)
-    config.language.vocab_size = config.language.vocab_size or 1
-    chain = build_chain(ModelSpec.from_config(config),
-                        Workload(seq_length=args.seq_length,
-                                 micro_batch_size=args.micro_batch_size,
-                                 tensor_model_parallel_size=args.tensor_model_parallel_size))
+@dataclass
+class EncoderScheduleChoice(Record):
+    """The run's encoder schedule (the one source the run's flags of it derive from)."""
+
+    encoder_schedule: str  # megatron | coarse | bubble
+    encoder_pipeline_model_parallel_size: Optional[int] = None  # None: megatron
+    encoder_tensor_model_parallel_size: Optional[int] = None  # None: megatron
+    encoder_pieces: int = 1
+    auto: Optional[AutoChoice] = None  # --encoder-schedule auto: what it simulated
+
+    @classmethod
+    def from_flags(cls, args) -> "EncoderScheduleChoice":
+        return cls(args.encoder_schedule, args.encoder_pipeline_model_parallel_size,
+                   args.encoder_tensor_model_parallel_size, args.encoder_pieces)
+
+    def run_args(self, args):
+        """A copy of the flags with this schedule (the namespace itself stays as typed)."""
+        out = copy.copy(args)
+        out.encoder_schedule = self.encoder_schedule
+        out.encoder_pipeline_model_parallel_size = self.encoder_pipeline_model_parallel_size
+        out.encoder_tensor_model_parallel_size = self.encoder_tensor_model_parallel_size
+        out.encoder_pieces = self.encoder_pieces
+        return out
+
+    def lines(self) -> List[str]:
+        return self.auto.lines() if self.auto is not None else []
+
+
+def time_inputs(args) -> dict:
+    """The time model's inputs besides the hardware and the encoder TP, as
+    ``schedule_costs`` / ``megatron_costs`` take them: the TP links (a measured profile's
+    ``tp_links``, else ``Interconnect``'s defaults: layer times are measured in one
+    process, without TP traffic) and the run's TP (the chain's)."""
+    links = None
     if getattr(args, "pipeline_profile", None):
-        chain = apply_profile(chain, LayerProfile.load(args.pipeline_profile))
-    return chain
+        links = LayerProfile.load(args.pipeline_profile).tp_links
+    return dict(links=links or Interconnect(),
+                tensor_model_parallel_size=args.tensor_model_parallel_size)
 
 
-def choose_encoder_schedule(args, chain=None) -> AutoChoice:
-    """Simulate the alternatives for this run and return the fastest (module docstring)."""
-    chain = chain if chain is not None else _chain(args)
-    hw = MEASURED if getattr(args, "pipeline_profile", None) else Hardware()
+def hardware(args) -> Hardware:
+    """What the chain's costs are in: measured seconds, or FLOPs of the cost model."""
+    return MEASURED if getattr(args, "pipeline_profile", None) else Hardware()
+
+
+def encoder_tp_options(args) -> List[int]:
+    """The encoder TPs auto may pick, largest first: the flag's, or each divisor of TP
+    the run's other flags allow (checked as if given as
+    ``--encoder-tensor-model-parallel-size``)."""
+    tp = args.tensor_model_parallel_size
+    if args.encoder_tensor_model_parallel_size:
+        return [args.encoder_tensor_model_parallel_size]
+    options = []
+    for etp in [d for d in range(tp, 0, -1) if tp % d == 0]:
+        trial = copy.copy(args)
+        trial.encoder_tensor_model_parallel_size = etp
+        try:
+            if etp < tp and args.context_parallel_size > 1:
+                continue  # the replicas' groups assume one CP rank (arguments.py)
+            validate_sequence_parallel(trial)
+            args.model_config.validate_parallel(tp, etp)
+            validate_fp8_args(trial)
+        except ConfigError:
+            continue
+        options.append(etp)
+    return options
+
+
+def choose_encoder_schedule(args, chain) -> AutoChoice:
+    """Simulate the alternatives for this run on ``chain`` (the training chain, with the
+    real vocabulary) and return the fastest (module docstring)."""
+    hw = hardware(args)
     pp, vpp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1
     m, tp = args.num_microbatches, args.tensor_model_parallel_size
-    etp = args.encoder_tensor_model_parallel_size or tp
-    if etp < 1 or tp % etp:
-        raise PlanError(f"--encoder-tensor-model-parallel-size ({etp}) must divide "
-                        f"--tensor-model-parallel-size ({tp})")
+    timing = time_inputs(args)
+    etps = encoder_tp_options(args)
     alternatives: List[Alternative] = []
-    if etp == tp:  # Megatron-Core's schedules have no encoder TP of their own
+    if tp in etps:  # Megatron-Core's schedules have no encoder TP of their own
         part = partition(chain, pp, vpp, args.pipeline_partition, num_microbatches=m,
                          search_radius=getattr(args, "pipeline_search_radius", 1))
-        sim = simulate(megatron(pp, vpp, m), megatron_costs(chain, part, hw), False)
-        alternatives.append(Alternative("megatron", None, 1, sim.iteration_s))
+        sim = simulate(megatron(pp, vpp, m), megatron_costs(chain, part, hw, **timing), False)
+        alternatives.append(Alternative("megatron", None, 1, sim.iteration_s,
+                                        tensor_model_parallel_size=tp))
     separate = (args.pipeline_partition != "search"
                 and getattr(args, "recompute_memory_budget", None) is None)
-    for stages in [d for d in range(1, pp + 1) if pp % d == 0] if separate else []:
-        for pieces in (1, 2, 4):
-            try:
-                plan = plan_encoder_pipeline(chain, pp, vpp, args.pipeline_partition, stages,
-                                             pieces, m, hw)
-            except PlanError:  # an encoder too short for these pieces
-                continue
-            costs = schedule_costs(chain, plan.llm_partition, plan.pieces, hw)
-            settings = dict(encoders=len(plan.pieces), frozen_encoders=plan.frozen_encoders,
-                            encoder_replicas=tp // etp, grad_sync=True)
-            for kind in ("coarse", "bubble"):
-                s = (coarse(pp, vpp, m, plan.encoder_trainable, stages, pieces, **settings)
-                     if kind == "coarse" else
-                     bubble(pp, vpp, m, plan.encoder_trainable, costs, stages, pieces,
-                            extra_warmup="auto", **settings))
-                alternatives.append(Alternative(kind, stages, pieces,
-                                                simulate(s, costs, False).iteration_s))
+    from .encoder_schedule import encoder_pipeline_plan, make_schedule, plan_costs
+
+    for etp in etps if separate else []:
+        for stages in [d for d in range(1, pp + 1) if pp % d == 0]:
+            for pieces in (1, 2, 4):
+                for kind in ("coarse", "bubble"):
+                    # the run's own planning with these flags (placement and stage
+                    # boundaries searched for bubble), so the choice is what runs
+                    flags = copy.copy(args)
+                    flags.encoder_schedule, flags.encoder_pieces = kind, pieces
+                    flags.encoder_pipeline_model_parallel_size = stages
+                    flags.encoder_tensor_model_parallel_size = etp
+                    try:
+                        plan = encoder_pipeline_plan(flags, chain)
+                    except PlanError:  # an encoder too short for these pieces
+                        break
+                    sim = simulate(make_schedule(flags, plan, m, chain),
+                                   plan_costs(flags, plan, chain), False)
+                    alternatives.append(Alternative(kind, stages, pieces, sim.iteration_s,
+                                                    etp, tp))
     if not alternatives:
         raise PlanError("--encoder-schedule auto has nothing to choose from: "
                         "--encoder-tensor-model-parallel-size below --tensor-model-parallel-"
@@ -121,16 +190,13 @@ def choose_encoder_schedule(args, chain=None) -> AutoChoice:
     return AutoChoice(chosen=best, alternatives=alternatives, measured=hw is MEASURED)
 
 
-def apply_encoder_schedule_auto(args) -> None:
-    """Choose, then set the run's flags to the choice; the report goes to
-    ``args.encoder_schedule_auto`` (printed with the pipeline plan, on rank 0)."""
-    choice = choose_encoder_schedule(args)
-    c = choice.chosen
-    args.encoder_schedule = c.schedule
+def encoder_schedule_choice(args, chain) -> EncoderScheduleChoice:
+    """The run's encoder schedule: the flags', or (``auto``) the planner's pick."""
+    if args.encoder_schedule != "auto":
+        return EncoderScheduleChoice.from_flags(args)
+    auto = choose_encoder_schedule(args, chain)
+    c = auto.chosen
     if c.schedule == "megatron":  # no encoder pipeline of its own
-        args.encoder_pipeline_model_parallel_size = None
-        args.encoder_tensor_model_parallel_size = None
-    else:
-        args.encoder_pipeline_model_parallel_size = c.encoder_pipeline_model_parallel_size
-        args.encoder_pieces = c.encoder_pieces
-    args.encoder_schedule_auto = choice
+        return EncoderScheduleChoice("megatron", auto=auto)
+    return EncoderScheduleChoice(c.schedule, c.encoder_pipeline_model_parallel_size,
+                                 c.encoder_tensor_model_parallel_size, c.encoder_pieces, auto)

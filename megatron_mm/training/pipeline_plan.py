@@ -37,16 +37,10 @@ def plan_pipeline(args) -> Tuple[StagePartition, List[ChunkPlacement]]:
     return part, chunk_placements(chain, part)
 
 
-def auto_lines(args) -> List[str]:
-    """What ``--encoder-schedule auto`` chose and the alternatives it simulated."""
-    choice = getattr(args, "encoder_schedule_auto", None)
-    return choice.lines() if choice is not None else []
-
-
 def describe_encoder_plan(args, plan) -> str:
     """The LLM chunks and the encoder pieces of ``--encoder-schedule coarse|bubble``."""
     part = plan.llm_partition
-    lines = auto_lines(args) + [f"> encoder schedule {args.encoder_schedule}: LLM layers per chunk "
+    lines = [f"> encoder schedule {args.encoder_schedule}: LLM layers per chunk "
              f"{part.layers_per_chunk} ({part.policy}); " + ", ".join(
                  f"{pieces.name} {'trainable' if trainable else 'frozen'}, "
                  f"{len(pieces.ranks)} pieces"

@@ -5,7 +5,8 @@ plan (computed once, before any process group: a plan that cannot work is report
 first), the encoder replicas' groups, the attention settings, the schedule executor, the
 datasets, the model chunks, optimizer, scheduler, timers and metric writers. The argparse
 namespace stays what the user typed (plus Megatron's derived sizes) and is never written
-to. ``train()`` is Megatron-LM's loop: step, log, evaluate, then save and decide to exit
+to; the run reads a copy with the plan's encoder schedule (``TrainingPlan.run_args``).
+``train()`` is Megatron-LM's loop: step, log, evaluate, then save and decide to exit
 (``--exit-interval``, ``--exit-duration-in-mins``, ``--exit-signal-handler``).
 """
 
@@ -88,7 +89,7 @@ def tokenizer_from_args(args):
 
 @dataclass
 class Trainer:
-    args: object  # the validated flags, never written to
+    args: object  # the validated flags with the plan's encoder schedule, never written to
     tokenizer: object
     model_config: object  # with the tokenizer's vocabulary
     plan: TrainingPlan
@@ -111,6 +112,8 @@ class Trainer:
         tokenizer = tokenizer_from_args(args)
         model_config = model_config_for(args, tokenizer)
         plan = plan_training(args, model_config)  # a ConfigError here names the flag
+        # The run reads its encoder schedule (the flags', or auto's pick) from the plan.
+        args = plan.run_args(args)
         replicas = initialize_distributed(args)
         print_rank_0("> " + describe_tags(tokenizer.item_tags, tokenizer.missing_tags,
                                           tokenizer.tag_request))
@@ -135,12 +138,12 @@ class Trainer:
             best = search_partition(
                 args, plan.chain,
                 build=lambda layers: build_run(plan_training(
-                    args, model_config, layers, "search trial"))[1:],
+                    args, model_config, layers, "search trial", plan.schedule))[1:],
                 batches=lambda: batch_iterators(args, train_ds, tokenizer, 0, shuffle=True),
                 step=lambda run, data: train_step(args, run[0], run[1], run[2], data,
                                                   attention=attention),
                 reseed=lambda: set_random_seed(args.seed), log=print_rank_0)
-            plan = plan_training(args, model_config, best, "search")
+            plan = plan_training(args, model_config, best, "search", plan.schedule)
         description = plan.describe(args)
         if description:
             print_rank_0(description)

@@ -1,9 +1,12 @@
-"""The plan of a training run, computed once: which modules each model chunk holds, which
-layers it recomputes, and (``--encoder-schedule coarse|bubble``) the encoder pieces.
+"""The plan of a training run, computed once: the encoder schedule (the flags', or what
+``--encoder-schedule auto`` chose and the alternatives it simulated), which modules each
+model chunk holds, which layers it recomputes, and (``coarse|bubble``) the encoder pieces.
 
 It is planned on the model with its real vocabulary (after the tokenizer loads), before
 any process group exists, so a partition that cannot work is reported first. The same
-object is then printed, built from and saved in the checkpoint.
+object is then printed, built from and saved in the checkpoint. The plan is the one
+source of the run's encoder schedule: the run reads its flags through ``run_args`` (the
+typed namespace with the plan's schedule, encoder PP, encoder TP and pieces).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from ..plan.partition import parse_partition_flag
 from ..plan.placement import ChunkPlacement, chunk_placements
 from ..plan.recompute_budget import GB, RecomputeChoice
 from .encoder_schedule import encoder_pipeline_plan, separate_encoder
-from .pipeline_plan import auto_lines, describe_encoder_plan, training_chain
+from .encoder_schedule_auto import EncoderScheduleChoice, encoder_schedule_choice
+from .pipeline_plan import describe_encoder_plan, training_chain
 from .recompute_plan import adaptive_choice
 
 
@@ -31,12 +35,18 @@ class TrainingPlan:
     policy: str  # how the partition was chosen (auto, uniform, search, 3,5 ...)
     encoder_plan: Optional[EncoderPipelinePlan] = None  # --encoder-schedule coarse|bubble
     recompute_choice: Optional[RecomputeChoice] = field(default=None, repr=False)
+    schedule: Optional[EncoderScheduleChoice] = None  # the encoder schedule; None: the flags'
+
+    def run_args(self, args):
+        """The flags with this plan's encoder schedule (what the run reads)."""
+        return self.schedule.run_args(args) if self.schedule is not None else args
 
     def describe(self, args) -> str:
+        args = self.run_args(args)
+        lines = self.schedule.lines() if self.schedule is not None else []
         if self.encoder_plan is not None:
-            return describe_encoder_plan(args, self.encoder_plan)
+            return "\n".join(lines + [describe_encoder_plan(args, self.encoder_plan)])
         part = self.partition
-        lines = auto_lines(args)
         if part.pipeline_model_parallel_size > 1:
             lines.append(f"> pipeline partition ({self.policy}): layers per stage "
                          f"{part.layers_per_chunk}")
@@ -61,24 +71,32 @@ class TrainingPlan:
         if self.encoder_plan is not None:
             out["encoder_pieces"] = {p.name: [list(layers) for layers in p.layers]
                                      for p in self.encoder_plan.pieces}
+        if self.schedule is not None:
+            out["encoder_schedule"] = self.schedule.to_dict()
         return out
 
 
 def plan_training(args, model_config,
                   layers_per_chunk: Optional[Sequence[int]] = None,
-                  policy_label: Optional[str] = None) -> TrainingPlan:
+                  policy_label: Optional[str] = None,
+                  schedule: Optional[EncoderScheduleChoice] = None) -> TrainingPlan:
     """The plan for the flags and ``model_config`` (with its vocabulary).
     ``layers_per_chunk`` overrides ``--pipeline-partition`` (the partition search's
-    candidates and its pick). Raises a ConfigError that names the flag."""
+    candidates and its pick); ``schedule``: the encoder schedule already chosen (default:
+    the flags', or ``--encoder-schedule auto``'s pick on this chain). Raises a ConfigError
+    that names the flag."""
     policy: Union[str, List[int]] = (list(layers_per_chunk) if layers_per_chunk is not None
                                      else parse_partition_flag(args.pipeline_partition))
     label = policy_label or (policy if isinstance(policy, str)
                              else ",".join(map(str, policy)))
     chain = training_chain(args, model_config)
+    schedule = schedule or encoder_schedule_choice(args, chain)
+    args = schedule.run_args(args)
     if separate_encoder(args):
         plan = encoder_pipeline_plan(args, chain, policy)
         return TrainingPlan(chain, plan.llm_partition, plan.placements,
-                            [args.recompute_num_layers] * len(plan.placements), label, plan)
+                            [args.recompute_num_layers] * len(plan.placements), label, plan,
+                            schedule=schedule)
     limit = args.memory_limit_gb * 1024 ** 3 if args.memory_limit_gb else None
     part = partition(chain, args.pipeline_model_parallel_size,
                      args.virtual_pipeline_model_parallel_size or 1, policy,
@@ -90,4 +108,4 @@ def plan_training(args, model_config,
         choice = adaptive_choice(args, part, chain)
         recompute = list(choice.recompute_num_layers)
     return TrainingPlan(chain, part, chunk_placements(chain, part), recompute, label,
-                        recompute_choice=choice)
+                        recompute_choice=choice, schedule=schedule)

@@ -1,6 +1,10 @@
-"""--encoder-schedule auto: the planner simulates megatron, coarse and bubble (each encoder
-PP and piece count) on the run's own costs and the run takes the fastest. (That the chosen
-run equals one process is test_pipeline_parallel's ``pp2-auto`` case.)"""
+"""--encoder-schedule auto: the training plan simulates megatron, coarse and bubble (each
+encoder PP, piece count and encoder TP) on the run's own costs, with the real vocabulary,
+and the run takes the fastest; the plan records and checkpoints the choice. (That the
+chosen run equals one process is test_pipeline_parallel's ``pp2-auto-*`` cases and
+test_audio_training's ``pp2-auto``.)"""
+
+import functools
 
 import pytest
 
@@ -10,58 +14,131 @@ from megatron_mm.plan.hardware import Hardware
 from megatron_mm.plan.partition import partition
 from megatron_mm.plan.simulate import simulate
 from megatron_mm.training.arguments import parse_args
-from megatron_mm.training.encoder_schedule_auto import _chain
+from megatron_mm.training.encoder_schedule_auto import time_inputs
 
 from train_workers import TINY_MODEL
 
 PP2 = ["--pipeline-model-parallel-size", "2", "--micro-batch-size", "2",
        "--global-batch-size", "8"]
+TP2 = ["--tensor-model-parallel-size", "2"]
+AUTO = ["--encoder-schedule", "auto"]
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer():
+    from megatron_mm.data import build_tokenizer
+
+    return build_tokenizer("MistralV1SentencePiece", None)
+
+
+def plan_of(argv, world):
+    """The flags and the training plan a run makes of them (with the real vocabulary)."""
+    from megatron_mm.training.trainer import model_config_for
+    from megatron_mm.training.training_plan import plan_training
+
+    args = parse_args(argv, world_size=world)
+    return args, plan_training(args, model_config_for(args, _tokenizer()))
 
 
 def test_auto_takes_the_fastest_simulated_alternative():
-    args = parse_args(TINY_MODEL + PP2 + ["--encoder-schedule", "auto"], world_size=2)
-    choice = args.encoder_schedule_auto
+    args, plan = plan_of(TINY_MODEL + PP2 + AUTO, 2)
+    assert args.encoder_schedule == "auto"  # the flags stay as typed: the plan chooses
+    choice = plan.schedule.auto
     kinds = {(a.schedule, a.encoder_pipeline_model_parallel_size, a.encoder_pieces)
              for a in choice.alternatives}
     # a 2-layer ViT: 1 or 2 stages, pieces that fit its layers
     assert kinds == {("megatron", None, 1)} | {(k, s, p) for k in ("coarse", "bubble")
                                                for s, p in ((1, 1), (1, 2), (2, 1))}
     assert choice.chosen.iteration_s == min(a.iteration_s for a in choice.alternatives)
-    assert args.encoder_schedule == choice.chosen.schedule
+    run = plan.run_args(args)
+    assert run.encoder_schedule == choice.chosen.schedule
     if choice.chosen.schedule != "megatron":
-        assert (args.encoder_pipeline_model_parallel_size, args.encoder_pieces) == (
+        assert (run.encoder_pipeline_model_parallel_size, run.encoder_pieces) == (
             choice.chosen.encoder_pipeline_model_parallel_size, choice.chosen.encoder_pieces)
-    # the megatron alternative is Megatron-Core's order on the partition the run would use
-    chain = _chain(args)
-    part = partition(chain, 2, 1, args.pipeline_partition, num_microbatches=4)
-    expected = simulate(megatron(2, 1, 4), megatron_costs(chain, part, Hardware()), False)
+        assert plan.encoder_plan is not None
+    # the megatron alternative is Megatron-Core's order on the partition the run would use,
+    # on the plan's chain (the tokenizer's vocabulary)
+    part = partition(plan.chain, 2, 1, args.pipeline_partition, num_microbatches=4)
+    expected = simulate(megatron(2, 1, 4), megatron_costs(plan.chain, part, Hardware(),
+                                                          **time_inputs(args)), False)
     got = next(a for a in choice.alternatives if a.schedule == "megatron")
     assert got.iteration_s == pytest.approx(expected.iteration_s)
     lines = choice.lines()
     assert lines[0].startswith(f"> --encoder-schedule auto chose {choice.chosen.describe()}")
     assert len(lines) == 1 + len(choice.alternatives)
+    described = plan.describe(args).splitlines()
+    assert described[:len(lines)] == lines  # printed with the plan, once
+    saved = plan.to_checkpoint()["encoder_schedule"]
+    assert saved["encoder_schedule"] == choice.chosen.schedule
+    assert len(saved["auto"]["alternatives"]) == len(choice.alternatives)
 
 
 def test_auto_with_an_encoder_tp_of_its_own_leaves_megatron_out(capsys):
-    args = parse_args(TINY_MODEL + PP2 + ["--tensor-model-parallel-size", "2",
-                                          "--encoder-tensor-model-parallel-size", "1",
-                                          "--encoder-schedule", "auto"], world_size=4)
-    assert args.encoder_schedule in ("coarse", "bubble")
-    assert "megatron" not in {a.schedule for a in args.encoder_schedule_auto.alternatives}
+    args, plan = plan_of(TINY_MODEL + PP2 + TP2 + AUTO +
+                         ["--encoder-tensor-model-parallel-size", "1"], 4)
+    assert plan.schedule.encoder_schedule in ("coarse", "bubble")
+    assert plan.schedule.encoder_tensor_model_parallel_size == 1
+    assert {a.encoder_tensor_model_parallel_size for a in plan.schedule.auto.alternatives} \
+        == {1}
+    assert "megatron" not in {a.schedule for a in plan.schedule.auto.alternatives}
     with pytest.raises(SystemExit):
-        parse_args(TINY_MODEL + PP2 + ["--tensor-model-parallel-size", "2",
-                                       "--encoder-tensor-model-parallel-size", "1",
-                                       "--pipeline-partition", "search",
-                                       "--encoder-schedule", "auto"], world_size=4)
+        parse_args(TINY_MODEL + PP2 + TP2 + ["--encoder-tensor-model-parallel-size", "1",
+                                             "--pipeline-partition", "search"] + AUTO,
+                   world_size=4)
     assert "--encoder-schedule auto has nothing to choose from" in capsys.readouterr().err
+
+
+def slow_link_profile(argv, world, path, slow=True):
+    """A layer profile of this model (a ViT layer 20x an LLM layer's time) whose TP
+    links are slow and latency-bound (``slow``, gloo-like: 1 ms per all-reduce; else the
+    defaults), written to ``path``: the ViT's TP all-reduces then outweigh what a higher
+    encoder TP saves."""
+    from megatron_mm.plan.hardware import Interconnect
+    from megatron_mm.plan.profile import LayerProfile, LayerTime
+
+    args, plan = plan_of(argv, world)
+    vision = lambda l: "vision" in l.module  # noqa: E731
+    LayerProfile("test", args.micro_batch_size, args.seq_length, 1, [], [
+        LayerTime(l.module, 20e-3 if vision(l) else 1e-3, 40e-3 if vision(l) else 2e-3)
+        for l in plan.chain],
+        tp_links=Interconnect(tp_bandwidth=1e9, tp_latency_s=1e-3) if slow else None
+    ).save(str(path))
+    return str(path)
+
+
+def test_auto_picks_the_encoder_tp_whose_all_reduces_cost_least(tmp_path):
+    """TP 2 on slow links: auto runs the ViT at TP 1 (two replicas), the fastest of what it
+    simulated; on the default links (NVLink) and measured compute it keeps TP 2."""
+    argv = TINY_MODEL + PP2 + TP2 + AUTO
+    profile = ["--pipeline-profile", slow_link_profile(argv, 4, tmp_path / "p.json")]
+    args, plan = plan_of(argv + profile, 4)
+    auto = plan.schedule.auto
+    tps = {a.encoder_tensor_model_parallel_size for a in auto.alternatives
+           if a.schedule != "megatron"}
+    assert tps == {1, 2}
+    assert auto.chosen.iteration_s == min(a.iteration_s for a in auto.alternatives)
+    assert plan.schedule.encoder_tensor_model_parallel_size == 1
+    assert plan.run_args(args).encoder_tensor_model_parallel_size == 1
+    best_tp2 = min(a.iteration_s for a in auto.alternatives
+                   if a.encoder_tensor_model_parallel_size in (None, 2))
+    assert auto.chosen.iteration_s < best_tp2
+    assert " TP 1, " in auto.lines()[0]
+    assert "vision layers at TP 1: 2 replicas per TP group of 2" in plan.describe(args)
+    # the default links (NVLink) cost the measured compute's ViT little: TP 2 or megatron
+    _, fast = plan_of(argv + ["--pipeline-profile", slow_link_profile(
+        argv, 4, tmp_path / "fast.json", slow=False)], 4)
+    assert fast.schedule.auto.chosen.encoder_tensor_model_parallel_size in (None, 2)
+    # with SP an encoder TP below TP is refused: auto keeps to TP 2
+    _, sp = plan_of(argv + profile + ["--sequence-parallel"], 4)
+    assert {a.encoder_tensor_model_parallel_size for a in sp.schedule.auto.alternatives} \
+        == {None, 2}
 
 
 def test_auto_plans_vision_and_audio_together():
     from audio_data import AUDIO_MODEL
 
-    args = parse_args(TINY_MODEL + AUDIO_MODEL + PP2 + ["--encoder-schedule", "auto"],
-                      world_size=2)
-    choice = args.encoder_schedule_auto
+    args, plan = plan_of(TINY_MODEL + AUDIO_MODEL + PP2 + AUTO, 2)
+    choice = plan.schedule.auto
     assert {a.schedule for a in choice.alternatives} == {"megatron", "coarse", "bubble"}
     assert choice.chosen.iteration_s == min(a.iteration_s for a in choice.alternatives)
-    assert args.encoder_schedule == choice.chosen.schedule
+    assert plan.run_args(args).encoder_schedule == choice.chosen.schedule

@@ -66,6 +66,8 @@ BUBBLE = ["--encoder-schedule", "bubble"]
 ETP1 = ["--encoder-tensor-model-parallel-size", "1"]
 # --encoder-schedule auto on a measured profile (written by the test) whose ViT is slow
 AUTO = ["--encoder-schedule", "auto", "--pipeline-profile", "SLOW_VIT_PROFILE"]
+# ... at TP 2 on a profile whose TP links are slow: auto picks the ViT at TP 1 (replicas)
+AUTO_ETP = ["--tensor-model-parallel-size", "2"] + AUTO
 RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "block",
              "--recompute-num-layers", "1"]
 
@@ -104,14 +106,15 @@ RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "block",
      FOUR_LAYERS + ["--freeze-ViT"]),
     # the planner picks the schedule from the profile: the ViT as its own pipeline
     (2, PP2 + AUTO, []),
+    (4, PP2 + AUTO_ETP, []),
     # the ViT placed from the last rank: [ViT 0 on rank 1 | ViT 1 on rank 0], its layers
-    # numbered at virtual stages of its own (global names, as from the first rank)
+    # laid out over mirrored ranks (global names, as from the first rank)
     (2, PP2 + BUBBLE + ["--encoder-placement", "last"], []),
 ], ids=["pp2", "pp2-split-vit", "tp2-pp2", "pp2-auto-frozen-vit", "pp2-search-frozen-vit",
         "pp2-vpp2-split-frozen-vit", "pp4-frozen-vit", "pp2-coarse", "tp2-pp2-bubble",
         "dp2-pp2-bubble-overlap", "pp2-bubble-recompute", "tp2-pp2-bubble-etp1",
         "pp2-vpp2-bubble-frozen-vit", "pp4-bubble-frozen-vit", "pp2-auto-slow-vit",
-        "pp2-bubble-placed-last"])
+        "tp2-pp2-auto-etp1", "pp2-bubble-placed-last"])
 def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout,
                                               model):
     # Stages draw different random streams, so both runs start from one saved init.
@@ -167,19 +170,28 @@ def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, worl
 
 def _with_slow_vit_profile(argv, layout, tmp_path_factory):
     """The layout with a profile in which ViT layers take 20x an LLM layer, and the choice
-    --encoder-schedule auto makes on it: an encoder pipeline of its own."""
+    --encoder-schedule auto makes on it: an encoder pipeline of its own. With TP 2
+    (``AUTO_ETP``), a profile whose TP links are slow: auto runs the ViT at TP 1."""
     from megatron_mm.plan.profile import LayerProfile, LayerTime
-    from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.encoder_schedule_auto import _chain
+    from test_encoder_schedule_auto import plan_of, slow_link_profile
 
-    args = parse_args(argv + [a for a in layout if a not in AUTO], world_size=2)
-    path = tmp_path_factory.mktemp("profile") / "slow_vit.json"
-    LayerProfile("test", args.micro_batch_size, args.seq_length, 1, [], [
-        LayerTime(l.module, 20e-3 if "vision" in l.module else 1e-3,
-                  40e-3 if "vision" in l.module else 2e-3) for l in _chain(args)]).save(str(path))
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    base = argv + [a for a in layout if a not in AUTO]
+    world = 4 if "--tensor-model-parallel-size" in layout else 2
+    etp_case = layout[-len(AUTO_ETP):] == AUTO_ETP
+    if etp_case:
+        slow_link_profile(base, world, path)
+    else:
+        args, plan = plan_of(base, world)
+        LayerProfile("test", args.micro_batch_size, args.seq_length, 1, [], [
+            LayerTime(l.module, 20e-3 if "vision" in l.module else 1e-3,
+                      40e-3 if "vision" in l.module else 2e-3) for l in plan.chain]
+        ).save(str(path))
     layout = [str(path) if a == AUTO[-1] else a for a in layout]
-    chosen = parse_args(argv + layout, world_size=2)
-    assert chosen.encoder_schedule in ("coarse", "bubble"), chosen.encoder_schedule_auto.lines()
+    _, chosen = plan_of(argv + layout, world)
+    assert chosen.schedule.encoder_schedule in ("coarse", "bubble"), chosen.schedule.lines()
+    if etp_case:
+        assert chosen.schedule.encoder_tensor_model_parallel_size == 1, chosen.schedule.lines()
     return layout
 
 
