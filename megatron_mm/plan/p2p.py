@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .actions import Action, Schedule
+from .encoder_pipeline import encoder_replica_of
 from .errors import PlanError
 from .record import Record
 
@@ -245,3 +246,103 @@ class _Replay:
                                 for what, src, dst, _, key in self.ops[r]
                                 if not self.matched((what, src, dst, _, key)))
                     for r in range(len(self.program)) if self.at[r] < len(self.program[r])))
+
+
+def carried_by(key: Key, replica: int, replicas: int) -> bool:
+    """Whether message ``key`` travels in encoder replica ``replica``'s pipeline group:
+    every LLM message, and the encoder messages (pieces' outputs and gradients, ``B(m,
+    0)``'s gradient for them) of the micro-batches it owns (``encoder_replica_of``)."""
+    kind, m, c = key
+    encoder = kind in ("EF", "EB") or (kind == "B" and c < 0)
+    return not encoder or replicas == 1 or encoder_replica_of(m, replicas) == replica
+
+
+def replica_program(program: List[List[Exchange]], replica: int, replicas: int
+                    ) -> List[List[Exchange]]:
+    """``program`` as encoder replica ``replica`` runs it: the same exchange points, the
+    other replicas' encoder messages left out on both sides."""
+    keep = lambda t: carried_by(tuple(t.key), replica, replicas)  # noqa: E731
+    return [[Exchange([t for t in ex.sends if keep(t)], [t for t in ex.recvs if keep(t)])
+             for ex in rank] for rank in program]
+
+
+def check_replicas(s: Schedule, ranks: Sequence[Sequence[Action]],
+                   program: List[List[Exchange]]) -> None:
+    """With encoder replicas, check that every replica running ``program`` (the schedule's
+    whole action lists ``ranks``, another replica's encoder actions skipped in place) meets
+    the others in the LLM's TP collectives without a hang."""
+    if s.encoder_replicas > 1:
+        n = s.encoder_replicas
+        check_replica_rendezvous(s, [replica_program(program, j, n) for j in range(n)],
+                                 [ranks] * n)
+
+
+def check_replica_rendezvous(s: Schedule, programs: Sequence[List[List[Exchange]]],
+                             actions: Sequence[Sequence[Sequence[Action]]]) -> None:
+    """Raise ``PlanError`` if encoder replicas (``s.encoder_replicas`` > 1) can hang: each
+    replica j is one pipeline group running ``actions[j]`` with ``programs[j]``, and the
+    ranks of one stage meet in every LLM action (its TP collectives), ``BCAST`` and
+    ``ALLREDUCE``, so a
+    replica stuck on a pipeline message holds up the others' collective there."""
+    _ReplicaReplay(s, programs, actions).run()
+
+
+class _ReplicaReplay:
+    """Per (replica, rank): exchange 0, action 0, exchange 1, ..., as NCCL runs them: an
+    exchange is posted when its rank gets there and ends once its messages are matched
+    within its replica; an LLM action or ``BCAST`` ends once every replica's same rank has
+    come to it (the same collective: each replica walks the same LLM order)."""
+
+    def __init__(self, s: Schedule, programs, actions):
+        self.replays = [_Replay(p) for p in programs]  # posts every exchange 0
+        self.actions = actions
+        self.in_action = [[False] * s.pipeline_model_parallel_size for _ in programs]
+
+    @staticmethod
+    def collective(a: Action) -> bool:  # across the replicas of a stage
+        return a.kind in ("F", "B", "BCAST", "ALLREDUCE")
+
+    def finished(self, j: int, r: int) -> bool:
+        return self.replays[j].at[r] == len(self.replays[j].program[r])
+
+    def run(self) -> None:
+        replicas, pp = len(self.replays), len(self.in_action[0])
+        while True:
+            progressed = False
+            for j, replay in enumerate(self.replays):
+                for r in range(pp):
+                    if (not self.finished(j, r) and not self.in_action[j][r]
+                            and all(replay.matched(op) for op in replay.ops[r])):
+                        if replay.at[r] == len(self.actions[j][r]):  # the last exchange
+                            replay.at[r] += 1
+                            replay.ops[r] = []
+                        else:
+                            self.in_action[j][r] = True
+                        progressed = True
+                    if self.in_action[j][r]:
+                        a = self.actions[j][r][replay.at[r]]
+                        if self.collective(a):
+                            if not all(self.in_action[k][r] and self.collective(
+                                    self.actions[k][r][self.replays[k].at[r]])
+                                       for k in range(replicas)):
+                                continue
+                            group = range(replicas)  # they meet: all go on
+                        else:
+                            group = [j]
+                        for k in group:
+                            self.in_action[k][r] = False
+                            self.replays[k].at[r] += 1
+                            self.replays[k].post(r)
+                        progressed = True
+            if all(self.finished(j, r) for j in range(replicas) for r in range(pp)):
+                return
+            if not progressed:
+                raise PlanError(
+                    "encoder replicas deadlock: their pipeline exchanges and the LLM's TP "
+                    "collectives wait on each other (" + "; ".join(
+                        f"replica {j} rank {r} "
+                        + (f"in {self.actions[j][r][self.replays[j].at[r]]}"
+                           if self.in_action[j][r] else
+                           f"in exchange {self.replays[j].at[r]}")
+                        for j in range(replicas) for r in range(pp)
+                        if not self.finished(j, r)) + ")")

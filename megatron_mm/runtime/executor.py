@@ -42,7 +42,8 @@ from megatron.core.utils import get_attr_wrapped_model, get_model_config
 from ..plan.actions import Action, Kind, Schedule, validate
 from ..plan.errors import PlanError
 from ..plan.encoder_pipeline import EncoderPieces
-from ..plan.p2p import Exchange, output_grad_key, p2p_program
+from ..plan.p2p import (Exchange, carried_by, check_replicas, message_inputs,
+                        output_grad_key, p2p_program)
 from ..plan.placement import ChunkPlacement
 from ..plan.simulate import TimedAction
 from .encoder_replicas import EncoderReplicas
@@ -65,7 +66,8 @@ class ScheduleExecutor:
                  pieces: Sequence[EncoderPieces], to_device: Callable[[dict], dict],
                  replicas: Optional[EncoderReplicas] = None,
                  placements: Sequence[ChunkPlacement] = (),
-                 local_length: Optional[Callable[[dict], int]] = None):
+                 local_length: Optional[Callable[[dict], int]] = None,
+                 cost: Optional[Callable[[Action], float]] = None):
         self.make_schedule = make_schedule
         # the schedule's encoder piece s: (encoder name, its layers [start, end))
         self.pieces = [(enc.name, layers) for enc in pieces for layers in enc.layers]
@@ -73,6 +75,9 @@ class ScheduleExecutor:
         self.to_device = to_device
         self.replicas = replicas  # None: one encoder replica per TP group (ETP = TP)
         self.placements, self.local_length = list(placements), local_length
+        # seconds per action (the schedule's own costs): the p2p program posts each receive
+        # when its message is due on that timeline (None: unit costs)
+        self.cost = cost
         self._schedules: Dict[int, Schedule] = {}
         self._programs: Dict[Tuple[int, bool], List[List[Exchange]]] = {}
         self.record_timeline = False
@@ -102,23 +107,35 @@ class ScheduleExecutor:
         return self._schedules[num_microbatches]
 
     def actions(self, schedule: Schedule, rank: int, forward_only: bool) -> List[Action]:
-        """What pipeline rank ``rank`` runs of ``schedule`` in this process's pipeline
-        group: forwards only need forwards (their order stays valid); other encoder
-        replicas' encoder work is skipped (the whole pipeline group is one replica)."""
+        """Pipeline rank ``rank``'s actions of ``schedule``: forwards only need forwards
+        (their order stays valid). With encoder replicas every replica walks the same list
+        and exchanges at the same points (``owns`` says which encoder actions it runs):
+        the LLM's TP collectives then meet the same p2p program in every replica, which is
+        what ``check_rendezvous`` proved free of deadlock (a replica only leaves out
+        messages, both sides of each)."""
         actions = schedule.ranks[rank]
         if forward_only:
             actions = [a for a in actions if a.kind in (Kind.F, Kind.EF, Kind.BCAST)]
-        return [a for a in actions
-                if not a.kind.startswith("E") or self.replicas is None
-                or self.replicas.owns(a.microbatch)]
+        return list(actions)
+
+    def owns(self, a: Action) -> bool:
+        """Whether this process's encoder replica runs ``a`` (every non-encoder action)."""
+        return (self.replicas is None or a.kind not in (Kind.EF, Kind.EB)
+                or self.replicas.owns(a.microbatch))
+
+    def carries(self, key: Key) -> bool:
+        """Whether message ``key`` travels in this replica (``p2p.carried_by``)."""
+        return self.replicas is None or carried_by(key, self.replicas.index,
+                                                   self.replicas.replicas)
 
     def program(self, schedule: Schedule, forward_only: bool) -> List[List[Exchange]]:
         """Every pipeline rank's exchanges (cached per micro-batch count and mode)."""
         key = (schedule.num_microbatches, forward_only)
         if key not in self._programs:
-            self._programs[key] = p2p_program(schedule, [
-                self.actions(schedule, r, forward_only)
-                for r in range(schedule.pipeline_model_parallel_size)])
+            ranks = [self.actions(schedule, r, forward_only)
+                     for r in range(schedule.pipeline_model_parallel_size)]
+            self._programs[key] = p2p_program(schedule, ranks, self.cost)
+            check_replicas(schedule, ranks, self._programs[key])
         return self._programs[key]
 
     def __call__(self, *, forward_step_func, data_iterator, model, num_microbatches: int,
@@ -177,7 +194,7 @@ class _Iteration:
         self.encoder_batches: Dict[Tuple[int, str], object] = {}
         self.encoder_forwards_left = Counter(
             (a.microbatch, executor.pieces[a.chunk][0]) for a in self.actions
-            if a.kind == Kind.EF)
+            if a.kind == Kind.EF and executor.owns(a))
         self.timeline: List[TimedAction] = []
         self.replicas = executor.replicas
         self.inputs_ready = 0.0  # when the running action's last input arrived
@@ -200,6 +217,8 @@ class _Iteration:
 
     def receive(self, from_rank: int, key: Key, needs_grad: bool) -> Optional[torch.Tensor]:
         """The tensor ``key`` as a fresh leaf of this action's graph."""
+        if from_rank != self.rank:
+            self.mailbox.take(key)
         tensor = (self.local if from_rank == self.rank else self.inbox).pop(key)
         if tensor is not None:
             tensor = tensor.detach().requires_grad_(needs_grad and tensor.is_floating_point())
@@ -218,11 +237,14 @@ class _Iteration:
         sends = []
         for t in ex.sends:
             key = tuple(t.key)
+            if not self.x.carries(key):
+                continue
             to_rank, tensor = self.outbox.pop(key)
             assert to_rank == t.peer, f"{key} goes to rank {to_rank}, the plan says {t.peer}"
             sends.append((t.peer, key, tensor, self.spec(key)))
         assert not self.outbox, f"messages the p2p plan does not list: {sorted(self.outbox)}"
-        recvs = [(t.peer, tuple(t.key), self.spec(tuple(t.key))) for t in ex.recvs]
+        recvs = [(t.peer, tuple(t.key), self.spec(tuple(t.key))) for t in ex.recvs
+                 if self.x.carries(tuple(t.key))]
         if sends or recvs:
             self.inbox.update(self.mailbox.exchange(sends, recvs))
 
@@ -266,6 +288,12 @@ class _Iteration:
         origin = self.now()
         for i, a in enumerate(actions):
             self.exchange(i)
+            if not self.x.owns(a):  # another encoder replica's: only its exchange point
+                overlap.after(i)
+                continue
+            for key, producer in message_inputs(self.s, a):  # its inputs have arrived
+                if self.x.carries(key):
+                    self.mailbox.take(key)
             self.inputs_ready = self.now()
             getattr(self, "run_" + a.kind)(a.microbatch, a.chunk)
             if self.x.record_timeline:  # from its inputs' arrival: waiting is idle time

@@ -4,8 +4,11 @@ At each point of the schedule a rank's sends and receives go out together in one
 ``batch_isend_irecv`` (as Megatron-Core's p2p does), in the plan's order, which both sides
 compute alike (NCCL matches a pair's messages by order). A receiver allocates each message
 from its ``Spec``, which it knows from its own copy of the micro-batch: no header, no host
-sync. An exchange waits for its receives; its sends finish in the background (their
-buffers live until ``finish``).
+sync. Its sends finish in the background (their buffers live until ``finish``); a
+received message is waited for when it is taken (``take``), just before the action that
+uses it: a receive posted early (the plan posts by the schedule's timeline) does not stall
+the rank while the message is still on its way. NCCL runs a rank's exchanges one after
+another on its own stream whatever the host waits for, so this changes no order.
 
 ``MEGATRON_MM_STRICT_P2P=1`` (every multi-process test sets it): an exchange also waits for
 its sends. Gloo completes a send only once the receiver has posted the matching receive,
@@ -71,6 +74,7 @@ class Mailbox:
             _STARTED.add(id(group))
         self.pending: List[dist.Work] = []  # sends not yet waited for
         self.alive: List[torch.Tensor] = []  # their buffers, until then
+        self.arriving: Dict[Key, dist.Work] = {}  # receives not yet waited for
 
     def exchange(self, sends: Sequence[Tuple[int, Key, Optional[torch.Tensor], Optional[Spec]]],
                  recvs: Sequence[Tuple[int, Key, Optional[Spec]]]
@@ -102,9 +106,16 @@ class Mailbox:
             self._wait(works, names)
         else:
             self.pending += works[:send_works]
-            for work in works[send_works:]:
-                work.wait()
+            arriving = [key for peer, key, spec in recvs
+                        if received[key] is not None and received[key].numel()]
+            self.arriving.update(zip(arriving, works[send_works:]))
         return received
+
+    def take(self, key: Key) -> None:
+        """Wait until message ``key`` (received by an earlier exchange) has arrived."""
+        work = self.arriving.pop(key, None)
+        if work is not None:
+            work.wait()
 
     def _wait(self, works: Sequence[dist.Work], names: Sequence[str]) -> None:
         timeout = strict_timeout()
@@ -120,8 +131,9 @@ class Mailbox:
         self.alive.clear()
 
     def finish(self) -> None:
-        """Wait for every send (end of the iteration)."""
-        for work in self.pending:
+        """Wait for every send and receive (end of the iteration)."""
+        for work in [*self.pending, *self.arriving.values()]:
             work.wait()
+        self.arriving.clear()
         self.pending.clear()
         self.alive.clear()

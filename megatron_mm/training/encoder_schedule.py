@@ -103,10 +103,12 @@ def build_executor(args, plan: EncoderPipelinePlan, chain, replicas=None,
                    attention=None) -> ScheduleExecutor:
     """``replicas``: the encoder replicas' groups (an encoder TP below the LLM's);
     ``attention``: the attention settings (with CP, they give each rank's token count)."""
+    costs = plan_costs(args, plan, chain)
     executor = ScheduleExecutor(lambda m: make_schedule(args, plan, m, chain), plan.pieces,
                                 batch_to_device, replicas, plan.placements,
                                 partial(local_length, attention)
-                                if args.context_parallel_size > 1 else None)
+                                if args.context_parallel_size > 1 else None,
+                                cost=lambda a: costs.of(a.kind, a.chunk))
     executor.schedule(args.num_microbatches)  # generated and validated before any step
     return executor
 

@@ -99,3 +99,26 @@ def test_every_generated_schedule_is_rendezvous_safe():
             check_rendezvous(p2p_program(s, ranks))
             count += 1
     assert count > 100
+
+
+def test_encoder_replicas_exchange_at_the_same_points_or_they_can_hang():
+    """Two encoder replicas (encoder TP 1 in TP 2) meet in every LLM action's TP
+    collectives. Each running its own action list with its own program (the other
+    replica's encoder actions left out) hangs on this bubble schedule: replica 1 waits in
+    ``BCAST`` for replica 0, which waits for a message its pipeline peer sends only after
+    a collective that needs replica 1. One program for both, each skipping the other's
+    encoder actions and messages in place (what the executor runs), does not."""
+    from megatron_mm.plan.actions import Kind
+    from megatron_mm.plan.p2p import check_replica_rendezvous, check_replicas
+
+    costs = ActionCosts([1.0, 2.0], [2.0, 4.0], [3.0, 3.0, 0.5, 0.5], [6.0, 6.0, 1.0, 1.0])
+    s = bubble(2, 1, 4, True, costs, 2, 2, encoder_replicas=2, grad_sync=True)
+    own = [[[a for a in s.ranks[r] if a.kind not in (Kind.EF, Kind.EB) or a.microbatch % 2 == j]
+            for r in range(2)] for j in range(2)]
+    with pytest.raises(PlanError, match="encoder replicas deadlock.*BCAST"):
+        check_replica_rendezvous(s, [p2p_program(s, own[j]) for j in range(2)], own)
+    check_replicas(s, s.ranks, p2p_program(s, s.ranks))
+    for extra, m in itertools.product((0, 1, 2), (4, 6, 8)):  # and many more
+        s = bubble(2, 1, m, True, costs, 2, 2, extra_warmup=extra, encoder_replicas=2,
+                   grad_sync=True)
+        check_replicas(s, s.ranks, p2p_program(s, s.ranks))

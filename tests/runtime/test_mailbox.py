@@ -52,3 +52,30 @@ def test_a_send_unlike_its_spec_is_an_error_naming_the_message():
     for rank, out in enumerate(run_distributed(_exchange, 2, True, True, True)):
         assert out.startswith(f"error: pipeline message ('F', 0, {rank}) to pipeline rank "
                               f"{1 - rank} is Spec(shape=(64, 16)"), out
+
+
+def _late_sender(rank):
+    import time
+
+    import torch.distributed as dist
+
+    from megatron_mm.runtime.mailbox import Mailbox, Spec
+
+    os.environ["MEGATRON_MM_STRICT_P2P"] = "0"
+    dist.init_process_group("gloo")
+    box = Mailbox(dist.group.WORLD, torch.device("cpu"))
+    spec, key = Spec((256,), torch.float32), ("F", 0, 0)
+    if rank == 0:
+        time.sleep(0.5)  # the message is still on its way when rank 1's exchange returns
+        box.exchange([(1, key, torch.full(spec.shape, 7.0), spec)], [])
+        box.finish()
+        return None
+    got = box.exchange([], [(0, key, spec)])[key]
+    box.take(key)  # waits here, just before the message is used
+    value = float(got.mean())
+    box.finish()
+    return value
+
+
+def test_a_receive_is_waited_for_when_it_is_taken():
+    assert run_distributed(_late_sender, 2)[1] == 7.0

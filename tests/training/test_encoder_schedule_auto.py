@@ -88,8 +88,8 @@ def test_auto_with_an_encoder_tp_of_its_own_leaves_megatron_out(capsys):
     assert "--encoder-schedule auto has nothing to choose from" in capsys.readouterr().err
 
 
-def slow_link_profile(argv, world, path, slow=True):
-    """A layer profile of this model (a ViT layer 20x an LLM layer's time) whose TP
+def slow_link_profile(argv, world, path, slow=True, vit=20):
+    """A layer profile of this model (a ViT layer ``vit`` x an LLM layer's time) whose TP
     links are slow and latency-bound (``slow``, gloo-like: 1 ms per all-reduce; else the
     defaults), written to ``path``: the ViT's TP all-reduces then outweigh what a higher
     encoder TP saves."""
@@ -99,7 +99,8 @@ def slow_link_profile(argv, world, path, slow=True):
     args, plan = plan_of(argv, world)
     vision = lambda l: "vision" in l.module  # noqa: E731
     LayerProfile("test", args.micro_batch_size, args.seq_length, 1, [], [
-        LayerTime(l.module, 20e-3 if vision(l) else 1e-3, 40e-3 if vision(l) else 2e-3)
+        LayerTime(l.module, vit * 1e-3 if vision(l) else 1e-3,
+                  2 * vit * 1e-3 if vision(l) else 2e-3)
         for l in plan.chain],
         tp_links=Interconnect(tp_bandwidth=1e9, tp_latency_s=1e-3) if slow else None
     ).save(str(path))
