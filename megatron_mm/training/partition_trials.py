@@ -18,6 +18,7 @@ from typing import Callable, List
 
 import torch
 
+from ..plan.errors import PlanError
 from ..plan.partition_search import candidates, fastest, table
 from ..runtime.collective_device import collective_device
 from ..runtime.timer import DeviceTimer
@@ -63,15 +64,27 @@ def search_partition(args, chain, build: Callable, batches: Callable, step: Call
     ``batches()`` a fresh batch iterator, ``step(run, data)`` one training iteration,
     ``reseed()`` restores the RNG the run started with."""
     found = ranked_candidates(args, chain)
-    timed = found[:args.pipeline_search_candidates]
-    for cand in timed:
-        cand.measured_s = time_candidate(
-            args, lambda: build(list(cand.layers_per_chunk)), batches, step)
+    timed, unfit = [], []
+    for cand in found:
+        if len(timed) == args.pipeline_search_candidates:
+            break
+        try:
+            cand.measured_s = time_candidate(
+                args, lambda: build(list(cand.layers_per_chunk)), batches, step)
+        except PlanError as e:  # a partition the run cannot take (over the memory
+            # budget, say): planned alike on every rank, so every rank skips it
+            unfit.append(f"{','.join(map(str, cand.layers_per_chunk))} ({e})")
+            continue
+        timed.append(cand)
+    if not timed:
+        raise PlanError("--pipeline-partition search: no candidate partition can run: "
+                        + "; ".join(unfit))
     best = fastest(timed)
     log(table(found[:max(len(timed), min(len(found), 2 * len(timed)))],
               layer_time_source(args))
         + f"\n   {len(found)} candidates within +-{args.pipeline_search_radius} layers; "
-          f"kept {','.join(map(str, best.layers_per_chunk))} "
+          + (f"skipped {'; '.join(unfit)}; " if unfit else "")
+          + f"kept {','.join(map(str, best.layers_per_chunk))} "
           f"({best.measured_s:.4f} s/iteration)")
     reseed()
     return list(best.layers_per_chunk)

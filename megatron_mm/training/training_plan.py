@@ -104,7 +104,9 @@ def plan_training(args, model_config,
                      search_radius=args.pipeline_search_radius)
     choice = None
     recompute = [args.recompute_num_layers] * part.num_chunks
-    if args.recompute_memory_budget is not None:
+    if args.recompute_memory_budget is not None and policy != "search":
+        # (before --pipeline-partition search: each candidate's trial, and the partition
+        # it keeps, are planned with their own layers and choose then)
         choice = adaptive_choice(args, part, chain)
         recompute = list(choice.recompute_num_layers)
     return TrainingPlan(chain, part, chunk_placements(chain, part), recompute, label,
