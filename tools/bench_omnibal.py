@@ -44,10 +44,14 @@ ranks, all from the same initial checkpoint, the rows alternating A B C D A B C 
    the partition searched again under it (each candidate is timed with the recompute the
    budget leaves it: a layer moved off the fuller stage can buy that stage its recompute
    back); its first run searches, later ones take its pick. The budget (one figure for
-   every rank, standing in for the device's memory) is chosen on the package's own memory
-   estimate (the profile's saved bytes) for row 3's partition: halfway between no recompute and full recompute on the rank that needs the most, and never
-   below what full recompute needs on any rank, so it is below the no-recompute peak and
-   binds (printed).
+   every rank, standing in for the device's memory; the package's own memory estimate,
+   from the profile's saved bytes, on row 3's partition) is what the rank that needs the
+   most holds without recompute: OmniBal's setting, where the device has room beyond what
+   full recompute needs and the strategy fills it (at the seed's scale, 72 GB per A100
+   holds the searched layout without recompute: ``python tools/plan.py --omnibal-table``);
+5. the same with a tighter budget: halfway between no recompute and full recompute on
+   that rank (never below what full recompute needs on any rank), so the budget binds and
+   the adaptive choice keeps part of the recompute.
 
 Per row: iteration time (median of the timed iterations after ``--warmup``, all rounds),
 real tokens per second (padding excluded), both against row 1, the tokens computed per
@@ -55,10 +59,10 @@ iteration (padding included), each stage's recompute, peak memory per rank (the 
 over ranks of the process's max resident memory, which the training log reports on CPU,
 in the last round, and of the bytes autograd holds for backward at their peak over one
 more iteration, measured with tools/bench_recompute.py's saved-tensor hooks), and ``lm loss``
-at iteration 1. Rows 2-4 train on the same data from the same weights, so their
+at iteration 1. Rows 2-5 train on the same data from the same weights, so their
 iteration-1 losses must agree; one more 1-iteration run with row 1's data and row 4's
-partition and budget checks row 1 the same way. The last line is
-``all three / megatron tokens per second: R``.
+partition and budget checks row 1 the same way. The last lines give rows 5 and 4 against
+row 1, ending with ``all three / megatron tokens per second: R``.
 
 Each rank runs one thread pinned to a core: core = rank where there are enough cores,
 else core = pipeline stage. The default is DP=1 (two ranks, one core each: every idle
@@ -88,7 +92,8 @@ sys.path.insert(0, str(ROOT / "tools"))  # the other benchmarks' helpers
 from bench_balance import WORDS  # noqa: E402
 from bench_encoder_schedule import _free_port  # noqa: E402
 
-ROWS = ("megatron", "+ balanced data", "+ partition search", "+ adaptive recompute")
+ROWS = ("megatron", "+ balanced data", "+ partition search", "+ adaptive recompute",
+        "+ adaptive recompute, tighter memory")
 FULL_RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "uniform",
                   "--recompute-num-layers", "1"]
 
@@ -214,11 +219,11 @@ def model_flags(a, data: Path, tokenizer: Path, world: int) -> list:
             "--log-interval", "1000"]
 
 
-def row_flags(row: int, partition: str, budget) -> list:
+def row_flags(row: int, partition: str, memory) -> list:
     data = ["--data-balance", "none" if row == 0 else "isf-sorted"]
     part = ["--pipeline-partition", "uniform" if row < 2 else partition]
-    recompute = (FULL_RECOMPUTE if row < 3 else
-                 ["--recompute-memory-budget", f"{budget:.6f}"])
+    recompute = (FULL_RECOMPUTE if row < 3 else ["--recompute-memory-budget",
+                 f"{memory['budget' if row == 3 else 'tight']:.6f}"])
     return data + part + recompute
 
 
@@ -323,9 +328,10 @@ def measure_profile(a, data: Path, out: Path) -> list:
 
 
 def recompute_budget(a, base: list, layers: list) -> dict:
-    """GB per rank for row 4 on the package's memory estimate (the one the budget is
-    checked against) for ``layers``: halfway between no recompute and full recompute on
-    the rank that needs the most, at least what full recompute needs on every rank."""
+    """GB per rank for rows 4 and 5 on the package's memory estimate (the one the budget
+    is checked against) for ``layers``: what the rank that needs the most holds without
+    recompute (row 4), and halfway between that and its full recompute, at least what
+    full recompute needs on every rank (row 5)."""
     from megatron_mm.data import build_tokenizer
     from megatron_mm.plan import MemoryModel
     from megatron_mm.plan.recompute_budget import GB, chunk_activations, static_bytes
@@ -345,8 +351,8 @@ def recompute_budget(a, base: list, layers: list) -> dict:
     none = [static[c.rank] + c.bytes_with(0) for c in acts]
     full = [static[c.rank] + c.bytes_with(c.max_stack_layers) for c in acts]
     top = max(range(len(acts)), key=lambda i: none[i])
-    budget = max(max(full), (none[top] + full[top]) / 2)
-    return {"budget": budget / GB, "none": [b / GB for b in none],
+    tight = max(max(full), (none[top] + full[top]) / 2)
+    return {"budget": none[top] / GB, "tight": tight / GB, "none": [b / GB for b in none],
             "full": [b / GB for b in full]}
 
 
@@ -397,12 +403,12 @@ def main(argv=None) -> int:
         runs = {r: [] for r in range(len(ROWS))}
         # rows 3 and 4 search in their first run (row 4 under its budget: each candidate
         # timed with the recompute the budget leaves it), later runs take their pick
-        partitions, memory = {2: "search", 3: "search"}, None
+        partitions, memory = {2: "search", 3: "search", 4: "search"}, None
         for rnd in range(a.rounds):
             for row in range(len(ROWS)):
                 if row == 3 and memory is None:
                     memory = recompute_budget(a, base + init + profile, runs[2][0]["layers"])
-                flags = row_flags(row, partitions.get(row), memory and memory["budget"])
+                flags = row_flags(row, partitions.get(row), memory)
                 flags += profile if row >= 2 else []
                 print(f"round {rnd + 1}, row {row + 1}: {' '.join(flags)}", file=sys.stderr,
                       flush=True)
@@ -413,7 +419,8 @@ def main(argv=None) -> int:
                     partitions[row] = ",".join(map(str, runs[row][0]["layers"]))
         stage_ms = profile_summary(work / "profile.json", {
             "uniform": runs[0][0]["layers"], "searched": runs[2][0]["layers"],
-            "searched under the budget": runs[3][0]["layers"]})
+            "searched under the budget": runs[3][0]["layers"],
+            "under the tighter budget": runs[4][0]["layers"]})
         check = launch(a, base + init + [
             "--data-balance", "none", "--pipeline-partition", partitions[3],
             "--recompute-memory-budget", f"{memory['budget']:.6f}", *profile],
@@ -449,8 +456,8 @@ def report(a, synth, achieved, runs, check, memory, partitions, stage_ms) -> Non
           f"{a.hidden_size}, {a.microbatches} micro-batches of {a.micro_batch_size} samples "
           f"per data-parallel rank; medians of {a.rounds} x {a.iters} iterations")
     print(f"partition search chose {partitions[2]} (chain layers per stage), under row 4's "
-          f"budget {partitions[3]}; row 4 budget "
-          f"{memory['budget']:.4f} GB per rank (package estimate per rank: no recompute "
+          f"budget {partitions[3]}, under row 5's {partitions[4]}; budgets {memory['budget']:.4f}"
+          f" and {memory['tight']:.4f} GB per rank (package estimate per rank: no recompute "
           f"{[round(x, 4) for x in memory['none']]}, full {[round(x, 4) for x in memory['full']]})")
     print("| row | iteration s | vs 1 | real tokens / s | vs 1 | computed tokens / iter "
           "| recompute per stage (N) | max RSS MiB | peak saved act. MiB | lm loss it 1 |")
@@ -472,14 +479,16 @@ def report(a, synth, achieved, runs, check, memory, partitions, stage_ms) -> Non
     print(f"profile, forward + backward ms per micro-batch of each chain layer: "
           f"{stage_ms['per layer']}; per stage: " + ", ".join(
               f"{name} {ms}" for name, ms in stage_ms.items() if name != "per layer"))
-    same = [runs[r][0]["loss1"] for r in (1, 2, 3)]
+    same = [runs[r][0]["loss1"] for r in (1, 2, 3, 4)]
     spread = (max(same) - min(same)) / abs(same[0])
-    print(f"iteration-1 lm loss, rows 2-4 (same data): {', '.join(f'{x:.6f}' for x in same)}"
+    print(f"iteration-1 lm loss, rows 2-5 (same data): {', '.join(f'{x:.6f}' for x in same)}"
           f" -> {'equal' if spread < 1e-5 else 'DIFFERENT'} (relative spread {spread:.1e})")
     d = abs(check["loss1"] - runs[0][0]["loss1"]) / abs(runs[0][0]["loss1"])
     print(f"iteration-1 lm loss, row 1 vs row 1's data with row 4's partition and budget: "
           f"{runs[0][0]['loss1']:.6f} vs {check['loss1']:.6f} -> "
           f"{'equal' if d < 1e-5 else 'DIFFERENT'} (relative {d:.1e})")
+    print(f"all three, tighter memory (row 5) / megatron tokens per second: "
+          f"{rows[4][1] / rows[0][1]:.3f}")
     print(f"all three / megatron tokens per second: {rows[3][1] / rows[0][1]:.3f}")
 
 

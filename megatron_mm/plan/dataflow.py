@@ -59,11 +59,13 @@ def dataflow(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
     if in_flight < 1 or ahead < 1:
         raise PlanError(f"the dataflow schedule needs room for one micro-batch in flight "
                         f"(got max_in_flight={in_flight}, max_encoder_ahead={ahead})")
-    schedule.ranks = _Replay(schedule, costs, in_flight, ahead).run()
+    schedule.ranks = _Order(schedule, costs, in_flight, ahead).run()
     return add_collectives(schedule, encoder_replicas, grad_sync, encoder_grad_sync)
 
 
-class _Replay:
+class _Order:
+    """The list scheduling that gives the order (module docstring)."""
+
     def __init__(self, schedule: Schedule, costs: ActionCosts, in_flight: int, ahead: int):
         self.s, self.costs, self.in_flight, self.ahead = schedule, costs, in_flight, ahead
         m, n = schedule.num_microbatches, schedule.encoder_stages
