@@ -10,6 +10,7 @@ examples/slurm/ for several nodes.
 """
 
 from megatron_mm.training.arguments import parse_args
+from megatron_mm.training.initialize import shutdown_distributed
 from megatron_mm.training.pretrain import USER_ERRORS, pretrain
 from megatron_mm.training.user_errors import exit_with_user_error
 
@@ -18,4 +19,6 @@ if __name__ == "__main__":  # required: checkpoint saving spawns helper processe
     try:
         pretrain(args)
     except USER_ERRORS as e:  # bad input: say what to fix, once per job, no traceback
+        shutdown_distributed(barrier=False)
         exit_with_user_error(e)
+    shutdown_distributed()

@@ -159,11 +159,10 @@ def write_native_resolution_dataset(out: Path, samples: int, max_side: int,
 
 def worker(a) -> None:
     """One rank of one training run (under torchrun): times steps, counts tokens."""
-    import torch
-
     import megatron_mm.training.pretrain as pretrain
     from megatron_mm.data.processing import tokenize_record
     from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.initialize import shutdown_distributed
 
     args = parse_args(model_flags(a) + ["--data-path", str(a.data), *ROWS[a.row][1]])
     stamps, counts = [], {"real": 0, "computed": 0, "samples": 0}
@@ -185,7 +184,7 @@ def worker(a) -> None:
     rank = int(os.environ["RANK"])
     with open(Path(a.out) / f"{a.row}.{rank}.json", "w") as f:
         json.dump({"stamps": stamps, **counts}, f)
-    torch.distributed.barrier()
+    shutdown_distributed()
 
 
 def launch(a, row: str, out: str) -> dict:

@@ -98,6 +98,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.pretrain import batch_iterator, setup_training
     from megatron.core import parallel_state
+    from megatron_mm.training.initialize import shutdown_distributed
 
     torch.set_num_threads(1)
     os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % os.cpu_count()})
@@ -138,6 +139,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     if torch.distributed.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(gathered, f)
+    shutdown_distributed()
 
 
 def _communication_costs(run, args, repeats: int = 5) -> dict:

@@ -235,6 +235,7 @@ def worker(a, argv) -> None:
     from bench_recompute import LiveSavedBytes
     from megatron_mm.training.activation_profile import parameter_storages
     from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.initialize import shutdown_distributed
     from megatron_mm.training.pretrain import setup_training
     from megatron_mm.training.step import real_tokens, train_step
     from megatron.core import parallel_state  # after megatron_mm (its import order)
@@ -282,6 +283,7 @@ def worker(a, argv) -> None:
     if rank == 0:
         with open(a.out, "w") as f:
             json.dump(gathered, f)
+    shutdown_distributed()
 
 
 def _recomputed(args, n) -> str:

@@ -58,6 +58,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     import torch
 
     from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.initialize import shutdown_distributed
     from megatron_mm.training.pretrain import batch_iterator, setup_training
     from megatron_mm.training.step import train_step
     # after megatron_mm.training: it patches megatron-core's CUDA-only calls on CPU
@@ -92,6 +93,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     if torch.distributed.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(gathered, f)
+    shutdown_distributed()
 
 
 def run_policy(policy: str, profile: str, workdir: str, iters: int, warmup: int) -> dict:

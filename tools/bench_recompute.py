@@ -103,7 +103,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from megatron_mm.plan.recompute_budget import GB, chunk_activations, static_bytes
     from megatron_mm.training.activation_profile import parameter_storages
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.initialize import set_random_seed
+    from megatron_mm.training.initialize import set_random_seed, shutdown_distributed
     from megatron_mm.training.layer_profile import profile_layers
     from megatron_mm.training.pipeline_plan import training_chain
     from megatron_mm.training.pretrain import (batch_iterator, batch_iterators,
@@ -195,6 +195,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{state / 2 ** 20:.2f} | "
               f"{total:.4f} | {'yes' if total <= budget else 'no'} | {loss:.6f} |")
     print(rows[-1][-1])
+    shutdown_distributed()
     return 0
 
 

@@ -36,6 +36,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
 
     from megatron_mm.training.layer_profile import profile_layers
+    from megatron_mm.training.initialize import shutdown_distributed
     from megatron_mm.training.pipeline_plan import training_chain
     from megatron_mm.training.pretrain import batch_iterator, setup_training
     from megatron_mm.training.step import batch_to_device
@@ -60,6 +61,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"| {t.module} | {t.forward_s * 1e3:.2f} | {t.backward_s * 1e3:.2f} | "
               f"{ratio:.2f} | {t.act_bytes / 1e6:.3f} | {t.recompute_act_bytes / 1e6:.3f} |")
     print(f"wrote {ours.profile_out}")
+    shutdown_distributed()
     return 0
 
 

@@ -60,3 +60,15 @@ def _free_port() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return str(s.getsockname()[1])
+
+
+def shutdown_distributed(barrier: bool = True) -> None:
+    """Destroy the process groups before the interpreter exits (``barrier``: once every
+    rank is done). Left to interpreter teardown, gloo's worker threads can still hold work
+    and the process aborts with "terminate called without an active exception" (SIGABRT)
+    after a run that succeeded (pytorch/pytorch#190489), which a scheduler reads as a
+    failed job. Without ``barrier``: on an error, where peers may never get there."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if barrier:
+            torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
