@@ -12,6 +12,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+from ..plan.model import TransformerSpec
+
 # An encoder's slot: its name in the model ("vision" -> vision_model), the prefix of its
 # flags (--vision-*) and the flag that freezes it.
 SLOTS = {"vision": "freeze_ViT", "audio": "freeze_audio"}
@@ -136,3 +138,14 @@ def fixed_feature_tokens(modality: str) -> Callable:
         items = media.get(modality)
         return (0 if items is None else items.shape[0]), None
     return feature_tokens
+
+
+def encoder_transformer(enc, num_layers: Optional[int] = None, **extra) -> TransformerSpec:
+    """The planner's ``TransformerSpec`` of an encoder config's layers (biased linears, as
+    every family here has; ``num_layers``: the config's built layers unless given;
+    ``extra``: a family's own fields, e.g. ``gated_linear_unit``)."""
+    return TransformerSpec(
+        hidden_size=enc.hidden_size,
+        num_layers=enc.num_layers_built if num_layers is None else num_layers,
+        ffn_hidden_size=enc.ffn_hidden_size, num_attention_heads=enc.num_attention_heads,
+        add_bias_linear=True, **extra)

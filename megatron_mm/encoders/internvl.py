@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 
 from ..config import ConfigError
-from ..plan.model import EncoderSpec, TransformerSpec, patch_embed_flops
+from ..plan.model import EncoderSpec, patch_embed_flops
 from ..data.item_tags import IMAGE_TAGS
-from .family import BuiltinData, EncoderFamily, fixed_feature_tokens
+from .family import BuiltinData, EncoderFamily, encoder_transformer, fixed_feature_tokens
 from .internvit_config import NORM_TYPES, InternViTConfig
 
 
@@ -74,10 +74,7 @@ def planner_spec(name: str, enc: InternViTConfig, items_per_sample: int,
     h = enc.hidden_size
     return EncoderSpec(
         name=name, modality="vision",
-        transformer=TransformerSpec(
-            hidden_size=h, num_layers=enc.num_layers_built,
-            ffn_hidden_size=enc.ffn_hidden_size,
-            num_attention_heads=enc.num_attention_heads, add_bias_linear=True),
+        transformer=encoder_transformer(enc),
         tokens_per_item=enc.seq_length, llm_tokens_per_item=enc.num_output_tokens,
         items_per_sample=items_per_sample,
         embed_flops_per_token=patch_embed_flops(enc.patch_size, h, enc.in_channels),

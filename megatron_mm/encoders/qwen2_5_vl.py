@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 
 from ..config import ConfigError
-from ..plan.model import EncoderSpec, TransformerSpec, patch_embed_flops
+from ..plan.model import EncoderSpec, patch_embed_flops
 from ..plan.qwen_vl_grid import QwenVLGeometry, image_grid
 from ..data.item_tags import IMAGE_TAGS
-from .family import BuiltinData, EncoderFamily
+from .family import BuiltinData, EncoderFamily, encoder_transformer
 from .qwen2_5_vl_config import Qwen2_5VLVisionConfig
 
 # The batch's media keys (``data/media_processors.py: QwenVLProcessor``): patch rows of
@@ -97,10 +97,7 @@ def planner_spec(name: str, enc: Qwen2_5VLVisionConfig, items_per_sample: int,
               "projector_ffn_hidden_size": enc.merged_size}
     return EncoderSpec(
         name=name, modality="vision",
-        transformer=TransformerSpec(
-            hidden_size=enc.hidden_size, num_layers=enc.num_layers,
-            ffn_hidden_size=enc.ffn_hidden_size, num_attention_heads=enc.num_attention_heads,
-            gated_linear_unit=True, add_bias_linear=True),
+        transformer=encoder_transformer(enc, enc.num_layers, gated_linear_unit=True),
         tokens_per_item=patches, llm_tokens_per_item=patches // enc.merge_unit,
         items_per_sample=items_per_sample,
         embed_flops_per_token=patch_embed_flops(enc.patch_size, enc.hidden_size,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import ConfigError, VisionEncoderConfig
-from ..plan.model import EncoderSpec, TransformerSpec, patch_embed_flops
-from .family import BuiltinData, EncoderFamily, fixed_feature_tokens
+from ..plan.model import EncoderSpec, patch_embed_flops
+from .family import BuiltinData, EncoderFamily, encoder_transformer, fixed_feature_tokens
 
 
 def from_args(args) -> VisionEncoderConfig:
@@ -29,10 +29,7 @@ def planner_spec(name: str, enc: VisionEncoderConfig, items_per_sample: int,
     tokens = enc.num_patches + int(enc.has_class_token)
     return EncoderSpec(
         name=name, modality="vision",
-        transformer=TransformerSpec(
-            hidden_size=enc.hidden_size, num_layers=enc.num_layers_built,
-            ffn_hidden_size=enc.ffn_hidden_size,
-            num_attention_heads=enc.num_attention_heads, add_bias_linear=True),
+        transformer=encoder_transformer(enc),
         tokens_per_item=tokens, llm_tokens_per_item=enc.num_output_tokens,
         items_per_sample=items_per_sample,
         embed_flops_per_token=patch_embed_flops(enc.patch_dim, enc.hidden_size),

@@ -4,8 +4,8 @@ encoder's length, each handing the LLM the features its audio reaches."""
 from __future__ import annotations
 
 from ..config import AudioEncoderConfig, ConfigError
-from ..plan.model import EncoderSpec, TransformerSpec, whisper_stem_flops
-from .family import BuiltinData, EncoderFamily
+from ..plan.model import EncoderSpec, whisper_stem_flops
+from .family import BuiltinData, EncoderFamily, encoder_transformer
 
 
 def from_args(args) -> AudioEncoderConfig:
@@ -28,10 +28,7 @@ def planner_spec(name: str, enc: AudioEncoderConfig, items_per_sample: int,
     h = enc.hidden_size
     return EncoderSpec(
         name=name, modality="audio",
-        transformer=TransformerSpec(
-            hidden_size=h, num_layers=enc.num_layers_built,
-            ffn_hidden_size=enc.ffn_hidden_size,
-            num_attention_heads=enc.num_attention_heads, add_bias_linear=True),
+        transformer=encoder_transformer(enc),
         tokens_per_item=enc.seq_length, llm_tokens_per_item=enc.num_output_tokens,
         items_per_sample=items_per_sample,
         embed_flops_per_token=whisper_stem_flops(enc.num_mel_bins, h),
