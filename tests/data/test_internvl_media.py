@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from megatron_mm.data.internvl_media import (InternVLProcessorConfig, check_record_budget,
                                              expand_image_placeholders, image_token_counter,
@@ -16,16 +15,10 @@ from megatron_mm.data.internvl_media import (InternVLProcessorConfig, check_reco
 from megatron_mm.data.records import DataRecordError, parse_record
 from megatron_mm.plan.internvl_tiles import (IMAGENET_MEAN, IMAGENET_STD, InternVLTiling,
                                              image_tokens, tile_count)
+from media_files import random_image as _image
 
 # (height, width): square, wide, tall, extreme, tiny, near-square large, grid-exact
 SIZES = [(448, 448), (300, 900), (1000, 250), (37, 1500), (50, 60), (800, 801), (896, 1344)]
-
-
-def _image(h, w, seed, mode="RGB"):
-    rng = np.random.default_rng(seed)
-    channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
-    x = rng.integers(0, 256, (h, w, channels), dtype=np.uint8)
-    return Image.fromarray(x[..., 0] if channels == 1 else x, mode=mode)
 
 
 def _hf(tile=448, lo=1, hi=12, mean=IMAGENET_MEAN, std=IMAGENET_STD):

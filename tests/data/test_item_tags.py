@@ -17,9 +17,10 @@ from megatron_mm.config import ConfigError
 from megatron_mm.data.hf_tokenizer import HuggingFaceTokenizer
 from megatron_mm.data.item_tags import IMAGE_TAGS, MissingTagToken, tag_request
 from megatron_mm.data.processing import encode_record, tokenize_record
-from megatron_mm.data.records import DataRecordError, read_records
+from megatron_mm.data.records import DataRecordError
 from megatron_mm.data.tokenizer import build_tokenizer
 from megatron_mm.encoders.registry import FAMILIES
+from media_files import write_image as _png, write_records as _records
 
 INTERNVL, QWEN = FAMILIES["internvit"], FAMILIES["qwen2_5_vl"]
 WORDS = ["USER", "ASSISTANT", ":", "describe", "this", "and", "compare", "7", "frames"]
@@ -38,18 +39,6 @@ def _word_tokenizer(folder, specials, **named):
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", **named)
     tok.save_pretrained(folder)
     return tok
-
-
-def _png(path, w, h, seed):
-    rng = np.random.default_rng(seed)
-    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(path)
-    return str(path)
-
-
-def _records(tmp_path, lines):
-    path = tmp_path / "data.jsonl"
-    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    return read_records(path)
 
 
 def _hf_text(record, items, bos, eos):

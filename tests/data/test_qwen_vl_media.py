@@ -9,23 +9,16 @@ import inspect
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from megatron_mm.data.qwen_vl_media import (QwenVLProcessorConfig, patchify, process_image,
                                             process_media, process_video)
 from megatron_mm.data.records import DataRecordError
 from megatron_mm.plan.qwen_vl_grid import QwenVLGeometry
+from media_files import random_image as _image
 
 SMALL = dict(min_pixels=56 * 56, max_pixels=28 * 28 * 64)
 # sizes: already a grid multiple, upscaled, downscaled, wide, tall, round-half-even corner
 SIZES = [(56, 56), (30, 200), (123, 77), (300, 500), (28, 28), (57, 85), (42, 350)]
-
-
-def _image(h, w, seed, mode="RGB"):
-    rng = np.random.default_rng(seed)
-    channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
-    x = rng.integers(0, 256, (h, w, channels), dtype=np.uint8)
-    return Image.fromarray(x[..., 0] if channels == 1 else x, mode=mode)
 
 
 def _hf_image_processor(**kwargs):

@@ -3,9 +3,6 @@ in one record, each placeholder expanded to its item's exact token count, media 
 batch as the encoder reads them, M-RoPE positions per sample; bad items and overlong
 samples refused naming the record."""
 
-import json
-
-import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -14,8 +11,9 @@ from megatron_mm.data.media_processors import qwen_vl_processor
 from megatron_mm.data.mrope_positions import sample_mrope_positions
 from megatron_mm.data.processing import collate, encode_record
 from megatron_mm.data.qwen_vl_media import process_media
-from megatron_mm.data.records import DataRecordError, read_records
+from megatron_mm.data.records import DataRecordError
 from megatron_mm.encoders.qwen2_5_vl_config import Qwen2_5VLVisionConfig
+from media_files import write_image as _image, write_records as _records
 
 ENC = Qwen2_5VLVisionConfig(hidden_size=32, num_layers=2, num_attention_heads=4,
                             fullatt_block_indexes=(1,),
@@ -39,18 +37,6 @@ def tok():
     from megatron_mm.data.tokenizer import build_tokenizer
 
     return build_tokenizer()
-
-
-def _image(path, w, h, seed):
-    rng = np.random.default_rng(seed)
-    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(path)
-    return str(path)
-
-
-def _records(tmp_path, lines):
-    path = tmp_path / "data.jsonl"
-    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    return read_records(path)
 
 
 def _mixed(tmp_path, frames=2):
