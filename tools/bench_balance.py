@@ -112,18 +112,25 @@ def _text(rng: random.Random, lo: int, hi: int) -> str:
 def write_dataset(out: Path, samples: int, img_size: int, seed: int = 0) -> None:
     """``samples`` training records (and a few validation ones): 1-4 images each, a
     question of 3-120 words and an answer of 1-40 words, independently drawn."""
+    _write_records(out, samples, 4, lambda rng: _png(rng, img_size), seed)
+
+
+def _write_records(out: Path, samples: int, max_images: int, image, seed: int) -> None:
+    """``train.jsonl`` (``samples`` records) and ``valid.jsonl`` (8): 1 to ``max_images``
+    images each (``image(rng)``: one image's data URL), a question of 3-60 words and an
+    answer of 1-40."""
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
     for name, n in (("train.jsonl", samples), ("valid.jsonl", 8)):
         with open(out / name, "w") as f:
             for i in range(n):
-                k = rng.randint(1, 4)
+                k = rng.randint(1, max_images)
                 human = "<image>\n" * k + _text(rng, 3, 60) + "?"
                 f.write(json.dumps({
                     "id": f"{name[:5]}-{i}",
                     "conversations": [{"from": "human", "value": human},
                                       {"from": "gpt", "value": _text(rng, 1, 40)}],
-                    "images": [_png(rng, img_size) for _ in range(k)]}) + "\n")
+                    "images": [image(rng) for _ in range(k)]}) + "\n")
 
 
 def _flat_png(rng: random.Random, w: int, h: int) -> str:
@@ -141,20 +148,9 @@ def write_native_resolution_dataset(out: Path, samples: int, max_side: int,
     """Qwen2.5-VL-shaped records: 1-3 images each, width and height drawn independently
     from 28 px to ``max_side`` in steps of 28 (the processor keeps them: multiples of 28
     within the pixel bounds), a question of 3-60 words and an answer of 1-40."""
-    rng = random.Random(seed)
-    out.mkdir(parents=True, exist_ok=True)
     sides = range(28, max_side + 1, 28)
-    for name, n in (("train.jsonl", samples), ("valid.jsonl", 8)):
-        with open(out / name, "w") as f:
-            for i in range(n):
-                k = rng.randint(1, 3)
-                human = "<image>\n" * k + _text(rng, 3, 60) + "?"
-                f.write(json.dumps({
-                    "id": f"{name[:5]}-{i}",
-                    "conversations": [{"from": "human", "value": human},
-                                      {"from": "gpt", "value": _text(rng, 1, 40)}],
-                    "images": [_flat_png(rng, rng.choice(sides), rng.choice(sides))
-                               for _ in range(k)]}) + "\n")
+    _write_records(out, samples, 3,
+                   lambda rng: _flat_png(rng, rng.choice(sides), rng.choice(sides)), seed)
 
 
 def worker(a) -> None:
