@@ -12,7 +12,7 @@ TORCH  ?= torch==2.13.0
 PIP    := $(VENV)/bin/python -m pip
 NPROC  ?= 2
 
-.PHONY: demo demo-audio demo-qwen test setup espeak-ng clean print-demo-flags
+.PHONY: demo demo-audio demo-qwen test setup espeak-ng clean print-demo-flags gpu-wheels gpu-check
 
 setup: $(VENV)/.installed espeak-ng
 
@@ -98,6 +98,29 @@ print-demo-flags:
 
 test: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q tests
+
+# A single-GPU node without internet access, with Python 3.12 and a CUDA build of torch
+# (docs/gpu.md). On a connected machine, `make gpu-wheels` downloads the wheels such a node
+# lacks into $(WHEELS) (binary wheels for CPython $(GPU_PYTHON_VERSION), no dependencies:
+# the node's torch, numpy, transformers, ... stay); copy the folder and the checkout there
+# and run `make gpu-check WHEELS=gpu-wheels`: it installs them offline, runs the checks
+# (8 minutes on one H100) and writes runs/gpu-check/report.{json,md}.
+# `make gpu-check DRY_RUN=1` prints the checks and their time budget, anywhere.
+WHEELS             ?= gpu-wheels
+GPU_PYTHON         ?= python3
+GPU_PYTHON_VERSION ?= 3.12
+GPU_WHEELS         ?= megatron-core==0.19.2 mistral-common==1.13.1
+GPU_PLATFORMS      := $(foreach p,manylinux_2_28_x86_64 manylinux_2_27_x86_64 \
+	manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 any,--platform $(p))
+
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --implementation cp \
+		--python-version $(GPU_PYTHON_VERSION) $(GPU_PLATFORMS) -d $(WHEELS) $(GPU_WHEELS)
+	@du -sh $(WHEELS)
+
+gpu-check:
+	$(GPU_PYTHON) tools/gpu_check.py $(if $(DRY_RUN),--dry-run,$(if $(wildcard \
+		$(WHEELS)/*.whl),--wheels $(WHEELS))) --demo-flags "$(DEMO_FLAGS)"
 
 clean:
 	rm -rf $(VENV) runs
