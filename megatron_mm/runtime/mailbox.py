@@ -27,6 +27,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from .nccl_coalescing import batch_isend_irecv
+
 Key = Tuple[str, int, int]  # (what, micro-batch, chunk or encoder piece)
 
 
@@ -101,7 +103,7 @@ class Mailbox:
             if tensor is not None and tensor.numel():
                 ops.append(dist.P2POp(dist.irecv, tensor, self.ranks[peer], self.group))
                 names.append(f"receive of {key} from pipeline rank {peer}")
-        works = dist.batch_isend_irecv(ops) if ops else []
+        works = batch_isend_irecv(ops) if ops else []
         if self.strict:
             self._wait(works, names)
         else:
