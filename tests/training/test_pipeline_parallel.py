@@ -4,7 +4,10 @@ across stages, with the frozen-aware partition and with the partition OmniBal's 
 times and keeps (its trial iterations leave the run's init and data order alone); PP=2 x VPP=2 and PP=4 with encoder-only
 middle chunks; TP=2 x PP=2; the encoder as its own pipeline (coarse and bubble schedules),
 also at encoder TP 1 inside TP 2 (two encoder replicas; its checkpoint then loads at TP=1
-and evaluates the same) and with full recompute reaching the encoder pieces. A frozen ViT runs no backward on any stage it spans."""
+and evaluates the same) and with full recompute reaching the encoder pieces. A frozen ViT runs no backward on any stage it spans.
+Ranks run in strict p2p mode; the encoder schedules also with NCCL's one Work per batch
+(``runtime/nccl_coalescing.py``), where a message read before its batch is waited for is
+garbage."""
 
 import pytest
 import torch
@@ -174,7 +177,11 @@ def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, worl
     (2, PP2 + ["--virtual-pipeline-model-parallel-size", "2"] + BUBBLE +
      ["--encoder-pipeline-model-parallel-size", "1", "--encoder-pieces", "2"],
      FOUR_LAYERS + ["--freeze-ViT"]),
-], ids=["pp2-coarse", "pp2-bubble-placed-last", "pp2-vpp2-bubble-frozen-vit"])
+    (4, PP2 + ["--tensor-model-parallel-size", "2"] + BUBBLE + ETP1, []),
+    (4, PP4 + BUBBLE + ["--encoder-pipeline-model-parallel-size", "2"],
+     FOUR_LAYERS + ["--freeze-ViT"]),
+], ids=["pp2-coarse", "pp2-bubble-placed-last", "pp2-vpp2-bubble-frozen-vit",
+        "tp2-pp2-bubble-etp1", "pp4-bubble-frozen-vit"])
 def test_encoder_schedules_equal_one_process_with_nccl_coalescing(
         digits_dir, tmp_path_factory, world, layout, model):
     """The schedule executor's exchanges with NCCL's one Work per batch, each received
