@@ -13,6 +13,7 @@ import os
 import socket
 import tempfile
 import traceback
+from typing import Dict, Optional
 
 import torch
 import torch.multiprocessing as mp
@@ -24,10 +25,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, fn, world_size, port, out_dir, args):
+def _entry(rank, fn, world_size, port, out_dir, args, env):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+                      OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **env)
     # Sends wait for their receives, as NCCL's do: an order that hangs there fails here.
     os.environ.setdefault("MEGATRON_MM_STRICT_P2P", "1")
     import megatron_mm.training  # noqa: F401  (applies the CPU patches first)
@@ -46,13 +47,19 @@ def _entry(rank, fn, world_size, port, out_dir, args):
 
 _PRELOAD = ["megatron_mm.training.pretrain"]
 
+# The mailbox's waits as on NCCL, without strict mode's wait-for-everything that hides a
+# missing one (runtime/nccl_coalescing.py)
+NCCL_COALESCING = {"MEGATRON_MM_STRICT_P2P": "0", "MEGATRON_MM_EMULATE_NCCL_COALESCING": "1"}
 
-def run_distributed(fn, world_size: int, *args):
-    """``fn(rank, *args)`` on ``world_size`` ranks; returns the list of results by rank."""
+
+def run_distributed(fn, world_size: int, *args, env: Optional[Dict[str, str]] = None):
+    """``fn(rank, *args)`` on ``world_size`` ranks, with ``env`` set in each; returns the
+    list of results by rank."""
     mp.set_forkserver_preload(_PRELOAD)
     with tempfile.TemporaryDirectory() as out_dir:
         try:
-            mp.start_processes(_entry, args=(fn, world_size, free_port(), out_dir, args),
+            mp.start_processes(_entry, args=(fn, world_size, free_port(), out_dir, args,
+                                             env or {}),
                                nprocs=world_size, start_method="forkserver", join=True)
         except mp.ProcessRaisedException:
             errors = []

@@ -7,8 +7,12 @@ from its ``Spec``, which it knows from its own copy of the micro-batch: no heade
 sync. Its sends finish in the background (their buffers live until ``finish``); a
 received message is waited for when it is taken (``take``), just before the action that
 uses it: a receive posted early (the plan posts by the schedule's timeline) does not stall
-the rank while the message is still on its way. NCCL runs a rank's exchanges one after
-another on its own stream whatever the host waits for, so this changes no order.
+the rank while the message is still on its way. What is waited for is every ``Work`` of
+the message's batch: NCCL coalesces a batch into one (gloo gives one per op), and a
+received tensor holds its data only once that one is waited for. NCCL runs a rank's
+exchanges one after another on its own stream whatever the host waits for, so this
+changes no order. ``MEGATRON_MM_EMULATE_NCCL_COALESCING=1`` gives gloo NCCL's one
+``Work`` per batch (``nccl_coalescing.py``).
 
 ``MEGATRON_MM_STRICT_P2P=1`` (every multi-process test sets it): an exchange also waits for
 its sends. Gloo completes a send only once the receiver has posted the matching receive,
@@ -26,6 +30,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
+
+from .nccl_coalescing import batch_isend_irecv
 
 Key = Tuple[str, int, int]  # (what, micro-batch, chunk or encoder piece)
 
@@ -72,9 +78,9 @@ class Mailbox:
             # rank of the group in it (torch.distributed's docs); ours involve only peers
             dist.barrier(group=group)
             _STARTED.add(id(group))
-        self.pending: List[dist.Work] = []  # sends not yet waited for
-        self.alive: List[torch.Tensor] = []  # their buffers, until then
-        self.arriving: Dict[Key, dist.Work] = {}  # receives not yet waited for
+        self.batches: List[List[dist.Work]] = []  # each exchange's works, until finish
+        self.alive: List[torch.Tensor] = []  # the sends' buffers, until then
+        self.arriving: Dict[Key, List[dist.Work]] = {}  # received key -> its batch's works
 
     def exchange(self, sends: Sequence[Tuple[int, Key, Optional[torch.Tensor], Optional[Spec]]],
                  recvs: Sequence[Tuple[int, Key, Optional[Spec]]]
@@ -82,7 +88,7 @@ class Mailbox:
         """Send each ``(peer, key, tensor, spec)`` (``spec``: what the receiver expects; a
         mismatch is an error here, not a hang or garbage there) and receive each
         ``(peer, key, spec)``, all in one batch; returns the received tensors by key."""
-        ops, send_works, names = [], 0, []
+        ops, names = [], []
         for peer, key, tensor, spec in sends:
             if spec_of(tensor) != spec:
                 raise RuntimeError(f"pipeline message {key} to pipeline rank {peer} is "
@@ -93,7 +99,6 @@ class Mailbox:
                 ops.append(dist.P2POp(dist.isend, payload, self.ranks[peer], self.group))
                 self.alive.append(payload)
                 names.append(f"send of {key} to pipeline rank {peer}")
-        send_works = len(ops)
         received: Dict[Key, Optional[torch.Tensor]] = {}
         for peer, key, spec in recvs:
             tensor = allocate(spec, self.device)
@@ -101,21 +106,24 @@ class Mailbox:
             if tensor is not None and tensor.numel():
                 ops.append(dist.P2POp(dist.irecv, tensor, self.ranks[peer], self.group))
                 names.append(f"receive of {key} from pipeline rank {peer}")
-        works = dist.batch_isend_irecv(ops) if ops else []
+        works = batch_isend_irecv(ops) if ops else []
         if self.strict:
             self._wait(works, names)
-        else:
-            self.pending += works[:send_works]
-            arriving = [key for peer, key, spec in recvs
-                        if received[key] is not None and received[key].numel()]
-            self.arriving.update(zip(arriving, works[send_works:]))
+            return received
+        # NCCL coalesces the batch into ONE Work, gloo gives one per op (torch's
+        # batch_isend_irecv): a received key waits for all of its batch's, whatever their
+        # number. One list per batch, shared by its keys, emptied once waited for.
+        batch = list(works)
+        self.batches.append(batch)
+        for peer, key, spec in recvs:
+            if received[key] is not None and received[key].numel():
+                self.arriving[key] = batch
         return received
 
     def take(self, key: Key) -> None:
-        """Wait until message ``key`` (received by an earlier exchange) has arrived."""
-        work = self.arriving.pop(key, None)
-        if work is not None:
-            work.wait()
+        """Wait until message ``key`` (received by an earlier exchange) has arrived: for
+        the works of its exchange's batch."""
+        _wait_all(self.arriving.pop(key, []))
 
     def _wait(self, works: Sequence[dist.Work], names: Sequence[str]) -> None:
         timeout = strict_timeout()
@@ -132,8 +140,14 @@ class Mailbox:
 
     def finish(self) -> None:
         """Wait for every send and receive (end of the iteration)."""
-        for work in [*self.pending, *self.arriving.values()]:
-            work.wait()
+        for batch in self.batches:
+            _wait_all(batch)
         self.arriving.clear()
-        self.pending.clear()
+        self.batches.clear()
         self.alive.clear()
+
+
+def _wait_all(batch: List[dist.Work]) -> None:
+    for work in batch:
+        work.wait()
+    batch.clear()  # the batch's other keys find it waited for

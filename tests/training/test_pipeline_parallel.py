@@ -4,11 +4,14 @@ across stages, with the frozen-aware partition and with the partition OmniBal's 
 times and keeps (its trial iterations leave the run's init and data order alone); PP=2 x VPP=2 and PP=4 with encoder-only
 middle chunks; TP=2 x PP=2; the encoder as its own pipeline (coarse and bubble schedules),
 also at encoder TP 1 inside TP 2 (two encoder replicas; its checkpoint then loads at TP=1
-and evaluates the same) and with full recompute reaching the encoder pieces. A frozen ViT runs no backward on any stage it spans."""
+and evaluates the same) and with full recompute reaching the encoder pieces. A frozen ViT runs no backward on any stage it spans.
+Ranks run in strict p2p mode; the encoder schedules also with NCCL's one Work per batch
+(``runtime/nccl_coalescing.py``), where a message read before its batch is waited for is
+garbage."""
 
 import pytest
 import torch
-from dist_harness import run_distributed
+from dist_harness import NCCL_COALESCING, run_distributed
 from train_workers import TINY_MODEL, train
 
 STEPS = 3
@@ -116,7 +119,7 @@ RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "block",
         "pp2-vpp2-bubble-frozen-vit", "pp4-bubble-frozen-vit", "pp2-auto-slow-vit",
         "tp2-pp2-auto-etp1", "pp2-bubble-placed-last"])
 def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout,
-                                              model):
+                                              model, env=None):
     # Stages draw different random streams, so both runs start from one saved init.
     argv, ref = _reference(digits_dir, tmp_path_factory, model)
     if AUTO[-1] in layout:
@@ -127,7 +130,7 @@ def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, worl
         extra = ["--save", str(saved)]
         argv = [a for a in argv if a != "--skip-final-eval"] + ["--eval-max-new-tokens", "2"]
     ranks = run_distributed(train, world, argv + layout + extra, (1, STEPS),
-                            count_vit_layer_calls)
+                            count_vit_layer_calls, env=env)
     pp = 4 if layout[:2] == PP4[:2] else 2
     stages = ranks[:: world // pp]  # TP rank 0 of each stage: full (TP-gathered) tensors
     last = stages[-1]  # the loss lives on the last stage
@@ -166,6 +169,26 @@ def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, worl
             c = out["observed"]["vit_calls"]
             assert c["fwd"] > 0 and c["bwd"] > 0, c
         _check_etp1_checkpoint(argv, saved, stages)
+
+
+@pytest.mark.parametrize("world, layout, model", [
+    (2, PP2 + COARSE, []),
+    (2, PP2 + BUBBLE + ["--encoder-placement", "last"], []),
+    (2, PP2 + ["--virtual-pipeline-model-parallel-size", "2"] + BUBBLE +
+     ["--encoder-pipeline-model-parallel-size", "1", "--encoder-pieces", "2"],
+     FOUR_LAYERS + ["--freeze-ViT"]),
+    (4, PP2 + ["--tensor-model-parallel-size", "2"] + BUBBLE + ETP1, []),
+    (4, PP4 + BUBBLE + ["--encoder-pipeline-model-parallel-size", "2"],
+     FOUR_LAYERS + ["--freeze-ViT"]),
+], ids=["pp2-coarse", "pp2-bubble-placed-last", "pp2-vpp2-bubble-frozen-vit",
+        "tp2-pp2-bubble-etp1", "pp4-bubble-frozen-vit"])
+def test_encoder_schedules_equal_one_process_with_nccl_coalescing(
+        digits_dir, tmp_path_factory, world, layout, model):
+    """The schedule executor's exchanges with NCCL's one Work per batch, each received
+    tensor holding its data only once that Work is waited for, and no strict-mode waits:
+    a message used before its batch is waited for gives wrong numbers."""
+    test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout,
+                                              model, env=NCCL_COALESCING)
 
 
 def _with_slow_vit_profile(argv, layout, tmp_path_factory):
