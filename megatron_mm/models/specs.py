@@ -47,15 +47,26 @@ CP_ATTENTIONS = ("none", "ours", "transformer_engine")
 CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")  # Megatron's --cp-comm-type
 
 
+def transformer_engine_installed() -> bool:
+    """TE is there to import (looked up, not imported)."""
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
 @lru_cache(maxsize=None)
-def transformer_engine_importable() -> bool:
-    if importlib.util.find_spec("transformer_engine") is None:
-        return False
+def transformer_engine_import_error() -> Optional[str]:
+    """None when ``transformer_engine.pytorch`` imports; else why not, in TE's own words
+    (a build against another torch, a missing CUDA library ...)."""
+    if not transformer_engine_installed():
+        return "Transformer Engine is not installed (no module named 'transformer_engine')"
     try:
         import transformer_engine.pytorch  # noqa: F401
-    except Exception:  # a broken install must fall back, not crash
-        return False
-    return True
+    except Exception as e:  # whatever TE raises is the user's to see (require_...)
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def transformer_engine_importable() -> bool:
+    return transformer_engine_import_error() is None
 
 
 def transformer_engine_available() -> bool:
@@ -64,7 +75,29 @@ def transformer_engine_available() -> bool:
 
 
 def default_transformer_impl() -> str:
-    return "transformer_engine" if transformer_engine_available() else "local"
+    """Megatron-LM's default, ``transformer_engine``, where CUDA runs and TE is installed
+    (an install that does not import then stops the run: ``require_transformer_engine``);
+    ``local`` elsewhere."""
+    if torch.cuda.is_available() and transformer_engine_installed():
+        return "transformer_engine"
+    return "local"
+
+
+def require_transformer_engine(defaulted: bool = False) -> None:
+    """An error naming the flag unless TE imports and CUDA runs: never a silent fallback to
+    local layers. ``defaulted``: the impl came from ``default_transformer_impl``."""
+    if transformer_engine_available():
+        return
+    flag = "--transformer-impl transformer_engine" + (
+        " (the default where CUDA runs and Transformer Engine is installed)" if defaulted
+        else "")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{flag} needs a CUDA device: pass --transformer-impl local")
+    raise ConfigError(
+        f"{flag}: Transformer Engine does not import on this CUDA machine: "
+        f"{transformer_engine_import_error()}. Install it into this torch (docs/gpu.md: "
+        "pip install --no-build-isolation transformer_engine[pytorch,core_cuXX]) or pass "
+        "--transformer-impl local")
 
 
 @dataclass(frozen=True)
@@ -162,11 +195,7 @@ def _impl_specs(transformer_impl: str, qk_layernorm: bool) -> LayerSpecs:
         raise ConfigError(f"--transformer-impl must be one of {TRANSFORMER_IMPLS}, "
                           f"got {transformer_impl!r}")
     if transformer_impl == "transformer_engine":
-        if not transformer_engine_available():
-            raise ConfigError(
-                "--transformer-impl transformer_engine needs Transformer Engine and a CUDA "
-                "device; install transformer-engine[pytorch] on a GPU machine or pass "
-                "--transformer-impl local")
+        require_transformer_engine()
         from megatron.core.extensions.transformer_engine import (
             TEColumnParallelLinear,
             TENorm,
