@@ -45,10 +45,16 @@ def _entry(rank, fn, world_size, port, out_dir, args):
 
 
 _PRELOAD = ["megatron_mm.training.pretrain"]
+# The fork server imports _PRELOAD and forks every rank: nothing there may initialise CUDA
+# (a forked child's CUDA then fails). Megatron-Core asks torch.cuda.is_available() at
+# import (dist_checkpointing), which initialises the driver unless torch asks NVML instead.
+FORKSERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 
 
 def run_distributed(fn, world_size: int, *args):
     """``fn(rank, *args)`` on ``world_size`` ranks; returns the list of results by rank."""
+    for name, value in FORKSERVER_ENV.items():  # inherited by the fork server it starts
+        os.environ.setdefault(name, value)
     mp.set_forkserver_preload(_PRELOAD)
     with tempfile.TemporaryDirectory() as out_dir:
         try:
