@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -35,7 +33,9 @@ from megatron.core.transformer.mlp import MLPSubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
+from .. import te_import
 from ..config import ConfigError
+from ..te_import import transformer_engine_installed
 from .context_parallel import ContextParallelMask
 from .cp_attention import ContextParallelAttention
 from .norms import SequenceParallelNorm
@@ -47,26 +47,12 @@ CP_ATTENTIONS = ("none", "ours", "transformer_engine")
 CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")  # Megatron's --cp-comm-type
 
 
-def transformer_engine_installed() -> bool:
-    """TE is there to import (looked up, not imported)."""
-    return importlib.util.find_spec("transformer_engine") is not None
-
-
-@lru_cache(maxsize=None)
-def transformer_engine_import_error() -> Optional[str]:
-    """None when ``transformer_engine.pytorch`` imports; else why not, in TE's own words
-    (a build against another torch, a missing CUDA library ...)."""
-    if not transformer_engine_installed():
-        return "Transformer Engine is not installed (no module named 'transformer_engine')"
-    try:
-        import transformer_engine.pytorch  # noqa: F401
-    except Exception as e:  # whatever TE raises is the user's to see (require_...)
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
 def transformer_engine_importable() -> bool:
     return transformer_engine_import_error() is None
+
+
+def transformer_engine_import_error() -> Optional[str]:
+    return te_import.import_error()
 
 
 def transformer_engine_available() -> bool:
@@ -95,9 +81,8 @@ def require_transformer_engine(defaulted: bool = False) -> None:
         raise ConfigError(f"{flag} needs a CUDA device: pass --transformer-impl local")
     raise ConfigError(
         f"{flag}: Transformer Engine does not import on this CUDA machine: "
-        f"{transformer_engine_import_error()}. Install it into this torch (docs/gpu.md: "
-        "pip install --no-build-isolation transformer_engine[pytorch,core_cuXX]) or pass "
-        "--transformer-impl local")
+        f"{transformer_engine_import_error()}. Install it into this torch "
+        f"({te_import.INSTALL}) or pass --transformer-impl local")
 
 
 @dataclass(frozen=True)
