@@ -47,7 +47,8 @@ def _entry(rank, fn, world_size, port, out_dir, args):
 _PRELOAD = ["megatron_mm.training.pretrain"]
 # The fork server imports _PRELOAD and forks every rank: nothing there may initialise CUDA
 # (a forked child's CUDA then fails). Megatron-Core asks torch.cuda.is_available() at
-# import (dist_checkpointing), which initialises the driver unless torch asks NVML instead.
+# import (dist_checkpointing), which initialises the driver unless torch asks NVML instead
+# (megatron_mm sets this at import too; set here before the fork server starts).
 FORKSERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 
 
