@@ -31,7 +31,8 @@ def _build(fusions=None):
                                      num_query_groups=2, seq_length=64))
     torch.manual_seed(0)
     settings = BuildSettings(bf16=True, **({"fusions": fusions} if fusions else {}))
-    return build_model(cfg, settings, {"image": MEDIA_ID}).cuda()
+    # bf16 throughout, as Megatron's Float16Module casts a model (norms built in fp32 too)
+    return build_model(cfg, settings, {"image": MEDIA_ID}).cuda().bfloat16()
 
 
 def test_fused_model_equals_plain_ops(cuda_world):

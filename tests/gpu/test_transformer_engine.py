@@ -70,7 +70,8 @@ def _build(impl, media_attention="causal", kind="clip", **language):
     settings = BuildSettings(transformer_impl=impl, media_attention=media_attention,
                              bf16=True)
     media = {"audio" if kind == "whisper" else "image": MEDIA_ID}
-    return build_model(_config(kind, **language), settings, media).cuda()
+    # bf16 throughout, as Megatron's Float16Module casts a model (norms built in fp32 too)
+    return build_model(_config(kind, **language), settings, media).cuda().bfloat16()
 
 
 def _te_weights(local_state, te_model):
@@ -197,7 +198,7 @@ def test_qwen2_5_vl_tower_thd_equals_local(cuda_world, te_backends):
         s = BuildSettings(transformer_impl=impl, bf16=True)
         return Qwen2_5VLVisionWithMerger(qwen2_5_vl_vision_transformer_config(enc, s),
                                          qwen2_5_vl_merger_transformer_config(enc, s), enc,
-                                         impl).cuda()
+                                         impl).cuda().bfloat16()
 
     local, te = build("local"), build("transformer_engine")
     te.load_state_dict(_te_weights(local.state_dict(), te), strict=True)
@@ -241,7 +242,7 @@ def test_padded_vit_on_te_equals_unpadded_local(cuda_world, te_backends):
         config = vision_transformer_config(enc, BuildSettings(transformer_impl=impl,
                                                               bf16=True))
         return VisionTransformer(config, enc, specs.vision_layer, specs.vision_norm,
-                                 sequence_multiple=multiple).cuda()
+                                 sequence_multiple=multiple).cuda().bfloat16()
 
     local, te = build("local", 1), build("transformer_engine", 2)
     assert te.sp_padding == 1
