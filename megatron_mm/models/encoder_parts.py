@@ -79,7 +79,8 @@ class EncoderParts:
     def layer_inputs(self, hidden: torch.Tensor) -> dict:
         """Keyword arguments every layer takes next to the hidden state: the padding mask;
         a family adds its own (Qwen2.5-VL: window masks and rotary angles of the batch)."""
-        return {"attention_mask": self.padding_mask(hidden.shape[1], hidden.device)}
+        return {"attention_mask": self.padding_mask(hidden.shape[1], hidden.device)
+                if self.sp_padding else None}
 
     def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
         """Unused: the multimodal model hands each part its input explicitly."""
