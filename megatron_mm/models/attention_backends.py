@@ -65,9 +65,13 @@ def te_backend(module, dtype: torch.dtype, batch_size: int, seq_length: int) -> 
     except ImportError as e:  # TE < 2.4 keeps it elsewhere
         return f"transformer_engine (backend not known: {e})"
     fields = [f.name for f in dataclasses.fields(utils.AttentionParams)]
-    params = utils.AttentionParams(**te_attention_params(module, dtype, batch_size,
-                                                         seq_length, fields))
-    flash, flash_version, fused, fused_backend, unfused, _ = utils.get_attention_backend(params)
+    try:  # a TE version whose attributes or answer differ: said, not fatal to the run
+        params = utils.AttentionParams(**te_attention_params(module, dtype, batch_size,
+                                                             seq_length, fields))
+        flash, flash_version, fused, fused_backend, unfused, _ = (
+            utils.get_attention_backend(params))
+    except (AttributeError, TypeError, ValueError) as e:
+        return f"transformer_engine (backend not known: {type(e).__name__}: {e})"
     what = f"{params.attn_mask_type} mask, {params.qkv_layout}"
     if flash:
         return f"transformer_engine FlashAttention {flash_version} ({what})"
