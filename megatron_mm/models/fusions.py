@@ -100,12 +100,12 @@ class Fusions:
     wgrad_te_linears: bool = False
     off: Tuple[str, ...] = field(default=(), compare=False)  # why each is off, for the log
 
-    def config_fields(self, stack, te_linears_only: bool) -> dict:
-        """``stack``: "llm", an encoder's name, or None (a projector)."""
+    def config_fields(self, rope: bool, te_linears_only: bool) -> dict:
+        """``rope``: the module rotates with Megatron-Core's 1-D RoPE (the LLM's)."""
         return dict(
             bias_dropout_fusion=self.bias_dropout,
             masked_softmax_fusion=self.masked_softmax,
-            apply_rope_fusion=self.rope and stack == "llm",
+            apply_rope_fusion=self.rope and rope,
             gradient_accumulation_fusion=(self.wgrad_te_linears if te_linears_only
                                           else self.wgrad_megatron_linears),
         )

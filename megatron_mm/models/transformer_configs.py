@@ -78,7 +78,7 @@ class BuildSettings:
             return {}
         return self.fp8.transformer_config_fields()
 
-    def common(self, stack: Optional[str] = None) -> dict:
+    def common(self, stack: Optional[str] = None, mrope: bool = False) -> dict:
         """Settings of every module. The transformer stacks split over pipeline stages
         (``stack``: "llm" or an encoder's name) get Megatron-Core's pipeline layout from the
         placements, so each chunk builds its layers with their global numbers (checkpoints
@@ -134,7 +134,8 @@ class BuildSettings:
             # Each where its kernel exists (fusions.py); bias_activation_fusion comes with
             # the activation (``activation``).
             **self.fusions.config_fields(
-                stack, te_linears_only=self.transformer_impl == "transformer_engine"
+                rope=stack == "llm" and not mrope,  # Megatron-Core fuses no M-RoPE batch
+                te_linears_only=self.transformer_impl == "transformer_engine"
                 and stack != "llm"),
             persist_layer_norm=False,
             attention_softmax_in_fp32=True,
@@ -158,7 +159,7 @@ def language_transformer_config(lm: LanguageModelConfig, s: BuildSettings) -> Tr
         add_qkv_bias=lm.add_qkv_bias,
         qk_layernorm=lm.qk_layernorm,
         mrope_section=list(lm.mrope_section) if lm.mrope else None,
-        **s.common("llm"),
+        **s.common("llm", mrope=lm.mrope),
         **s.fp8_fields("llm"),
         **_te_context_parallel(s),
     )

@@ -91,8 +91,12 @@ def test_on_cuda_each_fusion_where_its_kernel_exists():
 
     fusions = choose_fusions(ALL_ON, CUDA_TE, "transformer_engine")
     settings = BuildSettings(transformer_impl="transformer_engine", fusions=fusions)
-    fields = {name: fusions.config_fields(stack, te_linears_only=stack != "llm")
-              for name, stack in (("llm", "llm"), ("vision", "vision"), ("projector", None))}
+    fields = {name: settings.common(stack) for name, stack in (
+        ("llm", "llm"), ("vision", "vision"), ("projector", None))}
+    fields = {name: {k: f[k] for k in ("bias_dropout_fusion", "masked_softmax_fusion",
+                                       "apply_rope_fusion", "gradient_accumulation_fusion")}
+              for name, f in fields.items()}
+    assert not settings.common("llm", mrope=True)["apply_rope_fusion"]  # M-RoPE unfused
     assert fields["llm"] == dict(bias_dropout_fusion=True, masked_softmax_fusion=False,
                                  apply_rope_fusion=True, gradient_accumulation_fusion=False)
     assert fields["vision"] == dict(bias_dropout_fusion=True, masked_softmax_fusion=False,
