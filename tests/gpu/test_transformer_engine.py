@@ -42,6 +42,7 @@ def assert_close_bf16(actual, expected, rtol=TENSOR_RTOL, msg=""):
     err, scale = (actual.float() - expected.float()).norm(), expected.float().norm()
     assert err <= rtol * scale + 1e-6, f"{msg} |diff| {err:.3g} vs |expected| {scale:.3g}"
 
+
 MEDIA_ID = 250
 ENCODERS = {  # each family's encoder; 16 media tokens per item
     "clip": VisionEncoderConfig(hidden_size=64, num_layers=2, num_attention_heads=4,

@@ -4,7 +4,6 @@ unchanged (every module's TransformerConfig as without fusions)."""
 
 import dataclasses
 
-import pytest
 import torch
 import torch.nn.functional as F
 
