@@ -25,7 +25,9 @@ WITHOUT_CUDA = (
 def silence_expected_warnings() -> None:
     import torch
 
-    patterns = ALWAYS + (() if torch.cuda.is_available() else WITHOUT_CUDA)
+    # device_count() asks NVML; is_available() would initialise the CUDA driver here, at
+    # import, which breaks every rank a fork server forks after importing this package.
+    patterns = ALWAYS + (() if torch.cuda.device_count() > 0 else WITHOUT_CUDA)
     for pattern in patterns:
         warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
     logging.getLogger("megatron.core.models.gpt.gpt_model").addFilter(_NotGPTDeprecation())

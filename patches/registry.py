@@ -64,9 +64,12 @@ def applied_patches() -> list[str]:
     return list(_applied)
 
 def _cuda_available() -> bool:
+    """Asked through NVML (``device_count``): ``is_available()`` initialises the CUDA
+    driver unless PYTORCH_NVML_BASED_CUDA_CHECK=1, and patches apply at import, in the
+    fork server that starts the ranks, whose CUDA then fails."""
     import torch
 
-    return torch.cuda.is_available()
+    return torch.cuda.device_count() > 0
 
 def is_needed(patch: Patch, cuda: bool, installed: Callable[[str], bool]) -> bool:
     """Whether ``patch``'s upstream bug bites on a machine with (or without) ``cuda`` and

@@ -46,15 +46,21 @@ def _entry(rank, fn, world_size, port, out_dir, args, env):
 
 
 _PRELOAD = ["megatron_mm.training.pretrain"]
+# The fork server imports _PRELOAD and forks every rank: nothing there may initialise CUDA
+# (a forked child's CUDA then fails). Megatron-Core asks torch.cuda.is_available() at
+# import (dist_checkpointing), which initialises the driver unless torch asks NVML instead
+# (megatron_mm sets this at import too; set here before the fork server starts).
+FORKSERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 
 # The mailbox's waits as on NCCL, without strict mode's wait-for-everything that hides a
 # missing one (runtime/nccl_coalescing.py)
 NCCL_COALESCING = {"MEGATRON_MM_STRICT_P2P": "0", "MEGATRON_MM_EMULATE_NCCL_COALESCING": "1"}
 
-
 def run_distributed(fn, world_size: int, *args, env: Optional[Dict[str, str]] = None):
     """``fn(rank, *args)`` on ``world_size`` ranks, with ``env`` set in each; returns the
     list of results by rank."""
+    for name, value in FORKSERVER_ENV.items():  # inherited by the fork server it starts
+        os.environ.setdefault(name, value)
     mp.set_forkserver_preload(_PRELOAD)
     with tempfile.TemporaryDirectory() as out_dir:
         try:

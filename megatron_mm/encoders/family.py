@@ -78,7 +78,7 @@ class EncoderFamily:
       item's padding before the merge).
     - ``fp8_token_counts(name, config)``: {FP8 module: (tokens per item, the flags that set
       it)} for the FP8 alignment check; ``check_sequence_parallel(name, config, tp, impl)``
-      raises a ``ConfigError`` for a layout the family cannot shard.
+      raises a ``ConfigError`` for a layout the family cannot shard (None: none).
     - ``builtin_data``: the ``BuiltinData`` its demo trains on without ``--data-path``.
     - ``item_tags``: {modality: (start, end)} token text around each item's placeholder run
       in the model's own (Hugging Face) input layout (InternVL: ``<img>`` ``</img>``); the
@@ -96,7 +96,7 @@ class EncoderFamily:
     media: str
     feature_tokens: Callable
     fp8_token_counts: Callable
-    check_sequence_parallel: Callable
+    check_sequence_parallel: Optional[Callable] = None  # None: every layout shards
     padded_features: bool = False
     add_arguments: Optional[Callable] = None
     checkpoint_flags: Tuple[str, ...] = ()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..config import ConfigError, VisionEncoderConfig
+from ..config import VisionEncoderConfig
 from ..plan.model import EncoderSpec, patch_embed_flops
 from .family import BuiltinData, EncoderFamily, encoder_transformer, fixed_feature_tokens
 
@@ -46,24 +46,13 @@ def fp8_token_counts(name: str, enc: VisionEncoderConfig) -> dict:
                                   "--disable-vision-class-token)")}
 
 
-def check_sequence_parallel(name: str, enc: VisionEncoderConfig, tp: int, impl: str) -> None:
-    """The model pads the patches (+ class token) to a multiple of TP and masks the
-    padding, which only the local attention takes."""
-    t = enc.num_patches + int(enc.has_class_token)
-    if t % tp and impl == "transformer_engine":
-        raise ConfigError(
-            f"--sequence-parallel pads the {name} encoder's {t} tokens to a multiple of "
-            f"--tensor-model-parallel-size {tp} and masks the padding, which only the "
-            f"local attention takes: pass --transformer-impl local (or a patch count plus "
-            f"class token divisible by {tp})")
-
-
 CLIP = EncoderFamily(
     model_type="clip", slot="vision", modality="image", config_class=VisionEncoderConfig,
     from_args=from_args, planner_spec=planner_spec,
     build="megatron_mm.models.vision:build_vit",
     media="megatron_mm.data.media_processors:image_processor",
+    # --sequence-parallel pads the patches (+ class token) to a multiple of TP; the layers
+    # take it as padding (mask type ``padding``, either impl: models/vision.py)
     feature_tokens=fixed_feature_tokens("image"), fp8_token_counts=fp8_token_counts,
-    check_sequence_parallel=check_sequence_parallel,
     builtin_data=BuiltinData("digits", "megatron_mm.data.digits:prepare_digits", ("image",)))
 SIGLIP = dataclasses.replace(CLIP, model_type="siglip")

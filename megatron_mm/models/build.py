@@ -12,7 +12,7 @@ from megatron.core.transformer.transformer_block import (
     get_num_layers_to_build,
 )
 
-from ..config import ConfigError, MultimodalModelConfig
+from ..config import MultimodalModelConfig
 from ..encoders import family_of
 from ..plan import ModelSpec, Workload, build_chain
 from ..plan.placement import ChunkPlacement, whole_model
@@ -69,10 +69,6 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
         encoders[part.name] = family_of(enc).build_encoder(
             enc, settings, specs, part, part.name, vp_stage=vp_stage,
             pg_collection=encoder_groups, checkpoint_dp_group=settings.encoder_data_parallel_group)
-        if encoders[part.name].sp_padding and specs.impl != "local":
-            raise ConfigError(f"--sequence-parallel pads the {part.name} encoder's sequence "
-                              "and masks the padding, which only the local attention takes: "
-                              "pass --transformer-impl local")
         if part.projector:  # the family's own, else Megatron-Core's of --projector-type
             proj = config.projectors[part.name]
             own = family_of(enc).build_projector(enc, proj, lm, settings, specs, part.name)

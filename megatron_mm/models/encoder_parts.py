@@ -42,8 +42,8 @@ class EncoderParts:
         return [p for name, p in self.named_parameters() if not name.startswith("ln_post.")]
 
     # Tokens appended to the encoder's sequence so that it divides over the TP ranks under
-    # sequence parallelism (the ViT's patches plus class token); the layers mask them as
-    # keys, the projector's output drops them.
+    # sequence parallelism (the ViT's patches plus class token); the layers take them as
+    # padding (``padding_mask``, mask type ``padding``), the output drops them.
     sp_padding: int = 0
 
     @property
@@ -51,13 +51,15 @@ class EncoderParts:
         """The sequence the layers run: ``seq_length`` plus ``sp_padding``."""
         return self.seq_length + self.sp_padding
 
-    def _padding_mask(self, device) -> Optional[torch.Tensor]:
-        """[1, 1, T, T] bool, True = masked: no token attends to the padding (None: no
-        padding, the layers' own no-mask attention)."""
+    def padding_mask(self, items: int, device) -> Optional[torch.Tensor]:
+        """[items, 1, 1, T] bool, True at the padding keys (None: no padding). The key
+        padding mask Transformer Engine's ``padding`` mask type takes for ``sbhd``
+        (``dot_product_attention.utils.get_cu_seqlens``: right padding), and which
+        Megatron-Core's local attention broadcasts over heads and queries."""
         if not self.sp_padding:
             return None
         keys = torch.arange(self.layer_seq_length, device=device) >= self.seq_length
-        return keys.expand(self.layer_seq_length, -1)[None, None]
+        return keys.expand(items, -1)[:, None, None]
 
     @property
     def sequence_parallel_group(self):
@@ -66,19 +68,19 @@ class EncoderParts:
         return getattr(self, "tp_group", None)
 
     def to_sequence_parallel(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The embedding's output [T, N, H] as the layers take it: this rank's shard of the
-        sequence under sequence parallelism, else whole."""
-        if not self.config.sequence_parallel:
-            return hidden
+        """The embedding's output [T, N, H] as the layers take it: padded, then this rank's
+        shard of the sequence under sequence parallelism, else whole."""
         if self.sp_padding:
             hidden = torch.nn.functional.pad(hidden, (0, 0, 0, 0, 0, self.sp_padding))
+        if not self.config.sequence_parallel:
+            return hidden
         return sequence_parallel.split(hidden, self.sequence_parallel_group)
 
     def layer_inputs(self, hidden: torch.Tensor) -> dict:
         """Keyword arguments every layer takes next to the hidden state: the padding mask;
         a family adds its own (Qwen2.5-VL: window masks and rotary angles of the batch)."""
-        return {"attention_mask": self._padding_mask(hidden.device) if self.sp_padding
-                else None}
+        return {"attention_mask": self.padding_mask(hidden.shape[1], hidden.device)
+                if self.sp_padding else None}
 
     def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
         """Unused: the multimodal model hands each part its input explicitly."""

@@ -26,7 +26,7 @@ def qwen2_5_vl_vision_transformer_config(enc: Qwen2_5VLVisionConfig, s: BuildSet
         normalization="RMSNorm",
         layernorm_epsilon=enc.norm_epsilon,
         gated_linear_unit=True,
-        activation_func=F.silu,
+        **s.activation(F.silu, gated=True),
         add_bias_linear=True,
         add_qkv_bias=True,
         **s.common(name),

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -35,7 +33,9 @@ from megatron.core.transformer.mlp import MLPSubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
+from .. import te_import
 from ..config import ConfigError
+from ..te_import import transformer_engine_installed
 from .context_parallel import ContextParallelMask
 from .cp_attention import ContextParallelAttention
 from .norms import SequenceParallelNorm
@@ -47,15 +47,12 @@ CP_ATTENTIONS = ("none", "ours", "transformer_engine")
 CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")  # Megatron's --cp-comm-type
 
 
-@lru_cache(maxsize=None)
 def transformer_engine_importable() -> bool:
-    if importlib.util.find_spec("transformer_engine") is None:
-        return False
-    try:
-        import transformer_engine.pytorch  # noqa: F401
-    except Exception:  # a broken install must fall back, not crash
-        return False
-    return True
+    return transformer_engine_import_error() is None
+
+
+def transformer_engine_import_error() -> Optional[str]:
+    return te_import.import_error()
 
 
 def transformer_engine_available() -> bool:
@@ -64,7 +61,28 @@ def transformer_engine_available() -> bool:
 
 
 def default_transformer_impl() -> str:
-    return "transformer_engine" if transformer_engine_available() else "local"
+    """Megatron-LM's default, ``transformer_engine``, where CUDA runs and TE is installed
+    (an install that does not import then stops the run: ``require_transformer_engine``);
+    ``local`` elsewhere."""
+    if torch.cuda.is_available() and transformer_engine_installed():
+        return "transformer_engine"
+    return "local"
+
+
+def require_transformer_engine(defaulted: bool = False) -> None:
+    """An error naming the flag unless TE imports and CUDA runs: never a silent fallback to
+    local layers. ``defaulted``: the impl came from ``default_transformer_impl``."""
+    if transformer_engine_available():
+        return
+    flag = "--transformer-impl transformer_engine" + (
+        " (the default where CUDA runs and Transformer Engine is installed)" if defaulted
+        else "")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{flag} needs a CUDA device: pass --transformer-impl local")
+    raise ConfigError(
+        f"{flag}: Transformer Engine does not import on this CUDA machine: "
+        f"{transformer_engine_import_error()}. Install it into this torch "
+        f"({te_import.INSTALL}) or pass --transformer-impl local")
 
 
 @dataclass(frozen=True)
@@ -162,11 +180,7 @@ def _impl_specs(transformer_impl: str, qk_layernorm: bool) -> LayerSpecs:
         raise ConfigError(f"--transformer-impl must be one of {TRANSFORMER_IMPLS}, "
                           f"got {transformer_impl!r}")
     if transformer_impl == "transformer_engine":
-        if not transformer_engine_available():
-            raise ConfigError(
-                "--transformer-impl transformer_engine needs Transformer Engine and a CUDA "
-                "device; install transformer-engine[pytorch] on a GPU machine or pass "
-                "--transformer-impl local")
+        require_transformer_engine()
         from megatron.core.extensions.transformer_engine import (
             TEColumnParallelLinear,
             TENorm,

@@ -7,6 +7,12 @@ obeys the declared ``attn_mask_type``: with ``causal`` it ignores the mask, so a
 declares ``arbitrary``: TE then applies the ``[B, 1, S, S]`` bool mask (True = masked out,
 Megatron's convention too). With context parallelism the mask is ours to apply
 (``ContextParallelAttention``, or TE's CP, which takes causal masks only).
+
+An encoder whose sequence is padded (a ViT's patches and class token under
+``--sequence-parallel``) declares ``padding`` and passes the ``[N, 1, 1, T]`` key padding
+mask (``EncoderParts.padding_mask``): TE turns it into cu_seqlens for its flash / fused
+kernels, the local attention broadcasts it. Megatron-Core's ViT specs declare ``no_mask``,
+under which TE would attend to the padding.
 """
 
 from __future__ import annotations
@@ -31,3 +37,8 @@ def with_attn_mask_type(layer_spec, mask_type: AttnMaskType):
     attention.params = {**attention.params, "attn_mask_type": mask_type}
     submodules = dataclasses.replace(layer_spec.submodules, self_attention=attention)
     return dataclasses.replace(layer_spec, submodules=submodules)
+
+
+def padded_layer_spec(layer_spec, padding: int):
+    """An encoder's layer spec for a sequence with ``padding`` trailing pad tokens."""
+    return with_attn_mask_type(layer_spec, AttnMaskType.padding) if padding else layer_spec

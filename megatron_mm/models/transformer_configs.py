@@ -6,7 +6,7 @@ details (norm, activation, biases) follow the model family each module copies.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Union
 
 import torch
@@ -17,6 +17,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from ..config import AudioEncoderConfig, LanguageModelConfig, ProjectorConfig, VisionEncoderConfig
 from ..plan.fp8 import Fp8Settings
 from ..plan.placement import ChunkPlacement, stack_layout
+from .fusions import Fusions, partial_tanh_gelu
 from .mirrored_layout import MirroredLayout
 
 
@@ -61,6 +62,13 @@ class BuildSettings:
     recompute_num_layers: Union[None, int, Dict[str, int]] = None
     # FP8 (--fp8-format ...) and the modules it applies to; None: no FP8.
     fp8: Optional[Fp8Settings] = None
+    # Megatron-LM's kernel fusions (models/fusions.py, chosen for this machine by the
+    # trainer); off by default: models built outside DDP (no main_grad) and the CPU path.
+    fusions: Fusions = field(default_factory=Fusions)
+
+    def activation(self, func, gated: bool = False) -> dict:
+        """``activation_func`` and its bias fusion (the same function either way)."""
+        return self.fusions.activation(func, gated)
 
     def fp8_fields(self, module: Optional[str]) -> dict:
         """The FP8 fields of ``module``'s TransformerConfig ("llm", an encoder's name,
@@ -70,7 +78,7 @@ class BuildSettings:
             return {}
         return self.fp8.transformer_config_fields()
 
-    def common(self, stack: Optional[str] = None) -> dict:
+    def common(self, stack: Optional[str] = None, mrope: bool = False) -> dict:
         """Settings of every module. The transformer stacks split over pipeline stages
         (``stack``: "llm" or an encoder's name) get Megatron-Core's pipeline layout from the
         placements, so each chunk builds its layers with their global numbers (checkpoints
@@ -123,12 +131,12 @@ class BuildSettings:
             # Loss is summed per token and divided by the global token count (exact DP
             # equivalence at a fixed global batch, whatever the micro-batch split).
             calculate_per_token_loss=True,
-            # The fused kernels below are torch.compile'd or CUDA-only; TE brings its own.
-            bias_activation_fusion=False,
-            bias_dropout_fusion=False,
-            masked_softmax_fusion=False,
-            apply_rope_fusion=False,
-            gradient_accumulation_fusion=False,
+            # Each where its kernel exists (fusions.py); bias_activation_fusion comes with
+            # the activation (``activation``).
+            **self.fusions.config_fields(
+                rope=stack == "llm" and not mrope,  # Megatron-Core fuses no M-RoPE batch
+                te_linears_only=self.transformer_impl == "transformer_engine"
+                and stack != "llm"),
             persist_layer_norm=False,
             attention_softmax_in_fp32=True,
             apply_query_key_layer_scaling=False,
@@ -146,12 +154,12 @@ def language_transformer_config(lm: LanguageModelConfig, s: BuildSettings) -> Tr
         normalization="RMSNorm",
         layernorm_epsilon=lm.norm_epsilon,
         gated_linear_unit=True,
-        activation_func=F.silu,
+        **s.activation(F.silu, gated=True),
         add_bias_linear=False,
         add_qkv_bias=lm.add_qkv_bias,
         qk_layernorm=lm.qk_layernorm,
         mrope_section=list(lm.mrope_section) if lm.mrope else None,
-        **s.common("llm"),
+        **s.common("llm", mrope=lm.mrope),
         **s.fp8_fields("llm"),
         **_te_context_parallel(s),
     )
@@ -176,7 +184,7 @@ def vision_transformer_config(enc: VisionEncoderConfig, s: BuildSettings,
         normalization="LayerNorm",
         layernorm_epsilon=enc.layernorm_epsilon,
         gated_linear_unit=False,
-        activation_func=activation,
+        **s.activation(activation),
         add_bias_linear=True,
         add_qkv_bias=True,
         **s.common(name),
@@ -222,8 +230,3 @@ def projector_transformer_config(proj: ProjectorConfig, lm: LanguageModelConfig,
         **s.common(),
         **s.fp8_fields(name and f"{name}-projector"),
     )
-
-
-def partial_tanh_gelu(x: torch.Tensor) -> torch.Tensor:
-    """SigLIP's ``gelu_pytorch_tanh``."""
-    return F.gelu(x, approximate="tanh")

@@ -9,6 +9,8 @@ comes from the layer-spec table rather than a TE-or-torch guess.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
@@ -17,6 +19,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from ..config import VisionEncoderConfig
 from .encoder_parts import EncoderParts
+from .te_attention_mask import padded_layer_spec
 from .transformer_configs import vision_transformer_config
 
 
@@ -28,7 +31,11 @@ class VisionTransformer(EncoderParts, MegatronModule):
     def __init__(self, config: TransformerConfig, encoder: VisionEncoderConfig,
                  layer_spec: ModuleSpec, norm_impl: type, embed: bool = True,
                  build_layers: bool = True, post: bool = True, vp_stage=None,
-                 pg_collection=None, checkpoint_dp_group=None):
+                 pg_collection=None, checkpoint_dp_group=None,
+                 sequence_multiple: Optional[int] = None):
+        """``sequence_multiple``: pad the sequence (patches and class token) to a multiple
+        of it; default: the TP size under sequence parallelism (a class token makes the
+        length odd), else 1."""
         super().__init__(config=config)
         self.use_encoder_groups(pg_collection, checkpoint_dp_group)
         self.encoder_config = encoder
@@ -36,8 +43,11 @@ class VisionTransformer(EncoderParts, MegatronModule):
         clip = encoder.model_type == "clip"
         self.class_token_len = 1 if encoder.has_class_token else 0
         self.seq_length = encoder.num_patches + self.class_token_len
-        if config.sequence_parallel:  # a class token makes the length odd: pad it
-            self.sp_padding = -self.seq_length % config.tensor_model_parallel_size
+        if sequence_multiple is None:
+            sequence_multiple = (config.tensor_model_parallel_size
+                                 if config.sequence_parallel else 1)
+        self.sp_padding = -self.seq_length % sequence_multiple
+        layer_spec = padded_layer_spec(layer_spec, self.sp_padding)  # either impl
         self.has_embed = embed
         if embed:
             self.conv1 = torch.nn.Conv2d(3, hidden, kernel_size=encoder.patch_dim,
@@ -84,7 +94,9 @@ class VisionTransformer(EncoderParts, MegatronModule):
         return x
 
     def features(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[T, N, hidden] -> [N, T', hidden] features (T' = ``num_output_tokens``)."""
+        """[T (+ padding), N, hidden] -> [N, T', hidden] features (T' =
+        ``num_output_tokens``)."""
+        hidden = hidden[:self.seq_length]  # drop the padding
         return self.select_output_tokens(self.shard_features(hidden).transpose(0, 1)).contiguous()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

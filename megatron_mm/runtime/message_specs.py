@@ -67,9 +67,9 @@ class MessageSpecs:
         items = batch["media"].get(modality_of(enc))
         if items is None or items.shape[0] == 0:
             return None
-        t = encoder.seq_length
+        t = encoder.layer_seq_length  # with its padding
         if encoder.config.sequence_parallel:
-            t = encoder.layer_seq_length // encoder.config.tensor_model_parallel_size
+            t //= encoder.config.tensor_model_parallel_size
         return Spec((t, items.shape[0], encoder.encoder_config.hidden_size),
                     encoder.config.params_dtype)
 

@@ -24,6 +24,7 @@ from .data_args import add_data_args, validate_data_args
 from ..plan.cp_assignment import BLOCK_OVERHEAD
 from ..plan.partition import parse_partition_flag
 from .fp8_args import fp8_args, validate_fp8_args
+from .fusion_args import add_fusion_args
 from .logging_args import logging_args, validate_logging_args
 from .sequence_parallel import add_sequence_parallel_args, validate_sequence_parallel
 from .transformer_impl import validate_transformer_impl
@@ -304,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     fp8_args(p)
     logging_args(p)
     add_sequence_parallel_args(p)
+    add_fusion_args(p)
     return p
 
 

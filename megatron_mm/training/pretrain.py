@@ -36,13 +36,15 @@ from .checkpointing import iteration_dir, locate_checkpoint
 from ..models import BuildSettings, MultimodalModel, build_model
 from ..encoders import builtin_data_for, family_of, modalities_of, resolve
 from ..models.multimodal import MediaMismatchError
+from ..models.fusions import Fusions, Kernels, choose_fusions
 from ..models.specs import (
     CPAttentionChoice, choose_cp_attention, default_transformer_impl,
-    transformer_engine_importable)
+    require_transformer_engine, transformer_engine_importable)
 from .balanced_data import balanced_batch_iterator
 from .checkpointing import CheckpointError
 from ..runtime.collective_device import collective_device
 from .fp8_args import llm_sequence_multiple
+from .fusion_args import fusion_flags
 
 from .nan_check import NonFiniteError
 
@@ -62,10 +64,26 @@ def print_rank_last(msg: str) -> None:
         print(msg, flush=True)
 
 
+def transformer_impl(args) -> str:
+    """``--transformer-impl``, or this machine's default; Transformer Engine, asked for or
+    defaulted to, must import, or its error stops the run (naming the flag)."""
+    impl = args.transformer_impl or default_transformer_impl()
+    if impl == "transformer_engine":
+        require_transformer_engine(defaulted=args.transformer_impl is None)
+    return impl
+
+
+def fusions(args) -> Fusions:
+    """Megatron-LM's fusions the flags leave on, where this machine has their kernels."""
+    fp8 = getattr(args, "fp8_settings", None)
+    return choose_fusions(fusion_flags(args), Kernels.probe(), transformer_impl(args),
+                          fp8_emulation=fp8 is not None and fp8.emulation)
+
+
 def cp_attention_choice(args) -> CPAttentionChoice:
     """Which CP core attention the LLM runs, from the flags and this machine."""
     return choose_cp_attention(
-        args.context_parallel_size, args.transformer_impl or default_transformer_impl(),
+        args.context_parallel_size, transformer_impl(args),
         transformer_engine_importable(), torch.cuda.is_available(),
         media_attention=args.media_attention, packed=args.data_balance != "none",
         assignment=args.context_parallel_assignment, cp_comm_type=args.cp_comm_type)
@@ -73,7 +91,7 @@ def cp_attention_choice(args) -> CPAttentionChoice:
 
 def build_settings(args, placements=None, replicas=None) -> BuildSettings:
     """``replicas``: the encoder replicas' groups (an encoder TP below the LLM's)."""
-    impl = args.transformer_impl or default_transformer_impl()
+    impl = transformer_impl(args)
     cpu_init = args.use_cpu_initialization or not torch.cuda.is_available()
     cp = cp_attention_choice(args)
     return BuildSettings(
@@ -92,7 +110,8 @@ def build_settings(args, placements=None, replicas=None) -> BuildSettings:
         recompute_granularity=getattr(args, "recompute_granularity", None),
         recompute_method=getattr(args, "recompute_method", None),
         recompute_num_layers=getattr(args, "recompute_num_layers", None),
-        media_attention=args.media_attention, fp8=getattr(args, "fp8_settings", None))
+        media_attention=args.media_attention, fp8=getattr(args, "fp8_settings", None),
+        fusions=fusions(args))
 
 
 def data_paths(args) -> Optional[tuple[str, str]]:

@@ -6,8 +6,9 @@ model side is ``models/sequence_parallel.py``; the padding of the LLM's sequence
 Under sequence parallelism every sequence a transformer stack runs is split over the TP
 ranks, so its length must divide by the TP size: the LLM's micro-batches are padded to a
 multiple of it (right padding, no loss there; packed micro-batches get a padding sample of
-their own), and each encoder's fixed sequence (patches and class token; audio frames)
-must divide by it, or the flags are refused.
+their own); a ViT's patches and class token are padded too (its layers take the padding
+as such, on either impl); an audio encoder's frames must divide by it, or the flags are
+refused.
 """
 
 from __future__ import annotations
@@ -49,4 +50,6 @@ def validate_sequence_parallel(args: argparse.Namespace) -> None:
             f"multiple of --tensor-model-parallel-size ({tp}): each CP rank's tokens are "
             "then split over the TP ranks")
     for name, enc in args.model_config.encoders.items():
-        family_of(enc).check_sequence_parallel(name, enc, tp, args.transformer_impl)
+        check = family_of(enc).check_sequence_parallel
+        if check is not None:
+            check(name, enc, tp, args.transformer_impl)

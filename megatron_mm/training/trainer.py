@@ -29,6 +29,7 @@ from ..data import build_tokenizer
 from ..data.item_tags import MissingTagToken, describe as describe_tags, tag_request
 from ..encoders import family_of
 from ..models import model_chain
+from ..models.attention_backends import attention_backend_lines
 from .attention import AttentionSettings
 from .checkpointing import load_checkpoint, save_checkpoint, saved_args
 from .encoder_schedule import build_executor
@@ -41,7 +42,7 @@ from .partition_trials import search_partition
 from ..data.loaders import savable
 from .pretrain import (
     TrainingCallbacks, batch_iterators, build_datasets, build_model_chunks,
-    cp_attention_choice, print_rank_0, print_rank_last, setup_model_and_optimizer,
+    cp_attention_choice, fusions, print_rank_0, print_rank_last, setup_model_and_optimizer,
     build_settings)
 from .signal_handler import DistributedSignalHandler
 from .step import TokenCounter, train_step
@@ -128,6 +129,7 @@ class Trainer:
             print_rank_0(f"> {args.fp8_settings.describe()}")
         print_rank_0(f"> building multimodal model ({build_settings(args).transformer_impl} "
                      f"specs), {len(train_ds)} train / {len(valid_ds)} validation samples ...")
+        print_rank_0(f"> {fusions(args).describe()}")
         timers = Timers(args.timing_log_level, args.timing_log_option)
 
         def build_run(run_plan):
@@ -150,6 +152,10 @@ class Trainer:
         executor = (build_executor(args, plan.encoder_plan, plan.chain, replicas, attention)
                     if plan.encoder_plan is not None else None)
         model, model_chunks, optimizer, scheduler = build_run(plan)
+        for line in attention_backend_lines(
+                model, args.micro_batch_size, args.seq_length,
+                torch.bfloat16 if args.bf16 else torch.float32) or ():
+            print_rank_0(f"> attention backend of {line}")
         n_params = sum(p.numel() for chunk in model for p in chunk.parameters())
         n_train = sum(p.numel() for chunk in model for p in chunk.parameters()
                       if p.requires_grad)

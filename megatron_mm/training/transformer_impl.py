@@ -1,9 +1,9 @@
 """``--transformer-impl transformer_engine`` without Transformer Engine: an error up front.
 
 Checked with the other flags, before any process group exists; no torch import, and TE is
-only looked up, never imported (a broken TE install raises on import, and breaks
-``import megatron.core``). Whether TE imports and a CUDA device exists is checked where
-the layer specs are chosen (``models/specs.py``).
+only looked up, never imported here. Whether TE imports and a CUDA device exists is
+checked when the run's impl is resolved (``training/pretrain.py`` ``transformer_impl``,
+``models/specs.py``), and before Megatron-Core is imported (``te_import.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import importlib.util
 from typing import Optional
 
 from ..config import ConfigError
+from ..te_import import INSTALL
 
 
 def validate_transformer_impl(args, te_installed: Optional[bool] = None) -> None:
@@ -20,5 +21,4 @@ def validate_transformer_impl(args, te_installed: Optional[bool] = None) -> None
     if args.transformer_impl == "transformer_engine" and not te_installed:
         raise ConfigError(
             "--transformer-impl transformer_engine needs Transformer Engine, which is not "
-            "installed: install transformer-engine[pytorch] on a GPU machine, or pass "
-            "--transformer-impl local")
+            f"installed: {INSTALL}; or pass --transformer-impl local")

@@ -1,5 +1,6 @@
-"""Transformer Engine layers on a GPU (docs/gpu.md): skipped where TE or CUDA is missing,
-which is every CPU machine; these have never run.
+"""Transformer Engine layers on a GPU (docs/gpu.md), in bf16 (in fp32 TE runs neither its
+flash nor its fused attention). Skipped without CUDA; on CUDA they FAIL where TE does not
+import, unless MEGATRON_MM_GPU_TESTS_WITHOUT_TE=1 (``conftest.transformer_engine``).
 
 - A TE model (LLM with a CLIP, SigLIP or Whisper-style encoder and its projector) takes a
   local model's weights through ``models/te_names.py`` (and only those, besides TE's
@@ -9,6 +10,9 @@ which is every CPU machine; these have never run.
 - A checkpoint saved with local specs loads into TE specs and back.
 - M-RoPE (3-D positions) on TE equals the local layers.
 - The Qwen2.5-VL tower on TE's THD varlen attention equals the local masks.
+- A ViT whose class token makes its sequence odd, padded and masked with TE's ``padding``
+  mask type (``--sequence-parallel``'s padding), equals the unpadded local ViT.
+- TE picks its flash or fused attention (not unfused) for the causal and padding masks.
 """
 
 import argparse
@@ -24,11 +28,20 @@ from megatron_mm.config import (
     ProjectorConfig,
     VisionEncoderConfig,
 )
-from megatron_mm.models.specs import transformer_engine_available
 from megatron_mm.models.te_names import is_module_state, to_te
 
-pytestmark = pytest.mark.skipif(not transformer_engine_available(),
-                                reason="needs Transformer Engine and a CUDA device")
+pytestmark = pytest.mark.usefixtures("transformer_engine")
+# TE's kernels against the local layers, both in bf16 (8 significant bits): a few roundings
+# apart, not the O(1) of a dropped mask or a misplaced weight (tests/training/test_bf16.py).
+LOSS_RTOL = 1e-2
+TENSOR_RTOL = 5e-2  # ||x - x_ref|| / ||x_ref||, per tensor
+FAST = {"flash", "fused"}
+
+
+def assert_close_bf16(actual, expected, rtol=TENSOR_RTOL, msg=""):
+    err, scale = (actual.float() - expected.float()).norm(), expected.float().norm()
+    assert err <= rtol * scale + 1e-6, f"{msg} |diff| {err:.3g} vs |expected| {scale:.3g}"
+
 
 MEDIA_ID = 250
 ENCODERS = {  # each family's encoder; 16 media tokens per item
@@ -55,9 +68,11 @@ def _build(impl, media_attention="causal", kind="clip", **language):
     from megatron_mm.models import BuildSettings, build_model
 
     torch.manual_seed(0)
-    settings = BuildSettings(transformer_impl=impl, media_attention=media_attention)
+    settings = BuildSettings(transformer_impl=impl, media_attention=media_attention,
+                             bf16=True)
     media = {"audio" if kind == "whisper" else "image": MEDIA_ID}
-    return build_model(_config(kind, **language), settings, media).cuda()
+    # bf16 throughout, as Megatron's Float16Module casts a model (norms built in fp32 too)
+    return build_model(_config(kind, **language), settings, media).cuda().bfloat16()
 
 
 def _te_weights(local_state, te_model):
@@ -96,14 +111,16 @@ def _bidirectional_mask(tokens):
 
 
 @pytest.mark.parametrize("kind", list(ENCODERS))
-def test_te_model_takes_the_local_weights_and_computes_the_same(cuda_world, kind):
+def test_te_model_takes_the_local_weights_and_computes_the_same(cuda_world, te_backends,
+                                                                 kind):
     local, te = _build("local", kind=kind), _build("transformer_engine", kind=kind)
     local_names = {k for k in local.state_dict() if not is_module_state(k)}
     te_names = {k for k in te.state_dict() if not is_module_state(k)}
     assert te_names == {to_te(k) for k in local_names}
     te.load_state_dict(_te_weights(local.state_dict(), te), strict=True)
-    torch.testing.assert_close(_loss(te, kind=kind), _loss(local, kind=kind), rtol=1e-3,
-                               atol=1e-3)
+    torch.testing.assert_close(_loss(te, kind=kind), _loss(local, kind=kind),
+                               rtol=LOSS_RTOL, atol=0)
+    assert te_backends["causal"] and te_backends["causal"] <= FAST, te_backends
 
 
 def test_te_applies_the_bidirectional_media_mask(cuda_world):
@@ -112,9 +129,9 @@ def test_te_applies_the_bidirectional_media_mask(cuda_world):
     te.load_state_dict(_te_weights(local.state_dict(), te), strict=True)
     mask = _bidirectional_mask(_batch()[0])
     bidirectional = _loss(te, mask)
-    torch.testing.assert_close(bidirectional, _loss(local, mask), rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(bidirectional, _loss(local, mask), rtol=LOSS_RTOL, atol=0)
     causal = _loss(local)  # the same weights, text-style causal attention over media
-    assert not torch.allclose(bidirectional, causal, rtol=1e-3, atol=1e-3)
+    assert not torch.allclose(bidirectional, causal, rtol=LOSS_RTOL, atol=0)
 
 
 def test_te_mrope_equals_local(cuda_world):
@@ -127,7 +144,7 @@ def test_te_mrope_equals_local(cuda_world):
     pos3 = torch.stack([pos, pos + tokens % 5, 2 * pos + 1])
     te_loss = te(tokens, pos3, media, labels=labels)
     torch.testing.assert_close(te_loss, local(tokens, pos3, media, labels=labels),
-                               rtol=1e-3, atol=1e-3)
+                               rtol=LOSS_RTOL, atol=0)
 
 
 def test_local_checkpoint_loads_into_te_and_back(cuda_world, tmp_path):
@@ -145,7 +162,7 @@ def test_local_checkpoint_loads_into_te_and_back(cuda_world, tmp_path):
     save_checkpoint(args(tmp_path / "local"), 1, [local], None, None)
     te = _build("transformer_engine")
     load_checkpoint(args(tmp_path / "local"), [te], None, None)
-    torch.testing.assert_close(_loss(te), _loss(local), rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(_loss(te), _loss(local), rtol=LOSS_RTOL, atol=0)
     save_checkpoint(args(tmp_path / "te"), 1, [te], None, None)
     back = _build("local")
     torch.manual_seed(1)
@@ -157,7 +174,7 @@ def test_local_checkpoint_loads_into_te_and_back(cuda_world, tmp_path):
             assert torch.equal(back.state_dict()[name], value), name
 
 
-def test_qwen2_5_vl_tower_thd_equals_local(cuda_world):
+def test_qwen2_5_vl_tower_thd_equals_local(cuda_world, te_backends):
     """The Qwen2.5-VL tower on TE's THD varlen attention (window segments in window layers,
     frames in the full-attention layer) takes the local tower's weights and gives its
     tokens and gradients on two images of different sizes and a 2-frame video, reading no
@@ -179,17 +196,17 @@ def test_qwen2_5_vl_tower_thd_equals_local(cuda_world):
 
     def build(impl):
         torch.manual_seed(0)
-        s = BuildSettings(transformer_impl=impl)
+        s = BuildSettings(transformer_impl=impl, bf16=True)
         return Qwen2_5VLVisionWithMerger(qwen2_5_vl_vision_transformer_config(enc, s),
                                          qwen2_5_vl_merger_transformer_config(enc, s), enc,
-                                         impl).cuda()
+                                         impl).cuda().bfloat16()
 
     local, te = build("local"), build("transformer_engine")
     te.load_state_dict(_te_weights(local.state_dict(), te), strict=True)
     g = torch.Generator().manual_seed(0)
     patches = sum(t * h * w for t, h, w in grids)
-    pixels = torch.randn(patches, enc.patch_input_size, generator=g).cuda()
-    weights = torch.randn(patches // 4, 128, generator=g).cuda()
+    pixels = torch.randn(patches, enc.patch_input_size, generator=g).cuda().bfloat16()
+    weights = torch.randn(patches // 4, 128, generator=g).cuda().bfloat16()
     outs = {}
     for name, model in (("local", local), ("te", te)):
         batch = model.prepare(grids)  # host layout, copied to the device once
@@ -199,8 +216,47 @@ def test_qwen2_5_vl_tower_thd_equals_local(cuda_world):
             (out * weights).sum().backward()
         assert counter.found == [], name
         outs[name] = out
-    torch.testing.assert_close(outs["te"], outs["local"], rtol=1e-3, atol=1e-3)
+    assert_close_bf16(outs["te"], outs["local"], msg="tokens")
     local_grads = {to_te(k): p.grad for k, p in local.named_parameters()}
     for name, p in te.named_parameters():
-        torch.testing.assert_close(p.grad, local_grads[name], rtol=1e-3, atol=1e-3,
-                                   msg=name)
+        assert_close_bf16(p.grad, local_grads[name], msg=name)
+    assert te_backends["padding"] and te_backends["padding"] <= FAST, te_backends
+
+
+def test_padded_vit_on_te_equals_unpadded_local(cuda_world, te_backends):
+    """CLIP's 16 patches + class token padded to 18 (what ``--sequence-parallel`` at TP=2
+    does), the TE layers told ``padding`` with the [N, 1, 1, T] key mask: the unpadded
+    local ViT's features and gradients, on TE's flash or fused kernel."""
+    from megatron_mm.models.specs import get_layer_specs
+    from megatron_mm.models.transformer_configs import (
+        BuildSettings,
+        vision_transformer_config,
+    )
+    from megatron_mm.models.vision import VisionTransformer
+
+    enc = VisionEncoderConfig(hidden_size=64, num_layers=2, num_attention_heads=4,
+                              img_h=32, img_w=32, patch_dim=8)
+
+    def build(impl, multiple):
+        torch.manual_seed(0)
+        specs = get_layer_specs(impl)
+        config = vision_transformer_config(enc, BuildSettings(transformer_impl=impl,
+                                                              bf16=True))
+        return VisionTransformer(config, enc, specs.vision_layer, specs.vision_norm,
+                                 sequence_multiple=multiple).cuda().bfloat16()
+
+    local, te = build("local", 1), build("transformer_engine", 2)
+    assert te.sp_padding == 1
+    te.load_state_dict(_te_weights(local.state_dict(), te), strict=True)
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(3, 3, 32, 32, generator=g).cuda()
+    weights = torch.randn(3, 17, 64, generator=g).cuda().bfloat16()
+    outs = {}
+    for name, model in (("local", local), ("te", te)):
+        outs[name] = model(images)
+        (outs[name] * weights).sum().backward()
+    assert_close_bf16(outs["te"], outs["local"], msg="features")
+    local_grads = {to_te(k): p.grad for k, p in local.named_parameters()}
+    for name, p in te.named_parameters():
+        assert_close_bf16(p.grad, local_grads[name], msg=name)
+    assert te_backends["padding"] and te_backends["padding"] <= FAST, te_backends

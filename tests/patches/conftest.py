@@ -5,7 +5,7 @@
 * ``upstream``: what megatron-core does *without* the patches, measured in one fresh
   subprocess (``_upstream_probe.py``) per session.
 * ``registry_under_cuda``: ``apply_cpu_patches()`` in a fresh subprocess whose
-  ``torch.cuda.is_available`` answers True.
+  ``torch.cuda.device_count`` answers 1 (and ``is_available`` True).
 * ``gloo_world`` (from ``tests/conftest.py``): a 1-rank gloo world, TP=PP=1, per module.
 
 Both subprocesses start in ``pytest_configure``, before this process imports megatron-core,
@@ -29,7 +29,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SUBPROCESS_TIMEOUT_S = 600
 
-# apply_cpu_patches() with torch.cuda.is_available() forced to True; reports what changed.
+# apply_cpu_patches() on a faked CUDA machine (NVML's device count, which the registry asks,
+# and is_available); reports what changed.
 _REGISTRY_UNDER_CUDA = r"""
 import json, sys
 import torch
@@ -37,6 +38,7 @@ names = ("current_device", "current_stream", "synchronize")
 before = {n: getattr(torch.cuda, n) for n in names}
 before_tensor = {n: getattr(torch.Tensor, n) for n in ("cuda", "type")}
 torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 1
 from megatron_mm.patches import apply_cpu_patches, applied_patches
 from megatron_mm.patches.triton_stub import TARGET
 returned = apply_cpu_patches()

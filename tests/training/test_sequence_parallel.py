@@ -5,7 +5,8 @@ embeddings travel as sequence shards); TP=2 x PP=2 with the ViT in the LLM's bub
 (``--encoder-schedule bubble``); vision + audio (Whisper-style) encoders. Packed
 micro-batches (test_balanced_training) and TP=2 x CP=2 with greedy decoding
 (test_context_parallel) have their SP cases beside their references. The CLIP ViT's 17 tokens
-(16 patches and the class token) are padded to 18 and the padding masked. Every norm's
+(16 patches and the class token) are padded to 18 and the padding masked (mask type
+``padding``, which TE takes too). Every norm's
 weights are marked ``sequence_parallel`` (so Megatron-Core's ``finalize_model_grads``
 all-reduces their gradients over the TP group; unmarked, the gradients above differ),
 greedy decoding of padded prompts equals TP=1, and bad flag combinations stop with a
@@ -135,10 +136,7 @@ def test_greedy_decoding_reads_the_last_real_token(digits_dir, tmp_path_factory)
                "--audio-pool-stride", "4"], 2,
      "each TP rank's 10 frames of the audio encoder must be whole windows of "
      "--audio-pool-stride 4"),
-    (TP2_SP + ["--transformer-impl", "transformer_engine"], 2,
-     "--sequence-parallel pads the vision encoder's 17 tokens to a multiple of "
-     "--tensor-model-parallel-size 2 and masks the padding"),
-], ids=["etp-below-tp", "cp-block", "audio-frames", "audio-pool", "clip-padding-te"])
+], ids=["etp-below-tp", "cp-block", "audio-frames", "audio-pool"])
 def test_bad_flags_name_the_flags(capsys, monkeypatch, argv, world, message):
     from functools import partial
 
@@ -151,6 +149,19 @@ def test_bad_flags_name_the_flags(capsys, monkeypatch, argv, world, message):
         parse_args(argv, world_size=world)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_te_takes_the_clip_padding(monkeypatch):
+    """CLIP's 17 tokens padded to 18 on TE too: its layers declare the ``padding`` mask
+    type (tests/models/test_vision.py), so the flags are not refused."""
+    from functools import partial
+
+    from megatron_mm.training import arguments, transformer_impl
+
+    monkeypatch.setattr(arguments, "validate_transformer_impl",
+                        partial(transformer_impl.validate_transformer_impl, te_installed=True))
+    args = parse_args(TP2_SP + ["--transformer-impl", "transformer_engine"], world_size=2)
+    assert args.sequence_parallel
 
 
 def test_off_at_tp1_as_in_megatron():
