@@ -56,6 +56,7 @@ FORKSERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 # missing one (runtime/nccl_coalescing.py)
 NCCL_COALESCING = {"MEGATRON_MM_STRICT_P2P": "0", "MEGATRON_MM_EMULATE_NCCL_COALESCING": "1"}
 
+
 def run_distributed(fn, world_size: int, *args, env: Optional[Dict[str, str]] = None):
     """``fn(rank, *args)`` on ``world_size`` ranks, with ``env`` set in each; returns the
     list of results by rank."""
