@@ -66,6 +66,39 @@ def checkpoint(run, config, tp_group, hidden: torch.Tensor) -> torch.Tensor:
     return tensor_parallel.checkpoint(run, config.distribute_saved_activations, hidden)
 
 
+def _forward_amaxes(module):
+    """(module, slot 0 of its forward amax history, which columns hold weights) for every
+    delayed-scaling FP8 module in ``module``: TE's ``fp8_meta["scaling_fwd"]`` (input,
+    weight, output per GEMM: ``FP8FwdTensors``), or the emulation's [input, weight]."""
+    for m in module.modules():
+        emu = getattr(m, "fp8_emulation", None)
+        meta = getattr(m, "fp8_meta", None)
+        if emu is not None and emu.recipe == "delayed":
+            history, per_gemm = emu.fwd.amax_history, 2
+        elif isinstance(meta, dict) and "scaling_fwd" in meta and hasattr(
+                meta["scaling_fwd"], "amax_history"):
+            history, per_gemm = meta["scaling_fwd"].amax_history, 3
+        else:
+            continue
+        columns = torch.arange(history.shape[1], device=history.device)
+        yield m, history[0], columns % per_gemm == 1
+
+
+@contextmanager
+def idle_run(module, training: bool):
+    """An FP8 module's run on zeros for a micro-batch without its media: inside one
+    outermost autocast as a real run (the same reductions on every rank), its activation
+    amaxes dropped before that autocast reduces them (what zeros make of biases and norms
+    is not data: a rank without media then changes no scale, as one process would not).
+    Weight amaxes stay: the weight is what a real run casts."""
+    with fp8_region(module.config, training):
+        before = {m: row.clone() for m, row, _ in _forward_amaxes(module)}
+        yield
+        for m, row, weights in _forward_amaxes(module):
+            old = before.get(m, torch.zeros_like(row))
+            row.copy_(torch.where(weights, row, old))
+
+
 class _Anchor(torch.autograd.Function):
     """``text`` unchanged; in backward the idle outputs get zero gradients, so their
     modules' backward (and TE's backward amax reduction) runs as for real media."""

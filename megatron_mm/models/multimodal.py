@@ -21,7 +21,7 @@ from ..encoders import family_of, modality_of
 from ..plan.fp8 import fp8_align_size
 from ..plan.placement import ChunkPlacement
 from . import sequence_parallel
-from .fp8_context import anchor, reduces_amax
+from .fp8_context import anchor, idle_run, reduces_amax
 from .batch_layout import (  # noqa: F401  (MediaMismatchError: re-exported)
     BatchLayout, MediaMismatchError, batch_layout, loss_positions)
 from .context_parallel import ContextParallelMask
@@ -210,7 +210,8 @@ class MultimodalModel(MegatronModule):
         if encoder.decoder is None or not reduces_amax(encoder.decoder.config):
             return None
         trainable = name not in self.mm_config.freeze.encoders
-        with torch.set_grad_enabled(torch.is_grad_enabled() and trainable):
+        with torch.set_grad_enabled(torch.is_grad_enabled() and trainable), \
+                idle_run(encoder.decoder, self.training):
             return encoder.layers(encoder.idle_input(), start, end)
 
     def _idle_projector(self, name: str, text: torch.Tensor) -> torch.Tensor:
@@ -224,7 +225,9 @@ class MultimodalModel(MegatronModule):
         rows = fp8_align_size(getattr(config.fp8_recipe, "value", config.fp8_recipe))
         x = torch.zeros(rows, linear.weight.shape[1], dtype=config.params_dtype,
                         device=linear.weight.device)
-        return anchor(text, projector(x))
+        with idle_run(projector, self.training):
+            out = projector(x)
+        return anchor(text, out)
 
     def encoder_piece_parameters(self) -> list:
         """The parameters this chunk's encoder pieces compute (embeddings and transformer
