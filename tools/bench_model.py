@@ -259,6 +259,7 @@ def train_step(t: Trainee, cuda: bool) -> float:
     start = time.perf_counter()
     t.ddp.zero_grad_buffer()
     t.opt.zero_grad()
+    t.ddp.set_is_first_microbatch()  # as Megatron-Core's forward_step: FP8 weights re-cast
     args, kwargs = t.inputs
     out = t.ddp(*args, **kwargs)
     loss, mask = (out, t.mask) if t.mask is not None else out  # LLaVA expands its own mask
