@@ -189,6 +189,7 @@ class _Iteration:
         self.outbox: Dict[Key, Tuple[int, Optional[torch.Tensor]]] = {}  # for the next exchange
         self.inbox: Dict[Key, Optional[torch.Tensor]] = {}  # received, not yet used
         self.saved: Dict[Key, Tuple] = {}  # (inputs, output) per forward, for its backward
+        self.idle = set()  # encoder pieces' FP8 runs on zeros (no media), for their backward
         self.forward_data_store: list = []
         self.num_tokens = torch.zeros((), dtype=torch.int, device=self.mailbox.device)
         self.media: Dict[int, dict] = {}
@@ -339,6 +340,8 @@ class _Iteration:
                   out)
         if self.trains(p):
             self.saved[("EF", m, p)] = (hidden, out if idle is None else idle)
+            if idle is not None:  # its backward takes zeros (nothing downstream used it)
+                self.idle.add(("EF", m, p))
 
     def run_F(self, m: int, c: int) -> None:
         chunk = self.chunk(c)
@@ -421,9 +424,11 @@ class _Iteration:
         grad = (self.receive(self.rank_of("B", 0), output_grad_key(m, p), False) if p == end - 1
                 else self.receive(self.rank_of("EB", p + 1), ("EB", m, p + 1), False))
         input_grad = None
-        if out is not None and out.requires_grad:  # no gradient: an idle FP8 run's backward
-            input_grad = backward_step(hidden, out, torch.zeros_like(out) if grad is None
-                                       else grad, self.config)
+        if ("EF", m, p) in self.idle:
+            self.idle.remove(("EF", m, p))
+            grad = torch.zeros_like(out)
+        if out is not None and out.requires_grad and grad is not None:
+            input_grad = backward_step(hidden, out, grad, self.config)
         if p > first:
             self.send(self.rank_of("EB", p - 1), ("EB", m, p), input_grad)
 

@@ -3,8 +3,9 @@ ViT's pieces in the LLM's bubbles (``--encoder-schedule bubble``, PP=2) and DP=2
 each step one DP rank's micro-batches are text only: Transformer Engine reduces amaxes at
 every outermost FP8 autocast exit and after the first FP8 module's backward, so the FP8
 modules run (on zeros) on micro-batches without media too. Every group's ranks issue the
-same collectives, the run equals one process, and each FP8 weight is re-cast once a step
-(``set_is_first_microbatch`` reaches the FP8 modules through DDP under a BF16 LLM).
+same collectives, the run equals one process, each FP8 weight is re-cast once a step
+(``set_is_first_microbatch`` reaches the FP8 modules through DDP under a BF16 LLM), and a
+frozen FP8 ViT (no gradients) still updates its scales.
 
 Equal to one process because each step has media on one DP rank only: the max over the
 DP ranks' amaxes is then the one process's amax (a text-only micro-batch adds zeros,
@@ -52,28 +53,33 @@ def one_rank_text_only(digits_dir, tmp_path_factory):
     return str(out)
 
 
-def watch_fp8_casts(model, optimizer, holder):
-    """Each emulated FP8 linear's weight casts so far (TE's FP8 weight cache refreshes)."""
-    from megatron_mm.models.fp8_emulation import emulated_linears
+def watch_fp8(model, optimizer, holder):
+    """Each emulated FP8 linear's weight casts so far (TE's FP8 weight cache refreshes)
+    and its input's scale, at its last forward."""
+    from megatron_mm.models.fp8_emulation import delayed_meta, emulated_linears
 
-    casts = holder["fp8_weight_casts"] = {}
+    casts, scales = holder["fp8_weight_casts"], holder["fp8_input_scales"] = {}, {}
+
+    def hook(mod, args, out, name):
+        casts[name] = mod.fp8_emulation.weight_casts
+        scales[name] = delayed_meta(mod).scale[0].item()
+
     for chunk in model:
         for linear in emulated_linears(chunk):
             name = next(n for n, m in chunk.named_modules() if m is linear)
-            linear.register_forward_hook(
-                lambda mod, args, out, name=name: casts.__setitem__(
-                    name, mod.fp8_emulation.weight_casts))
+            linear.register_forward_hook(lambda *a, name=name: hook(*a, name))
 
 
+@pytest.mark.parametrize("model", [[], ["--freeze-ViT"]], ids=["trained", "frozen-vit"])
 def test_text_only_dp_rank_same_collectives_and_equals_one_process(one_rank_text_only,
-                                                                      tmp_path_factory):
+                                                                      tmp_path_factory, model):
     init = tmp_path_factory.mktemp("fp8_init")
-    common = COMMON + ["--data-path", one_rank_text_only]
+    common = COMMON + model + ["--data-path", one_rank_text_only]
     run_distributed(train, 1, common + ["--train-iters", "0", "--save", str(init)])
     argv = common + ["--train-iters", str(STEPS), "--load", str(init), "--no-load-optim"]
-    ref = run_distributed(train, 1, argv, (1, STEPS), watch_fp8_casts)[0]
+    ref = run_distributed(train, 1, argv, (1, STEPS), watch_fp8)[0]
     ranks = run_distributed(train_logging_collectives, 4, argv + BUBBLE, (1, STEPS),
-                            watch_fp8_casts)
+                            watch_fp8)
 
     logs = [out["collectives"] for out in ranks]
     assert mismatched_collectives(logs) == []
@@ -82,10 +88,13 @@ def test_text_only_dp_rank_same_collectives_and_equals_one_process(one_rank_text
     assert any(call[0] == "all_reduce" for g in dp_groups for log in logs
                for call in log.get(g, ()))
 
-    # one weight cast a step, on every rank holding an FP8 linear and in the reference
+    # one weight cast a step, on every rank holding an FP8 linear and in the reference;
+    # every input scale updated from the first step on (a frozen ViT's too)
     for out in ranks + [ref]:
         casts = out["observed"]["fp8_weight_casts"]
         assert casts and set(casts.values()) == {STEPS}, casts
+        scales = out["observed"]["fp8_input_scales"]
+        assert 1.0 not in scales.values(), scales
 
     stages = [ranks[0], ranks[2]]  # DP rank 0 of pipeline stages 0 and 1
     for it in range(1, STEPS + 1):
