@@ -9,6 +9,7 @@ from contextlib import nullcontext
 from typing import List, Optional, Tuple
 
 import torch
+
 from . import sequence_parallel
 from .fp8_context import checkpoint, fp8_region, get_fp8_context, reduces_amax
 
