@@ -53,6 +53,16 @@ def one_rank_text_only(digits_dir, tmp_path_factory):
     return str(out)
 
 
+@pytest.fixture(scope="module")
+def init_checkpoint(one_rank_text_only, tmp_path_factory):
+    """One initial checkpoint (pipeline stages draw their own init streams; freezing
+    changes no weight), for every variant."""
+    init = tmp_path_factory.mktemp("fp8_init")
+    run_distributed(train, 1, COMMON + ["--data-path", one_rank_text_only,
+                                        "--train-iters", "0", "--save", str(init)])
+    return str(init)
+
+
 def watch_fp8(model, optimizer, holder):
     """Each emulated FP8 linear's weight casts so far (TE's FP8 weight cache refreshes)
     and its input's scale, at its last forward."""
@@ -72,11 +82,9 @@ def watch_fp8(model, optimizer, holder):
 
 @pytest.mark.parametrize("model", [[], ["--freeze-ViT"]], ids=["trained", "frozen-vit"])
 def test_text_only_dp_rank_same_collectives_and_equals_one_process(one_rank_text_only,
-                                                                      tmp_path_factory, model):
-    init = tmp_path_factory.mktemp("fp8_init")
-    common = COMMON + model + ["--data-path", one_rank_text_only]
-    run_distributed(train, 1, common + ["--train-iters", "0", "--save", str(init)])
-    argv = common + ["--train-iters", str(STEPS), "--load", str(init), "--no-load-optim"]
+                                                                      init_checkpoint, model):
+    argv = COMMON + model + ["--data-path", one_rank_text_only, "--train-iters", str(STEPS),
+                             "--load", init_checkpoint, "--no-load-optim"]
     ref = run_distributed(train, 1, argv, (1, STEPS), watch_fp8)[0]
     ranks = run_distributed(train_logging_collectives, 4, argv + BUBBLE, (1, STEPS),
                             watch_fp8)
