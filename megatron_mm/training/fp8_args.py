@@ -162,11 +162,11 @@ def _validate_emulation(args: argparse.Namespace) -> None:
     if args.fp8_param_gather:
         raise ConfigError("--fp8-param-gather keeps weights in Transformer Engine's FP8 "
                           "tensors; --fp8-emulation does not emulate it")
-    if args.fp8_recipe == "delayed" and args.recompute_granularity == "full":
-        raise ConfigError("--fp8-emulation with --fp8-recipe delayed and "
-                          "--recompute-granularity full: the recomputed forward would update "
-                          "the amax history again (TE restores it; the emulation does not); "
-                          "use --fp8-recipe tensorwise or drop the recompute")
+    if args.recompute_granularity == "full":
+        raise ConfigError("--fp8-emulation with --recompute-granularity full: Megatron-Core "
+                          "recomputes FP8 blocks through Transformer Engine's checkpoint "
+                          "(which restores the FP8 scaling state; the emulation has none); "
+                          "drop the recompute")
 
 
 def _validate_gemm_dims(args: argparse.Namespace, modules) -> None:
