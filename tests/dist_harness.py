@@ -102,3 +102,48 @@ def one_rank_world(backend: str):
         parallel_state.destroy_model_parallel()
         if owns_group:
             torch.distributed.destroy_process_group()
+
+
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "broadcast", "reduce", "all_to_all_single", "barrier",
+               "gather", "scatter", "all_gather_object", "broadcast_object_list")
+
+
+def log_collectives() -> dict:
+    """From now on, record every collective this process issues: group (its global ranks)
+    -> [(op, shape, dtype)] in call order. The ranks of a group must hold the same list,
+    or NCCL pairs different calls (a hang, or wrong data). Point-to-point is not logged."""
+    import torch.distributed as dist
+
+    log: dict = {}
+
+    def wrap(name, fn):
+        def logged(*args, **kwargs):
+            group = kwargs.get("group")
+            if group is None:
+                group = next((a for a in args if isinstance(a, dist.ProcessGroup)), None)
+            ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
+            tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            what = (name, tuple(tensor.shape), str(tensor.dtype)) if tensor is not None \
+                else (name,)
+            log.setdefault(ranks, []).append(what)
+            return fn(*args, **kwargs)
+        return logged
+
+    for name in COLLECTIVES:
+        fn = getattr(dist, name)
+        setattr(dist, name, wrap(name, fn))
+        setattr(dist.distributed_c10d, name, getattr(dist, name))
+    return log
+
+
+def mismatched_collectives(ranks_logs: list) -> list:
+    """(group, rank, its calls, the first member's calls) wherever a group's members
+    issued different collectives (``log_collectives``, one log per rank)."""
+    bad = []
+    for groups in ranks_logs:
+        for ranks, calls in groups.items():
+            for r in ranks:
+                if ranks_logs[r].get(ranks) != calls:
+                    bad.append((ranks, r, ranks_logs[r].get(ranks), calls))
+    return bad

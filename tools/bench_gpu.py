@@ -11,9 +11,12 @@ precision of the row.
 
 - ``local bf16``: ``--transformer-impl local`` (Megatron-Core's own layers).
 - ``TE bf16``: ``--transformer-impl transformer_engine``.
-- ``TE FP8``: TE with FP8 on the LLM (``fp8="hybrid"``, delayed scaling, amax history
-  1024, max): the encoder's 257 tokens per image are no multiple of 16, FP8's alignment,
-  so ViT and projector stay bf16 (as frozen encoders usually do).
+- ``TE FP8``: TE with the training script's ``--fp8-*`` flags (default here: hybrid,
+  delayed scaling, amax history 1024, max, on the LLM: the encoder's 257 tokens per image
+  are no multiple of 16, FP8's alignment, so ViT and projector stay bf16, as frozen
+  encoders usually do). Each step starts as a training step's first micro-batch
+  (``set_is_first_microbatch``: TE re-casts the FP8 weights the optimizer changed). With
+  ``--fp8-emulation`` the row runs the CPU emulation in the local layers instead.
 - ``LLaVAModel``: ``megatron.core.models.multimodal.llava_model.LLaVAModel`` with the best
   specs here (TE on a GPU with TE, else local), bf16.
 
@@ -28,6 +31,7 @@ causal attention halved, the whole vocabulary in the output layer); MFU = model 
     python tools/bench_gpu.py                       # a GPU: all rows at the default sizes
     torchrun --nproc-per-node 8 tools/bench_gpu.py --tensor-model-parallel-size 2
     python tools/bench_gpu.py --rows local-bf16,llava-bf16 --steps 2 ...   # CPU smoke
+    python tools/bench_gpu.py --rows te-fp8 --fp8-emulation --steps 2 ...  # the FP8 row
 """
 
 from __future__ import annotations
@@ -48,14 +52,14 @@ from megatron_mm.models.specs import (  # noqa: E402
     transformer_engine_importable,
 )
 from megatron_mm.models.te_names import is_module_state, to_te  # noqa: E402
+from megatron_mm.plan.fp8 import parse_fp8_modules  # noqa: E402
+from megatron_mm.training.fp8_args import fp8_args, fp8_settings  # noqa: E402
 
 ROWS = ("local-bf16", "te-bf16", "te-fp8", "llava-bf16")
 TITLES = {"local-bf16": "megatron_mm, local, bf16", "te-bf16": "megatron_mm, TE, bf16",
           "te-fp8": "megatron_mm, TE, FP8 (LLM)", "llava-bf16": "megatron.core LLaVAModel"}
 # bf16 dense peak FLOP/s by device name (NVIDIA's data sheets; H200 has H100's compute).
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
-FP8_SETTINGS = dict(fp8="hybrid", fp8_recipe="delayed", fp8_amax_history_len=1024,
-                    fp8_amax_compute_algo="max")
 
 
 def parse_args(argv=None):
@@ -65,6 +69,8 @@ def parse_args(argv=None):
                    help=f"comma-separated subset of {', '.join(ROWS)}")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the device's bf16 dense peak, for MFU (default: by device name)")
+    fp8_args(p)  # the te-fp8 row's settings: the training script's flags
+    p.set_defaults(fp8="hybrid", fp8_amax_history_len=1024, fp8_amax_compute_algo="max")
     args = p.parse_args(argv)
     args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     bad = [r for r in args.rows if r not in ROWS]
@@ -110,25 +116,30 @@ def te_state(local_state: dict, te_model) -> dict:
 def build_rows(args, cfg, cuda: bool, image_id: int):
     """(row, model or the reason it is skipped), every model from the same weights."""
     tp = args.tensor_model_parallel_size
-    settings = lambda impl: BuildSettings(  # noqa: E731
-        tensor_model_parallel_size=tp, transformer_impl=impl, bf16=args.bf16)
+    settings = lambda impl, fp8=None: BuildSettings(  # noqa: E731
+        tensor_model_parallel_size=tp, transformer_impl=impl, bf16=args.bf16, fp8=fp8)
     reference = build_model(cfg, settings("local"), {"image": image_id})
     weights = reference.state_dict()
     missing = te_missing()
+    fp8 = fp8_settings(args, parse_fp8_modules(args.fp8_modules, cfg.encoders))
+    TITLES["te-fp8"] = (f"megatron_mm, local, FP8 emulation ({fp8_label(fp8)})"
+                        if fp8.emulation else f"megatron_mm, TE, FP8 ({fp8_label(fp8)})")
     models = {}
     for row in args.rows:
         if row == "local-bf16":
             models[row] = reference
+        elif row == "te-fp8" and fp8.emulation:  # the CPU numerics check, local layers
+            model = build_model(cfg, settings("local", fp8), {"image": image_id})
+            model.load_state_dict(weights, strict=True)
+            models[row] = model
         elif row in ("te-bf16", "te-fp8"):
             if missing:
                 models[row] = f"skipped: {missing}"
                 continue
-            model = build_model(cfg, settings("transformer_engine"), {"image": image_id})
+            model = build_model(cfg, settings("transformer_engine",
+                                              fp8 if row == "te-fp8" else None),
+                                {"image": image_id})
             model.load_state_dict(te_state(weights, model), strict=True)
-            if row == "te-fp8":
-                for key, value in FP8_SETTINGS.items():
-                    # The LLM's own TransformerConfig: its block enters fp8_autocast
-                    setattr(model.language_model.config, key, value)
             models[row] = model
         else:
             impl = "local" if missing else "transformer_engine"
@@ -139,6 +150,10 @@ def build_rows(args, cfg, cuda: bool, image_id: int):
             models[row] = llava
             TITLES[row] = f"megatron.core LLaVAModel, {'local' if missing else 'TE'}, bf16"
     return models
+
+
+def fp8_label(fp8) -> str:
+    return ", ".join("LLM" if m == "llm" else m for m in fp8.modules)
 
 
 def main(argv=None) -> list:

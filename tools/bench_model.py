@@ -67,7 +67,6 @@ apply_cpu_patches(["clip_vit_norm"], force=True)
 
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.distributed import (  # noqa: E402
-    DistributedDataParallel,
     DistributedDataParallelConfig,
     finalize_model_grads,
 )
@@ -77,7 +76,8 @@ from megatron.core.tensor_parallel import (  # noqa: E402
     model_parallel_cuda_manual_seed,
     param_is_not_tensor_parallel_duplicate,
 )
-from megatron.core.transformer.module import Float16Module  # noqa: E402
+
+from megatron_mm.models.wrappers import DistributedDataParallel, Float16Module  # noqa: E402
 
 MiB = 2**20
 
@@ -259,6 +259,7 @@ def train_step(t: Trainee, cuda: bool) -> float:
     start = time.perf_counter()
     t.ddp.zero_grad_buffer()
     t.opt.zero_grad()
+    t.ddp.set_is_first_microbatch()  # as Megatron-Core's forward_step: FP8 weights re-cast
     args, kwargs = t.inputs
     out = t.ddp(*args, **kwargs)
     loss, mask = (out, t.mask) if t.mask is not None else out  # LLaVA expands its own mask

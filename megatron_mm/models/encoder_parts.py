@@ -9,10 +9,9 @@ from contextlib import nullcontext
 from typing import List, Optional, Tuple
 
 import torch
-from megatron.core import tensor_parallel
-from megatron.core.fp8_utils import get_fp8_context
 
 from . import sequence_parallel
+from .fp8_context import checkpoint, fp8_region, get_fp8_context, reduces_amax
 
 
 class EncoderParts:
@@ -92,20 +91,30 @@ class EncoderParts:
         if self.decoder is None:
             return hidden
         inputs = self.layer_inputs(hidden)
-        if start is None and end is None:
-            return self.decoder(hidden, **inputs)
         config = self.decoder.config
-        # TransformerBlock.forward's FP8 contexts, which a piece bypasses: one around the
-        # whole run for delayed scaling, one per layer otherwise.
-        delayed = bool(config.fp8) and config.fp8_recipe == "delayed"
-        with get_fp8_context(config) if delayed else nullcontext():
+        with fp8_region(config, self.training):
+            if start is None and end is None:
+                return self.decoder(hidden, **inputs)
+            # TransformerBlock.forward's FP8 contexts, which a piece bypasses: the region
+            # above for delayed scaling, one per layer otherwise.
+            per_layer = bool(config.fp8) and not reduces_amax(config)
+            tp_group = self.decoder.pg_collection.tp
             for layers, recompute in self._piece_groups(start, end):
-                run = _run_layers(layers, inputs,
-                                  per_layer_fp8=bool(config.fp8) and not delayed)
-                hidden = (tensor_parallel.checkpoint(
-                    run, config.distribute_saved_activations, hidden)
-                          if recompute else run(hidden))
+                run = _run_layers(layers, inputs, per_layer_fp8=per_layer)
+                hidden = (checkpoint(run, config, tp_group, hidden) if recompute
+                          else run(hidden))
         return hidden
+
+    def idle_input(self) -> torch.Tensor:
+        """Zeros shaped like one item's hidden state as the layers take it (this rank's
+        shard under sequence parallelism): an FP8 encoder's run on a micro-batch without
+        its media (``fp8_context``)."""
+        param, config = next(self.decoder.parameters()), self.decoder.config
+        length = self.layer_seq_length
+        if config.sequence_parallel:
+            length //= config.tensor_model_parallel_size
+        return torch.zeros(length, 1, config.hidden_size, dtype=config.params_dtype,
+                           device=param.device)
 
     def _piece_groups(self, start: int, end: int) -> List[Tuple[list, bool]]:
         """The layers of ``[start, end)`` in runs, each with whether it is recomputed: what

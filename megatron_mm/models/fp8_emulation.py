@@ -4,32 +4,34 @@ Engine, in Megatron-Core's local parallel linear layers on any device.
 A numerics check for machines without TE (CPU): each GEMM of an FP8 module quantises its
 inputs and weights to E4M3 in forward and its output gradient to E5M2 (hybrid) or E4M3
 (e4m3) in backward, then dequantises and multiplies in the model's precision. What it
-reproduces of TE (transformer_engine/pytorch/quantization.py,
+reproduces of TE (transformer_engine/pytorch/quantization.py, module/linear.py,
 common/recipe/delayed_scaling.cu, tests/pytorch/test_recipe.py and
 tests/pytorch/references/quantize_scale_calc.py):
 
+- FP8 only inside an enabled autocast (``fp8_state.EmulatedAutocast``), entered where
+  Megatron-Core's ``get_fp8_context`` enters TE's: around an FP8 ``TransformerBlock`` and
+  an FP8 ``MultimodalProjector`` (hooks here), and wherever ``fp8_context`` is used;
 - the cast: ``x * scale`` saturated to the format's largest finite value, rounded to FP8,
   dequantised with ``1 / scale``;
 - delayed scaling: each tensor's amax goes into slot 0 of its amax history (the max of
-  every cast since the last update); after a forward with gradients enabled (TE: on leaving
-  the outermost ``fp8_autocast``) and before the next backward uses gradient scales (TE:
-  after each backward), slot 0 is max-reduced over the amax reduction group
-  (Megatron-Core's ``get_amax_reduction_group``: TP x DP x CP, or TP x CP with
-  ``tp_only_amax_red``; one collective per model chunk, ``AmaxReduction``), the history
-  rolls by one, slot 0 is zeroed, and
+  every cast since the last update); the process-wide buffers, their reduction over the
+  amax reduction group (Megatron-Core's ``get_amax_reduction_group``: TP x DP x CP, or
+  TP x CP with ``tp_only_amax_red``) and when it happens are ``fp8_state``'s; the update
+  rolls the history by one, zeroes slot 0 and sets
   ``scale = fp8_max / amax / 2**margin`` with amax the newest (``most_recent``) or the
   largest in the window (``max``); a zero amax leaves history and scale as they were, an
   infinite or NaN amax keeps the scale, a scale that overflows becomes FP32's max;
+- the FP8 weight cache (TE ``Linear.forward`` / ``quantize_weight``; Megatron-Core's TE
+  layers pass their ``is_first_microbatch`` and clear it after each forward): the weight
+  is quantised (and its amax recorded) when ``is_first_microbatch`` is True or None, else
+  the cached FP8 weight is reused, until ``set_is_first_microbatch`` sets it again;
 - current scaling (``tensorwise``): ``scale = fp8_max / amax`` of the tensor itself (no
   margin); amax 0 gives scale 1. Amaxes are local, except the input of a column-parallel
   and the output gradient of a row-parallel layer under sequence parallelism, which are
   max-reduced over the TP group (TE quantises them before its all-gather);
 - bias gradients from the unquantised output gradient (TE fuses them into its cast).
 
-It differs from TE where TE caches an FP8 weight: Megatron-Core's TE layers quantise the
-weight on the first micro-batch of a step only; the emulation quantises it on every
-micro-batch (TE's ``is_first_microbatch=None``), with the weight's current scale. GEMMs
-accumulate in the model's precision, not in tensor cores' FP32 accumulators.
+GEMMs accumulate in the model's precision, not in tensor cores' FP32 accumulators.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParall
 from megatron.core.transformer.transformer_block import TransformerBlock
 
 from ..plan.fp8 import EMULATED_RECIPES, FP8_MAX, fp8_dtypes
+from . import fp8_state
 
 TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 FP32_MAX = torch.finfo(torch.float32).max
@@ -128,6 +131,18 @@ class _QuantizeForward(torch.autograd.Function):
         return grad, None, None
 
 
+class _CachedWeight(torch.autograd.Function):
+    """The cached FP8 weight in forward; the gradient passes straight to the weight."""
+
+    @staticmethod
+    def forward(ctx, weight, cached):
+        return cached.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
 class _QuantizeGradOutput(torch.autograd.Function):
     """Identity in forward; the output gradient quantised by ``emu`` in backward."""
 
@@ -155,19 +170,11 @@ class Fp8LinearEmulation:
         self.parallel_mode = parallel_mode  # "column" or "row"
         self.recipe = config.fp8_recipe
         self.fwd_fmt, self.bwd_fmt = fp8_dtypes(config.fp8)
-        self.margin = config.fp8_margin
-        self.algo = config.fp8_amax_compute_algo
-        self.tp_only_amax_red = config.tp_only_amax_red
+        self.cached_weight: Optional[torch.Tensor] = None  # TE's FP8 weight workspace
+        self.weight_casts = 0  # how often the weight was quantised (its cache refreshed)
         if self.recipe == "delayed":
             self.fwd = DelayedScalingMeta(2, config.fp8_amax_history_len, self.fwd_fmt)
             self.bwd = DelayedScalingMeta(1, config.fp8_amax_history_len, self.bwd_fmt)
-
-    def amax_group(self):
-        """Megatron-Core's amax reduction group, as ``get_fp8_context`` passes it to TE."""
-        if not parallel_state.model_parallel_is_initialized():
-            return None
-        return parallel_state.get_amax_reduction_group(
-            with_context_parallel=True, tp_only_amax_red=self.tp_only_amax_red)
 
     def _sp_gathered(self, mode: str):
         """The TP group when this tensor is all-gathered under sequence parallelism."""
@@ -181,18 +188,30 @@ class Fp8LinearEmulation:
             torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, group=group)
         return current_scale(value, fmt)
 
-    def quantize_forward(self, x: torch.Tensor, weight: torch.Tensor):
-        if self.recipe == "tensorwise":
-            sx = self._current(x, self.fwd_fmt, self._sp_gathered("column"))
-            sw = self._current(weight, self.fwd_fmt)
-        else:
-            # Cast with the scales from earlier steps, then record this step's amaxes.
+    def quantize_forward(self, x: torch.Tensor, weight: torch.Tensor,
+                         is_first_microbatch: Optional[bool]):
+        delayed = self.recipe == "delayed"
+        if delayed:
             self.fwd.to(x.device)
-            sx, sw = self.fwd.scale[self.INPUT].clone(), self.fwd.scale[self.WEIGHT].clone()
+            fp8_state.register({True: self.fwd, False: self.bwd}, self)
+            # Cast with the scale from earlier updates, then record this cast's amax.
+            sx = self.fwd.scale[self.INPUT].clone()
             self.fwd.record(self.INPUT, amax(x))
+        else:
+            sx = self._current(x, self.fwd_fmt, self._sp_gathered("column"))
+        qx = _QuantizeForward.apply(x, sx, self.fwd_fmt)
+        if is_first_microbatch is False and self.cached_weight is not None:
+            return qx, _CachedWeight.apply(weight, self.cached_weight)
+        if delayed:
+            sw = self.fwd.scale[self.WEIGHT].clone()
             self.fwd.record(self.WEIGHT, amax(weight))
-        return (_QuantizeForward.apply(x, sx, self.fwd_fmt),
-                _QuantizeForward.apply(weight, sw, self.fwd_fmt))
+        else:
+            sw = self._current(weight, self.fwd_fmt)
+        qw = _QuantizeForward.apply(weight, sw, self.fwd_fmt)
+        self.weight_casts += 1
+        if is_first_microbatch is not None:
+            self.cached_weight = qw.detach()
+        return qx, qw
 
     def quantize_grad_output(self, grad: torch.Tensor) -> torch.Tensor:
         if self.recipe == "tensorwise":
@@ -204,14 +223,26 @@ class Fp8LinearEmulation:
 
 
 class _EmulatedFp8Linear:
-    """Mixin over Megatron-Core's parallel linears: their GEMM (``_forward_impl``, which
-    also does the TP communication) sees quantised inputs and weights and hands back a
-    quantised output gradient; the bias is added outside the GEMM."""
+    """Mixin over Megatron-Core's parallel linears: inside an enabled autocast their GEMM
+    (``_forward_impl``, which also does the TP communication) sees quantised inputs and
+    weights and hands back a quantised output gradient; the bias is added outside the
+    GEMM. ``is_first_microbatch`` as on Megatron-Core's TE linears: passed to the cast,
+    then cleared."""
 
     fp8_emulation: Fp8LinearEmulation
+    is_first_microbatch: Optional[bool] = True
 
     def _forward_impl(self, input, weight, bias=None, **kwargs):
-        x, w = self.fp8_emulation.quantize_forward(input, weight)
+        if not fp8_state.fp8_enabled():  # TE runs its modules in high precision there
+            return super()._forward_impl(input=input, weight=weight, bias=bias, **kwargs)
+        first, self.is_first_microbatch = self.is_first_microbatch, False
+        x, w = self.fp8_emulation.quantize_forward(input, weight, first)
+        if torch.is_grad_enabled() and (w.requires_grad or x.requires_grad):
+            if fp8_state.take_first_module():  # its backward ends with the reduction
+                if w.requires_grad:
+                    w = fp8_state.ReduceAfterBackward.apply(w)
+                else:
+                    x = fp8_state.ReduceAfterBackward.apply(x)
         out = super()._forward_impl(input=x, weight=w, bias=None, **kwargs)
         out = _QuantizeGradOutput.apply(out, self.fp8_emulation)
         return out if bias is None else out + bias
@@ -240,66 +271,56 @@ def emulate_linears(module: torch.nn.Module) -> int:
         cls, mode = _EMULATED[type(sub)]
         sub.__class__ = cls
         sub.fp8_emulation = Fp8LinearEmulation(sub, mode)
+        sub.is_first_microbatch = True
         count += 1
     return count
 
 
-class AmaxReduction:
-    """Delayed scaling's amax reduction and scale update for every emulated linear of a
-    model chunk at once, at points every rank of the amax reduction group reaches: after
-    the chunk's forward with gradients enabled (TE: leaving ``fp8_autocast``), and for the
-    gradients' amaxes when the chunk's next backward starts (TE: after each backward; the
-    next backward is the first to use the new scales). One collective for the whole chunk,
-    over a fixed layout: a module that did not run (an encoder on a micro-batch without
-    its media) contributes a zero amax, which changes nothing (TE's rule)."""
-
-    def __init__(self, linears: List[torch.nn.Module]):
-        self.emulations = [m.fp8_emulation for m in linears
-                           if m.fp8_emulation.recipe == "delayed"]
-
-    def update(self, forward: bool) -> None:
-        if not self.emulations:
-            return
-        metas = [e.fwd if forward else e.bwd for e in self.emulations]
-        newest = torch.cat([m.amax_history[0] for m in metas])
-        group = self.emulations[0].amax_group()
-        if group is not None and torch.distributed.get_world_size(group) > 1:
-            torch.distributed.all_reduce(newest, op=torch.distributed.ReduceOp.MAX,
-                                         group=group)
-        for meta, emu, part in zip(metas, self.emulations,
-                                   newest.split([m.amax_history.shape[1] for m in metas])):
-            meta.amax_history[0] = part
-            amax_update(meta.amax_history, meta.scale, FP8_MAX[meta.fmt], emu.algo,
-                        emu.margin)
-
-    def after_forward(self, module, args, output) -> None:
-        if not torch.is_grad_enabled():  # TE: no update on leaving autocast without grads
-            return
-        self.update(forward=True)
-        outputs = output if isinstance(output, (tuple, list)) else (output,)
-        for out in outputs:
-            if isinstance(out, torch.Tensor) and out.requires_grad:
-                out.register_hook(self._backward_starts)
-                break
-
-    def _backward_starts(self, grad: torch.Tensor) -> None:
-        self.update(forward=False)
+def amax_reduction_group(config):
+    """Megatron-Core's amax reduction group, as its ``get_fp8_context`` passes it to TE
+    (None before the model-parallel groups exist: TE then reduces over the world)."""
+    if not parallel_state.model_parallel_is_initialized():
+        return None
+    return parallel_state.get_amax_reduction_group(
+        with_context_parallel=True, tp_only_amax_red=config.tp_only_amax_red)
 
 
-def attach_amax_reduction(module: torch.nn.Module) -> AmaxReduction:
-    """Reduce and update the delayed-scaling state of ``module``'s emulated linears around
-    each of its forwards and backwards (``module``: a model chunk, or one linear)."""
-    reduction = AmaxReduction(emulated_linears(module))
-    module.register_forward_hook(reduction.after_forward)
-    return reduction
+def emulated_autocast(config) -> fp8_state.EmulatedAutocast:
+    """What Megatron-Core's ``get_fp8_context(config)`` returns with TE, emulated."""
+    return fp8_state.EmulatedAutocast(True, fp8_state.Recipe.of(config),
+                                      amax_reduction_group(config))
+
+
+def is_emulated(config) -> bool:
+    """Whether ``config``'s modules run FP8 in the emulation (``emulate_fp8`` marks it)."""
+    return bool(getattr(config, "fp8_emulation", False))
+
+
+def attach_autocast(module: torch.nn.Module) -> None:
+    """Run every forward of ``module`` inside its config's emulated autocast, where
+    Megatron-Core's code enters TE's (``TransformerBlock.forward``,
+    ``MultimodalProjector.forward``)."""
+    module.config.fp8_emulation = True
+    active: List[fp8_state.EmulatedAutocast] = []
+
+    def enter(mod, args):
+        active.append(emulated_autocast(mod.config))
+        active[-1].__enter__()
+
+    def leave(mod, args, output):
+        active.pop().__exit__(None, None, None)
+
+    module.register_forward_pre_hook(enter)
+    module.register_forward_hook(leave, always_call=True)
 
 
 def emulate_fp8(model: torch.nn.Module) -> List[str]:
     """Give every linear layer that TE would run in FP8 the emulated casts: the layers of a
     ``TransformerBlock`` whose config has ``fp8`` (except Megatron-Core's first/last BF16
     layers) and the linears of an FP8 ``MultimodalProjector`` (both enter
-    ``get_fp8_context`` on their own config). Embeddings and the output layer stay in high
-    precision, as with TE. Returns a line per converted module, for the log."""
+    ``get_fp8_context`` on their own config, here the emulated autocast). Embeddings and
+    the output layer stay in high precision, as with TE. Starts a fresh FP8 state (the
+    buffers of earlier models dropped). Returns a line per converted module, for the log."""
     done: List[str] = []
     for name, module in model.named_modules():
         if isinstance(module, TransformerBlock) and module.config.fp8:
@@ -307,11 +328,13 @@ def emulate_fp8(model: torch.nn.Module) -> List[str]:
                           if not is_first_last_bf16_layer(module.config,
                                                           layer.layer_number - 1)]
             n = sum(emulate_linears(layer) for layer in fp8_layers)
+            attach_autocast(module)
             done.append(f"{name}: {n} linears in layers "
                         f"{[layer.layer_number for layer in fp8_layers]}")
         elif isinstance(module, MultimodalProjector) and module.config.fp8:
             done.append(f"{name}: {emulate_linears(module)} linears")
-    attach_amax_reduction(model)
+            attach_autocast(module)
+    fp8_state.reset_fp8_state()
     return done
 
 

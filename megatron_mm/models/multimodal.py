@@ -18,8 +18,10 @@ from megatron.core.transformer.module import MegatronModule
 
 from ..config import MultimodalModelConfig
 from ..encoders import family_of, modality_of
+from ..plan.fp8 import fp8_align_size
 from ..plan.placement import ChunkPlacement
 from . import sequence_parallel
+from .fp8_context import anchor, idle_run, reduces_amax
 from .batch_layout import (  # noqa: F401  (MediaMismatchError: re-exported)
     BatchLayout, MediaMismatchError, batch_layout, loss_positions)
 from .context_parallel import ContextParallelMask
@@ -196,6 +198,37 @@ class MultimodalModel(MegatronModule):
                 hidden = encoder.embed(self._items(name, media))
             return encoder.layers(hidden, *layers)
 
+    def idle_encoder_piece(self, name: str, layers) -> Optional[torch.Tensor]:
+        """For a micro-batch without encoder ``name``'s media: its layers ``[start, end)``
+        run on zeros when they reduce FP8 amaxes (delayed scaling), so this rank enters
+        and leaves their autocast as its amax peers with media do (``fp8_context``); the
+        output is for the piece's backward only. None otherwise."""
+        return self._idle_layers(name, *layers)
+
+    def _idle_layers(self, name: str, start=None, end=None) -> Optional[torch.Tensor]:
+        encoder = self.encoder(name)
+        if encoder.decoder is None or not reduces_amax(encoder.decoder.config):
+            return None
+        trainable = name not in self.mm_config.freeze.encoders
+        with torch.set_grad_enabled(torch.is_grad_enabled() and trainable), \
+                idle_run(encoder.decoder, self.training):
+            return encoder.layers(encoder.idle_input(), start, end)
+
+    def _idle_projector(self, name: str, text: torch.Tensor) -> torch.Tensor:
+        """The FP8 projector's run on zeros (one FP8-aligned block of rows) for a
+        micro-batch without the encoder's media, joined to ``text`` for its backward."""
+        projector = self.projector(name)
+        config = projector.config
+        if not reduces_amax(config):
+            return text
+        linear = getattr(projector.encoder, "linear_fc1", projector.encoder)
+        rows = fp8_align_size(getattr(config.fp8_recipe, "value", config.fp8_recipe))
+        x = torch.zeros(rows, linear.weight.shape[1], dtype=config.params_dtype,
+                        device=linear.weight.device)
+        with idle_run(projector, self.training):
+            out = projector(x)
+        return anchor(text, out)
+
     def encoder_piece_parameters(self) -> list:
         """The parameters this chunk's encoder pieces compute (embeddings and transformer
         layers; not the output norms, which run with the projectors)."""
@@ -241,7 +274,7 @@ class MultimodalModel(MegatronModule):
         """Project encoder ``name``'s output into the placeholder positions of ``text``
         ([S, B, H]), at the layout's positions: index ops of host-known sizes."""
         if layout.items[name] == 0:
-            return text
+            return self._idle_projector(name, text)
         features = self.project(name, hidden)  # [N, T', H]
         features = features.reshape(-1, features.shape[-1])
         keep = layout.keep[name]
@@ -281,6 +314,9 @@ class MultimodalModel(MegatronModule):
         for name in self.encoder_names:
             if layout.items[name]:
                 hidden = self.run_encoder(name, media, hidden)
+            else:  # FP8 layers enter their autocast all the same (fp8_context)
+                idle = self._idle_layers(name)
+                text = text if idle is None else anchor(text, idle)
             if self.placement.encoder(name).projector:
                 text = self.merge(name, self._whole(text, tokens), layout, hidden)
                 hidden = None

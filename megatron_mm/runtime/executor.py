@@ -174,6 +174,10 @@ class _Iteration:
         for a in self.actions:
             if a.kind == Kind.F:
                 self.first_forward.setdefault(a.chunk, a.microbatch)
+        if executor.encoders:  # ``execute`` marks model[0] (chunks below PP) up front;
+            # marking it again at its first F would re-cast encoder pieces' FP8 weights
+            pp = schedule.pipeline_model_parallel_size
+            self.first_forward = {c: m for c, m in self.first_forward.items() if c >= pp}
         self.program = executor.program(schedule, forward_only)[self.rank]
         # A forward step marked ``whole_sequence`` (generation) runs every token on every
         # context-parallel rank: its hidden states travel whole.
@@ -185,6 +189,7 @@ class _Iteration:
         self.outbox: Dict[Key, Tuple[int, Optional[torch.Tensor]]] = {}  # for the next exchange
         self.inbox: Dict[Key, Optional[torch.Tensor]] = {}  # received, not yet used
         self.saved: Dict[Key, Tuple] = {}  # (inputs, output) per forward, for its backward
+        self.idle = set()  # encoder pieces' FP8 runs on zeros (no media), for their backward
         self.forward_data_store: list = []
         self.num_tokens = torch.zeros((), dtype=torch.int, device=self.mailbox.device)
         self.media: Dict[int, dict] = {}
@@ -327,11 +332,16 @@ class _Iteration:
         media = self.media_of(m) if p == first else self.batches[m]["media"]
         with torch.set_grad_enabled(self.trains(p)):
             out = run_piece(name, media, hidden, layers)
+            # no media: FP8 layers still enter their autocast, for the amax reductions
+            idle = None if out is not None else get_attr_wrapped_model(
+                self.model[0], "idle_encoder_piece")(name, layers)
         last = p == end - 1
         self.send(self.rank_of("F", 0) if last else self.rank_of("EF", p + 1), ("EF", m, p),
                   out)
         if self.trains(p):
-            self.saved[("EF", m, p)] = (hidden, out)
+            self.saved[("EF", m, p)] = (hidden, out if idle is None else idle)
+            if idle is not None:  # its backward takes zeros (nothing downstream used it)
+                self.idle.add(("EF", m, p))
 
     def run_F(self, m: int, c: int) -> None:
         chunk = self.chunk(c)
@@ -350,7 +360,7 @@ class _Iteration:
                 self.forward_step_func, iter([self.batches[m]]), chunk,
                 self.s.num_microbatches, None if c == 0 else inputs, self.forward_data_store,
                 self.config, cp_group_size=1, collect_non_loss_data=self.collect,
-                is_first_microbatch=self.first_forward[c] == m,
+                is_first_microbatch=self.first_forward.get(c) == m,
                 vp_stage=c // self.s.pipeline_model_parallel_size,
                 is_last_stage=last)
         if c == 0 and self.x.encoders:
@@ -414,6 +424,9 @@ class _Iteration:
         grad = (self.receive(self.rank_of("B", 0), output_grad_key(m, p), False) if p == end - 1
                 else self.receive(self.rank_of("EB", p + 1), ("EB", m, p + 1), False))
         input_grad = None
+        if ("EF", m, p) in self.idle:
+            self.idle.remove(("EF", m, p))
+            grad = torch.zeros_like(out)
         if out is not None and out.requires_grad and grad is not None:
             input_grad = backward_step(hidden, out, grad, self.config)
         if p > first:

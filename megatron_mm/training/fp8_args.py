@@ -109,20 +109,25 @@ def validate_fp8_args(args: argparse.Namespace) -> None:
         _validate_emulation(args)
     else:
         _validate_transformer_engine(args)
-    args.fp8_settings = Fp8Settings(
+    args.fp8_settings = fp8_settings(args, modules)
+    multiple = llm_sequence_multiple(args)
+    if args.seq_length % multiple:
+        raise ConfigError(f"--seq-length ({args.seq_length}) must be a multiple of {multiple}: "
+                          "FP8 LLM sequences are padded to it (the FP8 alignment with the "
+                          "sequence- and context-parallel factors)")
+
+
+def fp8_settings(args: argparse.Namespace, modules) -> Fp8Settings:
+    """The ``--fp8-*`` flags as ``Fp8Settings`` for ``modules`` (``parse_fp8_modules``)."""
+    return Fp8Settings(
         fp8_format=args.fp8, recipe=args.fp8_recipe, margin=args.fp8_margin,
         amax_history_len=args.fp8_amax_history_len,
         amax_compute_algo=args.fp8_amax_compute_algo, param_gather=args.fp8_param_gather,
         first_last_layers_bf16=args.first_last_layers_bf16,
         num_layers_at_start_in_bf16=args.num_layers_at_start_in_bf16,
         num_layers_at_end_in_bf16=args.num_layers_at_end_in_bf16,
-        tp_only_amax_red=args.tp_only_amax_red, modules=modules,
+        tp_only_amax_red=args.tp_only_amax_red, modules=tuple(modules),
         emulation=args.fp8_emulation)
-    multiple = llm_sequence_multiple(args)
-    if args.seq_length % multiple:
-        raise ConfigError(f"--seq-length ({args.seq_length}) must be a multiple of {multiple}: "
-                          "FP8 LLM sequences are padded to it (the FP8 alignment with the "
-                          "sequence- and context-parallel factors)")
 
 
 def transformer_engine_installed() -> bool:
@@ -157,11 +162,11 @@ def _validate_emulation(args: argparse.Namespace) -> None:
     if args.fp8_param_gather:
         raise ConfigError("--fp8-param-gather keeps weights in Transformer Engine's FP8 "
                           "tensors; --fp8-emulation does not emulate it")
-    if args.fp8_recipe == "delayed" and args.recompute_granularity == "full":
-        raise ConfigError("--fp8-emulation with --fp8-recipe delayed and "
-                          "--recompute-granularity full: the recomputed forward would update "
-                          "the amax history again (TE restores it; the emulation does not); "
-                          "use --fp8-recipe tensorwise or drop the recompute")
+    if args.recompute_granularity == "full":
+        raise ConfigError("--fp8-emulation with --recompute-granularity full: Megatron-Core "
+                          "recomputes FP8 blocks through Transformer Engine's checkpoint "
+                          "(which restores the FP8 scaling state; the emulation has none); "
+                          "drop the recompute")
 
 
 def _validate_gemm_dims(args: argparse.Namespace, modules) -> None:

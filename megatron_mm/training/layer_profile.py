@@ -1,11 +1,11 @@
 """Measure forward and backward time of every chain layer on the real model.
 
-Each layer of the planner's chain runs alone on a real micro-batch, its input detached and
-requiring a gradient exactly when the frozen-aware rule says an input gradient flows
-(``Layer.needs_dgrad``), so the measured backward is the one training runs: input and
-weight gradients where they exist, nothing for a frozen encoder. The result is a
-``LayerProfile`` (``megatron_mm.plan.profile``), which ``--pipeline-profile`` feeds to the
-partitioner in place of the FLOP cost model.
+Each layer of the planner's chain runs alone on a real micro-batch, in the FP8 context its
+module runs in during training, its input detached and requiring a gradient exactly when
+the frozen-aware rule says an input gradient flows (``Layer.needs_dgrad``), so the
+measured backward is the one training runs: input and weight gradients where they exist,
+nothing for a frozen encoder. The result is a ``LayerProfile`` (``megatron_mm.plan.profile``),
+which ``--pipeline-profile`` feeds to the partitioner in place of the FLOP cost model.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Dict, List
 
 import torch
 
+from ..models.fp8_context import get_fp8_context
 from ..models.multimodal import MultimodalModel, loss_at_masked_positions
 from ..plan.layers import Layer
 from ..plan.profile import LayerProfile, LayerTime
@@ -64,13 +65,15 @@ class _Runner:
             return m.encoder(layer.branch).embed(b["media"][m._modality(layer.branch)])
         if kind in ("vision_layer", "audio_layer"):
             mod = m.encoder(layer.branch).decoder.layers[index]
-            return mod(hidden_states=self.hidden[layer.branch], attention_mask=None)[0]
+            with _fp8(mod):
+                return mod(hidden_states=self.hidden[layer.branch], attention_mask=None)[0]
         if kind == "projector":
             return m.merge(layer.branch, self.text, self.layout, self.hidden[layer.branch])
         if kind == "llm_layer":
             mod = self.lm.decoder.layers[index]
-            return mod(hidden_states=self.text, attention_mask=None,
-                       rotary_pos_emb=self.rope)[0]
+            with _fp8(mod):
+                return mod(hidden_states=self.text, attention_mask=None,
+                           rotary_pos_emb=self.rope)[0]
         if kind == "llm_head":
             return self._head(self.text)
         raise ValueError(f"no runner for layer kind {kind}")
@@ -90,6 +93,12 @@ class _Runner:
             output_weight=weight, labels=b["labels"], loss_mask=b["loss_mask"],
             compute_language_model_loss=lm.compute_language_model_loss,
             scale_logits=lm._scale_logits, context=self.layout.loss_positions)
+
+
+def _fp8(layer):
+    """The FP8 context the layer's block would run it in (a layer run alone bypasses
+    TransformerBlock.forward; projectors enter theirs in their own forward)."""
+    return get_fp8_context(layer.config, layer.layer_number - 1)
 
 
 def profile_layers(model: MultimodalModel, chain: List[Layer], batches: List[dict],

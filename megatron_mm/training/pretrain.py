@@ -13,13 +13,11 @@ from typing import Callable, List, Optional
 import torch
 from megatron.core import parallel_state
 from megatron.core.distributed import (
-    DistributedDataParallel,
     DistributedDataParallelConfig,
     finalize_model_grads,
 )
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-from megatron.core.transformer.module import Float16Module
 from torch.utils.data import DataLoader
 
 from ..config import ConfigError
@@ -37,6 +35,7 @@ from ..models import BuildSettings, MultimodalModel, build_model
 from ..encoders import builtin_data_for, family_of, modalities_of, resolve
 from ..models.multimodal import MediaMismatchError
 from ..models.fusions import Fusions, Kernels, choose_fusions
+from ..models.wrappers import DistributedDataParallel, Float16Module
 from ..models.specs import (
     CPAttentionChoice, choose_cp_attention, default_transformer_impl,
     require_transformer_engine, transformer_engine_importable)
@@ -242,14 +241,20 @@ def build_model_chunks(args, tokenizer, model_config, plan, replicas=None
     return chunks
 
 
+def ddp_config(args) -> DistributedDataParallelConfig:
+    """Megatron-LM's DDP settings for the run; ``--fp8-param-gather`` makes the distributed
+    optimizer all-gather the FP8 parameters and requantise them after each step."""
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+        fp8_param_gather=getattr(args, "fp8_param_gather", False))
+
+
 def setup_model_and_optimizer(args, chunks: List[MultimodalModel], timers=None):
     """DDP-wrapped chunks, Megatron-Core's optimizer and LR scheduler; ``timers``
     (Megatron-Core's) go where the schedules and the optimizer read them."""
     config = chunks[0].config  # the one the schedules read their hooks from
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
-        use_distributed_optimizer=args.use_distributed_optimizer)
-    ddp = [DistributedDataParallel(config=chunk.config, ddp_config=ddp_config,
+    ddp = [DistributedDataParallel(config=chunk.config, ddp_config=ddp_config(args),
                                    module=Float16Module(chunk.config, chunk) if args.bf16
                                    else chunk)
            for chunk in chunks]

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 
 def _linear(cls, config, full_weight, tp_rank, tp, dim):
-    from megatron_mm.models.fp8_emulation import attach_amax_reduction, emulate_linears
+    from megatron_mm.models.fp8_emulation import emulate_linears
 
     kw = dict(gather_output=False) if dim == 0 else dict(input_is_parallel=True,
                                                          skip_bias_add=False)
@@ -13,8 +13,15 @@ def _linear(cls, config, full_weight, tp_rank, tp, dim):
     with torch.no_grad():
         linear.weight.copy_(full_weight.chunk(tp, dim=dim)[tp_rank])
     emulate_linears(linear)
-    linear.amax_reduction = attach_amax_reduction(linear)
     return linear
+
+
+def _run(linear, x):
+    """A forward in the emulated autocast Megatron-Core would enter around the layer."""
+    from megatron_mm.models.fp8_emulation import emulated_autocast
+
+    with emulated_autocast(linear.config):
+        return linear(x)[0]
 
 
 def amax_groups(rank):
@@ -43,17 +50,16 @@ def amax_groups(rank):
     # Column: weight rows split; row: weight columns and the input split. Delayed scaling
     # reduces every amax over the group, so each rank holds the whole tensor's.
     col = _linear(ColumnParallelLinear, config(2), w, rank, 2, 0)
-    y, _ = col(x.clone().requires_grad_())
+    y = _run(col, x.clone().requires_grad_())
     y.backward(torch.ones_like(y) * (rank + 1))  # output-gradient shards differ
-    col.amax_reduction.update(forward=False)  # what the next backward's start does
     row = _linear(RowParallelLinear, config(2), w, rank, 2, 1)
-    row(x.chunk(2, dim=-1)[rank].contiguous())
+    _run(row, x.chunk(2, dim=-1)[rank].contiguous())
     out["column"] = delayed_meta(col).amax_history[1].tolist()
     out["column_grad"] = delayed_meta(col, forward=False).amax_history[1].tolist()
     out["row"] = delayed_meta(row).amax_history[1].tolist()
     # Current scaling: each tensor scaled by its own (shard's) amax, as TE does.
     cur = _linear(ColumnParallelLinear, config(2, "tensorwise"), w, rank, 2, 0)
-    y, _ = cur(x)
+    y = _run(cur, x)
     shard = w.chunk(2, dim=0)[rank]
     ref = F.linear(quantize_dequantize(x, current_scale(x.abs().amax(), "e4m3"), "e4m3"),
                    quantize_dequantize(shard, current_scale(shard.abs().amax(), "e4m3"), "e4m3"))
@@ -64,49 +70,9 @@ def amax_groups(rank):
     xr = x * (rank + 1)
     for only_tp in (False, True):
         lin = _linear(ColumnParallelLinear, config(1, tp_only_amax_red=only_tp), w, 0, 1, 0)
-        lin(xr)
+        _run(lin, xr)
         out[f"dp_input_tp_only={only_tp}"] = delayed_meta(lin).amax_history[1, 0].item()
     parallel_state.destroy_model_parallel()
     out["x_amax"], out["w_amax"] = x.abs().amax().item(), w.abs().amax().item()
     out["w_shard_amax"] = w.chunk(2, dim=0)[rank].abs().amax().item()
     return out
-
-
-def skipped_module(rank):
-    """DP=2: rank 1's micro-batch skips the second linear (an encoder without its media).
-    The chunk-level reduction still pairs up, and both ranks end with the same state."""
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    from megatron_mm.models.fp8_emulation import attach_amax_reduction, emulate_linears
-
-    torch.distributed.init_process_group("gloo")
-    parallel_state.initialize_model_parallel(1, 1)
-    config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2,
-                               fp8="hybrid", fp8_amax_history_len=3,
-                               use_cpu_initialization=True, gradient_accumulation_fusion=False)
-
-    class Chunk(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = (ColumnParallelLinear(16, 16, config=config, bias=False,
-                                                   init_method=torch.nn.init.ones_,
-                                                   gather_output=False) for _ in range(2))
-
-        def forward(self, x, skip_b):
-            y, _ = self.a(x)
-            if not skip_b:
-                y = y + self.b(x)[0]
-            return y
-
-    chunk = Chunk()
-    emulate_linears(chunk)
-    attach_amax_reduction(chunk)
-    for step in range(3):
-        x = torch.full((2, 1, 16), float(step + 1), requires_grad=True)
-        chunk(x, skip_b=rank == 1 and step != 1).sum().backward()
-    emus = [chunk.a.fp8_emulation, chunk.b.fp8_emulation]
-    return {"fwd": [e.fwd.amax_history.tolist() for e in emus],
-            "fwd_scale": [e.fwd.scale.tolist() for e in emus],
-            "bwd": [e.bwd.amax_history.tolist() for e in emus]}

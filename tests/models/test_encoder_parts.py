@@ -54,7 +54,7 @@ def test_pieces_enter_the_fp8_context_as_transformer_block_does(monkeypatch, fp8
     ``get_fp8_context`` itself (without TE that is a null context: recorded here instead)."""
     import contextlib
 
-    from megatron_mm.models import encoder_parts
+    from megatron_mm.models import fp8_context
 
     active, calls = [], []
 
@@ -72,10 +72,56 @@ def test_pieces_enter_the_fp8_context_as_transformer_block_does(monkeypatch, fp8
             calls.append((self.layer_number - 1, list(active)))
             return hidden_states, None
 
-    monkeypatch.setattr(encoder_parts, "get_fp8_context", recording_context)
+    monkeypatch.setattr(fp8_context.fp8_utils, "get_fp8_context", recording_context)
     parts = _parts(None, None, first_layer=5, layers=2)
+    parts.decoder.pg_collection = SimpleNamespace(tp=None)
     config = parts.decoder.config
     config.fp8, config.fp8_recipe, config.distribute_saved_activations = fp8, recipe, False
     parts.decoder.layers = [Layer(6, config), Layer(7, config)]
     assert parts.layers("hidden", 5, 7) == "hidden"
     assert calls == expected
+
+
+@pytest.mark.parametrize("emulated, fp8, expected", [
+    (False, "hybrid", "te"),            # Transformer Engine FP8: TE's checkpoint
+    (False, None, "tensor_parallel"),   # BF16
+    (True, "hybrid", "tensor_parallel"),  # the CPU emulation runs local layers
+])
+def test_recomputed_pieces_take_tes_checkpoint_under_te_fp8(monkeypatch, emulated, fp8,
+                                                            expected):
+    """TE's checkpoint restores the FP8 scaling state for the recomputed forward
+    (Megatron-Core's checkpointed_forward picks it for FP8 the same way)."""
+    import megatron.core.extensions.transformer_engine as te_ext
+    from megatron.core import tensor_parallel
+
+    from megatron_mm.models import fp8_context
+
+    used = []
+
+    def te(run, distribute, rng_tracker, tp_group, hidden):
+        used.append(("te", tp_group))
+        return run(hidden)
+
+    def local(run, distribute, hidden):
+        used.append(("tensor_parallel", None))
+        return run(hidden)
+
+    monkeypatch.setattr(te_ext, "te_checkpoint", te)
+    monkeypatch.setattr(tensor_parallel, "checkpoint", local)
+    parts = _parts("uniform", 2, first_layer=5, layers=2)
+    parts.decoder.pg_collection = SimpleNamespace(tp="encoder tp group")
+    config = parts.decoder.config
+    config.fp8, config.fp8_recipe, config.distribute_saved_activations = fp8, "tensorwise", False
+    config.fp8_emulation, config.tp_only_amax_red = emulated, False
+    config.fp8_margin, config.fp8_amax_history_len, config.fp8_amax_compute_algo = 0, 1, "max"
+    parts.decoder.layers = [_IdentityLayer(6, config), _IdentityLayer(7, config)]
+    assert parts.layers("hidden", 5, 7) == "hidden"
+    assert used == [(expected, "encoder tp group" if expected == "te" else None)]
+
+
+class _IdentityLayer:
+    def __init__(self, number, config):
+        self.layer_number, self.config = number, config
+
+    def __call__(self, hidden_states, attention_mask):
+        return hidden_states, None

@@ -6,14 +6,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from megatron_mm.models import fp8_state
 from megatron_mm.models.fp8_emulation import (
     FP32_MAX,
     DelayedScalingMeta,
-    attach_amax_reduction,
     amax_update,
     current_scale,
     delayed_meta,
     emulate_linears,
+    emulated_autocast,
     quantize_dequantize,
 )
 
@@ -117,8 +118,14 @@ def _linear(gloo_world, fp8="hybrid", recipe="delayed", history=3, algo="max", m
     linear = ColumnParallelLinear(16, 16, config=config, init_method=torch.nn.init.zeros_,
                                   bias=bias, gather_output=False)
     assert emulate_linears(linear) == 1
-    linear.amax_reduction = attach_amax_reduction(linear)
+    fp8_state.reset_fp8_state()
     return linear
+
+
+def _run(linear, x, **kw):
+    """One forward in the linear's FP8 autocast (Megatron-Core enters it around the block)."""
+    with emulated_autocast(linear.config):
+        return linear(x, **kw)[0]
 
 
 @pytest.mark.parametrize("algo", ["max", "most_recent"])
@@ -136,11 +143,9 @@ def test_delayed_scaling_steps_in_a_linear(gloo_world, algo, history_len, margin
         with torch.no_grad():
             linear.weight.fill_(amaxes["w"][-1])
         linear.weight.grad = None
-        y, _ = linear(x)
-        y.backward(dy)
-        # Gradient amaxes are reduced and applied when the next backward starts (TE: at
-        # the end of this one; either way the next backward is the first to use them).
-        linear.amax_reduction.update(forward=False)
+        linear.is_first_microbatch = True  # a step's first micro-batch: the weight re-cast
+        y = _run(linear, x)
+        y.backward(dy)  # the first FP8 module of its autocast: reduces after its backward
 
         # The GEMMs used the scales from before this step: y = q(x) q(w)^T,
         # dgrad = q(dy) q(w), wgrad = q(dy)^T q(x), q(dy) in E5M2 (hybrid).
@@ -172,9 +177,8 @@ def test_e4m3_format_quantises_gradients_to_e4m3(gloo_world):
     bwd = delayed_meta(linear, forward=False)
     assert bwd.fmt == "e4m3"
     x = torch.ones(4, 1, 16, requires_grad=True)
-    y, _ = linear(x)
+    y = _run(linear, x)
     y.backward(torch.full_like(y, 2.0))
-    linear.amax_reduction.update(forward=False)
     assert bwd.scale.item() == 448.0 / 2  # E4M3's max, not E5M2's
 
 
@@ -184,9 +188,9 @@ def test_no_grad_forward_records_without_update(gloo_world):
     linear = _linear(gloo_world, history=2, algo="most_recent", margin=0)
     fwd = delayed_meta(linear)
     with torch.no_grad():
-        linear(torch.full((2, 1, 16), 4.0))
+        _run(linear, torch.full((2, 1, 16), 4.0))
     assert fwd.amax_history[0, 0].item() == 4.0 and fwd.scale[0].item() == 1.0
-    linear(torch.full((2, 1, 16), 1.0, requires_grad=True))
+    _run(linear, torch.full((2, 1, 16), 1.0, requires_grad=True))
     assert fwd.scale[0].item() == 448.0 / 4.0
 
 
@@ -196,7 +200,7 @@ def test_tensorwise_scales_each_tensor_now(gloo_world):
         linear.weight.copy_(torch.linspace(-3, 3, 256).view(16, 16))
         linear.bias.fill_(0.1)
     x = torch.linspace(-1, 0.5, 32).view(2, 1, 16).requires_grad_()
-    y, _ = linear(x)
+    y = _run(linear, x)
     qx = quantize_dequantize(x.detach(), current_scale(torch.tensor(1.0), "e4m3"), "e4m3")
     qw = quantize_dequantize(linear.weight.detach(), current_scale(torch.tensor(3.0), "e4m3"),
                              "e4m3")
@@ -316,8 +320,7 @@ def test_no_host_sync_in_the_emulation(gloo_world, recipe):
     x = torch.randn(4, 2, 16, requires_grad=True)
     with CountScalarReads():
         for _ in range(2):
-            y, _ = linear(x)
-            y.sum().backward()
+            _run(linear, x).sum().backward()
     assert CountScalarReads.count == 0
 
 
@@ -326,7 +329,7 @@ def test_bf16_model_casts_in_bf16(gloo_world):
     with torch.no_grad():
         linear.weight.copy_(torch.linspace(-1, 1, 256).view(16, 16))
     x = torch.linspace(-2, 2, 32, dtype=torch.bfloat16).view(2, 1, 16)
-    y, _ = linear(x)
+    y = _run(linear, x)
     assert y.dtype == torch.bfloat16
     qx = quantize_dequantize(x, current_scale(torch.tensor(2.0), "e4m3"), "e4m3")
     qw = quantize_dequantize(linear.weight.detach(), current_scale(torch.tensor(1.0), "e4m3"),
@@ -334,14 +337,104 @@ def test_bf16_model_casts_in_bf16(gloo_world):
     torch.testing.assert_close(y, F.linear(qx, qw))
 
 
-def test_reduction_pairs_up_when_a_module_is_skipped():
-    from dist_harness import run_distributed
-    from fp8_workers import skipped_module
+# --- Transformer Engine's FP8 state (quantization.py, module/linear.py) -------------------
 
-    r = run_distributed(skipped_module, 2)  # a mismatched collective would hang or fail
-    assert r[0]["fwd"] == r[1]["fwd"] and r[0]["fwd_scale"] == r[1]["fwd_scale"]
-    # Gradient amaxes: reduced ones agree; slot 0 holds the last backward's, still local
-    # until the next backward starts.
-    assert [h[1:] for h in r[0]["bwd"]] == [h[1:] for h in r[1]["bwd"]]
-    # Linear b ran on rank 0 in every step: its inputs' amaxes 1, 2, 3 reached rank 1 too.
-    assert [row[0] for row in r[1]["fwd"][1]] == [0.0, 2.0, 3.0]
+def test_outside_an_autocast_the_linear_runs_in_high_precision(gloo_world):
+    linear = _linear(gloo_world)
+    with torch.no_grad():
+        linear.weight.copy_(torch.linspace(-1, 1, 256).view(16, 16))
+    x = torch.linspace(-1, 1, 32).view(2, 1, 16)
+    torch.testing.assert_close(linear(x)[0], F.linear(x, linear.weight), rtol=0, atol=0)
+    assert delayed_meta(linear).amax_history.abs().sum() == 0  # nothing recorded
+
+
+def test_fp8_weight_cached_until_is_first_microbatch(gloo_world):
+    # TE's Linear: the weight is quantised (and its amax recorded) when is_first_microbatch
+    # is True or None, else the cached FP8 weight is used; Megatron-Core's TE layers clear
+    # the flag after each forward.
+    linear = _linear(gloo_world, history=1, algo="most_recent", margin=0)
+    emu = linear.fp8_emulation
+    x = torch.linspace(-2, 2, 32).view(2, 1, 16)
+    with torch.no_grad():
+        linear.weight.fill_(0.3)
+    first = _run(linear, x)  # is_first_microbatch starts True
+    assert linear.is_first_microbatch is False and emu.weight_casts == 1
+    cached = quantize_dequantize(torch.full((16, 16), 0.3), torch.tensor(1.0), "e4m3")
+    with torch.no_grad():
+        linear.weight.fill_(0.7)  # not what a micro-batch of the same step sees
+    second = _run(linear, x.requires_grad_())
+    assert emu.weight_casts == 1
+    sx = torch.tensor(448.0 / 2.0)  # the input's scale after the first micro-batch
+    torch.testing.assert_close(second, F.linear(quantize_dequantize(x.detach(), sx, "e4m3"),
+                                                cached), rtol=0, atol=0)
+    second.sum().backward()
+    assert linear.weight.grad is not None  # the gradient reaches the weight all the same
+    linear.is_first_microbatch = True  # set_is_first_microbatch: the next step's weight
+    third = _run(linear, x.detach())
+    assert emu.weight_casts == 2
+    sw = 448.0 / torch.tensor(0.3)  # from the amax recorded at the first cast
+    torch.testing.assert_close(third, F.linear(
+        quantize_dequantize(x.detach(), sx, "e4m3"),
+        quantize_dequantize(linear.weight.detach(), sw, "e4m3")), rtol=0, atol=0)
+    assert not torch.equal(first, third)
+
+
+def _two_linears(gloo_world):
+    a, b = _linear(gloo_world), _linear(gloo_world)
+    fp8_state.reset_fp8_state()
+    return a, b
+
+
+def _record_reductions(monkeypatch):
+    seen = []
+    monkeypatch.setattr(fp8_state, "reduce_max", lambda t, group: seen.append(t.numel()))
+    return seen
+
+
+def test_one_amax_reduction_per_outermost_exit_whatever_ran(gloo_world, monkeypatch):
+    a, b = _two_linears(gloo_world)
+    seen = _record_reductions(monkeypatch)
+    x = torch.ones(2, 1, 16, requires_grad=True)
+    with emulated_autocast(a.config):  # nested regions reduce only at the outermost exit
+        y = _run(a, x) + _run(b, x)
+        assert seen == []
+    assert seen == [4]  # one buffer: [x, w] amaxes of a and b
+    _run(a, x)  # b did not run: the whole buffer is reduced all the same
+    assert seen == [4, 4]
+    with torch.no_grad():
+        _run(a, x)  # no reduction without gradients
+    with emulated_autocast(a.config):
+        pass  # an empty region with gradients reduces too
+    assert seen == [4, 4, 4]
+    # In backward, the first module of each region reduces after its own backward: a
+    # and b, each first in its inner region (leaving one restores is_first_fp8_module).
+    y.sum().backward()
+    assert seen == [4, 4, 4, 2, 2]
+    y = _run(a, x) + _run(b, x)  # one region each, outermost
+    y.sum().backward()
+    assert seen[-2:] == [2, 2]
+
+
+def test_a_module_joins_the_buffer_on_its_first_fp8_forward(gloo_world, monkeypatch):
+    a, b = _two_linears(gloo_world)
+    seen = _record_reductions(monkeypatch)
+    x = torch.ones(2, 1, 16, requires_grad=True)
+    _run(a, x)
+    _run(b, x)
+    # A rank whose micro-batch skipped b would have reduced 2 amaxes where its peers
+    # reduced 4: on NCCL, a hang (MultimodalModel runs b on zeros instead).
+    assert seen == [2, 4]
+
+
+def test_frozen_module_updates_its_scales_when_training(gloo_world):
+    from megatron_mm.models.fp8_context import fp8_region
+
+    linear = _linear(gloo_world, history=1, algo="most_recent", margin=0)
+    linear.weight.requires_grad_(False)
+    linear.config.fp8_emulation = True
+    fwd = delayed_meta(linear)
+    for training in (False, True):
+        with torch.no_grad(), fp8_region(linear.config, training):  # as a frozen encoder
+            linear(torch.full((2, 1, 16), 4.0))
+        # TE reduces and updates only on leaving the region with gradients enabled
+        assert fwd.scale[0].item() == (448.0 / 4.0 if training else 1.0)

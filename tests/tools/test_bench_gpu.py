@@ -34,3 +34,34 @@ def test_bench_gpu_local_rows_on_cpu():
             flops / (step * 1e9))
         assert float(peak_mib) > 0
     assert abs(float(ours[-1]) - float(llava[-1])) < 1e-3  # same weights, same tokens
+
+
+FP8_STEPS = """
+import sys
+sys.path.insert(0, "tools")
+import bench_gpu, bench_model as bm, torch
+args = bench_gpu.parse_args({argv!r})
+bm.init_distributed(args)
+cfg = bm.model_config(args)
+model = bench_gpu.build_rows(args, cfg, False, args.vocab_size - 1)["te-fp8"]
+(inputs, mask), _ = bm.make_batches(cfg, args.micro_batch_size, args.vocab_size - 1,
+                                    args.seed, torch.device("cpu"))
+trainee = bm.wrap("fp8", model, args.bf16, False, inputs, mask)
+for _ in range(3):
+    bm.train_step(trainee, False)
+linear = model.language_model.decoder.layers[0].mlp.linear_fc1
+print("casts", linear.fp8_emulation.weight_casts, model.language_model.config.fp8,
+      model.language_model.config.fp8_amax_history_len)
+"""
+
+
+def test_bench_gpu_fp8_row_from_the_fp8_flags_recast_each_step():
+    # The FP8 row's settings are the --fp8-* flags (emulated here, on the CPU), and every
+    # step re-casts the FP8 weights the optimizer changed (as a training step's first
+    # micro-batch does), instead of reusing step 0's.
+    argv = TINY + ("--rows te-fp8 --fp8-emulation --fp8-format e4m3 "
+                   "--fp8-amax-history-len 16").split()
+    proc = subprocess.run([sys.executable, "-c", FP8_STEPS.format(argv=list(argv))],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "casts 3 e4m3 16" in proc.stdout

@@ -40,7 +40,12 @@ ALIGNED = ["--img-h", "16", "--img-w", "16", "--patch-dim", "4",
      "--fp8-param-gather keeps weights in Transformer Engine's FP8 tensors"),
     (EMU + ["--recompute-granularity", "full", "--recompute-method", "uniform",
             "--recompute-num-layers", "1"],
-     "--fp8-emulation with --fp8-recipe delayed and --recompute-granularity full"),
+     "--fp8-emulation with --recompute-granularity full: Megatron-Core recomputes FP8 "
+     "blocks through Transformer Engine's checkpoint"),
+    # tensorwise too: Megatron-Core's checkpointed_forward calls te_checkpoint for FP8
+    (EMU + ["--fp8-recipe", "tensorwise", "--recompute-granularity", "full",
+            "--recompute-method", "uniform", "--recompute-num-layers", "1"],
+     "--fp8-emulation with --recompute-granularity full"),
     # Megatron-Core's rules, up front
     (EMU + ["--fp8-amax-history-len", "0"], "--fp8-amax-history-len must be >= 1"),
     (EMU + ["--first-last-layers-bf16"],

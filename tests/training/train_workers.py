@@ -130,3 +130,30 @@ def train(rank: int, argv: list, grad_steps=(), hooks=None) -> dict:
     summary["params"] = full_state(holder["model"], grads=False)
     summary["observed"] = {k: v for k, v in holder.items() if k != "model"}
     return summary
+
+
+def train_logging_collectives(rank: int, argv: list, grad_steps=(), hooks=None,
+                              watchdog_s: float = 180.0) -> dict:
+    """``train``, with the collectives this rank issues (``dist_harness.log_collectives``)
+    under ``"collectives"``. Collectives that do not pair up across ranks may hang: past
+    ``watchdog_s`` the rank exits with an error instead."""
+    import sys
+    import threading
+
+    from dist_harness import log_collectives
+
+    def stuck():
+        print(f"rank {rank} stuck after {watchdog_s} s; its collectives per group: {log}",
+              file=sys.stderr, flush=True)
+        os._exit(3)
+
+    watchdog = threading.Timer(watchdog_s, stuck)
+    watchdog.daemon = True
+    log = log_collectives()
+    watchdog.start()
+    try:
+        out = train(rank, argv, grad_steps, hooks)
+    finally:
+        watchdog.cancel()
+    out["collectives"] = log
+    return out
