@@ -24,8 +24,9 @@ is on the device. A copy to the device is the same object on a CPU machine: a ho
 tensor once copied (and what is computed from it) counts as on the device too, so only a
 copy of a host tensor never sent before is taken for a host-to-device copy. On a machine
 with CUDA the tensors' own devices decide, and the counter also sets
-``torch.cuda.set_sync_debug_mode("error")`` inside its scope, so any op that synchronises
-with the device raises there.
+``torch.cuda.set_sync_debug_mode("warn")`` inside its scope and records each warning
+(CUDA's own word that an op synchronised: device-to-host copies, blocking copies, syncs
+inside Megatron-Core or TE kernels) where it was raised, as it records the rest.
 
 ``count_model_host_syncs`` (a training-worker hook) switches the counter on while a model
 chunk's ``forward``, an encoder piece (``run_encoder_piece``) or Megatron-Core's
@@ -43,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import traceback
+import warnings
 import weakref
 
 import torch
@@ -104,6 +106,10 @@ def _target_device(args, kwargs):
     return None
 
 
+def _storage(t: torch.Tensor):
+    return t.untyped_storage().data_ptr() if t.layout == torch.strided else id(t)
+
+
 def _where() -> str:
     """The innermost frame of the package (or of Megatron-Core) that asked for it."""
     summary = traceback.StackSummary.extract(traceback.walk_stack(None), lookup_lines=False)
@@ -128,9 +134,9 @@ class _Ops(TorchDispatchMode):
                 c.host_work and all(c.on_host(t) for t in _tensors(args))):
             c.found.append((str(func), _where()))
         out = func(*args, **kwargs)
-        inputs = {t.untyped_storage().data_ptr() for t in _tensors((args, kwargs))}
+        inputs = {_storage(t) for t in _tensors((args, kwargs))}
         for t in _tensors(out):  # new memory (not an in-place result or a view)
-            if t.untyped_storage().data_ptr() not in inputs:
+            if _storage(t) not in inputs:
                 c.stats["largest"] = max(c.stats["largest"], t.numel())
         return out
 
@@ -254,11 +260,13 @@ class HostSyncCounter:
         self._kinds.append(host_work)
         with contextlib.ExitStack() as stack:
             if outermost:
-                # On a GPU, CUDA's own check too: any op that synchronises raises.
-                if torch.cuda.is_available():
+                if torch.cuda.is_available():  # CUDA's own check: every sync warns
                     before = torch.cuda.get_sync_debug_mode()
-                    torch.cuda.set_sync_debug_mode("error")
+                    torch.cuda.set_sync_debug_mode("warn")
                     stack.callback(torch.cuda.set_sync_debug_mode, before)
+                    stack.enter_context(warnings.catch_warnings())
+                    warnings.simplefilter("always")
+                    warnings.showwarning = self._cuda_sync(warnings.showwarning)
                 # torch.from_numpy is no torch function the mode sees: its tensors are host
                 from_numpy = torch.from_numpy
                 torch.from_numpy = self._from_numpy(from_numpy)
@@ -269,6 +277,15 @@ class HostSyncCounter:
                 yield
             finally:
                 self._kinds.pop()
+
+    def _cuda_sync(self, show):
+        """``warnings.showwarning`` that records CUDA's sync warnings where they happen."""
+        def showwarning(message, category, filename, lineno, file=None, line=None):
+            if "synchronizing CUDA operation" not in str(message):
+                return show(message, category, filename, lineno, file, line)
+            if not self.paused:
+                self.found.append(("CUDA sync", _where()))
+        return showwarning
 
     def _from_numpy(self, from_numpy):
         @functools.wraps(from_numpy)

@@ -71,11 +71,20 @@ def _count_the_loop(chunks, optimizer, holder):
     trainer.Trainer.take_read = take
 
 
+def _beyond_the_norm(found: list) -> list:
+    """``found`` but the check's read of the gradient norm: a device scalar only when
+    Megatron-Core computes it with TE (``nan_check.py``), at most once per iteration."""
+    norm = [f for f in found if f[1].startswith("training/nan_check.py")
+            and "float(norm)" in f[1]]
+    assert len(norm) <= 1, norm
+    return [f for f in found if f not in norm]
+
+
 def test_no_host_read_or_gradient_sized_temporary_between_log_intervals(digits_dir):
     out = run_distributed(train, 1, _argv(digits_dir), (), _count_the_loop)[0]
     seen = out["observed"]
     for it in (1, 3):  # not log intervals
-        assert seen["found"][it] == [], (it, seen["found"][it])
+        assert _beyond_the_norm(seen["found"][it]) == [], (it, seen["found"][it])
     assert 0 < seen["largest"]["largest"] < seen["grad_elements"]
     assert sorted(seen["found"]) == [1, 2, 3, 4, 5]  # it did look (5: the final read)
     assert seen["found"][2], "the log interval reads the loss"
