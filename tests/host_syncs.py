@@ -172,7 +172,8 @@ class HostSyncCounter:
         # ran, the largest new tensor (elements)
         self.stats = {"found": [], "scopes": 0, "host_scopes": 0, "largest": 0}
         self.found: list = self.stats["found"]
-        self._kinds: list = []  # the open blocks' host_work flags, innermost last
+        # the open blocks, innermost last: False model, True host work, None paused
+        self._kinds: list = []
         # CPU machine: id -> weakref of the host tensors seen, and of those copied to the
         # device (on a CPU machine the copy is the host tensor itself)
         self._host: dict = {}
