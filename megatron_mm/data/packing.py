@@ -4,8 +4,9 @@ Balanced batching (``--data-balance``) makes each micro-batch one packed sequenc
 group of samples: no pad tokens. Isolation is a block-diagonal causal mask (each sample's
 tokens see only earlier tokens of the same sample), which the training step makes on the
 device from ``cu_seqlens`` (``training/attention.py``: O(S) codes cross, not the S x S
-mask) and Megatron-Core's local ``DotProductAttention`` applies as given; position ids restart at 0 for every sample
-(GPTModel's RoPE is relative, so a sample's attention does not depend on its offset);
+mask) and Megatron-Core's local ``DotProductAttention`` applies as given; position ids
+restart at 0 for every sample (GPTModel's RoPE is relative, so a sample's attention does
+not depend on its offset);
 samples with M-RoPE positions ([3, S] ``Sample.position_ids``) are concatenated as they are,
 [3, 1, S] in all (a padding segment counts 0, 1, ... as text).
 A sample's last token carries no loss, so no sample learns to predict the next one.
