@@ -13,7 +13,7 @@ _EXPORTS = {
     "Sample": "processing", "collate": "processing", "encode_record": "processing",
     "MultimodalDataset": "dataset", "MegatronPretrainingSampler": "dataset",
     "prepare_digits": "digits",
-    "collate_packed": "packing", "packed_causal_mask": "packing",
+    "collate_packed": "packing",
     "JsonlRecords": "jsonl_index", "BlendedDataset": "blend",
 }
 __all__ = sorted(_EXPORTS)

@@ -2,9 +2,11 @@
 
 Balanced batching (``--data-balance``) makes each micro-batch one packed sequence of a
 group of samples: no pad tokens. Isolation is a block-diagonal causal mask (each sample's
-tokens see only earlier tokens of the same sample), which Megatron-Core's local
-``DotProductAttention`` applies as given; position ids restart at 0 for every sample
-(GPTModel's RoPE is relative, so a sample's attention does not depend on its offset);
+tokens see only earlier tokens of the same sample), which the training step makes on the
+device from ``cu_seqlens`` (``training/attention.py``: O(S) codes cross, not the S x S
+mask) and Megatron-Core's local ``DotProductAttention`` applies as given; position ids
+restart at 0 for every sample (GPTModel's RoPE is relative, so a sample's attention does
+not depend on its offset);
 samples with M-RoPE positions ([3, S] ``Sample.position_ids``) are concatenated as they are,
 [3, 1, S] in all (a padding segment counts 0, 1, ... as text).
 A sample's last token carries no loss, so no sample learns to predict the next one.
@@ -16,17 +18,9 @@ import torch
 from .processing import Sample, sample_positions
 
 
-def packed_causal_mask(lengths: list[int]) -> torch.Tensor:
-    """[1, 1, S, S] bool, True = masked: causal inside each sample, nothing across."""
-    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-    s = len(doc)
-    future = torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)
-    return (future | (doc[:, None] != doc[None, :]))[None, None]
-
-
 def collate_packed(samples: list[Sample], pad_id: int, pad_to_multiple_of: int = 1) -> dict:
     """One packed sequence of ``samples`` (batch of 1), the keys of ``collate`` plus
-    ``attention_mask`` and ``cu_seqlens`` (sample boundaries, as PackedSeqParams takes).
+    ``cu_seqlens`` (sample boundaries, as PackedSeqParams takes; the mask's documents).
     A length short of a multiple of ``pad_to_multiple_of`` gets a padding segment of its
     own (pad tokens, no loss, attending only to itself)."""
     if not samples:
@@ -54,7 +48,6 @@ def collate_packed(samples: list[Sample], pad_id: int, pad_to_multiple_of: int =
         "labels": torch.cat([s.labels for s in samples])[None],
         "loss_mask": torch.cat([s.loss_mask for s in samples])[None],
         "position_ids": positions,
-        "attention_mask": packed_causal_mask(lengths),
         "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
         "media": media,
         "prompt_lens": [s.prompt_len for s in real],

@@ -18,6 +18,7 @@ import torch
 
 from ..config import MultimodalModelConfig
 from ..encoders import family_of
+from .host_copy import to_device
 
 
 class MediaMismatchError(ValueError):
@@ -45,11 +46,11 @@ class BatchLayout:
 
     def to(self, device) -> "BatchLayout":
         def move(t):
-            return None if t is None else t.to(device, non_blocking=True)
+            return None if t is None else to_device(t, device)
         return BatchLayout(dict(self.items), {k: move(v) for k, v in self.slots.items()},
                            {k: move(v) for k, v in self.keep.items()},
                            move(self.loss_positions), dict(self.hidden_shapes),
-                           {k: move(v) for k, v in self.encoder_batches.items()})
+                           {k: v.to(device) for k, v in self.encoder_batches.items()})
 
 
 def loss_positions(loss_mask: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 
 from ..plan.attention_mask import DOC_SHIFT, ITEM_MASK, key_intervals, mask_codes
 from ..plan.cp_assignment import BLOCK_OVERHEAD, CPAssignment, assign_tokens
+from .host_copy import to_device
 
 
 @dataclass
@@ -33,19 +34,18 @@ class ContextParallelMask:
 
     def to(self, device) -> "ContextParallelMask":
         """The same mask with its tensors on ``device`` (it is planned on the host)."""
-        return dataclasses.replace(self, codes=self.codes.to(device, non_blocking=True),
-                                   local=self.local.to(device, non_blocking=True),
-                                   order=self.order.to(device, non_blocking=True))
+        return dataclasses.replace(self, codes=to_device(self.codes, device),
+                                   local=to_device(self.local, device),
+                                   order=to_device(self.order, device))
 
     def take(self, x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        """This rank's columns of a [B, S, ...] tensor."""
-        return None if x is None else x[:, self.local.to(x.device)]
+        """This rank's columns of a [B, S, ...] tensor (on the mask's device)."""
+        return None if x is None else x[:, self.local]
 
     def take_positions(self, position_ids: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """This rank's columns of [B, S] or M-RoPE's [3, B, S] position ids: each token
         then rotates at its own (3-D) position, wherever it sits in the sequence."""
-        return None if position_ids is None else position_ids[..., self.local.to(
-            position_ids.device)]
+        return None if position_ids is None else position_ids[..., self.local]
 
     def take_loss_mask(self, loss_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """The loss mask of this rank's tokens; when nothing is split only CP rank 0 takes
@@ -75,10 +75,11 @@ def batch_codes(tokens: torch.Tensor, media_tokens: Mapping[int, int],
 
 
 def dense_mask(codes: np.ndarray, device) -> torch.Tensor:
-    """[B, 1, S, S] bool, True = masked: Megatron-Core's local attention mask."""
-    c = torch.from_numpy(codes)
-    pos = torch.arange(c.shape[1])
-    return (~allowed(c, pos, c, pos))[:, None].to(device)
+    """[B, 1, S, S] bool, True = masked: Megatron-Core's local attention mask, made on
+    ``device`` from the [B, S] codes (only they cross from the host)."""
+    c = to_device(torch.from_numpy(codes), device)
+    pos = torch.arange(c.shape[1], device=c.device)
+    return (~allowed(c, pos, c, pos))[:, None]
 
 
 def context_parallel_mask(codes: np.ndarray, cp_size: int, cp_rank: int, method: str,
@@ -103,7 +104,8 @@ def context_parallel_mask(codes: np.ndarray, cp_size: int, cp_rank: int, method:
                          int(hi[part].max()) + 1))
         start = end
     order = np.concatenate([np.asarray(t, np.int64) for t in plan.tokens])
-    return ContextParallelMask(
-        codes=torch.from_numpy(codes).to(device), local=torch.from_numpy(local).to(device),
-        order=torch.from_numpy(order).to(device), counts=[len(t) for t in plan.tokens],
+    host = ContextParallelMask(
+        codes=torch.from_numpy(codes), local=torch.from_numpy(local),
+        order=torch.from_numpy(order), counts=[len(t) for t in plan.tokens],
         runs=runs, replicated=plan.replicated, cp_rank=cp_rank, group=group)
+    return host.to(device)

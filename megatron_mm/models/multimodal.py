@@ -380,7 +380,7 @@ class MultimodalModel(MegatronModule):
             return sequence_parallel.split(hidden) if hidden.shape[0] == tokens.shape[1] \
                 else hidden
         hidden = self._whole(hidden, tokens)
-        return sequence_parallel.split(hidden[cpm.local.to(hidden.device)])
+        return sequence_parallel.split(hidden[cpm.local])
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor,
                 media: Optional[Mapping[str, torch.Tensor]] = None,
@@ -423,7 +423,7 @@ class MultimodalModel(MegatronModule):
             # this rank's tokens; a full-length input (the chunk before held no LLM layer,
             # or nothing is split) is whole, a shorter one already this rank's.
             if hidden_in.shape[0] == tokens.shape[1]:
-                hidden_in = hidden_in[cpm.local.to(hidden_in.device)]
+                hidden_in = hidden_in[cpm.local]
         position_ids = self.rotary_positions(position_ids)
         if cpm is not None:
             tokens, position_ids = cpm.take(tokens), cpm.take_positions(position_ids)

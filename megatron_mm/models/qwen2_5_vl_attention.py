@@ -33,6 +33,8 @@ import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 
+from .host_copy import to_device
+
 WINDOW, FULL = 0, 1  # index of each kind in the stacked ids / masks
 
 
@@ -74,9 +76,9 @@ class VisionAttentionSegments:
     def from_seqlens(cls, window_seqlens, frame_seqlens) -> "VisionAttentionSegments":
         return cls(thd_params(window_seqlens), thd_params(frame_seqlens))
 
-    def to(self, device, non_blocking: bool = True) -> "VisionAttentionSegments":
+    def to(self, device) -> "VisionAttentionSegments":
         def move(p: PackedSeqParams) -> PackedSeqParams:
-            cu = p.cu_seqlens_q.to(device, non_blocking=non_blocking)
+            cu = to_device(p.cu_seqlens_q, device)
             return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                                    max_seqlen_q=p.max_seqlen_q, max_seqlen_kv=p.max_seqlen_kv)
         return VisionAttentionSegments(move(self.window), move(self.full))
@@ -134,9 +136,8 @@ class PreparedAttention:
         ids = torch.stack([segment_ids(window_seqlens), segment_ids(frame_seqlens)])
         return cls(ids, VisionAttentionSegments.from_seqlens(window_seqlens, frame_seqlens))
 
-    def to(self, device, non_blocking: bool = True) -> "PreparedAttention":
-        return PreparedAttention(self.ids.to(device, non_blocking=non_blocking),
-                                 self.segments.to(device, non_blocking))
+    def to(self, device) -> "PreparedAttention":
+        return PreparedAttention(to_device(self.ids, device), self.segments.to(device))
 
     def layer_inputs(self, thd: bool, pad: int = 0) -> dict:
         """The layers' ``attention_mask`` / ``packed_seq_params``: the segments (THD), or

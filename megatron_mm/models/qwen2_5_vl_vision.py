@@ -42,6 +42,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
 from ..config import ConfigError
+from .host_copy import to_device
 from .norms import SequenceParallelNorm
 from .specs import transformer_engine_importable
 from .qwen2_5_vl_attention import FULL, WINDOW, PreparedAttention
@@ -228,12 +229,11 @@ class PreparedVisionBatch:
     positions: torch.Tensor
     attention: PreparedAttention
 
-    def to(self, device, non_blocking: bool = True) -> "PreparedVisionBatch":
-        def move(t):
-            return t.to(device, non_blocking=non_blocking)
+    def to(self, device) -> "PreparedVisionBatch":
+        move = partial(to_device, device=device)
         return PreparedVisionBatch(self.layout, move(self.window_index),
                                    move(self.reverse_index), move(self.positions),
-                                   self.attention.to(device, non_blocking))
+                                   self.attention.to(device))
 
 
 def prepare_vision_batch(layout: VisionGridLayout) -> PreparedVisionBatch:

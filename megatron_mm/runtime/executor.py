@@ -365,7 +365,10 @@ class _Iteration:
                 is_last_stage=last)
         if c == 0 and self.x.encoders:
             get_attr_wrapped_model(chunk, "set_encoder_inputs")({})
-        self.num_tokens += num_tokens.to(self.num_tokens.device)
+        # As Megatron-Core's schedules accumulate it: the last stage's count is on the
+        # device, other stages' a CPU scalar that the add takes as a kernel argument
+        # (a .to(device) of it would be a blocking host-to-device copy per action).
+        self.num_tokens += num_tokens
         if not last:
             self.send(self.rank_of("F", c + 1), ("F", m, c), output)
         if not self.forward_only:

@@ -42,20 +42,21 @@ class AttentionSettings:
                    args.context_parallel_assignment, args.context_parallel_block,
                    args.context_parallel_block_overhead, cp_attention)
 
-    def mask_for(self, batch: dict,
-                 split: bool = True) -> Union[None, torch.Tensor, ContextParallelMask]:
-        """What the model takes as ``attention_mask`` for ``batch`` (on the host, where its
-        tokens are read; the mask comes back on the tokens' device):
-        today's mask (None = causal, or the packed block-diagonal one) when neither option
-        is on, else the multimodal mask: for this CP rank, or dense (``split=False``, or
-        no context parallelism)."""
+    def mask_for(self, batch: dict, split: bool = True,
+                 device=None) -> Union[None, torch.Tensor, ContextParallelMask]:
+        """What the model takes as ``attention_mask`` for ``batch``, from its tokens on the
+        host: None (Megatron's causal mask) for unpacked causal batches, else the mask of
+        the codes (packed samples from ``cu_seqlens``, media items with
+        ``--media-attention bidirectional``): for this CP rank, planned on the host
+        (``.to(device)`` copies its O(S) tensors), or dense (``split=False``, or no context
+        parallelism), made on ``device`` (default: the tokens') from the O(S) codes."""
         cp = self.context_parallel_size if split else 1
-        if cp == 1 and self.media_attention == "causal":
-            return batch.get("attention_mask")
+        if cp == 1 and self.media_attention == "causal" and "cu_seqlens" not in batch:
+            return None
         tokens = batch["tokens"]
         codes = batch_codes(tokens, self.media_tokens, doc_ids(batch), self.media_attention)
         if cp == 1:
-            return dense_mask(codes, tokens.device)
+            return dense_mask(codes, tokens.device if device is None else device)
         cpm = context_parallel_mask(
             codes, self.context_parallel_size, parallel_state.get_context_parallel_rank(),
             self.assignment, self.block, parallel_state.get_context_parallel_group(),

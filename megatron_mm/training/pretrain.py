@@ -289,7 +289,9 @@ class TrainingCallbacks:
     """Hooks into the loop (tests use them to watch the model and read gradients)."""
 
     on_model_built: Optional[Callable] = None  # (chunks, wrapped chunks, optimizer)
-    on_step: Optional[Callable] = None  # (iteration, chunks, loss), before grads are cleared
+    # (iteration, chunks, the lm loss on the device: None off the last stage), before
+    # grads are cleared
+    on_step: Optional[Callable] = None
 
 
 def setup_training(args):

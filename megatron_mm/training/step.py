@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from functools import partial
-from typing import Callable, Iterator, List, NamedTuple, Optional
+from typing import Callable, Iterator, List, NamedTuple, Optional, Sequence, Union
 
 import torch
 from megatron.core import parallel_state
@@ -12,43 +13,47 @@ from megatron.core.utils import get_attr_wrapped_model
 
 from ..models.batch_layout import batch_layout
 from ..models.context_parallel import ContextParallelMask
+from ..models.host_copy import to_device
 from ..runtime.collective_device import collective_device
 from .attention import AttentionSettings
 from .initialize import device
-from .nan_check import check_loss_and_grads
+from .nan_check import grad_norm_checked
 
 
 def batch_to_device(batch: dict, media: bool = True) -> dict:
-    """The model's inputs on the device; the media only where the model chunk reads them
-    (``media=False``: an empty dict, the layout carries their counts)."""
+    """The model's inputs on the device (``non_blocking``, from pinned memory); the media
+    only where the model chunk reads them (``media=False``: an empty dict, the layout
+    carries their counts)."""
     dev = device()
     out = dict(batch)
     for key in ("tokens", "labels", "loss_mask", "position_ids"):
-        out[key] = batch[key].to(dev, non_blocking=True)
-    out["media"] = ({k: v.to(dev, non_blocking=True) for k, v in batch["media"].items()}
+        out[key] = to_device(batch[key], dev)
+    out["media"] = ({k: to_device(v, dev) for k, v in batch["media"].items()}
                     if media else {})
-    if "attention_mask" in batch:  # packed samples (--data-balance)
-        out["attention_mask"] = batch["attention_mask"].to(dev, non_blocking=True)
     return out
+
+
+CAUSAL = AttentionSettings({})  # no flags: causal, packed samples kept apart
 
 
 def prepare_batch(batch: dict, model, attention: Optional[AttentionSettings] = None,
                   split: bool = True):
     """(the batch on the device, its attention mask, its ``BatchLayout``) from a batch on
-    the host: whatever depends on the batch's values (the mask, this CP rank's tokens,
-    media placement and checks, loss positions) is computed here, before the copy, so
-    the model's forward reads no device value."""
-    mask = (batch.get("attention_mask") if attention is None
-            else attention.mask_for(batch, split=split))
+    the host: whatever depends on the batch's values (the mask's codes, this CP rank's
+    tokens, media placement and checks, loss positions) is computed here, so the model's
+    forward reads no device value; only O(S) tensors cross to the device, without a
+    sync (a dense mask is made there from its codes)."""
+    dev = device()
+    mask = (attention or CAUSAL).mask_for(batch, split=split, device=dev)
     loss_mask = batch.get("loss_mask")
-    if isinstance(mask, ContextParallelMask) and loss_mask is not None:
-        loss_mask = mask.take_loss_mask(loss_mask)
+    if isinstance(mask, ContextParallelMask):  # planned on the host
+        if loss_mask is not None:
+            loss_mask = mask.take_loss_mask(loss_mask)
+        mask = mask.to(dev)
     inner = get_attr_wrapped_model(model, "needs_media", return_model_obj=True)
     layout = batch_layout(inner.mm_config, inner.media_token_ids, batch["tokens"],
                           batch["media"], loss_mask)
-    dev = device()
-    return (batch_to_device(batch, media=inner.needs_media()),
-            None if mask is None else mask.to(dev), layout.to(dev))
+    return batch_to_device(batch, media=inner.needs_media()), mask, layout.to(dev)
 
 
 def real_tokens(batch: dict) -> int:
@@ -119,30 +124,53 @@ def run_schedule(args, model: List, data_iterator: Iterator, forward_only: bool,
         micro_batch_size=args.micro_batch_size, forward_only=forward_only)
 
 
-def reduce_lm_loss(losses: List[dict]) -> float:
+def lm_loss(losses: List[dict]) -> Optional[torch.Tensor]:
     """Token-weighted mean over micro-batches, data- and context-parallel ranks (each CP
-    rank holds the loss of its own tokens; last stage only)."""
+    rank holds the loss of its own tokens; last stage only), on the device: one
+    all-reduce, no host read. None without losses."""
     if not losses:
-        return float("nan")
+        return None
     group = parallel_state.get_data_parallel_group(with_context_parallel=True)
     total = torch.stack([x["lm loss"] for x in losses]).sum(0).to(collective_device(group))
     torch.distributed.all_reduce(total, group=group)
-    return (total[0] / total[1].clamp(min=1)).item()
+    return total[0] / total[1].clamp(min=1)
+
+
+def read_on_host(values: Sequence[Union[None, float, torch.Tensor]]) -> List[float]:
+    """Scalars as floats, the device ones read in one go (None: NaN)."""
+    on_device = [v for v in values if isinstance(v, torch.Tensor)]
+    read = iter(torch.stack([v.detach().double().reshape(())
+                             for v in on_device]).tolist() if on_device else [])
+    return [float("nan") if v is None else next(read) if isinstance(v, torch.Tensor)
+            else float(v) for v in values]
+
+
+def reduce_lm_loss(losses: List[dict]) -> float:
+    """``lm_loss`` read on the host (NaN without losses)."""
+    return read_on_host([lm_loss(losses)])[0]
 
 
 class StepResult(NamedTuple):
-    loss: float  # the iteration's lm loss (last pipeline stage; NaN elsewhere)
-    grad_norm: Optional[float]
+    # the iteration's lm loss on the device (last pipeline stage; None elsewhere): read
+    # it on the host at a log interval (``loss``)
+    lm_loss: Optional[torch.Tensor]
+    grad_norm: Union[None, float, torch.Tensor]  # Megatron-Core's: a device scalar with TE
     update_successful: bool
     num_zeros_in_grad: Optional[int] = None  # with --log-num-zeros-in-grad
+
+    @property
+    def loss(self) -> float:
+        """The lm loss on the host (NaN off the last stage): a device sync."""
+        return read_on_host([self.lm_loss])[0]
 
 
 def train_step(args, model: List, optimizer, scheduler, data_iterator: Iterator,
                forward_backward: Optional[Callable] = None,
                attention: Optional[AttentionSettings] = None, timers=None,
                iteration: Optional[int] = None) -> StepResult:
-    """One iteration as Megatron-LM's ``train_step``. ``iteration`` (the one being run)
-    turns on the NaN/Inf check of ``--check-for-nan-in-loss-and-grad``; ``timers``
+    """One iteration as Megatron-LM's ``train_step``, with no host read of its own: the
+    loss stays on the device. ``iteration`` (the one being run) turns on the gradient
+    check of ``--check-for-nan-in-loss-and-grad`` (``nan_check.py``); ``timers``
     (Megatron-Core's) time the executor's forward-backward and the optimizer."""
     for chunk in model:
         chunk.zero_grad_buffer()
@@ -153,14 +181,14 @@ def train_step(args, model: List, optimizer, scheduler, data_iterator: Iterator,
     losses = run_schedule(args, model, data_iterator, False, forward_backward, attention)
     if own_timer:
         timers("forward-backward").stop()
-    if iteration is not None and args.check_for_nan_in_loss_and_grad:
-        check_loss_and_grads(model, losses, iteration)
+    check = iteration is not None and args.check_for_nan_in_loss_and_grad
     if timers is not None:
         timers("optimizer", log_level=1).start(barrier=args.barrier_with_L1_time)
-    update_successful, grad_norm, num_zeros = optimizer.step()
+    with grad_norm_checked(optimizer, iteration) if check else nullcontext():
+        update_successful, grad_norm, num_zeros = optimizer.step()
     if timers is not None:
         timers("optimizer").stop()
     if update_successful:
         scheduler.step(increment=args.global_batch_size)
-    loss = reduce_lm_loss(losses) if parallel_state.is_pipeline_last_stage() else float("nan")
+    loss = lm_loss(losses) if parallel_state.is_pipeline_last_stage() else None
     return StepResult(loss, grad_norm, update_successful, num_zeros)

@@ -38,6 +38,7 @@ from ..runtime.collective_device import collective_device
 from .initialize import initialize_distributed, set_random_seed
 from .logging_args import validation_enabled
 from .metric_writers import build_writers
+from .nan_check import check_losses
 from .partition_trials import search_partition
 from ..data.loaders import savable
 from .pretrain import (
@@ -212,6 +213,18 @@ class Trainer:
         return {"val_loss": loss, "val_accuracy": accuracy}
 
     # -- the loop ----------------------------------------------------------------------------
+    def take_read(self, read: dict) -> None:
+        """Losses and gradient norms read on the host (``TrainingLog``: at log intervals
+        and at the end) into the summary; with --check-for-nan-in-loss-and-grad every
+        rank stops at the first non-finite loss among them."""
+        if not read:  # not a log interval (the same on every rank)
+            return
+        self.summary["losses"].update({it: loss for it, (loss, _) in read.items()})
+        self.summary["grad_norms"].update({it: norm or 0.0 for it, (_, norm) in read.items()})
+        if self.args.check_for_nan_in_loss_and_grad:
+            check_losses({it: loss for it, (loss, _) in read.items()}
+                         if parallel_state.is_pipeline_last_stage() else {})
+
     def exit_reason(self, iteration: int, handler, start: float) -> Optional[str]:
         """Megatron-LM's checkpoint_and_decide_exit: every rank takes the same decision."""
         args = self.args
@@ -257,14 +270,11 @@ class Trainer:
                                     train_iter, self.executor, self.attention, self.timers,
                                     iteration=iteration + 1)
                 iteration += 1
-                summary["losses"][iteration] = result.loss
-                summary["grad_norms"][iteration] = float(result.grad_norm or 0.0)
                 if callbacks.on_step is not None:
-                    callbacks.on_step(iteration, self.model, result.loss)
-                log.record(iteration, result.loss, result.update_successful, result.grad_norm,
-                           result.num_zeros_in_grad,
-                           self.scheduler.get_lr(self.optimizer.param_groups[0]),
-                           float(self.optimizer.get_loss_scale()), self.model_chunks)
+                    callbacks.on_step(iteration, self.model, result.lm_loss)
+                self.take_read(log.record(
+                    iteration, result, self.scheduler.get_lr(self.optimizer.param_groups[0]),
+                    self.optimizer.get_loss_scale, self.model_chunks))
                 if iteration == first:  # after the optimizer state exists
                     report_memory(f"(after {iteration} iterations)")
                 if validate and iteration % args.eval_interval == 0 and \
@@ -283,6 +293,7 @@ class Trainer:
                     print_rank_0(f" exiting program {stop}")
                     break
             self.timers("interval-time").stop()
+        self.take_read(log.read())  # the iterations since the last log interval
         if stop is None:
             if args.save and last_saved != iteration:
                 self.save(iteration)

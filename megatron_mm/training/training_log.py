@@ -4,7 +4,9 @@ The line's fields and their formats are Megatron-LM's: ``lm loss`` is the mean o
 log interval's advanced (not skipped) iterations, ``elapsed time per iteration (ms)`` and
 ``throughput per GPU (TFLOP/s/GPU)`` come from the ``interval-time`` timer, ``loss scale``
 is the optimizer's. ``tokens per second`` (ours) counts the real, non-padding tokens of
-all data-parallel ranks.
+all data-parallel ranks. Losses, gradient norms and the loss scale stay on the device
+between log intervals (``--log-interval``; TensorBoard's ``--tensorboard-log-interval``)
+and are read there, the interval's together: no host sync in between.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ from __future__ import annotations
 import math
 import resource
 from datetime import datetime
-from typing import Callable, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from megatron.core import parallel_state
 from megatron.core.optimizer.clip_grads import get_grad_norm_fp32
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
+
+from .step import StepResult, read_on_host
 
 # Megatron-LM's timer names by --timing-log-level (training.py: training_log).
 TIMERS_LEVEL_1 = [
@@ -77,31 +81,55 @@ class TrainingLog:
         self.args, self.timers, self.writers = args, timers, writers
         self.flops_per_iteration = flops_per_iteration
         self.count_tokens, self.print = count_tokens, print_fn
+        self.pending: Dict[int, StepResult] = {}  # not yet read on the host
         self._reset()
 
     def _reset(self) -> None:
         self.loss_sum, self.advanced, self.skipped, self.nan = 0.0, 0, 0, 0
 
-    def record(self, iteration: int, loss: float, update_successful: bool, grad_norm,
-               num_zeros, learning_rate: float, loss_scale: float, model_chunks) -> None:
+    def read(self) -> Dict[int, Tuple[float, float]]:
+        """The pending iterations' (lm loss, grad norm) on the host (loss NaN off the last
+        stage, norm None when the optimizer gave none), in one read; counted into the
+        interval."""
+        pending, self.pending = self.pending, {}
+        values = read_on_host([v for r in pending.values() for v in (r.lm_loss, r.grad_norm)])
+        read = {}
+        for k, (it, result) in enumerate(pending.items()):
+            loss = values[2 * k]
+            grad_norm = None if result.grad_norm is None else values[2 * k + 1]
+            if result.update_successful:
+                if result.lm_loss is not None:  # a loss only on the last pipeline stage
+                    self.loss_sum += loss
+            else:
+                self.nan += int(not math.isfinite(loss))
+            read[it] = (loss, grad_norm)
+        return read
+
+    def record(self, iteration: int, result: StepResult, learning_rate: float,
+               loss_scale: Callable[[], torch.Tensor], model_chunks) -> Dict[int, Tuple]:
+        """One iteration; at a log interval, the line. Returns what it read on the host:
+        {iteration: (lm loss, grad norm)} of the interval at a log interval, else {}."""
         args = self.args
-        if update_successful:
+        self.pending[iteration] = result
+        if result.update_successful:
             self.advanced += 1
-            if not math.isnan(loss):  # a loss only on the last pipeline stage
-                self.loss_sum += loss
         else:
             self.skipped += 1
-            self.nan += int(not math.isfinite(loss))
         tensorboard = self.writers is not None and iteration % args.tensorboard_log_interval == 0
         logging = iteration % args.log_interval == 0
         params_norm = (params_l2_norm(model_chunks)
                        if args.log_params_norm and (logging or tensorboard) else None)
         consumed = iteration * args.global_batch_size
+        read = self.read() if logging else {}
         if tensorboard:
-            self._write(iteration, consumed, loss, grad_norm, num_zeros, params_norm,
-                        learning_rate, loss_scale)
+            loss, grad_norm = read[iteration] if logging else read_on_host(
+                [result.lm_loss, result.grad_norm])
+            self._write(iteration, consumed, loss, None if result.grad_norm is None
+                        else grad_norm, result.num_zeros_in_grad, params_norm,
+                        learning_rate, float(loss_scale()))  # a TensorBoard interval
         if not logging:
-            return
+            return read
+        grad_norm, num_zeros = read[iteration][1], result.num_zeros_in_grad
         elapsed = self.timers("interval-time").elapsed(barrier=True)
         per_iteration = elapsed / max(1, self.advanced + self.skipped)
         tokens = self.count_tokens()
@@ -117,9 +145,9 @@ class TrainingLog:
         line += f" global batch size: {args.global_batch_size:5d} |"
         if self.advanced and parallel_state.is_pipeline_last_stage():
             line += f" lm loss: {self.loss_sum / self.advanced:.6E} |"
-        line += f" loss scale: {loss_scale:.1f} |"
+        line += f" loss scale: {float(loss_scale()):.1f} |"
         if grad_norm is not None:
-            line += f" grad norm: {float(grad_norm):.3f} |"
+            line += f" grad norm: {grad_norm:.3f} |"
         if num_zeros is not None:
             line += f" num zeros: {int(num_zeros)} |"
         if params_norm is not None:
@@ -140,6 +168,7 @@ class TrainingLog:
             if timing:
                 self.print(timing)
         self._reset()
+        return read
 
     def _write(self, iteration, consumed, loss, grad_norm, num_zeros, params_norm,
                learning_rate, loss_scale) -> None:

@@ -4,20 +4,15 @@ alone (packed samples do not attend to each other)."""
 import torch
 
 from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig, VisionEncoderConfig
-from megatron_mm.data import Sample, collate, collate_packed, packed_causal_mask
+from megatron_mm.data import Sample, collate, collate_packed
 
 IMAGE_ID = 250
 
 
-def test_mask_is_block_diagonal_causal():
-    mask = packed_causal_mask([2, 3])[0, 0]
-    allowed = ~mask
-    expected = torch.tensor([[1, 0, 0, 0, 0],
-                             [1, 1, 0, 0, 0],
-                             [0, 0, 1, 0, 0],
-                             [0, 0, 1, 1, 0],
-                             [0, 0, 1, 1, 1]], dtype=torch.bool)
-    assert torch.equal(allowed, expected)
+def packed_mask(batch):
+    """The block-diagonal causal mask the training step makes from ``cu_seqlens``."""
+    from megatron_mm.training.step import CAUSAL
+    return CAUSAL.mask_for(batch)
 
 
 def _samples(n_tokens, images, lengths, gen):
@@ -58,7 +53,7 @@ def test_packed_losses_equal_each_sample_alone(gloo_world):
             return model(b["tokens"], b["position_ids"], b["media"], labels=b["labels"],
                          loss_mask=b["loss_mask"], attention_mask=mask)
 
-    packed = run(batch, batch["attention_mask"])[0]
+    packed = run(batch, packed_mask(batch))[0]
     causal_only = run(batch, None)[0]
     cu = batch["cu_seqlens"].tolist()
     for k, s in enumerate(samples):
@@ -80,7 +75,6 @@ def test_padding_segment_makes_the_length_a_multiple():
     assert batch["tokens"][0, 13:].tolist() == [7, 7, 7]
     assert batch["loss_mask"][0, 13:].sum() == 0
     assert batch["position_ids"][0, 13:].tolist() == [0, 1, 2]
-    assert torch.equal(batch["attention_mask"], packed_causal_mask([9, 4, 3]))
     assert batch["record_ids"] == ["s0", "s1"]  # the padding is no record
     unpadded = collate_packed(samples, pad_id=7, pad_to_multiple_of=13)
     assert unpadded["tokens"].shape == (1, 13) and len(unpadded["cu_seqlens"]) == 3
@@ -129,10 +123,10 @@ def test_packed_mrope_losses_equal_each_sample_alone(gloo_world):
             return model(b["tokens"], b["position_ids"], b["media"], labels=b["labels"],
                          loss_mask=b["loss_mask"], attention_mask=mask)[0]
 
-    packed = run(batch, batch["attention_mask"])
+    packed = run(batch, packed_mask(batch))
     cu = batch["cu_seqlens"].tolist()
     for k, s in enumerate(samples):
         torch.testing.assert_close(packed[cu[k]:cu[k + 1]], run(collate([s], pad_id=0)),
                                    rtol=1e-5, atol=1e-5)
-    text = run({**batch, "position_ids": torch.arange(cu[-1])[None]}, batch["attention_mask"])
+    text = run({**batch, "position_ids": torch.arange(cu[-1])[None]}, packed_mask(batch))
     assert not torch.allclose(text, packed, atol=1e-3)

@@ -4,7 +4,6 @@ import numpy as np
 import torch
 
 import megatron_mm.models  # noqa: F401  (CPU patches first)
-from megatron_mm.data.packing import packed_causal_mask
 from megatron_mm.plan.attention_mask import dense_allowed, encode
 from megatron_mm.training.attention import AttentionSettings
 
@@ -16,10 +15,28 @@ def _batch(tokens, **extra):
 
 
 def test_causal_media_keeps_todays_masks():
+    """Causal: Megatron's own mask (None); packed samples: block-diagonal causal, each
+    sample seeing only its own earlier tokens."""
     settings = AttentionSettings({IMG: 2})
     assert settings.mask_for(_batch([[1, IMG, IMG, 2]])) is None
-    packed = packed_causal_mask([2, 2])
-    assert settings.mask_for(_batch([[1, 2, 3, 4]], attention_mask=packed)) is packed
+    packed = settings.mask_for(_batch([[1, IMG, IMG, 4, 5]], cu_seqlens=torch.tensor([0, 2, 5])))
+    allowed = torch.tensor([[1, 0, 0, 0, 0],
+                            [1, 1, 0, 0, 0],
+                            [0, 0, 1, 0, 0],
+                            [0, 0, 1, 1, 0],
+                            [0, 0, 1, 1, 1]], dtype=torch.bool)
+    assert packed.shape == (1, 1, 5, 5) and torch.equal(~packed[0, 0], allowed)
+
+
+def test_dense_masks_are_made_on_the_device_from_codes():
+    """Only the [B, S] codes cross to the device: the [B, 1, S, S] mask is made there."""
+    from host_syncs import count_during
+
+    settings = AttentionSettings({IMG: 2}, media_attention="bidirectional")
+    batch = _batch([[1, IMG, IMG, 2]])
+    mask, counter = count_during(lambda: settings.mask_for(batch, device="cpu"),
+                                 host_work=True, host=[batch["tokens"]])
+    assert counter.found == [] and mask.shape == (1, 1, 4, 4)
 
 
 def test_bidirectional_media_dense_mask():
@@ -33,8 +50,7 @@ def test_bidirectional_media_dense_mask():
 def test_packed_batch_documents_from_cu_seqlens():
     # Two packed samples: [t I I] [t t]; the image sees itself, nothing crosses samples.
     settings = AttentionSettings({IMG: 2}, media_attention="bidirectional")
-    batch = _batch([[1, IMG, IMG, 3, 4]], cu_seqlens=torch.tensor([0, 3, 5]),
-                   attention_mask=packed_causal_mask([3, 2]))
+    batch = _batch([[1, IMG, IMG, 3, 4]], cu_seqlens=torch.tensor([0, 3, 5]))
     allowed = ~settings.mask_for(batch)[0, 0]
     expected = torch.tensor([[1, 0, 0, 0, 0],
                              [0, 1, 1, 0, 0],

@@ -21,7 +21,7 @@ def train_then_resume(rank, argv, save_dir):
     def watched(*args, **kwargs):
         it = real(*args, **kwargs)
         first = next(it)
-        seen.append((tuple(first["tokens"].shape), "attention_mask" in first))
+        seen.append((tuple(first["tokens"].shape), "cu_seqlens" in first))
         return _chain(first, it)
 
     pretrain.balanced_batch_iterator = watched
@@ -98,7 +98,7 @@ def test_balanced_dp2_resumes_exactly(digits_dir, tmp_path):
     assert list(resumed) == [3, 4]
     for it in (3, 4):
         assert resumed[it] == full[it], it
-    for _, _, rank_seen in results:  # one packed sequence per micro-batch, with its mask
+    for _, _, rank_seen in results:  # one packed sequence per micro-batch, with its bounds
         assert len(rank_seen) == 2 and all(s[0][0] == 1 and s[1] for s in rank_seen)
 
 

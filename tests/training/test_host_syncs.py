@@ -1,16 +1,19 @@
-"""No host syncs inside the model during a training step: the forward and backward of
-every model chunk (encoder pieces too) read no device value on the host and size no
-output by one (``tests/host_syncs.py`` lists what counts), in three settings: the default
-model on one rank, the ViT in the LLM's bubbles (``--encoder-schedule bubble``, PP=2),
-context parallelism (CP=2, bidirectional media attention; also with M-RoPE on 3-D
-positions) and sequence parallelism (TP=2). What the model needs from the
-batch's values comes from the ``BatchLayout`` the training step computes on the host;
-the media go only to the chunks that embed them."""
+"""No host syncs in a training step's schedule: the forward and backward of every model
+chunk (encoder pieces too) read no device value on the host and size no output by one,
+and no action of the schedule (the forward step's batch, mask and layout, the loss, the
+executor's token count) makes a blocking copy to the device (``tests/host_syncs.py``
+lists what counts), in these settings: the default model on one rank (also with the
+dense bidirectional media mask), the ViT in the LLM's bubbles (``--encoder-schedule
+bubble``, PP=2: the first stage's token count is Megatron-Core's CPU scalar), context
+parallelism (CP=2, bidirectional media attention; also with M-RoPE on 3-D positions)
+and sequence parallelism (TP=2). What the model needs from the batch's values comes from
+the ``BatchLayout`` the training step computes on the host; the media go only to the
+chunks that embed them."""
 
 import pytest
 import torch
 from dist_harness import run_distributed
-from host_syncs import count_during, count_model_host_syncs
+from host_syncs import count_during, count_step_host_syncs
 from test_mrope_training import MROPE, train_with_positions
 from train_workers import TINY_MODEL, train
 
@@ -22,6 +25,8 @@ IMAGES, NONE = [["image"]], [[]]
 
 @pytest.mark.parametrize("world, flags, scopes, media", [
     (1, [], 4, [IMAGES]),  # 2 micro-batches: 2 forwards, 2 backwards
+    # the [B, 1, S, S] mask of bidirectional media, made for every micro-batch
+    (1, ["--media-attention", "bidirectional"], 4, [IMAGES]),
     # the LLM chunks take no media: the ViT's pieces run as their own actions
     (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"], 8,
      [NONE, NONE]),
@@ -32,14 +37,15 @@ IMAGES, NONE = [["image"]], [[]]
     # M-RoPE: each CP rank rotates by its tokens' 3-D positions
     (2, MROPE + ["--context-parallel-size", "2", "--context-parallel-block", "8"], 4,
      [IMAGES, IMAGES]),
-], ids=["default", "pp2-bubble", "cp2", "tp2-sp", "cp2-mrope"])
-def test_no_host_syncs_inside_the_model(digits_dir, world, flags, scopes, media):
+], ids=["default", "dense-mask", "pp2-bubble", "cp2", "tp2-sp", "cp2-mrope"])
+def test_no_host_syncs_in_the_schedule(digits_dir, world, flags, scopes, media):
     worker = train_with_positions if "mrope" in flags else train
     ranks = run_distributed(worker, world, TINY_MODEL + ["--data-path", digits_dir]
-                            + ONE_STEP + flags, (), count_model_host_syncs)
+                            + ONE_STEP + flags, (), count_step_host_syncs)
     for rank, out in enumerate(ranks):
         counted = out["observed"]["host_syncs"]
         assert counted["scopes"] == scopes, (rank, counted["scopes"])  # it did look
+        assert counted["host_scopes"] >= scopes, (rank, counted["host_scopes"])
         assert counted["found"] == [], (rank, counted["found"])
     assert [out["observed"]["media_seen"] for out in ranks] == media
 
@@ -56,6 +62,7 @@ def test_the_counter_sees_each_kind_of_host_sync():
         "masked_scatter": lambda: x.masked_scatter(mask, x),
         "repeat_interleave": lambda: torch.repeat_interleave(index, index),
         "unique": lambda: torch.unique(index),
+        "host data to a device": lambda: torch.tensor([1, 2], device=x.device),
     }
     for what, fn in syncs.items():
         _, counter = count_during(fn)
@@ -68,7 +75,37 @@ def test_the_counter_sees_each_kind_of_host_sync():
         "sized repeat_interleave": lambda: torch.repeat_interleave(index, index,
                                                                    output_size=6),
         "int repeats": lambda: index.repeat_interleave(2),
+        "a device tensor to its device": lambda: x.to(x.device),  # nothing moves
+        "dtype only": lambda: x.to(torch.float64),
     }
     for what, fn in free.items():
         _, counter = count_during(fn)
+        assert counter.found == [], (what, counter.found)
+
+
+def test_the_counter_tells_host_work_from_syncs():
+    """Around the model (``host_work``) host tensors are read for free; a device value
+    read, or a host tensor copied to the device blocking, still counts."""
+    dev = torch.zeros(3)  # made before the count: on the device, as parameters are
+    host = torch.arange(6)  # a loader's batch
+    syncs = {
+        "a device value read": lambda: dev.sum().item(),
+        "a host tensor copied blocking": lambda: host.to(dev.device),
+        "numpy data copied blocking": lambda: torch.from_numpy(host.numpy()).to(dev.device),
+        # Megatron-Core's forward_step returns this token count on non-last stages
+        "a CPU scalar copied blocking": lambda: torch.tensor(0, dtype=torch.int).to(
+            dev.device),
+        "host ops' result copied blocking": lambda: (host * 2)[:3].to(dev.device),
+    }
+    for what, fn in syncs.items():
+        _, counter = count_during(fn, host_work=True, host=[host])
+        assert len(counter.found) >= 1, what
+    free = {
+        "host values read": lambda: (host.tolist(), host.nonzero(), int(host[1])),
+        "a non_blocking copy": lambda: host.to(dev.device, non_blocking=True),
+        "a CPU scalar as an operand": lambda: dev.clone().add_(torch.tensor(1.0)),
+        "made on the device": lambda: torch.arange(3, device=dev.device),
+    }
+    for what, fn in free.items():
+        _, counter = count_during(fn, host_work=True, host=[host])
         assert counter.found == [], (what, counter.found)
