@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import traceback
 import warnings
 import weakref
@@ -110,11 +111,15 @@ def _storage(t: torch.Tensor):
     return t.untyped_storage().data_ptr() if t.layout == torch.strided else id(t)
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
 def _where() -> str:
     """The innermost frame of the package (or of Megatron-Core) that asked for it."""
     summary = traceback.StackSummary.extract(traceback.walk_stack(None), lookup_lines=False)
+    # torch's own frames by its folder: a site-packages under /opt/torch/ holds Megatron-Core
     stack = [f for f in reversed(summary) if not f.filename.endswith("host_syncs.py")
-             and "/torch/" not in f.filename]
+             and not f.filename.startswith(_TORCH_DIR)]
     frames = [f for f in stack if "megatron_mm" in f.filename or "megatron/core" in f.filename]
     f = (frames or stack)[-1]
     return f"{'/'.join(f.filename.split('/')[-2:])}:{f.lineno} {f.line}"
@@ -130,8 +135,11 @@ class _Ops(TorchDispatchMode):
         c = self.counter
         if c.paused:
             return func(*args, **kwargs)
+        # On CUDA a read of a CPU tensor syncs nothing (Megatron-Core's RNG tracker compares
+        # CPU RNG states with .item() in every fork): CUDA's own warnings catch real syncs.
         if is_host_sync(func, args, kwargs) and not (
-                c.host_work and all(c.on_host(t) for t in _tensors(args))):
+                (c.host_work or torch.cuda.is_available())
+                and all(c.on_host(t) for t in _tensors(args))):
             c.found.append((str(func), _where()))
         out = func(*args, **kwargs)
         inputs = {_storage(t) for t in _tensors((args, kwargs))}
@@ -154,7 +162,8 @@ class _Methods(TorchFunctionMode):
         name = getattr(func, "__name__", None)
         if c.blocking_device_copy(name, args, kwargs):
             c.found.append((f"blocking copy to a device ({name})", _where()))
-        elif name in HOST_COPIES and not (c.host_work and c.on_host(args[0])):
+        elif name in HOST_COPIES and not ((c.host_work or torch.cuda.is_available())
+                                          and c.on_host(args[0])):
             c.found.append((f"Tensor.{name}", _where()))
         result = func(*args, **kwargs)
         c.track(name, args, kwargs, result)

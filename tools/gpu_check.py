@@ -150,7 +150,7 @@ def judge_smoke(ctx: Context, procs) -> Result:
 def sync_free_commands(ctx: Context) -> List[List[str]]:
     return [ctx.py("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
                    "tests/training/test_host_syncs.py", "-k",
-                   "default or qwen2_5_vl or fp8_emulated")]
+                   "default or qwen2_5_vl or fp8_emulated or dense-mask")]
 
 
 def judge_pytest(ctx: Context, procs) -> Result:

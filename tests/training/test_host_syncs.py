@@ -6,7 +6,9 @@ lists what counts), in these settings: the default model on one rank (also with 
 dense bidirectional media mask), the ViT in the LLM's bubbles (``--encoder-schedule
 bubble``, PP=2: the first stage's token count is Megatron-Core's CPU scalar), context
 parallelism (CP=2, bidirectional media attention; also with M-RoPE on 3-D positions)
-and sequence parallelism (TP=2). What the model needs from the batch's values comes from
+and sequence parallelism (TP=2); and on one rank the Qwen2.5-VL tower (window attention,
+native-resolution images and videos, M-RoPE) and an LLM in emulated FP8 (delayed scaling:
+its amax reductions and scale updates stay on the device). What the model needs from the batch's values comes from
 the ``BatchLayout`` the training step computes on the host; the media go only to the
 chunks that embed them."""
 
@@ -14,6 +16,7 @@ import pytest
 import torch
 from dist_harness import run_distributed
 from host_syncs import count_during, count_step_host_syncs
+from qwen_vl_data import QWEN_VL_MODEL, write_qwen_vl_data
 from test_mrope_training import MROPE, train_with_positions
 from train_workers import TINY_MODEL, train
 
@@ -48,6 +51,24 @@ def test_no_host_syncs_in_the_schedule(digits_dir, world, flags, scopes, media):
         assert counted["host_scopes"] >= scopes, (rank, counted["host_scopes"])
         assert counted["found"] == [], (rank, counted["found"])
     assert [out["observed"]["media_seen"] for out in ranks] == media
+
+
+FP8_LLM = ["--fp8-format", "hybrid", "--fp8-emulation", "--fp8-modules", "llm",
+           "--fp8-amax-history-len", "4"]
+
+
+@pytest.mark.parametrize("model", ["qwen2_5_vl", "fp8_emulated"])
+def test_no_host_syncs_in_the_schedule_of_each_model(digits_dir, tmp_path, model):
+    if model == "qwen2_5_vl":
+        flags = QWEN_VL_MODEL + ["--data-path", write_qwen_vl_data(str(tmp_path)),
+                                 "--make-vocab-size-divisible-by", "64"]
+    else:
+        flags = FP8_LLM + ["--data-path", digits_dir]
+    (out,) = run_distributed(train, 1, TINY_MODEL + ONE_STEP + flags, (),
+                             count_step_host_syncs)
+    counted = out["observed"]["host_syncs"]
+    assert counted["scopes"] == 4, counted["scopes"]  # 2 forwards, 2 backwards
+    assert counted["found"] == [], counted["found"]
 
 
 def test_the_counter_sees_each_kind_of_host_sync():
