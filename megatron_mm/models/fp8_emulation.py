@@ -78,14 +78,20 @@ class DelayedScalingMeta:
     """Amax history and scales of a group of tensors (TE's ``fp8_meta`` of one direction:
     forward = [input, weight], backward = [output gradient])."""
 
-    def __init__(self, num_tensors: int, history_len: int, fmt: str):
+    def __init__(self, num_tensors: int, history_len: int, fmt: str,
+                 device: Optional[torch.device] = None):
+        # On the weight's device, as TE allocates its fp8_meta: made on the host and moved at
+        # the first cast, it cost a blocking copy inside step 1 (seen on an H100).
         self.fmt = fmt
-        self.amax_history = torch.zeros(history_len, num_tensors)
-        self.scale = torch.ones(num_tensors)
+        self.amax_history = torch.zeros(history_len, num_tensors, device=device)
+        self.scale = torch.ones(num_tensors, device=device)
 
     def to(self, device: torch.device) -> "DelayedScalingMeta":
+        """Moved with a model built on the host (--use-cpu-initialization): the tensors are
+        new and never written on the host again, so the copy need not block."""
         if self.scale.device != device:
-            self.amax_history, self.scale = self.amax_history.to(device), self.scale.to(device)
+            self.amax_history = self.amax_history.to(device, non_blocking=True)
+            self.scale = self.scale.to(device, non_blocking=True)
         return self
 
     def record(self, i: int, value: torch.Tensor) -> None:
@@ -173,8 +179,10 @@ class Fp8LinearEmulation:
         self.cached_weight: Optional[torch.Tensor] = None  # TE's FP8 weight workspace
         self.weight_casts = 0  # how often the weight was quantised (its cache refreshed)
         if self.recipe == "delayed":
-            self.fwd = DelayedScalingMeta(2, config.fp8_amax_history_len, self.fwd_fmt)
-            self.bwd = DelayedScalingMeta(1, config.fp8_amax_history_len, self.bwd_fmt)
+            device = getattr(linear, "weight", None)
+            device = None if device is None else device.device
+            self.fwd = DelayedScalingMeta(2, config.fp8_amax_history_len, self.fwd_fmt, device)
+            self.bwd = DelayedScalingMeta(1, config.fp8_amax_history_len, self.bwd_fmt, device)
 
     def _sp_gathered(self, mode: str):
         """The TP group when this tensor is all-gathered under sequence parallelism."""

@@ -122,6 +122,19 @@ def _linear(gloo_world, fp8="hybrid", recipe="delayed", history=3, algo="max", m
     return linear
 
 
+def test_delayed_scaling_state_lives_on_the_weights_device(gloo_world):
+    """Made on the host and moved at the first cast, the amax history and scales cost a
+    blocking host-to-device copy inside the first step on a GPU (an H100 run's host-sync
+    check found it). Here the weight is on the meta device, and so is the state."""
+    linear = _linear(gloo_world)
+    meta = torch.nn.Parameter(torch.empty_like(linear.weight, device="meta"))
+    linear.weight = meta
+    emu = type(linear.fp8_emulation)(linear, "column")
+    for state in (emu.fwd, emu.bwd):
+        assert state.amax_history.device.type == "meta"
+        assert state.scale.device.type == "meta"
+
+
 def _run(linear, x, **kw):
     """One forward in the linear's FP8 autocast (Megatron-Core enters it around the block)."""
     with emulated_autocast(linear.config):
