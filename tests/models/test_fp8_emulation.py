@@ -5,6 +5,7 @@ ref_per_tensor_cs.py), on hand-checked values. Written here from those formulas.
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_multimodal import tiny_model
 
 from megatron_mm.models import fp8_state
 from megatron_mm.models.fp8_emulation import (
@@ -233,20 +234,6 @@ def test_mxfp8_is_refused(gloo_world):
 
 # --- which layers of a model run FP8 --------------------------------------------------
 
-def _model(fp8):
-    from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig, VisionEncoderConfig
-    from megatron_mm.models import BuildSettings, build_model
-
-    torch.manual_seed(0)
-    cfg = MultimodalModelConfig(
-        encoders={"vision": VisionEncoderConfig(hidden_size=32, num_layers=2,
-                                                num_attention_heads=2, img_h=16, img_w=16,
-                                                patch_dim=4, drop_class_token=True)},
-        language=LanguageModelConfig(vocab_size=256, hidden_size=64, num_layers=3,
-                                     num_attention_heads=4, num_query_groups=2))
-    return build_model(cfg, BuildSettings(fp8=fp8), {"image": 250})
-
-
 def test_emulated_layers_follow_megatron_cores_fp8_context(gloo_world):
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 
@@ -256,7 +243,7 @@ def test_emulated_layers_follow_megatron_cores_fp8_context(gloo_world):
     fp8 = Fp8Settings("hybrid", recipe="tensorwise", first_last_layers_bf16=True,
                       num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=0,
                       modules=("llm", "vision-projector"), emulation=True)
-    model = _model(fp8)
+    model = tiny_model(fp8, llm_layers=3)
     names = sorted(n for n, m in model.named_modules() if m in emulated_linears(model))
     # LLM layers 2 and 3 (layer 1 kept BF16), the projector; not the ViT (not listed), not
     # the output layer or embeddings (outside get_fp8_context, as with TE).
@@ -270,7 +257,7 @@ def test_emulated_layers_follow_megatron_cores_fp8_context(gloo_world):
     assert model.vision_model.config.fp8 is None
 
     # Same weights without FP8: the quantisation changes the loss a little, not a lot.
-    plain = _model(None)
+    plain = tiny_model(None, llm_layers=3)
     plain.load_state_dict(model.state_dict())
     tokens = torch.randint(0, 200, (2, 32))
     tokens[:, 2:18] = 250
@@ -286,7 +273,7 @@ def test_emulated_layers_follow_megatron_cores_fp8_context(gloo_world):
 def test_set_is_first_microbatch_reaches_every_module(gloo_world):
     # Megatron-Core refreshes TE's FP8 weight caches only when the top config (the LLM's)
     # is FP8; an FP8 encoder under a BF16 LLM must be refreshed too.
-    model = _model(None)
+    model = tiny_model(None, llm_layers=3)
     fc1 = model.vision_projection.encoder.linear_fc1
     fc1.is_first_microbatch = False
     model.set_is_first_microbatch()

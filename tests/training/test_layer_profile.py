@@ -3,27 +3,20 @@ bypasses its TransformerBlock's FP8 autocast, and would otherwise be timed in BF
 
 import pytest
 import torch
+from tiny_multimodal import tiny_config, tiny_model
 
 
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
 def test_layers_profiled_under_the_runs_fp8(gloo_world, recipe):
-    from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig, VisionEncoderConfig
-    from megatron_mm.models import BuildSettings, build_model, model_chain
+    from megatron_mm.models import model_chain
     from megatron_mm.models.fp8_emulation import emulated_linears
     from megatron_mm.plan.fp8 import Fp8Settings
     from megatron_mm.training.layer_profile import profile_layers
 
-    torch.manual_seed(0)
-    cfg = MultimodalModelConfig(
-        encoders={"vision": VisionEncoderConfig(hidden_size=32, num_layers=2,
-                                                num_attention_heads=2, img_h=16, img_w=16,
-                                                patch_dim=4, drop_class_token=True)},
-        language=LanguageModelConfig(vocab_size=256, hidden_size=64, num_layers=2,
-                                     num_attention_heads=4, num_query_groups=2,
-                                     seq_length=32))
     fp8 = Fp8Settings("hybrid", recipe=recipe, modules=("llm", "vision", "vision-projector"),
                       emulation=True)
-    model = build_model(cfg, BuildSettings(fp8=fp8), {"image": 250})
+    model = tiny_model(fp8, seq_length=32)
+    cfg = tiny_config(seq_length=32)
     tokens = torch.randint(0, 200, (2, 32))
     tokens[:, 2:18] = 250
     batch = dict(tokens=tokens, position_ids=torch.arange(32).expand(2, -1), labels=tokens,
