@@ -50,7 +50,11 @@ def _assert_equal_runs(stages, ref):
     last = stages[-1]
     for it in range(1, STEPS + 1):
         assert last["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
-    for what, step, atol in (("grads", 1, 1e-6), ("grads", STEPS, 1e-6), ("params", None, 1e-5)):
+    # Parameters after Adam: its normalised update turns fp32 summation-order noise in a
+    # near-zero gradient element into up to ~lr x 1% per step (1.6e-5 seen after 2 steps at
+    # lr 1e-3 with CP=2); a layout bug (a gradient not reduced, an update skipped) moves
+    # elements by ~lr. The gradients above carry the fp32 equivalence.
+    for what, step, atol in (("grads", 1, 1e-6), ("grads", STEPS, 1e-6), ("params", None, 1e-4)):
         ours, theirs = _merge(stages, what, step), (ref[what] if step is None
                                                     else ref[what][step])
         assert ours.keys() == theirs.keys()
