@@ -10,8 +10,7 @@ and sequence parallelism (TP=2); and on one rank the Qwen2.5-VL tower (window at
 native-resolution images and videos, M-RoPE) and an LLM in emulated FP8 (delayed scaling:
 its amax reductions and scale updates stay on the device). What the model needs from the
 batch's values comes from the ``BatchLayout`` the training step computes on the host; the
-media go only to the
-chunks that embed them."""
+media go only to the chunks that embed them."""
 
 import pytest
 import torch
