@@ -1,8 +1,35 @@
+import multiprocessing.process
 import os
+import subprocess
+import traceback
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _processes_marked(request, monkeypatch):
+    """Tests that start processes carry the ``processes`` marker (``make test-fast`` leaves
+    them out): in a test without it, starting a process or a rank fails the test. Torch's
+    compiler (Megatron-Core's fused MLP activations) may ask the C++ compiler in a
+    subprocess once per process: that one is part of running in one process."""
+    if request.node.get_closest_marker("processes") is not None:
+        return
+
+    def guarded(real):
+        def start(*args, **kwargs):
+            if not any(os.sep + os.path.join("torch", "_inductor") in frame.filename
+                       for frame in traceback.extract_stack()):
+                pytest.fail(f"{request.node.nodeid} starts a process: mark it "
+                            "pytest.mark.processes (tests/conftest.py)")
+            return real(*args, **kwargs)
+        return start
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child",
+                        guarded(subprocess.Popen._execute_child))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start",
+                        guarded(multiprocessing.process.BaseProcess.start))
 
 
 @pytest.fixture(scope="module")
