@@ -58,6 +58,7 @@ def test_tool_errors_name_the_flag(tmp_path):
     assert proc.returncode == 2 and "record 0 lacks vit_num / token_num" in proc.stderr
 
 
+@pytest.mark.slow  # 70706 samples
 @pytest.mark.skipif(not REAL.is_dir(), reason="../shared/data/omnibal_lengths not present")
 def test_real_data_dp8_four_per_microbatch():
     from megatron_mm.plan.balance import read_all, search_bounds
