@@ -7,20 +7,24 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+_TOOLCHAIN_FRAMES = tuple(os.sep + os.path.join(*p.split("/")) + os.sep for p in (
+    "torch/_inductor", "triton", "transformer_engine", "ctypes"))
+
 
 @pytest.fixture(autouse=True)
 def _processes_marked(request, monkeypatch):
     """Tests that start processes carry the ``processes`` marker (``make test-fast`` leaves
-    them out): in a test without it, starting a process or a rank fails the test. Torch's
-    compiler (Megatron-Core's fused MLP activations) may ask the C++ compiler in a
-    subprocess once per process: that one is part of running in one process."""
+    them out): in a test without it, starting a process or a rank fails the test. A
+    library's own toolchain calls are part of running in one process: torch's compiler
+    (Megatron-Core's fused activations) asking the C++ compiler once per process, Triton's
+    and Transformer Engine's builds, ``ctypes.util.find_library``."""
     if request.node.get_closest_marker("processes") is not None:
         return
 
     def guarded(real):
         def start(*args, **kwargs):
-            if not any(os.sep + os.path.join("torch", "_inductor") in frame.filename
-                       for frame in traceback.extract_stack()):
+            if not any(part in frame.filename for frame in traceback.extract_stack()
+                       for part in _TOOLCHAIN_FRAMES):
                 pytest.fail(f"{request.node.nodeid} starts a process: mark it "
                             "pytest.mark.processes (tests/conftest.py)")
             return real(*args, **kwargs)
