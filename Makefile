@@ -14,7 +14,8 @@ TORCH  ?= torch==2.13.0
 PIP    := $(VENV)/bin/python -m pip
 NPROC  ?= 2
 
-.PHONY: demo demo-audio demo-qwen test test-fast setup espeak-ng clean print-demo-flags gpu-wheels gpu-check
+.PHONY: demo demo-audio demo-qwen test test-fast setup espeak-ng clean print-demo-flags \
+	gpu-wheels gpu-check
 
 setup: $(VENV)/.installed espeak-ng
 
