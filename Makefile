@@ -1,6 +1,8 @@
 # Two commands do everything on a fresh machine:
 #   make demo   set up .venv, then train the built-in demo and print its held-out accuracy
-#   make test   set up .venv, then run the test suite
+#   make test   set up .venv, then run the test suite (all of it, as CI does)
+# and, while working, the unit tests alone (no processes, nothing slow; under 2 minutes):
+#   make test-fast
 # and one more for the vision + audio model:
 #   make demo-audio   the same with spoken digits (needs espeak-ng, which setup installs)
 # and one for the Qwen2.5-VL family (native-resolution images, video, M-RoPE):
@@ -12,7 +14,8 @@ TORCH  ?= torch==2.13.0
 PIP    := $(VENV)/bin/python -m pip
 NPROC  ?= 2
 
-.PHONY: demo demo-audio demo-qwen test setup espeak-ng clean print-demo-flags gpu-wheels gpu-check
+.PHONY: demo demo-audio demo-qwen test test-fast setup espeak-ng clean print-demo-flags \
+	gpu-wheels gpu-check
 
 setup: $(VENV)/.installed espeak-ng
 
@@ -96,8 +99,13 @@ demo-qwen: setup
 print-demo-flags:
 	@echo $(DEMO_FLAGS)
 
+# The whole suite, and its 15 slowest tests. Tests marked `processes` (ranks, subprocesses)
+# or `slow` (seconds in one process) are left out of test-fast (docs/testing.md).
 test: setup
-	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q tests
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q --durations=15 tests
+
+test-fast: setup
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q -m "not processes and not slow" tests
 
 # A single-GPU node without internet access, with Python 3.12 and a CUDA build of torch
 # (docs/gpu.md). On a connected machine, `make gpu-wheels` downloads the wheels such a node

@@ -45,8 +45,8 @@ def _entry(rank, fn, world_size, port, out_dir, args, env):
     torch.save({"result": result}, os.path.join(out_dir, f"{rank}.pt"))
 
 
-_PRELOAD = ["megatron_mm.training.pretrain"]
-# The fork server imports _PRELOAD and forks every rank: nothing there may initialise CUDA
+PRELOAD = ["megatron_mm.training.pretrain"]
+# The fork server imports PRELOAD and forks every rank: nothing there may initialise CUDA
 # (a forked child's CUDA then fails). Megatron-Core asks torch.cuda.is_available() at
 # import (dist_checkpointing), which initialises the driver unless torch asks NVML instead
 # (megatron_mm sets this at import too; set here before the fork server starts).
@@ -62,7 +62,7 @@ def run_distributed(fn, world_size: int, *args, env: Optional[Dict[str, str]] = 
     list of results by rank."""
     for name, value in FORKSERVER_ENV.items():  # inherited by the fork server it starts
         os.environ.setdefault(name, value)
-    mp.set_forkserver_preload(_PRELOAD)
+    mp.set_forkserver_preload(PRELOAD)
     with tempfile.TemporaryDirectory() as out_dir:
         try:
             mp.start_processes(_entry, args=(fn, world_size, free_port(), out_dir, args,

@@ -1,4 +1,4 @@
-"""Importing what the test harness's fork server preloads (``dist_harness._PRELOAD``) does
+"""Importing what the test harness's fork server preloads (``dist_harness.PRELOAD``) does
 not initialise CUDA, so the ranks it forks can use it: no ``torch.cuda.init`` /
 ``_lazy_init``, and no ``torch.cuda.is_available()`` that asks the CUDA driver (it does
 unless PYTORCH_NVML_BASED_CUDA_CHECK=1, which the package sets at import for Megatron-Core's
@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from dist_harness import _PRELOAD, FORKSERVER_ENV
+from dist_harness import FORKSERVER_ENV, PRELOAD
+
+pytestmark = pytest.mark.processes
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = r"""
@@ -43,7 +45,7 @@ def _calls(extra_env):
     """[call, its caller's file] of the recorded calls."""
     env = {k: v for k, v in os.environ.items() if k not in FORKSERVER_ENV}
     env.update(HF_HUB_OFFLINE="1", **extra_env)
-    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(_PRELOAD)], cwd=REPO,
+    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(PRELOAD)], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     line = [x for x in out.stdout.splitlines() if x.startswith("PRELOAD-CALLS ")][-1]

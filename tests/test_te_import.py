@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.processes
+
 REPO = Path(__file__).resolve().parents[1]
 TE_ERROR = ("transformer_engine_torch.cpython-312-x86_64-linux-gnu.so: undefined symbol: "
             "_ZN3c104cuda9SetDeviceEab")

@@ -147,7 +147,7 @@ def test_data_parallel_ranks_read_disjoint_shares(dataset, encoding):
     assert len(ranks[0]) == len(ranks[1]) == 12
 
 
-@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(1, marks=pytest.mark.processes)])
 def test_resume_from_saved_state_continues_with_the_same_samples(dataset, encoding,
                                                                  num_workers):
     _, out = dataset
@@ -211,6 +211,7 @@ def test_malformed_shard_sample_named_then_skipped_or_fatal(dataset, encoding, t
     assert "sample 000000001: no valid .json member" in capsys.readouterr().out
 
 
+@pytest.mark.processes
 def test_conversion_names_a_bad_record_skip_or_fail(tmp_path):
     path = tmp_path / "train.jsonl"
     path.write_text(json.dumps(_record(1, str(tmp_path))) + "\n"
@@ -225,6 +226,7 @@ def test_conversion_names_a_bad_record_skip_or_fail(tmp_path):
     assert "record 'gone'" in notes[0]
 
 
+@pytest.mark.processes
 def test_metadataset_blend_follows_its_weights(tmp_path_factory, encoding):
     dirs = []
     for name, start in (("a", 0), ("b", 1000)):
@@ -265,6 +267,7 @@ def test_packing_packs_what_the_jsonl_path_encodes_and_resumes(dataset, encoding
     assert _ids(make(state), 4) == expected
 
 
+@pytest.mark.processes
 def test_a_dataset_without_a_val_split_needs_valid_data_path(tmp_path, encoding):
     from megatron_mm.data.loaders import build_train_valid_datasets
     from megatron_mm.data.sources import DataConfigError, resolve_sources

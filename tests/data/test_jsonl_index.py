@@ -105,6 +105,7 @@ def test_skip_policy_gives_up_when_every_record_is_bad(tmp_path, tok):
         ds[0]
 
 
+@pytest.mark.processes
 def test_dataset_reads_in_forked_workers(tmp_path, tok):
     from torch.utils.data import DataLoader
 

@@ -33,6 +33,7 @@ def test_missing_espeak_says_how_to_install(monkeypatch):
         sd.prepare_spoken_digits("unused-dir", force=True)
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(shutil.which("espeak-ng") is None,
                     reason="espeak-ng not installed (make setup installs it)")
 def test_espeak_clips_are_deterministic_16khz():

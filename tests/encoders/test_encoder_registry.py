@@ -18,6 +18,7 @@ from megatron_mm.training.arguments import build_parser, model_config_from_args
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.processes
 def test_registry_imports_no_torch():
     code = ("import sys, megatron_mm.encoders\n"
             "assert 'torch' not in sys.modules, 'torch imported'")

@@ -19,6 +19,7 @@ FLAGS = ["--vision-model-type", "internvit", "--vision-hidden-size", "32",
 SIZES = {(16, 16): 1, (32, 16): 3, (16, 48): 4, (32, 32): 5, (64, 16): 5}
 
 
+@pytest.mark.processes
 def test_registered_without_torch():
     code = ("import sys, megatron_mm.encoders as e\n"
             "assert e.family('internvit').config_class.__name__ == 'InternViTConfig'\n"

@@ -2,7 +2,10 @@
 and NCCL: nothing preloaded initialised CUDA (``tests/test_preload.py`` checks the calls on
 any machine; this runs a rank). Needs CUDA, not Transformer Engine."""
 
+import pytest
 from dist_harness import run_distributed
+
+pytestmark = pytest.mark.processes
 
 
 def _all_reduce(rank):

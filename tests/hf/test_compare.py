@@ -38,7 +38,8 @@ def _compare(capsys, hf_dir, ckpt, inputs, *extra):
     return code, out, err
 
 
-@pytest.mark.parametrize("tp", [1, 2], ids=["TP1", "TP2"])
+@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.processes)],
+                         ids=["TP1", "TP2"])
 def test_compare_prints_the_logit_difference(capsys, llava, tp):
     _, hf_dir, ckpt, inputs = llava
     code, out, err = _compare(capsys, hf_dir, ckpt, inputs,

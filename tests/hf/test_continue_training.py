@@ -4,8 +4,11 @@ exports back to a directory transformers loads."""
 
 import json
 
+import pytest
 import torch
 from dist_harness import run_distributed
+
+pytestmark = pytest.mark.processes
 
 ENGLISH = ("zero one two three four five six seven eight nine digit number shown here "
            "What is this It a USER ASSISTANT handwritten the")

@@ -88,6 +88,7 @@ def test_qwen2_audio_logits_equal_hugging_face(converted, gloo_world):
     assert diff <= TOLERANCE
 
 
+@pytest.mark.processes
 def test_qwen2_audio_at_tp2(converted):
     """The affine projector at TP=2 (Megatron-Core's adds a bias shard to the gathered
     output; models/affine_projector.py), run by the processes compare starts."""

@@ -101,8 +101,10 @@ def internvl(tmp_path_factory):
 
 @pytest.mark.parametrize("variant, tp, pp", [
     *((v, 1, 1) for v in VARIANTS),
-    *((v, 2, 1) for v in VARIANTS),  # the QK norm's all-reduce; QKV without bias
-    ("qknorm_tied", 1, 2),  # tied embedding and output layer on different stages
+    # the QK norm's all-reduce; QKV without bias
+    *(pytest.param(v, 2, 1, marks=pytest.mark.processes) for v in VARIANTS),
+    # tied embedding and output layer on different stages
+    pytest.param("qknorm_tied", 1, 2, marks=pytest.mark.processes),
 ], ids=lambda x: x if isinstance(x, str) else str(x))
 def test_compare_equals_hugging_face(capsys, internvl, variant, tp, pp):
     models, inputs_path = internvl

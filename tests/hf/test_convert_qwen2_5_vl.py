@@ -103,7 +103,8 @@ def test_pixel_bounds_come_from_the_processor_config(converted, tmp_path):
         processor_flags(str(tmp_path), _config())
 
 
-@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2)])
+@pytest.mark.parametrize("tp,pp", [(1, 1), pytest.param(2, 1, marks=pytest.mark.processes),
+                                   pytest.param(1, 2, marks=pytest.mark.processes)])
 def test_logits_equal_transformers(converted, tp, pp):
     from megatron_mm.hf.compare import compare
 

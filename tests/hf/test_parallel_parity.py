@@ -6,6 +6,8 @@ import pytest
 import tiny_models
 from dist_harness import run_distributed
 
+pytestmark = pytest.mark.processes
+
 TOLERANCE = 1e-4
 # Every family and detail; the LLaVA variants with Mistral / Qwen2 LLMs add nothing the
 # LLM-only models and llava_llama do not already cover at TP=2 / PP=2. At PP=2 the tied

@@ -282,6 +282,7 @@ def test_set_is_first_microbatch_reaches_every_module(gloo_world):
 
 # --- the amax reduction group ---------------------------------------------------------
 
+@pytest.mark.processes
 def test_amax_reduced_over_megatron_cores_group():
     from dist_harness import run_distributed
     from fp8_workers import amax_groups

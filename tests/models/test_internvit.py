@@ -299,6 +299,7 @@ def _tp_worker(rank, state, hf_config, pixels, weights, ckpt_dir):
     return results
 
 
+@pytest.mark.processes
 def test_tensor_parallel_equals_one_process(tmp_path):
     """The QK-norm config: its norm spans the heads of both ranks."""
     from dist_harness import run_distributed

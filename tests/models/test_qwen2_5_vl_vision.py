@@ -316,6 +316,7 @@ def _tp_worker(rank, state, hf_config, pixels, weights, ckpt_dir):
     return results
 
 
+@pytest.mark.processes
 def test_tensor_parallel_equals_one_process(reference, tmp_path):
     from dist_harness import run_distributed
 

@@ -23,6 +23,7 @@ def at_3072():
     return run, plan_run(run, pieces=(1, 4))
 
 
+@pytest.mark.slow  # the 3072-GPU plan: about 10 s
 def test_optimus_3072_gpus_beats_megatron_and_hides_the_encoder(at_3072):
     run, r = at_3072
     assert r.gpus == 3072 and r.best.num_microbatches == 16
@@ -43,6 +44,7 @@ def test_optimus_3072_gpus_beats_megatron_and_hides_the_encoder(at_3072):
     assert max(c.encoder_hidden_fraction for c in layers) < run.paper_hidden_fine
 
 
+@pytest.mark.slow  # the same plan
 def test_plan_record_round_trips(at_3072):
     _, r = at_3072
     back = EncoderSchedulePlan.from_dict(json.loads(json.dumps(r.to_dict())))

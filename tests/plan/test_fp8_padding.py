@@ -62,6 +62,7 @@ def test_module_keys():
         parse_fp8_modules("", ["vision"])
 
 
+@pytest.mark.processes
 def test_fp8_plan_imports_no_torch():
     import subprocess
     import sys

@@ -119,6 +119,7 @@ def test_config_validates_itself():
         tile_count(0, 5, InternVLTiling(), "image 2")
 
 
+@pytest.mark.processes
 def test_tiles_module_imports_no_torch():
     proc = subprocess.run(
         [sys.executable, "-c", "import sys, megatron_mm.plan.internvl_tiles\n"

@@ -108,6 +108,7 @@ def test_config_validates_itself():
         QwenVLGeometry(patch_size=0)
 
 
+@pytest.mark.processes
 def test_grid_module_imports_no_torch():
     proc = subprocess.run(
         [sys.executable, "-c", "import sys, megatron_mm.plan.qwen_vl_grid, "

@@ -167,6 +167,7 @@ def test_broken_schedules_name_the_problem():
         validate(frozen)
 
 
+@pytest.mark.processes
 def test_simulate_schedule_tool(tmp_path):
     import subprocess
     import sys

@@ -39,11 +39,13 @@ def _exchange(rank, strict, batched, mismatch=False):
     return float(got[("F", 0, peer)].mean())
 
 
+@pytest.mark.processes
 def test_strict_mode_times_out_on_a_send_send_cycle():
     for out in run_distributed(_exchange, 2, True, False):
         assert out.startswith("timeout") and "On NCCL this order hangs" in out, out
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("strict, batched, env", [
     (False, False, None), (True, True, None), (False, True, NCCL_COALESCING)],
     ids=["buffered-sends", "strict-batched", "nccl-coalescing"])
@@ -51,6 +53,7 @@ def test_the_same_messages_go_through(strict, batched, env):
     assert run_distributed(_exchange, 2, strict, batched, env=env) == [1.0, 0.0]
 
 
+@pytest.mark.processes
 def test_a_send_unlike_its_spec_is_an_error_naming_the_message():
     for rank, out in enumerate(run_distributed(_exchange, 2, True, True, True)):
         assert out.startswith(f"error: pipeline message ('F', 0, {rank}) to pipeline rank "
@@ -77,6 +80,7 @@ def _late_sender(rank):
     return value
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("env", [None, NCCL_COALESCING], ids=["gloo", "nccl-coalescing"])
 def test_a_receive_is_waited_for_when_it_is_taken(env):
     assert run_distributed(_late_sender, 2, env=env)[1] == 7.0

@@ -12,6 +12,8 @@ import megatron_mm.models  # noqa: F401  (CPU patches before megatron.core)
 from dist_harness import run_distributed
 from megatron_mm.runtime.nccl_coalescing import batch_isend_irecv
 
+pytestmark = pytest.mark.processes
+
 
 def _swap(rank, emulate):
     os.environ["MEGATRON_MM_EMULATE_NCCL_COALESCING"] = "1" if emulate else "0"

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [("dp2-random", "dp2-random"), ("dp2-balanced", "dp2-random"),
         ("cp2-zigzag", "cp2-zigzag"), ("cp2-balanced", "cp2-zigzag")]

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ("--steps 2 --warmup 1 --micro-batch-size 2 --seq-length 24 "
         "--vision-num-layers 1 --vision-hidden-size 32 --vision-num-attention-heads 2 "

@@ -12,6 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = ["1. megatron", "2. + balanced data", "3. + partition search",
         "4. + adaptive recompute", "5. + adaptive recompute, tighter memory"]

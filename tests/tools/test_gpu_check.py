@@ -21,6 +21,7 @@ def _run(*argv, **kw):
                           cwd=ROOT, capture_output=True, text=True, timeout=300, **kw)
 
 
+@pytest.mark.processes
 def test_dry_run_plans_every_check_within_the_budget():
     proc = _run("--dry-run")
     assert proc.returncode == 0, proc.stderr
@@ -34,6 +35,7 @@ def test_dry_run_plans_every_check_within_the_budget():
     assert f"{sum(budgets.values())} s of budget" in proc.stdout
 
 
+@pytest.mark.processes
 def test_make_target_dry_run():
     proc = subprocess.run(["make", "-s", "gpu-check", "DRY_RUN=1",
                            f"GPU_PYTHON={sys.executable}"], cwd=ROOT, capture_output=True,
@@ -42,6 +44,7 @@ def test_make_target_dry_run():
     assert "| sync-free-step |" in proc.stdout
 
 
+@pytest.mark.processes
 def test_without_cuda_the_smoke_check_fails_and_the_report_says_why(tmp_path):
     proc = _run("--only", "smoke,transformer-engine", "--out", str(tmp_path))
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -59,6 +62,7 @@ def test_without_cuda_the_smoke_check_fails_and_the_report_says_why(tmp_path):
     assert (tmp_path / "smoke.log").read_text().startswith("$ ")
 
 
+@pytest.mark.processes
 def test_an_empty_wheels_folder_is_refused(tmp_path):
     proc = _run("--wheels", str(tmp_path), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2 and "--wheels" in proc.stderr and "no .whl" in proc.stderr

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 pytest.importorskip("megatron.energon")
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "jsonl_to_energon.py"

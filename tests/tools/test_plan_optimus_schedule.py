@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.processes
+
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "plan.py"
 
 

@@ -6,12 +6,14 @@ the same initial checkpoint (saved at TP=1, loaded at TP=2 and PP=2: checkpoints
 encoders). A frozen audio encoder: tests/models."""
 
 import pytest
-import torch
 from audio_data import AUDIO_MODEL
 from dist_harness import run_distributed
-from train_workers import TINY_MODEL, train
+from equivalence import REFERENCE_STEPS as STEPS
+from equivalence import assert_equal_runs
+from train_workers import train
 
-STEPS = 3
+pytestmark = pytest.mark.processes
+
 # chain: llm embed, vision embed, 2 vision layers, vision projector, audio embed,
 # 2 audio layers, audio projector, 2 LLM layers, output = 12; 7,5 cuts between the audio
 # layers, so the audio hidden state travels with the text embeddings.
@@ -42,42 +44,6 @@ def watch_encoders(chunks, optimizer, holder):
                 layer.register_full_backward_hook(bump(counts, "bwd"))
 
 
-_REFERENCES = {}
-
-
-def _reference(audio_digits_dir, tmp_path_factory, model):
-    """Initial checkpoint + one-process run for a model variant, shared by the layouts."""
-    if tuple(model) not in _REFERENCES:
-        init = tmp_path_factory.mktemp("audio_init")
-        common = TINY_MODEL + AUDIO_MODEL + model + [
-            "--data-path", audio_digits_dir, "--micro-batch-size", "2",
-            "--global-batch-size", "8"]
-        run_distributed(train, 1, common + ["--train-iters", "0", "--save", str(init)])
-        argv = common + ["--train-iters", str(STEPS), "--load", str(init), "--no-load-optim"]
-        _REFERENCES[tuple(model)] = argv, run_distributed(train, 1, argv, (1, STEPS))[0]
-    return _REFERENCES[tuple(model)]
-
-
-def _merge(ranks, key, step=None):
-    merged = {}
-    for out in ranks:
-        merged.update(out[key] if step is None else out[key][step])
-    return merged
-
-
-def _assert_equal_runs(stages, ref):
-    for it in range(1, STEPS + 1):
-        assert stages[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
-    for what, step, atol in (("grads", 1, 1e-6), ("grads", STEPS, 1e-6), ("params", None, 1e-5)):
-        ours, theirs = _merge(stages, what, step), (ref[what] if step is None
-                                                    else ref[what][step])
-        assert ours.keys() == theirs.keys()
-        assert any(n.startswith("audio_model.decoder") for n in theirs)
-        for name, value in theirs.items():
-            torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=atol,
-                                       msg=lambda m: f"{what} {step} {name}: {m}")
-
-
 @pytest.mark.parametrize("world, layout, model", [
     (2, ["--tensor-model-parallel-size", "2"], []),
     (2, SPLIT_AUDIO, []),
@@ -89,13 +55,13 @@ def _assert_equal_runs(stages, ref):
     (2, PP2 + AUTO, []),
 ], ids=["tp2", "pp2-split-audio", "pp2-bubble", "pp2-bubble-frozen-vit",
         "tp2-pp2-bubble-etp1", "pp2-auto"])
-def test_two_encoders_parallel_equals_one_process(audio_digits_dir, tmp_path_factory, world,
-                                                  layout, model):
-    argv, ref = _reference(audio_digits_dir, tmp_path_factory, model)
+def test_two_encoders_parallel_equals_one_process(one_process_reference, audio_digits_dir,
+                                                  world, layout, model):
+    argv, ref = one_process_reference(audio_digits_dir, AUDIO_MODEL + model)
     ranks = run_distributed(train, world, argv + layout, (1, STEPS), watch_encoders)
     pp = 2 if "--pipeline-model-parallel-size" in layout else 1
     stages = ranks[::world // pp]  # TP rank 0 of each stage: full (TP-gathered) tensors
-    _assert_equal_runs(stages, ref)
+    assert_equal_runs(stages, ref, STEPS, holding="audio_model.decoder")
     for encoder in ("audio", "vision"):
         calls = [out["observed"][f"{encoder}_calls"] for out in stages]
         assert sum(c["layers"] for c in calls) == 2

@@ -1,20 +1,12 @@
 """Bad flags and bad data stop with a clear message that names what to fix."""
 
-import json
-import os
-import subprocess
-import sys
-
-import functools
-
 import pytest
+from bad_input_runs import conversation, good_records, run_script, write_data
+from plans import tokenizer
 
 from megatron_mm.config import ConfigError
 from megatron_mm.training.arguments import parse_args
 from megatron_mm.training.user_errors import exit_with_user_error
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
 
 
 @pytest.mark.parametrize("argv, world, message", [
@@ -132,13 +124,6 @@ def test_a_bad_flag_is_reported_by_rank_0_only(capsys, monkeypatch):
             assert "usage:" not in err
 
 
-@functools.lru_cache(maxsize=None)
-def _tokenizer():
-    from megatron_mm.data import build_tokenizer
-
-    return build_tokenizer("MistralV1SentencePiece", None)
-
-
 def validate_and_plan(argv, world):
     """What a run checks before any process group: the flags, then the plan (made once,
     on the model with the tokenizer's vocabulary)."""
@@ -147,63 +132,40 @@ def validate_and_plan(argv, world):
 
     args = parse_args(argv, world_size=world)
     try:
-        plan_training(args, model_config_for(args, _tokenizer()))
+        plan_training(args, model_config_for(args, tokenizer()))
     except ConfigError as e:  # as the script reports it: once, without a traceback
         exit_with_user_error(e)
 
 
-def _run_script(*argv):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, SCRIPT, "--train-iters", "1", *argv],
-                          capture_output=True, text=True, env=env, timeout=300)
-
-
-def _write_data(tmp_path, train_records):
-    valid = {"id": "v0", "conversations": [{"from": "human", "value": "hi"},
-                                           {"from": "gpt", "value": "hello"}]}
-    with open(tmp_path / "train.jsonl", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in train_records)
-    with open(tmp_path / "valid.jsonl", "w") as f:
-        f.write(json.dumps(valid) + "\n")
-    return str(tmp_path)
-
-
-def _conversation(rid, prompt, images):
-    return {"id": rid, "images": images,
-            "conversations": [{"from": "human", "value": prompt},
-                              {"from": "gpt", "value": "seven"}]}
-
-
-def _good(n):  # records are checked when read: fill the first global batch (8)
-    return [_conversation(f"ok-{i}", "What digit?", []) for i in range(n)]
-
-
+@pytest.mark.processes
 def test_placeholder_mismatch_names_the_record(tmp_path):
-    data = _write_data(tmp_path, [
-        _conversation("ok-1", "<image>\nWhat digit?", ["a.png"]),
-        _conversation("bad-2", "<image> and <image>?", ["a.png"]),
-    ] + _good(6))
+    data = write_data(tmp_path, [
+        conversation("ok-1", "<image>\nWhat digit?", ["a.png"]),
+        conversation("bad-2", "<image> and <image>?", ["a.png"]),
+    ] + good_records(6))
     from PIL import Image
 
     Image.new("L", (8, 8), 128).save(tmp_path / "a.png")  # ok-1 reads before bad-2
-    out = _run_script("--data-path", data)
+    out = run_script("--data-path", data)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "record 'bad-2'" in out.stderr and "line 2" in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.processes
 def test_missing_image_file_names_path_and_record(tmp_path):
-    data = _write_data(tmp_path, [_conversation("r1", "<image>\nWhat?", ["nope/missing.png"])]
-                       + _good(7))
-    out = _run_script("--data-path", data)
+    data = write_data(tmp_path, [conversation("r1", "<image>\nWhat?", ["nope/missing.png"])]
+                       + good_records(7))
+    out = run_script("--data-path", data)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "missing.png" in out.stderr and "record 'r1'" in out.stderr, out.stderr[-2000:]
 
 
+@pytest.mark.processes
 def test_load_without_a_checkpoint(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    out = _run_script("--load", str(empty))
+    out = run_script("--load", str(empty))
     assert out.returncode == 2, out.stderr[-2000:]
     assert f"--load {empty}: no checkpoint found" in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr

@@ -1,12 +1,13 @@
 """--data-balance in the training loop: DP=2 trains on packed, balanced micro-batches and a
 run resumed mid-epoch from a checkpoint gives the same losses as the uninterrupted one; PP=2,
 CP=2 and PP=2 with the encoder in the bubbles (schedule executor) on packed micro-batches
-equal one process. The DP=2 workers here (one process on both ranks' plans) are shared by
-the encoder families' training tests."""
+equal one process. (The DP=2 check against one process on both ranks' plans, which the
+encoder families' training tests use: balanced_runs.py.)"""
 
 import os
 
 import pytest
+from balanced_runs import small_digits
 from dist_harness import run_distributed
 from train_workers import TINY_MODEL, train
 
@@ -39,55 +40,7 @@ def _chain(first, rest):
     yield from rest
 
 
-def small_digits(digits_dir, out, n=160):
-    """The first ``n`` digits records (images inline; tokenizing all 1500 on every rank
-    costs more than the training here)."""
-    os.makedirs(out)
-    for name in ("train.jsonl", "valid.jsonl"):
-        with open(os.path.join(digits_dir, name)) as f:
-            lines = f.readlines()[:n]
-        with open(os.path.join(out, name), "w") as f:
-            f.writelines(lines)
-    return out
-
-
-def train_on_both_ranks_plans(rank, argv, grad_steps):
-    """One process that trains, each step, on both DP=2 ranks' packed micro-batches of the
-    balanced plan (rank 0's, then rank 1's): what DP=2 computes together."""
-    import megatron_mm.training.balanced_data as balanced
-
-    real = balanced.BalancedSampler
-
-    class BothRanks:
-        def __init__(self, loads, bounds, dp_rank, dp, microbatches, **kwargs):
-            assert (dp_rank, dp) == (0, 1) and microbatches % 2 == 0
-            self.samplers = [real(loads, bounds, r, 2, microbatches // 2, **kwargs)
-                             for r in (0, 1)]
-
-        def __iter__(self):
-            for pair in zip(*self.samplers):
-                yield from pair
-
-    balanced.BalancedSampler = BothRanks
-    return train(rank, argv, grad_steps)
-
-
-def assert_dp2_equals_both_ranks_plans(argv, steps):
-    """DP=2 on ``argv`` (a --data-balance run) gives the losses and parameters of one
-    process trained on both ranks' packed micro-batches; the replicas stay identical."""
-    import torch
-
-    ref = run_distributed(train_on_both_ranks_plans, 1, argv, (1, steps))[0]
-    ranks = run_distributed(train, 2, argv, (1, steps))
-    for it in range(1, steps + 1):
-        assert ranks[0]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
-    for name, value in ref["params"].items():
-        torch.testing.assert_close(ranks[0]["params"][name], value, rtol=1e-4, atol=1e-5,
-                                   msg=lambda m: f"param {name}: {m}")
-        assert torch.equal(ranks[1]["params"][name], ranks[0]["params"][name]), name
-    return ref, ranks
-
-
+@pytest.mark.processes
 def test_balanced_dp2_resumes_exactly(digits_dir, tmp_path):
     data = small_digits(digits_dir, str(tmp_path / "data"))
     argv = TINY_MODEL + ["--data-path", data, "--micro-batch-size", "2", "--seq-length", "128",
@@ -129,6 +82,7 @@ def balanced_reference(digits_dir, tmp_path_factory):
     return argv, run_distributed(train, 1, argv, (1, 2))[0]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("layout", [
     # the ViT cut between its layers: packed micro-batches of varying length through p2p
     ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,5"],

@@ -8,6 +8,8 @@ import torch
 from dist_harness import run_distributed
 from train_workers import TINY_MODEL, train
 
+pytestmark = pytest.mark.processes
+
 STEPS = 2
 # bf16 keeps 8 significant bits (relative rounding 2^-9 = 0.2%); TP and PP change the
 # order of the reductions and where activations are rounded, which moves results by a few

@@ -7,6 +7,8 @@ import pytest
 from dist_harness import run_distributed
 from train_workers import TINY_MODEL, train
 
+pytestmark = pytest.mark.processes
+
 TRACKER = "latest_checkpointed_iteration.txt"
 
 

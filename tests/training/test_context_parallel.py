@@ -17,6 +17,8 @@ from cp_attention_check import assert_attention_errors, check_attention
 from dist_harness import run_distributed
 from train_workers import TINY_MODEL, train
 
+pytestmark = pytest.mark.processes
+
 STEPS = 2
 # Blocks of 8 tokens: the batches (about 30-50 tokens) split into 4-7 blocks over CP ranks.
 CP_FLAGS = ["--media-attention", "bidirectional", "--context-parallel-block", "8"]

@@ -4,8 +4,6 @@ and the run takes the fastest; the plan records and checkpoints the choice. (Tha
 chosen run equals one process is test_pipeline_parallel's ``pp2-auto-*`` cases and
 test_audio_training's ``pp2-auto``.)"""
 
-import functools
-
 import pytest
 
 from megatron_mm.plan.encoder_pipeline import megatron_costs
@@ -16,28 +14,13 @@ from megatron_mm.plan.simulate import simulate
 from megatron_mm.training.arguments import parse_args
 from megatron_mm.training.encoder_schedule_auto import time_inputs
 
+from plans import plan_of, slow_link_profile
 from train_workers import TINY_MODEL
 
 PP2 = ["--pipeline-model-parallel-size", "2", "--micro-batch-size", "2",
        "--global-batch-size", "8"]
 TP2 = ["--tensor-model-parallel-size", "2"]
 AUTO = ["--encoder-schedule", "auto"]
-
-
-@functools.lru_cache(maxsize=None)
-def _tokenizer():
-    from megatron_mm.data import build_tokenizer
-
-    return build_tokenizer("MistralV1SentencePiece", None)
-
-
-def plan_of(argv, world):
-    """The flags and the training plan a run makes of them (with the real vocabulary)."""
-    from megatron_mm.training.trainer import model_config_for
-    from megatron_mm.training.training_plan import plan_training
-
-    args = parse_args(argv, world_size=world)
-    return args, plan_training(args, model_config_for(args, _tokenizer()))
 
 
 def test_auto_takes_the_fastest_simulated_alternative():
@@ -86,25 +69,6 @@ def test_auto_with_an_encoder_tp_of_its_own_leaves_megatron_out(capsys):
                                              "--pipeline-partition", "search"] + AUTO,
                    world_size=4)
     assert "--encoder-schedule auto has nothing to choose from" in capsys.readouterr().err
-
-
-def slow_link_profile(argv, world, path, slow=True, vit=20):
-    """A layer profile of this model (a ViT layer ``vit`` x an LLM layer's time) whose TP
-    links are slow and latency-bound (``slow``, gloo-like: 1 ms per all-reduce; else the
-    defaults), written to ``path``: the ViT's TP all-reduces then outweigh what a higher
-    encoder TP saves."""
-    from megatron_mm.plan.hardware import Interconnect
-    from megatron_mm.plan.profile import LayerProfile, LayerTime
-
-    args, plan = plan_of(argv, world)
-    vision = lambda l: "vision" in l.module  # noqa: E731
-    LayerProfile("test", args.micro_batch_size, args.seq_length, 1, [], [
-        LayerTime(l.module, vit * 1e-3 if vision(l) else 1e-3,
-                  2 * vit * 1e-3 if vision(l) else 2e-3)
-        for l in plan.chain],
-        tp_links=Interconnect(tp_bandwidth=1e9, tp_latency_s=1e-3) if slow else None
-    ).save(str(path))
-    return str(path)
 
 
 def test_auto_picks_the_encoder_tp_whose_all_reduces_cost_least(tmp_path):

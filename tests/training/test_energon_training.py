@@ -9,6 +9,8 @@ import pytest
 from dist_harness import run_distributed
 from train_workers import TINY_MODEL, train
 
+pytestmark = pytest.mark.processes
+
 pytest.importorskip("megatron.energon")
 
 STEPS, MBS, GBS, SEED = 4, 2, 4, 1234

@@ -19,6 +19,8 @@ import torch
 from dist_harness import mismatched_collectives, run_distributed
 from train_workers import TINY_MODEL, train, train_logging_collectives
 
+pytestmark = pytest.mark.processes
+
 STEPS = 2
 SEED = 1234
 FP8 = ["--fp8-format", "hybrid", "--fp8-emulation", "--fp8-modules", "vision,vision-projector",

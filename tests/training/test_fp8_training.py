@@ -7,6 +7,8 @@ import torch
 from dist_harness import run_distributed
 from train_workers import TINY_MODEL, train
 
+pytestmark = pytest.mark.processes
+
 STEPS = 1
 FP8 = ["--fp8-format", "hybrid", "--fp8-emulation", "--fp8-modules", "llm,vision-projector",
        "--fp8-amax-history-len", "4", "--fp8-amax-compute-algo", "max"]

@@ -39,6 +39,7 @@ def _frozen(name, frozen_modules):
     return name.split(".")[0] in frozen_modules
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("flags, frozen", [
     (["--freeze-ViT"], {"vision_model"}),
     (["--freeze-LM", "--freeze-projector"], {"language_model", "vision_projection"}),

@@ -16,8 +16,8 @@ import pytest
 import torch
 from dist_harness import run_distributed
 from host_syncs import count_during, count_step_host_syncs
+from mrope_workers import MROPE, train_with_positions
 from qwen_vl_data import QWEN_VL_MODEL, write_qwen_vl_data
-from test_mrope_training import MROPE, train_with_positions
 from train_workers import TINY_MODEL, train
 
 ONE_STEP = ["--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "1"]
@@ -26,6 +26,7 @@ ONE_STEP = ["--micro-batch-size", "2", "--global-batch-size", "4", "--train-iter
 IMAGES, NONE = [["image"]], [[]]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("world, flags, scopes, media", [
     (1, [], 4, [IMAGES]),  # 2 micro-batches: 2 forwards, 2 backwards
     # the [B, 1, S, S] mask of bidirectional media, made for every micro-batch
@@ -57,6 +58,7 @@ FP8_LLM = ["--fp8-format", "hybrid", "--fp8-emulation", "--fp8-modules", "llm",
            "--fp8-amax-history-len", "4"]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("model", ["qwen2_5_vl", "fp8_emulated"])
 def test_no_host_syncs_in_the_schedule_of_each_model(digits_dir, tmp_path, model):
     if model == "qwen2_5_vl":

@@ -8,10 +8,12 @@ micro-batches."""
 
 import pytest
 import torch
+from balanced_runs import assert_dp2_equals_both_ranks_plans
 from dist_harness import run_distributed
 from internvl_data import INTERNVL_MODEL
-from test_balanced_training import assert_dp2_equals_both_ranks_plans
 from train_workers import TINY_MODEL, train
+
+pytestmark = pytest.mark.processes
 
 STEPS = 2
 # chain: llm embed, vision embed, 2 vision layers, projector, 2 LLM layers, output (8);

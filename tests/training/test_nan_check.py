@@ -8,10 +8,13 @@ update, and on a NaN loss at the next log interval, every rank with the same mes
 import functools
 import math
 
+import pytest
 import torch
 from dist_harness import run_distributed
 from host_syncs import HostSyncCounter
 from train_workers import TINY_MODEL, train
+
+pytestmark = pytest.mark.processes
 
 STEPS = ["--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "4",
          "--log-interval", "2", "--eval-iters", "0"]

@@ -6,6 +6,8 @@ import torch
 from dist_harness import run_distributed
 from train_workers import TINY_MODEL, train
 
+pytestmark = pytest.mark.processes
+
 STEPS = 3
 
 

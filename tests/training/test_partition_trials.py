@@ -5,7 +5,10 @@ search where none can run is an error."""
 import os
 import sys
 
+import pytest
 from dist_harness import run_distributed
+
+pytestmark = pytest.mark.processes
 
 PLAN_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plan")
 

@@ -12,53 +12,12 @@ garbage."""
 import pytest
 import torch
 from dist_harness import NCCL_COALESCING, run_distributed
-from train_workers import TINY_MODEL, train
+from equivalence import REFERENCE_STEPS as STEPS
+from equivalence import merge_stages
+from plans import plan_of, slow_link_profile
+from train_workers import count_vit_layer_calls, train
 
-STEPS = 3
-
-
-def _merge(ranks, key, step=None):
-    """One name -> tensor dict from the pipeline stages' pieces."""
-    merged = {}
-    for out in ranks:
-        part = out[key] if step is None else out[key][step]
-        assert not set(part) & set(merged), "a parameter lives on two stages"
-        merged.update(part)
-    return merged
-
-
-_REFERENCES = {}
-
-
-def _reference(digits_dir, tmp_path_factory, model):
-    """Initial checkpoint + one-process run for a model variant, shared by the layouts."""
-    key = tuple(model)
-    if key not in _REFERENCES:
-        init = tmp_path_factory.mktemp("init")
-        common = TINY_MODEL + ["--data-path", digits_dir, "--micro-batch-size", "2",
-                               "--global-batch-size", "8", *model]
-        run_distributed(train, 1, common + ["--train-iters", "0", "--save", str(init)])
-        argv = common + ["--train-iters", str(STEPS), "--load", str(init), "--no-load-optim"]
-        _REFERENCES[key] = argv, run_distributed(train, 1, argv, (1, STEPS))[0]
-    return _REFERENCES[key]
-
-
-def count_vit_layer_calls(chunks, optimizer, holder):
-    """Count forward and backward calls of the ViT layers this rank holds."""
-    counts = holder["vit_calls"] = {"fwd": 0, "bwd": 0, "layers": 0}
-
-    def bump(key):
-        def hook(*_):
-            counts[key] += 1
-        return hook
-
-    for chunk in chunks:
-        vit = getattr(chunk, "vision_model", None)
-        for layer in (vit.decoder.layers if vit is not None and vit.decoder else ()):
-            counts["layers"] += 1
-            layer.register_forward_hook(bump("fwd"))
-            layer.register_full_backward_hook(bump("bwd"))
-
+pytestmark = pytest.mark.processes
 
 PP2 = ["--pipeline-model-parallel-size", "2"]
 PP4 = ["--pipeline-model-parallel-size", "4"]
@@ -118,10 +77,11 @@ RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "block",
         "dp2-pp2-bubble-overlap", "pp2-bubble-recompute", "tp2-pp2-bubble-etp1",
         "pp2-vpp2-bubble-frozen-vit", "pp4-bubble-frozen-vit", "pp2-auto-slow-vit",
         "tp2-pp2-auto-etp1", "pp2-bubble-placed-last"])
-def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout,
-                                              model, env=None):
+def test_pipeline_parallel_equals_one_process(one_process_reference, digits_dir,
+                                              tmp_path_factory, world, layout, model,
+                                              env=None):
     # Stages draw different random streams, so both runs start from one saved init.
-    argv, ref = _reference(digits_dir, tmp_path_factory, model)
+    argv, ref = one_process_reference(digits_dir, model)
     if AUTO[-1] in layout:
         layout = _with_slow_vit_profile(argv, layout, tmp_path_factory)
     extra = []
@@ -140,7 +100,7 @@ def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, worl
     for it in range(1, STEPS + 1):
         assert last["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
     for what, step, atol in (("grads", 1, 1e-6), ("grads", STEPS, 1e-6), ("params", None, 1e-5)):
-        ours = _merge(stages, what, step)
+        ours = merge_stages(stages, what, step)
         theirs = ref[what] if step is None else ref[what][step]
         assert ours.keys() == theirs.keys()
         for name, value in theirs.items():
@@ -183,12 +143,13 @@ def test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, worl
 ], ids=["pp2-coarse", "pp2-bubble-placed-last", "pp2-vpp2-bubble-frozen-vit",
         "tp2-pp2-bubble-etp1", "pp4-bubble-frozen-vit"])
 def test_encoder_schedules_equal_one_process_with_nccl_coalescing(
-        digits_dir, tmp_path_factory, world, layout, model):
+        one_process_reference, digits_dir, tmp_path_factory, world, layout, model):
     """The schedule executor's exchanges with NCCL's one Work per batch, each received
     tensor holding its data only once that Work is waited for, and no strict-mode waits:
     a message used before its batch is waited for gives wrong numbers."""
-    test_pipeline_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout,
-                                              model, env=NCCL_COALESCING)
+    test_pipeline_parallel_equals_one_process(one_process_reference, digits_dir,
+                                              tmp_path_factory, world, layout, model,
+                                              env=NCCL_COALESCING)
 
 
 def _with_slow_vit_profile(argv, layout, tmp_path_factory):
@@ -196,7 +157,6 @@ def _with_slow_vit_profile(argv, layout, tmp_path_factory):
     --encoder-schedule auto makes on it: an encoder pipeline of its own. With TP 2
     (``AUTO_ETP``), a profile whose TP links are slow: auto runs the ViT at TP 1."""
     from megatron_mm.plan.profile import LayerProfile, LayerTime
-    from test_encoder_schedule_auto import plan_of, slow_link_profile
 
     path = tmp_path_factory.mktemp("profile") / "profile.json"
     base = argv + [a for a in layout if a not in AUTO]
@@ -226,7 +186,7 @@ def _check_etp1_checkpoint(argv, saved, stages):
                                                  if a != "--no-load-optim"]
     loaded = run_distributed(train, 1, argv)[0]
     assert loaded["iteration"] == STEPS
-    ours = _merge(stages, "params")
+    ours = merge_stages(stages, "params")
     assert ours.keys() == loaded["params"].keys()
     for name, value in loaded["params"].items():
         assert torch.equal(ours[name], value), name

@@ -8,9 +8,10 @@ cut), and on packed micro-batches balanced on patches (--data-balance) at PP=2 a
 
 import pytest
 import torch
+from balanced_runs import assert_dp2_equals_both_ranks_plans
 from dist_harness import run_distributed
 from qwen_vl_data import QWEN_VL_MODEL, write_qwen_vl_data
-from train_workers import TINY_MODEL, train
+from train_workers import TINY_MODEL, count_vit_layer_calls, train
 
 STEPS = 2
 RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "block",
@@ -66,6 +67,7 @@ def _assert_equal_runs(stages, ref):
                           if ref["grads"][1][n] is not None)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("world,layout", [
     (2, ["--tensor-model-parallel-size", "2"]),
     # [LLM embedding, ViT patch embedding, ViT layer 0] [ViT layer 1, merger, LLM layers]:
@@ -96,8 +98,6 @@ def _assert_equal_runs(stages, ref):
         "pp2-bubble-recompute",
         "tp2-pp2-bubble-etp1", "tp2-sp", "tp2-sp-pp2-split-vit"])
 def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layout):
-    from test_pipeline_parallel import count_vit_layer_calls
-
     common, ref = reference
     ranks = run_distributed(train, world, _argv(qwen_vl_dir, *common, *layout), (1, STEPS),
                             count_vit_layer_calls)
@@ -130,6 +130,7 @@ def count_encoder_batches(chunks, optimizer, holder):
     model.bind_encoder_batch = counted("bound", model.bind_encoder_batch)
 
 
+@pytest.mark.processes
 def test_encoder_pieces_share_one_prepared_batch(qwen_vl_dir, reference):
     """Both ViT layers as two pieces on the first stage (bubble schedule): each micro-batch's
     windows, masks and rotary positions are prepared once and bound to both pieces, and
@@ -146,11 +147,10 @@ def test_encoder_pieces_share_one_prepared_batch(qwen_vl_dir, reference):
     assert ranks[1]["observed"]["encoder_batches"] == {"prepared": 0, "bound": 0}
 
 
+@pytest.mark.processes
 def test_frozen_vit_interleaved_pipeline_equals_one_process(qwen_vl_dir, tmp_path):
     """A frozen tower split over two virtual chunks of PP=2 x VPP=2: [LLM embedding, ViT
     embed, ViT 0] [ViT 1, merger] [LLM 0-2] [LLM 3, output]; it runs no backward."""
-    from test_pipeline_parallel import count_vit_layer_calls
-
     model = ["--num-layers", "4", "--freeze-ViT"]
     init = str(tmp_path / "init")
     run_distributed(train, 1, _argv(qwen_vl_dir, *model, "--train-iters", "0", "--save", init))
@@ -172,6 +172,7 @@ def test_frozen_vit_interleaved_pipeline_equals_one_process(qwen_vl_dir, tmp_pat
     assert all(c["fwd"] == 2 * STEPS and c["bwd"] == 0 for c in calls), calls
 
 
+@pytest.mark.processes
 def test_balanced_packing_pp2_equals_one_process(qwen_vl_dir, reference):
     """--data-balance packs samples (their images and videos together) into one sequence
     per micro-batch, balanced on patches and tokens; PP=2 with the ViT cut runs the same
@@ -207,6 +208,7 @@ def test_balancer_counts_patches(qwen_vl_dir):
     assert len({load.vision for load in loads}) > 2  # the records differ in work
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("world,flags", [
     (1, []),
     (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,5"]),
@@ -227,11 +229,10 @@ def test_no_host_syncs_inside_the_model(qwen_vl_dir, world, flags):
         assert counted["scopes"] > 0 and counted["found"] == [], (rank, counted)
 
 
+@pytest.mark.processes
 def test_data_balance_dp2_equals_one_process(qwen_vl_dir, reference):
     """--data-balance packs samples (images and videos) balanced on patches and tokens; DP=2
     on the packed plan equals one process on both ranks' packed micro-batches."""
-    from test_balanced_training import assert_dp2_equals_both_ranks_plans
-
     common, _ = reference
     assert_dp2_equals_both_ranks_plans(
         _argv(qwen_vl_dir, *common, "--seq-length", "128", "--data-balance", "isf-sorted"),

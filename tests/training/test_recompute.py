@@ -11,6 +11,8 @@ from megatron_mm.plan.recompute_budget import (GB, choose_recompute, chunk_activ
                                                static_bytes)
 from megatron_mm.plan.hardware import MemoryModel
 
+pytestmark = pytest.mark.processes
+
 STEPS = 2
 MICROBATCHES = 4  # global batch 8 / micro-batch 2
 

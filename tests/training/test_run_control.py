@@ -40,6 +40,7 @@ def _scalars(directory):
             for tag in events.Tags()["scalars"]}
 
 
+@pytest.mark.processes
 def test_eval_iters_0_runs_no_validation(reference):
     summary = reference["summary"]
     assert list(summary["losses"]) == list(range(1, ITERS + 1))
@@ -47,6 +48,7 @@ def test_eval_iters_0_runs_no_validation(reference):
     assert "lm loss validation" not in _scalars(reference["tensorboard"])
 
 
+@pytest.mark.processes
 def test_tensorboard_holds_the_logged_scalars(reference):
     scalars = _scalars(reference["tensorboard"])
     for tag in ("lm loss", "learning-rate", "grad-norm", "batch-size", "loss-scale",
@@ -60,6 +62,7 @@ def test_tensorboard_holds_the_logged_scalars(reference):
     assert sorted(scalars["lm loss vs samples"]) == [4 * it for it in range(1, ITERS + 1)]
 
 
+@pytest.mark.processes
 def test_exit_interval_then_resume_gives_the_same_losses(reference, digits_dir, tmp_path):
     save = str(tmp_path / "ckpt")
     stopped = run_distributed(train, 2, _argv(digits_dir, "--eval-iters", "0",
@@ -96,6 +99,7 @@ def train_signalled(rank, argv, at):
     return {k: summary.get(k) for k in ("losses", "iteration", "exit")}
 
 
+@pytest.mark.processes
 def test_sigterm_saves_and_a_resume_gives_the_same_losses(reference, digits_dir, tmp_path):
     save = str(tmp_path / "ckpt")
     common = _argv(digits_dir, "--eval-iters", "0", "--save", save)
@@ -133,6 +137,7 @@ def train_with_nan_grad(rank, argv, at):
     return "no error"
 
 
+@pytest.mark.processes
 def test_a_nan_gradient_stops_the_run_naming_the_iteration(digits_dir):
     out = run_distributed(train_with_nan_grad, 2,
                           _argv(digits_dir, "--eval-iters", "0", "--train-iters", "4"), 3)
@@ -162,6 +167,7 @@ def train_wandb_offline(rank, argv):
     return train(rank, argv)
 
 
+@pytest.mark.processes
 def test_wandb_offline_writes_the_scalars(digits_dir, tmp_path):
     pytest.importorskip("wandb")  # optional: pip install wandb
     save_dir = tmp_path / "wandb"
@@ -204,6 +210,7 @@ def train_late(rank, argv, at):
     return {k: summary.get(k) for k in ("iteration", "exit")}
 
 
+@pytest.mark.processes
 def test_exit_duration_stops_every_rank_after_the_same_iteration(digits_dir, tmp_path):
     save = str(tmp_path / "ckpt")
     out = run_distributed(train_late, 2, _argv(digits_dir, "--eval-iters", "0", "--save", save,

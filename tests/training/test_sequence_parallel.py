@@ -14,10 +14,10 @@ message naming the flags."""
 
 import pytest
 import torch
+from audio_data import AUDIO_MODEL
 from dist_harness import run_distributed
-from test_audio_training import _assert_equal_runs as assert_equal_audio_runs
-from test_audio_training import _reference as audio_reference
-from test_pipeline_parallel import STEPS, _merge, _reference
+from equivalence import REFERENCE_STEPS as STEPS
+from equivalence import assert_equal_runs, merge_stages
 from train_workers import train
 
 from megatron_mm.training.arguments import parse_args
@@ -47,6 +47,7 @@ def _assert_marked(ranks):
         assert marks and all(v is True for v in marks.values()), marks
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("world, layout", [
     (2, TP2_SP),
     # [embedding, ViT embed, ViT 0] [ViT 1, projector, LLM]: shards of both cross the cut
@@ -54,8 +55,9 @@ def _assert_marked(ranks):
     # ViT 0 | ViT 1 as encoder pieces on the two stages (schedule executor)
     (4, TP2_SP + PP2 + ["--encoder-schedule", "bubble"]),
 ], ids=["tp2-sp", "tp2-pp2-split-vit-sp", "tp2-pp2-bubble-sp"])
-def test_sequence_parallel_equals_one_process(digits_dir, tmp_path_factory, world, layout):
-    argv, ref = _reference(digits_dir, tmp_path_factory, [])
+def test_sequence_parallel_equals_one_process(one_process_reference, digits_dir, world,
+                                             layout):
+    argv, ref = one_process_reference(digits_dir)
     ranks = run_distributed(train, world, argv + layout, (1, STEPS), watch_sequence_parallel)
     _assert_marked(ranks)
     pp = 2 if PP2[0] in layout else 1
@@ -63,7 +65,7 @@ def test_sequence_parallel_equals_one_process(digits_dir, tmp_path_factory, worl
     for it in range(1, STEPS + 1):
         assert stages[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
     for what, step, atol in (("grads", 1, 1e-6), ("grads", STEPS, 1e-6), ("params", None, 1e-5)):
-        ours = _merge(stages, what, step)
+        ours = merge_stages(stages, what, step)
         theirs = ref[what] if step is None else ref[what][step]
         assert ours.keys() == theirs.keys()
         for name, value in theirs.items():
@@ -77,13 +79,14 @@ def test_sequence_parallel_equals_one_process(digits_dir, tmp_path_factory, worl
         assert squares == pytest.approx(ref["norm_squares"][step], rel=1e-4), step
 
 
-def test_vision_and_audio_sequence_parallel(audio_digits_dir, tmp_path_factory):
+@pytest.mark.processes
+def test_vision_and_audio_sequence_parallel(one_process_reference, audio_digits_dir):
     """The Whisper-style encoder's 20 frames split 10 + 10 (whole pooling windows of 2)."""
-    argv, ref = audio_reference(audio_digits_dir, tmp_path_factory, [])
-    ranks = run_distributed(train, 2, argv + TP2_SP, (1, 3), watch_sequence_parallel)
+    argv, ref = one_process_reference(audio_digits_dir, AUDIO_MODEL)
+    ranks = run_distributed(train, 2, argv + TP2_SP, (1, STEPS), watch_sequence_parallel)
     _assert_marked(ranks)
     assert any(n.startswith("audio_model.ln_post") for n in ranks[0]["observed"]["norm_marks"])
-    assert_equal_audio_runs(ranks[:1], ref)
+    assert_equal_runs(ranks[:1], ref, STEPS, holding="audio_model.decoder")
 
 
 def greedy_ids(rank, argv, n_prompts):
@@ -112,10 +115,11 @@ def greedy_ids(rank, argv, n_prompts):
     return out, lengths
 
 
-def test_greedy_decoding_reads_the_last_real_token(digits_dir, tmp_path_factory):
+@pytest.mark.processes
+def test_greedy_decoding_reads_the_last_real_token(one_process_reference, digits_dir):
     """Prompts padded to a multiple of TP decode as unpadded at TP=1: the next token comes
     from the last prompt token, not from the padding."""
-    argv, _ = _reference(digits_dir, tmp_path_factory, [])
+    argv, _ = one_process_reference(digits_dir)
     ref, lengths = run_distributed(greedy_ids, 1, argv, 4)[0]
     assert any(n % 2 for n in lengths), lengths
     assert run_distributed(greedy_ids, 2, argv + TP2_SP, 4)[0][0] == ref

@@ -6,7 +6,11 @@ import os
 import shlex
 import subprocess
 
+import pytest
+
 from megatron_mm.training.arguments import parse_args
+
+pytestmark = pytest.mark.processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SBATCH = os.path.join(ROOT, "examples", "slurm", "pretrain_mllm.sbatch")

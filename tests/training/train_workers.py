@@ -157,3 +157,20 @@ def train_logging_collectives(rank: int, argv: list, grad_steps=(), hooks=None,
         watchdog.cancel()
     out["collectives"] = log
     return out
+
+
+def count_vit_layer_calls(chunks, optimizer, holder):
+    """A ``train`` hook: count forward and backward calls of the ViT layers this rank holds."""
+    counts = holder["vit_calls"] = {"fwd": 0, "bwd": 0, "layers": 0}
+
+    def bump(key):
+        def hook(*_):
+            counts[key] += 1
+        return hook
+
+    for chunk in chunks:
+        vit = getattr(chunk, "vision_model", None)
+        for layer in (vit.decoder.layers if vit is not None and vit.decoder else ()):
+            counts["layers"] += 1
+            layer.register_forward_hook(bump("fwd"))
+            layer.register_full_backward_hook(bump("bwd"))

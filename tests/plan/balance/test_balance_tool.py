@@ -21,6 +21,7 @@ def parse(stdout):
     return {r[0]: [float(x) for x in r[2:6]] for r in rows}  # spg, pad, vision, llm
 
 
+@pytest.mark.processes
 def test_tool_table_without_torch(tmp_path):
     rng = random.Random(0)
     stats = [{"vit_num": rng.randint(1, 5), "token_num": rng.randint(300, 1500),
@@ -44,6 +45,7 @@ def test_tool_table_without_torch(tmp_path):
     assert rows["isf-sorted"][3] < rows["random"][3] / 5
 
 
+@pytest.mark.processes
 def test_tool_errors_name_the_flag(tmp_path):
     proc = subprocess.run([sys.executable, str(TOOL), str(tmp_path),
                            "--data-balance-bounds", "18"], capture_output=True, text=True,
@@ -56,6 +58,7 @@ def test_tool_errors_name_the_flag(tmp_path):
     assert proc.returncode == 2 and "record 0 lacks vit_num / token_num" in proc.stderr
 
 
+@pytest.mark.slow  # 70706 samples
 @pytest.mark.skipif(not REAL.is_dir(), reason="../shared/data/omnibal_lengths not present")
 def test_real_data_dp8_four_per_microbatch():
     from megatron_mm.plan.balance import read_all, search_bounds

@@ -103,6 +103,7 @@ def test_work_from_image_sizes_and_summary():
     assert tile_histogram(works) == {1: 2, 3: 2, 4: 1, 5: 5}
 
 
+@pytest.mark.processes
 def test_summary_tool_without_torch(tmp_path):
     _write(tmp_path / "x.json.gz", [{"vit_num": t, "token_num": 256 * t + 40}
                                     for t in (1, 3, 5, 5)])

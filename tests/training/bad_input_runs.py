@@ -1,0 +1,38 @@
+"""The training script run on bad data (each test's records in a temporary folder): what it
+prints and how it exits."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
+
+
+def run_script(*argv):
+    """The training script for one iteration on ``argv``, in a fresh interpreter."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, SCRIPT, "--train-iters", "1", *argv],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def write_data(tmp_path, train_records):
+    """``train_records`` and one valid record as the jsonl files of ``tmp_path``."""
+    valid = {"id": "v0", "conversations": [{"from": "human", "value": "hi"},
+                                           {"from": "gpt", "value": "hello"}]}
+    with open(tmp_path / "train.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in train_records)
+    with open(tmp_path / "valid.jsonl", "w") as f:
+        f.write(json.dumps(valid) + "\n")
+    return str(tmp_path)
+
+
+def conversation(rid, prompt, images):
+    return {"id": rid, "images": images,
+            "conversations": [{"from": "human", "value": prompt},
+                              {"from": "gpt", "value": "seven"}]}
+
+
+def good_records(n):  # records are checked when read: fill the first global batch (8)
+    return [conversation(f"ok-{i}", "What digit?", []) for i in range(n)]

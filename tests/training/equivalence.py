@@ -1,0 +1,35 @@
+"""Parallel runs checked against the one-process reference (``train``'s outputs)."""
+
+import pytest
+import torch
+
+# Steps of the one-process references that several modules' equivalence tests share
+# (the ``one_process_reference`` fixture, tests/training/conftest.py).
+REFERENCE_STEPS = 3
+
+
+def merge_stages(ranks, key, step=None) -> dict:
+    """One name -> tensor dict from the pipeline stages' pieces of ``key`` (at ``step``)."""
+    merged = {}
+    for out in ranks:
+        part = out[key] if step is None else out[key][step]
+        assert not set(part) & set(merged), "a parameter lives on two stages"
+        merged.update(part)
+    return merged
+
+
+def assert_equal_runs(stages, ref, steps, holding=None):
+    """The stages' run (TP rank 0 of each) equals ``ref``: the last stage's losses, the
+    gradients of the first and last step and the final parameters, to fp32 tolerance; some
+    parameter's name starts with ``holding``."""
+    for it in range(1, steps + 1):
+        assert stages[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    for what, step, atol in (("grads", 1, 1e-6), ("grads", steps, 1e-6), ("params", None, 1e-5)):
+        ours, theirs = merge_stages(stages, what, step), (ref[what] if step is None
+                                                          else ref[what][step])
+        assert ours.keys() == theirs.keys()
+        if holding is not None:
+            assert any(n.startswith(holding) for n in theirs), holding
+        for name, value in theirs.items():
+            torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=atol,
+                                       msg=lambda m: f"{what} {step} {name}: {m}")

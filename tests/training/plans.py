@@ -1,0 +1,39 @@
+"""The training plan a run makes of its flags, before any process group (with the real
+vocabulary), and layer profiles written for it."""
+
+from megatron_mm.training.arguments import parse_args
+
+
+def tokenizer():
+    """The demo's tokenizer (its real vocabulary sizes the plan's embedding layers)."""
+    from megatron_mm.data import build_tokenizer
+
+    return build_tokenizer("MistralV1SentencePiece", None)
+
+
+def plan_of(argv, world):
+    """The flags and the training plan a run makes of them (with the real vocabulary)."""
+    from megatron_mm.training.trainer import model_config_for
+    from megatron_mm.training.training_plan import plan_training
+
+    args = parse_args(argv, world_size=world)
+    return args, plan_training(args, model_config_for(args, tokenizer()))
+
+
+def slow_link_profile(argv, world, path, slow=True, vit=20):
+    """A layer profile of this model (a ViT layer ``vit`` x an LLM layer's time) whose TP
+    links are slow and latency-bound (``slow``, gloo-like: 1 ms per all-reduce; else the
+    defaults), written to ``path``: the ViT's TP all-reduces then outweigh what a higher
+    encoder TP saves."""
+    from megatron_mm.plan.hardware import Interconnect
+    from megatron_mm.plan.profile import LayerProfile, LayerTime
+
+    args, plan = plan_of(argv, world)
+    vision = lambda l: "vision" in l.module  # noqa: E731
+    LayerProfile("test", args.micro_batch_size, args.seq_length, 1, [], [
+        LayerTime(l.module, vit * 1e-3 if vision(l) else 1e-3,
+                  2 * vit * 1e-3 if vision(l) else 2e-3)
+        for l in plan.chain],
+        tp_links=Interconnect(tp_bandwidth=1e9, tp_latency_s=1e-3) if slow else None
+    ).save(str(path))
+    return str(path)
