@@ -3,7 +3,7 @@
 - a bf16 matmul on the GPU, checked against an fp32 one and timed (TFLOP/s);
 - an NCCL world of one: an all-reduce on the GPU, then a barrier;
 - the CPU patches: importing ``megatron_mm.training`` on a CUDA machine applies only the
-  patches needed there (``patches/registry.py``: none of the "no CUDA" ones).
+  patches needed there (``megatron_mm/patches/registry.py``: none of the "no CUDA" ones).
 
 Exits 1 with the failing part named when any part fails.
 """

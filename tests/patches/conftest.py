@@ -1,4 +1,4 @@
-"""Shared fixtures for the tests of the CPU patches (``patches/``, ``megatron_mm.patches``).
+"""Shared fixtures for the tests of the CPU patches (``megatron_mm.patches``).
 
 * All patches are applied to this process (as ``import megatron_mm.models`` does), so each
   test runs the real megatron-core code path with its patch in place.

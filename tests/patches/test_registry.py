@@ -1,4 +1,4 @@
-"""The patch table (``patches/registry.py``): what ``apply_cpu_patches`` applies, and what
+"""The patch table (``megatron_mm/patches/registry.py``): what ``apply_cpu_patches`` applies, and what
 each entry documents."""
 
 import importlib
