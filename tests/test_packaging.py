@@ -1,11 +1,14 @@
 """The package as a user gets it: a wheel built from the repository holds every module of
 ``megatron_mm``, and installed on its own (not editable, the source tree out of reach)
-imports each of them and runs ``examples/pretrain_mllm.py --help``."""
+imports each of them and runs ``examples/pretrain_mllm.py --help``; one supported Python
+range in ``pyproject.toml``, the Makefile and the README."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -78,3 +81,11 @@ def test_wheel_installs_and_imports_every_module(tmp_path):
     proc = run(script, "--help")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "--tensor-model-parallel-size" in proc.stdout
+
+
+def test_one_python_range():
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    (make_min,) = re.findall(r"^PYTHON_MIN := (\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert requires == f">={make_min}"
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"need Python {make_min} or newer" in readme
