@@ -15,7 +15,7 @@ TORCH  ?= torch==2.13.0
 PIP    := $(VENV)/bin/python -m pip
 NPROC  ?= 2
 
-.PHONY: demo demo-audio demo-qwen test setup espeak-ng clean print-demo-flags gpu-wheels gpu-check
+.PHONY: demo demo-audio demo-qwen test lint setup espeak-ng clean print-demo-flags gpu-wheels gpu-check
 
 setup: $(VENV)/.installed espeak-ng
 
@@ -104,6 +104,10 @@ print-demo-flags:
 
 test: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q tests
+
+# ruff with pyproject.toml's rules (tests/test_lint.py runs the same inside `make test`).
+lint: setup
+	$(VENV)/bin/python -m ruff check .
 
 # A single-GPU node without internet access, with Python 3.12 and a CUDA build of torch
 # (docs/gpu.md). On a connected machine, `make gpu-wheels` downloads the wheels such a node

@@ -92,7 +92,8 @@ def model_flags(a) -> list:
                     "--vision-window-size", "112", "--vision-fullatt-block-indexes", "1",
                     "--min-pixels", str(28 * 28), "--max-pixels", str(side * side),
                     "--position-embedding-type", "mrope",
-                    "--mrope-section", str(t), str((half - t) // 2), str(half - t - (half - t) // 2)]
+                    "--mrope-section", str(t), str((half - t) // 2),
+                    str(half - t - (half - t) // 2)]
 
 
 def _png(rng: random.Random, size: int) -> str:

@@ -156,7 +156,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def report(results: dict, profile: str) -> None:
     print("PP=2, frozen ViT (16 layers) + trainable projector + frozen LLM (8 layers), "
-          "8 micro-batches of 4 per iteration, 1 thread per rank, one core each; busy = Megatron-Core's "
+          "8 micro-batches of 4 per iteration, 1 thread per rank, one core each; "
+          "busy = Megatron-Core's "
           "forward-compute + backward-compute per iteration")
     print("| partition | layers per stage | stage 0 busy s | stage 1 busy s | max/mean | "
           "predicted stage 0 / 1 s | prediction error 0 / 1 | iteration s | "

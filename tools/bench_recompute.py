@@ -181,13 +181,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rows.append((name, r["n"], statistics.median(r["times"]), tracker.peak,
                      state_bytes(ddp, optimizer), r["loss"], r["choice"]))
 
+    budget_from = ("--recompute-memory-budget" if budget_flag
+                   else "halfway between none and full")
     print(f"\nrecompute benchmark: {args.num_microbatches} micro-batches of "
           f"{args.micro_batch_size} x {args.seq_length} tokens per iteration, "
           f"median of {ours.bench_iters} iterations, {torch.get_num_threads()} threads; "
-          f"budget {budget:.4f} GB (= GiB, 2^30 bytes as Megatron's flags; {'--recompute-memory-budget' if budget_flag else 'halfway between none and full'}); "
+          f"budget {budget:.4f} GB (= GiB, 2^30 bytes as Megatron's flags; {budget_from}); "
           f"model-estimated static {static / GB:.4f} GB")
-    print("| recompute | layers recomputed / built per stack | iteration s | peak saved-activation MiB "
-          "| model state MiB | state + peak act. GiB | within budget | last loss |")
+    print("| recompute | layers recomputed / built per stack | iteration s "
+          "| peak saved-activation MiB | model state MiB | state + peak act. GiB | within budget "
+          "| last loss |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, n, t, peak, state, loss, _ in rows:
         total = (state + peak) / GB

@@ -8,9 +8,9 @@ bubble``, PP=2: the first stage's token count is Megatron-Core's CPU scalar), co
 parallelism (CP=2, bidirectional media attention; also with M-RoPE on 3-D positions)
 and sequence parallelism (TP=2); and on one rank the Qwen2.5-VL tower (window attention,
 native-resolution images and videos, M-RoPE) and an LLM in emulated FP8 (delayed scaling:
-its amax reductions and scale updates stay on the device). What the model needs from the batch's values comes from
-the ``BatchLayout`` the training step computes on the host; the media go only to the
-chunks that embed them."""
+its amax reductions and scale updates stay on the device). What the model needs from the batch's
+values comes from the ``BatchLayout`` the training step computes on the host; the media go only to
+the chunks that embed them."""
 
 import pytest
 import torch
