@@ -2,7 +2,12 @@ import os
 
 import pytest
 
+from megatron_mm.startup import prepare_megatron_core
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# This process is an entry point: the CPU patches go in before any test imports
+# Megatron-Core (a subprocess a test starts calls it itself).
+prepare_megatron_core()
 
 
 @pytest.fixture(scope="module")

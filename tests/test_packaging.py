@@ -31,15 +31,15 @@ def module_name(path: str) -> str:
     return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 
-# Imports every module of the installed copy (patches first, as the entry points apply them)
+# Imports every module of the installed copy (prepared first, as the entry points are)
 # and fails when one comes from elsewhere: an editable install's finder serves a module a
 # wheel lacks from its source tree.
 IMPORT_ALL = """
 import importlib, sys
 from pathlib import Path
 site = Path(sys.argv[1]).resolve()
-from megatron_mm.patches import apply_cpu_patches
-apply_cpu_patches()
+from megatron_mm.startup import prepare_megatron_core
+prepare_megatron_core()
 for name in sys.argv[2:]:
     importlib.import_module(name)
 elsewhere = sorted(f"{n}: {m.__file__}" for n, m in sys.modules.items()

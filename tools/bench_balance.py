@@ -156,6 +156,8 @@ def write_native_resolution_dataset(out: Path, samples: int, max_side: int,
 
 def worker(a) -> None:
     """One rank of one training run (under torchrun): times steps, counts tokens."""
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     import megatron_mm.training.pretrain as pretrain
     from megatron_mm.data.processing import tokenize_record
     from megatron_mm.training.arguments import parse_args

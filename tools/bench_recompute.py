@@ -71,6 +71,8 @@ class _Held:
 def _clock() -> float:
     """``perf_counter`` after the device's queued work (CUDA kernels return before they
     run, so an unsynchronised clock measures their launches)."""
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.runtime.timer import device_clock
     from megatron_mm.training.initialize import device
 
@@ -101,6 +103,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from megatron_mm.plan import StagePartition
     from megatron_mm.plan.hardware import MemoryModel
     from megatron_mm.plan.recompute_budget import GB, chunk_activations, static_bytes
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.activation_profile import parameter_storages
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.initialize import set_random_seed, shutdown_distributed
@@ -231,6 +235,8 @@ def run_tokenizer(args):
 
 
 def _datasets(args):
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.pretrain import build_datasets
 
     if "train" not in _CACHE:

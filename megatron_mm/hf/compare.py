@@ -205,7 +205,9 @@ def _free_port() -> int:
 def _rank_entry(rank: int, world: int, port: int, out_dir: str, job: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    import megatron_mm.training  # noqa: F401  (CPU patches before megatron.core)
+    from megatron_mm.startup import prepare_megatron_core
+
+    prepare_megatron_core()  # a spawned process: an entry point of its own
 
     try:
         result = {"logits": rank_logits(*job)}

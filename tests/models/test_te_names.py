@@ -11,7 +11,6 @@ import re
 import pytest
 import torch
 
-import megatron_mm.models  # noqa: F401  (CPU patches first)
 from megatron_mm.config import (
     AudioEncoderConfig,
     LanguageModelConfig,
