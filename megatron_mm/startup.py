@@ -27,6 +27,18 @@ def prepare_megatron_core() -> list[str]:
     return applied_patches()
 
 
+def spawned(rank: int, target: str, *args):
+    """A spawned process's entry (``torch.multiprocessing.start_processes``' ``fn``):
+    prepares, then calls ``target`` ("module:function") with ``rank, *args``. A spawned
+    process imports its ``fn``'s module before running it, so ``fn`` must live here,
+    not in a module that imports Megatron-Core."""
+    import importlib
+
+    prepare_megatron_core()
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)(rank, *args)
+
+
 def require_prepared(user: str) -> None:
     if not _prepared:
         raise RuntimeError(

@@ -33,7 +33,7 @@ def _entry(rank, fn, world_size, port, out_dir, args, env):
                       OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **env)
     # Sends wait for their receives, as NCCL's do: an order that hangs there fails here.
     os.environ.setdefault("MEGATRON_MM_STRICT_P2P", "1")
-    prepare_megatron_core()  # done by the fork server's preload (forkserver_preload.py)
+    prepare_megatron_core()  # done by the fork server's preload (a no-op here)
 
     torch.set_num_threads(1)
     try:
@@ -47,7 +47,8 @@ def _entry(rank, fn, world_size, port, out_dir, args, env):
     torch.save({"result": result}, os.path.join(out_dir, f"{rank}.pt"))
 
 
-_PRELOAD = ["forkserver_preload"]
+# megatron_mm.prepared first: its import is the entry call (the list can only import).
+_PRELOAD = ["megatron_mm.prepared", "megatron_mm.training.pretrain"]
 # The fork server imports _PRELOAD and forks every rank: nothing there may initialise CUDA
 # (a forked child's CUDA then fails). Megatron-Core asks torch.cuda.is_available() at
 # import (dist_checkpointing), which initialises the driver unless torch asks NVML instead

@@ -43,9 +43,6 @@ def _calls(extra_env):
     """[call, its caller's file] of the recorded calls."""
     env = {k: v for k, v in os.environ.items() if k not in FORKSERVER_ENV}
     env.update(HF_HUB_OFFLINE="1", **extra_env)
-    # the preload module lives next to the harness, as the fork server's sys.path has it
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"),
-                                                      env.get("PYTHONPATH")]))
     out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(_PRELOAD)], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
