@@ -1,5 +1,6 @@
 """What a process does before it imports Megatron-Core: the first call of every entry point
-(scripts, tools, spawned workers), never a side effect of importing a package.
+(scripts, tools, spawned workers), never a side effect of importing the packages that need
+it (``prepared.py`` is the call as an import, for fork-server preload lists only).
 
 ``prepare_megatron_core()`` checks that Transformer Engine imports (``te_import.py``: a
 broken TE breaks ``import megatron.core`` itself), silences Megatron-Core's import warnings
@@ -10,7 +11,7 @@ import. The packages that import Megatron-Core (``models``, ``training``, ``runt
 far from its cause.
 """
 
-_prepared: list[bool] = []
+_prepared = False
 
 
 def prepare_megatron_core() -> list[str]:
@@ -19,11 +20,12 @@ def prepare_megatron_core() -> list[str]:
     from megatron_mm.patches import apply_cpu_patches, applied_patches
     from megatron_mm.quiet import silence_expected_warnings
 
+    global _prepared
     if not _prepared:
         te_import.check_importable()
         silence_expected_warnings()
         apply_cpu_patches()
-        _prepared.append(True)
+        _prepared = True
     return applied_patches()
 
 
