@@ -7,6 +7,9 @@
 #   make demo-audio   the same with spoken digits (needs espeak-ng, which setup installs)
 # and one for the Qwen2.5-VL family (native-resolution images, video, M-RoPE):
 #   make demo-qwen    digits at varying sizes, several per sample, and digit clips
+# Python 3.11 or newer, as pyproject.toml's requires-python says (tested: 3.11 on CPU, as CI
+# runs, and 3.12 on the GPU node); PYTHON=python3.12 picks another.
+PYTHON_MIN := 3.11
 PYTHON ?= python3.11
 VENV   ?= .venv
 # On a GPU machine pass the CUDA build you want, e.g. TORCH="torch==2.13.0 --index-url ...".
@@ -14,8 +17,8 @@ TORCH  ?= torch==2.13.0
 PIP    := $(VENV)/bin/python -m pip
 NPROC  ?= 2
 
-.PHONY: demo demo-audio demo-qwen test test-fast setup espeak-ng clean print-demo-flags \
-	gpu-wheels gpu-check
+.PHONY: demo demo-audio demo-qwen test test-fast lint setup espeak-ng clean \
+	print-demo-flags gpu-wheels gpu-check
 
 setup: $(VENV)/.installed espeak-ng
 
@@ -32,11 +35,14 @@ espeak-ng:
 	       "'sudo apt-get install -y espeak-ng' (Debian/Ubuntu) or 'brew install espeak-ng'"; }
 
 # torch first and pinned, so no later requirement pulls a different (CUDA) build.
-# megatron-core 0.19.2 says Requires-Python >=3.12 but its cp311 wheel works: it alone is
-# installed with --ignore-requires-python (for everything, pip would pick releases that
-# need 3.12 and build them from source); its own requirements come with the package's.
+# megatron-core alone goes in with --ignore-requires-python (why: pyproject.toml, at its pin;
+# for everything, pip would pick releases that need 3.12 and build them from source); its
+# own requirements come with the package's.
 # mistral-common only ships the demo's SentencePiece tokenizer file: --no-deps.
 $(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; v = tuple(map(int, "$(PYTHON_MIN)".split("."))); \
+	  sys.exit(None if sys.version_info >= v else "megatron_mm needs Python >=$(PYTHON_MIN), " \
+	           f"{sys.executable} is {sys.version.split()[0]}: set PYTHON=python3.12")'
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
@@ -106,6 +112,10 @@ test: setup
 
 test-fast: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q -m "not processes and not slow" tests
+
+# ruff with pyproject.toml's rules (tests/test_lint.py runs the same inside `make test`).
+lint: setup
+	$(VENV)/bin/python -m ruff check .
 
 # A single-GPU node without internet access, with Python 3.12 and a CUDA build of torch
 # (docs/gpu.md). On a connected machine, `make gpu-wheels` downloads the wheels such a node

@@ -9,10 +9,14 @@ handwritten + spoken digits, "Add the written and the spoken digit."). See --hel
 examples/slurm/ for several nodes.
 """
 
-from megatron_mm.training.arguments import parse_args
-from megatron_mm.training.initialize import shutdown_distributed
-from megatron_mm.training.pretrain import USER_ERRORS, pretrain
-from megatron_mm.training.user_errors import exit_with_user_error
+from megatron_mm.startup import prepare_megatron_core
+
+prepare_megatron_core()  # TE checked, CPU patches applied: before any megatron.core import
+
+from megatron_mm.training.arguments import parse_args  # noqa: E402
+from megatron_mm.training.initialize import shutdown_distributed  # noqa: E402
+from megatron_mm.training.pretrain import USER_ERRORS, pretrain  # noqa: E402
+from megatron_mm.training.user_errors import exit_with_user_error  # noqa: E402
 
 if __name__ == "__main__":  # required: checkpoint saving spawns helper processes
     args = parse_args()

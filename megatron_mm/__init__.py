@@ -1,7 +1,8 @@
 """megatron_mm: fast multimodal LLM training on Megatron-Core.
 
 Importing this package does not import torch (the planning layer stays pure Python);
-the torch-facing subpackages apply the CPU patches of megatron-core on import.
+an entry point calls ``megatron_mm.startup.prepare_megatron_core()`` before the
+subpackages that import Megatron-Core (``models``, ``training``, ``runtime``).
 """
 
 import os

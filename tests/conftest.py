@@ -5,7 +5,12 @@ import traceback
 
 import pytest
 
+from megatron_mm.startup import prepare_megatron_core
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# This process is an entry point: the CPU patches go in before any test imports
+# Megatron-Core (a subprocess a test starts calls it itself).
+prepare_megatron_core()
 
 _TOOLCHAIN_FRAMES = tuple(os.sep + os.path.join(*p.split("/")) + os.sep for p in (
     "torch/_inductor", "triton", "transformer_engine", "ctypes"))

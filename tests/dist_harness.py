@@ -18,6 +18,8 @@ from typing import Dict, Optional
 import torch
 import torch.multiprocessing as mp
 
+from megatron_mm.startup import prepare_megatron_core
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -31,7 +33,7 @@ def _entry(rank, fn, world_size, port, out_dir, args, env):
                       OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **env)
     # Sends wait for their receives, as NCCL's do: an order that hangs there fails here.
     os.environ.setdefault("MEGATRON_MM_STRICT_P2P", "1")
-    import megatron_mm.training  # noqa: F401  (applies the CPU patches first)
+    prepare_megatron_core()  # done by the fork server's preload (a no-op here)
 
     torch.set_num_threads(1)
     try:
@@ -45,7 +47,8 @@ def _entry(rank, fn, world_size, port, out_dir, args, env):
     torch.save({"result": result}, os.path.join(out_dir, f"{rank}.pt"))
 
 
-PRELOAD = ["megatron_mm.training.pretrain"]
+# megatron_mm.prepared first: its import is the entry call (the list can only import).
+PRELOAD = ["megatron_mm.prepared", "megatron_mm.training.pretrain"]
 # The fork server imports PRELOAD and forks every rank: nothing there may initialise CUDA
 # (a forked child's CUDA then fails). Megatron-Core asks torch.cuda.is_available() at
 # import (dist_checkpointing), which initialises the driver unless torch asks NVML instead
@@ -84,7 +87,7 @@ def run_distributed(fn, world_size: int, *args, env: Optional[Dict[str, str]] = 
 def one_rank_world(backend: str):
     """A 1-rank ``backend`` world (unless one exists), model parallel state TP=PP=1, the
     RNG tracker seeded; yields Megatron-Core's ``parallel_state``."""
-    import megatron_mm.models  # noqa: F401  (CPU patches before megatron.core)
+    prepare_megatron_core()
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 

@@ -1,8 +1,9 @@
 """A Transformer Engine whose import fails in a way Megatron-Core does not survive (an
-extension built against another torch: an undefined symbol) stops ``import
-megatron_mm.models`` with TE's error and what to do (reinstall it, or uninstall it to train
-with ``--transformer-impl local``), rather than Megatron-Core's bare traceback. In a fresh
-interpreter: the broken TE must be found before Megatron-Core is imported."""
+extension built against another torch: an undefined symbol) stops an entry
+point's first call (``prepare_megatron_core``) with TE's error and what to do (reinstall it,
+or uninstall it to train with ``--transformer-impl local``), rather than Megatron-Core's bare
+traceback. In a fresh interpreter: the broken TE must be found before Megatron-Core is
+imported."""
 
 import os
 import subprocess
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.processes
 REPO = Path(__file__).resolve().parents[1]
 TE_ERROR = ("transformer_engine_torch.cpython-312-x86_64-linux-gnu.so: undefined symbol: "
             "_ZN3c104cuda9SetDeviceEab")
+PREPARE = "from megatron_mm.startup import prepare_megatron_core; prepare_megatron_core()"
 
 
 def test_broken_te_stops_the_import_with_its_error_and_the_way_out(tmp_path):
@@ -24,7 +26,7 @@ def test_broken_te_stops_the_import_with_its_error_and_the_way_out(tmp_path):
     (pkg / "__init__.py").write_text(f"raise ImportError({TE_ERROR!r})\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
-    out = subprocess.run([sys.executable, "-c", "import megatron_mm.models"], cwd=REPO,
+    out = subprocess.run([sys.executable, "-c", PREPARE], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode != 0
     last = out.stderr.strip().splitlines()[-1]

@@ -92,7 +92,8 @@ def model_flags(a) -> list:
                     "--vision-window-size", "112", "--vision-fullatt-block-indexes", "1",
                     "--min-pixels", str(28 * 28), "--max-pixels", str(side * side),
                     "--position-embedding-type", "mrope",
-                    "--mrope-section", str(t), str((half - t) // 2), str(half - t - (half - t) // 2)]
+                    "--mrope-section", str(t), str((half - t) // 2),
+                    str(half - t - (half - t) // 2)]
 
 
 def _png(rng: random.Random, size: int) -> str:
@@ -155,6 +156,8 @@ def write_native_resolution_dataset(out: Path, samples: int, max_side: int,
 
 def worker(a) -> None:
     """One rank of one training run (under torchrun): times steps, counts tokens."""
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     import megatron_mm.training.pretrain as pretrain
     from megatron_mm.data.processing import tokenize_record
     from megatron_mm.training.arguments import parse_args

@@ -37,6 +37,8 @@ METHODS = ("contiguous", "zigzag", "lpt", "ours")
 def _clock() -> float:
     """``perf_counter`` after the device's queued work (CUDA kernels return before they
     run, so an unsynchronised clock measures their launches)."""
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.runtime.timer import device_clock
     from megatron_mm.training.initialize import device
 
@@ -65,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _worker(rank, args, port, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(args.context_parallel_size))
-    import megatron_mm.models  # noqa: F401  (CPU patches first)
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     import torch
     from megatron.core import parallel_state
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -118,7 +121,8 @@ def _attention(args, port):
     """``ContextParallelAttention`` in a one-rank gloo group (its init asks for TP size)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
                       WORLD_SIZE="1")
-    import megatron_mm.models  # noqa: F401  (CPU patches first)
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     import torch
     from megatron.core import parallel_state
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -139,6 +143,8 @@ def calibrate(args, port) -> dict:
     import numpy as np
     import torch
 
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.models.context_parallel import ContextParallelMask
     from megatron_mm.plan.mask_families import family_codes
 

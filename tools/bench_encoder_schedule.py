@@ -85,6 +85,8 @@ def schedule_flags(schedule: str) -> List[str]:
 def _clock() -> float:
     """``perf_counter`` after the device's queued work (CUDA kernels return before they
     run, so an unsynchronised clock measures their launches)."""
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.runtime.timer import device_clock
     from megatron_mm.training.initialize import device
 
@@ -94,6 +96,8 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     """One rank of a timed PP run (under torchrun)."""
     import torch
 
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training import step
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.pretrain import batch_iterator, setup_training
@@ -148,6 +152,8 @@ def _communication_costs(run, args, repeats: int = 5) -> dict:
     tied embedding's gradient all-reduce between first and last stage) and the optimizer
     step (on zero gradients, before the timed iterations: the same work)."""
     import torch
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron.core import parallel_state
     from megatron.core.distributed import finalize_model_grads
 
@@ -231,6 +237,8 @@ def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float
     from megatron_mm.plan.generate import megatron
     from megatron_mm.plan.profile import MEASURED
     from megatron_mm.plan.simulate import simulate
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.encoder_schedule import encoder_pipeline_plan, make_schedule
     from megatron_mm.training.pipeline_plan import training_chain

@@ -47,10 +47,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from megatron_mm.models import BuildSettings, build_model, model_chain  # noqa: E402
-from megatron_mm.models.specs import (  # noqa: E402
-    transformer_engine_available,
-    transformer_engine_importable,
-)
+from megatron_mm.models.specs import transformer_engine_importable  # noqa: E402
 from megatron_mm.models.te_names import is_module_state, to_te  # noqa: E402
 from megatron_mm.plan.fp8 import parse_fp8_modules  # noqa: E402
 from megatron_mm.training.fp8_args import fp8_args, fp8_settings  # noqa: E402

@@ -52,7 +52,11 @@ from megatron_mm.config import (  # noqa: E402
     MultimodalModelConfig,
     VisionEncoderConfig,
 )
-from megatron_mm.models import BuildSettings, build_model  # noqa: E402  (applies CPU patches)
+from megatron_mm.startup import prepare_megatron_core  # noqa: E402
+
+prepare_megatron_core()  # before any megatron.core import
+
+from megatron_mm.models import BuildSettings, build_model  # noqa: E402
 from megatron_mm.models.specs import default_transformer_impl, get_layer_specs  # noqa: E402
 from megatron_mm.models.transformer_configs import (  # noqa: E402
     language_transformer_config,

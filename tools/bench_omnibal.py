@@ -170,6 +170,8 @@ def _tokenised(a, data: Path):
     """The package's own tokenisation of a record (what training sees)."""
     from megatron_mm.data import build_tokenizer
     from megatron_mm.data.processing import tokenize_record
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.pretrain import media_processors
 
@@ -232,6 +234,8 @@ def worker(a, argv) -> None:
     ``--iters`` iterations after ``--warmup``, then one more under saved-tensor hooks."""
     import torch
 
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from bench_recompute import LiveSavedBytes
     from megatron_mm.training.activation_profile import parameter_storages
     from megatron_mm.training.arguments import parse_args
@@ -337,6 +341,8 @@ def recompute_budget(a, base: list, layers: list) -> dict:
     from megatron_mm.data import build_tokenizer
     from megatron_mm.plan import MemoryModel
     from megatron_mm.plan.recompute_budget import GB, chunk_activations, static_bytes
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.trainer import model_config_for
     from megatron_mm.training.training_plan import plan_training

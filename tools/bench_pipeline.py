@@ -48,6 +48,8 @@ POLICIES = ("uniform", "auto")
 def _clock() -> float:
     """``perf_counter`` after the device's queued work (CUDA kernels return before they
     run, so an unsynchronised clock measures their launches)."""
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.runtime.timer import device_clock
     from megatron_mm.training.initialize import device
 
@@ -57,6 +59,8 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     """One rank of a timed PP run (under torchrun)."""
     import torch
 
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.initialize import shutdown_distributed
     from megatron_mm.training.pretrain import batch_iterator, setup_training
@@ -117,6 +121,8 @@ def predicted(policy: str, profile_path: str):
     from megatron_mm.data import build_tokenizer
     from megatron_mm.plan import estimate, partition
     from megatron_mm.plan.profile import MEASURED, LayerProfile, apply_profile
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.pipeline_plan import training_chain
 
@@ -156,7 +162,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def report(results: dict, profile: str) -> None:
     print("PP=2, frozen ViT (16 layers) + trainable projector + frozen LLM (8 layers), "
-          "8 micro-batches of 4 per iteration, 1 thread per rank, one core each; busy = Megatron-Core's "
+          "8 micro-batches of 4 per iteration, 1 thread per rank, one core each; "
+          "busy = Megatron-Core's "
           "forward-compute + backward-compute per iteration")
     print("| partition | layers per stage | stage 0 busy s | stage 1 busy s | max/mean | "
           "predicted stage 0 / 1 s | prediction error 0 / 1 | iteration s | "

@@ -71,6 +71,8 @@ class _Held:
 def _clock() -> float:
     """``perf_counter`` after the device's queued work (CUDA kernels return before they
     run, so an unsynchronised clock measures their launches)."""
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.runtime.timer import device_clock
     from megatron_mm.training.initialize import device
 
@@ -101,6 +103,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from megatron_mm.plan import StagePartition
     from megatron_mm.plan.hardware import MemoryModel
     from megatron_mm.plan.recompute_budget import GB, chunk_activations, static_bytes
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.activation_profile import parameter_storages
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.initialize import set_random_seed, shutdown_distributed
@@ -181,13 +185,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rows.append((name, r["n"], statistics.median(r["times"]), tracker.peak,
                      state_bytes(ddp, optimizer), r["loss"], r["choice"]))
 
+    budget_from = ("--recompute-memory-budget" if budget_flag
+                   else "halfway between none and full")
     print(f"\nrecompute benchmark: {args.num_microbatches} micro-batches of "
           f"{args.micro_batch_size} x {args.seq_length} tokens per iteration, "
           f"median of {ours.bench_iters} iterations, {torch.get_num_threads()} threads; "
-          f"budget {budget:.4f} GB (= GiB, 2^30 bytes as Megatron's flags; {'--recompute-memory-budget' if budget_flag else 'halfway between none and full'}); "
+          f"budget {budget:.4f} GB (= GiB, 2^30 bytes as Megatron's flags; {budget_from}); "
           f"model-estimated static {static / GB:.4f} GB")
-    print("| recompute | layers recomputed / built per stack | iteration s | peak saved-activation MiB "
-          "| model state MiB | state + peak act. GiB | within budget | last loss |")
+    print("| recompute | layers recomputed / built per stack | iteration s "
+          "| peak saved-activation MiB | model state MiB | state + peak act. GiB | within budget "
+          "| last loss |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, n, t, peak, state, loss, _ in rows:
         total = (state + peak) / GB
@@ -228,6 +235,8 @@ def run_tokenizer(args):
 
 
 def _datasets(args):
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.pretrain import build_datasets
 
     if "train" not in _CACHE:

@@ -43,6 +43,8 @@ def _worker(rank: int, argv: Sequence[str], iters: int, port: int, out: str) -> 
     import torch
 
     torch.set_num_threads(1)
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from bench_recompute import LiveSavedBytes
     from megatron_mm.training.activation_profile import parameter_storages
     from megatron_mm.training.arguments import parse_args

@@ -20,7 +20,11 @@ difference: X`` last. Supported architectures: see ``--help``.
 import argparse
 import sys
 
-from megatron_mm.hf import FAMILIES, ConversionError
+from megatron_mm.startup import prepare_megatron_core
+
+prepare_megatron_core()  # before any megatron.core import (megatron_mm.hf imports models)
+
+from megatron_mm.hf import FAMILIES, ConversionError  # noqa: E402
 
 
 def main(argv=None) -> int:

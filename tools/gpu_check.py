@@ -81,13 +81,18 @@ class Context:
 
 # --- the checks -------------------------------------------------------------------------
 
-# megatron_mm first: it applies the patches megatron.core needs on this machine. A "?"
-# marks a package that need only be found (mistral_common: the demo's tokenizer file).
+# megatron_mm's entry call first (it applies the patches megatron.core needs on this
+# machine), then the imports. A "?" marks a package that need only be found
+# (mistral_common: the demo's tokenizer file).
 IMPORTS = ("torch", "megatron_mm.training.pretrain", "megatron.core", "transformers",
            "safetensors", "einops", "sentencepiece", "sklearn", "PIL", "scipy", "pytest",
            "?mistral_common")
 PROBE = ("import importlib, importlib.util, json, sys\n"
          "missing = {}\n"
+         "try:\n"
+         "    from megatron_mm.startup import prepare_megatron_core\n"
+         "    prepare_megatron_core()\n"
+         "except Exception as e: missing['megatron_mm'] = f'{type(e).__name__}: {e}'\n"
          "for m in sys.argv[1:]:\n"
          "    try:\n"
          "        if m[0] != '?': importlib.import_module(m)\n"

@@ -2,8 +2,8 @@
 
 - a bf16 matmul on the GPU, checked against an fp32 one and timed (TFLOP/s);
 - an NCCL world of one: an all-reduce on the GPU, then a barrier;
-- the CPU patches: importing ``megatron_mm.training`` on a CUDA machine applies only the
-  patches needed there (``patches/registry.py``: none of the "no CUDA" ones).
+- the CPU patches: ``prepare_megatron_core()`` on a CUDA machine applies only the
+  patches needed there (``megatron_mm/patches/registry.py``: none of the "no CUDA" ones).
 
 Exits 1 with the failing part named when any part fails.
 """
@@ -60,11 +60,11 @@ def nccl_world_of_one() -> dict:
 
 
 def patches() -> dict:
-    import megatron_mm.training  # noqa: F401  (applies the patches a machine needs)
-    from megatron_mm.patches import PATCHES, applied_patches
+    from megatron_mm.patches import PATCHES
     from megatron_mm.patches.registry import NO_CUDA
+    from megatron_mm.startup import prepare_megatron_core
 
-    applied = applied_patches()
+    applied = prepare_megatron_core()  # what an entry point applies on this machine
     wrong = [p.name for p in PATCHES if p.needed_when == NO_CUDA and p.name in applied]
     return {"patches_applied": applied, "no_cuda_patches_applied": wrong, "ok": not wrong}
 

@@ -377,7 +377,8 @@ def print_tables(args, hardware: Hardware, memory: MemoryModel, limit) -> int:
         for trainable in (True, False):
             setting = ("everything trained" if trainable
                        else "encoders and LLM frozen, projectors trained")
-            print(f"\nOptimus' models, {setting}; Megatron layouts of Optimus Appendix D (PP, TP, M), micro-batch 2, "
+            print(f"\nOptimus' models, {setting}; Megatron layouts of Optimus Appendix D "
+                  "(PP, TP, M), micro-batch 2, "
                   f"2048 tokens incl. one 448x448 image, VPP 1, no recompute")
             results += table(optimus_scenarios(trainable, **overrides), hardware, memory,
                              limit)

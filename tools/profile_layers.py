@@ -26,6 +26,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help="micro-batches to time (after one warm-up)")
     ours, train_argv = tool.parse_known_args(argv)
 
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
 
     args = parse_args(train_argv, world_size=1)

@@ -17,9 +17,9 @@ from .sources import parse_blend  # noqa: F401  (the blend syntax lives with the
 
 def blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
     """(dataset of each blended sample, how many samples that dataset gave before it)."""
-    from megatron_mm.patches import apply_cpu_patches
+    from megatron_mm.startup import require_prepared
 
-    apply_cpu_patches()  # before importing megatron.core (no-op with CUDA)
+    require_prepared(__name__)
     from megatron.core.datasets import helpers
 
     dataset_index = np.zeros(size, dtype=np.int16)

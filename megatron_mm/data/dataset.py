@@ -88,7 +88,8 @@ class MultimodalDataset(Dataset):
         for rec in self.records:
             n = len(tokenize_record(rec, self.tokenizer, self.media_token_counts).ids)
             if self.max_seq_length is not None and n > self.max_seq_length:
-                raise DataRecordError(f"{rec.where()}: {n} tokens exceed max_seq_length={self.max_seq_length}")
+                raise DataRecordError(f"{rec.where()}: {n} tokens exceed "
+                                      f"max_seq_length={self.max_seq_length}")
             longest = max(longest, n)
         return longest
 
@@ -117,7 +118,8 @@ class MegatronPretrainingSampler:
         if micro_batch_size < 1 or data_parallel_size < 1:
             raise ValueError("micro_batch_size and data_parallel_size must be >= 1")
         if not 0 <= data_parallel_rank < data_parallel_size:
-            raise ValueError(f"data_parallel_rank {data_parallel_rank} not in [0, {data_parallel_size})")
+            raise ValueError(
+                f"data_parallel_rank {data_parallel_rank} not in [0, {data_parallel_size})")
         self.chunk = micro_batch_size * data_parallel_size
         gbs = global_batch_size or self.chunk
         if gbs % self.chunk:
@@ -125,7 +127,8 @@ class MegatronPretrainingSampler:
                              f"data_parallel_size = {self.chunk}")
         self.epoch_len = total_samples // gbs * gbs
         if self.epoch_len == 0:
-            raise ValueError(f"total_samples={total_samples} is smaller than one global batch ({gbs})")
+            raise ValueError(
+                f"total_samples={total_samples} is smaller than one global batch ({gbs})")
         if consumed_samples < 0 or consumed_samples % self.chunk:
             raise ValueError(f"consumed_samples={consumed_samples} must be a non-negative multiple "
                              f"of {self.chunk}")

@@ -59,7 +59,8 @@ def _decode_data(data: str) -> bytes:
     return base64.b64decode(data, validate=True)
 
 
-def load_image(ref: MediaRef | str | dict, base_dir: str | None = None, context: str = "") -> Image.Image:
+def load_image(ref: MediaRef | str | dict, base_dir: str | None = None,
+               context: str = "") -> Image.Image:
     """Decode one image to PIL RGB.
 
     `ref` is a MediaRef, a path (relative to `base_dir`), a data URI string or a
@@ -71,7 +72,8 @@ def load_image(ref: MediaRef | str | dict, base_dir: str | None = None, context:
         if ref.startswith("data:"):
             ref = MediaRef(data=ref)
         else:
-            ref = MediaRef(path=ref if base_dir is None or os.path.isabs(ref) else os.path.join(base_dir, ref))
+            absolute = base_dir is None or os.path.isabs(ref)
+            ref = MediaRef(path=ref if absolute else os.path.join(base_dir, ref))
     prefix = f"{context}: " if context else ""
     try:
         if ref.path is not None:

@@ -92,8 +92,8 @@ def _append_text(text: str, loss: bool, out: TokenizedRecord, tokenizer: Multimo
         if callable(n):
             n = n(record.media[name][index], where)
         if not isinstance(n, int) or n < 1:
-            raise DataRecordError(f"{where}: uses {match.group(0)} but media_token_counts[{name!r}] "
-                                  f"is {n!r} (need a positive int)")
+            raise DataRecordError(f"{where}: uses {match.group(0)} but "
+                                  f"media_token_counts[{name!r}] is {n!r} (need a positive int)")
         tag = _item_tag(tokenizer, name)
         if tag is not None:
             _check_untagged(text, match, tag, where)

@@ -120,10 +120,12 @@ def _parse_media_item(item: object, base_dir: str, where: str, key: str, i: int,
     if isinstance(item, dict):
         data = item.get("data")
         if not isinstance(data, str) or not data:
-            raise DataRecordError(f"{where}: {key}[{i}] is an object without a non-empty 'data' string")
+            raise DataRecordError(
+                f"{where}: {key}[{i}] is an object without a non-empty 'data' string")
         return MediaRef(data=data)
     if not isinstance(item, str) or not item:
-        raise DataRecordError(f"{where}: {key}[{i}] must be a path string or an object {{'data': ...}}")
+        raise DataRecordError(
+            f"{where}: {key}[{i}] must be a path string or an object {{'data': ...}}")
     if item.startswith("data:"):  # a data URI given directly as the string
         return MediaRef(data=item)
     path = item if os.path.isabs(item) else os.path.join(base_dir, item)
@@ -162,7 +164,8 @@ def parse_record(obj: object, *, source: str = "<memory>", base_dir: str = ".",
         texts = [t.text for t in rec.turns]
         for t in rec.turns:  # media in answers would have to be generated; unsupported
             if t.role == "assistant" and placeholder_pattern().search(t.text):
-                raise DataRecordError(f"{where}: media placeholders are only allowed in human turns")
+                raise DataRecordError(
+                    f"{where}: media placeholders are only allowed in human turns")
 
     for name, spec in MODALITIES.items():
         items = obj.get(spec.record_key, [])
@@ -171,7 +174,8 @@ def parse_record(obj: object, *, source: str = "<memory>", base_dir: str = ".",
         n_ph = sum(t.count(spec.placeholder) for t in texts)
         if n_ph != len(items):
             raise DataRecordError(
-                f"{where} has {n_ph} {spec.placeholder} placeholders but {len(items)} {spec.record_key}")
+                f"{where} has {n_ph} {spec.placeholder} placeholders but {len(items)} "
+                f"{spec.record_key}")
         rec.media[name] = [_parse_media_item(it, base_dir, where, spec.record_key, i, check_files)
                            for i, it in enumerate(items)]
     return rec
@@ -182,8 +186,10 @@ def _parse_turns(conv: object, where: str) -> list[Turn]:
         raise DataRecordError(f"{where}: 'conversations' must be a non-empty list")
     turns = []
     for i, t in enumerate(conv):
-        if not isinstance(t, dict) or not isinstance(t.get("from"), str) or not isinstance(t.get("value"), str):
-            raise DataRecordError(f"{where}: conversations[{i}] needs string fields 'from' and 'value'")
+        if not (isinstance(t, dict) and isinstance(t.get("from"), str)
+                and isinstance(t.get("value"), str)):
+            raise DataRecordError(
+                f"{where}: conversations[{i}] needs string fields 'from' and 'value'")
         role = t["from"].lower()
         if role in HUMAN_ROLES:
             role = "human"
@@ -194,8 +200,10 @@ def _parse_turns(conv: object, where: str) -> list[Turn]:
                                   f"(expected one of {HUMAN_ROLES + ASSISTANT_ROLES})")
         expected = "human" if i % 2 == 0 else "assistant"
         if role != expected:
-            raise DataRecordError(f"{where}: conversations[{i}] should be {'a' if i % 2 == 0 else 'an'} {expected} turn "
-                                  "(turns must alternate human/assistant, starting with human)")
+            article = "a" if i % 2 == 0 else "an"
+            raise DataRecordError(
+                f"{where}: conversations[{i}] should be {article} {expected} turn "
+                "(turns must alternate human/assistant, starting with human)")
         turns.append(Turn(role=role, text=t["value"]))
     if turns[-1].role != "assistant":
         raise DataRecordError(f"{where}: the last turn must be an assistant turn")

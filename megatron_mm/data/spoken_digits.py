@@ -7,8 +7,9 @@ Clips: the words "zero" ... "nine" spoken by espeak-ng in 8 English voices x 3 s
 One clip in six (a seed-0 permutation) is held out. Records pair a random handwritten digit
 (sklearn's, split as in ``digits.py``, inline PNG) with a random clip and ask for their sum,
 answered with the work shown: "seven plus three is ten" (the answer is right only if both
-digits are; chance: 1 in 100). Train and validation share no clip and no image. Needs the ``espeak-ng`` program (Debian/Ubuntu:
-``apt-get install -y espeak-ng``); re-running is a no-op when the files already match.
+digits are; chance: 1 in 100). Train and validation share no clip and no image. Needs the
+``espeak-ng`` program (Debian/Ubuntu: ``apt-get install -y espeak-ng``); re-running is a no-op
+when the files already match.
 """
 from __future__ import annotations
 

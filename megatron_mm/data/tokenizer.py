@@ -31,7 +31,8 @@ def default_tokenizer_model() -> str:
             return path
     raise FileNotFoundError(
         "The default tokenizer (mistral_common/data/tokenizer.model.v1) is not installed. "
-        f"Install it with: {MISTRAL_COMMON_PIP}  (or pass --tokenizer-model PATH to a SentencePiece .model)")
+        f"Install it with: {MISTRAL_COMMON_PIP}  "
+        "(or pass --tokenizer-model PATH to a SentencePiece .model)")
 
 
 class MultimodalTokenizer:

@@ -205,8 +205,6 @@ def _free_port() -> int:
 def _rank_entry(rank: int, world: int, port: int, out_dir: str, job: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    import megatron_mm.training  # noqa: F401  (CPU patches before megatron.core)
-
     try:
         result = {"logits": rank_logits(*job)}
     except Exception as e:  # the parent reports it once
@@ -227,8 +225,12 @@ def megatron_logits(ckpt: str, tokens: torch.Tensor, media, tp: int = 1,
         return rank_logits(*job)
     import torch.multiprocessing as mp
 
+    from ..startup import spawned
+
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(_rank_entry, args=(world, _free_port(), out_dir, job),
+        # a spawned process: an entry point of its own, prepared before it imports this
+        mp.start_processes(spawned, args=(f"{__name__}:_rank_entry", world, _free_port(),
+                                          out_dir, job),
                            nprocs=world, start_method="spawn", join=True)
         results = [torch.load(os.path.join(out_dir, f"{r}.pt"), weights_only=False)
                    for r in range(world)]

@@ -11,7 +11,9 @@ import torch
 
 @contextlib.contextmanager
 def single_rank_world(seed: int = 1234):
-    import megatron_mm.training  # noqa: F401  (CPU patches before megatron.core)
+    from megatron_mm.startup import require_prepared
+
+    require_prepared(__name__)
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 

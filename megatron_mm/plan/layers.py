@@ -2,8 +2,8 @@
 
 A model is planned as a chain of layers in execution order: the LLM's word embedding, each
 encoder (embed, its transformer layers, its projector, which merges its features into the
-text embeddings), then the LLM's decoder layers and output layer + loss. A layer carries its own costs per micro-batch; what its backward costs depends on
-freezing:
+text embeddings), then the LLM's decoder layers and output layer + loss. A layer carries its own
+costs per micro-batch; what its backward costs depends on freezing:
 
 - input-gradient part (``dgrad_flops``): runs iff some trainable parameter lies upstream of
   the layer in the dataflow, strictly before it (otherwise autograd never reaches it);

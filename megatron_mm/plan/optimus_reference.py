@@ -14,10 +14,10 @@ Table 5. The two images were chosen when the simulator let the encoder's gradien
 reduction overlap its own backward (the coarse schedule then hid 35.7 / 46.7 / 68.6 %
 against the paper's Eff_coarse 34.3 / 45.8 / 68.7 %); with the reductions as schedule
 actions that start after the last backward that feeds them, coarse hides 27.7 / 35.8 /
-52.0 %: the same rise as the micro-batches fall, 6 to 17 points under the paper. Optimus' interleaved schedule at V = 12 (one GPT-175B
-layer per chunk, as its balanced baseline); the 8-GPU run's LLM plan (PP 4, TP 2, V 2; the
-paper does not give it); H100 / A100 at 50 % of peak (``hardware``), links of
-``Interconnect``.
+52.0 %: the same rise as the micro-batches fall, 6 to 17 points under the paper. Optimus'
+interleaved schedule at V = 12 (one GPT-175B layer per chunk, as its balanced baseline); the 8-GPU
+run's LLM plan (PP 4, TP 2, V 2; the paper does not give it); H100 / A100 at 50 % of peak
+(``hardware``), links of ``Interconnect``.
 """
 
 from __future__ import annotations

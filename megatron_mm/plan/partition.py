@@ -88,7 +88,8 @@ class StagePartition(Record):
 
 
 def parse_partition_flag(text: str) -> Union[str, List[int]]:
-    """``auto`` | ``uniform`` | ``balanced`` | ``search`` | ``4,8,8,8`` (layers per stage) -> policy."""
+    """``auto`` | ``uniform`` | ``balanced`` | ``search`` | ``4,8,8,8`` (layers per stage)
+    -> policy."""
     value = text.strip().lower()
     if value in POLICIES:
         return value

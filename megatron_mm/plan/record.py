@@ -2,8 +2,8 @@
 
 The runtime that will execute a plan and the simulator that replays it read the same dicts,
 so every plan type derives from ``Record`` and keeps to JSON types (str, int, float, bool,
-None, lists, dicts of those, nested Records; an Enum is written as its value). Lists, never tuples: JSON has no tuples, and
-a round trip must compare equal.
+None, lists, dicts of those, nested Records; an Enum is written as its value). Lists, never tuples:
+JSON has no tuples, and a round trip must compare equal.
 """
 
 from __future__ import annotations

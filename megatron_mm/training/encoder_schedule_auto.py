@@ -20,9 +20,9 @@ times of ``--pipeline-profile``, plus the TP all-reduces, the encoder replicas' 
 and gradient sum modelled on ``plan/hardware.Interconnect``'s links (a profile's layer
 times carry no TP traffic: its ``tp_links``, or the defaults). The same costs generate
 the run's ``bubble`` schedule and the simulator replays them. The fastest wins; ties go
-to the earlier in that order (the simpler schedule, the larger encoder TP). Encoder-pipeline alternatives are left out where
-the run's other flags do not combine with them (``--pipeline-partition search``,
-``--recompute-memory-budget``).
+to the earlier in that order (the simpler schedule, the larger encoder TP). Encoder-pipeline
+alternatives are left out where the run's other flags do not combine with them
+(``--pipeline-partition search``, ``--recompute-memory-budget``).
 """
 
 from __future__ import annotations

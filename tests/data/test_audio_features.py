@@ -2,7 +2,6 @@
 batches of clips of different lengths, and too-long clips refused naming the record."""
 
 import json
-import os
 
 import numpy as np
 import pytest

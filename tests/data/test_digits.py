@@ -33,7 +33,8 @@ def test_counts_split_and_labels(inline_dir, sk):
     assert (len(train), len(valid)) == (1500, 297)
     src = [r["sklearn_index"] for r in train + valid]
     assert sorted(src) == list(range(1797))  # disjoint, and together the whole set
-    assert [r["sklearn_index"] for r in train[:3]] == [360, 1773, 1482]  # the split is pinned (seed 0)
+    # the split is pinned (seed 0)
+    assert [r["sklearn_index"] for r in train[:3]] == [360, 1773, 1482]
     assert [r["sklearn_index"] for r in valid[:2]] == [1555, 1022]
     assert train[1]["id"] == "digits-train-00001" and valid[0]["id"] == "digits-valid-00000"
     for r in train + valid:

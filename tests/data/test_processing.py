@@ -59,14 +59,16 @@ def test_tokenizer_matches_sentencepiece_and_round_trips(tok):
     # A leading space is tokenized literally, i.e. like SentencePiece's dummy prefix.
     assert tok.tokenize(" Hello, world!") == [22557, 28725, 1526, 28808]
     assert tok.tokenize("Hello") != tok.tokenize(" Hello")  # no dummy prefix inserted
-    for s in ["Hello, world!", " seven", "  two  spaces ", "\nWhat digit is this?", "héllo 🙂 世界", "", " "]:
+    for s in ["Hello, world!", " seven", "  two  spaces ", "\nWhat digit is this?", "héllo 🙂 世界",
+              "", " "]:
         ids = tok.tokenize(s)
         assert tok.bos_id not in ids and tok.eos_id not in ids
         assert tok.detokenize(ids) == s
     a, b = "USER: ", "\nWhat digit? ASSISTANT:"
     assert tok.detokenize(tok.tokenize(a) + tok.tokenize(b)) == a + b
     # media, bos, eos are skipped when decoding
-    assert tok.detokenize([tok.bos_id, 32000, 32000] + tok.tokenize(" six") + [tok.eos_id]) == " six"
+    ids = [tok.bos_id, 32000, 32000] + tok.tokenize(" six") + [tok.eos_id]
+    assert tok.detokenize(ids) == " six"
     assert tok.tokenize("<image>") != [32000]  # placeholders are expanded by processing, not here
 
 
@@ -79,11 +81,13 @@ def test_missing_mistral_common_names_pip_command(monkeypatch):
 
 
 def test_custom_sentencepiece_model_path(tmp_path):
-    corpus = [f"the digit {w} number {i}" for i, w in enumerate("zero one two three four five".split() * 20)]
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_prefix=str(tmp_path / "tiny"),
-                                   vocab_size=300, model_type="bpe", byte_fallback=True, pad_id=3,
-                                   normalization_rule_name="identity", remove_extra_whitespaces=False,
-                                   minloglevel=2)
+    words = "zero one two three four five".split() * 20
+    corpus = [f"the digit {w} number {i}" for i, w in enumerate(words)]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus),
+                                   model_prefix=str(tmp_path / "tiny"), vocab_size=300,
+                                   model_type="bpe", byte_fallback=True, pad_id=3,
+                                   normalization_rule_name="identity",
+                                   remove_extra_whitespaces=False, minloglevel=2)
     t = build_tokenizer("SentencePiece", str(tmp_path / "tiny.model"))
     assert (t.vocab_size, t.media_token_id("image"), t.pad_id) == (303, 300, 3)
     assert t.detokenize(t.tokenize(" the digit two")) == " the digit two"
@@ -100,7 +104,8 @@ def test_conversation_layout_expansion_and_loss(tok, n):
     rec = conv_record([("<image>\nWhat digit is this?", "seven")], images=[uri(10)])
     s = encode_record(rec, tok, {"image": n}, CFG)
     img = tok.media_token_id("image")
-    prompt = [tok.bos_id] + tok.tokenize("USER: ") + [img] * n + tok.tokenize("\nWhat digit is this? ASSISTANT:")
+    prompt = ([tok.bos_id] + tok.tokenize("USER: ") + [img] * n
+              + tok.tokenize("\nWhat digit is this? ASSISTANT:"))
     answer = tok.tokenize(" seven") + [tok.eos_id]
     assert s.tokens.tolist() == prompt + answer
     assert s.tokens.dtype == torch.long and s.loss_mask.dtype == torch.float32
@@ -111,7 +116,8 @@ def test_conversation_layout_expansion_and_loss(tok, n):
 
 
 def test_labels_are_shifted_tokens(tok):
-    s = encode_record(conv_record([("<image> hi", "there")], images=[uri(1)]), tok, {"image": 3}, CFG)
+    s = encode_record(conv_record([("<image> hi", "there")], images=[uri(1)]), tok, {"image": 3},
+                      CFG)
     assert s.labels.dtype == torch.long and s.labels.shape == s.tokens.shape
     assert s.labels[:-1].tolist() == s.tokens[1:].tolist()
     assert s.labels[-1].item() == tok.pad_id and s.loss_mask[-1].item() == 0
@@ -156,7 +162,8 @@ def test_max_seq_length_raises_without_truncation(tok):
     rec = conv_record([("<image> q", "a")], images=[uri(0)], rid="too-long")
     n = len(encode_record(rec, tok, {"image": 8}, CFG).tokens)
     assert len(encode_record(rec, tok, {"image": 8}, CFG, max_seq_length=n).tokens) == n
-    with pytest.raises(DataRecordError, match=rf"record 'too-long' \(t.jsonl line 1\): {n} tokens exceed max_seq_length={n - 1}"):
+    with pytest.raises(DataRecordError, match=rf"record 'too-long' \(t.jsonl line 1\): {n} tokens "
+                                              rf"exceed max_seq_length={n - 1}"):
         encode_record(rec, tok, {"image": 8}, CFG, max_seq_length=n - 1)
 
 
@@ -176,9 +183,10 @@ def test_collate_padding_and_media_order(tok):
     lens = [len(s.tokens) for s in samples]
     b = collate(samples, pad_id=tok.pad_id, pad_to_multiple_of=8)
     S = -(-max(lens) // 8) * 8
-    assert b["tokens"].shape == b["labels"].shape == b["loss_mask"].shape == b["position_ids"].shape == (3, S)
+    assert all(b[k].shape == (3, S) for k in ("tokens", "labels", "loss_mask", "position_ids"))
     for i, (s, n) in enumerate(zip(samples, lens)):
-        assert torch.equal(b["tokens"][i, :n], s.tokens) and torch.equal(b["labels"][i, :n], s.labels)
+        assert torch.equal(b["tokens"][i, :n], s.tokens)
+        assert torch.equal(b["labels"][i, :n], s.labels)
         assert torch.equal(b["loss_mask"][i, :n], s.loss_mask)
         assert (b["tokens"][i, n:] == tok.pad_id).all() and (b["labels"][i, n:] == tok.pad_id).all()
         assert (b["loss_mask"][i, n:] == 0).all()
@@ -210,7 +218,8 @@ def test_dataset_lazy_encoding(tok, tmp_path):
     ds = MultimodalDataset(tmp_path / "d.jsonl", tok, {"image": 2}, CFG, max_seq_length=30)
     assert len(ds) == 3
     assert ds[0].record_id == "r0" and ds[0].media["image"].shape == (1, 3, 14, 14)
-    with pytest.raises(DataRecordError, match=r"record 'r1' \(d.jsonl line 2\): cannot decode image"):
+    with pytest.raises(DataRecordError,
+                       match=r"record 'r1' \(d.jsonl line 2\): cannot decode image"):
         ds[1]
     with pytest.raises(DataRecordError, match=r"record 'r2' \(d.jsonl line 3\): \d+ tokens exceed"):
         ds[2]
@@ -240,7 +249,8 @@ def test_sampler_exactly_once_per_epoch_across_ranks():
         flat = [i for st in all_steps[e * per_epoch:(e + 1) * per_epoch] for mb in st for i in mb]
         assert len(flat) == 18 and len(set(flat)) == 18 and all(0 <= i < total for i in flat)
         assert all(len(mb) == mbs for st in all_steps for mb in st)
-    epochs = [sorted(i for st in all_steps[e * 3:(e + 1) * 3] for mb in st for i in mb) for e in range(3)]
+    epochs = [sorted(i for st in all_steps[e * 3:(e + 1) * 3] for mb in st for i in mb)
+              for e in range(3)]
     assert len({tuple(e) for e in epochs}) > 1  # the dropped tail varies by epoch
 
 
@@ -249,7 +259,8 @@ def test_sampler_rank_slices_of_global_order():
     order = s.epoch_order(0).tolist()
     assert sorted(order) == list(range(20)) and order != list(range(20))
     assert take(s, 3) == [order[2:4], order[6:8], order[10:12]]
-    assert take(MegatronPretrainingSampler(8, 0, 2, 0, 2, shuffle=False), 3) == [[0, 1], [4, 5], [0, 1]]
+    unshuffled = MegatronPretrainingSampler(8, 0, 2, 0, 2, shuffle=False)
+    assert take(unshuffled, 3) == [[0, 1], [4, 5], [0, 1]]
 
 
 def test_sampler_deterministic_and_seeded():

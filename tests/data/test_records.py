@@ -8,7 +8,8 @@ import pytest
 import torch
 from PIL import Image
 
-from megatron_mm.data.media import CLIP_MEAN, CLIP_STD, ImageProcessorConfig, load_image, preprocess_image
+from megatron_mm.data.media import (CLIP_MEAN, CLIP_STD, ImageProcessorConfig, load_image,
+                                    preprocess_image)
 from megatron_mm.data.records import MODALITIES, DataRecordError, parse_record, read_records
 
 
@@ -48,7 +49,8 @@ def test_reads_conversation_text_and_resolves_paths(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [
         conv("c1", images=["imgs/a.png"]),
         "",  # blank lines are skipped
-        {"id": 7, "text": "<image> a seven <image>", "images": [{"data": data_uri(png())}, data_uri(png())]},
+        {"id": 7, "text": "<image> a seven <image>",
+         "images": [{"data": data_uri(png())}, data_uri(png())]},
         {"conversations": [{"from": "USER", "value": "hi"}, {"from": "assistant", "value": "yo"}]},
     ])
     recs = read_records(path)
@@ -57,7 +59,8 @@ def test_reads_conversation_text_and_resolves_paths(tmp_path):
     assert recs[0].media["image"][0].path == str(tmp_path / "imgs" / "a.png")
     assert recs[1].text == "<image> a seven <image>" and len(recs[1].media["image"]) == 2
     assert all(m.data is not None for m in recs[1].media["image"])
-    assert recs[2].media["image"] == [] and [t.role for t in recs[2].turns] == ["human", "assistant"]
+    assert recs[2].media["image"] == []
+    assert [t.role for t in recs[2].turns] == ["human", "assistant"]
 
 
 def test_placeholder_mismatch_names_record_and_line(tmp_path):
@@ -71,11 +74,15 @@ def test_placeholder_mismatch_names_record_and_line(tmp_path):
 
 
 def test_placeholder_count_too_few_and_missing_key(tmp_path):
-    path = write_jsonl(tmp_path / "a.jsonl", [conv("y", question="no placeholder", images=[data_uri(png())])])
-    with pytest.raises(DataRecordError, match=r"record 'y' \(a.jsonl line 1\) has 0 <image> placeholders but 1 images"):
+    path = write_jsonl(tmp_path / "a.jsonl",
+                       [conv("y", question="no placeholder", images=[data_uri(png())])])
+    with pytest.raises(DataRecordError,
+                       match=r"record 'y' \(a.jsonl line 1\) has 0 <image> placeholders "
+                             r"but 1 images"):
         read_records(path)
     path = write_jsonl(tmp_path / "b.jsonl", [conv("z")])  # placeholder, no "images" key
-    with pytest.raises(DataRecordError, match=r"'z' \(b.jsonl line 1\) has 1 <image> placeholders but 0 images"):
+    with pytest.raises(DataRecordError,
+                       match=r"'z' \(b.jsonl line 1\) has 1 <image> placeholders but 0 images"):
         read_records(path)
 
 
@@ -103,10 +110,13 @@ def test_invalid_json_names_file_and_line(tmp_path):
     ({"id": "r", "conversations": [{"from": "human"}]}, "'from' and 'value'"),
     ({"id": "r", "conversations": [{"from": "bot", "value": "a"}]}, "unknown role 'bot'"),
     ({"id": "r", "conversations": [{"from": "gpt", "value": "a"}]}, "should be a human turn"),
-    ({"id": "r", "conversations": [{"from": "human", "value": "a"}]}, "last turn must be an assistant"),
-    ({"id": "r", "conversations": [{"from": "human", "value": "a"}, {"from": "human", "value": "b"}]},
+    ({"id": "r", "conversations": [{"from": "human", "value": "a"}]},
+     "last turn must be an assistant"),
+    ({"id": "r", "conversations": [{"from": "human", "value": "a"},
+                                   {"from": "human", "value": "b"}]},
      "should be an assistant turn"),
-    ({"id": "r", "conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "<image>"}],
+    ({"id": "r", "conversations": [{"from": "human", "value": "a"},
+                                   {"from": "gpt", "value": "<image>"}],
       "images": ["x.png"]}, "only allowed in human turns"),
     ({"id": "r", "text": "<image>", "images": "x.png"}, "'images' must be a list"),
     ({"id": "r", "text": "<image>", "images": [{"path": "x.png"}]}, "without a non-empty 'data'"),
@@ -123,7 +133,9 @@ def test_missing_or_bad_fields(obj, fragment):
 
 def test_duplicate_ids_rejected(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [conv("a", question="q"), conv("a", question="q")])
-    with pytest.raises(DataRecordError, match=r"'a' \(d.jsonl line 2\): duplicate id \(first seen at d.jsonl line 1\)"):
+    with pytest.raises(DataRecordError,
+                       match=r"'a' \(d.jsonl line 2\): duplicate id "
+                             r"\(first seen at d.jsonl line 1\)"):
         read_records(path)
 
 
@@ -140,12 +152,14 @@ def test_load_image_forms_agree(tmp_path):
 
 def test_undecodable_image_is_lazy_and_named(tmp_path):
     (tmp_path / "broken.png").write_bytes(b"not a png")
-    path = write_jsonl(tmp_path / "u.jsonl", [conv("u1", images=["broken.png"]),
-                                              conv("u2", images=[{"data": "data:image/png;base64,@@@"}])])
+    path = write_jsonl(tmp_path / "u.jsonl",
+                       [conv("u1", images=["broken.png"]),
+                        conv("u2", images=[{"data": "data:image/png;base64,@@@"}])])
     recs = read_records(path)  # reading succeeds: decoding is lazy
     with pytest.raises(DataRecordError, match=r"u1.*cannot decode image .*broken.png"):
         load_image(recs[0].media["image"][0], context=recs[0].where())
-    with pytest.raises(DataRecordError, match=r"record 'u2' \(u.jsonl line 2\): cannot decode image <inline data>"):
+    with pytest.raises(DataRecordError,
+                       match=r"record 'u2' \(u.jsonl line 2\): cannot decode image <inline data>"):
         load_image(recs[1].media["image"][0], context=recs[1].where())
 
 
@@ -153,11 +167,12 @@ def test_preprocess_resizes_and_normalises():
     cfg = ImageProcessorConfig(image_size=14)
     x = preprocess_image(Image.new("RGB", (8, 8), (255, 0, 255)), cfg)
     assert x.dtype == torch.float32 and x.shape == (3, 14, 14)
-    expected = [(1 - CLIP_MEAN[0]) / CLIP_STD[0], (0 - CLIP_MEAN[1]) / CLIP_STD[1], (1 - CLIP_MEAN[2]) / CLIP_STD[2]]
+    expected = [(v - m) / s for v, m, s in zip((1, 0, 1), CLIP_MEAN, CLIP_STD)]
     for c in range(3):
         assert torch.allclose(x[c], torch.full((14, 14), expected[c]), atol=1e-5)
     # custom mean/std and a non-constant image: bicubic resize, /255, (x-m)/s
     cfg = ImageProcessorConfig(image_size=4, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
     img = Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8) * 4).convert("RGB")
     ref = np.asarray(img.resize((4, 4), Image.Resampling.BICUBIC), dtype=np.float32) / 255
-    assert torch.allclose(preprocess_image(img, cfg), torch.from_numpy(ref.transpose(2, 0, 1)), atol=1e-6)
+    assert torch.allclose(preprocess_image(img, cfg), torch.from_numpy(ref.transpose(2, 0, 1)),
+                          atol=1e-6)

@@ -13,7 +13,6 @@ CPU emulation checks, on TE's state. Skipped where TE or CUDA is missing; never 
 import pytest
 import torch
 
-import megatron_mm.models  # noqa: F401  (patches first; no-ops with CUDA)
 from megatron_mm.config import (
     FreezeConfig,
     LanguageModelConfig,

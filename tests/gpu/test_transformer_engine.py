@@ -20,7 +20,6 @@ import argparse
 import pytest
 import torch
 
-import megatron_mm.models  # noqa: F401  (patches first; no-ops with CUDA)
 from megatron_mm.config import (
     AudioEncoderConfig,
     LanguageModelConfig,

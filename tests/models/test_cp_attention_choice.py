@@ -3,7 +3,6 @@ plain causal mask and the zigzag split; ours otherwise; --cp-comm-type is TE's a
 
 import pytest
 
-import megatron_mm.models  # noqa: F401  (CPU patches first)
 from megatron_mm.config import ConfigError
 from megatron_mm.models.specs import (
     choose_cp_attention, get_layer_specs, transformer_engine_available)

@@ -94,8 +94,6 @@ def test_recomputed_pieces_take_tes_checkpoint_under_te_fp8(monkeypatch, emulate
     import megatron.core.extensions.transformer_engine as te_ext
     from megatron.core import tensor_parallel
 
-    from megatron_mm.models import fp8_context
-
     used = []
 
     def te(run, distribute, rng_tracker, tp_group, hidden):

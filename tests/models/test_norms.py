@@ -5,7 +5,6 @@ Megatron-Core's own torch norm refuses; every norm slot of the local specs uses 
 import pytest
 import torch
 
-import megatron_mm.models  # noqa: F401  (CPU patches first)
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_config import TransformerConfig
 

@@ -2,7 +2,6 @@
 
 import pytest
 
-import megatron_mm.models  # noqa: F401  (CPU patches first)
 from megatron_mm.config import ConfigError
 from megatron_mm.models.specs import default_transformer_impl, get_layer_specs
 

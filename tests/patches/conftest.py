@@ -1,6 +1,6 @@
-"""Shared fixtures for the tests of the CPU patches (``patches/``, ``megatron_mm.patches``).
+"""Shared fixtures for the tests of the CPU patches (``megatron_mm.patches``).
 
-* All patches are applied to this process (as ``import megatron_mm.models`` does), so each
+* All patches are applied to this process (``tests/conftest.py``, as an entry point does), so each
   test runs the real megatron-core code path with its patch in place.
 * ``upstream``: what megatron-core does *without* the patches, measured in one fresh
   subprocess (``_upstream_probe.py``) per session.

@@ -1,5 +1,5 @@
-"""The patch table (``patches/registry.py``): what ``apply_cpu_patches`` applies, and what
-each entry documents."""
+"""The patch table (``megatron_mm/patches/registry.py``): what ``apply_cpu_patches`` applies, and
+what each entry documents."""
 
 import importlib
 import re

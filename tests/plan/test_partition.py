@@ -62,7 +62,8 @@ def test_explicit_list():
     part = partition(chain, 2, 1, parse_partition_flag("6,4"))
     assert part.layers_per_chunk == [6, 4] and part.policy == "explicit"
     assert partition(chain, 2, 1, "3,7").layers_per_chunk == [3, 7]
-    with pytest.raises(PlanError, match=r"sum to 9, but the chain has 10 layers \(1 llm_embed \+ 1 vision_embed"):
+    with pytest.raises(PlanError, match=r"sum to 9, but the chain has 10 layers "
+                                        r"\(1 llm_embed \+ 1 vision_embed"):
         partition(chain, 2, 1, [5, 4])
     with pytest.raises(PlanError, match=r"lists 3 stages, but PP x VPP = 2 x 1 = 2"):
         partition(chain, 2, 1, [4, 3, 3])

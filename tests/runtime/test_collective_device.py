@@ -3,8 +3,6 @@
 
 import torch
 
-import megatron_mm.models  # noqa: F401  (CPU patches before megatron.core)
-
 from megatron_mm.runtime.collective_device import collective_device, device_for_backend
 
 

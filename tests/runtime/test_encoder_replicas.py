@@ -2,7 +2,6 @@
 
 import pytest
 
-import megatron_mm.models  # noqa: F401  (CPU patches before megatron.core)
 from megatron_mm.runtime.encoder_replicas import encoder_group_ranks
 
 

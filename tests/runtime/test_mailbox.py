@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import megatron_mm.models  # noqa: F401  (CPU patches before megatron.core)
 from dist_harness import NCCL_COALESCING, run_distributed
 from megatron_mm.runtime import mailbox
 from megatron_mm.runtime.mailbox import Mailbox, P2PTimeout, Spec

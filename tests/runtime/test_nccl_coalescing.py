@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import megatron_mm.models  # noqa: F401  (CPU patches before megatron.core)
 from dist_harness import run_distributed
 from megatron_mm.runtime.nccl_coalescing import batch_isend_irecv
 

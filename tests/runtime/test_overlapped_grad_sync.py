@@ -4,7 +4,6 @@ starts right after the last action adding to its gradients, hooks quiet until th
 from contextlib import contextmanager
 from types import SimpleNamespace
 
-import megatron_mm.models  # noqa: F401  (CPU patches before megatron.core)
 from megatron_mm.plan.actions import Action
 from megatron_mm.runtime.executor import _OverlappedGradSync
 

@@ -6,7 +6,6 @@ from types import SimpleNamespace
 
 import pytest
 
-import megatron_mm.models  # noqa: F401  (CPU patches before megatron.core)
 from megatron_mm.plan import PlanError
 from megatron_mm.plan.actions import Action, Schedule
 from megatron_mm.plan.generate import coarse, megatron

@@ -7,8 +7,6 @@ import time
 import pytest
 import torch
 
-import megatron_mm.models  # noqa: F401  (CPU patches before megatron.core)
-
 from megatron_mm.runtime import timer as timer_module
 from megatron_mm.runtime.timer import DeviceTimer, device_clock
 

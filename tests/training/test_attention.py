@@ -3,7 +3,6 @@
 import numpy as np
 import torch
 
-import megatron_mm.models  # noqa: F401  (CPU patches first)
 from megatron_mm.plan.attention_mask import dense_allowed, encode
 from megatron_mm.training.attention import AttentionSettings
 

@@ -3,8 +3,8 @@ in the training script: TP=2, PP=2 with the cut inside the ViT, CP=2, DP=2 and t
 its own pipeline in the LLM's bubbles each equal the one-process run from the same initial
 checkpoint (losses, gradients, parameters), on micro-batches of different tile counts,
 each image between <img> and </img> (--image-tag-type internvl, added to the demo's
-SentencePiece vocabulary); --data-balance (vision work in tiles) at DP=2 equals one process on both ranks' packed
-micro-batches."""
+SentencePiece vocabulary); --data-balance (vision work in tiles) at DP=2 equals one process on both
+ranks' packed micro-batches."""
 
 import pytest
 import torch

@@ -1,13 +1,13 @@
 """Pipeline layouts equal one process from the same initial checkpoint (losses, gradients,
 parameters): PP=2 with Megatron's layout (encoder on the first stage), with the ViT split
 across stages, with the frozen-aware partition and with the partition OmniBal's search
-times and keeps (its trial iterations leave the run's init and data order alone); PP=2 x VPP=2 and PP=4 with encoder-only
-middle chunks; TP=2 x PP=2; the encoder as its own pipeline (coarse and bubble schedules),
-also at encoder TP 1 inside TP 2 (two encoder replicas; its checkpoint then loads at TP=1
-and evaluates the same) and with full recompute reaching the encoder pieces. A frozen ViT runs no backward on any stage it spans.
-Ranks run in strict p2p mode; the encoder schedules also with NCCL's one Work per batch
-(``runtime/nccl_coalescing.py``), where a message read before its batch is waited for is
-garbage."""
+times and keeps (its trial iterations leave the run's init and data order alone); PP=2 x VPP=2 and
+PP=4 with encoder-only middle chunks; TP=2 x PP=2; the encoder as its own pipeline (coarse and
+bubble schedules), also at encoder TP 1 inside TP 2 (two encoder replicas; its checkpoint then loads
+at TP=1 and evaluates the same) and with full recompute reaching the encoder pieces. A frozen ViT
+runs no backward on any stage it spans. Ranks run in strict p2p mode; the encoder schedules also
+with NCCL's one Work per batch (``runtime/nccl_coalescing.py``), where a message read before its
+batch is waited for is garbage."""
 
 import pytest
 import torch

@@ -10,7 +10,6 @@ import importlib
 import pytest
 import torch
 
-import megatron_mm.models  # noqa: F401  (CPU patches first)
 from megatron_mm import te_import
 from megatron_mm.config import ConfigError
 from megatron_mm.models import specs

@@ -21,6 +21,7 @@ __all__ = [
     "METHODS", "ROUNDS", "BalanceMetrics", "BalancedSampler", "Bounds", "Candidate",
     "Grouping", "SampleLoad", "imbalance", "isf", "length_sorted_batches", "measure",
     "padding_ratio", "random_batches", "random_groups", "random_rounds", "read_all",
-    "parse_bounds", "read_length_stats", "search_bounds", "sorted_rounds", "split_to_multiple", "stats_files",
+    "parse_bounds", "read_length_stats", "search_bounds", "sorted_rounds", "split_to_multiple",
+    "stats_files",
     "steps_of",
 ]

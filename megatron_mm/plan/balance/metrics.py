@@ -8,14 +8,14 @@ N micro-batches, each a list of sample indices.
   it is the mean over ranks.
 - imbalance across the N ranks of a step: ``sum_r (T_max - T_r) / (T_max * N)``, with T_r
   a rank's total vision tiles (vision imbalance) or the LLM tokens it computes (LLM
-  imbalance): t_max * B for a padded micro-batch, the sum of lengths for a packed one. 0 means every rank has the same work; it is the mean idle share of the
-  ranks while the slowest finishes.
+  imbalance): t_max * B for a padded micro-batch, the sum of lengths for a packed one. 0 means every
+  rank has the same work; it is the mean idle share of the ranks while the slowest finishes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import Sequence
 
 from .loads import SampleLoad
 

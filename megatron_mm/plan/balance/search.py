@@ -2,10 +2,10 @@
 
 Bounds tuned for one data mix make balance worse on another (OmniBal's 9 tiles / 4096
 tokens give 1.6 samples per group and imbalances of 0.28 / 0.31 on the four-file mix where
-searched bounds give 0.003 / 0.07), so they are searched per dataset: walk Q_v along the ray Q_t = Q_v * r (r: mean
-tokens per tile, rounded to 16), from about target x mean tiles up until groups hold more
-than target + 1 samples and down until they hold fewer than the target, then try Q_t +- r/2
-at the best point; Q'_v = Q_v, Q'_t = Q_t - 128. The winner has the smallest padding +
+searched bounds give 0.003 / 0.07), so they are searched per dataset: walk Q_v along the ray
+Q_t = Q_v * r (r: mean tokens per tile, rounded to 16), from about target x mean tiles up until
+groups hold more than target + 1 samples and down until they hold fewer than the target, then try
+Q_t +- r/2 at the best point; Q'_v = Q_v, Q'_t = Q_t - 128. The winner has the smallest padding +
 vision imbalance + LLM imbalance among candidates whose mean samples per group lies in
 [target, target + 1] (OmniBal's window); if none does (small data), the one closest to
 the target. Q_v never goes below the largest sample's tiles, nor Q_t below its tokens.
