@@ -1,10 +1,10 @@
 """The tree passes ruff with the rules of ``pyproject.toml`` (``make lint``)."""
 
 import subprocess
-
-import pytest
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
