@@ -48,11 +48,7 @@ CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")  # Megatron's --cp-comm-t
 
 
 def transformer_engine_importable() -> bool:
-    return transformer_engine_import_error() is None
-
-
-def transformer_engine_import_error() -> Optional[str]:
-    return te_import.import_error()
+    return te_import.import_error() is None
 
 
 def transformer_engine_available() -> bool:
@@ -81,7 +77,7 @@ def require_transformer_engine(defaulted: bool = False) -> None:
         raise ConfigError(f"{flag} needs a CUDA device: pass --transformer-impl local")
     raise ConfigError(
         f"{flag}: Transformer Engine does not import on this CUDA machine: "
-        f"{transformer_engine_import_error()}. Install it into this torch "
+        f"{te_import.import_error()}. Install it into this torch "
         f"({te_import.INSTALL}) or pass --transformer-impl local")
 
 

@@ -8,16 +8,15 @@ checked when the run's impl is resolved (``training/pretrain.py`` ``transformer_
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Optional
 
 from ..config import ConfigError
-from ..te_import import INSTALL
+from ..te_import import INSTALL, transformer_engine_installed
 
 
 def validate_transformer_impl(args, te_installed: Optional[bool] = None) -> None:
     if te_installed is None:
-        te_installed = importlib.util.find_spec("transformer_engine") is not None
+        te_installed = transformer_engine_installed()
     if args.transformer_impl == "transformer_engine" and not te_installed:
         raise ConfigError(
             "--transformer-impl transformer_engine needs Transformer Engine, which is not "

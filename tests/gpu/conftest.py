@@ -26,9 +26,9 @@ def transformer_engine():
     import (unless MEGATRON_MM_GPU_TESTS_WITHOUT_TE=1: skipped, TE absent)."""
     import torch
 
-    from megatron_mm.models.specs import transformer_engine_import_error
+    from megatron_mm.te_import import import_error
 
-    action, reason = te_gate(torch.cuda.is_available(), transformer_engine_import_error(),
+    action, reason = te_gate(torch.cuda.is_available(), import_error(),
                              os.environ.get(WITHOUT_TE) == "1")
     if action == "skip":
         pytest.skip(reason)

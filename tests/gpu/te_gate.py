@@ -14,7 +14,7 @@ WITHOUT_TE = "MEGATRON_MM_GPU_TESTS_WITHOUT_TE"
 
 def te_gate(cuda: bool, te_error: Optional[str], without_te: bool) -> Tuple[str, str]:
     """("run" | "skip" | "fail", reason). ``te_error``: None when TE imports
-    (``models.specs.transformer_engine_import_error``)."""
+    (``te_import.import_error``)."""
     if not cuda:
         return "skip", "needs a CUDA device"
     if te_error is None:

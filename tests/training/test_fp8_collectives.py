@@ -17,6 +17,7 @@ import os
 import pytest
 import torch
 from dist_harness import mismatched_collectives, run_distributed
+from equivalence import merge_stages
 from train_workers import TINY_MODEL, train, train_logging_collectives
 
 pytestmark = pytest.mark.processes
@@ -110,9 +111,7 @@ def test_text_only_dp_rank_same_collectives_and_equals_one_process(one_rank_text
     for it in range(1, STEPS + 1):
         assert ranks[2]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
     for step in (1, STEPS):
-        ours = {}
-        for out in stages:
-            ours.update(out["grads"][step])
+        ours = merge_stages(stages, "grads", step)
         assert ours.keys() == ref["grads"][step].keys()
         for name, g in ref["grads"][step].items():
             if g is not None:
