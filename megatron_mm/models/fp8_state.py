@@ -74,10 +74,6 @@ def fp8_enabled() -> bool:
     return STATE.enabled
 
 
-def current_recipe() -> Optional[Recipe]:
-    return STATE.recipe
-
-
 def register(metas: Dict[bool, object], owner) -> None:
     """A delayed-scaling module's ``{forward: meta}`` joins the buffers of the current
     autocast's recipe and group, once (TE: ``add_fp8_tensors_to_global_buffer``)."""
