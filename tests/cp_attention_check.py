@@ -13,7 +13,7 @@ S, BLOCK, HEADS, GROUPS, DIM = 40, 4, 6, 3, 8
 
 
 def _dense(q, k, v, codes):
-    from megatron_mm.plan.attention_mask import dense_allowed
+    from megatron_mm.plan.context_parallel.attention_mask import dense_allowed
 
     allow = torch.from_numpy(dense_allowed(codes))  # [B, S, S]
     kk = k.repeat_interleave(HEADS // GROUPS, 2)

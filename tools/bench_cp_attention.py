@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import torch.multiprocessing as mp
 
-    from megatron_mm.plan.cp_assignment import BLOCK_OVERHEAD, assign_tokens
+    from megatron_mm.plan.context_parallel.cp_assignment import BLOCK_OVERHEAD, assign_tokens
     from megatron_mm.plan.mask_families import family_codes
 
     if args.context_parallel_block_overhead is None:

@@ -38,7 +38,7 @@ from megatron_mm.plan import (  # noqa: E402
 from megatron_mm.plan import model_zoo  # noqa: E402
 from megatron_mm.plan.comparison import COMPARED  # noqa: E402
 from megatron_mm.plan.model import patch_embed_flops  # noqa: E402
-from megatron_mm.plan.profile import MEASURED, LayerProfile, apply_profile  # noqa: E402
+from megatron_mm.plan.pipeline.profile import MEASURED, LayerProfile, apply_profile  # noqa: E402
 
 GiB = 1024 ** 3
 

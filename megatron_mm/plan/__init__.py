@@ -11,22 +11,22 @@ Everything a plan holds is a dataclass with ``to_dict`` / ``from_dict`` (``Recor
 the runtime that executes a plan and a simulator that replays it read the same data.
 """
 
-from .attention_mask import dense_allowed, mask_codes
-from .chain import build_chain
+from .context_parallel.attention_mask import dense_allowed, mask_codes
+from .pipeline.chain import build_chain
 from .comparison import Comparison, Scenario, compare, cornstarch_scenarios, optimus_scenarios
-from .cp_assignment import CPAssignment, assign_tokens
-from .describe import describe_chunk
+from .context_parallel.cp_assignment import CPAssignment, assign_tokens
+from .pipeline.describe import describe_chunk
 from .errors import PlanError
-from .encoder_planner import Candidate, EncoderSchedulePlan, plan_encoder_schedule
-from .estimate import PipelineEstimate, estimate
-from .hardware import Hardware, MemoryModel
-from .layers import KINDS, Layer, resolve_backward
-from .minmax import minmax_split
+from .schedules.encoder_planner import Candidate, EncoderSchedulePlan, plan_encoder_schedule
+from .pipeline.estimate import PipelineEstimate, estimate
+from .costs.hardware import Hardware, MemoryModel
+from .pipeline.layers import KINDS, Layer, resolve_backward
+from .pipeline.minmax import minmax_split
 from .model import EncoderSpec, ModelSpec, TransformerSpec, Workload
-from .partition import POLICIES, StagePartition, parse_partition_flag, partition
-from .planner import PipelinePlan, plan_pipeline
+from .pipeline.partition import POLICIES, StagePartition, parse_partition_flag, partition
+from .pipeline.planner import PipelinePlan, plan_pipeline
 from .record import Record
-from .schedule import inflight_microbatches
+from .pipeline.inflight import inflight_microbatches
 
 __all__ = [
     "KINDS", "POLICIES", "CPAssignment", "Candidate", "Comparison", "EncoderSchedulePlan",

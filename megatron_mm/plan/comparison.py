@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from . import model_zoo
-from .chain import build_chain
-from .hardware import Hardware, MemoryModel
+from .pipeline.chain import build_chain
+from .costs.hardware import Hardware, MemoryModel
 from .model import Workload
-from .planner import PipelinePlan, plan_pipeline
+from .pipeline.planner import PipelinePlan, plan_pipeline
 from .record import Record
 
 COMPARED = ("uniform", "balanced", "auto")

@@ -31,24 +31,25 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import flops, model_zoo
+from .costs import flops
+from . import model_zoo
 from .balance.baselines import random_batches
 from .balance.isf import Bounds, isf
 from .balance.loads import SampleLoad
 from .balance.rounds import sorted_rounds
 from .balance.search import search_bounds
-from .chain import build_chain
+from .pipeline.chain import build_chain
 from .errors import PlanError
-from .generate import megatron
-from .hardware import A100, Hardware, MemoryModel
-from .layers import LLM, TRANSFORMER_KINDS, Layer
+from .schedules.generate import megatron
+from .costs.hardware import A100, Hardware, MemoryModel
+from .pipeline.layers import LLM, TRANSFORMER_KINDS, Layer
 from .model import EncoderSpec, ModelSpec, Workload, patch_embed_flops
-from .partition import uniform_counts
-from .partition_search import candidates
-from .recompute_budget import GB, chunk_activations, choose_recompute, static_bytes
+from .pipeline.partition import uniform_counts
+from .pipeline.partition_search import candidates
+from .pipeline.recompute_budget import GB, chunk_activations, choose_recompute, static_bytes
 from .record import Record
-from .schedule import inflight_microbatches
-from .simulate import ActionCosts, simulate
+from .pipeline.inflight import inflight_microbatches
+from .schedules.simulate import ActionCosts, simulate
 
 # The paper's A100 GPU-days for the four rows (6B + 20B, Megatron backend).
 PAPER_GPU_DAYS = [61.8, 51.9, 29.0, 21.3]

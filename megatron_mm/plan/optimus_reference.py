@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from . import model_zoo
-from .action_costs import LLMLayout
-from .encoder_planner import EncoderSchedulePlan, plan_encoder_schedule
-from .hardware import A100, A100_LINKS, H100, H100_LINKS
+from .schedules.action_costs import LLMLayout
+from .schedules.encoder_planner import EncoderSchedulePlan, plan_encoder_schedule
+from .costs.hardware import A100, A100_LINKS, H100, H100_LINKS
 from .record import Record
 
 

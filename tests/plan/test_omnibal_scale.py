@@ -7,9 +7,9 @@ import pytest
 
 from megatron_mm.plan.balance.loads import SampleLoad
 from megatron_mm.plan.errors import PlanError
-from megatron_mm.plan.generate import megatron
+from megatron_mm.plan.schedules.generate import megatron
 from megatron_mm.plan.omnibal_scale import ROWS, ScaleSetup, run_ablation, table
-from megatron_mm.plan.simulate import ActionCosts, simulate
+from megatron_mm.plan.schedules.simulate import ActionCosts, simulate
 
 
 def test_microbatches_of_different_cost_replay_exactly():
