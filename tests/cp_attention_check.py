@@ -29,7 +29,7 @@ def check_attention(rank: int) -> dict:
 
     from megatron_mm.models.context_parallel import context_parallel_mask
     from megatron_mm.models.cp_attention import ContextParallelAttention
-    from megatron_mm.plan.mask_families import family_codes
+    from megatron_mm.reproductions.mask_families import family_codes
 
     groups = {4: torch.distributed.new_group([0, 1, 2, 3]),
               2: [torch.distributed.new_group([0, 1]), torch.distributed.new_group([2, 3])]}

@@ -6,7 +6,7 @@ import pytest
 
 from megatron_mm.plan.context_parallel.attention_mask import (dense_allowed, encode, key_intervals,
                                                               mask_codes, media_items, tile_map)
-from megatron_mm.plan.mask_families import FAMILIES, family_codes
+from megatron_mm.reproductions.mask_families import FAMILIES, family_codes
 
 IMG = 9  # placeholder id, 2 tokens per item
 

@@ -7,7 +7,7 @@ from megatron_mm.plan import PlanError
 from megatron_mm.plan.context_parallel.attention_mask import dense_allowed
 from megatron_mm.plan.context_parallel.cp_assignment import (CPAssignment, METHODS, assign_tokens,
                                                              block_loads, lpt, refine)
-from megatron_mm.plan.mask_families import FAMILIES, family_codes
+from megatron_mm.reproductions.mask_families import FAMILIES, family_codes
 
 
 @pytest.mark.parametrize("method", METHODS)

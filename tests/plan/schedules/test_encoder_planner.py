@@ -5,14 +5,15 @@ import json
 
 import pytest
 
-from megatron_mm.plan import PlanError, model_zoo
+from megatron_mm.plan import PlanError
+from megatron_mm.reproductions import model_zoo
 from megatron_mm.plan.schedules.action_costs import CostModel, EncoderPlan, LLMLayout
 from megatron_mm.plan.schedules.actions import validate
 from megatron_mm.plan.schedules.encoder_planner import EncoderSchedulePlan, plan_encoder_schedule
 from megatron_mm.plan.schedules.bubble import bubble
 from megatron_mm.plan.schedules.generate import EncoderLayout, coarse, megatron
 from megatron_mm.plan.costs.hardware import A100, A100_LINKS, H100, H100_LINKS
-from megatron_mm.plan.optimus_reference import RUNS, coarse_hidden, plan_run
+from megatron_mm.reproductions.optimus_reference import RUNS, coarse_hidden, plan_run
 from megatron_mm.plan.schedules.simulate import ActionCosts, simulate
 
 

@@ -14,7 +14,7 @@ from typing import Callable, Dict
 
 import numpy as np
 
-from .context_parallel.attention_mask import encode
+from ..plan.context_parallel.attention_mask import encode
 
 
 def causal(s: int, rng: np.random.Generator) -> np.ndarray:

@@ -17,9 +17,9 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
-from .errors import PlanError
-from .model import (EncoderSpec, ModelSpec, TransformerSpec, patch_embed_flops,
-                    whisper_stem_flops)
+from ..plan.errors import PlanError
+from ..plan.model import (EncoderSpec, ModelSpec, TransformerSpec, patch_embed_flops,
+                          whisper_stem_flops)
 
 
 def _llm(hidden, layers, ffn, heads, groups, vocab, **kw) -> TransformerSpec:

@@ -3,7 +3,7 @@
 import pytest
 
 from megatron_mm.plan import Workload, build_chain
-from megatron_mm.plan import model_zoo as zoo
+from megatron_mm.reproductions import model_zoo as zoo
 from megatron_mm.plan.model import ModelSpec
 
 

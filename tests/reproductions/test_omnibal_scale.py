@@ -1,4 +1,4 @@
-"""OmniBal's ablation at scale (plan/omnibal_scale.py) and the simulator's per-micro-batch
+"""OmniBal's ablation at scale (reproductions/omnibal_scale.py) and the simulator's per-micro-batch
 costs it replays."""
 
 import random
@@ -8,7 +8,7 @@ import pytest
 from megatron_mm.plan.balance.loads import SampleLoad
 from megatron_mm.plan.errors import PlanError
 from megatron_mm.plan.schedules.generate import megatron
-from megatron_mm.plan.omnibal_scale import ROWS, ScaleSetup, run_ablation, table
+from megatron_mm.reproductions.omnibal_scale import ROWS, ScaleSetup, run_ablation, table
 from megatron_mm.plan.schedules.simulate import ActionCosts, simulate
 
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from . import model_zoo
-from .schedules.action_costs import LLMLayout
-from .schedules.encoder_planner import EncoderSchedulePlan, plan_encoder_schedule
-from .costs.hardware import A100, A100_LINKS, H100, H100_LINKS
-from .record import Record
+from ..plan.schedules.action_costs import LLMLayout
+from ..plan.schedules.encoder_planner import EncoderSchedulePlan, plan_encoder_schedule
+from ..plan.costs.hardware import A100, A100_LINKS, H100, H100_LINKS
+from ..plan.record import Record
 
 
 @dataclass

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from . import model_zoo
-from .pipeline.chain import build_chain
-from .costs.hardware import Hardware, MemoryModel
-from .model import Workload
-from .pipeline.planner import PipelinePlan, plan_pipeline
-from .record import Record
+from ..plan.pipeline.chain import build_chain
+from ..plan.costs.hardware import Hardware, MemoryModel
+from ..plan.model import Workload
+from ..plan.pipeline.planner import PipelinePlan, plan_pipeline
+from ..plan.record import Record
 
 COMPARED = ("uniform", "balanced", "auto")
 
