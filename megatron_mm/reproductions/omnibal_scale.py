@@ -42,6 +42,7 @@ from ..plan.pipeline.chain import build_chain
 from ..plan.errors import PlanError
 from ..plan.schedules.generate import megatron
 from ..plan.costs.hardware import A100, Hardware, MemoryModel
+from ..plan.costs.unit_costs import TimeModel
 from ..plan.pipeline.layers import LLM, TRANSFORMER_KINDS, Layer
 from ..plan.model import EncoderSpec, ModelSpec, Workload, patch_embed_flops
 from ..plan.pipeline.partition import uniform_counts
@@ -203,11 +204,10 @@ def with_recompute(chain: Sequence[Layer], bounds, per_chunk: Optional[List[Dict
     return out
 
 
-def stage_seconds(chain: Sequence[Layer], bounds, hw: Hardware):
+def stage_seconds(chain: Sequence[Layer], bounds, time: TimeModel):
     """(forward, backward) seconds of each chunk for this micro-batch."""
-    fwd = [hw.seconds(sum(l.fwd_flops for l in chain[s:e])) for s, e in bounds]
-    bwd = [hw.seconds(sum(l.bwd_flops for l in chain[s:e])) for s, e in bounds]
-    return fwd, bwd
+    fwd, bwd = zip(*(time.chunk_s(chain[s:e]) for s, e in bounds))
+    return list(fwd), list(bwd)
 
 
 def peak_memory(chains: Sequence[List[Layer]], bounds, pp: int, m: int,
@@ -231,7 +231,7 @@ class AblationRun:
                  hardware: Hardware = A100, memory: Optional[MemoryModel] = None):
         if not loads:
             raise PlanError("no samples: give OmniBal's per-sample statistics")
-        self.loads, self.setup, self.hw = list(loads), setup, hardware
+        self.loads, self.setup, self.time = list(loads), setup, TimeModel(hardware)
         self.memory = memory or MemoryModel()
         self.model = internvl_model(setup)
         self.chains = MicrobatchChains(self.model, setup.tensor_model_parallel_size)
@@ -254,7 +254,7 @@ class AblationRun:
             per_mb = []
             for round_ in step:
                 chain = with_recompute(self.microbatch(round_[rank], padded), bounds, recompute)
-                fwd, bwd = stage_seconds(chain, bounds, self.hw)
+                fwd, bwd = stage_seconds(chain, bounds, self.time)
                 per_mb.append(ActionCosts(forward_s=fwd, backward_s=bwd))
             costs = ActionCosts(forward_s=per_mb[0].forward_s,
                                 backward_s=per_mb[0].backward_s, microbatches=per_mb)

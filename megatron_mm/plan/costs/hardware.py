@@ -11,7 +11,8 @@ from ..record import Record
 
 @dataclass
 class Hardware(Record):
-    """Time = FLOPs / (peak x efficiency); a stage-boundary transfer = latency + bytes / bandwidth.
+    """Time = FLOPs / (peak x efficiency); ``p2p_bandwidth`` / ``p2p_latency_s`` describe the
+    link between neighbouring stages (``p2p_links``, timed as ``Interconnect.p2p_seconds``).
 
     The efficiency factor stands for everything a FLOP count misses (kernel efficiency,
     memory-bound ops, TP communication); it scales all layers alike, so it changes estimated
@@ -35,10 +36,12 @@ class Hardware(Record):
     def seconds(self, flops: float) -> float:
         return flops / (self.peak_flops * self.efficiency)
 
-    def transfer_seconds(self, nbytes: float) -> float:
-        if self.p2p_bandwidth is None or nbytes <= 0:
-            return 0.0
-        return self.p2p_latency_s + nbytes / self.p2p_bandwidth
+    def p2p_links(self) -> Optional[Interconnect]:
+        """The stage-boundary link for the time model; None (free) without a bandwidth."""
+        if self.p2p_bandwidth is None:
+            return None
+        return Interconnect(name=f"{self.name}: stage-boundary link",
+                            p2p_bandwidth=self.p2p_bandwidth, p2p_latency_s=self.p2p_latency_s)
 
 
 @dataclass
@@ -100,7 +103,9 @@ class Interconnect(Record):
         return 0.0 if ways <= 1 else (ways - 1) / ways * nbytes / self.dp_bandwidth
 
     def p2p_seconds(self, nbytes: float) -> float:
-        return self.p2p_latency_s + nbytes / self.p2p_bandwidth
+        """The one p2p cost: a send of ``nbytes`` between pipeline ranks, latency + bytes /
+        bandwidth; nothing sent (a frozen stage's absent gradient) costs nothing."""
+        return 0.0 if nbytes <= 0 else self.p2p_latency_s + nbytes / self.p2p_bandwidth
 
 
 H100 = Hardware(name="H100 SXM, bf16 dense", peak_flops=989e12, efficiency=0.5)

@@ -1,7 +1,8 @@
-"""The one time model of the schedules' work: compute seconds on ``Hardware`` plus the
-tensor-parallel traffic on ``Interconnect`` links.
+"""The one time model of the planner's estimates: compute seconds on ``Hardware``, the
+tensor-parallel traffic and the pipeline's point-to-point sends on ``Interconnect`` links.
 
-Every per-action cost table (``simulate.ActionCosts``) is summed from units timed here:
+The partition's estimate (``pipeline.estimate``: its chunk seconds and stage-boundary
+sends) and every per-action cost table (``simulate.ActionCosts``) are timed here:
 
 - the cluster-scale Optimus planner (``action_costs.CostModel``: units from model sizes, a
   transformer layer or its attention / MLP kernel);
@@ -24,7 +25,7 @@ its encoder gradients over the r replicas once per iteration (``ALLREDUCE``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Tuple
 
 from ..errors import PlanError
 from .flops import FP32
@@ -72,6 +73,16 @@ class TimeModel(Record):
 
     def allreduce_s(self, nbytes: float, ways: int) -> float:
         return 0.0 if self.links is None else self.links.allreduce_seconds(nbytes, ways)
+
+    def p2p_s(self, nbytes: float) -> float:
+        """One send of ``nbytes`` to the next (or previous) pipeline rank."""
+        return 0.0 if self.links is None else self.links.p2p_seconds(nbytes)
+
+    def chunk_s(self, layers) -> Tuple[float, float]:
+        """(forward, backward) seconds of one micro-batch through consecutive chain
+        ``layers`` (``pipeline.layers.Layer``: costs per rank, backward with recompute)."""
+        return (self.compute_s(sum(l.fwd_flops for l in layers)),
+                self.compute_s(sum(l.bwd_flops for l in layers)))
 
     def broadcast_s(self, nbytes: float, ways: int) -> float:
         return 0.0 if self.links is None else self.links.broadcast_seconds(nbytes, ways)

@@ -11,7 +11,8 @@ interleaving shrinks by VPP (Narayanan et al., 2021). For equal stages of time t
 (M + PP - 1) t for 1F1B and M t + (PP - 1) t / VPP interleaved, the textbook bubbles; with
 VPP = 1 it is "sum of stage times + (M - 1) x max stage time" (DESIGN A). comm_b is the
 forward activation plus backward gradient transfer at chunk boundary b (zero unless
-``Hardware.p2p_bandwidth`` is set); steady-state transfers are taken as overlapped.
+``Hardware.p2p_bandwidth`` is set); steady-state transfers are taken as overlapped. Chunk
+seconds and transfers are those of the one time model (``costs.unit_costs.TimeModel``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from ..costs.hardware import Hardware, MemoryModel
+from ..costs.unit_costs import TimeModel
 from .layers import LLM, Layer
 from .memory import stage_memory
 from .partition import StagePartition
@@ -67,9 +69,9 @@ def estimate(chain: Sequence[Layer], part: StagePartition, num_microbatches: int
     if num_microbatches < 1:
         raise ValueError("num_microbatches must be >= 1")
     bounds = part.chunk_bounds()
-    fwd = [hardware.seconds(sum(l.fwd_flops for l in chain[s:e])) for s, e in bounds]
-    bwd = [hardware.seconds(sum(l.bwd_flops for l in chain[s:e])) for s, e in bounds]
-    comm = [hardware.transfer_seconds(f) + hardware.transfer_seconds(b)
+    time = TimeModel(hardware, hardware.p2p_links())
+    fwd, bwd = (list(t) for t in zip(*(time.chunk_s(chain[s:e]) for s, e in bounds)))
+    comm = [time.p2p_s(f) + time.p2p_s(b)
             for f, b in (_boundary_bytes(chain, e) for _, e in bounds[:-1])]
     stage_f, stage_b = [0.0] * pp, [0.0] * pp
     for c in range(part.num_chunks):

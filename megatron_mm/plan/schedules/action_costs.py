@@ -247,7 +247,7 @@ class CostModel:
 
     def p2p_s(self) -> float:
         # Megatron sends 1 / TP of the activation per GPU (scatter-gather optimisation)
-        return self.links.p2p_seconds(self.llm_act_bytes / self.layout.tensor_model_parallel_size)
+        return self.time.p2p_s(self.llm_act_bytes / self.layout.tensor_model_parallel_size)
 
     # -- parameters and the data-parallel bubbles -----------------------------------------
     def llm_params_per_gpu(self) -> float:

@@ -96,8 +96,8 @@ def encoder_pieces(chain: Sequence[Layer], encoder_ranks: Sequence[int],
     if rank_load is None:
         sizes = _even(len(layers), n)
     else:
-        hw = hardware or Hardware()
-        work = prefix_sums([hw.seconds(l.fwd_flops + l.bwd_flops) for l in layers])
+        time = TimeModel(hardware or Hardware())
+        work = prefix_sums([layer_seconds(l, time) for l in layers])
         stage_sizes = minmax_split(  # a stage too short for its pieces costs inf
             len(layers), len(stage_ranks),
             lambda i, j, g: (rank_load[stage_ranks[g]] + work[j] - work[i]
@@ -168,6 +168,12 @@ def chain_unit(layer: Layer, time: TimeModel, chain_tp: int = 1,
                      layer.out_bytes * chain_tp,
                      2 if layer.kind in TRANSFORMER_KINDS else 0, layer.recompute,
                      layer.runs_backward)
+
+
+def layer_seconds(layer: Layer, time: TimeModel) -> float:
+    """A chain layer's forward plus backward seconds of one micro-batch (``chain_unit``)."""
+    unit = chain_unit(layer, time)
+    return unit.forward_s + unit.backward_s
 
 
 def schedule_costs(chain: Sequence[Layer], llm_partition: StagePartition,
@@ -282,6 +288,7 @@ def plan_encoder_pipeline(chain: Sequence[Layer], pp: int, vpp: int, policy,
     part = partition(llm, pp, vpp, policy, num_microbatches=num_microbatches)
     _, ranks = encoder_placement(pp, encoder_pp, pieces_per_stage, reverse)
     hw = hardware or Hardware()
+    time = TimeModel(hw)
     load = None
     if policy != "uniform":  # balance each rank's LLM and encoder work together
         costs = schedule_costs(chain, part, [], hw)
@@ -294,13 +301,13 @@ def plan_encoder_pipeline(chain: Sequence[Layer], pp: int, vpp: int, policy,
             for layer in encoder:
                 if layer.kind == "projector" or layer.kind.endswith("_embed"):
                     load[part.rank_of_chunk(0) if layer.kind == "projector" else ranks[0]] += \
-                        hw.seconds(layer.fwd_flops + layer.bwd_flops)
+                        layer_seconds(layer, time)
         enc = encoder_pieces(chain, ranks, load, hw, name, shift)
         pieces.append(enc)
         if load is not None:
             layers = [l for l in encoder if l.kind.endswith("_layer")]
             for (s, e), rank in zip(enc.layers, enc.ranks):
-                load[rank] += sum(hw.seconds(l.fwd_flops + l.bwd_flops) for l in layers[s:e])
+                load[rank] += sum(layer_seconds(l, time) for l in layers[s:e])
     return EncoderPipelinePlan(
         llm_partition=part, pieces=pieces,
         placements=separate_placements(chain, part, pieces),

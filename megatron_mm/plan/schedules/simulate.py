@@ -23,7 +23,8 @@ from ..record import Record
 @dataclass
 class ActionCosts(Record):
     """Seconds per micro-batch: LLM forward / backward per chunk, encoder per stage, and a
-    transfer between ranks (activation or gradient).
+    transfer between ranks (activation or gradient; ``p2p_s``: the time model's
+    ``TimeModel.p2p_s`` of the message, a measured send, or 0: free).
 
     ``llm_start_s`` / ``llm_end_s``: the data-parallel bubbles of the distributed optimizer
     (parameter all-gather before a rank's first LLM action, gradient reduce-scatter after
