@@ -12,20 +12,20 @@ the runtime that executes a plan and a simulator that replays it read the same d
 """
 
 from .context_parallel.attention_mask import dense_allowed, mask_codes
-from .pipeline.chain import build_chain
 from .context_parallel.cp_assignment import CPAssignment, assign_tokens
-from .pipeline.describe import describe_chunk
-from .errors import PlanError
-from .schedules.encoder_planner import Candidate, EncoderSchedulePlan, plan_encoder_schedule
-from .pipeline.estimate import PipelineEstimate, estimate
 from .costs.hardware import Hardware, MemoryModel
+from .errors import PlanError
+from .model import EncoderSpec, ModelSpec, TransformerSpec, Workload
+from .pipeline.chain import build_chain
+from .pipeline.describe import describe_chunk
+from .pipeline.estimate import PipelineEstimate, estimate
+from .pipeline.inflight import inflight_microbatches
 from .pipeline.layers import KINDS, Layer, resolve_backward
 from .pipeline.minmax import minmax_split
-from .model import EncoderSpec, ModelSpec, TransformerSpec, Workload
 from .pipeline.partition import POLICIES, StagePartition, parse_partition_flag, partition
 from .pipeline.planner import PipelinePlan, plan_pipeline
 from .record import Record
-from .pipeline.inflight import inflight_microbatches
+from .schedules.encoder_planner import Candidate, EncoderSchedulePlan, plan_encoder_schedule
 
 __all__ = [
     "KINDS", "POLICIES", "CPAssignment", "Candidate", "EncoderSchedulePlan",

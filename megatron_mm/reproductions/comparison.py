@@ -16,12 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from . import model_zoo
-from ..plan.pipeline.chain import build_chain
 from ..plan.costs.hardware import Hardware, MemoryModel
 from ..plan.model import Workload
+from ..plan.pipeline.chain import build_chain
 from ..plan.pipeline.planner import PipelinePlan, plan_pipeline
 from ..plan.record import Record
+from . import model_zoo
 
 COMPARED = ("uniform", "balanced", "auto")
 

@@ -31,26 +31,26 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..plan.costs import flops
-from . import model_zoo
 from ..plan.balance.baselines import random_batches
 from ..plan.balance.isf import Bounds, isf
 from ..plan.balance.loads import SampleLoad
 from ..plan.balance.rounds import sorted_rounds
 from ..plan.balance.search import search_bounds
-from ..plan.pipeline.chain import build_chain
-from ..plan.errors import PlanError
-from ..plan.schedules.generate import megatron
+from ..plan.costs import flops
 from ..plan.costs.hardware import A100, Hardware, MemoryModel
 from ..plan.costs.unit_costs import TimeModel
-from ..plan.pipeline.layers import LLM, TRANSFORMER_KINDS, Layer
+from ..plan.errors import PlanError
 from ..plan.model import EncoderSpec, ModelSpec, Workload, patch_embed_flops
+from ..plan.pipeline.chain import build_chain
+from ..plan.pipeline.inflight import inflight_microbatches
+from ..plan.pipeline.layers import LLM, TRANSFORMER_KINDS, Layer
 from ..plan.pipeline.partition import uniform_counts
 from ..plan.pipeline.partition_search import candidates
 from ..plan.pipeline.recompute_budget import GB, chunk_activations, choose_recompute, static_bytes
 from ..plan.record import Record
-from ..plan.pipeline.inflight import inflight_microbatches
+from ..plan.schedules.generate import megatron
 from ..plan.schedules.simulate import ActionCosts, simulate
+from . import model_zoo
 
 # The paper's A100 GPU-days for the four rows (6B + 20B, Megatron backend).
 PAPER_GPU_DAYS = [61.8, 51.9, 29.0, 21.3]

@@ -25,11 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from . import model_zoo
-from ..plan.schedules.action_costs import LLMLayout
-from ..plan.schedules.encoder_planner import EncoderSchedulePlan, plan_encoder_schedule
 from ..plan.costs.hardware import A100, A100_LINKS, H100, H100_LINKS
 from ..plan.record import Record
+from ..plan.schedules.action_costs import LLMLayout
+from ..plan.schedules.encoder_planner import EncoderSchedulePlan, plan_encoder_schedule
+from . import model_zoo
 
 
 @dataclass

@@ -27,9 +27,9 @@ from typing import List
 
 import numpy as np
 
-from .attention_mask import tile_map
 from ..errors import PlanError
 from ..record import Record
+from .attention_mask import tile_map
 
 METHODS = ("contiguous", "zigzag", "lpt", "ours")
 EXACT_MAX_BLOCKS = 32

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 from ..errors import PlanError
+from ..record import Record
 from .flops import FP32
 from .hardware import Hardware, Interconnect
-from ..record import Record
 
 
 @dataclass

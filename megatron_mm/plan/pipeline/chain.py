@@ -14,8 +14,8 @@ from typing import List
 
 from ..costs import flops
 from ..errors import PlanError
-from .layers import LLM, Layer, resolve_backward
 from ..model import ModelSpec, Workload
+from .layers import LLM, Layer, resolve_backward
 
 
 def build_chain(model: ModelSpec, workload: Workload) -> List[Layer]:

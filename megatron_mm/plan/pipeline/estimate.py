@@ -22,10 +22,10 @@ from typing import List, Optional, Sequence
 
 from ..costs.hardware import Hardware, MemoryModel
 from ..costs.unit_costs import TimeModel
+from ..record import Record
 from .layers import LLM, Layer
 from .memory import stage_memory
 from .partition import StagePartition
-from ..record import Record
 
 
 @dataclass

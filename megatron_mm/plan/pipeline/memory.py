@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 from ..costs.hardware import MemoryModel
+from .inflight import inflight_microbatches
 from .layers import Layer
 from .minmax import prefix_sums
-from .inflight import inflight_microbatches
 
 
 class ChunkMemory:

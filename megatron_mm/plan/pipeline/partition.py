@@ -23,13 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Union
 
-from ..errors import PlanError
 from ..costs.hardware import MemoryModel
+from ..errors import PlanError
+from ..record import Record
 from .layers import Layer
 from .memory import ChunkMemory, stage_memory
 from .minmax import minmax_split, prefix_sums
 from .partition_search import candidates
-from ..record import Record
 
 POLICIES = ("auto", "uniform", "balanced", "search")
 GiB = 1024 ** 3

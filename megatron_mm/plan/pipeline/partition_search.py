@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from ..errors import PlanError
+from ..record import Record
 from .layers import Layer
 from .minmax import prefix_sums
-from ..record import Record
 
 # Beyond this many candidates the enumeration is the cost, not the timing: refuse early.
 MAX_CANDIDATES = 200_000

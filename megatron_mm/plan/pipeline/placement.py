@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 from ..errors import PlanError
+from ..record import Record
 from .layers import LLM, Layer
 from .partition import StagePartition
-from ..record import Record
 
 
 @dataclass

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Union
 
-from .estimate import PipelineEstimate, estimate
 from ..costs.hardware import Hardware, MemoryModel
+from ..record import Record
+from .estimate import PipelineEstimate, estimate
 from .layers import Layer
 from .partition import StagePartition, partition
-from ..record import Record
 
 
 @dataclass

@@ -15,10 +15,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from ..errors import PlanError
 from ..costs.hardware import Hardware, Interconnect
-from .layers import Layer
+from ..errors import PlanError
 from ..record import Record
+from .layers import Layer
 
 # Time model for chains whose costs are measured seconds.
 MEASURED = Hardware(name="measured per-layer times", peak_flops=1.0, efficiency=1.0)

@@ -21,12 +21,12 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Sequence, Union
 
-from ..errors import PlanError
 from ..costs.hardware import MemoryModel
-from .layers import TRANSFORMER_KINDS, Layer
-from .memory import ChunkMemory
+from ..errors import PlanError
 from ..record import Record
 from .inflight import inflight_microbatches
+from .layers import TRANSFORMER_KINDS, Layer
+from .memory import ChunkMemory
 
 GB = 1024 ** 3
 

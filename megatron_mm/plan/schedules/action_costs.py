@@ -53,14 +53,14 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 from ..costs import flops
-from ..errors import PlanError
-from .generate import EncoderLayout
 from ..costs.hardware import Hardware, Interconnect
-from ..model import EncoderSpec, ModelSpec
-from ..record import Record
-from ..pipeline.inflight import inflight_microbatches
-from .simulate import ActionCosts
 from ..costs.unit_costs import TimeModel, UnitSeconds
+from ..errors import PlanError
+from ..model import EncoderSpec, ModelSpec
+from ..pipeline.inflight import inflight_microbatches
+from ..record import Record
+from .generate import EncoderLayout
+from .simulate import ActionCosts
 
 
 @dataclass

@@ -40,10 +40,10 @@ import heapq
 from itertools import accumulate
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+from ..errors import PlanError
 from .actions import Action, Kind, Schedule, validated
 from .collectives import add_collectives
 from .dataflow import dataflow
-from ..errors import PlanError
 from .generate import EncoderLayout, llm_order, separate_encoders
 from .simulate import ActionCosts, simulate
 

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
+from ..errors import PlanError
 from .actions import Action, Kind, Schedule, validated
 from .collectives import add_collectives
-from ..errors import PlanError
 from .generate import EncoderLayout, separate_encoders
 from .simulate import ActionCosts
 

@@ -31,16 +31,16 @@ from itertools import accumulate
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..errors import PlanError
 from ..costs.hardware import Hardware, Interconnect
+from ..costs.unit_costs import TimeModel, UnitSeconds, replica_share
+from ..errors import PlanError
 from ..pipeline.layers import LLM, TRANSFORMER_KINDS, Layer
 from ..pipeline.minmax import minmax_split, prefix_sums
-from .generate import encoder_placement
 from ..pipeline.partition import StagePartition, partition
 from ..pipeline.placement import ChunkPlacement, EncoderPlacement, chunk_placements
 from ..record import Record
+from .generate import encoder_placement
 from .simulate import ActionCosts
-from ..costs.unit_costs import TimeModel, UnitSeconds, replica_share
 
 
 @dataclass

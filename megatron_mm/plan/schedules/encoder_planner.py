@@ -41,14 +41,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Iterable, List, Optional, Sequence
 
+from ..costs.hardware import Hardware, Interconnect
+from ..errors import PlanError
+from ..model import ModelSpec
+from ..record import Record
 from .action_costs import CostModel, EncoderPlan, LLMLayout
 from .actions import Schedule, validate
 from .bubble import bubble
-from ..errors import PlanError
 from .generate import EncoderLayout, coarse, megatron
-from ..costs.hardware import Hardware, Interconnect
-from ..model import ModelSpec
-from ..record import Record
 from .simulate import ActionCosts, simulate
 
 GB = 1e9

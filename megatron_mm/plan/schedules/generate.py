@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from .actions import Action, Kind, Schedule, validated
-from .collectives import add_collectives
 from ..errors import PlanError
 from ..record import Record
+from .actions import Action, Kind, Schedule, validated
+from .collectives import add_collectives
 
 
 @dataclass

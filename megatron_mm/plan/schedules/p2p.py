@@ -24,10 +24,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .actions import Action, Schedule
-from .encoder_pipeline import encoder_replica_of
 from ..errors import PlanError
 from ..record import Record
+from .actions import Action, Schedule
+from .encoder_pipeline import encoder_replica_of
 
 Key = Tuple[str, int, int]  # (kind, micro-batch, chunk or encoder piece)
 

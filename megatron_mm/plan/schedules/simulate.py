@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
-from .actions import Kind, Schedule, replay_order
 from ..errors import PlanError
 from ..record import Record
+from .actions import Kind, Schedule, replay_order
 
 
 @dataclass
