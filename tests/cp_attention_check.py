@@ -13,7 +13,7 @@ S, BLOCK, HEADS, GROUPS, DIM = 40, 4, 6, 3, 8
 
 
 def _dense(q, k, v, codes):
-    from megatron_mm.plan.attention_mask import dense_allowed
+    from megatron_mm.plan.context_parallel.attention_mask import dense_allowed
 
     allow = torch.from_numpy(dense_allowed(codes))  # [B, S, S]
     kk = k.repeat_interleave(HEADS // GROUPS, 2)
@@ -29,7 +29,7 @@ def check_attention(rank: int) -> dict:
 
     from megatron_mm.models.context_parallel import context_parallel_mask
     from megatron_mm.models.cp_attention import ContextParallelAttention
-    from megatron_mm.plan.mask_families import family_codes
+    from megatron_mm.reproductions.mask_families import family_codes
 
     groups = {4: torch.distributed.new_group([0, 1, 2, 3]),
               2: [torch.distributed.new_group([0, 1]), torch.distributed.new_group([2, 3])]}

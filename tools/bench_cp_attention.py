@@ -75,7 +75,7 @@ def _worker(rank, args, port, out_dir):
 
     from megatron_mm.models.context_parallel import context_parallel_mask
     from megatron_mm.models.cp_attention import ContextParallelAttention, _PendingGather
-    from megatron_mm.plan.mask_families import family_codes
+    from megatron_mm.reproductions.mask_families import family_codes
 
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo")
@@ -146,7 +146,7 @@ def calibrate(args, port) -> dict:
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.models.context_parallel import ContextParallelMask
-    from megatron_mm.plan.mask_families import family_codes
+    from megatron_mm.reproductions.mask_families import family_codes
 
     attn = _attention(args, port)
     torch.set_num_threads(1)
@@ -180,8 +180,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import torch.multiprocessing as mp
 
-    from megatron_mm.plan.cp_assignment import BLOCK_OVERHEAD, assign_tokens
-    from megatron_mm.plan.mask_families import family_codes
+    from megatron_mm.plan.context_parallel.cp_assignment import BLOCK_OVERHEAD, assign_tokens
+    from megatron_mm.reproductions.mask_families import family_codes
 
     if args.context_parallel_block_overhead is None:
         args.context_parallel_block_overhead = BLOCK_OVERHEAD

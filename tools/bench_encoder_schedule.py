@@ -189,7 +189,7 @@ def _communication_costs(run, args, repeats: int = 5) -> dict:
 def co_run_profile(workdir: str, model: Sequence[str]) -> str:
     """Per-layer times measured as the runs use the machine: one profiling process pinned
     to each core at once (both cores busy), their times averaged."""
-    from megatron_mm.plan.profile import LayerProfile
+    from megatron_mm.plan.pipeline.profile import LayerProfile
 
     paths = [os.path.join(workdir, f"profile{core}.json") for core in (0, 1)]
     procs = [subprocess.Popen(["taskset", "-c", str(core), sys.executable,
@@ -233,10 +233,10 @@ def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float
     communication costs and optimizer step."""
     from megatron_mm.data import build_tokenizer
     from megatron_mm.plan import partition
-    from megatron_mm.plan.encoder_pipeline import schedule_costs, megatron_costs
-    from megatron_mm.plan.generate import megatron
-    from megatron_mm.plan.profile import MEASURED
-    from megatron_mm.plan.simulate import simulate
+    from megatron_mm.plan.schedules.encoder_pipeline import schedule_costs, megatron_costs
+    from megatron_mm.plan.schedules.generate import megatron
+    from megatron_mm.plan.pipeline.profile import MEASURED
+    from megatron_mm.plan.schedules.simulate import simulate
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
@@ -265,7 +265,7 @@ def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float
 
 def measured_timeline(schedule: str, events: List[dict]):
     """The executor's recorded actions of one iteration as a ``Simulation`` record."""
-    from megatron_mm.plan.simulate import Simulation, TimedAction
+    from megatron_mm.plan.schedules.simulate import Simulation, TimedAction
 
     timeline = [TimedAction.from_dict(e) for e in events]
     ranks = 1 + max(t.rank for t in timeline)
@@ -330,7 +330,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def report(results: dict, profile: str, args) -> None:
-    from megatron_mm.plan.timeline import write_chrome_trace, write_png
+    from megatron_mm.plan.schedules.timeline import write_chrome_trace, write_png
 
     audio = " + audio encoder (6 layers, 64 frames x 4 clips)" if args.audio else ""
     print(f"PP=2, trainable ViT (12 layers, 64 patches x 4 images){audio} + LLM (4 layers, "

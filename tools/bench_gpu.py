@@ -24,7 +24,7 @@ Rows that need TE and CUDA are skipped where either is missing, with the reason 
 table; the others run anywhere, so on a CPU this is a smoke test of the benchmark itself
 (MFU needs the device's peak: known for H100/H200/A100, else ``--peak-tflops``).
 
-Model FLOPs per step come from the planner's layer chain (``plan/flops.py``: matmul FLOPs,
+Model FLOPs per step come from the planner's layer chain (``plan/costs/flops.py``: matmul FLOPs,
 causal attention halved, the whole vocabulary in the output layer); MFU = model FLOPs /
 (step time x world size x peak bf16 dense FLOP/s), FP8 rows against the bf16 peak too.
 

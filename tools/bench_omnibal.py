@@ -340,7 +340,7 @@ def recompute_budget(a, base: list, layers: list) -> dict:
     full recompute needs on every rank (row 5)."""
     from megatron_mm.data import build_tokenizer
     from megatron_mm.plan import MemoryModel
-    from megatron_mm.plan.recompute_budget import GB, chunk_activations, static_bytes
+    from megatron_mm.plan.pipeline.recompute_budget import GB, chunk_activations, static_bytes
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
@@ -440,7 +440,7 @@ def main(argv=None) -> int:
 def profile_summary(path: Path, partitions: dict) -> dict:
     """Forward + backward ms per micro-batch of each chain layer, from the profile, and
     their sums per stage for each partition (what the search's anchor sees)."""
-    from megatron_mm.plan.profile import LayerProfile
+    from megatron_mm.plan.pipeline.profile import LayerProfile
 
     ms = [1e3 * (t.forward_s + t.backward_s) for t in LayerProfile.load(str(path)).layers]
     out = {"per layer": [round(x, 1) for x in ms]}

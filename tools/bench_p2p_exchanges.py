@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron_mm.plan.bubble import bubble  # noqa: E402
-from megatron_mm.plan.generate import coarse, megatron  # noqa: E402
-from megatron_mm.plan.p2p import p2p_program  # noqa: E402
-from megatron_mm.plan.simulate import ActionCosts, simulate  # noqa: E402
+from megatron_mm.plan.schedules.bubble import bubble  # noqa: E402
+from megatron_mm.plan.schedules.generate import coarse, megatron  # noqa: E402
+from megatron_mm.plan.schedules.p2p import p2p_program  # noqa: E402
+from megatron_mm.plan.schedules.simulate import ActionCosts, simulate  # noqa: E402
 
 
 def nccl_time(ranks, program, cost) -> float:

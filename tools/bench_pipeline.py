@@ -120,7 +120,7 @@ def predicted(policy: str, profile_path: str):
     """Stage busy seconds per iteration from the measured per-layer profile."""
     from megatron_mm.data import build_tokenizer
     from megatron_mm.plan import estimate, partition
-    from megatron_mm.plan.profile import MEASURED, LayerProfile, apply_profile
+    from megatron_mm.plan.pipeline.profile import MEASURED, LayerProfile, apply_profile
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args

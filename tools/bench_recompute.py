@@ -101,8 +101,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     import torch
     from megatron_mm.plan import StagePartition
-    from megatron_mm.plan.hardware import MemoryModel
-    from megatron_mm.plan.recompute_budget import GB, chunk_activations, static_bytes
+    from megatron_mm.plan.costs.hardware import MemoryModel
+    from megatron_mm.plan.pipeline.recompute_budget import GB, chunk_activations, static_bytes
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.activation_profile import parameter_storages

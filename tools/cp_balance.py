@@ -22,9 +22,9 @@ from typing import List, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from megatron_mm.plan.cp_assignment import (  # noqa: E402
+from megatron_mm.plan.context_parallel.cp_assignment import (  # noqa: E402
     BLOCK_OVERHEAD, METHODS, assign_tokens, block_loads)
-from megatron_mm.plan.mask_families import FAMILIES, family_codes  # noqa: E402
+from megatron_mm.reproductions.mask_families import FAMILIES, family_codes  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,13 +32,13 @@ from typing import List, Optional, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from megatron_mm.plan import (  # noqa: E402
-    EncoderSpec, Hardware, MemoryModel, ModelSpec, PlanError, Scenario, TransformerSpec,
-    Workload, build_chain, compare, cornstarch_scenarios, describe_chunk,
-    optimus_scenarios, parse_partition_flag, plan_pipeline)
-from megatron_mm.plan import model_zoo  # noqa: E402
-from megatron_mm.plan.comparison import COMPARED  # noqa: E402
+    EncoderSpec, Hardware, MemoryModel, ModelSpec, PlanError, TransformerSpec, Workload,
+    build_chain, describe_chunk, parse_partition_flag, plan_pipeline)
 from megatron_mm.plan.model import patch_embed_flops  # noqa: E402
-from megatron_mm.plan.profile import MEASURED, LayerProfile, apply_profile  # noqa: E402
+from megatron_mm.plan.pipeline.profile import MEASURED, LayerProfile, apply_profile  # noqa: E402
+from megatron_mm.reproductions import model_zoo  # noqa: E402
+from megatron_mm.reproductions.comparison import (  # noqa: E402
+    COMPARED, Scenario, compare, cornstarch_scenarios, optimus_scenarios)
 
 GiB = 1024 ** 3
 
@@ -229,7 +229,7 @@ def num_microbatches(args) -> int:
 
 def print_omnibal_table(args) -> int:
     from megatron_mm.plan.balance.loads import read_all
-    from megatron_mm.plan.omnibal_scale import ScaleSetup, run_ablation, table
+    from megatron_mm.reproductions.omnibal_scale import ScaleSetup, run_ablation, table
 
     given = {"tensor_model_parallel_size": args.tensor_model_parallel_size,
              "pipeline_model_parallel_size": args.pipeline_model_parallel_size,
@@ -389,9 +389,10 @@ def print_tables(args, hardware: Hardware, memory: MemoryModel, limit) -> int:
 
 
 def print_schedule_table(args) -> int:
-    """Optimus' settings and hardware are fixed by the paper (``plan/optimus_reference.py``);
-    of the model flags only --images-per-sample applies (the paper does not give it)."""
-    from megatron_mm.plan.optimus_reference import RUNS, table as optimus_schedule_table
+    """Optimus' settings and hardware are fixed by the paper
+    (``reproductions/optimus_reference.py``); of the model flags only --images-per-sample
+    applies (the paper does not give it)."""
+    from megatron_mm.reproductions.optimus_reference import RUNS, table as optimus_schedule_table
 
     def gpus(run) -> int:
         lay = run.layout

@@ -23,11 +23,11 @@ from typing import Optional, Sequence
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_mm.plan import PlanError  # noqa: E402
-from megatron_mm.plan.actions import validate  # noqa: E402
-from megatron_mm.plan.bubble import bubble  # noqa: E402
-from megatron_mm.plan.generate import coarse, megatron  # noqa: E402
-from megatron_mm.plan.simulate import ActionCosts, simulate  # noqa: E402
-from megatron_mm.plan.timeline import write_chrome_trace, write_png  # noqa: E402
+from megatron_mm.plan.schedules.actions import validate  # noqa: E402
+from megatron_mm.plan.schedules.bubble import bubble  # noqa: E402
+from megatron_mm.plan.schedules.generate import coarse, megatron  # noqa: E402
+from megatron_mm.plan.schedules.simulate import ActionCosts, simulate  # noqa: E402
+from megatron_mm.plan.schedules.timeline import write_chrome_trace, write_png  # noqa: E402
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

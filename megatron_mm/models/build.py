@@ -15,7 +15,7 @@ from megatron.core.transformer.transformer_block import (
 from ..config import MultimodalModelConfig
 from ..encoders import family_of
 from ..plan import ModelSpec, Workload, build_chain
-from ..plan.placement import ChunkPlacement, whole_model
+from ..plan.pipeline.placement import ChunkPlacement, whole_model
 from .affine_projector import affine_projector_submodules
 from .fp8_emulation import emulate_fp8
 from .multimodal import MultimodalModel

@@ -16,14 +16,14 @@ from typing import List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from ..plan.attention_mask import DOC_SHIFT, ITEM_MASK, key_intervals, mask_codes
-from ..plan.cp_assignment import BLOCK_OVERHEAD, CPAssignment, assign_tokens
+from ..plan.context_parallel.attention_mask import DOC_SHIFT, ITEM_MASK, key_intervals, mask_codes
+from ..plan.context_parallel.cp_assignment import BLOCK_OVERHEAD, CPAssignment, assign_tokens
 from .host_copy import to_device
 
 
 @dataclass
 class ContextParallelMask:
-    codes: torch.Tensor  # [B, S] int64, the whole sequence (plan/attention_mask.py)
+    codes: torch.Tensor  # [B, S] int64, the whole sequence (plan/context_parallel/attention_mask)
     local: torch.Tensor  # [S_local] long: this rank's global token positions, sorted
     order: torch.Tensor  # [S] long: every rank's positions, in rank order
     counts: List[int]  # tokens per CP rank
@@ -58,8 +58,8 @@ class ContextParallelMask:
 
 def allowed(codes_q: torch.Tensor, pos_q: torch.Tensor, codes_k: torch.Tensor,
             pos_k: torch.Tensor) -> torch.Tensor:
-    """The mask rule of ``plan/attention_mask.py`` in torch: [B, Q] x [B, K] -> [B, Q, K]
-    bool, True where the query may attend the key."""
+    """The mask rule of ``plan/context_parallel/attention_mask.py`` in torch:
+    [B, Q] x [B, K] -> [B, Q, K] bool, True where the query may attend the key."""
     doc_q, item_q = codes_q >> DOC_SHIFT, codes_q & ITEM_MASK
     doc_k, item_k = codes_k >> DOC_SHIFT, codes_k & ITEM_MASK
     same_doc = doc_q[:, :, None] == doc_k[:, None, :]

@@ -19,7 +19,7 @@ from megatron.core.transformer.module import MegatronModule
 from ..config import MultimodalModelConfig
 from ..encoders import family_of, modality_of
 from ..plan.fp8 import fp8_align_size
-from ..plan.placement import ChunkPlacement
+from ..plan.pipeline.placement import ChunkPlacement
 from . import sequence_parallel
 from .fp8_context import anchor, idle_run, reduces_amax
 from .batch_layout import (  # noqa: F401  (MediaMismatchError: re-exported)

@@ -16,7 +16,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from ..config import AudioEncoderConfig, LanguageModelConfig, ProjectorConfig, VisionEncoderConfig
 from ..plan.fp8 import Fp8Settings
-from ..plan.placement import ChunkPlacement, stack_layout
+from ..plan.pipeline.placement import ChunkPlacement, stack_layout
 from .fusions import Fusions, partial_tanh_gelu
 from .mirrored_layout import MirroredLayout
 

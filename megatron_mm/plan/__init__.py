@@ -1,8 +1,8 @@
 """Planning, pure Python (no torch): frozen-aware costs, partitions, estimates; the
 multimodal attention mask and context-parallel token assignment (numpy).
 
-    model = model_zoo.model_pair("VLM-S").with_freeze(encoders=True, projectors=False,
-                                                     llm=True)
+    model = ModelSpec.from_config(config).with_freeze(encoders=True, projectors=False,
+                                                      llm=True)
     chain = build_chain(model, Workload(seq_length=4096, recompute=True))
     part = partition(chain, pp=4, vpp=1, policy=parse_partition_flag("auto"))
     est = estimate(chain, part, num_microbatches=24)
@@ -11,30 +11,28 @@ Everything a plan holds is a dataclass with ``to_dict`` / ``from_dict`` (``Recor
 the runtime that executes a plan and a simulator that replays it read the same data.
 """
 
-from .attention_mask import dense_allowed, mask_codes
-from .chain import build_chain
-from .comparison import Comparison, Scenario, compare, cornstarch_scenarios, optimus_scenarios
-from .cp_assignment import CPAssignment, assign_tokens
-from .describe import describe_chunk
+from .context_parallel.attention_mask import dense_allowed, mask_codes
+from .context_parallel.cp_assignment import CPAssignment, assign_tokens
+from .costs.hardware import Hardware, MemoryModel
 from .errors import PlanError
-from .encoder_planner import Candidate, EncoderSchedulePlan, plan_encoder_schedule
-from .estimate import PipelineEstimate, estimate
-from .hardware import Hardware, MemoryModel
-from .layers import KINDS, Layer, resolve_backward
-from .minmax import minmax_split
 from .model import EncoderSpec, ModelSpec, TransformerSpec, Workload
-from .partition import POLICIES, StagePartition, parse_partition_flag, partition
-from .planner import PipelinePlan, plan_pipeline
+from .pipeline.chain import build_chain
+from .pipeline.describe import describe_chunk
+from .pipeline.estimate import PipelineEstimate, estimate
+from .pipeline.inflight import inflight_microbatches
+from .pipeline.layers import KINDS, Layer, resolve_backward
+from .pipeline.minmax import minmax_split
+from .pipeline.partition import POLICIES, StagePartition, parse_partition_flag, partition
+from .pipeline.planner import PipelinePlan, plan_pipeline
 from .record import Record
-from .schedule import inflight_microbatches
+from .schedules.encoder_planner import Candidate, EncoderSchedulePlan, plan_encoder_schedule
 
 __all__ = [
-    "KINDS", "POLICIES", "CPAssignment", "Candidate", "Comparison", "EncoderSchedulePlan",
+    "KINDS", "POLICIES", "CPAssignment", "Candidate", "EncoderSchedulePlan",
     "EncoderSpec", "Hardware", "Layer", "MemoryModel",
-    "ModelSpec", "PipelineEstimate", "PipelinePlan", "PlanError", "Record", "Scenario",
+    "ModelSpec", "PipelineEstimate", "PipelinePlan", "PlanError", "Record",
     "StagePartition", "TransformerSpec", "Workload", "assign_tokens", "build_chain",
-    "compare", "dense_allowed", "mask_codes",
-    "cornstarch_scenarios", "describe_chunk", "estimate", "inflight_microbatches",
-    "minmax_split", "optimus_scenarios", "parse_partition_flag", "partition",
+    "dense_allowed", "mask_codes", "describe_chunk", "estimate", "inflight_microbatches",
+    "minmax_split", "parse_partition_flag", "partition",
     "plan_encoder_schedule", "plan_pipeline", "resolve_backward",
 ]

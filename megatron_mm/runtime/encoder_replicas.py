@@ -28,7 +28,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from ..plan.encoder_pipeline import encoder_replica_of
+from ..plan.schedules.encoder_pipeline import encoder_replica_of
 from .mailbox import Spec, allocate, spec_of
 
 RankInfo = Tuple[Tuple[int, ...], int, int]  # (LLM TP group's ranks, pipeline rank, CP rank)

@@ -6,7 +6,7 @@ in its schedules), ``EF`` / ``EB`` run and differentiate one encoder piece
 (``MultimodalModel.run_encoder_piece``); ``F(m, 0)`` takes every encoder's output and
 ``B(m, 0)`` hands each its gradient; the collectives are actions too (``BCAST``,
 ``ALLREDUCE``, ``GRAD_SYNC``, below). Tensors between actions stay local when producer
-and consumer share a rank, else travel in the exchanges ``plan/p2p.py`` lays out: before
+and consumer share a rank, else travel in the exchanges ``plan/schedules/p2p.py`` lays out: before
 each action one batched exchange (``Mailbox``) sends what the previous action produced and
 receives what this one needs (and what its peers sent before that), sized from the
 micro-batch (``MessageSpecs``), in an order NCCL cannot deadlock. Every received tensor is
@@ -39,13 +39,13 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel.schedules import backward_step, forward_step
 from megatron.core.utils import get_attr_wrapped_model, get_model_config
 
-from ..plan.actions import Action, Kind, Schedule, validate
+from ..plan.schedules.actions import Action, Kind, Schedule, validate
 from ..plan.errors import PlanError
-from ..plan.encoder_pipeline import EncoderPieces
-from ..plan.p2p import (Exchange, carried_by, check_replicas, message_inputs,
-                        output_grad_key, p2p_program)
-from ..plan.placement import ChunkPlacement
-from ..plan.simulate import TimedAction
+from ..plan.schedules.encoder_pipeline import EncoderPieces
+from ..plan.schedules.p2p import (Exchange, carried_by, check_replicas, message_inputs,
+                                  output_grad_key, p2p_program)
+from ..plan.pipeline.placement import ChunkPlacement
+from ..plan.schedules.simulate import TimedAction
 from .encoder_replicas import EncoderReplicas
 from .mailbox import Mailbox, Spec
 from .message_specs import MessageSpecs

@@ -1,4 +1,4 @@
-"""Point-to-point exchanges between pipeline ranks, as ``plan/p2p.py`` lays them out.
+"""Point-to-point exchanges between pipeline ranks, as ``plan/schedules/p2p.py`` lays them out.
 
 At each point of the schedule a rank's sends and receives go out together in one
 ``batch_isend_irecv`` (as Megatron-Core's p2p does), in the plan's order, which both sides

@@ -21,8 +21,8 @@ from ..config import (
 from ..data.item_tags import TAG_TYPES
 from ..encoders import FAMILIES, SLOTS, family, slot_families
 from .data_args import add_data_args, validate_data_args
-from ..plan.cp_assignment import BLOCK_OVERHEAD
-from ..plan.partition import parse_partition_flag
+from ..plan.context_parallel.cp_assignment import BLOCK_OVERHEAD
+from ..plan.pipeline.partition import parse_partition_flag
 from .fp8_args import fp8_args, validate_fp8_args
 from .fusion_args import add_fusion_args
 from .logging_args import logging_args, validate_logging_args

@@ -12,7 +12,7 @@ from megatron.core import parallel_state
 from ..models.context_parallel import (
     ContextParallelMask, batch_codes, context_parallel_mask, dense_mask)
 from ..config import ConfigError
-from ..plan.cp_assignment import BLOCK_OVERHEAD
+from ..plan.context_parallel.cp_assignment import BLOCK_OVERHEAD
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from functools import partial
 
-from ..plan.bubble import bubble
-from ..plan.encoder_pipeline import EncoderPipelinePlan, schedule_costs, plan_encoder_pipeline
+from ..plan.schedules.bubble import bubble
+from ..plan.schedules.encoder_pipeline import (EncoderPipelinePlan, schedule_costs,
+                                               plan_encoder_pipeline)
 from ..plan.errors import PlanError
-from ..plan.generate import coarse
-from ..plan.partition import parse_partition_flag
-from ..plan.simulate import simulate
+from ..plan.schedules.generate import coarse
+from ..plan.pipeline.partition import parse_partition_flag
+from ..plan.schedules.simulate import simulate
 from ..runtime import ScheduleExecutor
 from .encoder_schedule_auto import hardware, time_inputs
 from .pipeline_plan import training_chain

@@ -33,12 +33,12 @@ from typing import List, Optional
 
 from ..config import ConfigError
 from ..plan import PlanError, partition
-from ..plan.encoder_pipeline import megatron_costs
-from ..plan.generate import megatron
-from ..plan.hardware import Hardware, Interconnect
-from ..plan.profile import MEASURED, LayerProfile
+from ..plan.schedules.encoder_pipeline import megatron_costs
+from ..plan.schedules.generate import megatron
+from ..plan.costs.hardware import Hardware, Interconnect
+from ..plan.pipeline.profile import MEASURED, LayerProfile
 from ..plan.record import Record
-from ..plan.simulate import simulate
+from ..plan.schedules.simulate import simulate
 from .fp8_args import validate_fp8_args
 from .sequence_parallel import validate_sequence_parallel
 

@@ -4,8 +4,9 @@ Each layer of the planner's chain runs alone on a real micro-batch, in the FP8 c
 module runs in during training, its input detached and requiring a gradient exactly when
 the frozen-aware rule says an input gradient flows (``Layer.needs_dgrad``), so the
 measured backward is the one training runs: input and weight gradients where they exist,
-nothing for a frozen encoder. The result is a ``LayerProfile`` (``megatron_mm.plan.profile``),
-which ``--pipeline-profile`` feeds to the partitioner in place of the FLOP cost model.
+nothing for a frozen encoder. The result is a ``LayerProfile``
+(``megatron_mm.plan.pipeline.profile``), which ``--pipeline-profile`` feeds to the
+partitioner in place of the FLOP cost model.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import torch
 
 from ..models.fp8_context import get_fp8_context
 from ..models.multimodal import MultimodalModel, loss_at_masked_positions
-from ..plan.layers import Layer
-from ..plan.profile import LayerProfile, LayerTime
+from ..plan.pipeline.layers import Layer
+from ..plan.pipeline.profile import LayerProfile, LayerTime
 from ..runtime.timer import DeviceTimer
 from .activation_profile import parameter_storages, saved_tensor_bytes, tensor_bytes
 

@@ -19,7 +19,7 @@ from typing import Callable, List
 import torch
 
 from ..plan.errors import PlanError
-from ..plan.partition_search import candidates, fastest, table
+from ..plan.pipeline.partition_search import candidates, fastest, table
 from ..runtime.collective_device import collective_device
 from ..runtime.timer import DeviceTimer
 from .initialize import device

@@ -11,9 +11,9 @@ from typing import List, Tuple
 
 from ..models import model_chain
 from ..plan import StagePartition, partition
-from ..plan.partition import parse_partition_flag
-from ..plan.placement import ChunkPlacement, chunk_placements
-from ..plan.profile import LayerProfile, apply_profile
+from ..plan.pipeline.partition import parse_partition_flag
+from ..plan.pipeline.placement import ChunkPlacement, chunk_placements
+from ..plan.pipeline.profile import LayerProfile, apply_profile
 
 
 def training_chain(args, model_config=None):

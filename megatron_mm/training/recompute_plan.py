@@ -11,8 +11,8 @@ the cost model's otherwise.
 from __future__ import annotations
 
 from ..plan import MemoryModel, StagePartition
-from ..plan.recompute_budget import (GB, RecomputeChoice, choose_recompute,
-                                     chunk_activations, static_bytes)
+from ..plan.pipeline.recompute_budget import (GB, RecomputeChoice, choose_recompute,
+                                              chunk_activations, static_bytes)
 from .pipeline_plan import training_chain
 
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
 from ..plan import StagePartition, partition
-from ..plan.describe import describe_chunk
-from ..plan.encoder_pipeline import EncoderPipelinePlan
-from ..plan.partition import parse_partition_flag
-from ..plan.placement import ChunkPlacement, chunk_placements
-from ..plan.recompute_budget import GB, RecomputeChoice
+from ..plan.pipeline.describe import describe_chunk
+from ..plan.schedules.encoder_pipeline import EncoderPipelinePlan
+from ..plan.pipeline.partition import parse_partition_flag
+from ..plan.pipeline.placement import ChunkPlacement, chunk_placements
+from ..plan.pipeline.recompute_budget import GB, RecomputeChoice
 from .encoder_schedule import encoder_pipeline_plan, separate_encoder
 from .encoder_schedule_auto import EncoderScheduleChoice, encoder_schedule_choice
 from .pipeline_plan import describe_encoder_plan, training_chain

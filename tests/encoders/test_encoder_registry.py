@@ -12,7 +12,7 @@ import pytest
 from megatron_mm.config import ConfigError
 from megatron_mm.encoders import FAMILIES, SLOTS, family, registry, resolve
 from megatron_mm.encoders.family import EncoderFamily
-from megatron_mm.plan.layers import ENCODER_KINDS
+from megatron_mm.plan.pipeline.layers import ENCODER_KINDS
 from megatron_mm.training.arguments import build_parser, model_config_from_args
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -80,7 +80,7 @@ def test_te_cp_config_only_for_te_cp():
 
 def test_te_zigzag_layout_check():
     from megatron_mm.models.context_parallel import context_parallel_mask
-    from megatron_mm.plan.mask_families import family_codes
+    from megatron_mm.reproductions.mask_families import family_codes
     from megatron_mm.training.attention import check_te_zigzag
 
     codes = family_codes("causal", 64)[None]

@@ -28,8 +28,8 @@ def test_from_config():
 
 def test_from_config_with_vision_and_audio():
     from megatron_mm.config import AudioEncoderConfig
-    from megatron_mm.plan.placement import chunk_placements
-    from megatron_mm.plan.partition import partition
+    from megatron_mm.plan.pipeline.placement import chunk_placements
+    from megatron_mm.plan.pipeline.partition import partition
 
     config = MultimodalModelConfig(
         encoders={"vision": VisionEncoderConfig(hidden_size=64, num_layers=2, img_h=16,
@@ -60,7 +60,7 @@ def test_tied_output_weight_counted_once_where_the_embedding_is():
     """Megatron keeps one tensor for a tied output layer at PP=1 and a copy on the last
     stage at PP>1; untied, the two are separate weights everywhere."""
     from megatron_mm.plan import MemoryModel, StagePartition
-    from megatron_mm.plan.recompute_budget import static_bytes
+    from megatron_mm.plan.pipeline.recompute_budget import static_bytes
 
     def config(untie):
         return MultimodalModelConfig(

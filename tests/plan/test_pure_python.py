@@ -21,10 +21,20 @@ def run(code):
 
 
 def test_planner_imports_no_torch():
-    proc = run("import sys, megatron_mm.plan, megatron_mm.plan.model_zoo\n"
-               "import megatron_mm.plan.comparison\n"
+    proc = run("import sys, megatron_mm.plan, megatron_mm.reproductions.model_zoo\n"
+               "import megatron_mm.reproductions.comparison\n"
                "assert 'torch' not in sys.modules, 'torch imported'\n"
                "assert not any(m.startswith('megatron.core') for m in sys.modules)")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_plan_imports_no_reproduction():
+    """Every plan module imports, without torch and without the paper reproductions above it."""
+    proc = run("import importlib, pkgutil, sys, megatron_mm.plan as plan\n"
+               "for m in pkgutil.walk_packages(plan.__path__, 'megatron_mm.plan.'):\n"
+               "    importlib.import_module(m.name)\n"
+               "assert 'torch' not in sys.modules, 'torch imported'\n"
+               "assert 'megatron_mm.reproductions' not in sys.modules, 'reproductions imported'")
     assert proc.returncode == 0, proc.stderr
 
 

@@ -4,9 +4,7 @@ import json
 
 import pytest
 
-from megatron_mm.plan import (Hardware, PipelinePlan, PlanError, Scenario, StagePartition,
-                              compare, plan_pipeline)
-from megatron_mm.plan.comparison import Comparison
+from megatron_mm.plan import Hardware, PipelinePlan, PlanError, StagePartition, plan_pipeline
 
 from helpers import vlm_chain
 
@@ -24,13 +22,6 @@ def test_pipeline_plan_roundtrip():
     assert isinstance(back.chain[0].fwd_flops, float) and back.hardware.p2p_bandwidth == 1e11
     assert PipelinePlan.from_json(plan.to_json()) == plan
     assert back.modules_of_rank(0) == plan.modules_of_rank(0)
-
-
-def test_comparison_roundtrip():
-    result = compare(Scenario(pair="VLM-S", pipeline_model_parallel_size=2,
-                              num_microbatches=4))
-    assert roundtrip(result) == result
-    assert isinstance(Comparison.from_dict(result.to_dict()).plans["auto"], PipelinePlan)
 
 
 def test_unknown_fields_are_rejected():

@@ -4,7 +4,7 @@ starts right after the last action adding to its gradients, hooks quiet until th
 from contextlib import contextmanager
 from types import SimpleNamespace
 
-from megatron_mm.plan.actions import Action
+from megatron_mm.plan.schedules.actions import Action
 from megatron_mm.runtime.executor import _OverlappedGradSync
 
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from megatron_mm.plan import PlanError
-from megatron_mm.plan.actions import Action, Schedule
-from megatron_mm.plan.generate import coarse, megatron
+from megatron_mm.plan.schedules.actions import Action, Schedule
+from megatron_mm.plan.schedules.generate import coarse, megatron
 from megatron_mm.runtime.executor import ScheduleExecutor
 
 
@@ -60,8 +60,8 @@ def test_a_schedule_reducing_encoder_pieces_on_their_own_is_refused():
 
 
 def test_a_schedule_with_encoder_work_in_tp_bubbles_is_refused():
-    from megatron_mm.plan.bubble import bubble
-    from megatron_mm.plan.simulate import ActionCosts
+    from megatron_mm.plan.schedules.bubble import bubble
+    from megatron_mm.plan.schedules.simulate import ActionCosts
 
     costs = ActionCosts([1.0] * 2, [2.0] * 2, [0.25] * 8, [0.5] * 8, forward_comm_s=[0.4] * 2,
                         backward_comm_s=[0.8] * 2)

@@ -6,8 +6,8 @@ import importlib.util
 import math
 from pathlib import Path
 
-from megatron_mm.plan.generate import coarse, megatron
-from megatron_mm.plan.p2p import p2p_program, unit_cost
+from megatron_mm.plan.schedules.generate import coarse, megatron
+from megatron_mm.plan.schedules.p2p import p2p_program, unit_cost
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_p2p_exchanges.py"
 spec = importlib.util.spec_from_file_location("bench_p2p_exchanges", TOOL)

@@ -91,7 +91,7 @@ def test_bench_rows_reads_bench_gpus_table(capsys):
 
 
 def _profile(path, llm_forward_s):
-    from megatron_mm.plan.profile import LayerProfile, LayerTime
+    from megatron_mm.plan.pipeline.profile import LayerProfile, LayerTime
 
     layers = [LayerTime("vision_model.decoder.layers.0", 1.0, 2.0)] + [
         LayerTime(f"language_model.decoder.layers.{i}", s, 2 * s)

@@ -1,7 +1,7 @@
 """tools/plan.py --optimus-schedule-table prints Optimus' runs beside the paper's figures.
 
 The 8-GPU run only (the cluster-scale rows take minutes of planning; the 3072-GPU plan is
-checked in process by tests/plan/test_encoder_planner.py)."""
+checked in process by tests/plan/schedules/test_encoder_planner.py)."""
 
 import json
 import subprocess

@@ -25,8 +25,8 @@ def slow_link_profile(argv, world, path, slow=True, vit=20):
     links are slow and latency-bound (``slow``, gloo-like: 1 ms per all-reduce; else the
     defaults), written to ``path``: the ViT's TP all-reduces then outweigh what a higher
     encoder TP saves."""
-    from megatron_mm.plan.hardware import Interconnect
-    from megatron_mm.plan.profile import LayerProfile, LayerTime
+    from megatron_mm.plan.costs.hardware import Interconnect
+    from megatron_mm.plan.pipeline.profile import LayerProfile, LayerTime
 
     args, plan = plan_of(argv, world)
     vision = lambda l: "vision" in l.module  # noqa: E731

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from megatron_mm.plan.attention_mask import dense_allowed, encode
+from megatron_mm.plan.context_parallel.attention_mask import dense_allowed, encode
 from megatron_mm.training.attention import AttentionSettings
 
 IMG = 50

@@ -6,11 +6,11 @@ test_audio_training's ``pp2-auto``.)"""
 
 import pytest
 
-from megatron_mm.plan.encoder_pipeline import megatron_costs
-from megatron_mm.plan.generate import megatron
-from megatron_mm.plan.hardware import Hardware
-from megatron_mm.plan.partition import partition
-from megatron_mm.plan.simulate import simulate
+from megatron_mm.plan.schedules.encoder_pipeline import megatron_costs
+from megatron_mm.plan.schedules.generate import megatron
+from megatron_mm.plan.costs.hardware import Hardware
+from megatron_mm.plan.pipeline.partition import partition
+from megatron_mm.plan.schedules.simulate import simulate
 from megatron_mm.training.arguments import parse_args
 from megatron_mm.training.encoder_schedule_auto import time_inputs
 

@@ -24,7 +24,7 @@ def _search(rank, unfit):
     import torch.distributed as dist
 
     from megatron_mm.plan import PlanError
-    from megatron_mm.plan.partition_search import candidates
+    from megatron_mm.plan.pipeline.partition_search import candidates
     from megatron_mm.training.partition_trials import search_partition
 
     dist.init_process_group("gloo")

@@ -156,7 +156,7 @@ def _with_slow_vit_profile(argv, layout, tmp_path_factory):
     """The layout with a profile in which ViT layers take 20x an LLM layer, and the choice
     --encoder-schedule auto makes on it: an encoder pipeline of its own. With TP 2
     (``AUTO_ETP``), a profile whose TP links are slow: auto runs the ViT at TP 1."""
-    from megatron_mm.plan.profile import LayerProfile, LayerTime
+    from megatron_mm.plan.pipeline.profile import LayerProfile, LayerTime
 
     path = tmp_path_factory.mktemp("profile") / "profile.json"
     base = argv + [a for a in layout if a not in AUTO]

@@ -7,9 +7,9 @@ from dist_harness import run_distributed
 from train_workers import TINY_MODEL, train
 
 from megatron_mm.plan import StagePartition
-from megatron_mm.plan.recompute_budget import (GB, choose_recompute, chunk_activations,
-                                               static_bytes)
-from megatron_mm.plan.hardware import MemoryModel
+from megatron_mm.plan.pipeline.recompute_budget import (GB, choose_recompute, chunk_activations,
+                                                        static_bytes)
+from megatron_mm.plan.costs.hardware import MemoryModel
 
 pytestmark = pytest.mark.processes
 

@@ -1,0 +1,127 @@
+"""Per-layer costs from sizes: forward FLOPs, the two backward parts, parameters, bytes.
+
+All per micro-batch. Matmul FLOPs are 2 x m x n x k. A linear layer's backward is one
+input-gradient and one weight-gradient matmul, each as large as its forward. The attention
+core (scores and weighted values) has no weights: its backward is two matmuls per forward
+matmul, all of them input gradients. So for a transformer layer with linear forward P and
+attention-core forward A: F = P + A, dgrad = P + 2A, wgrad = P, and a trainable layer costs
+exactly 3F; a frozen layer that passes gradients costs 2F + A (A is a few % of F at the
+sequence lengths here).
+
+Activation bytes assume bf16, flash attention (no S x S scores kept) and no dropout:
+per token 2 x (4h + 2q + 2kv + MLP intermediates); with recompute only the layer input (2h).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Tuple
+
+from ..model import EncoderSpec, TransformerSpec
+
+BF16 = 2  # bytes
+FP32 = 4
+
+
+class Cost(NamedTuple):
+    fwd: float
+    dgrad: float
+    wgrad: float
+    params: float
+    act: float
+    recompute_act: float
+    out: float
+
+    def split(self, ways: int) -> "Cost":
+        """Ideal tensor parallelism: every quantity divides by the TP size."""
+        return Cost(*(v / ways for v in self))
+
+
+def transformer_layer(t: TransformerSpec, sequences: int, seq_len: int, causal: bool) -> Cost:
+    h, q, kv, f = t.hidden_size, t.q_dim, t.kv_dim, t.ffn_hidden_size
+    tokens = sequences * seq_len
+    attn_weights = h * q + 2 * h * kv + q * h  # QKV and output projections
+    ffn_weights = (3 if t.gated_linear_unit else 2) * h * f  # per expert
+    router = h * t.num_experts if t.num_experts > 1 else 0
+    linear = 2.0 * tokens * (attn_weights + t.moe_router_topk * ffn_weights + router)
+    # QK^T and PV: 2 matmuls of 2*S*S*q each per sequence; causal skips half
+    core = 4.0 * sequences * seq_len * seq_len * q * (0.5 if causal else 1.0)
+    norms = 2 * h * (2 if t.add_bias_linear else 1)
+    biases = (q + 2 * kv + h + t.num_experts * (f * (2 if t.gated_linear_unit else 1) + h)
+              if t.add_bias_linear else 0)
+    params = attn_weights + t.num_experts * ffn_weights + router + norms + biases
+    ffn_act = (3 if t.gated_linear_unit else 2) * f * t.moe_router_topk
+    act = BF16 * tokens * (4 * h + 2 * q + 2 * kv + ffn_act)
+    hidden = BF16 * tokens * h
+    return Cost(fwd=linear + core, dgrad=linear + 2 * core, wgrad=linear, params=params,
+                act=act, recompute_act=hidden, out=hidden)
+
+
+def transformer_sublayers(t: TransformerSpec, sequences: int, seq_len: int, causal: bool
+                          ) -> Tuple[Cost, Cost]:
+    """The layer's two kernels Optimus schedules apart: (attention: its norm, QKV, core and
+    output projection; MLP: its norm and FFN), which add up to ``transformer_layer``."""
+    h, q, kv, f = t.hidden_size, t.q_dim, t.kv_dim, t.ffn_hidden_size
+    tokens = sequences * seq_len
+    attn_weights = h * q + 2 * h * kv + q * h
+    ffn_weights = (3 if t.gated_linear_unit else 2) * h * f
+    router = h * t.num_experts if t.num_experts > 1 else 0
+    attn_linear = 2.0 * tokens * attn_weights
+    mlp_linear = 2.0 * tokens * (t.moe_router_topk * ffn_weights + router)
+    core = 4.0 * sequences * seq_len * seq_len * q * (0.5 if causal else 1.0)
+    norm = h * (2 if t.add_bias_linear else 1)
+    attn_biases = q + 2 * kv + h if t.add_bias_linear else 0
+    mlp_biases = (t.num_experts * (f * (2 if t.gated_linear_unit else 1) + h)
+                  if t.add_bias_linear else 0)
+    ffn_act = (3 if t.gated_linear_unit else 2) * f * t.moe_router_topk
+    hidden = BF16 * tokens * h
+    attention = Cost(fwd=attn_linear + core, dgrad=attn_linear + 2 * core, wgrad=attn_linear,
+                     params=attn_weights + norm + attn_biases,
+                     act=BF16 * tokens * (2 * h + 2 * q + 2 * kv), recompute_act=hidden,
+                     out=hidden)
+    mlp = Cost(fwd=mlp_linear, dgrad=mlp_linear, wgrad=mlp_linear,
+               params=t.num_experts * ffn_weights + router + norm + mlp_biases,
+               act=BF16 * tokens * (2 * h + ffn_act), recompute_act=hidden, out=hidden)
+    return attention, mlp
+
+
+def encoder_embed(enc: EncoderSpec, sequences: int) -> Cost:
+    """Patch / conv stem plus position embeddings. Its input is data: no input gradient."""
+    tokens = sequences * enc.tokens_per_item
+    h = enc.transformer.hidden_size
+    fwd = tokens * enc.embed_flops_per_token
+    stem_input = BF16 * tokens * enc.embed_flops_per_token / (2 * h)  # the stem's matmul input
+    return Cost(fwd=fwd, dgrad=0.0, wgrad=fwd, params=enc.embed_params, act=stem_input,
+                recompute_act=stem_input, out=BF16 * tokens * h)
+
+
+def projector(enc: EncoderSpec, llm_hidden: int, sequences: int) -> Cost:
+    """LLaVA's MLP (Linear-GELU-Linear) or one Linear, on the tokens handed to the LLM."""
+    tokens = sequences * enc.llm_tokens_per_item
+    d_in = enc.projector_input_size
+    if enc.projector_type == "affine":
+        weights, inner = d_in * llm_hidden, 0
+        params = weights + llm_hidden
+    else:
+        inner = enc.projector_ffn_hidden_size or llm_hidden
+        weights = d_in * inner + inner * llm_hidden
+        params = weights + inner + llm_hidden
+    fwd = 2.0 * tokens * weights
+    act = BF16 * tokens * (d_in + 2 * inner)  # input, GELU input and output
+    return Cost(fwd=fwd, dgrad=fwd, wgrad=fwd, params=params, act=act, recompute_act=act,
+                out=BF16 * tokens * llm_hidden)
+
+
+def llm_embed(t: TransformerSpec, tokens: int) -> Cost:
+    """A table lookup (no FLOPs worth counting); its input gradient only routes media
+    gradients back to the projectors, a copy."""
+    return Cost(fwd=0.0, dgrad=0.0, wgrad=0.0, params=t.vocab_size * t.hidden_size,
+                act=0.0, recompute_act=0.0, out=BF16 * tokens * t.hidden_size)
+
+
+def llm_head(t: TransformerSpec, tokens: int) -> Cost:
+    """Final norm, output layer and cross-entropy; the loss keeps fp32 softmax of the logits."""
+    h, v = t.hidden_size, t.vocab_size
+    fwd = 2.0 * tokens * h * v
+    act = BF16 * tokens * h + FP32 * tokens * v
+    return Cost(fwd=fwd, dgrad=fwd, wgrad=fwd, params=v * h + h, act=act, recompute_act=act,
+                out=0.0)

@@ -1,0 +1,2 @@
+"""The LLM pipeline's layout: the layer chain, stage partitions, module placement,
+memory, recomputation and the partition's estimate."""

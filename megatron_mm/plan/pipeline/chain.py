@@ -1,0 +1,64 @@
+"""Build the layer chain of a model for a workload.
+
+Order: the LLM's word embedding; for each encoder, its embedding, transformer layers and
+projector; then the LLM decoder layers and output layer + loss. The word embedding comes
+first because Megatron-Core keeps it on the first pipeline stage (its pipeline layout and the
+tied-embedding group require it); the text embeddings then travel with the encoder
+activations, and each projector merges its features into them. Module names are those of
+``megatron_mm.models.MultimodalModel`` so the runtime maps a plan onto the model.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from ..costs import flops
+from ..errors import PlanError
+from ..model import ModelSpec, Workload
+from .layers import LLM, Layer, resolve_backward
+
+
+def build_chain(model: ModelSpec, workload: Workload) -> List[Layer]:
+    media = model.media_tokens_per_sample
+    if media > workload.seq_length:
+        raise PlanError(f"--seq-length ({workload.seq_length}) is shorter than the media tokens "
+                        f"per sample ({media}); raise --seq-length or send fewer media items")
+    b, tp = workload.micro_batch_size, workload.tensor_model_parallel_size
+    chain: List[Layer] = []
+
+    def add(kind, module, branch, cost, trainable, recompute=False):
+        cost = cost.split(tp)
+        chain.append(Layer(kind=kind, module=module, branch=branch, fwd_flops=cost.fwd,
+                           dgrad_flops=cost.dgrad, wgrad_flops=cost.wgrad, params=cost.params,
+                           act_bytes=cost.act, recompute_act_bytes=cost.recompute_act,
+                           out_bytes=cost.out, trainable=trainable, recompute=recompute))
+
+    llm_trainable = not model.freeze_llm
+    tokens = b * workload.seq_length
+    add("llm_embed", "language_model.embedding", LLM, flops.llm_embed(model.llm, tokens),
+        llm_trainable)
+
+    for enc in model.encoders:
+        trainable = enc.name not in model.frozen_encoders
+        sequences = b * enc.items_per_sample
+        root = f"{enc.name}_model"
+        add(f"{enc.modality}_embed", root, enc.name, flops.encoder_embed(enc, sequences),
+            trainable)
+        layer = flops.transformer_layer(enc.transformer, sequences, enc.tokens_per_item,
+                                        causal=False)
+        for i in range(enc.transformer.num_layers):
+            add(f"{enc.modality}_layer", f"{root}.decoder.layers.{i}", enc.name, layer,
+                trainable, workload.recompute)
+        add("projector", f"{enc.name}_projection", enc.name,
+            flops.projector(enc, model.llm.hidden_size, sequences),
+            enc.name not in model.frozen_projectors)
+
+    layer = flops.transformer_layer(model.llm, b, workload.seq_length, causal=True)
+    for i in range(model.llm.num_layers):
+        add("llm_layer", f"language_model.decoder.layers.{i}", LLM, layer, llm_trainable,
+            workload.recompute)
+    add("llm_head", "language_model.output_layer", LLM, flops.llm_head(model.llm, tokens),
+        llm_trainable)
+    if model.tied_embeddings:
+        chain[-1].tied_params = chain[0].params  # the word embedding's weight, TP-split
+    return resolve_backward(chain)
