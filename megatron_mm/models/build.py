@@ -13,7 +13,7 @@ from megatron.core.transformer.transformer_block import (
 )
 
 from ..config import MultimodalModelConfig
-from ..encoders import family_of
+from ..families import family_of
 from ..plan import ModelSpec, Workload, build_chain
 from ..plan.placement import ChunkPlacement, whole_model
 from .affine_projector import affine_projector_submodules

@@ -127,8 +127,8 @@ class ModelSpec(Record):
     def from_config(cls, config, images_per_sample: int = 1, clips_per_sample: int = 1,
                     name: str = "config") -> "ModelSpec":
         """From a ``megatron_mm.config.MultimodalModelConfig``: each encoder as its family
-        declares it (``megatron_mm.encoders``), the Llama-style LLM."""
-        from ..encoders import family_of  # torch-free; the families import this module
+        declares it (``megatron_mm.families``), the Llama-style LLM."""
+        from ..families import family_of  # torch-free; the families import this module
 
         encoders = []
         for enc_name, enc in config.encoders.items():

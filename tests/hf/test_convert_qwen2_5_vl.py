@@ -91,7 +91,7 @@ def test_pixel_bounds_come_from_the_processor_config(converted, tmp_path):
     """The checkpoint's --min-pixels / --max-pixels are the processor config's (they fix
     every item's token count); a patch size other than the tower's is refused."""
     from megatron_mm.hf.compare import load_args
-    from megatron_mm.hf.qwen2_5_vl import processor_flags
+    from megatron_mm.families.qwen2_5_vl.hf import processor_flags
 
     args = load_args(converted[2])
     assert (args.min_pixels, args.max_pixels) == (784, 50176)
@@ -119,7 +119,7 @@ def test_positions_and_video_matter(converted, gloo_world):
     """The comparison is sensitive: text positions, or the video's features swapped for
     zeros, move the logits by far more than the tolerance."""
     from megatron_mm.hf.compare import load_converted, logits
-    from megatron_mm.hf.qwen2_5_vl import megatron_media, position_ids
+    from megatron_mm.families.qwen2_5_vl.hf import megatron_media, position_ids
 
     hf_model, _, ckpt = converted
     inputs = _inputs()

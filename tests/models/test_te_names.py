@@ -188,7 +188,8 @@ def test_hugging_face_tables_serve_te_models(gloo_world):
     """The Qwen2-Audio and LLaVA tables give a TE-named state dict (with TE's module state)
     the same Hugging Face tensors as the local one, and back."""
     from megatron_mm.hf.mapping import MappingTable
-    from megatron_mm.hf.tables import llava_rules, qwen2_audio_rules
+    from megatron_mm.families.vit.hf_table import llava_rules
+    from megatron_mm.families.whisper.hf_table import qwen2_audio_rules
     from megatron_mm.hf.transforms import Context
 
     model = _build()

@@ -17,7 +17,7 @@ def _vit(multiple, model_type="clip"):
     from megatron_mm.models import BuildSettings
     from megatron_mm.models.specs import get_layer_specs
     from megatron_mm.models.transformer_configs import vision_transformer_config
-    from megatron_mm.models.vision import VisionTransformer
+    from megatron_mm.families.vit.model import VisionTransformer
 
     torch.manual_seed(0)
     enc = VisionEncoderConfig(**{**ENC.__dict__, "model_type": model_type})

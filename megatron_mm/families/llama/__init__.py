@@ -1,0 +1,7 @@
+"""Llama: a decoder-only LLM (Megatron-Core's GPTModel); it converts as
+``LlamaForCausalLM``."""
+
+from ..record import Family
+
+FAMILY = Family("llama", architectures=("LlamaForCausalLM",),
+                conversion="megatron_mm.families.llama.hf:ARCHITECTURES")

@@ -1,0 +1,5 @@
+"""MistralForCausalLM for the converter: the shared LLM table, layout and flags."""
+
+from ...hf.families import causal_lm
+
+ARCHITECTURES = causal_lm("Mistral")
