@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from megatron_mm.config import AudioEncoderConfig, VisionEncoderConfig
+from megatron_mm.families.whisper.config import AudioEncoderConfig
+from megatron_mm.families.vit.config import VisionEncoderConfig
 from megatron_mm.families import FAMILIES, builtin_data_for, resolve
 from megatron_mm.families.qwen2_5_vl.config import Qwen2_5VLVisionConfig
 

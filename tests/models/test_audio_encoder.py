@@ -4,15 +4,10 @@ exactly their placeholders, next to images, and the config names its flags."""
 import pytest
 import torch
 
-from megatron_mm.config import (
-    AudioEncoderConfig,
-    ConfigError,
-    FreezeConfig,
-    LanguageModelConfig,
-    MultimodalModelConfig,
-    ProjectorConfig,
-    VisionEncoderConfig,
-)
+from megatron_mm.config import (ConfigError, FreezeConfig, LanguageModelConfig,
+                                MultimodalModelConfig, ProjectorConfig)
+from megatron_mm.families.whisper.config import AudioEncoderConfig
+from megatron_mm.families.vit.config import VisionEncoderConfig
 
 IMAGE_ID, AUDIO_ID = 250, 251
 

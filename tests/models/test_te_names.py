@@ -11,13 +11,9 @@ import re
 import pytest
 import torch
 
-from megatron_mm.config import (
-    AudioEncoderConfig,
-    LanguageModelConfig,
-    MultimodalModelConfig,
-    ProjectorConfig,
-    VisionEncoderConfig,
-)
+from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig, ProjectorConfig
+from megatron_mm.families.whisper.config import AudioEncoderConfig
+from megatron_mm.families.vit.config import VisionEncoderConfig
 from megatron_mm.models.te_names import LOCAL_TO_TE, is_module_state, to_local, to_te
 
 IMAGE_ID, AUDIO_ID = 250, 251

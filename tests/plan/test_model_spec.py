@@ -1,7 +1,7 @@
 """The planner reads the training configuration (megatron_mm.config) directly."""
 
-from megatron_mm.config import (FreezeConfig, LanguageModelConfig, MultimodalModelConfig,
-                                VisionEncoderConfig)
+from megatron_mm.config import FreezeConfig, LanguageModelConfig, MultimodalModelConfig
+from megatron_mm.families.vit.config import VisionEncoderConfig
 from megatron_mm.plan import ModelSpec, Workload, build_chain
 
 
@@ -27,7 +27,7 @@ def test_from_config():
 
 
 def test_from_config_with_vision_and_audio():
-    from megatron_mm.config import AudioEncoderConfig
+    from megatron_mm.families.whisper.config import AudioEncoderConfig
     from megatron_mm.plan.placement import chunk_placements
     from megatron_mm.plan.partition import partition
 

@@ -12,18 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config import ConfigError
+from ...config import ConfigError, require
 from .tiles import InternVLTiling
 
 NORM_TYPES = {"layer_norm": "LayerNorm", "rms_norm": "RMSNorm"}
 ACTIVATIONS = ("gelu",)  # Hugging Face's ACT2FN["gelu"]: exact GELU (models/)
 QK_NORM_EPSILON = 1e-6  # Hugging Face builds q_norm / k_norm with the RMSNorm's default eps
 PROJECTOR_NORM_EPSILON = 1e-5  # ... and the projector's LayerNorm with nn.LayerNorm's
-
-
-def _require(cond: bool, message: str) -> None:
-    if not cond:
-        raise ConfigError(message)
 
 
 @dataclass
@@ -64,32 +59,32 @@ class InternViTConfig:
 
     def __post_init__(self):
         p = self.flag_prefix
-        _require(self.hidden_size % self.num_attention_heads == 0,
+        require(self.hidden_size % self.num_attention_heads == 0,
                  f"{p}num-attention-heads {self.num_attention_heads} must divide "
                  f"{p}hidden-size {self.hidden_size}")
-        _require(self.norm_type in NORM_TYPES,
+        require(self.norm_type in NORM_TYPES,
                  f"{p}norm-type {self.norm_type!r}: one of {sorted(NORM_TYPES)}")
         for name in ("hidden_act", "projector_hidden_act"):
-            _require(getattr(self, name) in ACTIVATIONS,
+            require(getattr(self, name) in ACTIVATIONS,
                      f"{name}={getattr(self, name)!r}: only {sorted(ACTIVATIONS)} is "
                      "implemented")
-        _require(self.image_size % self.patch_size == 0,
+        require(self.image_size % self.patch_size == 0,
                  f"{p}image-size {self.image_size} must be a multiple of {p}patch-size "
                  f"{self.patch_size}")
         scale = 1 / self.downsample_ratio
-        _require(scale == round(scale) and scale >= 1,
+        require(scale == round(scale) and scale >= 1,
                  f"downsample_ratio {self.downsample_ratio} must be 1 / an integer (pixel "
                  "shuffle folds scale x scale patches into one token)")
-        _require(self.patches_per_side % self.shuffle_scale == 0,
+        require(self.patches_per_side % self.shuffle_scale == 0,
                  f"{p}image-size {self.image_size} gives {self.patches_per_side} patches "
                  f"a side, not a multiple of the pixel shuffle's {self.shuffle_scale}")
-        _require(-(self.num_layers + 1) <= self.feature_layer <= self.num_layers,
+        require(-(self.num_layers + 1) <= self.feature_layer <= self.num_layers,
                  f"vision_feature_layer {self.feature_layer} is not an index into the "
                  f"{self.num_layers + 1} hidden states of a {self.num_layers}-layer tower")
-        _require(self.model_type == "internvit",
+        require(self.model_type == "internvit",
                  f"{p}model-type must be internvit, got {self.model_type!r}")
         self.tiling  # noqa: B018  (validates the tiling fields)
-        _require(self.layers_run >= 1,
+        require(self.layers_run >= 1,
                  f"vision_feature_layer {self.feature_layer} selects the patch embeddings: "
                  "at least one transformer layer must run")
 

@@ -331,7 +331,7 @@ def projector_submodules(transformer_impl: str = "local") -> MLPSubmodules:
         from megatron.core.extensions.transformer_engine import (
             TEColumnParallelLinear,
             TERowParallelLinear,
-)
+        )
 
         return MLPSubmodules(linear_fc1=TEColumnParallelLinear,
                              linear_fc2=TERowParallelLinear)

@@ -12,12 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from ...config import ConfigError
-
-
-def _require(cond: bool, message: str) -> None:
-    if not cond:
-        raise ConfigError(message)
+from ...config import ConfigError, require
 
 
 @dataclass
@@ -50,24 +45,24 @@ class Qwen2_5VLVisionConfig:
     def __post_init__(self):
         p = self.flag_prefix
         self.fullatt_block_indexes = tuple(int(i) for i in self.fullatt_block_indexes)
-        _require(self.hidden_size % self.num_attention_heads == 0,
+        require(self.hidden_size % self.num_attention_heads == 0,
                  f"{p}num-attention-heads {self.num_attention_heads} must divide "
                  f"{p}hidden-size {self.hidden_size}")
-        _require(self.head_dim % 4 == 0,
+        require(self.head_dim % 4 == 0,
                  f"the head dimension {self.head_dim} must be a multiple of 4: the 2-D "
                  "rotary embedding gives a quarter of it to each of (row, column) x (cos, sin)")
-        _require(all(0 <= i < self.num_layers for i in self.fullatt_block_indexes),
+        require(all(0 <= i < self.num_layers for i in self.fullatt_block_indexes),
                  f"{p}fullatt-block-indexes {list(self.fullatt_block_indexes)} must be "
                  f"layer indices in [0, {self.num_layers})")
-        _require(self.model_type == "qwen2_5_vl",
+        require(self.model_type == "qwen2_5_vl",
                  f"{p}model-type must be qwen2_5_vl, got {self.model_type!r}")
-        _require(0 < self.min_pixels <= self.max_pixels,
+        require(0 < self.min_pixels <= self.max_pixels,
                  f"--min-pixels {self.min_pixels} must be positive and at most --max-pixels "
                  f"{self.max_pixels}")
-        _require(0 < self.video_min_pixels <= self.video_max_pixels,
+        require(0 < self.video_min_pixels <= self.video_max_pixels,
                  f"--video-min-pixels {self.video_min_pixels} must be positive and at most "
                  f"--video-max-pixels {self.video_max_pixels}")
-        _require(self.window_size >= self.spatial_merge_size * self.patch_size,
+        require(self.window_size >= self.spatial_merge_size * self.patch_size,
                  f"{p}window-size {self.window_size} (pixels) must span at least one merge "
                  f"unit ({self.spatial_merge_size} x {self.patch_size} pixels)")
 

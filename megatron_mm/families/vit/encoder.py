@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...config import VisionEncoderConfig
+from .config import VisionEncoderConfig
 from ...plan.model import EncoderSpec, patch_embed_flops
 from ..encoder import BuiltinData, EncoderFamily, encoder_transformer, fixed_feature_tokens
 

@@ -3,7 +3,8 @@ encoder's length, each handing the LLM the features its audio reaches."""
 
 from __future__ import annotations
 
-from ...config import AudioEncoderConfig, ConfigError
+from ...config import ConfigError
+from .config import AudioEncoderConfig
 from ...plan.model import EncoderSpec, whisper_stem_flops
 from ..encoder import BuiltinData, EncoderFamily, encoder_transformer
 

@@ -18,9 +18,9 @@ from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from ...config import AudioEncoderConfig
+from .config import AudioEncoderConfig
 from ...models.encoder_parts import EncoderParts
-from ...models.transformer_configs import audio_transformer_config
+from .transformer_config import audio_transformer_config
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:

@@ -65,8 +65,8 @@ def _build(hf_config):
     from megatron.core import parallel_state
 
     from megatron_mm.families.internvl.model import InternViTWithProjector
+    from megatron_mm.families.internvl.config import InternViTConfig
     from megatron_mm.families.internvl.transformer_config import (
-        InternViTConfig,
         internvit_transformer_config,
         internvl_projector_transformer_config,
     )
@@ -200,8 +200,8 @@ def test_activation_recompute_gives_the_same_step(gloo_world, case):
     """--recompute-granularity full: the layer-scaled layers rerun in backward; output
     and gradients unchanged."""
     from megatron_mm.families.internvl.model import InternViTWithProjector
+    from megatron_mm.families.internvl.config import InternViTConfig
     from megatron_mm.families.internvl.transformer_config import (
-        InternViTConfig,
         internvit_transformer_config,
         internvl_projector_transformer_config,
     )
@@ -337,7 +337,7 @@ def test_bad_input_is_a_clear_error(gloo_world, case):
 
 def test_config_refuses_what_it_does_not_implement(case):
     from megatron_mm.families.internvl.model import internvit_layer_spec
-    from megatron_mm.families.internvl.transformer_config import InternViTConfig
+    from megatron_mm.families.internvl.config import InternViTConfig
 
     cfg = case["config"]
 
@@ -371,8 +371,8 @@ def test_encoder_tensor_parallel_of_its_own_is_refused(gloo_world):
     """The QK norm reduces over the global TP group: an encoder TP that differs is an
     error, not a wrong norm."""
     from megatron_mm.families.internvl.model import InternViTWithProjector
+    from megatron_mm.families.internvl.config import InternViTConfig
     from megatron_mm.families.internvl.transformer_config import (
-        InternViTConfig,
         internvit_transformer_config,
         internvl_projector_transformer_config,
     )

@@ -28,7 +28,7 @@ def _hf_tower():
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
         Qwen2_5_VisionTransformerPretrainedModel,
-)
+    )
 
     torch.manual_seed(0)
     model = Qwen2_5_VisionTransformerPretrainedModel(Qwen2_5_VLVisionConfig(**HF_VISION))
@@ -59,11 +59,11 @@ def _table():
 
 def _build(hf_config, transformer_impl="local", layer_spec=None):
     from megatron_mm.families.qwen2_5_vl.vision import Qwen2_5VLVisionWithMerger
+    from megatron_mm.families.qwen2_5_vl.config import Qwen2_5VLVisionConfig
     from megatron_mm.families.qwen2_5_vl.transformer_config import (
-        Qwen2_5VLVisionConfig,
         qwen2_5_vl_merger_transformer_config,
         qwen2_5_vl_vision_transformer_config,
-)
+    )
     from megatron_mm.models.transformer_configs import BuildSettings
 
     enc = Qwen2_5VLVisionConfig.from_hf(hf_config)
@@ -250,11 +250,11 @@ def test_activation_recompute_gives_the_same_step(gloo_world, reference):
     """--recompute-granularity full: the stacked masks go through Megatron-Core's
     checkpoint function; output and gradients unchanged."""
     from megatron_mm.families.qwen2_5_vl.vision import Qwen2_5VLVisionWithMerger
+    from megatron_mm.families.qwen2_5_vl.config import Qwen2_5VLVisionConfig
     from megatron_mm.families.qwen2_5_vl.transformer_config import (
-        Qwen2_5VLVisionConfig,
         qwen2_5_vl_merger_transformer_config,
         qwen2_5_vl_vision_transformer_config,
-)
+    )
     from megatron_mm.models.transformer_configs import BuildSettings
 
     enc = Qwen2_5VLVisionConfig.from_hf(reference["config"])
@@ -367,7 +367,7 @@ def test_layout_matches_hugging_face_helpers():
         get_vision_cu_seqlens,
         get_vision_position_ids,
         get_vision_window_index,
-)
+    )
 
     for grids, window in ((GRIDS, 56), ([(1, 6, 10), (3, 2, 2), (1, 12, 4)], 56),
                           ([(2, 10, 14)], 112)):
@@ -401,7 +401,7 @@ def test_bad_input_is_a_clear_error(imported, reference):
 
 def test_config_refuses_what_it_does_not_implement(reference):
     from megatron_mm.families.qwen2_5_vl.vision import qwen2_5_vl_vision_layer_spec
-    from megatron_mm.families.qwen2_5_vl.transformer_config import Qwen2_5VLVisionConfig
+    from megatron_mm.families.qwen2_5_vl.config import Qwen2_5VLVisionConfig
 
     with pytest.raises(ConfigError, match="fullatt-block-indexes"):
         Qwen2_5VLVisionConfig(num_layers=2, fullatt_block_indexes=(2,))
