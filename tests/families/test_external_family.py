@@ -3,6 +3,7 @@
 converts from and back to Hugging Face bit for bit and trains through the pretrain script
 (its checkpoint-saving helper processes included), with nothing in the package edited."""
 
+import json
 import os
 import re
 import subprocess
@@ -35,7 +36,7 @@ def copy_family(src: Path, dst: Path) -> None:
 
 
 def tiny_llava(vocab: int, image_token: int):
-    """A random LLaVA (CLIP 28 px / 14 px patches + Llama) under the toy architecture."""
+    """A random LLaVA (CLIP 28 px / 14 px patches + Llama)."""
     import transformers
     from transformers import AutoConfig
 
@@ -49,7 +50,6 @@ def tiny_llava(vocab: int, image_token: int):
     config = AutoConfig.for_model("llava", text_config=text.to_dict(),
                                   vision_config=vision.to_dict(), image_token_index=image_token,
                                   vision_feature_layer=-2)
-    config.architectures = [ARCH]
     torch.manual_seed(0)
     return transformers.LlavaForConditionalGeneration(config).eval()
 
@@ -74,9 +74,11 @@ def test_a_family_from_a_folder_converts_and_trains(tmp_path):
 
     copy_family(FAMILIES / "vit", tmp_path / "toyvit")
     tok = build_tokenizer("MistralV1SentencePiece", None)  # the demo's: no tokenizer files
-    model = tiny_llava(tok.vocab_size, tok.image_token_id)
+    model = tiny_llava(tok.vocab_size, tok.media_token_id("image"))
     hf_dir, ckpt = tmp_path / "hf", tmp_path / "ckpt"
     model.save_pretrained(hf_dir)
+    config = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**config, "architectures": [ARCH]}))
     convert = ROOT / "tools" / "convert_hf.py"
 
     refused = run(tmp_path, convert, "import", "--hf-dir", hf_dir, "--save", ckpt,
@@ -94,15 +96,14 @@ def test_a_family_from_a_folder_converts_and_trains(tmp_path):
     assert all(torch.equal(before[k], after[k]) for k in before)
 
     prepare_digits(tmp_path / "digits")
-    trained = tmp_path / "trained"
     done = run(tmp_path, ROOT / "examples" / "pretrain_mllm.py", "--load", ckpt,
-               "--save", trained, "--data-path", tmp_path / "digits",
+               "--save", ckpt, "--data-path", tmp_path / "digits",
                "--micro-batch-size", "2", "--train-iters", "2", "--lr", "1e-3",
                "--log-interval", "1", "--eval-iters", "1", "--skip-final-eval")
     assert done.returncode == 0, done.stderr[-3000:]
-    saved = dist_checkpointing.load_common_state_dict(iteration_dir(str(trained), 2))["args"]
+    saved = dist_checkpointing.load_common_state_dict(iteration_dir(str(ckpt), 2))["args"]
     assert saved["vision_model_type"] == "toyclip"
-    done = run(tmp_path, convert, "export", "--load", trained, "--hf-dir", tmp_path / "out")
+    done = run(tmp_path, convert, "export", "--load", ckpt, "--hf-dir", tmp_path / "out")
     assert done.returncode == 0, done.stderr[-3000:]
     out = transformers.LlavaForConditionalGeneration.from_pretrained(tmp_path / "out")
     assert not torch.equal(out.state_dict()["lm_head.weight"], before["lm_head.weight"])
