@@ -14,19 +14,19 @@ import os
 from typing import Dict, List, Optional, Tuple
 
 from ..config import ConfigError
-from .encoder import BuiltinData, EncoderFamily, resolve
+from .encoder import BuiltinData, EncoderFamily
 from .record import Family
 
-# One line per family, in the order their flags' choices are listed.
+# One line per family, in the order their choices are listed (flags, supported models).
 BUILTIN = (
-    "megatron_mm.families.vit",
-    "megatron_mm.families.whisper",
-    "megatron_mm.families.internvl",
-    "megatron_mm.families.qwen2_5_vl",
     "megatron_mm.families.llama",
     "megatron_mm.families.mistral",
     "megatron_mm.families.qwen2",
     "megatron_mm.families.qwen3",
+    "megatron_mm.families.vit",
+    "megatron_mm.families.whisper",
+    "megatron_mm.families.internvl",
+    "megatron_mm.families.qwen2_5_vl",
 )
 # Comma-separated modules of further families (each with a ``FAMILY``), importable from
 # ``sys.path`` (``PYTHONPATH``).
@@ -47,9 +47,11 @@ def _load() -> Tuple[Family, ...]:
 MODEL_FAMILIES: Tuple[Family, ...] = _load()
 FAMILIES: Dict[str, EncoderFamily] = {
     e.model_type: e for f in MODEL_FAMILIES for e in f.encoders}
-# Hugging Face architecture -> its family's conversion ref.
+# Hugging Face architecture / text model type -> its family's conversion module.
 ARCHITECTURES: Dict[str, str] = {
     a: f.conversion for f in MODEL_FAMILIES for a in f.architectures}
+TEXT_MODELS: Dict[str, str] = {
+    t: f.conversion for f in MODEL_FAMILIES for t in f.text_models}
 
 
 def family(model_type: str) -> EncoderFamily:
@@ -63,7 +65,13 @@ def family(model_type: str) -> EncoderFamily:
 def architecture(name: str):
     """The ``hf.families.Family`` converting Hugging Face architecture ``name`` (its
     family's conversion module imported now); KeyError: none converts it."""
-    return resolve(ARCHITECTURES[name])[name]
+    return importlib.import_module(ARCHITECTURES[name]).ARCHITECTURES[name]
+
+
+def text_model(model_type: str):
+    """The ``hf.families.TextModel`` of a Hugging Face text config's ``model_type``
+    (imported now); KeyError: no family converts it."""
+    return importlib.import_module(TEXT_MODELS[model_type]).TEXT_MODELS[model_type]
 
 
 def family_of(config) -> EncoderFamily:

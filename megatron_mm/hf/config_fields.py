@@ -9,9 +9,11 @@ sizes, ``rms_norm_eps``, ``head_dim``, ``tie_word_embeddings``, ``rope_theta``, 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Tuple
 
+from ..families import TEXT_MODELS, text_model
 from .errors import ConversionError
 
 _MISSING = object()
@@ -51,14 +53,15 @@ def one_of(*values) -> Callable[[Any, Any], bool]:
 
 def sliding_window_layers(text) -> list:
     """Indices of the layers whose attention window is shorter than the longest sequence
-    (``max_position_embeddings``): the only ones a window changes. Mistral windows every
-    layer; Qwen2 / Qwen3 the ``layer_types`` named ``sliding_attention`` (from
-    ``use_sliding_window`` and ``max_window_layers``)."""
+    (``max_position_embeddings``): the only ones a window changes. Every layer where the
+    text model says so (``TextModel.windows_every_layer``: Mistral) or names none; else the
+    ``layer_types`` named ``sliding_attention`` (Qwen2 / Qwen3: from ``use_sliding_window``
+    and ``max_window_layers``)."""
     window = getattr(text, "sliding_window", None)
     if window is None or window >= text.max_position_embeddings:
         return []
     types = getattr(text, "layer_types", None)
-    if text.model_type == "mistral" or types is None:
+    if text_model(text.model_type).windows_every_layer or types is None:
         return list(range(text.num_hidden_layers))
     return [i for i, t in enumerate(types) if t == "sliding_attention"]
 
@@ -74,31 +77,31 @@ def longest_exact_sequence(text) -> int:
     return text.max_position_embeddings
 
 
-# Text models of Qwen2-VL and Qwen2.5-VL: Qwen2 decoders rotating by M-RoPE (3-D positions).
-MROPE_LANGUAGE_TYPES = ("qwen2_vl_text", "qwen2_5_vl_text")
-# transformers' M-RoPE split of a head's rotary frequencies when the config names none.
-DEFAULT_MROPE_SECTION = (16, 24, 24)
-LANGUAGE_TYPES = ("llama", "mistral", "qwen2", "qwen3") + MROPE_LANGUAGE_TYPES
-
-LANGUAGE_FIELDS = (
-    Field("model_type", lambda v, _: v in LANGUAGE_TYPES,
-          f"the language models are {', '.join(LANGUAGE_TYPES)}"),
-    # transformers 5 folds a checkpoint's rope_scaling into rope_parameters (and an
-    # M-RoPE model's rope_type "mrope" into "default" with an mrope_section).
-    Field("rope_parameters.rope_type",
-          lambda v, c: v == "default" or (v == "mrope" and c.model_type in MROPE_LANGUAGE_TYPES),
-          "RoPE scaling (rope_scaling / rope_parameters) is not implemented; only "
-          "'default' (and 'mrope' for Qwen2-VL / Qwen2.5-VL text models)", "default"),
-    Field("rope_parameters.mrope_section",
-          lambda v, c: v is None or c.model_type in MROPE_LANGUAGE_TYPES,
-          "M-RoPE (an mrope_section) is implemented for the Qwen2-VL / Qwen2.5-VL text models "
-          f"({', '.join(MROPE_LANGUAGE_TYPES)}) only"),
-    Field("rope_parameters.partial_rotary_factor", one_of(1, 1.0),
-          "rotary embedding on part of each head is not implemented", 1.0),
-    Field("hidden_act", one_of("silu"), "the language model's MLP is SwiGLU ('silu')"),
-    Field("mlp_bias", one_of(False), "the language model's MLP has no biases", False),
-    # Qwen2's q/k/v biases are its architecture (--add-qkv-bias); attention_bias
-    # elsewhere biases o_proj too.
-    Field("attention_bias", one_of(False),
-          "biases on q/k/v and o_proj are not implemented (Qwen2's q/k/v bias is)", False),
-)
+@functools.cache
+def language_fields() -> Tuple[Field, ...]:
+    """The LLM's fields: its ``model_type`` one a family converts (``TEXT_MODELS`` of the
+    registry), M-RoPE only where the text model rotates by it."""
+    types = tuple(TEXT_MODELS)
+    mrope = tuple(t for t in types if text_model(t).mrope_section is not None)
+    return (
+        Field("model_type", lambda v, _: v in types,
+              f"the language models are {', '.join(types)}"),
+        # transformers 5 folds a checkpoint's rope_scaling into rope_parameters (and an
+        # M-RoPE model's rope_type "mrope" into "default" with an mrope_section).
+        Field("rope_parameters.rope_type",
+              lambda v, c: v == "default" or (v == "mrope" and c.model_type in mrope),
+              "RoPE scaling (rope_scaling / rope_parameters) is not implemented; only "
+              "'default' (and 'mrope' for Qwen2-VL / Qwen2.5-VL text models)", "default"),
+        Field("rope_parameters.mrope_section",
+              lambda v, c: v is None or c.model_type in mrope,
+              "M-RoPE (an mrope_section) is implemented for the Qwen2-VL / Qwen2.5-VL text "
+              f"models ({', '.join(mrope)}) only"),
+        Field("rope_parameters.partial_rotary_factor", one_of(1, 1.0),
+              "rotary embedding on part of each head is not implemented", 1.0),
+        Field("hidden_act", one_of("silu"), "the language model's MLP is SwiGLU ('silu')"),
+        Field("mlp_bias", one_of(False), "the language model's MLP has no biases", False),
+        # Qwen2's q/k/v biases are its architecture (--add-qkv-bias); attention_bias
+        # elsewhere biases o_proj too.
+        Field("attention_bias", one_of(False),
+              "biases on q/k/v and o_proj are not implemented (Qwen2's q/k/v bias is)", False),
+    )

@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..families import ARCHITECTURES, architecture
-from .config_fields import (DEFAULT_MROPE_SECTION, LANGUAGE_FIELDS, MROPE_LANGUAGE_TYPES,
-                            longest_exact_sequence, refuse_unsupported)
+from ..families import ARCHITECTURES, architecture, text_model
+from .config_fields import language_fields, longest_exact_sequence, refuse_unsupported
 from .errors import ConversionError
 from .layouts import CAUSAL_LM, Layout
 from .tables import causal_lm_rules
@@ -57,6 +56,19 @@ class Family:
         return self.rules(hf_config) if self.config_rules else self.rules()
 
 
+@dataclass(frozen=True)
+class TextModel:
+    """An LLM decoder a family converts, by its Hugging Face text config's ``model_type``:
+    the flags its architecture adds (``--add-qkv-bias``, ``--qk-layernorm``),
+    ``mrope_section``: M-RoPE, with this split of the rotary frequencies into temporal,
+    height and width when the config names none (None: 1-D RoPE), and
+    ``windows_every_layer``: a ``sliding_window`` applies to every layer."""
+
+    flags: Tuple[str, ...] = ()
+    mrope_section: Optional[Tuple[int, ...]] = None
+    windows_every_layer: bool = False
+
+
 def family_for(hf_config) -> Family:
     archs = list(getattr(hf_config, "architectures", None) or [])
     for arch in archs:
@@ -71,8 +83,8 @@ def language_flags(text, where: str = "",
                    tie_word_embeddings: Optional[bool] = None) -> List[str]:
     """The LLM's flags from its (text) config. ``tie_word_embeddings``: where the model
     keeps it outside the text config (Qwen2-VL / Qwen2.5-VL: the top level)."""
-    refuse_unsupported(text, LANGUAGE_FIELDS, where)
-    kind = text.model_type
+    refuse_unsupported(text, language_fields(), where)
+    model = text_model(text.model_type)
     rope = dict(getattr(text, "rope_parameters", None) or {})
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
@@ -85,24 +97,15 @@ def language_flags(text, where: str = "",
              "--max-position-embeddings", longest_exact_sequence(text),
              "--rotary-base", rope.get("rope_theta", 10000.0),
              "--norm-epsilon", text.rms_norm_eps]
-    if kind == "qwen2" or kind in MROPE_LANGUAGE_TYPES:
-        flags.append("--add-qkv-bias")
-    if kind == "qwen3":
-        flags.append("--qk-layernorm")
-    if kind in MROPE_LANGUAGE_TYPES:
-        flags += mrope_flags(rope)
+    flags += model.flags
+    if model.mrope_section is not None:  # M-RoPE: the config's split, else the model's
+        flags += ["--position-embedding-type", "mrope", "--mrope-section",
+                  *(rope.get("mrope_section") or model.mrope_section)]
     if tie_word_embeddings is None:
         tie_word_embeddings = text.tie_word_embeddings
     if not tie_word_embeddings:
         flags.append("--untie-embeddings-and-output-weights")
     return [str(f) for f in flags]
-
-
-def mrope_flags(rope: dict) -> List:
-    """Qwen2-VL / Qwen2.5-VL text models: M-RoPE with the config's split of the rotary
-    frequencies into temporal, height and width (transformers' default without one)."""
-    section = rope.get("mrope_section") or DEFAULT_MROPE_SECTION
-    return ["--position-embedding-type", "mrope", "--mrope-section", *section]
 
 
 def causal_lm_flags(hf_config) -> List[str]:

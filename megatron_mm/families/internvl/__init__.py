@@ -5,4 +5,4 @@ from .encoder import INTERNVIT
 
 FAMILY = Family("internvl", encoders=(INTERNVIT,),
                 architectures=("InternVLForConditionalGeneration",),
-                conversion="megatron_mm.families.internvl.hf:ARCHITECTURES")
+                conversion="megatron_mm.families.internvl.hf")

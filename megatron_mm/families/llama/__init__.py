@@ -3,5 +3,6 @@
 
 from ..record import Family
 
-FAMILY = Family("llama", architectures=("LlamaForCausalLM",),
-                conversion="megatron_mm.families.llama.hf:ARCHITECTURES")
+FAMILY = Family("llama", text_models=("llama",),
+                architectures=("LlamaForCausalLM",),
+                conversion="megatron_mm.families.llama.hf")

@@ -3,5 +3,6 @@
 
 from ..record import Family
 
-FAMILY = Family("mistral", architectures=("MistralForCausalLM",),
-                conversion="megatron_mm.families.mistral.hf:ARCHITECTURES")
+FAMILY = Family("mistral", text_models=("mistral",),
+                architectures=("MistralForCausalLM",),
+                conversion="megatron_mm.families.mistral.hf")

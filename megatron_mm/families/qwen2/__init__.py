@@ -3,5 +3,6 @@
 
 from ..record import Family
 
-FAMILY = Family("qwen2", architectures=("Qwen2ForCausalLM",),
-                conversion="megatron_mm.families.qwen2.hf:ARCHITECTURES")
+FAMILY = Family("qwen2", text_models=("qwen2",),
+                architectures=("Qwen2ForCausalLM",),
+                conversion="megatron_mm.families.qwen2.hf")

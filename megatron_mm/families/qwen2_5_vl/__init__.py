@@ -6,4 +6,5 @@ from .encoder import QWEN2_5_VL
 
 FAMILY = Family("qwen2_5_vl", encoders=(QWEN2_5_VL,),
                 architectures=("Qwen2_5_VLForConditionalGeneration",),
-                conversion="megatron_mm.families.qwen2_5_vl.hf:ARCHITECTURES")
+                text_models=("qwen2_vl_text", "qwen2_5_vl_text"),
+                conversion="megatron_mm.families.qwen2_5_vl.hf")

@@ -10,7 +10,7 @@ from typing import Dict, List
 import torch
 
 from ...hf.config_fields import Field, one_of, refuse_unsupported
-from ...hf.families import Family, language_flags
+from ...hf.families import Family, TextModel, language_flags
 from ...hf.layouts import Layout
 from ...hf.mapping import prefixed
 from ...hf.tables import LANGUAGE, OUTPUT_LAYER
@@ -157,6 +157,12 @@ def hf_inputs(hf_config, inputs: Dict[str, torch.Tensor]) -> Dict[str, torch.Ten
                         hf_config.video_token_id)
     return {**inputs, "mm_token_type_ids": torch.from_numpy(kinds)}
 
+
+# Text models of Qwen2-VL and Qwen2.5-VL: Qwen2 decoders (q/k/v biases) rotating by M-RoPE
+# (3-D positions); transformers' split of a head's rotary frequencies when the config names
+# none.
+TEXT_MODELS = {t: TextModel(flags=("--add-qkv-bias",), mrope_section=(16, 24, 24))
+               for t in ("qwen2_vl_text", "qwen2_5_vl_text")}
 
 ARCHITECTURES = {f.architecture: f for f in (
     # Native-resolution ViT (window attention) + patch merger + Qwen2 with M-RoPE.

@@ -3,5 +3,6 @@
 
 from ..record import Family
 
-FAMILY = Family("qwen3", architectures=("Qwen3ForCausalLM",),
-                conversion="megatron_mm.families.qwen3.hf:ARCHITECTURES")
+FAMILY = Family("qwen3", text_models=("qwen3",),
+                architectures=("Qwen3ForCausalLM",),
+                conversion="megatron_mm.families.qwen3.hf")

@@ -8,4 +8,4 @@ from .encoder import CLIP, SIGLIP
 FAMILY = Family("vit", encoders=(CLIP, SIGLIP),
                 architectures=("LlavaForConditionalGeneration",
                                "LlavaOnevisionForConditionalGeneration"),
-                conversion="megatron_mm.families.vit.hf:ARCHITECTURES")
+                conversion="megatron_mm.families.vit.hf")

@@ -6,4 +6,4 @@ from .encoder import WHISPER
 
 FAMILY = Family("whisper", encoders=(WHISPER,),
                 architectures=("Qwen2AudioForConditionalGeneration",),
-                conversion="megatron_mm.families.whisper.hf:ARCHITECTURES")
+                conversion="megatron_mm.families.whisper.hf")
