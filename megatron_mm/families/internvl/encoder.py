@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 
 from ...config import ConfigError
-from ...plan.model import EncoderSpec, patch_embed_flops
 from ...data.item_tags import IMAGE_TAGS
+from ...plan.model import EncoderSpec, patch_embed_flops
 from ..encoder import BuiltinData, EncoderFamily, encoder_transformer, fixed_feature_tokens
 from .config import NORM_TYPES, InternViTConfig
 

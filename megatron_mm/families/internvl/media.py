@@ -16,13 +16,13 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ...data.media import (check_pixel_statistics, image_size, load_image,
+                           rescale_and_normalise, to_rgb)
+from ...data.records import DataRecordError, MediaRef, Record
+from ..errors import MediaGeometryError
 from .tiles import (IMAGENET_MEAN, IMAGENET_STD, InternVLTiling,
                     check_sample_budget, context_tokens,
                     optimal_grid, tile_count)
-from ...data.media import (check_pixel_statistics, image_size, load_image,
-                           rescale_and_normalise, to_rgb)
-from ..errors import MediaGeometryError
-from ...data.records import DataRecordError, MediaRef, Record
 
 
 @dataclass(frozen=True)

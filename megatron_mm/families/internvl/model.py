@@ -48,10 +48,10 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, Transf
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from ...config import ConfigError
-from .config import (PROJECTOR_NORM_EPSILON, QK_NORM_EPSILON,
-                     InternViTConfig)
 from ...models.encoder_parts import EncoderParts
 from ...models.te_names import with_te_checkpoint_names
+from .config import (PROJECTOR_NORM_EPSILON, QK_NORM_EPSILON,
+                     InternViTConfig)
 
 
 class _AllReduceSum(torch.autograd.Function):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch.nn.functional as F
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from .config import NORM_TYPES, PROJECTOR_NORM_EPSILON, InternViTConfig
 from ...models.transformer_configs import (BuildSettings, encoder_transformer_config,
                                           mlp_projector_config)
+from .config import NORM_TYPES, PROJECTOR_NORM_EPSILON, InternViTConfig
 
 ACTIVATIONS = {"gelu": F.gelu}  # Hugging Face's ACT2FN["gelu"]: exact GELU
 

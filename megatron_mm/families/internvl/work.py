@@ -19,11 +19,11 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Sequence
 
+from ...plan.balance.loads import SampleLoad, _open, stats_files
 from ...plan.errors import PlanError
+from ..errors import MediaGeometryError
 from .tiles import (InternVLTiling, context_tokens, image_size_for_tiles,
                     image_tokens, tile_count)
-from ..errors import MediaGeometryError
-from ...plan.balance.loads import SampleLoad, _open, stats_files
 
 
 @dataclass(frozen=True)

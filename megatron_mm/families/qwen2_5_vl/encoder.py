@@ -8,11 +8,11 @@ from __future__ import annotations
 import math
 
 from ...config import ConfigError
-from ...plan.model import EncoderSpec, patch_embed_flops
-from .geometry import QwenVLGeometry, image_grid
 from ...data.item_tags import IMAGE_TAGS
+from ...plan.model import EncoderSpec, patch_embed_flops
 from ..encoder import BuiltinData, EncoderFamily, encoder_transformer
 from .config import Qwen2_5VLVisionConfig
+from .geometry import QwenVLGeometry, image_grid
 
 # The batch's media keys (``data/media_processors.py: QwenVLProcessor``): patch rows of
 # images and of videos, and each item's grid (t, h, w) in patches.

@@ -22,12 +22,12 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ...data.media import check_pixel_statistics, rescale_and_normalise, to_rgb
+from ...data.records import DataRecordError
 from ..errors import MediaGeometryError
 from .geometry import (QwenVLGeometry, image_resized_size,
                        num_placeholder_tokens, second_per_grid_t,
                        video_frame_count, video_resized_size)
-from ...data.media import check_pixel_statistics, rescale_and_normalise, to_rgb
-from ...data.records import DataRecordError
 
 # OpenAI CLIP statistics: Qwen2-VL's and Qwen2.5-VL's preprocessor_config.json use them.
 QWEN_VL_MEAN = (0.48145466, 0.4578275, 0.40821073)

@@ -21,12 +21,16 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_block import TransformerBlock
 
 from ...config import ConfigError
-from .encoder import IMAGE, VIDEO, item_grids
-from .config import Qwen2_5VLVisionConfig
 from ...models import sequence_parallel
 from ...models.encoder_parts import EncoderParts
 from ...models.norms import SequenceParallelNorm
+from .config import Qwen2_5VLVisionConfig
+from .encoder import IMAGE, VIDEO, item_grids
 from .grid import vision_grid_layout
+from .transformer_config import (
+    qwen2_5_vl_merger_transformer_config,
+    qwen2_5_vl_vision_transformer_config,
+)
 from .vision import (
     PreparedVisionBatch,
     Qwen2_5VisionRotaryEmbedding,
@@ -34,10 +38,6 @@ from .vision import (
     prepare_vision_batch,
     qwen2_5_vl_vision_layer_spec,
     uses_thd_attention,
-)
-from .transformer_config import (
-    qwen2_5_vl_merger_transformer_config,
-    qwen2_5_vl_vision_transformer_config,
 )
 
 

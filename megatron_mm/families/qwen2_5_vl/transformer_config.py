@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch.nn.functional as F
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from .config import Qwen2_5VLVisionConfig
 from ...models.transformer_configs import (BuildSettings, encoder_transformer_config,
                                           mlp_projector_config)
+from .config import Qwen2_5VLVisionConfig
 
 
 def qwen2_5_vl_vision_transformer_config(enc: Qwen2_5VLVisionConfig, s: BuildSettings,

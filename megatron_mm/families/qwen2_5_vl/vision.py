@@ -45,10 +45,10 @@ from ...config import ConfigError
 from ...models.host_copy import to_device
 from ...models.norms import SequenceParallelNorm
 from ...models.specs import transformer_engine_importable
+from ...models.te_names import with_te_checkpoint_names
 from .attention import FULL, WINDOW, PreparedAttention
 from .grid import VisionGridLayout, vision_grid_layout
 from .transformer_config import Qwen2_5VLVisionConfig
-from ...models.te_names import with_te_checkpoint_names
 
 
 class WindowedDotProductAttention(DotProductAttention):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from .config import VisionEncoderConfig
 from ...plan.model import EncoderSpec, patch_embed_flops
 from ..encoder import BuiltinData, EncoderFamily, encoder_transformer, fixed_feature_tokens
+from .config import VisionEncoderConfig
 
 
 def from_args(args) -> VisionEncoderConfig:

@@ -17,9 +17,9 @@ from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from .config import VisionEncoderConfig
 from ...models.encoder_parts import EncoderParts
 from ...models.te_attention_mask import padded_layer_spec
+from .config import VisionEncoderConfig
 from .transformer_config import vision_transformer_config
 
 

@@ -4,9 +4,9 @@ encoder's length, each handing the LLM the features its audio reaches."""
 from __future__ import annotations
 
 from ...config import ConfigError
-from .config import AudioEncoderConfig
 from ...plan.model import EncoderSpec, whisper_stem_flops
 from ..encoder import BuiltinData, EncoderFamily, encoder_transformer
+from .config import AudioEncoderConfig
 
 
 def from_args(args) -> AudioEncoderConfig:

@@ -18,8 +18,8 @@ from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from .config import AudioEncoderConfig
 from ...models.encoder_parts import EncoderParts
+from .config import AudioEncoderConfig
 from .transformer_config import audio_transformer_config
 
 
