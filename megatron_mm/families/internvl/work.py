@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Sequence
 
-from ...plan.balance.loads import SampleLoad, _open, stats_files
+from ...plan.balance.loads import SampleLoad, open_stats, stats_files
 from ...plan.errors import PlanError
 from ..errors import MediaGeometryError
 from .tiles import (InternVLTiling, context_tokens, image_size_for_tiles,
@@ -69,7 +69,7 @@ def read_internvl_stats(path: str | os.PathLike, tiling: InternVLTiling) -> List
     gives, fewer tokens than its tiles' context tokens) is a PlanError naming the file and
     the record's index."""
     path = os.fspath(path)
-    with _open(path) as f:
+    with open_stats(path) as f:
         records = json.load(f)
     if not isinstance(records, list):
         raise PlanError(f"{path}: expected a JSON list of per-sample records")
