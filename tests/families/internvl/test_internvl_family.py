@@ -91,11 +91,11 @@ def test_processor_counts_tiles_from_the_header(images):
 
 
 def test_planner_costs_per_tile():
-    from megatron_mm.plan.model import ModelSpec
+    from megatron_mm.families.model_spec import model_spec
 
     config = parse_args(FLAGS, world_size=1).model_config
     config.language.vocab_size = 1000
-    spec = ModelSpec.from_config(config, images_per_sample=5)
+    spec = model_spec(config, images_per_sample=5)
     (enc,) = spec.encoders
     assert (enc.items_per_sample, enc.tokens_per_item, enc.llm_tokens_per_item) == (5, 17, 4)
     assert enc.projector_input_size == 4 * 32 and spec.media_tokens_per_sample == 20

@@ -1,11 +1,12 @@
-"""The planner reads the training configuration (megatron_mm.config) directly."""
+"""The planner's model of a training configuration (megatron_mm.config): families.model_spec."""
 
 from megatron_mm.config import FreezeConfig, LanguageModelConfig, MultimodalModelConfig
 from megatron_mm.families.vit.config import VisionEncoderConfig
-from megatron_mm.plan import ModelSpec, Workload, build_chain
+from megatron_mm.families.model_spec import model_spec
+from megatron_mm.plan import Workload, build_chain
 
 
-def test_from_config():
+def test_model_spec():
     config = MultimodalModelConfig(
         encoders={"vision": VisionEncoderConfig(hidden_size=64, num_layers=4, feature_layer=-2,
                                                 img_h=28, img_w=28, patch_dim=7,
@@ -13,7 +14,7 @@ def test_from_config():
         language=LanguageModelConfig(vocab_size=1000, hidden_size=128, num_layers=3,
                                      num_attention_heads=4, num_query_groups=2),
         freeze=FreezeConfig(language_model=True, encoders={"vision"}))
-    spec = ModelSpec.from_config(config, images_per_sample=2)
+    spec = model_spec(config, images_per_sample=2)
     enc = spec.encoders[0]
     assert enc.transformer.num_layers == 3  # feature layer -2: the last layer is not built
     assert (enc.tokens_per_item, enc.llm_tokens_per_item) == (17, 16)  # class token dropped
@@ -39,7 +40,7 @@ def test_from_config_with_vision_and_audio():
         language=LanguageModelConfig(vocab_size=1000, hidden_size=128, num_layers=2,
                                      num_attention_heads=4),
         freeze=FreezeConfig(encoders={"audio"}))
-    spec = ModelSpec.from_config(config)
+    spec = model_spec(config)
     audio = spec.encoders[1]
     assert (audio.name, audio.modality) == ("audio", "audio")
     assert (audio.tokens_per_item, audio.llm_tokens_per_item) == (50, 25)
@@ -69,8 +70,8 @@ def test_tied_output_weight_counted_once_where_the_embedding_is():
             language=LanguageModelConfig(vocab_size=1000, hidden_size=128, num_layers=2,
                                          num_attention_heads=4,
                                          untie_embeddings_and_output_weights=untie))
-    tied = build_chain(ModelSpec.from_config(config(False)), Workload(seq_length=64))
-    untied = build_chain(ModelSpec.from_config(config(True)), Workload(seq_length=64))
+    tied = build_chain(model_spec(config(False)), Workload(seq_length=64))
+    untied = build_chain(model_spec(config(True)), Workload(seq_length=64))
     embedding = 1024 * 128 * 16  # padded vocabulary x hidden x 16 bytes per trainable param
     assert tied[-1].tied_params * 16 == embedding and untied[-1].tied_params == 0
     whole = StagePartition(1, 1, [len(tied)]).chunk_bounds()
