@@ -84,7 +84,7 @@ demo-audio: setup
 # The Qwen2.5-VL demo: its ViT (14 px patches, 2x2 merger, window attention) at each
 # image's own size + an M-RoPE LLM, on digit images of sides 28-84 px (the digit in every
 # 28 px cell: 1-9 tokens), 1-3 per question, and on clips of 2 or 4 digit frames
-# (data/digits_qwen.py); the pixel bounds keep every image and frame as it is drawn.
+# (families/qwen2_5_vl/digits.py); the pixel bounds keep every image and frame as it is drawn.
 DEMO_QWEN_FLAGS = \
 	--num-layers 2 --hidden-size 128 --num-attention-heads 8 --group-query-attention \
 	--num-query-groups 4 --seq-length 64 --position-embedding-type mrope --mrope-section 2 3 3 \

@@ -11,7 +11,8 @@ MEDIA_ID = 250
 
 
 def tiny_config(vit_layers: int = 2, llm_layers: int = 2, seq_length: Optional[int] = None):
-    from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig, VisionEncoderConfig
+    from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig
+    from megatron_mm.families.vit.config import VisionEncoderConfig
 
     language = dict(vocab_size=256, hidden_size=64, num_layers=llm_layers,
                     num_attention_heads=4, num_query_groups=2)

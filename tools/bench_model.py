@@ -47,11 +47,8 @@ warnings.filterwarnings("ignore")  # megatron-core's missing-TE/Apex warnings, o
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from megatron_mm.config import (  # noqa: E402
-    LanguageModelConfig,
-    MultimodalModelConfig,
-    VisionEncoderConfig,
-)
+from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig  # noqa: E402
+from megatron_mm.families.vit.config import VisionEncoderConfig  # noqa: E402
 from megatron_mm.startup import prepare_megatron_core  # noqa: E402
 
 prepare_megatron_core()  # before any megatron.core import
@@ -61,8 +58,8 @@ from megatron_mm.models.specs import default_transformer_impl, get_layer_specs  
 from megatron_mm.models.transformer_configs import (  # noqa: E402
     language_transformer_config,
     projector_transformer_config,
-    vision_transformer_config,
 )
+from megatron_mm.families.vit.transformer_config import vision_transformer_config  # noqa: E402
 from megatron_mm.patches import apply_cpu_patches  # noqa: E402
 
 # CLIPViTModel defaults its ln_pre to torch.nn.LayerNorm without TE, which cannot be built;

@@ -137,8 +137,8 @@ def synthesise(stats, out: Path, a) -> dict:
     """Draws ``a.samples`` records of the statistics and writes them as an InternVL
     dataset (train.jsonl, valid.jsonl, PNGs of the sizes that give each record's tiles).
     Returns the targets (per record: tiles, scaled tokens) and the scale."""
-    from megatron_mm.plan.balance.internvl_work import read_all_internvl
-    from megatron_mm.plan.internvl_tiles import InternVLTiling, image_size_for_tiles
+    from megatron_mm.families.internvl.work import read_all_internvl
+    from megatron_mm.families.internvl.tiles import InternVLTiling, image_size_for_tiles
 
     real = InternVLTiling(max_tiles=4)  # the statistics' setting (checked per record)
     ours = InternVLTiling(tile_size=a.tile, patch_size=a.patch, max_tiles=4)
@@ -185,7 +185,7 @@ def _template_tokens(out: Path, a, tiles: int) -> int:
     """Tokens a record has beyond its image tokens and its words (BOS, the chat template,
     EOS), from a probe record of ``tiles`` tiles and two words."""
     from megatron_mm.data.records import parse_record
-    from megatron_mm.plan.internvl_tiles import InternVLTiling
+    from megatron_mm.families.internvl.tiles import InternVLTiling
 
     probe = _record(0, "probe", f"images/t{tiles}.png", 2, random.Random(0))
     for name in ("train.jsonl", "valid.jsonl"):  # the flags' check wants them (rewritten)

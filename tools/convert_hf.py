@@ -24,12 +24,12 @@ from megatron_mm.startup import prepare_megatron_core
 
 prepare_megatron_core()  # before any megatron.core import (megatron_mm.hf imports models)
 
-from megatron_mm.hf import FAMILIES, ConversionError  # noqa: E402
+from megatron_mm.hf import ARCHITECTURES, ConversionError  # noqa: E402
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
-                                epilog="supported: " + ", ".join(sorted(FAMILIES)))
+                                epilog="supported: " + ", ".join(sorted(ARCHITECTURES)))
     sub = p.add_subparsers(dest="command", required=True)
     imp = sub.add_parser("import", help="Hugging Face directory -> megatron_mm checkpoint")
     imp.add_argument("--hf-dir", required=True)

@@ -22,10 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from megatron_mm.plan import PlanError  # noqa: E402
-from megatron_mm.plan.balance.internvl_work import (  # noqa: E402
-    read_internvl_stats, summary_rows, tile_histogram)
+from megatron_mm.families.internvl.work import (  # noqa: E402
+                                                read_internvl_stats, summary_rows, tile_histogram)
 from megatron_mm.plan.balance.loads import stats_files  # noqa: E402
-from megatron_mm.plan.internvl_tiles import InternVLTiling  # noqa: E402
+from megatron_mm.families.internvl.tiles import InternVLTiling  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

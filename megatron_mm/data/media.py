@@ -112,3 +112,35 @@ def preprocess_image(img: Image.Image, cfg: ImageProcessorConfig) -> torch.Tenso
     x = x[top:top + cfg.image_size, left:left + cfg.image_size].transpose(2, 0, 1)
     x = rescale_and_normalise(x, cfg.mean, cfg.std, cfg.rescale_factor)
     return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def to_rgb(image, context: str) -> Image.Image:
+    """PIL RGB, transparency composited on white (transformers' convert_to_rgb)."""
+    if isinstance(image, np.ndarray):
+        if image.dtype != np.uint8 or image.ndim not in (2, 3) or \
+                (image.ndim == 3 and image.shape[-1] not in (1, 3, 4)):
+            raise DataRecordError(f"{context}: an array image must be uint8 [H, W] or "
+                                  f"[H, W, 1|3|4], got {image.dtype} {list(image.shape)}")
+        image = Image.fromarray(image[..., 0] if image.ndim == 3 and image.shape[-1] == 1
+                                else image)
+    if not isinstance(image, Image.Image):
+        raise DataRecordError(f"{context}: expected a PIL image or a uint8 array, got "
+                              f"{type(image).__name__}")
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def image_size(ref: MediaRef, context: str) -> tuple[int, int]:
+    """(height, width) of an image from its header, without decoding its pixels."""
+    if ref.path is None and ref.raw is None and ref.data is None:
+        raise DataRecordError(f"{context}: image reference without path or data")
+    try:
+        if ref.path is not None:
+            with Image.open(ref.path) as im:
+                return im.height, im.width
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise DataRecordError(f"{context}: cannot read image {ref.describe()}: {e}") from e
+    return load_image(ref, context=context).size[::-1]

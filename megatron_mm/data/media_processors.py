@@ -1,5 +1,7 @@
-"""Each encoder family's media processor: a record's raw items of one modality -> the
-batch tensors its encoder reads, and the exact placeholder count of every item.
+"""Media processors: a record's raw items of one modality -> the batch tensors its encoder
+reads, and the exact placeholder count of every item. The fixed-size image and the audio
+processors live here (the data pipeline's defaults); a family with its own names it in its
+``EncoderFamily.media`` hook (``families/<name>/``).
 
 ``encode_record`` calls ``load`` with a record's items of the processor's modality (with
 none, for the empty tensors every sample carries so that batches collate the same way);
@@ -15,14 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..plan.qwen_vl_grid import (MediaGeometryError, image_grid, num_placeholder_tokens,
-                                 video_grid)
 from .audio import AudioProcessorConfig, ClipTokenCount, audio_features
-from .internvl_media import image_size
 from .media import ImageProcessorConfig, load_image, preprocess_image
-from .mrope_positions import sample_mrope_positions
-from .qwen_vl_media import QwenVLProcessorConfig, process_media
-from .records import DataRecordError, MediaRef
+from .records import MediaRef
 
 
 @dataclass
@@ -55,134 +52,3 @@ class AudioProcessor:
                 else torch.empty(0, self.cfg.num_mel_bins, self.cfg.max_frames))
         return {"audio": mels,
                 "audio_frames": torch.tensor([n for _, n in feats], dtype=torch.long)}
-
-
-def image_processor(args, enc) -> ImageProcessor:
-    """The CLIP / SigLIP families' (``encoders/vit.py``): Hugging Face's
-    preprocessor_config.json when ``--image-processor-config`` names one, else ``--img-h``
-    with CLIP's statistics."""
-    if getattr(args, "image_processor_config", None):
-        from ..hf.image_processor import image_processor_from_hf
-
-        cfg = image_processor_from_hf(args.image_processor_config)
-    else:
-        cfg = ImageProcessorConfig(image_size=args.img_h)
-    return ImageProcessor(cfg, enc.num_output_tokens)
-
-
-def audio_processor(args, enc) -> AudioProcessor:
-    """The Whisper family's (``encoders/whisper.py``)."""
-    cfg = AudioProcessorConfig(num_mel_bins=enc.num_mel_bins, max_frames=enc.max_frames)
-    return AudioProcessor(cfg, ClipTokenCount(cfg, enc.output_tokens))
-
-
-class _QwenVLPatches:
-    """What Qwen2.5-VL's image and video processors share."""
-
-    def vision_work(self, ref: MediaRef, where: str) -> int:
-        """Patches through the encoder (the data balancer's vision work)."""
-        return self.token_count(ref, where) * self.cfg.geometry.merge_size ** 2
-
-
-@dataclass
-class QwenVLImageProcessor(_QwenVLPatches):
-    """Qwen2.5-VL images at (about) their own size: patch rows and grids (t, h, w), each
-    item's placeholder count from its header and the resize rule. Also fills each sample's
-    M-RoPE positions (``position_ids``), from the grids of its images and videos."""
-
-    cfg: QwenVLProcessorConfig
-    tokens_per_second: float
-    modality: str = "image"
-
-    def token_count(self, ref: MediaRef, where: str) -> int:
-        h, w = image_size(ref, where)
-        try:
-            grid = image_grid(h, w, self.cfg.geometry, f"{where} image {ref.describe()}")
-        except MediaGeometryError as e:
-            raise DataRecordError(str(e)) from None
-        return num_placeholder_tokens(grid, self.cfg.geometry.merge_size)
-
-    def load(self, refs: list[MediaRef], where: str) -> dict[str, torch.Tensor]:
-        if not refs:
-            return {"image": torch.empty(0, _patch_width(self.cfg)),
-                    "image_grid_thw": torch.empty(0, 3, dtype=torch.long)}
-        images = [load_image(r, context=f"{where} image {i}") for i, r in enumerate(refs)]
-        out = process_media(images=images, cfg=self.cfg, context=where)
-        return {"image": out.pixel_values, "image_grid_thw": out.image_grid_thw}
-
-    def position_ids(self, ids: list[int], media: dict, media_token_id, where: str
-                     ) -> torch.Tensor:
-        """[3, S] positions of a sample (``media``: its loaded media, every key)."""
-        pos, _ = sample_mrope_positions(
-            ids, image_token_id=media_token_id("image"),
-            video_token_id=media_token_id("video"),
-            image_grid_thw=media["image_grid_thw"].tolist(),
-            video_grid_thw=media["video_grid_thw"].tolist(),
-            second_per_grid_ts=media["second_per_grid_ts"].tolist(),
-            spatial_merge_size=self.cfg.geometry.merge_size,
-            tokens_per_second=self.tokens_per_second, context=where)
-        return torch.from_numpy(pos).long()
-
-
-@dataclass
-class QwenVLVideoProcessor(_QwenVLPatches):
-    """Qwen2.5-VL videos: each a list of frames with an fps (``MediaRef.frames``)."""
-
-    cfg: QwenVLProcessorConfig
-    modality: str = "video"
-
-    def token_count(self, ref: MediaRef, where: str) -> int:
-        if ref.frames is None:
-            raise DataRecordError(f"{where}: a video needs 'frames' and 'fps'")
-        h, w = image_size(ref.frames[0], f"{where} video frame 0")
-        try:
-            grid = video_grid(len(ref.frames), h, w, self.cfg.geometry,
-                              f"{where} video ({ref.describe()})")
-        except MediaGeometryError as e:
-            raise DataRecordError(str(e)) from None
-        return num_placeholder_tokens(grid, self.cfg.geometry.merge_size)
-
-    def load(self, refs: list[MediaRef], where: str) -> dict[str, torch.Tensor]:
-        if not refs:
-            return {"video": torch.empty(0, _patch_width(self.cfg)),
-                    "video_grid_thw": torch.empty(0, 3, dtype=torch.long),
-                    "second_per_grid_ts": torch.empty(0)}
-        videos = [([load_image(f, context=f"{where} video {i} frame {j}")
-                    for j, f in enumerate(r.frames)], r.fps) for i, r in enumerate(refs)]
-        out = process_media(videos=videos, cfg=self.cfg, context=where)
-        return {"video": out.pixel_values_videos, "video_grid_thw": out.video_grid_thw,
-                "second_per_grid_ts": out.second_per_grid_ts}
-
-
-def _patch_width(cfg: QwenVLProcessorConfig) -> int:
-    geo = cfg.geometry
-    return 3 * geo.temporal_patch_size * geo.patch_size ** 2
-
-
-def qwen_vl_processor(args, enc) -> tuple:
-    """The Qwen2.5-VL family's (``encoders/qwen2_5_vl.py``): one processor per modality,
-    the geometry from the config, pixel statistics from ``--image-processor-config`` (a
-    Qwen2-VL ``preprocessor_config.json``) when given, else Qwen's (CLIP's)."""
-    from ..encoders.qwen2_5_vl import geometry
-
-    stats = {}
-    path = getattr(args, "image_processor_config", None)
-    if path:
-        stats = qwen_vl_statistics(path)
-    cfg = QwenVLProcessorConfig(geometry=geometry(enc), **stats)
-    return (QwenVLImageProcessor(cfg, enc.tokens_per_second), QwenVLVideoProcessor(cfg))
-
-
-def qwen_vl_statistics(path: str) -> dict:
-    """mean, std and rescale factor of a Qwen2-VL ``preprocessor_config.json``."""
-    import json
-
-    from ..config import ConfigError
-
-    cfg = json.load(open(path))
-    kind = cfg.get("image_processor_type", "")
-    if not kind.startswith("Qwen2VLImageProcessor"):
-        raise ConfigError(f"--image-processor-config {path}: image_processor_type {kind!r}; "
-                          "the qwen2_5_vl encoder reads Qwen2VLImageProcessor's")
-    return dict(mean=tuple(cfg["image_mean"]), std=tuple(cfg["image_std"]),
-                rescale_factor=cfg.get("rescale_factor", 1 / 255))

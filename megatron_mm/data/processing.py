@@ -37,7 +37,7 @@ class Sample:
     answer: str = ""  # last assistant answer (stripped), the greedy-decoding target
     record_id: str = ""
     # int64 [3, S]: M-RoPE's (temporal, height, width) positions (Qwen2-VL family, from
-    # data/mrope_positions.py); None: positions 0..S-1 on every axis.
+    # families/qwen2_5_vl/mrope_positions.py); None: positions 0..S-1 on every axis.
     position_ids: Optional[torch.Tensor] = None
 
 

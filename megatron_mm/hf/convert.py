@@ -69,7 +69,7 @@ def _build(config: MultimodalModelConfig, args):
 
 def media_token_ids(config: MultimodalModelConfig, args) -> Dict[str, int]:
     """Modality -> placeholder id, from ``--{modality}-token-id`` (the converted config's)."""
-    from ..encoders import modalities_of
+    from ..families import modalities_of
 
     modalities = [m for enc in config.encoders.values() for m in modalities_of(enc)]
     return {m: getattr(args, f"{m}_token_id") for m in modalities}

@@ -1,25 +1,27 @@
-"""Supported Hugging Face architectures: how each one's config becomes megatron_mm's
-command-line flags (so a converted checkpoint rebuilds through the ordinary ``--load``
-path), which weight table and on-disk layout it uses.
+"""Hugging Face architectures: the record each family declares for one
+(``Family``: how its config becomes megatron_mm's command-line flags, so a converted
+checkpoint rebuilds through the ordinary ``--load`` path, and which weight table and
+on-disk layout it uses), the lookup through the family registry, and the LLM's flags every
+architecture shares.
 
 Config fields the megatron_mm model cannot reproduce for every value are refused at
-import, naming the field and its value (the tables in ``config_fields.py``).
+import, naming the field and its value (the tables in ``config_fields.py`` and the
+families' own).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
-from .config_fields import (AUDIO_FIELDS, DEFAULT_MROPE_SECTION, INTERNVL_FIELDS,
-                            INTERNVL_VISION_FIELDS, LANGUAGE_FIELDS, LLAVA_FIELDS,
-                            MROPE_LANGUAGE_TYPES, VISION_FIELDS, VISION_TYPES,
-                            longest_exact_sequence, refuse_unsupported)
-from . import qwen2_5_vl
+from ..families import ARCHITECTURES, architecture, text_model
+from .config_fields import language_fields, longest_exact_sequence, refuse_unsupported
 from .errors import ConversionError
-from .internvit_table import internvl_rules
-from .layouts import CAUSAL_LM, INTERNVL, LLAVA, QWEN2_AUDIO, Layout
-from .tables import causal_lm_rules, llava_rules, qwen2_audio_rules
+from .layouts import CAUSAL_LM, Layout
+from .tables import causal_lm_rules
+
+# The Hugging Face forward's arguments of an image model with fixed-size items.
+IMAGE_INPUTS = ("input_ids", "attention_mask", "pixel_values")
 
 
 @dataclass(frozen=True)
@@ -54,24 +56,35 @@ class Family:
         return self.rules(hf_config) if self.config_rules else self.rules()
 
 
+@dataclass(frozen=True)
+class TextModel:
+    """An LLM decoder a family converts, by its Hugging Face text config's ``model_type``:
+    the flags its architecture adds (``--add-qkv-bias``, ``--qk-layernorm``),
+    ``mrope_section``: M-RoPE, with this split of the rotary frequencies into temporal,
+    height and width when the config names none (None: 1-D RoPE), and
+    ``windows_every_layer``: a ``sliding_window`` applies to every layer."""
+
+    flags: Tuple[str, ...] = ()
+    mrope_section: Optional[Tuple[int, ...]] = None
+    windows_every_layer: bool = False
 
 
 def family_for(hf_config) -> Family:
     archs = list(getattr(hf_config, "architectures", None) or [])
     for arch in archs:
-        if arch in FAMILIES:
-            return FAMILIES[arch]
+        if arch in ARCHITECTURES:
+            return architecture(arch)
     raise ConversionError(
         f"unsupported architecture {archs or hf_config.model_type!r} (config.json "
-        f"'architectures'); supported: {', '.join(sorted(FAMILIES))}")
+        f"'architectures'); supported: {', '.join(sorted(ARCHITECTURES))}")
 
 
 def language_flags(text, where: str = "",
                    tie_word_embeddings: Optional[bool] = None) -> List[str]:
     """The LLM's flags from its (text) config. ``tie_word_embeddings``: where the model
     keeps it outside the text config (Qwen2-VL / Qwen2.5-VL: the top level)."""
-    refuse_unsupported(text, LANGUAGE_FIELDS, where)
-    kind = text.model_type
+    refuse_unsupported(text, language_fields(), where)
+    model = text_model(text.model_type)
     rope = dict(getattr(text, "rope_parameters", None) or {})
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
@@ -84,12 +97,10 @@ def language_flags(text, where: str = "",
              "--max-position-embeddings", longest_exact_sequence(text),
              "--rotary-base", rope.get("rope_theta", 10000.0),
              "--norm-epsilon", text.rms_norm_eps]
-    if kind == "qwen2" or kind in MROPE_LANGUAGE_TYPES:
-        flags.append("--add-qkv-bias")
-    if kind == "qwen3":
-        flags.append("--qk-layernorm")
-    if kind in MROPE_LANGUAGE_TYPES:
-        flags += mrope_flags(rope)
+    flags += model.flags
+    if model.mrope_section is not None:  # M-RoPE: the config's split, else the model's
+        flags += ["--position-embedding-type", "mrope", "--mrope-section",
+                  *(rope.get("mrope_section") or model.mrope_section)]
     if tie_word_embeddings is None:
         tie_word_embeddings = text.tie_word_embeddings
     if not tie_word_embeddings:
@@ -97,123 +108,16 @@ def language_flags(text, where: str = "",
     return [str(f) for f in flags]
 
 
-def mrope_flags(rope: dict) -> List:
-    """Qwen2-VL / Qwen2.5-VL text models: M-RoPE with the config's split of the rotary
-    frequencies into temporal, height and width (transformers' default without one)."""
-    section = rope.get("mrope_section") or DEFAULT_MROPE_SECTION
-    return ["--position-embedding-type", "mrope", "--mrope-section", *section]
-
-
-def vision_flags(hf_config) -> List[str]:
-    vision, text = hf_config.vision_config, hf_config.get_text_config()
-    refuse_unsupported(vision, VISION_FIELDS, "vision_config.")
-    refuse_unsupported(hf_config, LLAVA_FIELDS)
-    kind = VISION_TYPES[vision.model_type]
-    layer = hf_config.vision_feature_layer
-    strategy = hf_config.vision_feature_select_strategy
-    flags = ["--vision-model-type", kind, "--vision-hidden-size", vision.hidden_size,
-             "--vision-num-layers", vision.num_hidden_layers,
-             "--vision-num-attention-heads", vision.num_attention_heads,
-             "--vision-ffn-hidden-size", vision.intermediate_size,
-             "--img-h", vision.image_size, "--img-w", vision.image_size,
-             "--patch-dim", vision.patch_size, "--vision-feature-layer", layer,
-             "--vision-norm-epsilon", vision.layer_norm_eps,
-             "--projector-type", "mlp", "--projector-ffn-hidden-size", text.hidden_size,
-             "--image-token-id", hf_config.image_token_id]
-    if kind == "clip" and strategy == "default":
-        flags.append("--disable-vision-class-token")
-    return [str(f) for f in flags]
-
-
-def audio_flags(hf_config) -> List[str]:
-    audio = hf_config.audio_config
-    refuse_unsupported(audio, AUDIO_FIELDS, "audio_config.")
-    flags = ["--vision-model-type", "none", "--audio-model-type", "whisper",
-             "--audio-hidden-size", audio.d_model, "--audio-num-layers", audio.encoder_layers,
-             "--audio-num-attention-heads", audio.encoder_attention_heads,
-             "--audio-ffn-hidden-size", audio.encoder_ffn_dim,
-             "--audio-num-mel-bins", audio.num_mel_bins,
-             "--audio-max-source-positions", audio.max_source_positions,
-             "--audio-pool-stride", 2, "--audio-norm-epsilon", 1e-5,  # nn.LayerNorm's
-             "--audio-projector-type", "affine", "--audio-token-id", hf_config.audio_token_id]
-    return [str(f) for f in flags]
-
-
-def internvl_flags(hf_config) -> List[str]:
-    """InternVL: the tower, the pixel shuffle and the projector; the LLM's tied output
-    layer is the top-level ``tie_word_embeddings`` (InternVLForConditionalGeneration ties
-    by it, whatever the text config says)."""
-    vision, text = hf_config.vision_config, hf_config.get_text_config()
-    refuse_unsupported(vision, INTERNVL_VISION_FIELDS, "vision_config.")
-    refuse_unsupported(hf_config, INTERNVL_FIELDS)
-    size, patch = (v[0] if isinstance(v, (list, tuple)) else v
-                   for v in (vision.image_size, vision.patch_size))
-    flags = ["--vision-model-type", "internvit", "--vision-hidden-size", vision.hidden_size,
-             "--vision-num-layers", vision.num_hidden_layers,
-             "--vision-num-attention-heads", vision.num_attention_heads,
-             "--vision-ffn-hidden-size", vision.intermediate_size,
-             "--img-h", size, "--img-w", size, "--patch-dim", patch,
-             "--vision-feature-layer", hf_config.vision_feature_layer,
-             "--vision-norm-epsilon", vision.layer_norm_eps,
-             "--vision-norm-type", vision.norm_type,
-             "--downsample-ratio", hf_config.downsample_ratio,
-             "--projector-type", "mlp", "--projector-ffn-hidden-size", text.hidden_size,
-             "--image-token-id", hf_config.image_token_id]
-    for flag, on in (("--vision-qk-norm", vision.use_qk_norm),
-                     ("--vision-add-qkv-bias", vision.attention_bias),
-                     ("--vision-final-layernorm", not vision.use_mean_pooling)):
-        if on:
-            flags.append(flag)
-    language = language_flags(text, "text_config.",
-                              tie_word_embeddings=getattr(hf_config, "tie_word_embeddings",
-                                                          True))
-    return language + [str(f) for f in flags]
-
-
 def causal_lm_flags(hf_config) -> List[str]:
     return language_flags(hf_config) + ["--vision-model-type", "none"]
 
 
-def llava_flags(hf_config) -> List[str]:
-    return language_flags(hf_config.get_text_config(), "text_config.") + vision_flags(hf_config)
-
-
-def qwen2_audio_flags(hf_config) -> List[str]:
-    return language_flags(hf_config.get_text_config(), "text_config.") + audio_flags(hf_config)
+def causal_lm(name: str) -> Dict[str, Family]:
+    """An LLM family's one architecture, ``{name}ForCausalLM``."""
+    arch = f"{name}ForCausalLM"
+    return {arch: Family(arch, CAUSAL_LM, causal_lm_rules, False, flags=causal_lm_flags)}
 
 
 def model_flags(hf_config) -> List[str]:
     """The megatron_mm flags of a Hugging Face config (its family's ``flags``)."""
     return family_for(hf_config).flags(hf_config)
-
-
-# Every supported architecture: one line each.
-_VISION_UNUSED = (r"model\.vision_tower\.encoder\.layers\.\d+\..*",
-                  r"model\.vision_tower\.post_layernorm\..*", r"model\.vision_tower\.head\..*")
-
-_IMAGE_INPUTS = ("input_ids", "attention_mask", "pixel_values")
-
-FAMILIES = {f.architecture: f for f in (
-    *(Family(f"{name}ForCausalLM", CAUSAL_LM, causal_lm_rules, False, flags=causal_lm_flags)
-      for name in ("Llama", "Mistral", "Qwen2", "Qwen3")),
-    Family("LlavaForConditionalGeneration", LLAVA, llava_rules, True, _VISION_UNUSED,
-           _IMAGE_INPUTS, flags=llava_flags),
-    # Without any-resolution tiling: one image = one tile at the tower's resolution.
-    Family("LlavaOnevisionForConditionalGeneration", LLAVA, llava_rules, True,
-           _VISION_UNUSED + (r"model\.image_newline",), _IMAGE_INPUTS, flags=llava_flags),
-    # Whisper encoder (pooled by 2) + one Linear + Qwen2.
-    Family("Qwen2AudioForConditionalGeneration", QWEN2_AUDIO, qwen2_audio_rules, True,
-           inputs=("input_ids", "attention_mask", "input_features",
-                   "feature_attention_mask"), flags=qwen2_audio_flags),
-    # InternViT (layer scale, QK norm) + pixel shuffle + LayerNorm/MLP projector; a
-    # batch's pixel_values are its images' tiles. Unused: the tower's layers past the
-    # feature layer and its final LayerNorm when an earlier layer is taken.
-    Family("InternVLForConditionalGeneration", INTERNVL, internvl_rules, True,
-           (r"model\.vision_tower\.encoder\.layer\.\d+\..*",
-            r"model\.vision_tower\.layernorm\..*"), _IMAGE_INPUTS, flags=internvl_flags),
-    # Native-resolution ViT (window attention) + patch merger + Qwen2 with M-RoPE.
-    Family("Qwen2_5_VLForConditionalGeneration", qwen2_5_vl.QWEN2_5_VL, qwen2_5_vl.rules,
-           True, inputs=qwen2_5_vl.INPUTS, flags=qwen2_5_vl.model_flags, config_rules=True,
-           media=qwen2_5_vl.megatron_media, positions=qwen2_5_vl.position_ids,
-           hf_inputs=qwen2_5_vl.hf_inputs, file_flags=qwen2_5_vl.processor_flags),
-)}

@@ -34,9 +34,7 @@ def te_attention_params(module, dtype: torch.dtype, batch_size: int, seq_length:
     """The ``AttentionParams`` fields TE's forward would fill for ``module`` (TE's
     ``DotProductAttention``) on [seq_length, batch_size] inputs, restricted to ``fields``
     (those this TE version has)."""
-    from .qwen2_5_vl_attention import SegmentedAttention
-
-    thd = isinstance(module, SegmentedAttention)  # one packed sequence, TE's THD varlen
+    thd = getattr(module, "packed_thd", False)  # one packed sequence, TE's THD varlen
     fmt = "thd" if thd else module.qkv_format
     mask = "padding" if thd else module.attn_mask_type
     cp_group = getattr(module, "cp_group", None)

@@ -17,7 +17,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 
 from ..config import MultimodalModelConfig
-from ..encoders import family_of
+from ..families import family_of
 from .host_copy import to_device
 
 

@@ -13,8 +13,9 @@ from megatron.core.transformer.transformer_block import (
 )
 
 from ..config import MultimodalModelConfig
-from ..encoders import family_of
-from ..plan import ModelSpec, Workload, build_chain
+from ..families import family_of
+from ..families.model_spec import model_spec
+from ..plan import Workload, build_chain
 from ..plan.pipeline.placement import ChunkPlacement, whole_model
 from .affine_projector import affine_projector_submodules
 from .fp8_emulation import emulate_fp8
@@ -114,7 +115,7 @@ def whole_model_placement(config: MultimodalModelConfig) -> ChunkPlacement:
 def model_chain(config: MultimodalModelConfig, seq_length: Optional[int] = None,
                 micro_batch_size: int = 1, tensor_model_parallel_size: int = 1):
     """The planner's layer chain of this model (module names and per-layer costs)."""
-    spec = ModelSpec.from_config(config)
+    spec = model_spec(config)
     workload = Workload(seq_length=seq_length or max(config.language.seq_length,
                                                      spec.media_tokens_per_sample),
                         micro_batch_size=micro_batch_size,

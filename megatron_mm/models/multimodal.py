@@ -17,7 +17,7 @@ from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
 
 from ..config import MultimodalModelConfig
-from ..encoders import family_of, modality_of
+from ..families import family_of, modality_of
 from ..plan.fp8 import fp8_align_size
 from ..plan.pipeline.placement import ChunkPlacement
 from . import sequence_parallel
@@ -26,7 +26,7 @@ from .batch_layout import (  # noqa: F401  (MediaMismatchError: re-exported)
     BatchLayout, MediaMismatchError, batch_layout, loss_positions)
 from .context_parallel import ContextParallelMask
 
-# An encoder family's module (``EncoderParts``): see ``megatron_mm.encoders``.
+# An encoder family's module (``EncoderParts``): see ``megatron_mm.families``.
 Encoder = MegatronModule
 
 

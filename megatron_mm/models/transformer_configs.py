@@ -1,7 +1,9 @@
 """Megatron-Core ``TransformerConfig`` for each module, from our dataclasses.
 
 All modules share the parallel and precision settings (``BuildSettings``); architecture
-details (norm, activation, biases) follow the model family each module copies.
+details (norm, activation, biases) follow the model family each module copies: the LLM's
+and the default projector's here, an encoder family's in its folder (through
+``encoder_transformer_config`` and ``mlp_projector_config``).
 """
 
 from __future__ import annotations
@@ -11,13 +13,12 @@ from typing import Dict, List, Optional, Union
 
 import torch
 import torch.nn.functional as F
-from megatron.core.activations import quick_gelu
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from ..config import AudioEncoderConfig, LanguageModelConfig, ProjectorConfig, VisionEncoderConfig
+from ..config import LanguageModelConfig, ProjectorConfig
 from ..plan.fp8 import Fp8Settings
 from ..plan.pipeline.placement import ChunkPlacement, stack_layout
-from .fusions import Fusions, partial_tanh_gelu
+from .fusions import Fusions
 from .mirrored_layout import MirroredLayout
 
 
@@ -172,61 +173,47 @@ def _te_context_parallel(s: BuildSettings) -> dict:
     return dict(context_parallel_size=s.context_parallel_size, cp_comm_type=s.cp_comm_type)
 
 
-def vision_transformer_config(enc: VisionEncoderConfig, s: BuildSettings,
-                              name: str = "vision") -> TransformerConfig:
-    activation = quick_gelu if enc.model_type == "clip" else partial_tanh_gelu
+def encoder_transformer_config(enc, s: BuildSettings, name: str,
+                               num_layers: Optional[int] = None, **arch) -> TransformerConfig:
+    """An encoder's layers: its sizes (``num_layers``: its built layers unless given), the
+    shared settings of stack ``name``, and the family's own fields (``arch``: norm,
+    activation, biases, head size...)."""
     return TransformerConfig(
-        num_layers=enc.num_layers_built,
+        num_layers=enc.num_layers_built if num_layers is None else num_layers,
         hidden_size=enc.hidden_size,
         ffn_hidden_size=enc.ffn_hidden_size,
         num_attention_heads=enc.num_attention_heads,
-        kv_channels=enc.hidden_size // enc.num_attention_heads,
-        normalization="LayerNorm",
-        layernorm_epsilon=enc.layernorm_epsilon,
-        gated_linear_unit=False,
-        **s.activation(activation),
-        add_bias_linear=True,
-        add_qkv_bias=True,
+        **arch,
         **s.common(name),
         **s.fp8_fields(name),
     )
 
 
-def audio_transformer_config(enc: AudioEncoderConfig, s: BuildSettings,
-                             name: str = "audio") -> TransformerConfig:
-    """Whisper's layers: LayerNorm, exact GELU, biases (Whisper's key projection has none:
-    a converter writes zeros there)."""
+def mlp_projector_config(s: BuildSettings, name: Optional[str], hidden_size: int,
+                         ffn_hidden_size: int, num_attention_heads: int, activation_func,
+                         **arch) -> TransformerConfig:
+    """A projector's MLP (a ``MultimodalProjector``: input -> ``ffn_hidden_size`` ->
+    ``hidden_size``, biased, not gated). Attention fields are unused; the head count only
+    passes TransformerConfig's TP checks. ``name``: the projector's encoder, for its FP8
+    setting ("<name>-projector")."""
     return TransformerConfig(
-        num_layers=enc.num_layers_built,
-        hidden_size=enc.hidden_size,
-        ffn_hidden_size=enc.ffn_hidden_size,
-        num_attention_heads=enc.num_attention_heads,
-        kv_channels=enc.hidden_size // enc.num_attention_heads,
-        normalization="LayerNorm",
-        layernorm_epsilon=enc.layernorm_epsilon,
+        num_layers=1,
+        hidden_size=hidden_size,
+        ffn_hidden_size=ffn_hidden_size,
+        num_attention_heads=num_attention_heads,
         gated_linear_unit=False,
-        activation_func=F.gelu,
+        activation_func=activation_func,
         add_bias_linear=True,
-        add_qkv_bias=True,
-        **s.common(name),
-        **s.fp8_fields(name),
+        **arch,
+        **s.common(),
+        **s.fp8_fields(name and f"{name}-projector"),
     )
 
 
 def projector_transformer_config(proj: ProjectorConfig, lm: LanguageModelConfig,
                                  s: BuildSettings, name: Optional[str] = None
                                  ) -> TransformerConfig:
-    """``name``: the projector's encoder, for its FP8 setting ("<name>-projector")."""
-    # The MLP maps the encoder width to ffn_hidden_size, then to hidden_size (the LLM's).
-    # Attention fields are unused; the LLM's head count passes TransformerConfig's TP checks.
-    return TransformerConfig(
-        num_layers=1,
-        hidden_size=lm.hidden_size,
-        ffn_hidden_size=proj.ffn_hidden_size or lm.hidden_size,
-        num_attention_heads=lm.num_attention_heads,
-        gated_linear_unit=False,
-        activation_func=F.gelu,
-        add_bias_linear=True,
-        **s.common(),
-        **s.fp8_fields(name and f"{name}-projector"),
-    )
+    """The MLP projector: the encoder width to ffn_hidden_size, then to hidden_size (the
+    LLM's)."""
+    return mlp_projector_config(s, name, lm.hidden_size, proj.ffn_hidden_size or lm.hidden_size,
+                                lm.num_attention_heads, F.gelu)

@@ -1,7 +1,8 @@
 """What is being planned: model sizes, freezing, and the per-micro-batch workload.
 
-Sizes only; no weights. ``ModelSpec.from_config`` reads the training configuration
-(``megatron_mm.config``) so the planner and the trainer describe the same model.
+Sizes only; no weights. ``megatron_mm.families.model_spec`` builds a ``ModelSpec`` from
+the training configuration (``megatron_mm.config``) so the planner and the trainer describe
+the same model.
 """
 
 from __future__ import annotations
@@ -122,33 +123,6 @@ class ModelSpec(Record):
         return dataclasses.replace(self, frozen_encoders=names if encoders else [],
                                    frozen_projectors=names if projectors else [],
                                    freeze_llm=llm)
-
-    @classmethod
-    def from_config(cls, config, images_per_sample: int = 1, clips_per_sample: int = 1,
-                    name: str = "config") -> "ModelSpec":
-        """From a ``megatron_mm.config.MultimodalModelConfig``: each encoder as its family
-        declares it (``megatron_mm.encoders``), the Llama-style LLM."""
-        from ..encoders import family_of  # torch-free; the families import this module
-
-        encoders = []
-        for enc_name, enc in config.encoders.items():
-            proj = config.projectors[enc_name]
-            common = dict(projector_ffn_hidden_size=proj.ffn_hidden_size,
-                          projector_type=proj.projector_type)
-            family = family_of(enc)
-            items = clips_per_sample if family.slot == "audio" else images_per_sample
-            encoders.append(family.planner_spec(enc_name, enc, items, common))
-        lm = config.language
-        llm = TransformerSpec(
-            hidden_size=lm.hidden_size, num_layers=lm.num_layers,
-            ffn_hidden_size=lm.ffn_hidden_size, num_attention_heads=lm.num_attention_heads,
-            num_query_groups=lm.num_query_groups, gated_linear_unit=True,
-            vocab_size=lm.vocab_size_padded(1) if lm.vocab_size > 0 else 0)
-        return cls(name=name, encoders=encoders, llm=llm,
-                   frozen_encoders=sorted(config.freeze.encoders),
-                   frozen_projectors=sorted(config.freeze.projectors),
-                   freeze_llm=config.freeze.language_model,
-                   tied_embeddings=not lm.untie_embeddings_and_output_weights)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence
 
 from megatron.core.utils import get_attr_wrapped_model, get_model_config
 
-from ..encoders import family_of, modality_of
+from ..families import family_of, modality_of
 from ..plan.schedules.p2p import Key, forward_key
 from ..plan.pipeline.placement import ChunkPlacement
 from .mailbox import Spec

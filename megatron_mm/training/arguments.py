@@ -19,7 +19,7 @@ from ..config import (
     ProjectorConfig,
 )
 from ..data.item_tags import TAG_TYPES
-from ..encoders import FAMILIES, SLOTS, family, slot_families
+from ..families import FAMILIES, SLOTS, family, slot_families
 from .data_args import add_data_args, validate_data_args
 from ..plan.context_parallel.cp_assignment import BLOCK_OVERHEAD
 from ..plan.pipeline.partition import parse_partition_flag
@@ -66,7 +66,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
     g = vision_group = p.add_argument_group("vision encoder")
     g.add_argument("--vision-model-type", choices=slot_choices("vision"), default="clip",
-                   help="the vision encoder's family (megatron_mm.encoders); none: a "
+                   help="the vision encoder's family (megatron_mm.families); none: a "
                         "language model only")
     g.add_argument("--vision-hidden-size", type=int, default=64)
     g.add_argument("--vision-num-layers", type=int, default=2)

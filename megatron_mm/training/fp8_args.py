@@ -12,7 +12,7 @@ import argparse
 import importlib.util
 
 from ..config import ConfigError
-from ..encoders import family_of
+from ..families import family_of
 from ..plan.fp8 import (
     EMULATED_RECIPES,
     FP8_AMAX_COMPUTE_ALGOS,

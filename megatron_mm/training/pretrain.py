@@ -32,7 +32,7 @@ from ..data.loaders import (EncodingSettings, EnergonTrainData, build_train_vali
 from ..data.sources import resolve_sources
 from .checkpointing import iteration_dir, locate_checkpoint
 from ..models import BuildSettings, MultimodalModel, build_model
-from ..encoders import builtin_data_for, family_of, modalities_of, resolve
+from ..families import builtin_data_for, family_of, modalities_of, resolve
 from ..models.multimodal import MediaMismatchError
 from ..models.fusions import Fusions, Kernels, choose_fusions
 from ..models.wrappers import DistributedDataParallel, Float16Module

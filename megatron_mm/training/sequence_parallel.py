@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import ConfigError
-from ..encoders import family_of
+from ..families import family_of
 
 
 def add_sequence_parallel_args(p: argparse.ArgumentParser) -> None:

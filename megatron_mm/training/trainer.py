@@ -27,7 +27,7 @@ from megatron.core.timers import Timers
 from ..config import ConfigError
 from ..data import build_tokenizer
 from ..data.item_tags import MissingTagToken, describe as describe_tags, tag_request
-from ..encoders import family_of
+from ..families import family_of
 from ..models import model_chain
 from ..models.attention_backends import attention_backend_lines
 from .attention import AttentionSettings

@@ -19,7 +19,7 @@ from megatron_mm.data.item_tags import IMAGE_TAGS, MissingTagToken, tag_request
 from megatron_mm.data.processing import encode_record, tokenize_record
 from megatron_mm.data.records import DataRecordError
 from megatron_mm.data.tokenizer import build_tokenizer
-from megatron_mm.encoders.registry import FAMILIES
+from megatron_mm.families.registry import FAMILIES
 from media_files import write_image as _png, write_records as _records
 
 INTERNVL, QWEN = FAMILIES["internvit"], FAMILIES["qwen2_5_vl"]
@@ -67,8 +67,8 @@ def internvl(tmp_path, monkeypatch):
         GotOcr2ImageProcessorPil
     from transformers.models.internvl.processing_internvl import InternVLProcessor
 
-    from megatron_mm.data.internvl_media import InternVLImageProcessor, InternVLProcessorConfig
-    from megatron_mm.plan.internvl_tiles import IMAGENET_MEAN, IMAGENET_STD, InternVLTiling
+    from megatron_mm.families.internvl.media import InternVLImageProcessor, InternVLProcessorConfig
+    from megatron_mm.families.internvl.tiles import IMAGENET_MEAN, IMAGENET_STD, InternVLTiling
 
     # 4 tokens per tile (tile 448, patch 112, no pixel shuffle) keep the ids short
     tiling = InternVLTiling(max_tiles=6, patch_size=112, downsample_ratio=1.0)
@@ -163,7 +163,7 @@ class _Videos:
         self.temporal_patch_size = cfg.geometry.temporal_patch_size
 
     def __call__(self, videos, **kwargs):
-        from megatron_mm.data.qwen_vl_media import process_media
+        from megatron_mm.families.qwen2_5_vl.media import process_media
 
         out = process_media(videos=[(list(v), self.fps) for v in videos], cfg=self.cfg)
         return {"pixel_values_videos": out.pixel_values_videos,
@@ -177,8 +177,8 @@ def qwen(tmp_path, monkeypatch):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import \
         Qwen2VLImageProcessorPil
 
-    from megatron_mm.data.media_processors import qwen_vl_processor
-    from megatron_mm.encoders.qwen2_5_vl_config import Qwen2_5VLVisionConfig
+    from megatron_mm.families.qwen2_5_vl.media_processor import qwen_vl_processor
+    from megatron_mm.families.qwen2_5_vl.config import Qwen2_5VLVisionConfig
 
     enc = Qwen2_5VLVisionConfig(hidden_size=32, num_layers=2, num_attention_heads=4,
                                 fullatt_block_indexes=(1,), out_hidden_size=64,
@@ -204,7 +204,7 @@ def test_qwen_record_equals_processor_and_rope_index(tmp_path, qwen):
     from transformers import Qwen2_5_VLConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
 
-    from megatron_mm.data.mrope_positions import token_kinds
+    from megatron_mm.families.qwen2_5_vl.mrope_positions import token_kinds
 
     hf, tok, procs, enc = qwen
     images = [_png(tmp_path / "a.png", 90, 60, 4), _png(tmp_path / "b.png", 40, 70, 5)]

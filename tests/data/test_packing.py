@@ -3,7 +3,8 @@ alone (packed samples do not attend to each other)."""
 
 import torch
 
-from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig, VisionEncoderConfig
+from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig
+from megatron_mm.families.vit.config import VisionEncoderConfig
 from megatron_mm.data import Sample, collate, collate_packed
 
 IMAGE_ID = 250

@@ -13,12 +13,8 @@ CPU emulation checks, on TE's state. Skipped where TE or CUDA is missing; never 
 import pytest
 import torch
 
-from megatron_mm.config import (
-    FreezeConfig,
-    LanguageModelConfig,
-    MultimodalModelConfig,
-    VisionEncoderConfig,
-)
+from megatron_mm.config import FreezeConfig, LanguageModelConfig, MultimodalModelConfig
+from megatron_mm.families.vit.config import VisionEncoderConfig
 from megatron_mm.models.specs import transformer_engine_available
 
 pytestmark = pytest.mark.skipif(not transformer_engine_available(),

@@ -7,12 +7,8 @@ import dataclasses
 
 import torch
 
-from megatron_mm.config import (
-    LanguageModelConfig,
-    MultimodalModelConfig,
-    ProjectorConfig,
-    VisionEncoderConfig,
-)
+from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig, ProjectorConfig
+from megatron_mm.families.vit.config import VisionEncoderConfig
 from megatron_mm.models.fusions import Kernels, choose_fusions
 from megatron_mm.training.fusion_args import FUSION_FLAGS
 

@@ -20,13 +20,9 @@ import argparse
 import pytest
 import torch
 
-from megatron_mm.config import (
-    AudioEncoderConfig,
-    LanguageModelConfig,
-    MultimodalModelConfig,
-    ProjectorConfig,
-    VisionEncoderConfig,
-)
+from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig, ProjectorConfig
+from megatron_mm.families.whisper.config import AudioEncoderConfig
+from megatron_mm.families.vit.config import VisionEncoderConfig
 from megatron_mm.models.te_names import is_module_state, to_te
 
 pytestmark = pytest.mark.usefixtures("transformer_engine")
@@ -180,9 +176,9 @@ def test_qwen2_5_vl_tower_thd_equals_local(cuda_world, te_backends):
     device value (the counter sets CUDA's sync debug mode to "error")."""
     from host_syncs import HostSyncCounter
 
-    from megatron_mm.encoders.qwen2_5_vl_config import Qwen2_5VLVisionConfig
-    from megatron_mm.models.qwen2_5_vl_vision import Qwen2_5VLVisionWithMerger
-    from megatron_mm.models.qwen2_5_vl_vision_config import (
+    from megatron_mm.families.qwen2_5_vl.config import Qwen2_5VLVisionConfig
+    from megatron_mm.families.qwen2_5_vl.vision import Qwen2_5VLVisionWithMerger
+    from megatron_mm.families.qwen2_5_vl.transformer_config import (
         qwen2_5_vl_merger_transformer_config,
         qwen2_5_vl_vision_transformer_config,
     )
@@ -227,11 +223,9 @@ def test_padded_vit_on_te_equals_unpadded_local(cuda_world, te_backends):
     does), the TE layers told ``padding`` with the [N, 1, 1, T] key mask: the unpadded
     local ViT's features and gradients, on TE's flash or fused kernel."""
     from megatron_mm.models.specs import get_layer_specs
-    from megatron_mm.models.transformer_configs import (
-        BuildSettings,
-        vision_transformer_config,
-    )
-    from megatron_mm.models.vision import VisionTransformer
+    from megatron_mm.models.transformer_configs import BuildSettings
+    from megatron_mm.families.vit.transformer_config import vision_transformer_config
+    from megatron_mm.families.vit.model import VisionTransformer
 
     enc = VisionEncoderConfig(hidden_size=64, num_layers=2, num_attention_heads=4,
                               img_h=32, img_w=32, patch_dim=8)

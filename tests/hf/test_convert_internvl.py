@@ -62,8 +62,8 @@ def hf_model(vision=None, **top):
 def inputs():
     """Two sequences: images 0 and 1 (1 + 3 tiles) in the first, image 2 (4 tiles) in the
     second; pixel values are every image's tiles in order (8 tiles)."""
-    from megatron_mm.data.internvl_media import InternVLProcessorConfig, process_images
-    from megatron_mm.plan.internvl_tiles import InternVLTiling
+    from megatron_mm.families.internvl.media import InternVLProcessorConfig, process_images
+    from megatron_mm.families.internvl.tiles import InternVLTiling
 
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in IMAGES]

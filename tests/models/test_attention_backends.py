@@ -10,7 +10,8 @@ from typing import Optional, Tuple
 import pytest
 import torch
 
-from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig, VisionEncoderConfig
+from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig
+from megatron_mm.families.vit.config import VisionEncoderConfig
 from megatron_mm.models import attention_backends
 from megatron_mm.models.attention_backends import (
     attention_backend_lines,

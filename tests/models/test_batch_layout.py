@@ -7,13 +7,9 @@ import pytest
 import torch
 from host_syncs import count_during
 
-from megatron_mm.config import (
-    AudioEncoderConfig,
-    LanguageModelConfig,
-    MultimodalModelConfig,
-    ProjectorConfig,
-    VisionEncoderConfig,
-)
+from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig, ProjectorConfig
+from megatron_mm.families.whisper.config import AudioEncoderConfig
+from megatron_mm.families.vit.config import VisionEncoderConfig
 from megatron_mm.models.batch_layout import MediaMismatchError, batch_layout
 
 IMAGE_ID, AUDIO_ID = 250, 251

@@ -7,12 +7,9 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from megatron_mm.config import (
-    AudioEncoderConfig,
-    LanguageModelConfig,
-    ProjectorConfig,
-    VisionEncoderConfig,
-)
+from megatron_mm.config import LanguageModelConfig, ProjectorConfig
+from megatron_mm.families.whisper.config import AudioEncoderConfig
+from megatron_mm.families.vit.config import VisionEncoderConfig
 from megatron_mm.models.fusions import Fusions, Kernels, choose_fusions, partial_tanh_gelu
 from megatron_mm.training.arguments import parse_args
 from megatron_mm.training.fusion_args import FUSION_FLAGS, fusion_flags
@@ -27,9 +24,10 @@ FUSED = ("bias_activation_fusion", "bias_dropout_fusion", "masked_softmax_fusion
 
 def _configs(settings):
     """Every module's TransformerConfig (LLM, CLIP, SigLIP, Whisper-style, projector)."""
-    from megatron_mm.models.transformer_configs import (
-        audio_transformer_config, language_transformer_config, projector_transformer_config,
-        vision_transformer_config)
+    from megatron_mm.models.transformer_configs import (language_transformer_config,
+                                                        projector_transformer_config)
+    from megatron_mm.families.whisper.transformer_config import audio_transformer_config
+    from megatron_mm.families.vit.transformer_config import vision_transformer_config
 
     lm = LanguageModelConfig(vocab_size=256, hidden_size=64, num_attention_heads=4)
     vit = dict(hidden_size=32, num_layers=1, num_attention_heads=2, img_h=16, img_w=16,

@@ -4,12 +4,8 @@ layer, and errors for batches whose placeholders do not match their media."""
 import pytest
 import torch
 
-from megatron_mm.config import (
-    FreezeConfig,
-    LanguageModelConfig,
-    MultimodalModelConfig,
-    VisionEncoderConfig,
-)
+from megatron_mm.config import FreezeConfig, LanguageModelConfig, MultimodalModelConfig
+from megatron_mm.families.vit.config import VisionEncoderConfig
 
 IMAGE_ID = 250
 

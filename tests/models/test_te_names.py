@@ -11,13 +11,9 @@ import re
 import pytest
 import torch
 
-from megatron_mm.config import (
-    AudioEncoderConfig,
-    LanguageModelConfig,
-    MultimodalModelConfig,
-    ProjectorConfig,
-    VisionEncoderConfig,
-)
+from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig, ProjectorConfig
+from megatron_mm.families.whisper.config import AudioEncoderConfig
+from megatron_mm.families.vit.config import VisionEncoderConfig
 from megatron_mm.models.te_names import LOCAL_TO_TE, is_module_state, to_local, to_te
 
 IMAGE_ID, AUDIO_ID = 250, 251
@@ -188,7 +184,8 @@ def test_hugging_face_tables_serve_te_models(gloo_world):
     """The Qwen2-Audio and LLaVA tables give a TE-named state dict (with TE's module state)
     the same Hugging Face tensors as the local one, and back."""
     from megatron_mm.hf.mapping import MappingTable
-    from megatron_mm.hf.tables import llava_rules, qwen2_audio_rules
+    from megatron_mm.families.vit.hf_table import llava_rules
+    from megatron_mm.families.whisper.hf_table import qwen2_audio_rules
     from megatron_mm.hf.transforms import Context
 
     model = _build()

@@ -6,7 +6,7 @@ what the unpadded ViT computes (features and gradients)."""
 import pytest
 import torch
 
-from megatron_mm.config import VisionEncoderConfig
+from megatron_mm.families.vit.config import VisionEncoderConfig
 
 # 16 patches + the class token: 17, padded to 18 (or 20)
 ENC = VisionEncoderConfig(hidden_size=32, num_layers=2, num_attention_heads=2, img_h=16,
@@ -16,8 +16,8 @@ ENC = VisionEncoderConfig(hidden_size=32, num_layers=2, num_attention_heads=2, i
 def _vit(multiple, model_type="clip"):
     from megatron_mm.models import BuildSettings
     from megatron_mm.models.specs import get_layer_specs
-    from megatron_mm.models.transformer_configs import vision_transformer_config
-    from megatron_mm.models.vision import VisionTransformer
+    from megatron_mm.families.vit.transformer_config import vision_transformer_config
+    from megatron_mm.families.vit.model import VisionTransformer
 
     torch.manual_seed(0)
     enc = VisionEncoderConfig(**{**ENC.__dict__, "model_type": model_type})

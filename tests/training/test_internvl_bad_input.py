@@ -39,7 +39,7 @@ def test_corrupt_image_names_the_record_and_file(tmp_path):
 
 def test_max_num_tiles_that_no_image_fits_is_refused():
     from megatron_mm.config import ConfigError
-    from megatron_mm.data.internvl_media import internvl_image_processor
+    from megatron_mm.families.internvl.media import internvl_image_processor
     from megatron_mm.training.arguments import parse_args
 
     args = parse_args(MODEL + ["--max-num-tiles", "12"], world_size=1)

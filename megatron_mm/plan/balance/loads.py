@@ -20,14 +20,15 @@ class SampleLoad(NamedTuple):
     tokens: int  # LLM sequence length, media tokens included
 
 
-def _open(path: str):
+def open_stats(path: str):
+    """A statistics file, gzip-compressed or plain, as text."""
     return gzip.open(path, "rt") if path.endswith(".gz") else open(path)
 
 
 def read_length_stats(path: str | os.PathLike) -> List[SampleLoad]:
     """One statistics file; a bad record is reported with its file and index."""
     path = os.fspath(path)
-    with _open(path) as f:
+    with open_stats(path) as f:
         records = json.load(f)
     if not isinstance(records, list):
         raise PlanError(f"{path}: expected a JSON list of per-sample records")

@@ -1,0 +1,108 @@
+"""The family registry: every family declares what the package needs, the registry
+stays torch-free, and a new family reaches the flags and the model config through its own
+module plus one registry entry."""
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_mm.config import ConfigError
+from megatron_mm.families import FAMILIES, SLOTS, family, registry, resolve
+from megatron_mm.families.encoder import EncoderFamily
+from megatron_mm.plan.pipeline.layers import ENCODER_KINDS
+from megatron_mm.training.arguments import build_parser, model_config_from_args
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.processes
+def test_registry_imports_no_torch():
+    code = ("import sys, megatron_mm.families\n"
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_every_family_is_complete(model_type):
+    """Flags -> config -> planner spec, and its torch-side builders resolve."""
+    fam = family(model_type)
+    args = build_parser().parse_args(
+        [f"--{fam.slot}-model-type", model_type]
+        + (["--vision-model-type", "none"] if fam.slot != "vision" else []))
+    config = model_config_from_args(args)
+    enc = config.encoders[fam.slot]
+    assert isinstance(enc, fam.config_class)
+    spec = fam.planner_spec(fam.slot, enc, 2, {})
+    assert f"{spec.modality}_layer" in ENCODER_KINDS and spec.items_per_sample == 2
+    assert callable(resolve(fam.build)) and callable(resolve(fam.media))
+    assert fam.slot in SLOTS and fam.modality
+
+
+def test_unknown_family_names_the_registered_ones():
+    with pytest.raises(ConfigError, match="unknown encoder model type 'nope'.*clip"):
+        family("nope")
+
+
+def test_a_new_family_is_one_registry_entry(monkeypatch):
+    """A family registered with its own flag is a --vision-model-type choice, parses its
+    flag and builds its config; nothing else is edited."""
+    @dataclasses.dataclass
+    class ToyConfig:
+        model_type: str = "toy"
+        width: int = 3
+        flag_prefix: str = "--vision-"
+        hidden_size: int = 8
+        num_attention_heads: int = 2
+        ffn_hidden_size: int = 16
+
+    def add_arguments(group):
+        group.add_argument("--toy-width", type=int, default=3)
+
+    toy = dataclasses.replace(
+        FAMILIES["clip"], model_type="toy", config_class=ToyConfig,
+        from_args=lambda args: ToyConfig(width=args.toy_width), add_arguments=add_arguments,
+        checkpoint_flags=("toy_width",))
+    assert isinstance(toy, EncoderFamily)
+    monkeypatch.setitem(registry.FAMILIES, "toy", toy)
+    args = build_parser().parse_args(["--vision-model-type", "toy", "--toy-width", "5"])
+    assert model_config_from_args(args).encoders["vision"] == ToyConfig(width=5)
+
+
+def test_freeze_flag_needs_its_slot():
+    args = build_parser().parse_args(["--freeze-audio"])
+    with pytest.raises(ConfigError, match="--freeze-audio needs an audio encoder"):
+        model_config_from_args(args)
+
+
+def test_shared_code_reaches_families_through_the_registry():
+    """No module outside ``megatron_mm/families/`` imports a family's folder: shared code
+    looks families up in the registry (its ``__init__``, ``registry``, ``record``,
+    ``encoder`` and ``errors`` modules)."""
+    import ast
+
+    folders = {f.name for f in (ROOT / "megatron_mm" / "families").iterdir() if f.is_dir()
+               and (f / "__init__.py").exists()}
+    found = []
+    for path in (ROOT / "megatron_mm").rglob("*.py"):
+        rel = path.relative_to(ROOT / "megatron_mm")
+        if rel.parts[0] == "families":
+            continue
+        depth = len(rel.parts) - 1  # ``from ..families`` in a package one level down
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            name = node.module or ""
+            if node.level:
+                if node.level != depth + 1:
+                    continue
+                name = "megatron_mm." + name
+            parts = name.split(".")
+            if parts[:2] == ["megatron_mm", "families"] and len(parts) > 2 \
+                    and parts[2] in folders:
+                found.append(f"{rel}: {name}")
+    assert not found
