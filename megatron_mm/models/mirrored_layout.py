@@ -3,7 +3,7 @@
 Megatron-Core numbers a stack's layers in pipeline-rank order, reading the rank from its
 global state. An encoder whose first layers sit on a later rank
 (``--encoder-placement last``) is laid out over mirrored ranks
-(``plan.placement.stack_layout``), and this layout answers each rank's questions for the
+(``plan.pipeline.placement.stack_layout``), and this layout answers each rank's questions for the
 mirrored one, so every part builds, names and checkpoints its layers with their global
 numbers, as from the first rank.
 """
