@@ -15,7 +15,8 @@ prepare_megatron_core()  # TE checked, CPU patches applied: before any megatron.
 
 from megatron_mm.training.arguments import parse_args  # noqa: E402
 from megatron_mm.training.initialize import shutdown_distributed  # noqa: E402
-from megatron_mm.training.pretrain import USER_ERRORS, pretrain  # noqa: E402
+from megatron_mm.training.errors import USER_ERRORS  # noqa: E402
+from megatron_mm.training.pretrain import pretrain  # noqa: E402
 from megatron_mm.training.user_errors import exit_with_user_error  # noqa: E402
 
 if __name__ == "__main__":  # required: checkpoint saving spawns helper processes

@@ -100,7 +100,8 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training import step
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pretrain import batch_iterator, setup_training
+    from megatron_mm.training.data_setup import batch_iterator
+    from megatron_mm.training.pretrain import setup_training
     from megatron.core import parallel_state
     from megatron_mm.training.initialize import shutdown_distributed
 
@@ -240,8 +241,8 @@ def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.encoder_schedule import encoder_pipeline_plan, make_schedule
-    from megatron_mm.training.pipeline_plan import training_chain
+    from megatron_mm.training.planning.encoder_schedule import encoder_pipeline_plan, make_schedule
+    from megatron_mm.training.planning.chain import training_chain
 
     args = parse_args([*model, *schedule_flags(schedule), "--pipeline-profile", profile_path],
                       world_size=2)

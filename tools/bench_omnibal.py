@@ -173,7 +173,7 @@ def _tokenised(a, data: Path):
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pretrain import media_processors
+    from megatron_mm.training.data_setup import media_processors
 
     args = parse_args(model_flags(a, data, a.tokenizer_dir, 1), world_size=1)
     tok = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
@@ -345,12 +345,12 @@ def recompute_budget(a, base: list, layers: list) -> dict:
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.trainer import model_config_for
-    from megatron_mm.training.training_plan import plan_training
+    from megatron_mm.training.planning.training_plan import plan_pipeline
 
     args = parse_args(base + ["--pipeline-partition", ",".join(map(str, layers))],
                       world_size=a.world)
     tok = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
-    plan = plan_training(args, model_config_for(args, tok))
+    plan = plan_pipeline(args, model_config_for(args, tok))
     part = plan.partition
     bounds = part.chunk_bounds()
     acts = chunk_activations(plan.chain, bounds, part.pipeline_model_parallel_size,

@@ -63,7 +63,8 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.initialize import shutdown_distributed
-    from megatron_mm.training.pretrain import batch_iterator, setup_training
+    from megatron_mm.training.data_setup import batch_iterator
+    from megatron_mm.training.pretrain import setup_training
     from megatron_mm.training.step import train_step
     # after megatron_mm.training: it patches megatron-core's CUDA-only calls on CPU
     from megatron.core import parallel_state
@@ -124,7 +125,7 @@ def predicted(policy: str, profile_path: str):
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pipeline_plan import training_chain
+    from megatron_mm.training.planning.chain import training_chain
 
     args = parse_args(MODEL + ["--pipeline-model-parallel-size", "2"], world_size=2)
     args.model_config.language.vocab_size = build_tokenizer(

@@ -109,13 +109,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.initialize import set_random_seed, shutdown_distributed
     from megatron_mm.training.layer_profile import profile_layers
-    from megatron_mm.training.pipeline_plan import training_chain
-    from megatron_mm.training.pretrain import (batch_iterator, batch_iterators,
-                                               build_model_chunks, setup_model_and_optimizer,
-                                               setup_training)
-    from megatron_mm.training.recompute_plan import describe_choice
+    from megatron_mm.training.planning.chain import training_chain
+    from megatron_mm.training.data_setup import batch_iterator, batch_iterators
+    from megatron_mm.training.model_setup import build_model_chunks, setup_model_and_optimizer
+    from megatron_mm.training.pretrain import setup_training
+    from megatron_mm.training.planning.recompute import describe_choice
     from megatron_mm.training.step import batch_to_device, train_step
-    from megatron_mm.training.training_plan import plan_training
+    from megatron_mm.training.planning.training_plan import plan_pipeline
 
     args = parse_args(train_argv)
     if args.pipeline_model_parallel_size != 1 or args.world_size != 1:
@@ -160,7 +160,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             setattr(args, key, flags.get(key))
         set_random_seed(args.seed)
         chunks = build_model_chunks(args, run_tokenizer(args), model_config,
-                                    plan_training(args, model_config))
+                                    plan_pipeline(args, model_config))
         choice = "-"
         if name == "adaptive":
             choice = describe_choice(args, StagePartition(1, 1, [len(chain)]), chain)
@@ -237,7 +237,7 @@ def run_tokenizer(args):
 def _datasets(args):
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.pretrain import build_datasets
+    from megatron_mm.training.data_setup import build_datasets
 
     if "train" not in _CACHE:
         _CACHE["train"] = build_datasets(args, run_tokenizer(args))[0]

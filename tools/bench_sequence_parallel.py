@@ -49,8 +49,9 @@ def _worker(rank: int, argv: Sequence[str], iters: int, port: int, out: str) -> 
     from megatron_mm.training.activation_profile import parameter_storages
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.initialize import set_random_seed
-    from megatron_mm.training.pretrain import (batch_iterators, build_model_chunks,
-                                               setup_model_and_optimizer, setup_training)
+    from megatron_mm.training.data_setup import batch_iterators
+    from megatron_mm.training.model_setup import build_model_chunks, setup_model_and_optimizer
+    from megatron_mm.training.pretrain import setup_training
     from megatron_mm.training.step import train_step as step
 
     args = parse_args(list(argv), world_size=2)

@@ -39,8 +39,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from megatron_mm.training.layer_profile import profile_layers
     from megatron_mm.training.initialize import shutdown_distributed
-    from megatron_mm.training.pipeline_plan import training_chain
-    from megatron_mm.training.pretrain import batch_iterator, setup_training
+    from megatron_mm.training.planning.chain import training_chain
+    from megatron_mm.training.data_setup import batch_iterator
+    from megatron_mm.training.pretrain import setup_training
     from megatron_mm.training.step import batch_to_device
 
     run = setup_training(args)

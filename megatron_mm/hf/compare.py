@@ -114,14 +114,15 @@ def load_converted(ckpt: str, tp: int = 1, pp: int = 1):
 
     from ..models import build_model
     from ..training.checkpointing import load_checkpoint, saved_args
-    from ..training.pipeline_plan import plan_pipeline
-    from ..training.pretrain import build_settings
+    from ..training.build_settings import build_settings
+    from ..training.planning.training_plan import plan_pipeline
 
     args = load_args(ckpt, tp, pp)
     lm = args.model_config.language
     lm.padded_vocab_size = lm.vocab_size = saved_args(args)["padded_vocab_size"]
     media = media_token_ids(args.model_config, args)
-    _, placements = plan_pipeline(args)  # --pipeline-partition uniform: Megatron's layout
+    # --pipeline-partition uniform: Megatron's layout
+    placements = plan_pipeline(args, args.model_config).placements
     model = build_model(args.model_config, build_settings(args, placements), media,
                         placement=placements[parallel_state.get_pipeline_model_parallel_rank()])
     load_checkpoint(args, [model], None, None)
@@ -208,7 +209,7 @@ def _rank_entry(rank: int, world: int, port: int, out_dir: str, job: tuple) -> N
     try:
         result = {"logits": rank_logits(*job)}
     except Exception as e:  # the parent reports it once
-        from ..training.pretrain import USER_ERRORS
+        from ..training.errors import USER_ERRORS
 
         result = {"user_error" if isinstance(e, USER_ERRORS) else "error":
                   str(e) if isinstance(e, USER_ERRORS) else traceback.format_exc()}

@@ -444,7 +444,7 @@ def _validate_encoder_schedule(args: argparse.Namespace) -> None:
 
 def _validate_auto(args: argparse.Namespace) -> None:
     """``--encoder-schedule auto``: what it can choose from (the choice itself is made with
-    the training plan, on the real vocabulary: ``encoder_schedule_auto``)."""
+    the training plan, on the real vocabulary: ``planning/encoder_schedule_auto.py``)."""
     tp, etp = args.tensor_model_parallel_size, args.encoder_tensor_model_parallel_size
     if etp is not None and (etp < 1 or tp % etp):
         raise ConfigError(f"--encoder-tensor-model-parallel-size ({etp}) must divide "

@@ -6,6 +6,8 @@ first), the encoder replicas' groups, the attention settings, the schedule execu
 datasets, the model chunks, optimizer, scheduler, timers and metric writers. The argparse
 namespace stays what the user typed (plus Megatron's derived sizes) and is never written
 to; the run reads a copy with the plan's encoder schedule (``TrainingPlan.run_args``).
+The pieces it is built from are the data set-up (``data_setup.py``), the model and
+optimizer set-up (``model_setup.py``) and the plan (``planning/``).
 ``train()`` is Megatron-LM's loop: step, log, evaluate, then save and decide to exit
 (``--exit-interval``, ``--exit-duration-in-mins``, ``--exit-signal-handler``).
 """
@@ -32,23 +34,23 @@ from ..models import model_chain
 from ..models.attention_backends import attention_backend_lines
 from .attention import AttentionSettings
 from .checkpointing import load_checkpoint, save_checkpoint, saved_args
-from .encoder_schedule import build_executor
+from .encoder_executor import build_executor
 from .evaluation import answer_accuracy, evaluate_loss
 from ..runtime.collective_device import collective_device
 from .initialize import initialize_distributed, set_random_seed
 from .logging_args import validation_enabled
 from .metric_writers import build_writers
 from .nan_check import check_losses
-from .partition_trials import search_partition
+from .planning.partition_trials import search_partition
 from ..data.loaders import savable
-from .pretrain import (
-    TrainingCallbacks, batch_iterators, build_datasets, build_model_chunks,
-    cp_attention_choice, fusions, print_rank_0, print_rank_last, setup_model_and_optimizer,
-    build_settings)
+from .build_settings import build_settings, cp_attention_choice, fusions
+from .data_setup import batch_iterators, build_datasets
+from .model_setup import build_model_chunks, setup_model_and_optimizer
+from .rank_print import print_rank_0, print_rank_last
 from .signal_handler import DistributedSignalHandler
 from .step import TokenCounter, train_step
 from .training_log import TrainingLog, report_memory, validation_scalars
-from .training_plan import TrainingPlan, plan_training
+from .planning.training_plan import TrainingPlan, plan_pipeline
 
 # --exit-duration-in-mins counts from here, setup included, as Megatron-LM's
 # _TRAIN_START_TIME does (a job's time limit counts it too).
@@ -90,6 +92,16 @@ def tokenizer_from_args(args):
 
 
 @dataclass
+class TrainingCallbacks:
+    """Hooks into the loop (tests use them to watch the model and read gradients)."""
+
+    on_model_built: Optional[Callable] = None  # (chunks, wrapped chunks, optimizer)
+    # (iteration, chunks, the lm loss on the device: None off the last stage), before
+    # grads are cleared
+    on_step: Optional[Callable] = None
+
+
+@dataclass
 class Trainer:
     args: object  # the validated flags with the plan's encoder schedule, never written to
     tokenizer: object
@@ -113,7 +125,7 @@ class Trainer:
     def build(cls, args) -> "Trainer":
         tokenizer = tokenizer_from_args(args)
         model_config = model_config_for(args, tokenizer)
-        plan = plan_training(args, model_config)  # a ConfigError here names the flag
+        plan = plan_pipeline(args, model_config)  # a ConfigError here names the flag
         # The run reads its encoder schedule (the flags', or auto's pick) from the plan.
         args = plan.run_args(args)
         replicas = initialize_distributed(args)
@@ -140,13 +152,13 @@ class Trainer:
         if args.pipeline_partition == "search":
             best = search_partition(
                 args, plan.chain,
-                build=lambda layers: build_run(plan_training(
+                build=lambda layers: build_run(plan_pipeline(
                     args, model_config, layers, "search trial", plan.schedule))[1:],
                 batches=lambda: batch_iterators(args, train_ds, tokenizer, 0, shuffle=True),
                 step=lambda run, data: train_step(args, run[0], run[1], run[2], data,
                                                   attention=attention),
                 reseed=lambda: set_random_seed(args.seed), log=print_rank_0)
-            plan = plan_training(args, model_config, best, "search", plan.schedule)
+            plan = plan_pipeline(args, model_config, best, "search", plan.schedule)
         description = plan.describe(args)
         if description:
             print_rank_0(description)

@@ -43,7 +43,7 @@ def demo():
     """The demo's parsed flags, its tokenizer and its family's media processors."""
     from megatron_mm.data.tokenizer import build_tokenizer
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pretrain import media_processors
+    from megatron_mm.training.data_setup import media_processors
 
     args = parse_args(demo_flags(), world_size=2)
     return args, build_tokenizer(), media_processors(args)

@@ -49,7 +49,7 @@ def _load(ckpt):
     from megatron_mm.models import build_model
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.checkpointing import load_checkpoint, saved_args
-    from megatron_mm.training.pretrain import build_settings
+    from megatron_mm.training.build_settings import build_settings
 
     args = parse_args(["--load", ckpt], world_size=1)
     lm = args.model_config.language

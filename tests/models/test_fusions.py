@@ -66,7 +66,7 @@ def test_cpu_path_unchanged():
     from megatron.core.activations import quick_gelu
 
     from megatron_mm.models import BuildSettings
-    from megatron_mm.training.pretrain import build_settings
+    from megatron_mm.training.build_settings import build_settings
 
     chosen = choose_fusions(ALL_ON, Kernels(), "local")
     assert chosen == Fusions() and "no CUDA" in chosen.describe()

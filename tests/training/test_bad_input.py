@@ -128,11 +128,11 @@ def validate_and_plan(argv, world):
     """What a run checks before any process group: the flags, then the plan (made once,
     on the model with the tokenizer's vocabulary)."""
     from megatron_mm.training.trainer import model_config_for
-    from megatron_mm.training.training_plan import plan_training
+    from megatron_mm.training.planning.training_plan import plan_pipeline
 
     args = parse_args(argv, world_size=world)
     try:
-        plan_training(args, model_config_for(args, tokenizer()))
+        plan_pipeline(args, model_config_for(args, tokenizer()))
     except ConfigError as e:  # as the script reports it: once, without a traceback
         exit_with_user_error(e)
 

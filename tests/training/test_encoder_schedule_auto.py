@@ -12,7 +12,7 @@ from megatron_mm.plan.hardware import Hardware
 from megatron_mm.plan.partition import partition
 from megatron_mm.plan.simulate import simulate
 from megatron_mm.training.arguments import parse_args
-from megatron_mm.training.encoder_schedule_auto import time_inputs
+from megatron_mm.training.planning.time_inputs import time_inputs
 
 from plans import plan_of, slow_link_profile
 from train_workers import TINY_MODEL

@@ -25,7 +25,7 @@ def _search(rank, unfit):
 
     from megatron_mm.plan import PlanError
     from megatron_mm.plan.partition_search import candidates
-    from megatron_mm.training.partition_trials import search_partition
+    from megatron_mm.training.planning.partition_trials import search_partition
 
     dist.init_process_group("gloo")
     sys.path.insert(0, PLAN_TESTS)

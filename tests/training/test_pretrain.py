@@ -1,7 +1,7 @@
 """The DDP settings the run hands Megatron-Core."""
 
 from megatron_mm.training.arguments import parse_args
-from megatron_mm.training.pretrain import ddp_config
+from megatron_mm.training.model_setup import ddp_config
 
 
 def test_fp8_param_gather_reaches_the_ddp_config():

@@ -39,7 +39,7 @@ def _budget_and_choice(argv):
     N per stack the planner then picks (the cheapest choice that fits: maybe another)."""
     from megatron_mm.data import build_tokenizer
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pipeline_plan import training_chain
+    from megatron_mm.training.planning.chain import training_chain
 
     args = parse_args(argv, world_size=1)
     tok = build_tokenizer(args.tokenizer_type, args.tokenizer_model,

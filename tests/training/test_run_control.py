@@ -88,7 +88,8 @@ def train_signalled(rank, argv, at):
     """SIGTERM reaches rank 0 only, during iteration ``at``'s callback: the other rank
     must stop after the same iteration (the ranks agree), with one checkpoint."""
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pretrain import TrainingCallbacks, pretrain
+    from megatron_mm.training.pretrain import pretrain
+    from megatron_mm.training.trainer import TrainingCallbacks
 
     def on_step(iteration, model, loss):
         if iteration == at and rank == 0:
@@ -199,7 +200,8 @@ def train_late(rank, argv, at):
     clock = trainer.time = Clock()
 
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pretrain import TrainingCallbacks, pretrain
+    from megatron_mm.training.pretrain import pretrain
+    from megatron_mm.training.trainer import TrainingCallbacks
 
     def on_step(iteration, model, loss):
         if iteration == at and rank == 0:

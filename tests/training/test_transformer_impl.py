@@ -14,7 +14,7 @@ from megatron_mm import te_import
 from megatron_mm.config import ConfigError
 from megatron_mm.models import specs
 from megatron_mm.training.arguments import parse_args
-from megatron_mm.training.pretrain import build_settings
+from megatron_mm.training.build_settings import build_settings
 
 TE_ERROR = "No module named 'transformer_engine_torch'"
 

@@ -109,7 +109,8 @@ def norm_squares(chunks) -> dict:
 
 def train(rank: int, argv: list, grad_steps=(), hooks=None) -> dict:
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pretrain import TrainingCallbacks, pretrain
+    from megatron_mm.training.pretrain import pretrain
+    from megatron_mm.training.trainer import TrainingCallbacks
 
     args = parse_args(argv, world_size=int(os.environ["WORLD_SIZE"]))
     grads, squares, holder = {}, {}, {}

@@ -1,6 +1,6 @@
 """The run's encoder schedule, and ``--encoder-schedule auto``: the planner picks it.
 
-``plan_training`` settles it once, on the training chain with the tokenizer's real
+``plan_pipeline`` settles it once, on the training chain with the tokenizer's real
 vocabulary, into the ``TrainingPlan`` (``EncoderScheduleChoice``): the flags' schedule,
 encoder PP, encoder TP and pieces, or with ``auto`` the fastest simulated alternative:
 
@@ -31,16 +31,17 @@ import copy
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from ..config import ConfigError
-from ..plan import PlanError, partition
-from ..plan.encoder_pipeline import megatron_costs
-from ..plan.generate import megatron
-from ..plan.hardware import Hardware, Interconnect
-from ..plan.profile import MEASURED, LayerProfile
-from ..plan.record import Record
-from ..plan.simulate import simulate
-from .fp8_args import validate_fp8_args
-from .sequence_parallel import validate_sequence_parallel
+from ...config import ConfigError
+from ...plan import PlanError, partition
+from ...plan.encoder_pipeline import megatron_costs
+from ...plan.generate import megatron
+from ...plan.profile import MEASURED
+from ...plan.record import Record
+from ...plan.simulate import simulate
+from ..fp8_args import validate_fp8_args
+from ..sequence_parallel import validate_sequence_parallel
+from .encoder_schedule import encoder_pipeline_plan, make_schedule, plan_costs
+from .time_inputs import hardware, time_inputs
 
 
 @dataclass
@@ -104,23 +105,6 @@ class EncoderScheduleChoice(Record):
         return self.auto.lines() if self.auto is not None else []
 
 
-def time_inputs(args) -> dict:
-    """The time model's inputs besides the hardware and the encoder TP, as
-    ``schedule_costs`` / ``megatron_costs`` take them: the TP links (a measured profile's
-    ``tp_links``, else ``Interconnect``'s defaults: layer times are measured in one
-    process, without TP traffic) and the run's TP (the chain's)."""
-    links = None
-    if getattr(args, "pipeline_profile", None):
-        links = LayerProfile.load(args.pipeline_profile).tp_links
-    return dict(links=links or Interconnect(),
-                tensor_model_parallel_size=args.tensor_model_parallel_size)
-
-
-def hardware(args) -> Hardware:
-    """What the chain's costs are in: measured seconds, or FLOPs of the cost model."""
-    return MEASURED if getattr(args, "pipeline_profile", None) else Hardware()
-
-
 def encoder_tp_options(args) -> List[int]:
     """The encoder TPs auto may pick, largest first: the flag's, or each divisor of TP
     the run's other flags allow (checked as if given as
@@ -161,8 +145,6 @@ def choose_encoder_schedule(args, chain) -> AutoChoice:
                                         tensor_model_parallel_size=tp))
     separate = (args.pipeline_partition != "search"
                 and getattr(args, "recompute_memory_budget", None) is None)
-    from .encoder_schedule import encoder_pipeline_plan, make_schedule, plan_costs
-
     for etp in etps if separate else []:
         for stages in [d for d in range(1, pp + 1) if pp % d == 0]:
             for pieces in (1, 2, 4):

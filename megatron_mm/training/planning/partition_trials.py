@@ -18,12 +18,12 @@ from typing import Callable, List
 
 import torch
 
-from ..plan.errors import PlanError
-from ..plan.partition_search import candidates, fastest, table
-from ..runtime.collective_device import collective_device
-from ..runtime.timer import DeviceTimer
-from .initialize import device
-from .pipeline_plan import training_chain
+from ...plan.errors import PlanError
+from ...plan.partition_search import candidates, fastest, table
+from ...runtime.collective_device import collective_device
+from ...runtime.timer import DeviceTimer
+from ..initialize import device
+from .chain import training_chain
 
 
 def layer_time_source(args) -> str:

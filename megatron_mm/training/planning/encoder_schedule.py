@@ -8,24 +8,21 @@ model or measured per-layer times of ``--pipeline-profile``, with the TP traffic
 count. ``args`` here are the run's flags with the plan's encoder schedule
 (``TrainingPlan.run_args``). The schedules name
 their collectives (the encoder replicas' broadcast and gradient sum, the data-parallel
-reductions' start points) and are validated as they are generated; ``build_executor``
-generates the run's schedule up front, so a schedule that cannot run fails at start-up.
+reductions' start points) and are validated as they are generated; the run's executor
+(``training/encoder_executor.py``) generates its schedule up front, so a schedule that
+cannot run fails at start-up.
 """
 
 from __future__ import annotations
 
-from functools import partial
-
-from ..plan.bubble import bubble
-from ..plan.encoder_pipeline import EncoderPipelinePlan, schedule_costs, plan_encoder_pipeline
-from ..plan.errors import PlanError
-from ..plan.generate import coarse
-from ..plan.partition import parse_partition_flag
-from ..plan.simulate import simulate
-from ..runtime import ScheduleExecutor
-from .encoder_schedule_auto import hardware, time_inputs
-from .pipeline_plan import training_chain
-from .step import batch_to_device
+from ...plan.bubble import bubble
+from ...plan.encoder_pipeline import EncoderPipelinePlan, schedule_costs, plan_encoder_pipeline
+from ...plan.errors import PlanError
+from ...plan.generate import coarse
+from ...plan.partition import parse_partition_flag
+from ...plan.simulate import simulate
+from .chain import training_chain
+from .time_inputs import hardware, time_inputs
 
 
 def separate_encoder(args) -> bool:
@@ -71,7 +68,7 @@ def encoder_pipeline_plan(args, chain=None, policy=None) -> EncoderPipelinePlan:
 
 def plan_costs(args, plan: EncoderPipelinePlan, chain=None):
     """Per-action costs of the plan's LLM chunks and encoder pieces (with the encoder
-    TP's traffic: ``encoder_schedule_auto.time_inputs``)."""
+    TP's traffic: ``time_inputs``)."""
     return schedule_costs(chain if chain is not None else training_chain(args),
                           plan.llm_partition, plan.pieces, hardware(args),
                           encoder_tensor_model_parallel_size=(
@@ -97,23 +94,3 @@ def encoder_replicas(args) -> int:
     """Encoder replicas per LLM TP group (TP / encoder TP)."""
     etp = getattr(args, "encoder_tensor_model_parallel_size", None)
     return args.tensor_model_parallel_size // etp if etp else 1
-
-
-def build_executor(args, plan: EncoderPipelinePlan, chain, replicas=None,
-                   attention=None) -> ScheduleExecutor:
-    """``replicas``: the encoder replicas' groups (an encoder TP below the LLM's);
-    ``attention``: the attention settings (with CP, they give each rank's token count)."""
-    costs = plan_costs(args, plan, chain)
-    executor = ScheduleExecutor(lambda m: make_schedule(args, plan, m, chain), plan.pieces,
-                                batch_to_device, replicas, plan.placements,
-                                partial(local_length, attention)
-                                if args.context_parallel_size > 1 else None,
-                                cost=lambda a: costs.of(a.kind, a.chunk))
-    executor.schedule(args.num_microbatches)  # generated and validated before any step
-    return executor
-
-
-def local_length(attention, batch: dict) -> int:
-    """This context-parallel rank's token count of ``batch`` (host data): the sequence
-    length of the hidden states between LLM chunks."""
-    return attention.mask_for(batch).local.shape[0]

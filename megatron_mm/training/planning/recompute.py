@@ -10,10 +10,10 @@ the cost model's otherwise.
 
 from __future__ import annotations
 
-from ..plan import MemoryModel, StagePartition
-from ..plan.recompute_budget import (GB, RecomputeChoice, choose_recompute,
+from ...plan import MemoryModel, StagePartition
+from ...plan.recompute_budget import (GB, RecomputeChoice, choose_recompute,
                                      chunk_activations, static_bytes)
-from .pipeline_plan import training_chain
+from .chain import training_chain
 
 
 def adaptive_choice(args, part: StagePartition, chain=None) -> RecomputeChoice:
@@ -26,7 +26,10 @@ def adaptive_choice(args, part: StagePartition, chain=None) -> RecomputeChoice:
 
 
 def describe_choice(args, part: StagePartition, chain=None) -> str:
-    choice = adaptive_choice(args, part, chain)
+    return choice_line(args, adaptive_choice(args, part, chain))
+
+
+def choice_line(args, choice: RecomputeChoice) -> str:
     source = ("measured" if getattr(args, "pipeline_profile", None) else "cost-model")
     return (f"> adaptive recompute (budget {args.recompute_memory_budget:g} GB per rank, "
             f"{source} activation bytes and times): recompute_num_layers per chunk "

@@ -14,16 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
-from ..plan import StagePartition, partition
-from ..plan.describe import describe_chunk
-from ..plan.encoder_pipeline import EncoderPipelinePlan
-from ..plan.partition import parse_partition_flag
-from ..plan.placement import ChunkPlacement, chunk_placements
-from ..plan.recompute_budget import GB, RecomputeChoice
+from ...plan import StagePartition, partition
+from ...plan.describe import describe_chunk
+from ...plan.encoder_pipeline import EncoderPipelinePlan
+from ...plan.partition import parse_partition_flag
+from ...plan.placement import ChunkPlacement, chunk_placements
+from ...plan.recompute_budget import RecomputeChoice
+from .chain import training_chain
 from .encoder_schedule import encoder_pipeline_plan, separate_encoder
 from .encoder_schedule_auto import EncoderScheduleChoice, encoder_schedule_choice
-from .pipeline_plan import describe_encoder_plan, training_chain
-from .recompute_plan import adaptive_choice
+from .recompute import adaptive_choice, choice_line
 
 
 @dataclass
@@ -54,13 +54,7 @@ class TrainingPlan:
                 lines.append(f"   chunk {c} (pipeline rank {part.rank_of_chunk(c)}): "
                              f"{describe_chunk(self.chain, start, end)}")
         if self.recompute_choice is not None:
-            choice = self.recompute_choice
-            source = "measured" if args.pipeline_profile else "cost-model"
-            lines.append(
-                f"> adaptive recompute (budget {args.recompute_memory_budget:g} GB per rank, "
-                f"{source} activation bytes and times): recompute_num_layers per chunk "
-                f"{choice.recompute_num_layers}, estimated GB per rank "
-                f"{[round(b / GB, 4) for b in choice.rank_bytes]}")
+            lines.append(choice_line(args, self.recompute_choice))
         return "\n".join(lines)
 
     def to_checkpoint(self) -> dict:
@@ -76,7 +70,28 @@ class TrainingPlan:
         return out
 
 
-def plan_training(args, model_config,
+def describe_encoder_plan(args, plan) -> str:
+    """The LLM chunks and the encoder pieces of ``--encoder-schedule coarse|bubble``."""
+    part = plan.llm_partition
+    lines = [f"> encoder schedule {args.encoder_schedule}: LLM layers per chunk "
+             f"{part.layers_per_chunk} ({part.policy}); " + ", ".join(
+                 f"{pieces.name} {'trainable' if trainable else 'frozen'}, "
+                 f"{len(pieces.ranks)} pieces"
+                 for pieces, trainable in zip(plan.pieces, plan.trainable))]
+    for pieces in plan.pieces:
+        for p, (layers, rank) in enumerate(zip(pieces.layers, pieces.ranks)):
+            lines.append(f"   {pieces.name} piece {p} (pipeline rank {rank}): layers "
+                         f"{layers[0]}-{layers[1] - 1}")
+    tp = args.tensor_model_parallel_size
+    etp = getattr(args, "encoder_tensor_model_parallel_size", None)
+    if etp and etp < tp:
+        names = " and ".join(pieces.name for pieces in plan.pieces)
+        lines.append(f"   {names} layers at TP {etp}: {tp // etp} replicas per TP group "
+                     f"of {tp}, micro-batch m on replica m % {tp // etp}")
+    return "\n".join(lines)
+
+
+def plan_pipeline(args, model_config,
                   layers_per_chunk: Optional[Sequence[int]] = None,
                   policy_label: Optional[str] = None,
                   schedule: Optional[EncoderScheduleChoice] = None) -> TrainingPlan:
