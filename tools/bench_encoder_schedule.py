@@ -109,7 +109,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % os.cpu_count()})
     args = parse_args(argv)
     run = setup_training(args)
-    source = batch_iterator(args, run.train_ds, run.tokenizer, 0, shuffle=True)
+    source = batch_iterator(run.config, run.train_ds, run.tokenizer, 0, shuffle=True)
     batches = [next(source) for _ in range(args.num_microbatches)]
     links = _communication_costs(run, args)
     executor = run.executor
@@ -130,7 +130,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
         start = _clock()
         data = ([iter(batches) for _ in run.model_chunks] if len(run.model_chunks) > 1
                 else iter(batches))  # interleaving: one iterator per model chunk
-        step.train_step(args, run.model_chunks, run.optimizer, run.scheduler, data,
+        step.train_step(run.config, run.model_chunks, run.optimizer, run.scheduler, data,
                         run.executor, run.attention)
         torch.distributed.barrier()
         walls.append(_clock() - start)

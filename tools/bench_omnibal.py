@@ -174,10 +174,12 @@ def _tokenised(a, data: Path):
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.data_setup import media_processors
+    from megatron_mm.training.run_config import RunConfig
 
     args = parse_args(model_flags(a, data, a.tokenizer_dir, 1), world_size=1)
     tok = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
-    counts = {m: p.token_count for m, p in media_processors(args).items()}
+    counts = {m: p.token_count
+              for m, p in media_processors(RunConfig.from_flags(args)).items()}
     return lambda rec: len(tokenize_record(rec, tok, counts).ids)
 
 
@@ -267,14 +269,14 @@ def worker(a, argv) -> None:
     for _ in range(a.warmup + a.iters):
         torch.distributed.barrier()
         start = time.perf_counter()
-        result = train_step(args, run.model_chunks, run.optimizer, run.scheduler, data,
+        result = train_step(run.config, run.model_chunks, run.optimizer, run.scheduler, data,
                             run.executor, run.attention)
         torch.distributed.barrier()
         walls.append(time.perf_counter() - start)
         losses.append(result.loss)
     tracker = LiveSavedBytes(parameter_storages(run.model_chunks))
     with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
-        train_step(args, run.model_chunks, run.optimizer, run.scheduler, data,
+        train_step(run.config, run.model_chunks, run.optimizer, run.scheduler, data,
                    run.executor, run.attention)
     gathered = [None] * world
     torch.distributed.all_gather_object(gathered, {
@@ -344,13 +346,14 @@ def recompute_budget(a, base: list, layers: list) -> dict:
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.run_config import RunConfig
     from megatron_mm.training.trainer import model_config_for
     from megatron_mm.training.planning.training_plan import plan_pipeline
 
     args = parse_args(base + ["--pipeline-partition", ",".join(map(str, layers))],
                       world_size=a.world)
     tok = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
-    plan = plan_pipeline(args, model_config_for(args, tok))
+    plan = plan_pipeline(args, model_config_for(RunConfig.from_flags(args), tok))
     part = plan.partition
     bounds = part.chunk_bounds()
     acts = chunk_activations(plan.chain, bounds, part.pipeline_model_parallel_size,

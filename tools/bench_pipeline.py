@@ -75,7 +75,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % os.cpu_count()})
     args = parse_args(argv)
     run = setup_training(args)
-    source = batch_iterator(args, run.train_ds, run.tokenizer, 0, shuffle=True)
+    source = batch_iterator(run.config, run.train_ds, run.tokenizer, 0, shuffle=True)
     batches = [next(source) for _ in range(args.num_microbatches)]
     config = run.model[0].config
     config.timers = timers = Timers(log_level=2, log_option="all")
@@ -83,7 +83,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     for it in range(warmup + iters):
         torch.distributed.barrier()
         start = _clock()
-        train_step(args, run.model_chunks, run.optimizer, run.scheduler, iter(batches),
+        train_step(run.config, run.model_chunks, run.optimizer, run.scheduler, iter(batches),
                    run.executor, run.attention)
         torch.distributed.barrier()
         wall = _clock() - start

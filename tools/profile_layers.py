@@ -46,7 +46,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     run = setup_training(args)
     chain = training_chain(args, run.model_config)  # the run's vocabulary
-    batches = batch_iterator(args, run.train_ds, run.tokenizer, 0, shuffle=True)
+    batches = batch_iterator(run.config, run.train_ds, run.tokenizer, 0, shuffle=True)
     batches = [batch_to_device(next(batches)) for _ in range(ours.profile_micro_batches + 1)]
     frozen = sorted(m for m in ("language_model", "vision_model", "vision_projection")
                     if _frozen(args, m))

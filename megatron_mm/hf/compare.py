@@ -115,6 +115,7 @@ def load_converted(ckpt: str, tp: int = 1, pp: int = 1):
     from ..models import build_model
     from ..training.checkpointing import load_checkpoint, saved_args
     from ..training.build_settings import build_settings
+    from ..training.run_config import RunConfig
     from ..training.planning.training_plan import plan_pipeline
 
     args = load_args(ckpt, tp, pp)
@@ -123,7 +124,8 @@ def load_converted(ckpt: str, tp: int = 1, pp: int = 1):
     media = media_token_ids(args.model_config, args)
     # --pipeline-partition uniform: Megatron's layout
     placements = plan_pipeline(args, args.model_config).placements
-    model = build_model(args.model_config, build_settings(args, placements), media,
+    model = build_model(args.model_config, build_settings(RunConfig.from_flags(args), placements),
+                        media,
                         placement=placements[parallel_state.get_pipeline_model_parallel_rank()])
     load_checkpoint(args, [model], None, None)
     return model.eval()

@@ -20,21 +20,21 @@ from ..data.sources import resolve_sources
 from ..encoders import builtin_data_for, family_of, modalities_of, resolve
 from ..runtime.collective_device import collective_device
 from .balanced_data import balanced_batch_iterator
-from .build_settings import build_settings
+from .build_settings import transformer_impl
 from .checkpointing import iteration_dir, locate_checkpoint
 from .fp8_args import llm_sequence_multiple
 from .rank_print import print_rank_0
 
 
-def data_paths(args) -> Optional[tuple[str, str]]:
-    if args.data_path is None:  # built-in data: the one the encoders' families declare
-        encoders = list(args.model_config.encoders.values())
+def data_paths(config) -> Optional[tuple[str, str]]:
+    if config.data.data_path is None:  # built-in data: the one the encoders' families declare
+        encoders = list(config.model_config.encoders.values())
         data = builtin_data_for(encoders)
         if data is None:
             raise ConfigError("no built-in data holds every modality of these encoders ("
                               + ", ".join(sorted({m for c in encoders for m in modalities_of(c)}))
                               + "): pass --data-path")
-        cache = args.data_cache_path or os.path.join(os.path.expanduser("~"), ".cache",
+        cache = config.data.data_cache_path or os.path.join(os.path.expanduser("~"), ".cache",
                                                      "megatron_mm")
         out = os.path.join(cache, data.name)
         if torch.distributed.get_rank() == 0:
@@ -56,74 +56,78 @@ def data_paths(args) -> Optional[tuple[str, str]]:
     return None  # --data-path given: build_datasets resolves it
 
 
-def media_processors(args) -> dict:
+def media_processors(config) -> dict:
     """Modality -> the media processor of the encoder family that reads it."""
     procs = {}
-    for enc in args.model_config.encoders.values():
-        proc = family_of(enc).media_processor(args, enc)  # one, or one per modality
+    for enc in config.model_config.encoders.values():
+        proc = family_of(enc).media_processor(config.model, enc)  # one, or one per modality
         for p in proc if isinstance(proc, (list, tuple)) else (proc,):
             procs[p.modality] = p
     return procs
 
 
-def build_datasets(args, tokenizer):
-    builtin = data_paths(args)
+def build_datasets(config, tokenizer):
+    builtin = data_paths(config)
     sources = (resolve_sources([builtin[0]], builtin[1]) if builtin
-               else resolve_sources(args.data_path, args.valid_data_path))
-    procs = media_processors(args)
+               else resolve_sources(config.data.data_path, config.data.valid_data_path))
+    procs = media_processors(config)
     image = procs.get("image")
     audio = procs.get("audio")
     encoding = EncodingSettings(
         tokenizer, {m: p.token_count for m, p in procs.items()},
-        getattr(image, "cfg", ImageProcessorConfig(image_size=args.img_h)), args.seq_length,
-        getattr(audio, "cfg", None), args.bad_record_policy, llm_sequence_multiple(args),
-        processors=procs)
+        getattr(image, "cfg", ImageProcessorConfig(image_size=config.model.img_h)),
+        config.model.seq_length, getattr(audio, "cfg", None), config.data.bad_record_policy,
+        llm_sequence_multiple(config.fp8_settings, config.parallel), processors=procs)
+    gbs = config.training.global_batch_size
     return build_train_valid_datasets(sources, encoding,
-                                      valid_limit=args.eval_iters * args.global_batch_size,
-                                      global_batch_size=args.global_batch_size)
+                                      valid_limit=config.validation.eval_iters * gbs,
+                                      global_batch_size=gbs)
 
 
-def energon_state(args, consumed_samples: int):
+def energon_state(checkpoint, consumed_samples: int):
     """This data-parallel rank's Energon loader state in the checkpoint resumed from."""
-    if not consumed_samples or not args.load:
+    if not consumed_samples or not checkpoint.load:
         return None
-    path = iteration_dir(args.load, locate_checkpoint(args))
+    path = iteration_dir(checkpoint.load, locate_checkpoint(checkpoint))
     return load_dataloader_state(path, parallel_state.get_data_parallel_rank(), print_rank_0)
 
 
-def batch_iterators(args, dataset, tokenizer, consumed_samples: int, shuffle: bool):
+def batch_iterators(config, dataset, tokenizer, consumed_samples: int, shuffle: bool):
     """The iterator the schedule takes: one, or one per model chunk (virtual stages), each
     yielding the same micro-batches."""
-    make = partial(batch_iterator, args, dataset, tokenizer, consumed_samples, shuffle)
-    vpp = args.virtual_pipeline_model_parallel_size
+    make = partial(batch_iterator, config, dataset, tokenizer, consumed_samples, shuffle)
+    vpp = config.parallel.virtual_pipeline_model_parallel_size
     return make() if vpp is None else [make() for _ in range(vpp)]
 
 
-def batch_iterator(args, dataset, tokenizer, consumed_samples: int, shuffle: bool):
+def batch_iterator(config, dataset, tokenizer, consumed_samples: int, shuffle: bool):
+    data, train = config.data, config.training
     if isinstance(dataset, EnergonTrainData):  # resumes from the checkpoint's loader state
-        if args.packing_buffer_size and build_settings(args).transformer_impl != "local":
+        if data.packing_buffer_size and transformer_impl(config.model) != "local":
             raise ConfigError("--packing-buffer-size packs samples into one sequence with a "
                               "block-diagonal mask, which only the local specs apply: pass "
                               "--transformer-impl local")
         return dataset.batches(
-            args.micro_batch_size, parallel_state.get_data_parallel_rank(),
-            parallel_state.get_data_parallel_world_size(), args.num_workers, args.seed,
-            parallel_state.get_data_parallel_group(), energon_state(args, consumed_samples),
-            args.packing_buffer_size, args.packing_seq_length or args.seq_length)
-    if shuffle and args.data_balance != "none":  # training data; evaluation stays padded
-        return balanced_batch_iterator(args, dataset, tokenizer, consumed_samples,
-                                       build_settings(args).transformer_impl)
+            train.micro_batch_size, parallel_state.get_data_parallel_rank(),
+            parallel_state.get_data_parallel_world_size(), data.num_workers, train.seed,
+            parallel_state.get_data_parallel_group(),
+            energon_state(config.checkpoint, consumed_samples),
+            data.packing_buffer_size, data.packing_seq_length or config.model.seq_length)
+    if shuffle and data.data_balance != "none":  # training data; evaluation stays padded
+        return balanced_batch_iterator(config, dataset, tokenizer, consumed_samples,
+                                       transformer_impl(config.model))
     sampler = MegatronPretrainingSampler(
         total_samples=len(dataset), consumed_samples=consumed_samples,
-        micro_batch_size=args.micro_batch_size,
+        micro_batch_size=train.micro_batch_size,
         data_parallel_rank=parallel_state.get_data_parallel_rank(),
         data_parallel_size=parallel_state.get_data_parallel_world_size(),
-        shuffle=shuffle, seed=args.seed, global_batch_size=args.global_batch_size)
+        shuffle=shuffle, seed=train.seed, global_batch_size=train.global_batch_size)
     # Its own generator: the loader must not draw from the global RNG, whose state a
     # checkpoint restores (resume would otherwise be one draw off).
-    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=data.num_workers,
                         collate_fn=partial(collate, pad_id=tokenizer.pad_id,
-                                           pad_to_multiple_of=llm_sequence_multiple(args)),
+                                           pad_to_multiple_of=llm_sequence_multiple(
+                                               config.fp8_settings, config.parallel)),
                         pin_memory=torch.cuda.is_available(),
-                        generator=torch.Generator().manual_seed(args.seed))
+                        generator=torch.Generator().manual_seed(train.seed))
     return iter(loader)

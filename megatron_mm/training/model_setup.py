@@ -19,13 +19,14 @@ from ..models.wrappers import DistributedDataParallel, Float16Module
 from .build_settings import build_settings
 
 
-def build_model_chunks(args, tokenizer, model_config, plan, replicas=None
+def build_model_chunks(config, tokenizer, model_config, plan, replicas=None
                        ) -> List[MultimodalModel]:
-    """This rank's pipeline chunks: one, or one per virtual stage (interleaved 1F1B), each
-    holding the modules ``plan`` (a TrainingPlan) gives it."""
-    settings = build_settings(args, plan.placements, replicas)
-    pp, rank = args.pipeline_model_parallel_size, parallel_state.get_pipeline_model_parallel_rank()
-    vpp = args.virtual_pipeline_model_parallel_size
+    """This rank's pipeline chunks (``config``: the RunConfig): one, or one per virtual
+    stage (interleaved 1F1B), each holding the modules ``plan`` (a TrainingPlan) gives it."""
+    settings = build_settings(config, plan.placements, replicas)
+    pp = config.parallel.pipeline_model_parallel_size
+    rank = parallel_state.get_pipeline_model_parallel_rank()
+    vpp = config.parallel.virtual_pipeline_model_parallel_size
     media_ids = {m: tokenizer.media_token_id(m)
                  for enc in model_config.encoders.values() for m in modalities_of(enc)}
     chunks = []
@@ -44,44 +45,46 @@ def build_model_chunks(args, tokenizer, model_config, plan, replicas=None
     return chunks
 
 
-def ddp_config(args) -> DistributedDataParallelConfig:
+def ddp_config(config) -> DistributedDataParallelConfig:
     """Megatron-LM's DDP settings for the run; ``--fp8-param-gather`` makes the distributed
     optimizer all-gather the FP8 parameters and requantise them after each step."""
     return DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=args.overlap_grad_reduce,
-        use_distributed_optimizer=args.use_distributed_optimizer,
-        fp8_param_gather=getattr(args, "fp8_param_gather", False))
+        grad_reduce_in_fp32=True, overlap_grad_reduce=config.parallel.overlap_grad_reduce,
+        use_distributed_optimizer=config.parallel.use_distributed_optimizer,
+        fp8_param_gather=config.fp8.fp8_param_gather)
 
 
-def setup_model_and_optimizer(args, chunks: List[MultimodalModel], timers=None):
-    """DDP-wrapped chunks, Megatron-Core's optimizer and LR scheduler; ``timers``
-    (Megatron-Core's) go where the schedules and the optimizer read them."""
-    config = chunks[0].config  # the one the schedules read their hooks from
-    ddp = [DistributedDataParallel(config=chunk.config, ddp_config=ddp_config(args),
-                                   module=Float16Module(chunk.config, chunk) if args.bf16
+def setup_model_and_optimizer(config, chunks: List[MultimodalModel], timers=None):
+    """DDP-wrapped chunks, Megatron-Core's optimizer and LR scheduler (``config``: the
+    RunConfig); ``timers`` (Megatron-Core's) go where the schedules and the optimizer
+    read them."""
+    train, log = config.training, config.logging
+    model_config = chunks[0].config  # the one the schedules read their hooks from
+    ddp = [DistributedDataParallel(config=chunk.config, ddp_config=ddp_config(config),
+                                   module=Float16Module(chunk.config, chunk) if train.bf16
                                    else chunk)
            for chunk in chunks]
     optimizer = get_megatron_optimizer(OptimizerConfig(
-        optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
-        adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
-        clip_grad=args.clip_grad, bf16=args.bf16, params_dtype=config.params_dtype,
-        use_distributed_optimizer=args.use_distributed_optimizer,
-        log_num_zeros_in_grad=getattr(args, "log_num_zeros_in_grad", False),
-        barrier_with_L1_time=getattr(args, "barrier_with_L1_time", True), timers=timers),
+        optimizer="adam", lr=train.lr, min_lr=train.min_lr, weight_decay=train.weight_decay,
+        adam_beta1=train.adam_beta1, adam_beta2=train.adam_beta2, adam_eps=train.adam_eps,
+        clip_grad=train.clip_grad, bf16=train.bf16, params_dtype=model_config.params_dtype,
+        use_distributed_optimizer=config.parallel.use_distributed_optimizer,
+        log_num_zeros_in_grad=log.log_num_zeros_in_grad,
+        barrier_with_L1_time=log.barrier_with_L1_time, timers=timers),
         ddp)
-    gbs = args.global_batch_size
+    gbs = train.global_batch_size
     scheduler = OptimizerParamScheduler(
-        optimizer, init_lr=args.lr_warmup_init, max_lr=args.lr, min_lr=args.min_lr,
-        lr_warmup_steps=args.lr_warmup_iters * gbs, lr_decay_steps=args.lr_decay_iters * gbs,
-        lr_decay_style=args.lr_decay_style, start_wd=args.weight_decay,
-        end_wd=args.weight_decay, wd_incr_steps=args.train_iters * gbs,
+        optimizer, init_lr=train.lr_warmup_init, max_lr=train.lr, min_lr=train.min_lr,
+        lr_warmup_steps=train.lr_warmup_iters * gbs, lr_decay_steps=train.lr_decay_iters * gbs,
+        lr_decay_style=train.lr_decay_style, start_wd=train.weight_decay,
+        end_wd=train.weight_decay, wd_incr_steps=train.train_iters * gbs,
         wd_incr_style="constant")
     # The hooks Megatron-LM's training loop installs on the model config.
-    config.grad_scale_func = optimizer.scale_loss
-    config.finalize_model_grads_func = finalize_model_grads
-    config.timers = timers
-    config.barrier_with_L1_time = getattr(args, "barrier_with_L1_time", True)
-    if args.overlap_grad_reduce:
+    model_config.grad_scale_func = optimizer.scale_loss
+    model_config.finalize_model_grads_func = finalize_model_grads
+    model_config.timers = timers
+    model_config.barrier_with_L1_time = log.barrier_with_L1_time
+    if config.parallel.overlap_grad_reduce:
         no_sync = [chunk.no_sync for chunk in ddp]
-        config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+        model_config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
     return ddp, optimizer, scheduler

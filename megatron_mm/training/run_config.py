@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional
 
 from ..config import MultimodalModelConfig
 from ..plan.fp8 import Fp8Settings
-from .arguments import build_parser
+from .arguments import build_parser, parse_args
 
 # group -> the --help sections whose flags it holds (a title, or its start)
 SECTIONS = {
@@ -34,6 +34,7 @@ SECTIONS = {
 }
 # flags whose section mixes concerns: their group by name (before SECTIONS)
 BY_NAME = {
+    "model": ("image_processor_config",),  # the encoders' input, as the checkpoint fixes
     "pipeline": ("pipeline_partition", "pipeline_search_radius", "pipeline_search_candidates",
                  "pipeline_search_iters", "memory_limit_gb", "pipeline_profile"),
     "encoder_schedule": ("encoder_schedule", "encoder_pipeline_model_parallel_size",
@@ -139,3 +140,9 @@ class RunConfig:
         for group in GROUPS:
             out.update(dataclasses.asdict(getattr(self, group)))
         return out
+
+
+def parse_run_config(argv=None, world_size: Optional[int] = None) -> RunConfig:
+    """The command line's RunConfig (``arguments.parse_args``: a bad flag exits with one
+    line naming it)."""
+    return RunConfig.from_flags(parse_args(argv, world_size))

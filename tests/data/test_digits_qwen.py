@@ -44,9 +44,10 @@ def demo():
     from megatron_mm.data.tokenizer import build_tokenizer
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.data_setup import media_processors
+    from megatron_mm.training.run_config import RunConfig
 
     args = parse_args(demo_flags(), world_size=2)
-    return args, build_tokenizer(), media_processors(args)
+    return args, build_tokenizer(), media_processors(RunConfig.from_flags(args))
 
 
 def read_jsonl(path):

@@ -67,11 +67,12 @@ def test_cpu_path_unchanged():
 
     from megatron_mm.models import BuildSettings
     from megatron_mm.training.build_settings import build_settings
+    from megatron_mm.training.run_config import parse_run_config
 
     chosen = choose_fusions(ALL_ON, Kernels(), "local")
     assert chosen == Fusions() and "no CUDA" in chosen.describe()
     if not torch.cuda.is_available():
-        assert build_settings(parse_args([], world_size=1)).fusions == Fusions()
+        assert build_settings(parse_run_config([], world_size=1)).fusions == Fusions()
     configs = _configs(BuildSettings(fusions=chosen))
     for name, config in configs.items():
         assert not any(getattr(config, f) for f in FUSED), name

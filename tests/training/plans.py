@@ -13,11 +13,12 @@ def tokenizer():
 
 def plan_of(argv, world):
     """The flags and the training plan a run makes of them (with the real vocabulary)."""
+    from megatron_mm.training.run_config import RunConfig
     from megatron_mm.training.trainer import model_config_for
     from megatron_mm.training.planning.training_plan import plan_pipeline
 
     args = parse_args(argv, world_size=world)
-    return args, plan_pipeline(args, model_config_for(args, tokenizer()))
+    return args, plan_pipeline(args, model_config_for(RunConfig.from_flags(args), tokenizer()))
 
 
 def slow_link_profile(argv, world, path, slow=True, vit=20):

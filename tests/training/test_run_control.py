@@ -146,21 +146,22 @@ def test_a_nan_gradient_stops_the_run_naming_the_iteration(digits_dir):
         assert message.startswith("iteration 3: found NaN or Inf in the gradients"), message
 
 
-def test_missing_optional_logging_packages_are_named(monkeypatch):
-    import argparse
+def test_missing_optional_logging_packages_are_named(monkeypatch, tmp_path):
     import sys
 
     from megatron_mm.config import ConfigError
     from megatron_mm.training.metric_writers import build_writers
+    from megatron_mm.training.run_config import parse_run_config
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
-    args = argparse.Namespace(tensorboard_dir=None, wandb_project="p")
+    config = parse_run_config(["--wandb-project", "p", "--wandb-exp-name", "e",
+                               "--wandb-save-dir", str(tmp_path)], world_size=1)
     with pytest.raises(ConfigError, match="--wandb-project needs the wandb package"):
-        build_writers(args)
+        build_writers(config)
     monkeypatch.setitem(sys.modules, "tensorboard", None)
-    args = argparse.Namespace(tensorboard_dir="tb", wandb_project=None)
+    config = parse_run_config(["--tensorboard-dir", "tb"], world_size=1)
     with pytest.raises(ConfigError, match="--tensorboard-dir needs the tensorboard package"):
-        build_writers(args)
+        build_writers(config)
 
 
 def train_wandb_offline(rank, argv):
