@@ -160,6 +160,7 @@ def worker(a) -> None:
     prepare_megatron_core()  # before any megatron.core import
     import megatron_mm.training.data_setup as data_setup
     from megatron_mm.training.pretrain import pretrain
+    from megatron_mm.training.run_config import RunConfig
     from megatron_mm.training.trainer import TrainingCallbacks
     from megatron_mm.data.processing import tokenize_record
     from megatron_mm.training.arguments import parse_args
@@ -180,7 +181,7 @@ def worker(a) -> None:
             yield batch
 
     data_setup.batch_iterator = counted
-    pretrain(args, TrainingCallbacks(
+    pretrain(RunConfig.from_flags(args), TrainingCallbacks(
         on_step=lambda it, model, loss: stamps.append(time.perf_counter())))
     rank = int(os.environ["RANK"])
     with open(Path(a.out) / f"{a.row}.{rank}.json", "w") as f:

@@ -243,6 +243,7 @@ def worker(a, argv) -> None:
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.initialize import shutdown_distributed
     from megatron_mm.training.pretrain import setup_training
+    from megatron_mm.training.run_config import RunConfig
     from megatron_mm.training.step import real_tokens, train_step
     from megatron.core import parallel_state  # after megatron_mm (its import order)
 
@@ -252,7 +253,7 @@ def worker(a, argv) -> None:
     cores = sorted(os.sched_getaffinity(0))
     stage = rank // (world // args.pipeline_model_parallel_size)  # Megatron's rank order
     os.sched_setaffinity(0, {cores[rank if len(cores) >= world else stage % len(cores)]})
-    run = setup_training(args)
+    run = setup_training(RunConfig.from_flags(args))
     if args.save:  # the first run: its initial weights are every other run's
         run.save(0)
     else:
@@ -353,7 +354,8 @@ def recompute_budget(a, base: list, layers: list) -> dict:
     args = parse_args(base + ["--pipeline-partition", ",".join(map(str, layers))],
                       world_size=a.world)
     tok = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
-    plan = plan_pipeline(args, model_config_for(RunConfig.from_flags(args), tok))
+    config = RunConfig.from_flags(args)
+    plan = plan_pipeline(config, model_config_for(config, tok))
     part = plan.partition
     bounds = part.chunk_bounds()
     acts = chunk_activations(plan.chain, bounds, part.pipeline_model_parallel_size,

@@ -65,6 +65,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     from megatron_mm.training.initialize import shutdown_distributed
     from megatron_mm.training.data_setup import batch_iterator
     from megatron_mm.training.pretrain import setup_training
+    from megatron_mm.training.run_config import RunConfig
     from megatron_mm.training.step import train_step
     # after megatron_mm.training: it patches megatron-core's CUDA-only calls on CPU
     from megatron.core import parallel_state
@@ -74,7 +75,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     # each rank on its own core: a stage waiting for its neighbour is idle, not sharing
     os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % os.cpu_count()})
     args = parse_args(argv)
-    run = setup_training(args)
+    run = setup_training(RunConfig.from_flags(args))
     source = batch_iterator(run.config, run.train_ds, run.tokenizer, 0, shuffle=True)
     batches = [next(source) for _ in range(args.num_microbatches)]
     config = run.model[0].config
@@ -126,11 +127,13 @@ def predicted(policy: str, profile_path: str):
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.planning.chain import training_chain
+    from megatron_mm.training.run_config import RunConfig
 
     args = parse_args(MODEL + ["--pipeline-model-parallel-size", "2"], world_size=2)
     args.model_config.language.vocab_size = build_tokenizer(
         args.tokenizer_type, args.tokenizer_model).vocab_size
-    chain = apply_profile(training_chain(args), LayerProfile.load(profile_path))
+    chain = apply_profile(training_chain(RunConfig.from_flags(args)),
+                          LayerProfile.load(profile_path))
     part = partition(chain, 2, 1, policy)
     est = estimate(chain, part, args.num_microbatches, MEASURED)
     return part, [t * args.num_microbatches for t in est.stage_time_s], est.iteration_s

@@ -125,10 +125,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     budget_flag = args.recompute_memory_budget
     args.recompute_memory_budget = None
     args.recompute_granularity = args.recompute_method = args.recompute_num_layers = None
-    run = setup_training(args)
+    run = setup_training(RunConfig.from_flags(args))
 
     # 1. the per-layer profile (times and saved bytes), as tools/profile_layers.py writes it
-    chain = training_chain(args, run.model_config)
+    chain = training_chain(run.config, run.model_config)
     data = batch_iterator(run.config, run.train_ds, run.tokenizer, 0, shuffle=True)
     profile = profile_layers(run.model[0], chain, [batch_to_device(next(data))
                                                    for _ in range(3)], warmup=1)
@@ -136,7 +136,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     profile.save(path)
     args.pipeline_profile = path
     model_config = run.model_config
-    chain = training_chain(args, model_config)
+    chain = training_chain(RunConfig.from_flags(args), model_config)
     bounds = StagePartition(1, 1, [len(chain)]).chunk_bounds()
     (acts,) = chunk_activations(chain, bounds, 1, 1, args.num_microbatches)
     static = static_bytes(chain, bounds, 1, MemoryModel())[0]
@@ -162,10 +162,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         set_random_seed(args.seed)
         config = RunConfig.from_flags(args)
         chunks = build_model_chunks(config, run_tokenizer(args), model_config,
-                                    plan_pipeline(args, model_config))
+                                    plan_pipeline(config, model_config))
         choice = "-"
         if name == "adaptive":
-            choice = describe_choice(args, StagePartition(1, 1, [len(chain)]), chain)
+            choice = describe_choice(config, StagePartition(1, 1, [len(chain)]), chain)
         ddp, optimizer, scheduler = setup_model_and_optimizer(config, chunks)
         tokenizer = run_tokenizer(args)
         data = batch_iterators(config, _datasets(config, tokenizer), tokenizer, 0, shuffle=True)

@@ -56,7 +56,7 @@ def _worker(rank: int, argv: Sequence[str], iters: int, port: int, out: str) -> 
     from megatron_mm.training.step import train_step as step
 
     args = parse_args(list(argv), world_size=2)
-    run = setup_training(args)
+    run = setup_training(RunConfig.from_flags(args))
     results = []
     for sp in (False, True):  # the same seed, model and data order for both
         args.sequence_parallel = sp

@@ -122,12 +122,12 @@ def load_converted(ckpt: str, tp: int = 1, pp: int = 1):
     lm = args.model_config.language
     lm.padded_vocab_size = lm.vocab_size = saved_args(args)["padded_vocab_size"]
     media = media_token_ids(args.model_config, args)
+    config = RunConfig.from_flags(args)
     # --pipeline-partition uniform: Megatron's layout
-    placements = plan_pipeline(args, args.model_config).placements
-    model = build_model(args.model_config, build_settings(RunConfig.from_flags(args), placements),
-                        media,
+    placements = plan_pipeline(config, config.model_config).placements
+    model = build_model(args.model_config, build_settings(config, placements), media,
                         placement=placements[parallel_state.get_pipeline_model_parallel_rank()])
-    load_checkpoint(args, [model], None, None)
+    load_checkpoint(config, [model], None, None)
     return model.eval()
 
 

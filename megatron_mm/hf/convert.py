@@ -139,6 +139,7 @@ def import_hf(hf_dir: str, save_dir: str, tensor_model_parallel_size: int = 1,
     directory. Runs in a Megatron world with TP = PP = 1. ``tensor_model_parallel_size``
     is the largest TP the checkpoint will be loaded at (vocabulary padding, divisibility)."""
     from ..training.checkpointing import save_checkpoint
+    from ..training.run_config import RunConfig
 
     hf_config = _hf_config(hf_dir)
     family = family_for(hf_config)
@@ -157,15 +158,15 @@ def import_hf(hf_dir: str, save_dir: str, tensor_model_parallel_size: int = 1,
     check_tensor_parallel(config, tensor_model_parallel_size)
     lm = config.language
     lm.vocab_size = text.vocab_size
-    args.padded_vocab_size = lm.padded_vocab_size = lm.vocab_size_padded(
-        tensor_model_parallel_size)
+    lm.padded_vocab_size = lm.vocab_size_padded(tensor_model_parallel_size)
     model = _build(config, args)
     expected = _tensors(model)
     mapped, used = MappingTable(family.table(hf_config)).to_megatron(hf, expected,
                                                              _context(config, text.vocab_size))
     unused = _leftovers(hf, used, family, tied=not lm.untie_embeddings_and_output_weights)
     model.load_state_dict({**model.state_dict(), **mapped}, strict=True)
-    path = save_checkpoint(args, 0, [model], None, None)
+    path = save_checkpoint(RunConfig.from_flags(args), 0, [model], None, None,
+                           run_state={"padded_vocab_size": lm.padded_vocab_size})
     if unused and torch.distributed.get_rank() == 0:
         write_weights(unused, os.path.join(save_dir, HF_SUBDIR), UNUSED)
     return path
@@ -175,6 +176,7 @@ def export_hf(load_dir: str, out_dir: str) -> str:
     """Write the checkpoint under ``load_dir`` (its latest iteration) as a Hugging Face
     directory ``out_dir``. Runs in a Megatron world with TP = PP = 1."""
     from ..training.checkpointing import load_checkpoint, saved_args
+    from ..training.run_config import RunConfig
 
     hf_dir = os.path.join(load_dir, HF_SUBDIR)
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):
@@ -189,7 +191,7 @@ def export_hf(load_dir: str, out_dir: str) -> str:
     config.language.vocab_size = text.vocab_size
     config.language.padded_vocab_size = saved_args(args).get("padded_vocab_size")
     model = _build(config, args)
-    load_checkpoint(args, [model], None, None)
+    load_checkpoint(RunConfig.from_flags(args), [model], None, None)
     table = MappingTable(family.table(hf_config))
     hf = table.to_hf(_tensors(model), _context(config, text.vocab_size))
     unused = os.path.join(hf_dir, UNUSED)

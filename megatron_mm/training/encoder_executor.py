@@ -11,17 +11,19 @@ from .planning.encoder_schedule import make_schedule, plan_costs
 from .step import batch_to_device
 
 
-def build_executor(args, plan: EncoderPipelinePlan, chain, replicas=None,
+def build_executor(config, plan: EncoderPipelinePlan, chain, replicas=None,
                    attention=None) -> ScheduleExecutor:
-    """``replicas``: the encoder replicas' groups (an encoder TP below the LLM's);
-    ``attention``: the attention settings (with CP, they give each rank's token count)."""
-    costs = plan_costs(args, plan, chain)
-    executor = ScheduleExecutor(lambda m: make_schedule(args, plan, m, chain), plan.pieces,
+    """``config``: the RunConfig with the plan's encoder schedule; ``replicas``: the
+    encoder replicas' groups (an encoder TP below the LLM's); ``attention``: the attention
+    settings (with CP, they give each rank's token count)."""
+    costs = plan_costs(config, plan, chain)
+    executor = ScheduleExecutor(lambda m: make_schedule(config, plan, m, chain), plan.pieces,
                                 batch_to_device, replicas, plan.placements,
                                 partial(local_length, attention)
-                                if args.context_parallel_size > 1 else None,
+                                if config.parallel.context_parallel_size > 1 else None,
                                 cost=lambda a: costs.of(a.kind, a.chunk))
-    executor.schedule(args.num_microbatches)  # generated and validated before any step
+    # generated and validated before any step
+    executor.schedule(config.training.num_microbatches)
     return executor
 
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from typing import Optional
 
+from .run_config import RunConfig
 from .trainer import Trainer, TrainingCallbacks
 
 
-def setup_training(args):
+def setup_training(config: RunConfig) -> Trainer:
     """Process groups, tokenizer, plan, data, model chunks, optimizer and scheduler: the
     ``Trainer`` (``tokenizer``, ``train_ds``, ``model``, ``model_chunks``, ``optimizer``,
     ``scheduler``, ``plan``, ``executor`` ...)."""
-    return Trainer.build(args)
+    return Trainer.build(config)
 
 
-def pretrain(args, callbacks: Optional[TrainingCallbacks] = None) -> dict:
+def pretrain(config: RunConfig, callbacks: Optional[TrainingCallbacks] = None) -> dict:
     """Train as the flags say; returns a summary (losses per iteration, last evaluation)."""
-    return setup_training(args).train(callbacks)
+    return setup_training(config).train(callbacks)

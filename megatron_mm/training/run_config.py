@@ -141,6 +141,12 @@ class RunConfig:
             out.update(dataclasses.asdict(getattr(self, group)))
         return out
 
+    def namespace(self) -> argparse.Namespace:
+        """A fresh namespace of these flags, for the flags' validators to check a variant
+        (``--encoder-schedule auto`` trying encoder TPs); the run reads the groups."""
+        return argparse.Namespace(**self.flags(), model_config=self.model_config,
+                                  fp8_settings=self.fp8_settings)
+
 
 def parse_run_config(argv=None, world_size: Optional[int] = None) -> RunConfig:
     """The command line's RunConfig (``arguments.parse_args``: a bad flag exits with one

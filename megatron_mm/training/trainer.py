@@ -5,7 +5,8 @@ plan (computed once, before any process group: a plan that cannot work is report
 first), the encoder replicas' groups, the attention settings, the schedule executor, the
 datasets, the model chunks, optimizer, scheduler, timers and metric writers. The argparse
 namespace stays what the user typed (plus Megatron's derived sizes) and is never written
-to; the run reads a copy with the plan's encoder schedule (``TrainingPlan.run_args``).
+to: the run reads the typed RunConfig of it, with the plan's encoder schedule
+(``TrainingPlan.run_config``).
 The pieces it is built from are the data set-up (``data_setup.py``), the model and
 optimizer set-up (``model_setup.py``) and the plan (``planning/``).
 ``train()`` is Megatron-LM's loop: step, log, evaluate, then save and decide to exit
@@ -52,10 +53,6 @@ from .signal_handler import DistributedSignalHandler
 from .step import TokenCounter, train_step
 from .training_log import TrainingLog, report_memory, validation_scalars
 from .planning.training_plan import TrainingPlan, plan_pipeline
-
-# --exit-duration-in-mins counts from here, setup included, as Megatron-LM's
-# _TRAIN_START_TIME does (a job's time limit counts it too).
-PROCESS_START = time.time()
 
 
 def model_config_for(config, tokenizer):
@@ -108,8 +105,7 @@ class TrainingCallbacks:
 
 @dataclass
 class Trainer:
-    args: object  # the validated flags with the plan's encoder schedule, never written to
-    config: RunConfig  # the same, typed
+    config: RunConfig  # the validated flags, typed, with the plan's encoder schedule
     tokenizer: object
     model_config: object  # with the tokenizer's vocabulary
     plan: TrainingPlan
@@ -125,17 +121,19 @@ class Trainer:
     timers: Timers
     writers: object = None  # TensorBoard / wandb on the last rank
     data_state: object = None  # Energon's loader, whose state checkpoints carry
+    # --exit-duration-in-mins counts from the start of the build, setup included, as
+    # Megatron-LM's _TRAIN_START_TIME does (a job's time limit counts it too)
+    started: float = field(default_factory=time.time)
     summary: dict = field(default_factory=dict)
 
     @classmethod
-    def build(cls, args) -> "Trainer":
-        config = RunConfig.from_flags(args)
+    def build(cls, config: RunConfig) -> "Trainer":
+        started = time.time()
         tokenizer = tokenizer_from_config(config)
         model_config = model_config_for(config, tokenizer)
-        plan = plan_pipeline(args, model_config)  # a ConfigError here names the flag
+        plan = plan_pipeline(config, model_config)  # a ConfigError here names the flag
         # The run reads its encoder schedule (the flags', or auto's pick) from the plan.
-        args = plan.run_args(args)
-        config = RunConfig.from_flags(args)
+        config = plan.run_config(config)
         replicas = initialize_distributed(config.parallel, config.encoder_schedule)
         print_rank_0("> " + describe_tags(tokenizer.item_tags, tokenizer.missing_tags,
                                           tokenizer.tag_request))
@@ -159,18 +157,18 @@ class Trainer:
 
         if config.pipeline.pipeline_partition == "search":
             best = search_partition(
-                args, plan.chain,
+                config, plan.chain,
                 build=lambda layers: build_run(plan_pipeline(
-                    args, model_config, layers, "search trial", plan.schedule))[1:],
+                    config, model_config, layers, "search trial", plan.schedule))[1:],
                 batches=lambda: batch_iterators(config, train_ds, tokenizer, 0, shuffle=True),
                 step=lambda run, data: train_step(config, run[0], run[1], run[2], data,
                                                   attention=attention),
                 reseed=lambda: set_random_seed(config.training.seed), log=print_rank_0)
-            plan = plan_pipeline(args, model_config, best, "search", plan.schedule)
-        description = plan.describe(args)
+            plan = plan_pipeline(config, model_config, best, "search", plan.schedule)
+        description = plan.describe(config)
         if description:
             print_rank_0(description)
-        executor = (build_executor(args, plan.encoder_plan, plan.chain, replicas, attention)
+        executor = (build_executor(config, plan.encoder_plan, plan.chain, replicas, attention)
                     if plan.encoder_plan is not None else None)
         model, model_chunks, optimizer, scheduler = build_run(plan)
         for line in attention_backend_lines(
@@ -184,9 +182,9 @@ class Trainer:
                      f"({parallel_state.get_tensor_model_parallel_rank()}, "
                      f"{parallel_state.get_pipeline_model_parallel_rank()}): {n_params} "
                      f"({n_train} trainable)")
-        return cls(args, config, tokenizer, model_config, plan, replicas, attention, executor,
+        return cls(config, tokenizer, model_config, plan, replicas, attention, executor,
                    train_ds, valid_ds, model, model_chunks, optimizer, scheduler, timers,
-                   writers)
+                   writers, started=started)
 
     # -- data: the one place iterators are built ------------------------------------------
     def batches(self, dataset, consumed_samples: int, shuffle: bool):
@@ -198,23 +196,23 @@ class Trainer:
     def run_state(self) -> dict:
         """What the run derived, saved with the flags in the checkpoint."""
         return {"padded_vocab_size": self.model_config.language.vocab_size_padded(
-                    self.args.tensor_model_parallel_size),
+                    self.config.parallel.tensor_model_parallel_size),
                 "pipeline_plan": self.plan.to_checkpoint()}
 
     def save(self, iteration: int) -> None:
-        save_checkpoint(self.args, iteration, self.model, self.optimizer, self.scheduler,
+        save_checkpoint(self.config, iteration, self.model, self.optimizer, self.scheduler,
                         self.model_config, self.run_state(), self.data_state)
         print_rank_0(f"  successfully saved checkpoint at iteration {iteration} to "
-                     f"{self.args.save}")
+                     f"{self.config.checkpoint.save}")
 
     def load(self) -> int:
-        if not self.args.load:
+        load = self.config.checkpoint.load
+        if not load:
             return 0
-        iteration = load_checkpoint(self.args, self.model, self.optimizer, self.scheduler,
+        iteration = load_checkpoint(self.config, self.model, self.optimizer, self.scheduler,
                                     log=print_rank_0)
         if iteration:
-            print_rank_0(f" > loaded checkpoint from {self.args.load} at iteration "
-                         f"{iteration}")
+            print_rank_0(f" > loaded checkpoint from {load} at iteration {iteration}")
         return iteration
 
     # -- evaluation --------------------------------------------------------------------------
@@ -283,7 +281,7 @@ class Trainer:
         validate = validation_enabled(config.validation)
         handler = (DistributedSignalHandler(getattr(signal, config.exits.exit_signal))
                    if config.exits.exit_signal_handler else None)
-        start, first, last_saved, stop = PROCESS_START, iteration + 1, None, None
+        start, first, last_saved, stop = self.started, iteration + 1, None, None
         with handler or nullcontext():
             self.timers("interval-time", log_level=0).start(barrier=True)
             while iteration < config.training.train_iters:

@@ -57,7 +57,7 @@ def _load(ckpt):
     lm.padded_vocab_size = lm.vocab_size = saved_args(args)["padded_vocab_size"]
     model = build_model(args.model_config, build_settings(RunConfig.from_flags(args)),
                         {"audio": args.audio_token_id})
-    load_checkpoint(args, [model], None, None)
+    load_checkpoint(RunConfig.from_flags(args), [model], None, None)
     return model.eval()
 
 

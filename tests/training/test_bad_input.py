@@ -133,7 +133,8 @@ def validate_and_plan(argv, world):
 
     args = parse_args(argv, world_size=world)
     try:
-        plan_pipeline(args, model_config_for(RunConfig.from_flags(args), tokenizer()))
+        config = RunConfig.from_flags(args)
+        plan_pipeline(config, model_config_for(config, tokenizer()))
     except ConfigError as e:  # as the script reports it: once, without a traceback
         exit_with_user_error(e)
 

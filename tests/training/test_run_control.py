@@ -89,6 +89,7 @@ def train_signalled(rank, argv, at):
     must stop after the same iteration (the ranks agree), with one checkpoint."""
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.pretrain import pretrain
+    from megatron_mm.training.run_config import RunConfig
     from megatron_mm.training.trainer import TrainingCallbacks
 
     def on_step(iteration, model, loss):
@@ -96,7 +97,7 @@ def train_signalled(rank, argv, at):
             os.kill(os.getpid(), signal.SIGTERM)
 
     args = parse_args(argv, world_size=int(os.environ["WORLD_SIZE"]))
-    summary = pretrain(args, TrainingCallbacks(on_step=on_step))
+    summary = pretrain(RunConfig.from_flags(args), TrainingCallbacks(on_step=on_step))
     return {k: summary.get(k) for k in ("losses", "iteration", "exit")}
 
 
@@ -202,6 +203,7 @@ def train_late(rank, argv, at):
 
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.pretrain import pretrain
+    from megatron_mm.training.run_config import RunConfig
     from megatron_mm.training.trainer import TrainingCallbacks
 
     def on_step(iteration, model, loss):
@@ -209,7 +211,7 @@ def train_late(rank, argv, at):
             clock.offset = 120.0
 
     args = parse_args(argv, world_size=int(os.environ["WORLD_SIZE"]))
-    summary = pretrain(args, TrainingCallbacks(on_step=on_step))
+    summary = pretrain(RunConfig.from_flags(args), TrainingCallbacks(on_step=on_step))
     return {k: summary.get(k) for k in ("iteration", "exit")}
 
 

@@ -97,9 +97,10 @@ def greedy_ids(rank, argv, n_prompts):
     from megatron_mm.training.evaluation import greedy_generate
     from megatron_mm.training.fp8_args import llm_sequence_multiple
     from megatron_mm.training.trainer import Trainer
+    from megatron_mm.training.run_config import RunConfig
 
     args = parse_args(argv, world_size=int(os.environ["WORLD_SIZE"]))
-    run = Trainer.build(args)
+    run = Trainer.build(RunConfig.from_flags(args))
     run.load()
     out, lengths = [], []
     for i in range(n_prompts):

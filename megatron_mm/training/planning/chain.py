@@ -9,11 +9,12 @@ from ...models import model_chain
 from ...plan.profile import LayerProfile, apply_profile
 
 
-def training_chain(args, model_config=None):
+def training_chain(config, model_config=None):
     """The chain of ``model_config`` (default: the flags', whose vocabulary the caller
-    has set) at the run's shapes."""
-    chain = model_chain(model_config or args.model_config, args.seq_length,
-                        args.micro_batch_size, args.tensor_model_parallel_size)
-    if getattr(args, "pipeline_profile", None):
-        chain = apply_profile(chain, LayerProfile.load(args.pipeline_profile))
+    has set) at the run's shapes (``config``: the RunConfig)."""
+    chain = model_chain(model_config or config.model_config, config.model.seq_length,
+                        config.training.micro_batch_size,
+                        config.parallel.tensor_model_parallel_size)
+    if config.pipeline.pipeline_profile:
+        chain = apply_profile(chain, LayerProfile.load(config.pipeline.pipeline_profile))
     return chain

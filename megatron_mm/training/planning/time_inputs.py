@@ -9,18 +9,18 @@ from ...plan.hardware import Hardware, Interconnect
 from ...plan.profile import MEASURED, LayerProfile
 
 
-def time_inputs(args) -> dict:
+def time_inputs(config) -> dict:
     """The time model's inputs besides the hardware and the encoder TP, as
     ``schedule_costs`` / ``megatron_costs`` take them: the TP links (a measured profile's
     ``tp_links``, else ``Interconnect``'s defaults: layer times are measured in one
     process, without TP traffic) and the run's TP (the chain's)."""
     links = None
-    if getattr(args, "pipeline_profile", None):
-        links = LayerProfile.load(args.pipeline_profile).tp_links
+    if config.pipeline.pipeline_profile:
+        links = LayerProfile.load(config.pipeline.pipeline_profile).tp_links
     return dict(links=links or Interconnect(),
-                tensor_model_parallel_size=args.tensor_model_parallel_size)
+                tensor_model_parallel_size=config.parallel.tensor_model_parallel_size)
 
 
-def hardware(args) -> Hardware:
+def hardware(pipeline) -> Hardware:
     """What the chain's costs are in: measured seconds, or FLOPs of the cost model."""
-    return MEASURED if getattr(args, "pipeline_profile", None) else Hardware()
+    return MEASURED if pipeline.pipeline_profile else Hardware()

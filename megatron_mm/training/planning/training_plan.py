@@ -5,8 +5,8 @@ model chunk holds, which layers it recomputes, and (``coarse|bubble``) the encod
 It is planned on the model with its real vocabulary (after the tokenizer loads), before
 any process group exists, so a partition that cannot work is reported first. The same
 object is then printed, built from and saved in the checkpoint. The plan is the one
-source of the run's encoder schedule: the run reads its flags through ``run_args`` (the
-typed namespace with the plan's schedule, encoder PP, encoder TP and pieces).
+source of the run's encoder schedule: the run reads its flags through ``run_config`` (the
+RunConfig with the plan's schedule, encoder PP, encoder TP and pieces).
 """
 
 from __future__ import annotations
@@ -37,15 +37,16 @@ class TrainingPlan:
     recompute_choice: Optional[RecomputeChoice] = field(default=None, repr=False)
     schedule: Optional[EncoderScheduleChoice] = None  # the encoder schedule; None: the flags'
 
-    def run_args(self, args):
-        """The flags with this plan's encoder schedule (what the run reads)."""
-        return self.schedule.run_args(args) if self.schedule is not None else args
+    def run_config(self, config):
+        """``config`` (the RunConfig) with this plan's encoder schedule: what the run
+        reads."""
+        return self.schedule.applied(config) if self.schedule is not None else config
 
-    def describe(self, args) -> str:
-        args = self.run_args(args)
+    def describe(self, config) -> str:
+        config = self.run_config(config)
         lines = self.schedule.lines() if self.schedule is not None else []
         if self.encoder_plan is not None:
-            return "\n".join(lines + [describe_encoder_plan(args, self.encoder_plan)])
+            return "\n".join(lines + [describe_encoder_plan(config, self.encoder_plan)])
         part = self.partition
         if part.pipeline_model_parallel_size > 1:
             lines.append(f"> pipeline partition ({self.policy}): layers per stage "
@@ -54,7 +55,7 @@ class TrainingPlan:
                 lines.append(f"   chunk {c} (pipeline rank {part.rank_of_chunk(c)}): "
                              f"{describe_chunk(self.chain, start, end)}")
         if self.recompute_choice is not None:
-            lines.append(choice_line(args, self.recompute_choice))
+            lines.append(choice_line(config, self.recompute_choice))
         return "\n".join(lines)
 
     def to_checkpoint(self) -> dict:
@@ -70,11 +71,11 @@ class TrainingPlan:
         return out
 
 
-def describe_encoder_plan(args, plan) -> str:
+def describe_encoder_plan(config, plan) -> str:
     """The LLM chunks and the encoder pieces of ``--encoder-schedule coarse|bubble``."""
     part = plan.llm_partition
-    lines = [f"> encoder schedule {args.encoder_schedule}: LLM layers per chunk "
-             f"{part.layers_per_chunk} ({part.policy}); " + ", ".join(
+    lines = [f"> encoder schedule {config.encoder_schedule.encoder_schedule}: LLM layers per "
+             f"chunk {part.layers_per_chunk} ({part.policy}); " + ", ".join(
                  f"{pieces.name} {'trainable' if trainable else 'frozen'}, "
                  f"{len(pieces.ranks)} pieces"
                  for pieces, trainable in zip(plan.pieces, plan.trainable))]
@@ -82,8 +83,8 @@ def describe_encoder_plan(args, plan) -> str:
         for p, (layers, rank) in enumerate(zip(pieces.layers, pieces.ranks)):
             lines.append(f"   {pieces.name} piece {p} (pipeline rank {rank}): layers "
                          f"{layers[0]}-{layers[1] - 1}")
-    tp = args.tensor_model_parallel_size
-    etp = getattr(args, "encoder_tensor_model_parallel_size", None)
+    tp = config.parallel.tensor_model_parallel_size
+    etp = config.encoder_schedule.encoder_tensor_model_parallel_size
     if etp and etp < tp:
         names = " and ".join(pieces.name for pieces in plan.pieces)
         lines.append(f"   {names} layers at TP {etp}: {tp // etp} replicas per TP group "
@@ -91,7 +92,7 @@ def describe_encoder_plan(args, plan) -> str:
     return "\n".join(lines)
 
 
-def plan_pipeline(args, model_config,
+def plan_pipeline(config, model_config,
                   layers_per_chunk: Optional[Sequence[int]] = None,
                   policy_label: Optional[str] = None,
                   schedule: Optional[EncoderScheduleChoice] = None) -> TrainingPlan:
@@ -100,29 +101,30 @@ def plan_pipeline(args, model_config,
     candidates and its pick); ``schedule``: the encoder schedule already chosen (default:
     the flags', or ``--encoder-schedule auto``'s pick on this chain). Raises a ConfigError
     that names the flag."""
+    pipeline, parallel = config.pipeline, config.parallel
     policy: Union[str, List[int]] = (list(layers_per_chunk) if layers_per_chunk is not None
-                                     else parse_partition_flag(args.pipeline_partition))
+                                     else parse_partition_flag(pipeline.pipeline_partition))
     label = policy_label or (policy if isinstance(policy, str)
                              else ",".join(map(str, policy)))
-    chain = training_chain(args, model_config)
-    schedule = schedule or encoder_schedule_choice(args, chain)
-    args = schedule.run_args(args)
-    if separate_encoder(args):
-        plan = encoder_pipeline_plan(args, chain, policy)
+    chain = training_chain(config, model_config)
+    schedule = schedule or encoder_schedule_choice(config, chain)
+    recompute_num_layers = config.recompute.recompute_num_layers
+    if separate_encoder(schedule):
+        plan = encoder_pipeline_plan(schedule.applied(config), chain, policy)
         return TrainingPlan(chain, plan.llm_partition, plan.placements,
-                            [args.recompute_num_layers] * len(plan.placements), label, plan,
+                            [recompute_num_layers] * len(plan.placements), label, plan,
                             schedule=schedule)
-    limit = args.memory_limit_gb * 1024 ** 3 if args.memory_limit_gb else None
-    part = partition(chain, args.pipeline_model_parallel_size,
-                     args.virtual_pipeline_model_parallel_size or 1, policy,
-                     memory_limit_bytes=limit, num_microbatches=args.num_microbatches,
-                     search_radius=args.pipeline_search_radius)
+    limit = pipeline.memory_limit_gb * 1024 ** 3 if pipeline.memory_limit_gb else None
+    part = partition(chain, parallel.pipeline_model_parallel_size,
+                     parallel.virtual_pipeline_model_parallel_size or 1, policy,
+                     memory_limit_bytes=limit, num_microbatches=config.training.num_microbatches,
+                     search_radius=pipeline.pipeline_search_radius)
     choice = None
-    recompute = [args.recompute_num_layers] * part.num_chunks
-    if args.recompute_memory_budget is not None and policy != "search":
+    recompute = [recompute_num_layers] * part.num_chunks
+    if config.recompute.recompute_memory_budget is not None and policy != "search":
         # (before --pipeline-partition search: each candidate's trial, and the partition
         # it keeps, are planned with their own layers and choose then)
-        choice = adaptive_choice(args, part, chain)
+        choice = adaptive_choice(config, part, chain)
         recompute = list(choice.recompute_num_layers)
     return TrainingPlan(chain, part, chunk_placements(chain, part), recompute, label,
                         recompute_choice=choice, schedule=schedule)
