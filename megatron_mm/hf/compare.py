@@ -103,8 +103,7 @@ def load_args(ckpt: str, tp: int = 1, pp: int = 1):
     apply_checkpoint_args(args, given_flags(argv))
     if args.max_position_embeddings:  # no training: any length the model takes
         args.seq_length = args.max_position_embeddings
-    validate_args(args, world_size=tp * pp)
-    return args
+    return validate_args(args, world_size=tp * pp)
 
 
 def load_converted(ckpt: str, tp: int = 1, pp: int = 1):

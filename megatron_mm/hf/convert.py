@@ -42,13 +42,9 @@ def _hf_config(directory: str):
 
 def _args(argv: List[str]):
     """The training script's arguments, validated, without exiting on a bad flag."""
-    from ..training.arguments import apply_checkpoint_args, build_parser, given_flags
-    from ..training.arguments import validate_args
+    from ..training.arguments import read_args
 
-    args = build_parser().parse_args(argv)
-    apply_checkpoint_args(args, given_flags(argv))
-    validate_args(args, world_size=1)
-    return args
+    return read_args(argv, world_size=1)
 
 
 def _context(config: MultimodalModelConfig, vocab_size: int) -> Context:

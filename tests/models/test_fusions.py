@@ -14,7 +14,7 @@ from megatron_mm.config import (
     VisionEncoderConfig,
 )
 from megatron_mm.models.fusions import Fusions, Kernels, choose_fusions, partial_tanh_gelu
-from megatron_mm.training.arguments import parse_args
+from megatron_mm.training.run_config import parse_run_config
 from megatron_mm.training.fusion_args import FUSION_FLAGS, fusion_flags
 
 ALL_ON = dict.fromkeys(FUSION_FLAGS, True)
@@ -52,9 +52,10 @@ def _fields(config):
 
 def test_megatron_lm_flags():
     """Megatron-LM's flags and dests: each fusion on unless its --no-*-fusion is given."""
-    assert fusion_flags(parse_args([], world_size=1)) == ALL_ON
+    assert fusion_flags(parse_run_config([], world_size=1).fusion) == ALL_ON
     for dest, flag in FUSION_FLAGS.items():
-        assert fusion_flags(parse_args([flag], world_size=1)) == {**ALL_ON, dest: False}
+        assert fusion_flags(parse_run_config([flag], world_size=1).fusion) == {
+            **ALL_ON, dest: False}
     assert set(FUSION_FLAGS.values()) == {
         "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion",
         "--no-bias-dropout-fusion", "--no-rope-fusion", "--no-gradient-accumulation-fusion"}
@@ -67,7 +68,6 @@ def test_cpu_path_unchanged():
 
     from megatron_mm.models import BuildSettings
     from megatron_mm.training.build_settings import build_settings
-    from megatron_mm.training.run_config import parse_run_config
 
     chosen = choose_fusions(ALL_ON, Kernels(), "local")
     assert chosen == Fusions() and "no CUDA" in chosen.describe()

@@ -39,3 +39,25 @@ def test_groups_hold_the_validated_flags():
         config.model.seq_length = 32
     saved = {k: v for k, v in vars(args).items() if k not in ("model_config", "fp8_settings")}
     assert config.flags() == saved
+
+
+def test_validation_writes_nothing_into_the_namespace():
+    from megatron_mm.training.arguments import build_parser, validate_args
+
+    args = build_parser().parse_args(["--micro-batch-size", "2", "--encoder-schedule",
+                                      "coarse", "--pipeline-model-parallel-size", "2"])
+    before = dict(vars(args))
+    checked = validate_args(args, world_size=4)
+    assert vars(args) == before
+    assert checked.data_parallel_size == 2 and checked.encoder_pipeline_model_parallel_size == 2
+
+
+def test_saved_flags_read_back_into_the_same_groups():
+    """A checkpoint keeps RunConfig.flags() (with the run's own values beside them); read
+    back, they make the same groups."""
+    import argparse
+
+    config = RunConfig.from_flags(parse_args(["--seq-length", "64"], world_size=2))
+    saved = {**config.flags(), "consumed_train_samples": 8, "padded_vocab_size": 384}
+    back = RunConfig.from_flags(argparse.Namespace(**saved))
+    assert all(getattr(back, g) == getattr(config, g) for g in GROUPS)
