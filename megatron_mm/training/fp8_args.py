@@ -207,7 +207,7 @@ def _validate_media_alignment(args: argparse.Namespace, modules) -> None:
     also cannot run as encoder replicas (an encoder TP below the LLM's): the replicas run
     different micro-batch counts, while the amax reduction group spans them."""
     align = fp8_align_size(args.fp8_recipe)
-    etp = getattr(args, "encoder_tensor_model_parallel_size", None)
+    etp = args.encoder_tensor_model_parallel_size
     for name, enc in args.model_config.encoders.items():
         fp8_parts = [m for m in (name, f"{name}-projector") if m in modules]
         if not fp8_parts:
