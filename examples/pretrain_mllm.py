@@ -13,15 +13,16 @@ from megatron_mm.startup import prepare_megatron_core
 
 prepare_megatron_core()  # TE checked, CPU patches applied: before any megatron.core import
 
-from megatron_mm.training.arguments import parse_args  # noqa: E402
 from megatron_mm.training.initialize import shutdown_distributed  # noqa: E402
-from megatron_mm.training.pretrain import USER_ERRORS, pretrain  # noqa: E402
+from megatron_mm.training.errors import USER_ERRORS  # noqa: E402
+from megatron_mm.training.pretrain import pretrain  # noqa: E402
+from megatron_mm.training.run_config import parse_run_config  # noqa: E402
 from megatron_mm.training.user_errors import exit_with_user_error  # noqa: E402
 
 if __name__ == "__main__":  # required: checkpoint saving spawns helper processes
-    args = parse_args()
+    config = parse_run_config()
     try:
-        pretrain(args)
+        pretrain(config)
     except USER_ERRORS as e:  # bad input: say what to fix, once per job, no traceback
         shutdown_distributed(barrier=False)
         exit_with_user_error(e)

@@ -158,14 +158,17 @@ def worker(a) -> None:
     """One rank of one training run (under torchrun): times steps, counts tokens."""
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    import megatron_mm.training.pretrain as pretrain
+    import megatron_mm.training.data_setup as data_setup
+    from megatron_mm.training.pretrain import pretrain
+    from megatron_mm.training.run_config import RunConfig
+    from megatron_mm.training.trainer import TrainingCallbacks
     from megatron_mm.data.processing import tokenize_record
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.initialize import shutdown_distributed
 
     args = parse_args(model_flags(a) + ["--data-path", str(a.data), *ROWS[a.row][1]])
     stamps, counts = [], {"real": 0, "computed": 0, "samples": 0}
-    make = pretrain.batch_iterator
+    make = data_setup.batch_iterator
 
     def counted(args_, dataset, tokenizer, consumed, shuffle):
         length = {rec.id: len(tokenize_record(rec, tokenizer, dataset.media_token_counts).ids)
@@ -177,8 +180,8 @@ def worker(a) -> None:
                 counts["samples"] += len(batch["record_ids"])
             yield batch
 
-    pretrain.batch_iterator = counted
-    pretrain.pretrain(args, pretrain.TrainingCallbacks(
+    data_setup.batch_iterator = counted
+    pretrain(RunConfig.from_flags(args), TrainingCallbacks(
         on_step=lambda it, model, loss: stamps.append(time.perf_counter())))
     rank = int(os.environ["RANK"])
     with open(Path(a.out) / f"{a.row}.{rank}.json", "w") as f:

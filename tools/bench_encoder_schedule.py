@@ -100,15 +100,17 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training import step
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pretrain import batch_iterator, setup_training
+    from megatron_mm.training.data_setup import batch_iterator
+    from megatron_mm.training.pretrain import setup_training
+    from megatron_mm.training.run_config import RunConfig
     from megatron.core import parallel_state
     from megatron_mm.training.initialize import shutdown_distributed
 
     torch.set_num_threads(1)
     os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % os.cpu_count()})
     args = parse_args(argv)
-    run = setup_training(args)
-    source = batch_iterator(args, run.train_ds, run.tokenizer, 0, shuffle=True)
+    run = setup_training(RunConfig.from_flags(args))
+    source = batch_iterator(run.config, run.train_ds, run.tokenizer, 0, shuffle=True)
     batches = [next(source) for _ in range(args.num_microbatches)]
     links = _communication_costs(run, args)
     executor = run.executor
@@ -129,7 +131,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
         start = _clock()
         data = ([iter(batches) for _ in run.model_chunks] if len(run.model_chunks) > 1
                 else iter(batches))  # interleaving: one iterator per model chunk
-        step.train_step(args, run.model_chunks, run.optimizer, run.scheduler, data,
+        step.train_step(run.config, run.model_chunks, run.optimizer, run.scheduler, data,
                         run.executor, run.attention)
         torch.distributed.barrier()
         walls.append(_clock() - start)
@@ -240,23 +242,25 @@ def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.encoder_schedule import encoder_pipeline_plan, make_schedule
-    from megatron_mm.training.pipeline_plan import training_chain
+    from megatron_mm.training.planning.encoder_schedule import encoder_pipeline_plan, make_schedule
+    from megatron_mm.training.planning.chain import training_chain
+    from megatron_mm.training.run_config import RunConfig
 
     args = parse_args([*model, *schedule_flags(schedule), "--pipeline-profile", profile_path],
                       world_size=2)
     args.model_config.language.vocab_size = build_tokenizer(
         args.tokenizer_type, args.tokenizer_model).vocab_size
-    chain = training_chain(args)  # costs: the measured profile
+    config = RunConfig.from_flags(args)
+    chain = training_chain(config)  # costs: the measured profile
     m, vpp = args.num_microbatches, VPP.get(schedule, 1)
     if ENCODER_SCHEDULE[schedule] == "megatron":
         part = partition(chain, 2, vpp, PARTITION[schedule], num_microbatches=m)
         costs = megatron_costs(chain, part, MEASURED, p2p_s)
         order = megatron(2, vpp, m)
     else:
-        plan = encoder_pipeline_plan(args, chain)
+        plan = encoder_pipeline_plan(config, chain)
         costs = schedule_costs(chain, plan.llm_partition, plan.pieces, MEASURED, p2p_s)
-        order = make_schedule(args, plan, m)
+        order = make_schedule(config, plan, m)
     costs.grad_sync_s, costs.optimizer_s = grad_sync_s, optimizer_s
     sim = simulate(order, costs)
     sim.schedule = f"{schedule} (simulated)"

@@ -173,11 +173,13 @@ def _tokenised(a, data: Path):
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pretrain import media_processors
+    from megatron_mm.training.data_setup import media_processors
+    from megatron_mm.training.run_config import RunConfig
 
     args = parse_args(model_flags(a, data, a.tokenizer_dir, 1), world_size=1)
     tok = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
-    counts = {m: p.token_count for m, p in media_processors(args).items()}
+    counts = {m: p.token_count
+              for m, p in media_processors(RunConfig.from_flags(args)).items()}
     return lambda rec: len(tokenize_record(rec, tok, counts).ids)
 
 
@@ -241,6 +243,7 @@ def worker(a, argv) -> None:
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.initialize import shutdown_distributed
     from megatron_mm.training.pretrain import setup_training
+    from megatron_mm.training.run_config import RunConfig
     from megatron_mm.training.step import real_tokens, train_step
     from megatron.core import parallel_state  # after megatron_mm (its import order)
 
@@ -250,7 +253,7 @@ def worker(a, argv) -> None:
     cores = sorted(os.sched_getaffinity(0))
     stage = rank // (world // args.pipeline_model_parallel_size)  # Megatron's rank order
     os.sched_setaffinity(0, {cores[rank if len(cores) >= world else stage % len(cores)]})
-    run = setup_training(args)
+    run = setup_training(RunConfig.from_flags(args))
     if args.save:  # the first run: its initial weights are every other run's
         run.save(0)
     else:
@@ -267,14 +270,14 @@ def worker(a, argv) -> None:
     for _ in range(a.warmup + a.iters):
         torch.distributed.barrier()
         start = time.perf_counter()
-        result = train_step(args, run.model_chunks, run.optimizer, run.scheduler, data,
+        result = train_step(run.config, run.model_chunks, run.optimizer, run.scheduler, data,
                             run.executor, run.attention)
         torch.distributed.barrier()
         walls.append(time.perf_counter() - start)
         losses.append(result.loss)
     tracker = LiveSavedBytes(parameter_storages(run.model_chunks))
     with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
-        train_step(args, run.model_chunks, run.optimizer, run.scheduler, data,
+        train_step(run.config, run.model_chunks, run.optimizer, run.scheduler, data,
                    run.executor, run.attention)
     gathered = [None] * world
     torch.distributed.all_gather_object(gathered, {
@@ -344,13 +347,15 @@ def recompute_budget(a, base: list, layers: list) -> dict:
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.run_config import RunConfig
     from megatron_mm.training.trainer import model_config_for
-    from megatron_mm.training.training_plan import plan_training
+    from megatron_mm.training.planning.training_plan import plan_pipeline
 
     args = parse_args(base + ["--pipeline-partition", ",".join(map(str, layers))],
                       world_size=a.world)
     tok = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
-    plan = plan_training(args, model_config_for(args, tok))
+    config = RunConfig.from_flags(args)
+    plan = plan_pipeline(config, model_config_for(config, tok))
     part = plan.partition
     bounds = part.chunk_bounds()
     acts = chunk_activations(plan.chain, bounds, part.pipeline_model_parallel_size,

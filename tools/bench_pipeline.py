@@ -63,7 +63,9 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.initialize import shutdown_distributed
-    from megatron_mm.training.pretrain import batch_iterator, setup_training
+    from megatron_mm.training.data_setup import batch_iterator
+    from megatron_mm.training.pretrain import setup_training
+    from megatron_mm.training.run_config import RunConfig
     from megatron_mm.training.step import train_step
     # after megatron_mm.training: it patches megatron-core's CUDA-only calls on CPU
     from megatron.core import parallel_state
@@ -73,8 +75,8 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     # each rank on its own core: a stage waiting for its neighbour is idle, not sharing
     os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % os.cpu_count()})
     args = parse_args(argv)
-    run = setup_training(args)
-    source = batch_iterator(args, run.train_ds, run.tokenizer, 0, shuffle=True)
+    run = setup_training(RunConfig.from_flags(args))
+    source = batch_iterator(run.config, run.train_ds, run.tokenizer, 0, shuffle=True)
     batches = [next(source) for _ in range(args.num_microbatches)]
     config = run.model[0].config
     config.timers = timers = Timers(log_level=2, log_option="all")
@@ -82,7 +84,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     for it in range(warmup + iters):
         torch.distributed.barrier()
         start = _clock()
-        train_step(args, run.model_chunks, run.optimizer, run.scheduler, iter(batches),
+        train_step(run.config, run.model_chunks, run.optimizer, run.scheduler, iter(batches),
                    run.executor, run.attention)
         torch.distributed.barrier()
         wall = _clock() - start
@@ -124,12 +126,14 @@ def predicted(policy: str, profile_path: str):
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pipeline_plan import training_chain
+    from megatron_mm.training.planning.chain import training_chain
+    from megatron_mm.training.run_config import RunConfig
 
     args = parse_args(MODEL + ["--pipeline-model-parallel-size", "2"], world_size=2)
     args.model_config.language.vocab_size = build_tokenizer(
         args.tokenizer_type, args.tokenizer_model).vocab_size
-    chain = apply_profile(training_chain(args), LayerProfile.load(profile_path))
+    chain = apply_profile(training_chain(RunConfig.from_flags(args)),
+                          LayerProfile.load(profile_path))
     part = partition(chain, 2, 1, policy)
     est = estimate(chain, part, args.num_microbatches, MEASURED)
     return part, [t * args.num_microbatches for t in est.stage_time_s], est.iteration_s

@@ -109,13 +109,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.initialize import set_random_seed, shutdown_distributed
     from megatron_mm.training.layer_profile import profile_layers
-    from megatron_mm.training.pipeline_plan import training_chain
-    from megatron_mm.training.pretrain import (batch_iterator, batch_iterators,
-                                               build_model_chunks, setup_model_and_optimizer,
-                                               setup_training)
-    from megatron_mm.training.recompute_plan import describe_choice
+    from megatron_mm.training.planning.chain import training_chain
+    from megatron_mm.training.data_setup import batch_iterator, batch_iterators
+    from megatron_mm.training.model_setup import build_model_chunks, setup_model_and_optimizer
+    from megatron_mm.training.pretrain import setup_training
+    from megatron_mm.training.run_config import RunConfig
+    from megatron_mm.training.planning.recompute import describe_choice
     from megatron_mm.training.step import batch_to_device, train_step
-    from megatron_mm.training.training_plan import plan_training
+    from megatron_mm.training.planning.training_plan import plan_pipeline
 
     args = parse_args(train_argv)
     if args.pipeline_model_parallel_size != 1 or args.world_size != 1:
@@ -124,18 +125,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     budget_flag = args.recompute_memory_budget
     args.recompute_memory_budget = None
     args.recompute_granularity = args.recompute_method = args.recompute_num_layers = None
-    run = setup_training(args)
+    run = setup_training(RunConfig.from_flags(args))
 
     # 1. the per-layer profile (times and saved bytes), as tools/profile_layers.py writes it
-    chain = training_chain(args, run.model_config)
-    data = batch_iterator(args, run.train_ds, run.tokenizer, 0, shuffle=True)
+    chain = training_chain(run.config, run.model_config)
+    data = batch_iterator(run.config, run.train_ds, run.tokenizer, 0, shuffle=True)
     profile = profile_layers(run.model[0], chain, [batch_to_device(next(data))
                                                    for _ in range(3)], warmup=1)
     path = os.path.join(tempfile.mkdtemp(), "profile.json")
     profile.save(path)
     args.pipeline_profile = path
     model_config = run.model_config
-    chain = training_chain(args, model_config)
+    chain = training_chain(RunConfig.from_flags(args), model_config)
     bounds = StagePartition(1, 1, [len(chain)]).chunk_bounds()
     (acts,) = chunk_activations(chain, bounds, 1, 1, args.num_microbatches)
     static = static_bytes(chain, bounds, 1, MemoryModel())[0]
@@ -159,29 +160,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     "recompute_memory_budget"):
             setattr(args, key, flags.get(key))
         set_random_seed(args.seed)
-        chunks = build_model_chunks(args, run_tokenizer(args), model_config,
-                                    plan_training(args, model_config))
+        config = RunConfig.from_flags(args)
+        chunks = build_model_chunks(config, run_tokenizer(args), model_config,
+                                    plan_pipeline(config, model_config))
         choice = "-"
         if name == "adaptive":
-            choice = describe_choice(args, StagePartition(1, 1, [len(chain)]), chain)
-        ddp, optimizer, scheduler = setup_model_and_optimizer(args, chunks)
-        data = batch_iterators(args, _datasets(args), run_tokenizer(args), 0, shuffle=True)
-        train_step(args, ddp, optimizer, scheduler, data)  # warm-up
+            choice = describe_choice(config, StagePartition(1, 1, [len(chain)]), chain)
+        ddp, optimizer, scheduler = setup_model_and_optimizer(config, chunks)
+        tokenizer = run_tokenizer(args)
+        data = batch_iterators(config, _datasets(config, tokenizer), tokenizer, 0, shuffle=True)
+        train_step(config, ddp, optimizer, scheduler, data)  # warm-up
         runs[name] = dict(step=(ddp, optimizer, scheduler, data), n=recomputed(chunks[0]),
+                          config=config,
                           times=[], loss=None, choice=choice)
     # Round robin: one timed iteration of each mode per round, so drift on a shared
     # machine hits all modes alike; no hooks while timing (their Python cost).
     for _ in range(ours.bench_iters):
         for r in runs.values():
             start = _clock()
-            r["loss"] = train_step(args, *r["step"][:3], r["step"][3]).loss
+            r["loss"] = train_step(r["config"], *r["step"][:3], r["step"][3]).loss
             r["times"].append(_clock() - start)
     rows = []
     for name, r in runs.items():
         ddp, optimizer, scheduler, data = r["step"]
         tracker = LiveSavedBytes(parameter_storages(ddp))
         with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
-            train_step(args, ddp, optimizer, scheduler, data)  # the peak, one more iteration
+            train_step(r["config"], ddp, optimizer, scheduler, data)  # the peak: one more
         rows.append((name, r["n"], statistics.median(r["times"]), tracker.peak,
                      state_bytes(ddp, optimizer), r["loss"], r["choice"]))
 
@@ -234,13 +238,13 @@ def run_tokenizer(args):
     return _CACHE["tok"]
 
 
-def _datasets(args):
+def _datasets(config, tokenizer):
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.pretrain import build_datasets
+    from megatron_mm.training.data_setup import build_datasets
 
     if "train" not in _CACHE:
-        _CACHE["train"] = build_datasets(args, run_tokenizer(args))[0]
+        _CACHE["train"] = build_datasets(config, tokenizer)[0]
     return _CACHE["train"]
 
 

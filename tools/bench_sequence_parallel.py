@@ -49,23 +49,27 @@ def _worker(rank: int, argv: Sequence[str], iters: int, port: int, out: str) -> 
     from megatron_mm.training.activation_profile import parameter_storages
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.initialize import set_random_seed
-    from megatron_mm.training.pretrain import (batch_iterators, build_model_chunks,
-                                               setup_model_and_optimizer, setup_training)
+    from megatron_mm.training.data_setup import batch_iterators
+    from megatron_mm.training.model_setup import build_model_chunks, setup_model_and_optimizer
+    from megatron_mm.training.pretrain import setup_training
+    from megatron_mm.training.run_config import RunConfig
     from megatron_mm.training.step import train_step as step
 
     args = parse_args(list(argv), world_size=2)
-    run = setup_training(args)
+    run = setup_training(RunConfig.from_flags(args))
     results = []
     for sp in (False, True):  # the same seed, model and data order for both
         args.sequence_parallel = sp
+        config = RunConfig.from_flags(args)
         set_random_seed(args.seed)
         chunks, optimizer, scheduler = setup_model_and_optimizer(
-            args, build_model_chunks(args, run.tokenizer, run.model_config, run.plan,
-                                     run.encoder_replicas))
-        data = batch_iterators(args, run.train_ds, run.tokenizer, 0, shuffle=True)
+            config, build_model_chunks(config, run.tokenizer, run.model_config, run.plan,
+                                       run.encoder_replicas))
+        data = batch_iterators(config, run.train_ds, run.tokenizer, 0, shuffle=True)
 
         def train_step():
-            return step(args, chunks, optimizer, scheduler, data, run.executor, run.attention)
+            return step(config, chunks, optimizer, scheduler, data, run.executor,
+                        run.attention)
 
         train_step()  # warm-up
         times, loss = [], None

@@ -53,7 +53,7 @@ def main(argv=None) -> int:
 
     from megatron_mm.hf.convert import export_hf, import_hf
     from megatron_mm.hf.world import single_rank_world
-    from megatron_mm.training.pretrain import USER_ERRORS
+    from megatron_mm.training.errors import USER_ERRORS
 
     try:
         with single_rank_world():
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
 def _compare(args) -> int:
     import torch
     from megatron_mm.hf.compare import compare
-    from megatron_mm.training.pretrain import USER_ERRORS
+    from megatron_mm.training.errors import USER_ERRORS
 
     try:
         try:

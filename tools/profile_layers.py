@@ -39,13 +39,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from megatron_mm.training.layer_profile import profile_layers
     from megatron_mm.training.initialize import shutdown_distributed
-    from megatron_mm.training.pipeline_plan import training_chain
-    from megatron_mm.training.pretrain import batch_iterator, setup_training
+    from megatron_mm.training.planning.chain import training_chain
+    from megatron_mm.training.data_setup import batch_iterator
+    from megatron_mm.training.pretrain import setup_training
+    from megatron_mm.training.run_config import RunConfig
     from megatron_mm.training.step import batch_to_device
 
-    run = setup_training(args)
-    chain = training_chain(args, run.model_config)  # the run's vocabulary
-    batches = batch_iterator(args, run.train_ds, run.tokenizer, 0, shuffle=True)
+    run = setup_training(RunConfig.from_flags(args))
+    chain = training_chain(run.config, run.model_config)  # the run's vocabulary
+    batches = batch_iterator(run.config, run.train_ds, run.tokenizer, 0, shuffle=True)
     batches = [batch_to_device(next(batches)) for _ in range(ours.profile_micro_batches + 1)]
     frozen = sorted(m for m in ("language_model", "vision_model", "vision_projection")
                     if _frozen(args, m))

@@ -91,11 +91,12 @@ def load_hf(hf_dir: str, family: Family):
 
 # ---------------------------------------------------------------- megatron_mm side
 
-def load_args(ckpt: str, tp: int = 1, pp: int = 1):
-    """The training script's arguments for ``--load ckpt`` at TP / PP (ConfigError on a
+def checkpoint_run_config(ckpt: str, tp: int = 1, pp: int = 1):
+    """The training script's RunConfig for ``--load ckpt`` at TP / PP (ConfigError on a
     layout the checkpoint cannot take)."""
     from ..training.arguments import apply_checkpoint_args, build_parser, given_flags
     from ..training.arguments import validate_args
+    from ..training.run_config import RunConfig
 
     argv = ["--load", ckpt, "--tensor-model-parallel-size", str(tp),
             "--pipeline-model-parallel-size", str(pp)]
@@ -103,8 +104,7 @@ def load_args(ckpt: str, tp: int = 1, pp: int = 1):
     apply_checkpoint_args(args, given_flags(argv))
     if args.max_position_embeddings:  # no training: any length the model takes
         args.seq_length = args.max_position_embeddings
-    validate_args(args, world_size=tp * pp)
-    return args
+    return RunConfig.from_flags(validate_args(args, world_size=tp * pp))
 
 
 def load_converted(ckpt: str, tp: int = 1, pp: int = 1):
@@ -114,17 +114,18 @@ def load_converted(ckpt: str, tp: int = 1, pp: int = 1):
 
     from ..models import build_model
     from ..training.checkpointing import load_checkpoint, saved_args
-    from ..training.pipeline_plan import plan_pipeline
-    from ..training.pretrain import build_settings
+    from ..training.build_settings import build_settings
+    from ..training.planning.training_plan import plan_pipeline
 
-    args = load_args(ckpt, tp, pp)
-    lm = args.model_config.language
-    lm.padded_vocab_size = lm.vocab_size = saved_args(args)["padded_vocab_size"]
-    media = media_token_ids(args.model_config, args)
-    _, placements = plan_pipeline(args)  # --pipeline-partition uniform: Megatron's layout
-    model = build_model(args.model_config, build_settings(args, placements), media,
+    config = checkpoint_run_config(ckpt, tp, pp)
+    lm = config.model_config.language
+    lm.padded_vocab_size = lm.vocab_size = saved_args(config.checkpoint)["padded_vocab_size"]
+    media = media_token_ids(config.model_config, config.model)
+    # --pipeline-partition uniform: Megatron's layout
+    placements = plan_pipeline(config, config.model_config).placements
+    model = build_model(config.model_config, build_settings(config, placements), media,
                         placement=placements[parallel_state.get_pipeline_model_parallel_rank()])
-    load_checkpoint(args, [model], None, None)
+    load_checkpoint(config, [model], None, None)
     return model.eval()
 
 
@@ -208,7 +209,7 @@ def _rank_entry(rank: int, world: int, port: int, out_dir: str, job: tuple) -> N
     try:
         result = {"logits": rank_logits(*job)}
     except Exception as e:  # the parent reports it once
-        from ..training.pretrain import USER_ERRORS
+        from ..training.errors import USER_ERRORS
 
         result = {"user_error" if isinstance(e, USER_ERRORS) else "error":
                   str(e) if isinstance(e, USER_ERRORS) else traceback.format_exc()}
@@ -251,7 +252,8 @@ def compare(hf_dir: str, ckpt: str, inputs: Dict[str, torch.Tensor], tp: int = 1
 
     family = family_for(_hf_config(hf_dir))
     check_inputs(family, inputs)  # bad input fails before any work
-    longest = load_args(ckpt, tp, pp).max_position_embeddings  # and a layout it cannot take
+    # and a layout it cannot take
+    longest = checkpoint_run_config(ckpt, tp, pp).model.max_position_embeddings
     if inputs["input_ids"].shape[-1] > longest:
         raise ConversionError(
             f"--inputs key 'input_ids' has {inputs['input_ids'].shape[-1]} tokens per "

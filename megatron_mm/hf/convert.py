@@ -40,15 +40,12 @@ def _hf_config(directory: str):
     return AutoConfig.from_pretrained(directory)
 
 
-def _args(argv: List[str]):
-    """The training script's arguments, validated, without exiting on a bad flag."""
-    from ..training.arguments import apply_checkpoint_args, build_parser, given_flags
-    from ..training.arguments import validate_args
+def _run_config(argv: List[str]):
+    """The training script's RunConfig of ``argv``, without exiting on a bad flag."""
+    from ..training.arguments import read_args
+    from ..training.run_config import RunConfig
 
-    args = build_parser().parse_args(argv)
-    apply_checkpoint_args(args, given_flags(argv))
-    validate_args(args, world_size=1)
-    return args
+    return RunConfig.from_flags(read_args(argv, world_size=1))
 
 
 def _context(config: MultimodalModelConfig, vocab_size: int) -> Context:
@@ -60,19 +57,21 @@ def _context(config: MultimodalModelConfig, vocab_size: int) -> Context:
                    padded_vocab_size=lm.padded_vocab_size)
 
 
-def _build(config: MultimodalModelConfig, args):
+def _build(config: MultimodalModelConfig, model):
+    """``model``: the RunConfig's model group."""
     from ..models import BuildSettings, build_model
 
     return build_model(config, BuildSettings(transformer_impl="local"),
-                       media_token_ids(config, args))
+                       media_token_ids(config, model))
 
 
-def media_token_ids(config: MultimodalModelConfig, args) -> Dict[str, int]:
-    """Modality -> placeholder id, from ``--{modality}-token-id`` (the converted config's)."""
+def media_token_ids(config: MultimodalModelConfig, model) -> Dict[str, int]:
+    """Modality -> placeholder id, from ``--{modality}-token-id`` (the converted config's;
+    ``model``: the RunConfig's model group)."""
     from ..families import modalities_of
 
     modalities = [m for enc in config.encoders.values() for m in modalities_of(enc)]
-    return {m: getattr(args, f"{m}_token_id") for m in modalities}
+    return {m: getattr(model, f"{m}_token_id") for m in modalities}
 
 
 def _tensors(model) -> Dict[str, torch.Tensor]:
@@ -149,23 +148,23 @@ def import_hf(hf_dir: str, save_dir: str, tensor_model_parallel_size: int = 1,
     longest = int(flags[flags.index("--max-position-embeddings") + 1])  # sliding window
     hf = family.layout.normalise(read_weights(hf_dir))
     carried = _carry_files(hf_dir, os.path.join(save_dir, HF_SUBDIR))
-    args = _args(flags + _data_flags(carried) + [
+    run = _run_config(flags + _data_flags(carried) + [
         "--make-vocab-size-divisible-by", str(make_vocab_size_divisible_by),
         "--seq-length", str(min(128, longest)),
         "--save", save_dir, "--no-save-optim", "--no-save-rng", "--train-iters", "0"])
-    config = args.model_config
+    config = run.model_config
     check_tensor_parallel(config, tensor_model_parallel_size)
     lm = config.language
     lm.vocab_size = text.vocab_size
-    args.padded_vocab_size = lm.padded_vocab_size = lm.vocab_size_padded(
-        tensor_model_parallel_size)
-    model = _build(config, args)
+    lm.padded_vocab_size = lm.vocab_size_padded(tensor_model_parallel_size)
+    model = _build(config, run.model)
     expected = _tensors(model)
     mapped, used = MappingTable(family.table(hf_config)).to_megatron(hf, expected,
                                                              _context(config, text.vocab_size))
     unused = _leftovers(hf, used, family, tied=not lm.untie_embeddings_and_output_weights)
     model.load_state_dict({**model.state_dict(), **mapped}, strict=True)
-    path = save_checkpoint(args, 0, [model], None, None)
+    path = save_checkpoint(run, 0, [model], None, None,
+                           run_state={"padded_vocab_size": lm.padded_vocab_size})
     if unused and torch.distributed.get_rank() == 0:
         write_weights(unused, os.path.join(save_dir, HF_SUBDIR), UNUSED)
     return path
@@ -184,12 +183,12 @@ def export_hf(load_dir: str, out_dir: str) -> str:
     hf_config = _hf_config(hf_dir)
     family = family_for(hf_config)
     text = hf_config.get_text_config()
-    args = _args(["--load", load_dir, "--no-load-optim", "--no-load-rng"])
-    config = args.model_config
+    run = _run_config(["--load", load_dir, "--no-load-optim", "--no-load-rng"])
+    config = run.model_config
     config.language.vocab_size = text.vocab_size
-    config.language.padded_vocab_size = saved_args(args).get("padded_vocab_size")
-    model = _build(config, args)
-    load_checkpoint(args, [model], None, None)
+    config.language.padded_vocab_size = saved_args(run.checkpoint).get("padded_vocab_size")
+    model = _build(config, run.model)
+    load_checkpoint(run, [model], None, None)
     table = MappingTable(family.table(hf_config))
     hf = table.to_hf(_tensors(model), _context(config, text.vocab_size))
     unused = os.path.join(hf_dir, UNUSED)

@@ -8,6 +8,7 @@ import: a bad flag is reported before any process group exists.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 from typing import Optional, Sequence
 
@@ -311,18 +312,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: Optional[Sequence[str]] = None,
                world_size: Optional[int] = None) -> argparse.Namespace:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """``read_args``, a bad flag reported once per job (one line naming it) and exiting."""
     try:
-        apply_checkpoint_args(args, given_flags(argv))
-        validate_args(args, world_size)
+        return read_args(argv, world_size)
     except ConfigError as e:  # once per job, without argparse's usage
-        exit_with_user_error(e, parser.prog)
-    return args
+        exit_with_user_error(e, build_parser().prog)
 
 
-def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) -> None:
-    """Check the flags together and derive Megatron's dependent values."""
+def read_args(argv: Optional[Sequence[str]] = None,
+              world_size: Optional[int] = None) -> argparse.Namespace:
+    """The flags of ``argv`` with those the checkpoint ``--load`` names fixes, checked
+    (a ConfigError names the flag), with Megatron's derived values; the run reads them as
+    a ``run_config.RunConfig``."""
+    args = build_parser().parse_args(argv)
+    apply_checkpoint_args(args, given_flags(argv))
+    return validate_args(args, world_size)
+
+
+def validate_args(args: argparse.Namespace,
+                  world_size: Optional[int] = None) -> argparse.Namespace:
+    """Check the flags together; returns them with Megatron's dependent values derived (a
+    copy: ``args`` is not written to)."""
+    args = copy.copy(args)
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
@@ -407,6 +418,7 @@ def validate_args(args: argparse.Namespace, world_size: Optional[int] = None) ->
     args.model_config.validate_parallel(tp, args.encoder_tensor_model_parallel_size)
     validate_fp8_args(args)
     # The pipeline plan needs the vocabulary: the Trainer plans once the tokenizer loads.
+    return args
 
 
 def _validate_encoder_schedule(args: argparse.Namespace) -> None:
@@ -444,7 +456,7 @@ def _validate_encoder_schedule(args: argparse.Namespace) -> None:
 
 def _validate_auto(args: argparse.Namespace) -> None:
     """``--encoder-schedule auto``: what it can choose from (the choice itself is made with
-    the training plan, on the real vocabulary: ``encoder_schedule_auto``)."""
+    the training plan, on the real vocabulary: ``planning/encoder_schedule_auto.py``)."""
     tp, etp = args.tensor_model_parallel_size, args.encoder_tensor_model_parallel_size
     if etp is not None and (etp < 1 or tp % etp):
         raise ConfigError(f"--encoder-tensor-model-parallel-size ({etp}) must divide "

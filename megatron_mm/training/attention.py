@@ -26,11 +26,11 @@ class AttentionSettings:
     cp_attention: str = "ours"  # CPAttentionChoice.kind (models/specs.py)
 
     @classmethod
-    def from_args(cls, args, tokenizer, cp_attention: str = "ours") -> "AttentionSettings":
+    def from_config(cls, config, tokenizer, cp_attention: str = "ours") -> "AttentionSettings":
         media = {}
-        for name, enc in args.model_config.encoders.items():
+        for name, enc in config.model_config.encoders.items():
             if enc.num_output_tokens is None:  # items of their own lengths (Qwen2.5-VL)
-                if args.media_attention == "bidirectional":
+                if config.parallel.media_attention == "bidirectional":
                     raise ConfigError(
                         f"--media-attention bidirectional needs every {name} item's token "
                         f"count from the placeholder runs; the {enc.model_type} encoder's "
@@ -38,9 +38,10 @@ class AttentionSettings:
                         "--media-attention causal")
                 continue  # causal: media attend as text, no item boundaries needed
             media[tokenizer.media_token_id("image")] = enc.num_output_tokens
-        return cls(media, args.media_attention, args.context_parallel_size,
-                   args.context_parallel_assignment, args.context_parallel_block,
-                   args.context_parallel_block_overhead, cp_attention)
+        parallel = config.parallel
+        return cls(media, parallel.media_attention, parallel.context_parallel_size,
+                   parallel.context_parallel_assignment, parallel.context_parallel_block,
+                   parallel.context_parallel_block_overhead, cp_attention)
 
     def mask_for(self, batch: dict, split: bool = True,
                  device=None) -> Union[None, torch.Tensor, ContextParallelMask]:

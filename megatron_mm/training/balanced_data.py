@@ -46,8 +46,9 @@ def vision_work(dataset, rec) -> int:
     return work
 
 
-def balanced_batch_iterator(args, dataset, tokenizer, consumed_samples: int,
+def balanced_batch_iterator(config, dataset, tokenizer, consumed_samples: int,
                             transformer_impl: str):
+    data, train, seq_length = config.data, config.training, config.model.seq_length
     if transformer_impl != "local":
         # TE's causal attention ignores a dense mask; packing there needs PackedSeqParams.
         raise ConfigError("--data-balance packs samples into one sequence with a "
@@ -55,33 +56,34 @@ def balanced_batch_iterator(args, dataset, tokenizer, consumed_samples: int,
                           "--transformer-impl local")
     loads = sample_loads(dataset)
     for rec, load in zip(dataset.records, loads):
-        if load.tokens > args.seq_length:
-            advice = "".join(p.overflow_advice(rec, load.tokens, args.seq_length)
+        if load.tokens > seq_length:
+            advice = "".join(p.overflow_advice(rec, load.tokens, seq_length)
                              for p in (dataset.processors or {}).values()
                              if hasattr(p, "overflow_advice"))  # InternVL: its tiles
             raise ConfigError(f"{rec.where()}: {load.tokens} tokens exceed --seq-length "
-                              f"{args.seq_length} (the packed sequence length){advice}")
+                              f"{seq_length} (the packed sequence length){advice}")
     dp = parallel_state.get_data_parallel_world_size()
-    bounds = parse_bounds(args.data_balance_bounds)
+    bounds = parse_bounds(data.data_balance_bounds)
     if bounds is None:
-        best = search_bounds(loads, dp, args.micro_batch_size, args.data_balance,
-                             args.data_balance_iters, args.seed, max_tokens=args.seq_length)
+        best = search_bounds(loads, dp, train.micro_batch_size, data.data_balance,
+                             data.data_balance_iters, train.seed, max_tokens=seq_length)
         bounds, m = best.bounds, best.metrics
         if torch.distributed.get_rank() == 0:
-            print(f" > data balance {args.data_balance}: bounds {bounds}; "
+            print(f" > data balance {data.data_balance}: bounds {bounds}; "
                   f"{m.samples_per_microbatch:.2f} samples per micro-batch, vision imbalance "
                   f"{m.vision_imbalance:.4f}, LLM imbalance {m.llm_imbalance:.4f}", flush=True)
-    elif bounds.max_tokens > args.seq_length:
+    elif bounds.max_tokens > seq_length:
         raise ConfigError(f"--data-balance-bounds: {bounds.max_tokens} tokens per packed "
-                          f"sequence exceed --seq-length {args.seq_length}")
+                          f"sequence exceed --seq-length {seq_length}")
     sampler = BalancedSampler(
-        loads, bounds, parallel_state.get_data_parallel_rank(), dp, args.num_microbatches,
-        seed=args.seed, consumed_microbatches=consumed_samples // args.micro_batch_size,
-        method=args.data_balance, iterations=args.data_balance_iters,
+        loads, bounds, parallel_state.get_data_parallel_rank(), dp, train.num_microbatches,
+        seed=train.seed, consumed_microbatches=consumed_samples // train.micro_batch_size,
+        method=data.data_balance, iterations=data.data_balance_iters,
         sample_names=[rec.where() for rec in dataset.records])
-    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=data.num_workers,
                         collate_fn=partial(collate_packed, pad_id=tokenizer.pad_id,
-                                           pad_to_multiple_of=llm_sequence_multiple(args)),
+                                           pad_to_multiple_of=llm_sequence_multiple(
+                                               config.fp8_settings, config.parallel)),
                         pin_memory=torch.cuda.is_available(),
-                        generator=torch.Generator().manual_seed(args.seed))
+                        generator=torch.Generator().manual_seed(train.seed))
     return iter(loader)

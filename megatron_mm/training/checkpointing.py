@@ -56,12 +56,13 @@ def read_tracker(root: str) -> Optional[int]:
         raise CheckpointError(f"{path} holds {text!r}, not an iteration number") from None
 
 
-def saved_args(args) -> dict:
-    """The flags the checkpoint ``--load`` names was saved with ({} for a fresh start)."""
-    iteration = locate_checkpoint(args)
+def saved_args(checkpoint) -> dict:
+    """The flags the checkpoint ``--load`` names was saved with ({} for a fresh start);
+    ``checkpoint``: the checkpointing group (or the namespace being parsed)."""
+    iteration = locate_checkpoint(checkpoint)
     if iteration is None:
         return {}
-    path = iteration_dir(args.load, iteration)
+    path = iteration_dir(checkpoint.load, iteration)
     return dist_checkpointing.load_common_state_dict(path).get("args", {})
 
 
@@ -82,7 +83,7 @@ def _model_keys(chunks) -> list:
     return ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
 
 
-def _state_dict(chunks, optimizer, scheduler, args, iteration: int, with_optim: bool,
+def _state_dict(chunks, optimizer, scheduler, config, iteration: int, with_optim: bool,
                 with_rng: bool, loading: bool, run_state: Optional[dict] = None) -> dict:
     model_sd = {key: chunk.sharded_state_dict()
                 for key, chunk in zip(_model_keys(chunks), chunks)}
@@ -94,8 +95,9 @@ def _state_dict(chunks, optimizer, scheduler, args, iteration: int, with_optim: 
     if with_rng:
         state["rng_state"] = _rng_state()
     if not loading:
-        state["args"] = {k: v for k, v in vars(args).items() if _plain(v)}
-        state["args"]["consumed_train_samples"] = iteration * args.global_batch_size
+        state["args"] = {k: v for k, v in config.flags().items() if _plain(v)}
+        state["args"]["consumed_train_samples"] = (iteration
+                                                   * config.training.global_batch_size)
         # What the run derived (the padded vocabulary, its pipeline plan), kept with the
         # flags as Megatron-LM keeps padded_vocab_size there.
         state["args"].update(run_state or {})
@@ -106,14 +108,15 @@ def _plain(value) -> bool:
     return isinstance(value, (int, float, str, bool, type(None), list, tuple))
 
 
-def save_checkpoint(args, iteration: int, chunks, optimizer, scheduler,
+def save_checkpoint(config, iteration: int, chunks, optimizer, scheduler,
                     model_config=None, run_state: Optional[dict] = None,
                     data_iterator=None) -> str:
     """Save iteration ``iteration`` of the model chunks (unwrapped) and their optimizer, and
-    the state of ``data_iterator`` (Energon's loader) where one is given.
+    the state of ``data_iterator`` (Energon's loader) where one is given; the flags of
+    ``config`` (the RunConfig) go with them, under Megatron-LM's names.
     ``model_config``: the model's (default the flags'); ``run_state``: values the run
     derived, saved with the flags."""
-    root = args.save
+    root = config.checkpoint.save
     final = iteration_dir(root, iteration)
     staging = final + ".inprogress"
     rank0 = torch.distributed.get_rank() == 0
@@ -123,9 +126,9 @@ def save_checkpoint(args, iteration: int, chunks, optimizer, scheduler,
         os.makedirs(staging)
     torch.distributed.barrier()
     # --no-save-optim / --no-save-rng: weights only (converted checkpoints are).
-    state = _state_dict(chunks, optimizer, scheduler, args, iteration,
-                        with_optim=not getattr(args, "no_save_optim", False),
-                        with_rng=not getattr(args, "no_save_rng", False), loading=False,
+    state = _state_dict(chunks, optimizer, scheduler, config, iteration,
+                        with_optim=not config.checkpoint.no_save_optim,
+                        with_rng=not config.checkpoint.no_save_rng, loading=False,
                         run_state=run_state)
     dist_checkpointing.save(state, staging, async_sharded_save=False)
     if data_iterator is not None and _first_of_model_parallel_group():
@@ -133,7 +136,8 @@ def save_checkpoint(args, iteration: int, chunks, optimizer, scheduler,
     torch.distributed.barrier()
     if rank0:
         with open(os.path.join(staging, MODEL_CONFIG), "w") as f:
-            json.dump(asdict(model_config or args.model_config), f, indent=1, default=sorted)
+            json.dump(asdict(model_config or config.model_config), f, indent=1,
+                      default=sorted)
         if os.path.exists(final):  # re-saving an iteration: keep the old one until done
             shutil.rmtree(final + ".old", ignore_errors=True)
             os.rename(final, final + ".old")
@@ -156,16 +160,16 @@ def _first_of_model_parallel_group() -> bool:
             and parallel_state.get_context_parallel_rank() == 0)
 
 
-def locate_checkpoint(args) -> Optional[int]:
+def locate_checkpoint(checkpoint) -> Optional[int]:
     """The iteration ``--load`` resumes from; None for a fresh auto-resume directory.
 
     A ``--load`` directory without a checkpoint is an error, except when it is also the
     ``--save`` directory (auto-resume: the first run starts from scratch).
     """
-    root = args.load
+    root = checkpoint.load
     iteration = read_tracker(root) if os.path.isdir(root) else None
     if iteration is None:
-        if args.save and os.path.abspath(args.save) == os.path.abspath(root):
+        if checkpoint.save and os.path.abspath(checkpoint.save) == os.path.abspath(root):
             return None
         found = sorted(os.listdir(root)) if os.path.isdir(root) else None
         raise CheckpointError(
@@ -201,26 +205,28 @@ def holds_optimizer_state(path: str) -> bool:
                for key in dist_checkpointing.load_tensors_metadata(path))
 
 
-def load_checkpoint(args, chunks, optimizer, scheduler, log=print) -> int:
-    """Load the latest checkpoint under ``args.load``; returns the iteration to resume at."""
-    iteration = locate_checkpoint(args)
+def load_checkpoint(config, chunks, optimizer, scheduler, log=print) -> int:
+    """Load the latest checkpoint under ``--load`` (``config``: the RunConfig); returns the
+    iteration to resume at."""
+    ckpt = config.checkpoint
+    iteration = locate_checkpoint(ckpt)
     if iteration is None:
         return 0
-    root = args.load
+    root = ckpt.load
     path = iteration_dir(root, iteration)
-    saved = saved_args(args)
-    same_layout = all(saved.get(k) == getattr(args, k) for k in
+    saved = saved_args(ckpt)
+    same_layout = all(saved.get(k) == getattr(config.parallel, k) for k in
                       ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                        "world_size"))
-    with_optim = not (args.no_load_optim or args.finetune or saved.get("no_save_optim"))
+    with_optim = not (ckpt.no_load_optim or ckpt.finetune or saved.get("no_save_optim"))
     if with_optim and not holds_optimizer_state(path):
         with_optim = False
         log(f" > {path} holds no optimizer state (saved before the first optimizer step, "
             f"or with --no-save-optim): loading the model weights only; the optimizer and "
             f"learning-rate schedule start fresh")
-    with_rng = (not (args.no_load_rng or args.finetune or saved.get("no_save_rng"))
+    with_rng = (not (ckpt.no_load_rng or ckpt.finetune or saved.get("no_save_rng"))
                 and same_layout)
-    template = _state_dict(chunks, optimizer, scheduler, args, iteration, with_optim,
+    template = _state_dict(chunks, optimizer, scheduler, config, iteration, with_optim,
                            with_rng, loading=True)
     state = _load_allowing_absent_module_state(template, path)
     for key, chunk in zip(_model_keys(chunks), chunks):
@@ -245,5 +251,5 @@ def load_checkpoint(args, chunks, optimizer, scheduler, log=print) -> int:
         tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
         if rng["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
-    return 0 if args.finetune else iteration
+    return 0 if ckpt.finetune else iteration
 

@@ -20,14 +20,14 @@ from .fp8_args import llm_sequence_multiple
 from .step import prepare_batch, reduce_lm_loss, run_schedule
 
 
-def evaluate_loss(args, model: List, batches, forward_backward=None, attention=None) -> float:
+def evaluate_loss(config, model: List, batches, forward_backward=None, attention=None) -> float:
     """Token-weighted ``lm loss`` over ``--eval-iters`` global batches."""
     for chunk in model:
         chunk.eval()
     losses = []
     with torch.no_grad():
-        for _ in range(args.eval_iters):
-            losses += run_schedule(args, model, batches, True, forward_backward, attention)
+        for _ in range(config.validation.eval_iters):
+            losses += run_schedule(config, model, batches, True, forward_backward, attention)
     for chunk in model:
         chunk.train()
     return reduce_lm_loss(losses)
@@ -113,7 +113,7 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.lower().strip().rstrip(".").split())
 
 
-def answer_accuracy(args, model: List, dataset, tokenizer, indices: Sequence[int],
+def answer_accuracy(config, model: List, dataset, tokenizer, indices: Sequence[int],
                     forward_backward=None, attention=None) -> float:
     """Share of ``indices`` whose greedy answer equals the reference answer.
 
@@ -137,12 +137,13 @@ def answer_accuracy(args, model: List, dataset, tokenizer, indices: Sequence[int
     correct = 0
     for _, group in itertools.groupby(prompts, key=lambda s: len(s.tokens)):
         group = list(group)
-        for start in range(0, len(group), args.micro_batch_size):
-            batch = group[start:start + args.micro_batch_size]
+        for start in range(0, len(group), config.training.micro_batch_size):
+            batch = group[start:start + config.training.micro_batch_size]
             generated = greedy_generate(model, batch, tokenizer.pad_id,
-                                        args.eval_max_new_tokens, tokenizer.eos_id,
+                                        config.validation.eval_max_new_tokens, tokenizer.eos_id,
                                         tokenizer.base_vocab_size, attention,
-                                        forward_backward, llm_sequence_multiple(args))
+                                        forward_backward, llm_sequence_multiple(config.fp8_settings,
+                                                              config.parallel))
             for sample, ids in zip(batch, generated):
                 guess = normalize_answer(tokenizer.detokenize(ids))
                 correct += int(guess == normalize_answer(sample.answer))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+from typing import Optional
 
 from ..config import ConfigError
 from ..families import family_of
@@ -110,7 +111,7 @@ def validate_fp8_args(args: argparse.Namespace) -> None:
     else:
         _validate_transformer_engine(args)
     args.fp8_settings = fp8_settings(args, modules)
-    multiple = llm_sequence_multiple(args)
+    multiple = llm_sequence_multiple(args.fp8_settings, args)
     if args.seq_length % multiple:
         raise ConfigError(f"--seq-length ({args.seq_length}) must be a multiple of {multiple}: "
                           "FP8 LLM sequences are padded to it (the FP8 alignment with the "
@@ -206,7 +207,7 @@ def _validate_media_alignment(args: argparse.Namespace, modules) -> None:
     also cannot run as encoder replicas (an encoder TP below the LLM's): the replicas run
     different micro-batch counts, while the amax reduction group spans them."""
     align = fp8_align_size(args.fp8_recipe)
-    etp = getattr(args, "encoder_tensor_model_parallel_size", None)
+    etp = args.encoder_tensor_model_parallel_size
     for name, enc in args.model_config.encoders.items():
         fp8_parts = [m for m in (name, f"{name}-projector") if m in modules]
         if not fp8_parts:
@@ -227,14 +228,13 @@ def _validate_media_alignment(args: argparse.Namespace, modules) -> None:
                                   f"keep {part} out of --fp8-modules")
 
 
-def llm_sequence_multiple(args: argparse.Namespace) -> int:
+def llm_sequence_multiple(fp8: Optional[Fp8Settings], parallel) -> int:
     """What the collator pads each micro-batch's sequence length to
     (``plan.fp8.sequence_multiple``): TP under --sequence-parallel (each TP rank holds a
     shard of the sequence), with an FP8 LLM also the FP8 alignment and the CP factor;
-    otherwise 1 (runs without FP8 or SP keep their shapes)."""
-    fp8 = getattr(args, "fp8_settings", None)
+    otherwise 1 (runs without FP8 or SP keep their shapes). ``parallel``: the run's
+    parallel group."""
     fp8_llm = fp8 is not None and fp8.applies_to("llm")
     return sequence_multiple(fp8.recipe if fp8_llm else None,
-                             args.tensor_model_parallel_size,
-                             getattr(args, "sequence_parallel", False),
-                             args.context_parallel_size if fp8_llm else 1)
+                             parallel.tensor_model_parallel_size, parallel.sequence_parallel,
+                             parallel.context_parallel_size if fp8_llm else 1)

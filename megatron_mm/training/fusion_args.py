@@ -35,6 +35,6 @@ def add_fusion_args(p: argparse.ArgumentParser) -> None:
         g.add_argument(flag, action="store_false", dest=dest, help=_HELP[dest])
 
 
-def fusion_flags(args: argparse.Namespace) -> Dict[str, bool]:
-    """The flags' values (namespaces built without these flags: all on)."""
-    return {dest: getattr(args, dest, True) for dest in FUSION_FLAGS}
+def fusion_flags(fusion) -> Dict[str, bool]:
+    """The flags' values (``fusion``: the RunConfig's fusion group)."""
+    return {dest: getattr(fusion, dest) for dest in FUSION_FLAGS}

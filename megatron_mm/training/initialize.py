@@ -19,11 +19,13 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
-def initialize_distributed(args):
-    """torch.distributed (NCCL with CUDA, gloo without) and Megatron-Core's groups; returns
-    the encoder replicas' groups (an encoder TP below the LLM's) or None."""
+def initialize_distributed(parallel, encoder_schedule=None):
+    """torch.distributed (NCCL with CUDA, gloo without) and Megatron-Core's groups from the
+    ``parallel`` group; returns the encoder replicas' groups (``encoder_schedule``'s
+    encoder TP below the LLM's) or None."""
     if not torch.distributed.is_initialized():
-        backend = args.distributed_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        backend = parallel.distributed_backend or ("nccl" if torch.cuda.is_available()
+                                                   else "gloo")
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         # A plain `python script.py` is a 1-rank world; its address is not put into the
@@ -32,17 +34,19 @@ def initialize_distributed(args):
                   dict(init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1))
         torch.distributed.init_process_group(
             backend=backend,
-            timeout=datetime.timedelta(minutes=args.distributed_timeout_minutes), **single)
+            timeout=datetime.timedelta(minutes=parallel.distributed_timeout_minutes),
+            **single)
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        context_parallel_size=args.context_parallel_size,
-        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size)
+        tensor_model_parallel_size=parallel.tensor_model_parallel_size,
+        pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        context_parallel_size=parallel.context_parallel_size,
+        virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size)
     # An encoder TP below the LLM's (--encoder-schedule coarse|bubble): its replicas' groups.
-    etp = getattr(args, "encoder_tensor_model_parallel_size", None)
+    if encoder_schedule is None or encoder_schedule.encoder_schedule == "megatron":
+        return None
+    etp = encoder_schedule.encoder_tensor_model_parallel_size
     return (create_encoder_replicas(etp)
-            if getattr(args, "encoder_schedule", "megatron") != "megatron" and etp is not None
-            and etp < args.tensor_model_parallel_size else None)
+            if etp is not None and etp < parallel.tensor_model_parallel_size else None)
 
 
 def set_random_seed(seed: int) -> None:

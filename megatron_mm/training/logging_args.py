@@ -89,6 +89,6 @@ def validate_logging_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--exit-signal {args.exit_signal} does not exist on this system")
 
 
-def validation_enabled(args: argparse.Namespace) -> bool:
+def validation_enabled(validation) -> bool:
     """Megatron-LM: ``--eval-iters 0`` skips validation."""
-    return args.eval_iters > 0
+    return validation.eval_iters > 0

@@ -44,30 +44,32 @@ def _import(module: str, flag: str, package: str):
                           f"pip install {package} (or megatron-mm[logging])") from None
 
 
-def build_writers(args) -> Optional[MetricWriters]:
-    """The writers the flags ask for, on the last rank (None elsewhere and without
-    flags). Every rank checks the packages, so a missing one stops the job together."""
-    if not args.tensorboard_dir and not args.wandb_project:
+def build_writers(config) -> Optional[MetricWriters]:
+    """The writers the flags (``config``: the RunConfig) ask for, on the last rank (None
+    elsewhere and without flags). Every rank checks the packages, so a missing one stops
+    the job together."""
+    log = config.logging
+    if not log.tensorboard_dir and not log.wandb_project:
         return None
     summary_writer = wandb = None
-    if args.tensorboard_dir:
+    if log.tensorboard_dir:
         _import("tensorboard", "--tensorboard-dir", "tensorboard")
         summary_writer = _import("torch.utils.tensorboard", "--tensorboard-dir",
                                  "tensorboard").SummaryWriter
-    if args.wandb_project:
+    if log.wandb_project:
         wandb = _import("wandb", "--wandb-project", "wandb")
     if torch.distributed.get_rank() != torch.distributed.get_world_size() - 1:
         return None
     tensorboard = wandb_run = None
     if summary_writer is not None:
-        tensorboard = summary_writer(log_dir=args.tensorboard_dir,
-                                     max_queue=args.tensorboard_queue_size)
+        tensorboard = summary_writer(log_dir=log.tensorboard_dir,
+                                     max_queue=log.tensorboard_queue_size)
     if wandb is not None:
-        save_dir = args.wandb_save_dir or os.path.join(args.save, "wandb")
+        save_dir = log.wandb_save_dir or os.path.join(config.checkpoint.save, "wandb")
         os.makedirs(save_dir, exist_ok=True)
-        config = {k: v for k, v in vars(args).items()
-                  if isinstance(v, (int, float, str, bool, type(None), list, tuple))}
-        wandb_run = wandb.init(dir=save_dir, name=args.wandb_exp_name,
-                               project=args.wandb_project, entity=args.wandb_entity,
-                               config=config)
+        flags = {k: v for k, v in config.flags().items()
+                 if isinstance(v, (int, float, str, bool, type(None), list, tuple))}
+        wandb_run = wandb.init(dir=save_dir, name=log.wandb_exp_name,
+                               project=log.wandb_project, entity=log.wandb_entity,
+                               config=flags)
     return MetricWriters(tensorboard, wandb_run)

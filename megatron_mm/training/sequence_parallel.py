@@ -36,7 +36,7 @@ def validate_sequence_parallel(args: argparse.Namespace) -> None:
     if tp == 1:  # Megatron-LM turns it off there
         args.sequence_parallel = False
         return
-    etp = getattr(args, "encoder_tensor_model_parallel_size", None)
+    etp = args.encoder_tensor_model_parallel_size
     if etp is not None and etp != tp:
         raise ConfigError(
             f"--sequence-parallel with --encoder-tensor-model-parallel-size {etp} below "

@@ -111,7 +111,7 @@ def forward_step(data_iterator: Iterator, model,
     return output, partial(loss_func, loss_mask)
 
 
-def run_schedule(args, model: List, data_iterator: Iterator, forward_only: bool,
+def run_schedule(config, model: List, data_iterator: Iterator, forward_only: bool,
                  forward_backward: Optional[Callable] = None,
                  attention: Optional[AttentionSettings] = None) -> List[dict]:
     """``forward_backward``: the schedule executor of ``--encoder-schedule coarse|bubble``
@@ -120,8 +120,8 @@ def run_schedule(args, model: List, data_iterator: Iterator, forward_only: bool,
     return forward_backward(
         forward_step_func=partial(forward_step, attention=attention),
         data_iterator=data_iterator, model=model,
-        num_microbatches=args.num_microbatches, seq_length=args.seq_length,
-        micro_batch_size=args.micro_batch_size, forward_only=forward_only)
+        num_microbatches=config.training.num_microbatches, seq_length=config.model.seq_length,
+        micro_batch_size=config.training.micro_batch_size, forward_only=forward_only)
 
 
 def lm_loss(losses: List[dict]) -> Optional[torch.Tensor]:
@@ -164,7 +164,7 @@ class StepResult(NamedTuple):
         return read_on_host([self.lm_loss])[0]
 
 
-def train_step(args, model: List, optimizer, scheduler, data_iterator: Iterator,
+def train_step(config, model: List, optimizer, scheduler, data_iterator: Iterator,
                forward_backward: Optional[Callable] = None,
                attention: Optional[AttentionSettings] = None, timers=None,
                iteration: Optional[int] = None) -> StepResult:
@@ -177,18 +177,18 @@ def train_step(args, model: List, optimizer, scheduler, data_iterator: Iterator,
     optimizer.zero_grad()
     own_timer = timers is not None and forward_backward is not None  # Megatron-Core's
     if own_timer:  # schedules start 'forward-backward' themselves, the executor does not
-        timers("forward-backward", log_level=1).start(barrier=args.barrier_with_L1_time)
-    losses = run_schedule(args, model, data_iterator, False, forward_backward, attention)
+        timers("forward-backward", log_level=1).start(barrier=config.logging.barrier_with_L1_time)
+    losses = run_schedule(config, model, data_iterator, False, forward_backward, attention)
     if own_timer:
         timers("forward-backward").stop()
-    check = iteration is not None and args.check_for_nan_in_loss_and_grad
+    check = iteration is not None and config.exits.check_for_nan_in_loss_and_grad
     if timers is not None:
-        timers("optimizer", log_level=1).start(barrier=args.barrier_with_L1_time)
+        timers("optimizer", log_level=1).start(barrier=config.logging.barrier_with_L1_time)
     with grad_norm_checked(optimizer, iteration) if check else nullcontext():
         update_successful, grad_norm, num_zeros = optimizer.step()
     if timers is not None:
         timers("optimizer").stop()
     if update_successful:
-        scheduler.step(increment=args.global_batch_size)
+        scheduler.step(increment=config.training.global_batch_size)
     loss = lm_loss(losses) if parallel_state.is_pipeline_last_stage() else None
     return StepResult(loss, grad_norm, update_successful, num_zeros)

@@ -5,7 +5,10 @@ plan (computed once, before any process group: a plan that cannot work is report
 first), the encoder replicas' groups, the attention settings, the schedule executor, the
 datasets, the model chunks, optimizer, scheduler, timers and metric writers. The argparse
 namespace stays what the user typed (plus Megatron's derived sizes) and is never written
-to; the run reads a copy with the plan's encoder schedule (``TrainingPlan.run_args``).
+to: the run reads the typed RunConfig of it, with the plan's encoder schedule
+(``TrainingPlan.run_config``).
+The pieces it is built from are the data set-up (``data_setup.py``), the model and
+optimizer set-up (``model_setup.py``) and the plan (``planning/``).
 ``train()`` is Megatron-LM's loop: step, log, evaluate, then save and decide to exit
 (``--exit-interval``, ``--exit-duration-in-mins``, ``--exit-signal-handler``).
 """
@@ -32,66 +35,77 @@ from ..models import model_chain
 from ..models.attention_backends import attention_backend_lines
 from .attention import AttentionSettings
 from .checkpointing import load_checkpoint, save_checkpoint, saved_args
-from .encoder_schedule import build_executor
+from .encoder_executor import build_executor
 from .evaluation import answer_accuracy, evaluate_loss
 from ..runtime.collective_device import collective_device
 from .initialize import initialize_distributed, set_random_seed
 from .logging_args import validation_enabled
 from .metric_writers import build_writers
 from .nan_check import check_losses
-from .partition_trials import search_partition
+from .planning.partition_trials import search_partition
 from ..data.loaders import savable
-from .pretrain import (
-    TrainingCallbacks, batch_iterators, build_datasets, build_model_chunks,
-    cp_attention_choice, fusions, print_rank_0, print_rank_last, setup_model_and_optimizer,
-    build_settings)
+from .build_settings import cp_attention_choice, fusions, transformer_impl
+from .data_setup import batch_iterators, build_datasets
+from .model_setup import build_model_chunks, setup_model_and_optimizer
+from .rank_print import print_rank_0, print_rank_last
+from .run_config import RunConfig
 from .signal_handler import DistributedSignalHandler
 from .step import TokenCounter, train_step
 from .training_log import TrainingLog, report_memory, validation_scalars
-from .training_plan import TrainingPlan, plan_training
-
-# --exit-duration-in-mins counts from here, setup included, as Megatron-LM's
-# _TRAIN_START_TIME does (a job's time limit counts it too).
-PROCESS_START = time.time()
+from .planning.training_plan import TrainingPlan, plan_pipeline
 
 
-def model_config_for(args, tokenizer):
-    """The flags' model config with the tokenizer's vocabulary (and, loading a
-    checkpoint, its vocabulary padding, whatever TP it was saved at)."""
-    config = copy.deepcopy(args.model_config)
-    config.language.vocab_size = tokenizer.vocab_size
-    if args.load:
-        config.language.padded_vocab_size = saved_args(args).get("padded_vocab_size")
-    return config
+def model_config_for(config, tokenizer):
+    """The flags' model config (``config``: the RunConfig) with the tokenizer's
+    vocabulary (and, loading a checkpoint, its vocabulary padding, whatever TP it was
+    saved at)."""
+    model_config = copy.deepcopy(config.model_config)
+    model_config.language.vocab_size = tokenizer.vocab_size
+    if config.checkpoint.load:
+        model_config.language.padded_vocab_size = saved_args(config.checkpoint).get(
+            "padded_vocab_size")
+    return model_config
 
 
-def model_flops_per_iteration(args, model_config) -> float:
+def model_flops_per_iteration(config, model_config) -> float:
     """Forward and backward FLOPs of one global batch: every layer of the encoders,
     projectors and LLM at the run's shapes (frozen layers without their weight
     gradients), as Megatron-LM's formula counts the model, not recompute."""
-    chain = model_chain(model_config, args.seq_length, args.micro_batch_size, 1)
+    train = config.training
+    chain = model_chain(model_config, config.model.seq_length, train.micro_batch_size, 1)
     per_micro_batch = sum(layer.fwd_flops + layer.bwd_flops for layer in chain)
-    return per_micro_batch * args.num_microbatches * args.data_parallel_size
+    return per_micro_batch * train.num_microbatches * config.parallel.data_parallel_size
 
 
-def tokenizer_from_args(args):
+def tokenizer_from_config(config):
     """The run's tokenizer: --tokenizer-type / --tokenizer-model, the placeholder ids of
     --{image,audio,video}-token-id, and the item tags of --image-tag-type for its
     encoders (a tag a named style needs and the tokenizer cannot hold: a ConfigError)."""
-    families = [family_of(enc) for enc in args.model_config.encoders.values()]
+    model, data = config.model, config.data
+    families = [family_of(enc) for enc in config.model_config.encoders.values()]
     try:
-        return build_tokenizer(args.tokenizer_type, args.tokenizer_model,
-                               image_token_id=args.image_token_id,
-                               audio_token_id=args.audio_token_id,
-                               video_token_id=args.video_token_id,
-                               item_tags=tag_request(args.image_tag_type, families))
+        return build_tokenizer(data.tokenizer_type, data.tokenizer_model,
+                               image_token_id=model.image_token_id,
+                               audio_token_id=model.audio_token_id,
+                               video_token_id=model.video_token_id,
+                               item_tags=tag_request(model.image_tag_type, families))
     except MissingTagToken as e:
-        raise ConfigError(f"{e} (--tokenizer-model {args.tokenizer_model})") from None
+        raise ConfigError(f"{e} (--tokenizer-model {data.tokenizer_model})") from None
+
+
+@dataclass
+class TrainingCallbacks:
+    """Hooks into the loop (tests use them to watch the model and read gradients)."""
+
+    on_model_built: Optional[Callable] = None  # (chunks, wrapped chunks, optimizer)
+    # (iteration, chunks, the lm loss on the device: None off the last stage), before
+    # grads are cleared
+    on_step: Optional[Callable] = None
 
 
 @dataclass
 class Trainer:
-    args: object  # the validated flags with the plan's encoder schedule, never written to
+    config: RunConfig  # the validated flags, typed, with the plan's encoder schedule
     tokenizer: object
     model_config: object  # with the tokenizer's vocabulary
     plan: TrainingPlan
@@ -107,55 +121,59 @@ class Trainer:
     timers: Timers
     writers: object = None  # TensorBoard / wandb on the last rank
     data_state: object = None  # Energon's loader, whose state checkpoints carry
+    # --exit-duration-in-mins counts from the start of the build, setup included, as
+    # Megatron-LM's _TRAIN_START_TIME does (a job's time limit counts it too)
+    started: float = field(default_factory=time.time)
     summary: dict = field(default_factory=dict)
 
     @classmethod
-    def build(cls, args) -> "Trainer":
-        tokenizer = tokenizer_from_args(args)
-        model_config = model_config_for(args, tokenizer)
-        plan = plan_training(args, model_config)  # a ConfigError here names the flag
+    def build(cls, config: RunConfig) -> "Trainer":
+        started = time.time()
+        tokenizer = tokenizer_from_config(config)
+        model_config = model_config_for(config, tokenizer)
+        plan = plan_pipeline(config, model_config)  # a ConfigError here names the flag
         # The run reads its encoder schedule (the flags', or auto's pick) from the plan.
-        args = plan.run_args(args)
-        replicas = initialize_distributed(args)
+        config = plan.run_config(config)
+        replicas = initialize_distributed(config.parallel, config.encoder_schedule)
         print_rank_0("> " + describe_tags(tokenizer.item_tags, tokenizer.missing_tags,
                                           tokenizer.tag_request))
-        set_random_seed(args.seed)
-        writers = build_writers(args)  # a missing package fails before the model is built
-        train_ds, valid_ds = build_datasets(args, tokenizer)
-        cp = cp_attention_choice(args)
-        attention = AttentionSettings.from_args(args, tokenizer, cp.kind)
-        if args.context_parallel_size > 1:
+        set_random_seed(config.training.seed)
+        writers = build_writers(config)  # a missing package fails before the model is built
+        train_ds, valid_ds = build_datasets(config, tokenizer)
+        cp = cp_attention_choice(config)
+        attention = AttentionSettings.from_config(config, tokenizer, cp.kind)
+        if config.parallel.context_parallel_size > 1:
             print_rank_0(f"> context parallel attention: {cp.reason}")
-        if getattr(args, "fp8_settings", None) is not None:
-            print_rank_0(f"> {args.fp8_settings.describe()}")
-        print_rank_0(f"> building multimodal model ({build_settings(args).transformer_impl} "
+        if config.fp8_settings is not None:
+            print_rank_0(f"> {config.fp8_settings.describe()}")
+        print_rank_0(f"> building multimodal model ({transformer_impl(config.model)} "
                      f"specs), {len(train_ds)} train / {len(valid_ds)} validation samples ...")
-        print_rank_0(f"> {fusions(args).describe()}")
-        timers = Timers(args.timing_log_level, args.timing_log_option)
+        print_rank_0(f"> {fusions(config).describe()}")
+        timers = Timers(config.logging.timing_log_level, config.logging.timing_log_option)
 
         def build_run(run_plan):
-            chunks = build_model_chunks(args, tokenizer, model_config, run_plan, replicas)
-            return (chunks,) + setup_model_and_optimizer(args, chunks, timers)
+            chunks = build_model_chunks(config, tokenizer, model_config, run_plan, replicas)
+            return (chunks,) + setup_model_and_optimizer(config, chunks, timers)
 
-        if args.pipeline_partition == "search":
+        if config.pipeline.pipeline_partition == "search":
             best = search_partition(
-                args, plan.chain,
-                build=lambda layers: build_run(plan_training(
-                    args, model_config, layers, "search trial", plan.schedule))[1:],
-                batches=lambda: batch_iterators(args, train_ds, tokenizer, 0, shuffle=True),
-                step=lambda run, data: train_step(args, run[0], run[1], run[2], data,
+                config, plan.chain,
+                build=lambda layers: build_run(plan_pipeline(
+                    config, model_config, layers, "search trial", plan.schedule))[1:],
+                batches=lambda: batch_iterators(config, train_ds, tokenizer, 0, shuffle=True),
+                step=lambda run, data: train_step(config, run[0], run[1], run[2], data,
                                                   attention=attention),
-                reseed=lambda: set_random_seed(args.seed), log=print_rank_0)
-            plan = plan_training(args, model_config, best, "search", plan.schedule)
-        description = plan.describe(args)
+                reseed=lambda: set_random_seed(config.training.seed), log=print_rank_0)
+            plan = plan_pipeline(config, model_config, best, "search", plan.schedule)
+        description = plan.describe(config)
         if description:
             print_rank_0(description)
-        executor = (build_executor(args, plan.encoder_plan, plan.chain, replicas, attention)
+        executor = (build_executor(config, plan.encoder_plan, plan.chain, replicas, attention)
                     if plan.encoder_plan is not None else None)
         model, model_chunks, optimizer, scheduler = build_run(plan)
         for line in attention_backend_lines(
-                model, args.micro_batch_size, args.seq_length,
-                torch.bfloat16 if args.bf16 else torch.float32) or ():
+                model, config.training.micro_batch_size, config.model.seq_length,
+                torch.bfloat16 if config.training.bf16 else torch.float32) or ():
             print_rank_0(f"> attention backend of {line}")
         n_params = sum(p.numel() for chunk in model for p in chunk.parameters())
         n_train = sum(p.numel() for chunk in model for p in chunk.parameters()
@@ -164,52 +182,53 @@ class Trainer:
                      f"({parallel_state.get_tensor_model_parallel_rank()}, "
                      f"{parallel_state.get_pipeline_model_parallel_rank()}): {n_params} "
                      f"({n_train} trainable)")
-        return cls(args, tokenizer, model_config, plan, replicas, attention, executor,
+        return cls(config, tokenizer, model_config, plan, replicas, attention, executor,
                    train_ds, valid_ds, model, model_chunks, optimizer, scheduler, timers,
-                   writers)
+                   writers, started=started)
 
     # -- data: the one place iterators are built ------------------------------------------
     def batches(self, dataset, consumed_samples: int, shuffle: bool):
         """The iterator the schedule takes (one per model chunk with virtual stages)."""
-        return batch_iterators(self.args, dataset, self.tokenizer, consumed_samples, shuffle)
+        return batch_iterators(self.config, dataset, self.tokenizer, consumed_samples,
+                               shuffle)
 
     # -- checkpoints -------------------------------------------------------------------------
     def run_state(self) -> dict:
         """What the run derived, saved with the flags in the checkpoint."""
         return {"padded_vocab_size": self.model_config.language.vocab_size_padded(
-                    self.args.tensor_model_parallel_size),
+                    self.config.parallel.tensor_model_parallel_size),
                 "pipeline_plan": self.plan.to_checkpoint()}
 
     def save(self, iteration: int) -> None:
-        save_checkpoint(self.args, iteration, self.model, self.optimizer, self.scheduler,
+        save_checkpoint(self.config, iteration, self.model, self.optimizer, self.scheduler,
                         self.model_config, self.run_state(), self.data_state)
         print_rank_0(f"  successfully saved checkpoint at iteration {iteration} to "
-                     f"{self.args.save}")
+                     f"{self.config.checkpoint.save}")
 
     def load(self) -> int:
-        if not self.args.load:
+        load = self.config.checkpoint.load
+        if not load:
             return 0
-        iteration = load_checkpoint(self.args, self.model, self.optimizer, self.scheduler,
+        iteration = load_checkpoint(self.config, self.model, self.optimizer, self.scheduler,
                                     log=print_rank_0)
         if iteration:
-            print_rank_0(f" > loaded checkpoint from {self.args.load} at iteration "
-                         f"{iteration}")
+            print_rank_0(f" > loaded checkpoint from {load} at iteration {iteration}")
         return iteration
 
     # -- evaluation --------------------------------------------------------------------------
     def evaluate(self, iteration: int, label: str = "") -> dict:
-        args = self.args
+        config, gbs = self.config, self.config.training.global_batch_size
         batches = self.batches(self.valid_ds, 0, shuffle=False)
-        loss = evaluate_loss(args, self.model_chunks, batches, self.executor, self.attention)
-        n = min(len(self.valid_ds), args.eval_iters * args.global_batch_size)
-        accuracy = answer_accuracy(args, self.model_chunks, self.valid_ds, self.tokenizer,
+        loss = evaluate_loss(config, self.model_chunks, batches, self.executor, self.attention)
+        n = min(len(self.valid_ds), config.validation.eval_iters * gbs)
+        accuracy = answer_accuracy(config, self.model_chunks, self.valid_ds, self.tokenizer,
                                    range(n), self.executor, self.attention)
         line = (f" validation loss at iteration {iteration}{label} | lm loss value: "
                 f"{loss:.6E} | lm loss PPL: {math.exp(min(20.0, loss)):.6E}"
                 f" | val answer accuracy: {accuracy:.4f} ({n} samples) |")
         print_rank_last("-" * len(line) + "\n" + line + "\n" + "-" * len(line))
-        validation_scalars(self.writers, iteration, iteration * args.global_batch_size, loss,
-                           accuracy, args.log_validation_ppl_to_tensorboard)
+        validation_scalars(self.writers, iteration, iteration * gbs, loss, accuracy,
+                           config.logging.log_validation_ppl_to_tensorboard)
         return {"val_loss": loss, "val_accuracy": accuracy}
 
     # -- the loop ----------------------------------------------------------------------------
@@ -221,52 +240,52 @@ class Trainer:
             return
         self.summary["losses"].update({it: loss for it, (loss, _) in read.items()})
         self.summary["grad_norms"].update({it: norm or 0.0 for it, (_, norm) in read.items()})
-        if self.args.check_for_nan_in_loss_and_grad:
+        if self.config.exits.check_for_nan_in_loss_and_grad:
             check_losses({it: loss for it, (loss, _) in read.items()}
                          if parallel_state.is_pipeline_last_stage() else {})
 
     def exit_reason(self, iteration: int, handler, start: float) -> Optional[str]:
         """Megatron-LM's checkpoint_and_decide_exit: every rank takes the same decision."""
-        args = self.args
+        config = self.config
         if handler is not None and handler.any_received():
-            return f"after receiving {args.exit_signal}"
-        if args.exit_duration_in_mins:
+            return f"after receiving {config.exits.exit_signal}"
+        if config.exits.exit_duration_in_mins:
             minutes = (time.time() - start) / 60.0
-            done = torch.tensor([int(minutes > args.exit_duration_in_mins)],
+            done = torch.tensor([int(minutes > config.exits.exit_duration_in_mins)],
                                 device=collective_device())
             torch.distributed.all_reduce(done, op=torch.distributed.ReduceOp.MAX)
             if done.item():
                 return f"after {minutes:.2f} minutes"
-        if args.exit_interval and iteration % args.exit_interval == 0:
-            return f"at iteration {iteration} (--exit-interval {args.exit_interval})"
+        if config.exits.exit_interval and iteration % config.exits.exit_interval == 0:
+            return f"at iteration {iteration} (--exit-interval {config.exits.exit_interval})"
         return None
 
     def train(self, callbacks: Optional[TrainingCallbacks] = None) -> dict:
         """Train as the flags say; returns a summary (losses per iteration, last
         evaluation, and ``exit`` when the run stopped early)."""
-        args, callbacks = self.args, callbacks or TrainingCallbacks()
+        config, callbacks = self.config, callbacks or TrainingCallbacks()
         if callbacks.on_model_built is not None:
             callbacks.on_model_built(self.model, self.model_chunks, self.optimizer)
         iteration = self.load()
-        train_iter = self.batches(self.train_ds, iteration * args.global_batch_size,
+        train_iter = self.batches(self.train_ds, iteration * config.training.global_batch_size,
                                   shuffle=True)
         self.data_state = savable(train_iter)  # Energon's loader: saved with checkpoints
         if isinstance(train_iter, list):  # count the tokens of one chunk's copy of the data
             train_iter[0] = counter = TokenCounter(train_iter[0])
         else:
             train_iter = counter = TokenCounter(train_iter)
-        log = TrainingLog(args, self.timers, model_flops_per_iteration(args, self.model_config),
+        log = TrainingLog(config, self.timers, model_flops_per_iteration(config, self.model_config),
                           counter.take_global, self.writers, print_rank_last)
         summary = self.summary
         summary.update(losses={}, grad_norms={})
-        validate = validation_enabled(args)
-        handler = (DistributedSignalHandler(getattr(signal, args.exit_signal))
-                   if args.exit_signal_handler else None)
-        start, first, last_saved, stop = PROCESS_START, iteration + 1, None, None
+        validate = validation_enabled(config.validation)
+        handler = (DistributedSignalHandler(getattr(signal, config.exits.exit_signal))
+                   if config.exits.exit_signal_handler else None)
+        start, first, last_saved, stop = self.started, iteration + 1, None, None
         with handler or nullcontext():
             self.timers("interval-time", log_level=0).start(barrier=True)
-            while iteration < args.train_iters:
-                result = train_step(args, self.model_chunks, self.optimizer, self.scheduler,
+            while iteration < config.training.train_iters:
+                result = train_step(config, self.model_chunks, self.optimizer, self.scheduler,
                                     train_iter, self.executor, self.attention, self.timers,
                                     iteration=iteration + 1)
                 iteration += 1
@@ -277,14 +296,14 @@ class Trainer:
                     self.optimizer.get_loss_scale, self.model_chunks))
                 if iteration == first:  # after the optimizer state exists
                     report_memory(f"(after {iteration} iterations)")
-                if validate and iteration % args.eval_interval == 0 and \
-                        iteration < args.train_iters:
+                if validate and iteration % config.validation.eval_interval == 0 and \
+                        iteration < config.training.train_iters:
                     self.timers("interval-time").stop()
                     summary.update(self.evaluate(iteration))
                     self.timers("interval-time").start(barrier=True)
                 stop = self.exit_reason(iteration, handler, start)
-                if args.save and (stop or (args.save_interval
-                                           and iteration % args.save_interval == 0)):
+                if config.checkpoint.save and (stop or (config.checkpoint.save_interval
+                                           and iteration % config.checkpoint.save_interval == 0)):
                     self.timers("interval-time").stop()  # saving is not step time
                     self.save(iteration)
                     last_saved = iteration
@@ -295,9 +314,9 @@ class Trainer:
             self.timers("interval-time").stop()
         self.take_read(log.read())  # the iterations since the last log interval
         if stop is None:
-            if args.save and last_saved != iteration:
+            if config.checkpoint.save and last_saved != iteration:
                 self.save(iteration)
-            if validate and not args.skip_final_eval:
+            if validate and not config.validation.skip_final_eval:
                 summary.update(self.evaluate(iteration, label=" on validation set"))
         else:
             summary["exit"] = stop

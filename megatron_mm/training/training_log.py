@@ -74,11 +74,13 @@ def params_l2_norm(model_chunks) -> float:
 
 class TrainingLog:
     """Accumulates one log interval and prints Megatron-LM's iteration line on the last
-    rank. ``writers`` (TensorBoard / wandb, last rank only) get Megatron's scalars."""
+    rank (``config``: the RunConfig). ``writers`` (TensorBoard / wandb, last rank only) get
+    Megatron's scalars."""
 
-    def __init__(self, args, timers, flops_per_iteration: float, count_tokens: Callable[[], int],
-                 writers=None, print_fn: Callable[[str], None] = print):
-        self.args, self.timers, self.writers = args, timers, writers
+    def __init__(self, config, timers, flops_per_iteration: float,
+                 count_tokens: Callable[[], int], writers=None,
+                 print_fn: Callable[[str], None] = print):
+        self.config, self.timers, self.writers = config, timers, writers
         self.flops_per_iteration = flops_per_iteration
         self.count_tokens, self.print = count_tokens, print_fn
         self.pending: Dict[int, StepResult] = {}  # not yet read on the host
@@ -109,17 +111,17 @@ class TrainingLog:
                loss_scale: Callable[[], torch.Tensor], model_chunks) -> Dict[int, Tuple]:
         """One iteration; at a log interval, the line. Returns what it read on the host:
         {iteration: (lm loss, grad norm)} of the interval at a log interval, else {}."""
-        args = self.args
+        log, train = self.config.logging, self.config.training
         self.pending[iteration] = result
         if result.update_successful:
             self.advanced += 1
         else:
             self.skipped += 1
-        tensorboard = self.writers is not None and iteration % args.tensorboard_log_interval == 0
-        logging = iteration % args.log_interval == 0
+        tensorboard = self.writers is not None and iteration % log.tensorboard_log_interval == 0
+        logging = iteration % log.log_interval == 0
         params_norm = (params_l2_norm(model_chunks)
-                       if args.log_params_norm and (logging or tensorboard) else None)
-        consumed = iteration * args.global_batch_size
+                       if log.log_params_norm and (logging or tensorboard) else None)
+        consumed = iteration * train.global_batch_size
         read = self.read() if logging else {}
         if tensorboard:
             loss, grad_norm = read[iteration] if logging else read_on_host(
@@ -133,16 +135,17 @@ class TrainingLog:
         elapsed = self.timers("interval-time").elapsed(barrier=True)
         per_iteration = elapsed / max(1, self.advanced + self.skipped)
         tokens = self.count_tokens()
-        throughput = self.flops_per_iteration / (per_iteration * 1e12 * args.world_size)
+        world_size = self.config.parallel.world_size
+        throughput = self.flops_per_iteration / (per_iteration * 1e12 * world_size)
         line = f" [{datetime.now():%Y-%m-%d %H:%M:%S.%f}]"
-        line += f" iteration {iteration:8d}/{args.train_iters:8d} |"
+        line += f" iteration {iteration:8d}/{train.train_iters:8d} |"
         line += f" consumed samples: {consumed:12d} |"
         line += f" elapsed time per iteration (ms): {per_iteration * 1000.0:.1f} |"
-        if args.log_throughput:
+        if log.log_throughput:
             line += f" throughput per GPU (TFLOP/s/GPU): {throughput:.1f} |"
         line += f" tokens per second: {tokens / elapsed:.1f} |"
         line += f" learning rate: {learning_rate:.6E} |"
-        line += f" global batch size: {args.global_batch_size:5d} |"
+        line += f" global batch size: {train.global_batch_size:5d} |"
         if self.advanced and parallel_state.is_pipeline_last_stage():
             line += f" lm loss: {self.loss_sum / self.advanced:.6E} |"
         line += f" loss scale: {float(loss_scale()):.1f} |"
@@ -155,16 +158,16 @@ class TrainingLog:
         line += f" number of skipped iterations: {self.skipped:3d} |"
         line += f" number of nan iterations: {self.nan:3d} |"
         self.print(line)
-        if self.writers is not None and args.log_timers_to_tensorboard:
+        if self.writers is not None and log.log_timers_to_tensorboard:
             self.writers.add_scalar("iteration-time", per_iteration, iteration)
             self.writers.add_scalar("throughput", throughput, iteration)
-        names = timers_to_log(args.timing_log_level)
+        names = timers_to_log(log.timing_log_level)
         if names:
-            if self.writers is not None and args.log_timers_to_tensorboard:
+            if self.writers is not None and log.log_timers_to_tensorboard:
                 self.timers.write(names, self.writers, iteration,
-                                  normalizer=args.log_interval, reset=False)
+                                  normalizer=log.log_interval, reset=False)
             # Timers.log would go to a logger nobody configured; print as Megatron-LM shows it
-            timing = self.timers.get_all_timers_string(names, normalizer=args.log_interval)
+            timing = self.timers.get_all_timers_string(names, normalizer=log.log_interval)
             if timing:
                 self.print(timing)
         self._reset()
@@ -173,15 +176,15 @@ class TrainingLog:
     def _write(self, iteration, consumed, loss, grad_norm, num_zeros, params_norm,
                learning_rate, loss_scale) -> None:
         """Megatron-LM's TensorBoard scalars: each by iteration and '... vs samples'."""
-        args, w = self.args, self.writers
+        log, train, w = self.config.logging, self.config.training, self.writers
         scalars = {"learning-rate": learning_rate,
-                   "batch-size": args.global_batch_size}
+                   "batch-size": train.global_batch_size}
         if not math.isnan(loss):
             scalars["lm loss"] = loss
-        if args.log_loss_scale_to_tensorboard:
+        if log.log_loss_scale_to_tensorboard:
             scalars["loss-scale"] = loss_scale
-        if args.log_world_size_to_tensorboard:
-            scalars["world-size"] = args.world_size
+        if log.log_world_size_to_tensorboard:
+            scalars["world-size"] = self.config.parallel.world_size
         for name, value in (("grad-norm", grad_norm), ("num-zeros", num_zeros),
                             ("params-norm", params_norm)):
             if value is not None:
@@ -189,7 +192,7 @@ class TrainingLog:
         for name, value in scalars.items():
             w.add_scalar(name, value, iteration)
             w.add_scalar(name + " vs samples", value, consumed)
-        if args.log_memory_to_tensorboard and torch.cuda.is_available():
+        if log.log_memory_to_tensorboard and torch.cuda.is_available():
             stats = torch.cuda.memory_stats()
             for name, key in (("mem-reserved-bytes", "reserved_bytes.all.current"),
                               ("mem-allocated-bytes", "allocated_bytes.all.current"),

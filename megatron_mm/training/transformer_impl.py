@@ -2,7 +2,7 @@
 
 Checked with the other flags, before any process group exists; no torch import, and TE is
 only looked up, never imported here. Whether TE imports and a CUDA device exists is
-checked when the run's impl is resolved (``training/pretrain.py`` ``transformer_impl``,
+checked when the run's impl is resolved (``training/build_settings.py`` ``transformer_impl``,
 ``models/specs.py``), and before Megatron-Core is imported (``te_import.py``).
 """
 

@@ -298,16 +298,17 @@ def test_a_named_style_the_tokenizer_lacks_is_an_error(tmp_path, internvl):
 
 
 def test_the_flag_names_the_token_in_a_training_run(tmp_path, internvl):
-    from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.trainer import tokenizer_from_args
+    from megatron_mm.training.run_config import parse_run_config
+    from megatron_mm.training.trainer import tokenizer_from_config
 
     _, tok, _ = internvl
     flags = ["--vision-model-type", "internvit", "--tokenizer-type", "HuggingFaceTokenizer",
              "--tokenizer-model", tok.path, "--image-token-id",
              str(tok.media_token_id("image")), "--img-h", "448", "--img-w", "448",
              "--patch-dim", "14", "--seq-length", "4096"]
-    assert tokenizer_from_args(parse_args(flags, world_size=1)).item_tag("image") is not None
-    args = parse_args(flags + ["--image-tag-type", "nvlm"], world_size=1)
+    assert tokenizer_from_config(parse_run_config(flags, world_size=1)).item_tag(
+        "image") is not None
+    config = parse_run_config(flags + ["--image-tag-type", "nvlm"], world_size=1)
     with pytest.raises(ConfigError, match="--image-tag-type nvlm: the tokenizer has no token "
                                           "'<Image>'.*--tokenizer-model"):
-        tokenizer_from_args(args)
+        tokenizer_from_config(config)

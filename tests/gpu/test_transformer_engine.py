@@ -15,7 +15,7 @@ import, unless MEGATRON_MM_GPU_TESTS_WITHOUT_TE=1 (``conftest.transformer_engine
 - TE picks its flash or fused attention (not unfused) for the causal and padding masks.
 """
 
-import argparse
+import dataclasses
 
 import pytest
 import torch
@@ -146,12 +146,14 @@ def test_local_checkpoint_loads_into_te_and_back(cuda_world, tmp_path):
     from megatron_mm.training.checkpointing import load_checkpoint, save_checkpoint
 
     def args(path):
-        return argparse.Namespace(
-            save=str(path), load=str(path), no_save_optim=True, no_save_rng=True,
-            no_load_optim=True, no_load_rng=True, finetune=False,
-            model_config=_config("clip"),
-            global_batch_size=1, tensor_model_parallel_size=1,
-            pipeline_model_parallel_size=1, world_size=1)
+        from megatron_mm.training.run_config import parse_run_config
+
+        flags = ["--save", str(path), "--no-save-optim", "--no-save-rng", "--no-load-optim",
+                 "--no-load-rng", "--micro-batch-size", "1"]
+        config = parse_run_config(flags, world_size=1)  # --load: given here, not read
+        return dataclasses.replace(
+            config, model_config=_config("clip"),
+            checkpoint=dataclasses.replace(config.checkpoint, load=str(path)))
 
     local = _build("local")
     save_checkpoint(args(tmp_path / "local"), 1, [local], None, None)

@@ -34,9 +34,10 @@ def _tokenizer(directory) -> int:
 def train(rank, argv):
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.pretrain import pretrain
+    from megatron_mm.training.run_config import RunConfig
 
     args = parse_args(argv, world_size=1)
-    return pretrain(args)["losses"], args.tokenizer_type
+    return pretrain(RunConfig.from_flags(args))["losses"], args.tokenizer_type
 
 
 def test_converted_llava_continues_training(gloo_world, tmp_path):

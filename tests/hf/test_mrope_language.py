@@ -64,7 +64,7 @@ def test_mrope_language_model_matches_transformers(gloo_world, arch):
     config maps to and filled through the language weight table, gives transformers'
     logits on 3-D positions (max |diff| <= 1e-4, fp32)."""
     from megatron_mm.hf.compare import logits
-    from megatron_mm.hf.convert import _args, _build, _context
+    from megatron_mm.hf.convert import _build, _context, _run_config
     from megatron_mm.hf.mapping import MappingTable, prefixed
     from megatron_mm.hf.tables import LANGUAGE, OUTPUT_LAYER
 
@@ -73,13 +73,13 @@ def test_mrope_language_model_matches_transformers(gloo_world, arch):
                            tie_word_embeddings=hf.config.tie_word_embeddings)
     assert _flag(flags, "--position-embedding-type") == ["mrope"]
     assert _flag(flags, "--mrope-section", 3) == ["2", "3", "3"]
-    args = _args(flags + ["--vision-model-type", "none", "--seq-length", "64",
-                          "--train-iters", "0"])
-    config = args.model_config
+    run = _run_config(flags + ["--vision-model-type", "none", "--seq-length", "64",
+                               "--train-iters", "0"])
+    config = run.model_config
     lm = config.language
     lm.vocab_size = VOCAB
     lm.padded_vocab_size = lm.vocab_size_padded(1)
-    ours = _build(config, args).eval()
+    ours = _build(config, run.model).eval()
     rules = (prefixed(LANGUAGE, "language_model.", "model.language_model.")
              + prefixed(OUTPUT_LAYER, "language_model.", ""))
     expected = {k: v for k, v in ours.state_dict().items() if torch.is_tensor(v)}

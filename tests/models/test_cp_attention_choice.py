@@ -59,14 +59,15 @@ def test_te_cp_specs_take_te_core_attention():
 
 
 def test_flags_reach_the_choice_and_the_error_names_the_flag():
-    from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pretrain import cp_attention_choice
+    from megatron_mm.training.build_settings import cp_attention_choice
+    from megatron_mm.training.run_config import parse_run_config
 
-    args = parse_args(["--context-parallel-size", "2"], world_size=2)
-    assert cp_attention_choice(args).kind == "ours"
-    args = parse_args(["--context-parallel-size", "2", "--cp-comm-type", "p2p"], world_size=2)
+    config = parse_run_config(["--context-parallel-size", "2"], world_size=2)
+    assert cp_attention_choice(config).kind == "ours"
+    config = parse_run_config(["--context-parallel-size", "2", "--cp-comm-type", "p2p"],
+                              world_size=2)
     with pytest.raises(ConfigError, match="--cp-comm-type p2p .*drop the flag"):
-        cp_attention_choice(args)
+        cp_attention_choice(config)
 
 
 def test_te_cp_config_only_for_te_cp():

@@ -11,7 +11,7 @@ from megatron_mm.config import LanguageModelConfig, ProjectorConfig
 from megatron_mm.families.whisper.config import AudioEncoderConfig
 from megatron_mm.families.vit.config import VisionEncoderConfig
 from megatron_mm.models.fusions import Fusions, Kernels, choose_fusions, partial_tanh_gelu
-from megatron_mm.training.arguments import parse_args
+from megatron_mm.training.run_config import parse_run_config
 from megatron_mm.training.fusion_args import FUSION_FLAGS, fusion_flags
 
 ALL_ON = dict.fromkeys(FUSION_FLAGS, True)
@@ -50,9 +50,10 @@ def _fields(config):
 
 def test_megatron_lm_flags():
     """Megatron-LM's flags and dests: each fusion on unless its --no-*-fusion is given."""
-    assert fusion_flags(parse_args([], world_size=1)) == ALL_ON
+    assert fusion_flags(parse_run_config([], world_size=1).fusion) == ALL_ON
     for dest, flag in FUSION_FLAGS.items():
-        assert fusion_flags(parse_args([flag], world_size=1)) == {**ALL_ON, dest: False}
+        assert fusion_flags(parse_run_config([flag], world_size=1).fusion) == {
+            **ALL_ON, dest: False}
     assert set(FUSION_FLAGS.values()) == {
         "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion",
         "--no-bias-dropout-fusion", "--no-rope-fusion", "--no-gradient-accumulation-fusion"}
@@ -64,12 +65,12 @@ def test_cpu_path_unchanged():
     from megatron.core.activations import quick_gelu
 
     from megatron_mm.models import BuildSettings
-    from megatron_mm.training.pretrain import build_settings
+    from megatron_mm.training.build_settings import build_settings
 
     chosen = choose_fusions(ALL_ON, Kernels(), "local")
     assert chosen == Fusions() and "no CUDA" in chosen.describe()
     if not torch.cuda.is_available():
-        assert build_settings(parse_args([], world_size=1)).fusions == Fusions()
+        assert build_settings(parse_run_config([], world_size=1)).fusions == Fusions()
     configs = _configs(BuildSettings(fusions=chosen))
     for name, config in configs.items():
         assert not any(getattr(config, f) for f in FUSED), name

@@ -4,7 +4,7 @@ produce. TE cannot be installed here, so its layers' names come from Megatron-Co
 spec code (walked below: which TE class sits at which submodule) and, per TE class, the
 parameters it registers (``TE_PARAMETERS``, read off TransformerEngine's modules)."""
 
-import argparse
+import dataclasses
 import importlib.util
 import re
 
@@ -232,12 +232,15 @@ def _give_extra_state(model):
     norm.__class__ = type("WithExtraState", (_WithExtraState, type(norm)), {})
 
 
-def _args(tmp_path, **kw):
-    return argparse.Namespace(
-        save=str(tmp_path), load=str(tmp_path), no_save_optim=True, no_save_rng=True,
-        no_load_optim=True, no_load_rng=True, finetune=False, model_config=_model_config(),
-        global_batch_size=1, tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
-        world_size=1, **kw)
+def _args(tmp_path):
+    from megatron_mm.training.run_config import parse_run_config
+
+    flags = ["--save", str(tmp_path), "--no-save-optim", "--no-save-rng", "--no-load-optim",
+             "--no-load-rng", "--micro-batch-size", "1"]
+    config = parse_run_config(flags, world_size=1)  # --load: given below, not read here
+    return dataclasses.replace(
+        config, model_config=_model_config(),
+        checkpoint=dataclasses.replace(config.checkpoint, load=str(tmp_path)))
 
 
 def test_checkpoints_carry_te_names_and_load_across_impls(gloo_world, tmp_path):

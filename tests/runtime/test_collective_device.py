@@ -16,7 +16,7 @@ def test_nccl_means_the_current_cuda_device(monkeypatch):
 def test_gloo_world_reduces_on_cpu_and_partition_trials_run_there(gloo_world):
     from argparse import Namespace
 
-    from megatron_mm.training.partition_trials import time_candidate
+    from megatron_mm.training.planning.partition_trials import time_candidate
 
     assert collective_device() == torch.device("cpu")
     assert collective_device(gloo_world.get_data_parallel_group()) == torch.device("cpu")

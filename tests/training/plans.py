@@ -1,9 +1,6 @@
 """The training plan a run makes of its flags, before any process group (with the real
 vocabulary), and layer profiles written for it."""
 
-from megatron_mm.training.arguments import parse_args
-
-
 def tokenizer():
     """The demo's tokenizer (its real vocabulary sizes the plan's embedding layers)."""
     from megatron_mm.data import build_tokenizer
@@ -12,12 +9,14 @@ def tokenizer():
 
 
 def plan_of(argv, world):
-    """The flags and the training plan a run makes of them (with the real vocabulary)."""
+    """The RunConfig of the flags and the training plan a run makes of them (with the real
+    vocabulary)."""
+    from megatron_mm.training.planning.training_plan import plan_pipeline
+    from megatron_mm.training.run_config import parse_run_config
     from megatron_mm.training.trainer import model_config_for
-    from megatron_mm.training.training_plan import plan_training
 
-    args = parse_args(argv, world_size=world)
-    return args, plan_training(args, model_config_for(args, tokenizer()))
+    config = parse_run_config(argv, world_size=world)
+    return config, plan_pipeline(config, model_config_for(config, tokenizer()))
 
 
 def slow_link_profile(argv, world, path, slow=True, vit=20):
@@ -28,9 +27,9 @@ def slow_link_profile(argv, world, path, slow=True, vit=20):
     from megatron_mm.plan.costs.hardware import Interconnect
     from megatron_mm.plan.pipeline.profile import LayerProfile, LayerTime
 
-    args, plan = plan_of(argv, world)
+    config, plan = plan_of(argv, world)
     vision = lambda l: "vision" in l.module  # noqa: E731
-    LayerProfile("test", args.micro_batch_size, args.seq_length, 1, [], [
+    LayerProfile("test", config.training.micro_batch_size, config.model.seq_length, 1, [], [
         LayerTime(l.module, vit * 1e-3 if vision(l) else 1e-3,
                   2 * vit * 1e-3 if vision(l) else 2e-3)
         for l in plan.chain],

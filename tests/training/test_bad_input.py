@@ -127,12 +127,14 @@ def test_a_bad_flag_is_reported_by_rank_0_only(capsys, monkeypatch):
 def validate_and_plan(argv, world):
     """What a run checks before any process group: the flags, then the plan (made once,
     on the model with the tokenizer's vocabulary)."""
+    from megatron_mm.training.run_config import RunConfig
     from megatron_mm.training.trainer import model_config_for
-    from megatron_mm.training.training_plan import plan_training
+    from megatron_mm.training.planning.training_plan import plan_pipeline
 
     args = parse_args(argv, world_size=world)
     try:
-        plan_training(args, model_config_for(args, tokenizer()))
+        config = RunConfig.from_flags(args)
+        plan_pipeline(config, model_config_for(config, tokenizer()))
     except ConfigError as e:  # as the script reports it: once, without a traceback
         exit_with_user_error(e)
 

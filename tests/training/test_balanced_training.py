@@ -15,9 +15,9 @@ from train_workers import TINY_MODEL, train
 def train_then_resume(rank, argv, save_dir):
     from megatron.core import parallel_state
 
-    import megatron_mm.training.pretrain as pretrain
+    import megatron_mm.training.data_setup as data_setup
 
-    seen, real = [], pretrain.balanced_batch_iterator
+    seen, real = [], data_setup.balanced_batch_iterator
 
     def watched(*args, **kwargs):
         it = real(*args, **kwargs)
@@ -25,7 +25,7 @@ def train_then_resume(rank, argv, save_dir):
         seen.append((tuple(first["tokens"].shape), "cu_seqlens" in first))
         return _chain(first, it)
 
-    pretrain.balanced_batch_iterator = watched
+    data_setup.balanced_batch_iterator = watched
     common = argv + ["--train-iters", "4"]
     full = train(rank, common + ["--save", save_dir, "--save-interval", "2"])
     with open(os.path.join(save_dir, "latest_checkpointed_iteration.txt"), "w") as f:

@@ -12,7 +12,7 @@ from megatron_mm.plan.costs.hardware import Hardware
 from megatron_mm.plan.pipeline.partition import partition
 from megatron_mm.plan.schedules.simulate import simulate
 from megatron_mm.training.arguments import parse_args
-from megatron_mm.training.encoder_schedule_auto import time_inputs
+from megatron_mm.training.planning.time_inputs import time_inputs
 
 from plans import plan_of, slow_link_profile
 from train_workers import TINY_MODEL
@@ -24,8 +24,9 @@ AUTO = ["--encoder-schedule", "auto"]
 
 
 def test_auto_takes_the_fastest_simulated_alternative():
-    args, plan = plan_of(TINY_MODEL + PP2 + AUTO, 2)
-    assert args.encoder_schedule == "auto"  # the flags stay as typed: the plan chooses
+    config, plan = plan_of(TINY_MODEL + PP2 + AUTO, 2)
+    # the flags stay as typed: the plan chooses
+    assert config.encoder_schedule.encoder_schedule == "auto"
     choice = plan.schedule.auto
     kinds = {(a.schedule, a.encoder_pipeline_model_parallel_size, a.encoder_pieces)
              for a in choice.alternatives}
@@ -33,7 +34,7 @@ def test_auto_takes_the_fastest_simulated_alternative():
     assert kinds == {("megatron", None, 1)} | {(k, s, p) for k in ("coarse", "bubble")
                                                for s, p in ((1, 1), (1, 2), (2, 1))}
     assert choice.chosen.iteration_s == min(a.iteration_s for a in choice.alternatives)
-    run = plan.run_args(args)
+    run = plan.run_config(config).encoder_schedule
     assert run.encoder_schedule == choice.chosen.schedule
     if choice.chosen.schedule != "megatron":
         assert (run.encoder_pipeline_model_parallel_size, run.encoder_pieces) == (
@@ -41,15 +42,16 @@ def test_auto_takes_the_fastest_simulated_alternative():
         assert plan.encoder_plan is not None
     # the megatron alternative is Megatron-Core's order on the partition the run would use,
     # on the plan's chain (the tokenizer's vocabulary)
-    part = partition(plan.chain, 2, 1, args.pipeline_partition, num_microbatches=4)
+    part = partition(plan.chain, 2, 1, config.pipeline.pipeline_partition,
+                     num_microbatches=4)
     expected = simulate(megatron(2, 1, 4), megatron_costs(plan.chain, part, Hardware(),
-                                                          **time_inputs(args)), False)
+                                                          **time_inputs(config)), False)
     got = next(a for a in choice.alternatives if a.schedule == "megatron")
     assert got.iteration_s == pytest.approx(expected.iteration_s)
     lines = choice.lines()
     assert lines[0].startswith(f"> --encoder-schedule auto chose {choice.chosen.describe()}")
     assert len(lines) == 1 + len(choice.alternatives)
-    described = plan.describe(args).splitlines()
+    described = plan.describe(config).splitlines()
     assert described[:len(lines)] == lines  # printed with the plan, once
     saved = plan.to_checkpoint()["encoder_schedule"]
     assert saved["encoder_schedule"] == choice.chosen.schedule
@@ -57,7 +59,7 @@ def test_auto_takes_the_fastest_simulated_alternative():
 
 
 def test_auto_with_an_encoder_tp_of_its_own_leaves_megatron_out(capsys):
-    args, plan = plan_of(TINY_MODEL + PP2 + TP2 + AUTO +
+    config, plan = plan_of(TINY_MODEL + PP2 + TP2 + AUTO +
                          ["--encoder-tensor-model-parallel-size", "1"], 4)
     assert plan.schedule.encoder_schedule in ("coarse", "bubble")
     assert plan.schedule.encoder_tensor_model_parallel_size == 1
@@ -76,19 +78,19 @@ def test_auto_picks_the_encoder_tp_whose_all_reduces_cost_least(tmp_path):
     simulated; on the default links (NVLink) and measured compute it keeps TP 2."""
     argv = TINY_MODEL + PP2 + TP2 + AUTO
     profile = ["--pipeline-profile", slow_link_profile(argv, 4, tmp_path / "p.json")]
-    args, plan = plan_of(argv + profile, 4)
+    config, plan = plan_of(argv + profile, 4)
     auto = plan.schedule.auto
     tps = {a.encoder_tensor_model_parallel_size for a in auto.alternatives
            if a.schedule != "megatron"}
     assert tps == {1, 2}
     assert auto.chosen.iteration_s == min(a.iteration_s for a in auto.alternatives)
     assert plan.schedule.encoder_tensor_model_parallel_size == 1
-    assert plan.run_args(args).encoder_tensor_model_parallel_size == 1
+    assert plan.run_config(config).encoder_schedule.encoder_tensor_model_parallel_size == 1
     best_tp2 = min(a.iteration_s for a in auto.alternatives
                    if a.encoder_tensor_model_parallel_size in (None, 2))
     assert auto.chosen.iteration_s < best_tp2
     assert " TP 1, " in auto.lines()[0]
-    assert "vision layers at TP 1: 2 replicas per TP group of 2" in plan.describe(args)
+    assert "vision layers at TP 1: 2 replicas per TP group of 2" in plan.describe(config)
     # the default links (NVLink) cost the measured compute's ViT little: TP 2 or megatron
     _, fast = plan_of(argv + ["--pipeline-profile", slow_link_profile(
         argv, 4, tmp_path / "fast.json", slow=False)], 4)
@@ -102,8 +104,8 @@ def test_auto_picks_the_encoder_tp_whose_all_reduces_cost_least(tmp_path):
 def test_auto_plans_vision_and_audio_together():
     from audio_data import AUDIO_MODEL
 
-    args, plan = plan_of(TINY_MODEL + AUDIO_MODEL + PP2 + AUTO, 2)
+    config, plan = plan_of(TINY_MODEL + AUDIO_MODEL + PP2 + AUTO, 2)
     choice = plan.schedule.auto
     assert {a.schedule for a in choice.alternatives} == {"megatron", "coarse", "bubble"}
     assert choice.chosen.iteration_s == min(a.iteration_s for a in choice.alternatives)
-    assert plan.run_args(args).encoder_schedule == choice.chosen.schedule
+    assert plan.run_config(config).encoder_schedule.encoder_schedule == choice.chosen.schedule

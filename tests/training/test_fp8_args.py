@@ -103,11 +103,15 @@ def test_megatron_rules_come_before_the_te_check(capsys):
 def test_fp8_llm_sequences_are_padded_by_the_collator():
     from megatron_mm.data.processing import Sample, collate
     from megatron_mm.training.fp8_args import llm_sequence_multiple
+    from megatron_mm.training.run_config import parse_run_config
 
-    assert llm_sequence_multiple(parse_args(EMU, world_size=1)) == 16
-    assert llm_sequence_multiple(parse_args([], world_size=1)) == 1
-    assert llm_sequence_multiple(parse_args(EMU + ["--fp8-modules", "vision-projector"]
-                                            + ALIGNED[:7], world_size=1)) == 1
+    def multiple(argv):
+        config = parse_run_config(argv, world_size=1)
+        return llm_sequence_multiple(config.fp8_settings, config.parallel)
+
+    assert multiple(EMU) == 16
+    assert multiple([]) == 1
+    assert multiple(EMU + ["--fp8-modules", "vision-projector"] + ALIGNED[:7]) == 1
     import torch
 
     sample = Sample(tokens=torch.arange(5), labels=torch.arange(5), loss_mask=torch.ones(5),

@@ -4,6 +4,7 @@ search where none can run is an error."""
 
 import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 from dist_harness import run_distributed
@@ -13,10 +14,12 @@ pytestmark = pytest.mark.processes
 PLAN_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plan")
 
 
-class _Args:
-    pipeline_model_parallel_size, virtual_pipeline_model_parallel_size = 2, None
-    pipeline_search_radius, pipeline_search_candidates, pipeline_search_iters = 1, 2, 1
-    pipeline_profile = None
+# the groups search_partition reads
+_CONFIG = SimpleNamespace(
+    parallel=SimpleNamespace(pipeline_model_parallel_size=2,
+                             virtual_pipeline_model_parallel_size=None),
+    pipeline=SimpleNamespace(pipeline_search_radius=1, pipeline_search_candidates=2,
+                             pipeline_search_iters=1, pipeline_profile=None))
 
 
 def _search(rank, unfit):
@@ -25,7 +28,7 @@ def _search(rank, unfit):
 
     from megatron_mm.plan import PlanError
     from megatron_mm.plan.pipeline.partition_search import candidates
-    from megatron_mm.training.partition_trials import search_partition
+    from megatron_mm.training.planning.partition_trials import search_partition
 
     dist.init_process_group("gloo")
     sys.path.insert(0, PLAN_TESTS)
@@ -41,7 +44,7 @@ def _search(rank, unfit):
         return layers
 
     try:
-        kept = search_partition(_Args(), chain, build, lambda: None,
+        kept = search_partition(_CONFIG, chain, build, lambda: None,
                                 lambda run, data: None, lambda: None, log.append)
     except PlanError as e:
         return "error", str(e)

@@ -165,8 +165,8 @@ def _with_slow_vit_profile(argv, layout, tmp_path_factory):
     if etp_case:
         slow_link_profile(base, world, path)
     else:
-        args, plan = plan_of(base, world)
-        LayerProfile("test", args.micro_batch_size, args.seq_length, 1, [], [
+        config, plan = plan_of(base, world)
+        LayerProfile("test", config.training.micro_batch_size, config.model.seq_length, 1, [], [
             LayerTime(l.module, 20e-3 if "vision" in l.module else 1e-3,
                       40e-3 if "vision" in l.module else 2e-3) for l in plan.chain]
         ).save(str(path))

@@ -192,11 +192,12 @@ def test_balancer_counts_patches(qwen_vl_dir):
     from megatron_mm.data.tokenizer import build_tokenizer
     from megatron_mm.training.arguments import build_parser, model_config_from_args
     from megatron_mm.training.balanced_data import sample_loads
-    from megatron_mm.training.pretrain import media_processors
+    from megatron_mm.training.data_setup import media_processors
+    from megatron_mm.training.run_config import RunConfig
 
     args = build_parser().parse_args(_argv(qwen_vl_dir))
     args.model_config = model_config_from_args(args)
-    procs = media_processors(args)
+    procs = media_processors(RunConfig.from_flags(args))
     data = MultimodalDataset(f"{qwen_vl_dir}/train.jsonl", build_tokenizer(),
                              {m: p.token_count for m, p in procs.items()}, None,
                              processors=procs)

@@ -39,14 +39,15 @@ def _budget_and_choice(argv):
     N per stack the planner then picks (the cheapest choice that fits: maybe another)."""
     from megatron_mm.data import build_tokenizer
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pipeline_plan import training_chain
+    from megatron_mm.training.planning.chain import training_chain
+    from megatron_mm.training.run_config import RunConfig
 
     args = parse_args(argv, world_size=1)
     tok = build_tokenizer(args.tokenizer_type, args.tokenizer_model,
                           image_token_id=args.image_token_id,
                           audio_token_id=args.audio_token_id)
     args.model_config.language.vocab_size = tok.vocab_size
-    chain = training_chain(args)
+    chain = training_chain(RunConfig.from_flags(args))
     bounds = StagePartition(1, 1, [len(chain)]).chunk_bounds()
     (chunk,) = chunk_activations(chain, bounds, 1, 1, MICROBATCHES)
     static = static_bytes(chain, bounds, 1, MemoryModel())[0]

@@ -88,14 +88,16 @@ def train_signalled(rank, argv, at):
     """SIGTERM reaches rank 0 only, during iteration ``at``'s callback: the other rank
     must stop after the same iteration (the ranks agree), with one checkpoint."""
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pretrain import TrainingCallbacks, pretrain
+    from megatron_mm.training.pretrain import pretrain
+    from megatron_mm.training.run_config import RunConfig
+    from megatron_mm.training.trainer import TrainingCallbacks
 
     def on_step(iteration, model, loss):
         if iteration == at and rank == 0:
             os.kill(os.getpid(), signal.SIGTERM)
 
     args = parse_args(argv, world_size=int(os.environ["WORLD_SIZE"]))
-    summary = pretrain(args, TrainingCallbacks(on_step=on_step))
+    summary = pretrain(RunConfig.from_flags(args), TrainingCallbacks(on_step=on_step))
     return {k: summary.get(k) for k in ("losses", "iteration", "exit")}
 
 
@@ -145,21 +147,22 @@ def test_a_nan_gradient_stops_the_run_naming_the_iteration(digits_dir):
         assert message.startswith("iteration 3: found NaN or Inf in the gradients"), message
 
 
-def test_missing_optional_logging_packages_are_named(monkeypatch):
-    import argparse
+def test_missing_optional_logging_packages_are_named(monkeypatch, tmp_path):
     import sys
 
     from megatron_mm.config import ConfigError
     from megatron_mm.training.metric_writers import build_writers
+    from megatron_mm.training.run_config import parse_run_config
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
-    args = argparse.Namespace(tensorboard_dir=None, wandb_project="p")
+    config = parse_run_config(["--wandb-project", "p", "--wandb-exp-name", "e",
+                               "--wandb-save-dir", str(tmp_path)], world_size=1)
     with pytest.raises(ConfigError, match="--wandb-project needs the wandb package"):
-        build_writers(args)
+        build_writers(config)
     monkeypatch.setitem(sys.modules, "tensorboard", None)
-    args = argparse.Namespace(tensorboard_dir="tb", wandb_project=None)
+    config = parse_run_config(["--tensorboard-dir", "tb"], world_size=1)
     with pytest.raises(ConfigError, match="--tensorboard-dir needs the tensorboard package"):
-        build_writers(args)
+        build_writers(config)
 
 
 def train_wandb_offline(rank, argv):
@@ -199,14 +202,16 @@ def train_late(rank, argv, at):
     clock = trainer.time = Clock()
 
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pretrain import TrainingCallbacks, pretrain
+    from megatron_mm.training.pretrain import pretrain
+    from megatron_mm.training.run_config import RunConfig
+    from megatron_mm.training.trainer import TrainingCallbacks
 
     def on_step(iteration, model, loss):
         if iteration == at and rank == 0:
             clock.offset = 120.0
 
     args = parse_args(argv, world_size=int(os.environ["WORLD_SIZE"]))
-    summary = pretrain(args, TrainingCallbacks(on_step=on_step))
+    summary = pretrain(RunConfig.from_flags(args), TrainingCallbacks(on_step=on_step))
     return {k: summary.get(k) for k in ("iteration", "exit")}
 
 

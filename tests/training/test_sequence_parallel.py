@@ -97,9 +97,10 @@ def greedy_ids(rank, argv, n_prompts):
     from megatron_mm.training.evaluation import greedy_generate
     from megatron_mm.training.fp8_args import llm_sequence_multiple
     from megatron_mm.training.trainer import Trainer
+    from megatron_mm.training.run_config import RunConfig
 
     args = parse_args(argv, world_size=int(os.environ["WORLD_SIZE"]))
-    run = Trainer.build(args)
+    run = Trainer.build(RunConfig.from_flags(args))
     run.load()
     out, lengths = [], []
     for i in range(n_prompts):
@@ -111,7 +112,8 @@ def greedy_ids(rank, argv, n_prompts):
         out.append(greedy_generate(run.model_chunks, [sample], run.tokenizer.pad_id, 3, -1,
                                    run.tokenizer.base_vocab_size, run.attention,
                                    run.executor,
-                                   pad_to_multiple_of=llm_sequence_multiple(args))[0])
+                                   pad_to_multiple_of=llm_sequence_multiple(
+                                       run.config.fp8_settings, run.config.parallel))[0])
     return out, lengths
 
 
@@ -177,11 +179,15 @@ def test_llm_padding_is_one_rule_with_fp8():
     """SP pads the LLM's sequences to a multiple of TP through FP8's rule
     (``llm_sequence_multiple``); without FP8 no CP factor, without SP nothing."""
     from megatron_mm.training.fp8_args import llm_sequence_multiple
+    from megatron_mm.training.run_config import parse_run_config
 
-    assert llm_sequence_multiple(parse_args(TP2_SP, world_size=2)) == 2
-    assert llm_sequence_multiple(parse_args(
-        TP2_SP + ["--context-parallel-size", "2", "--context-parallel-block", "8"],
-        world_size=4)) == 2
-    assert llm_sequence_multiple(parse_args(TP2_SP[:2], world_size=2)) == 1
+    def multiple(argv, world_size):
+        config = parse_run_config(argv, world_size)
+        return llm_sequence_multiple(config.fp8_settings, config.parallel)
+
+    assert multiple(TP2_SP, 2) == 2
+    assert multiple(TP2_SP + ["--context-parallel-size", "2", "--context-parallel-block", "8"],
+                    4) == 2
+    assert multiple(TP2_SP[:2], 2) == 1
     fp8 = ["--fp8-format", "hybrid", "--fp8-emulation"]
-    assert llm_sequence_multiple(parse_args(fp8 + TP2_SP, world_size=2)) == 16
+    assert multiple(fp8 + TP2_SP, 2) == 16

@@ -14,7 +14,8 @@ from megatron_mm import te_import
 from megatron_mm.config import ConfigError
 from megatron_mm.models import specs
 from megatron_mm.training.arguments import parse_args
-from megatron_mm.training.pretrain import build_settings
+from megatron_mm.training.build_settings import build_settings
+from megatron_mm.training.run_config import RunConfig, parse_run_config
 
 TE_ERROR = "No module named 'transformer_engine_torch'"
 
@@ -49,7 +50,7 @@ def test_broken_te_stops_the_run_with_its_error(install_te, cuda, argv, defaulte
     install_te("broken")
     args = parse_args(argv, world_size=1)
     with pytest.raises(ConfigError) as error:
-        build_settings(args)
+        build_settings(RunConfig.from_flags(args))
     message = str(error.value)
     assert TE_ERROR in message and "--transformer-impl local" in message, message
     assert ("the default where CUDA runs" in message) == defaulted, message
@@ -59,7 +60,7 @@ def test_broken_te_stops_the_run_with_its_error(install_te, cuda, argv, defaulte
 def test_broken_te_leaves_local_layers_asked_for(install_te, cuda):
     install_te("broken")
     args = parse_args(["--transformer-impl", "local"], world_size=1)
-    assert build_settings(args).transformer_impl == "local"
+    assert build_settings(RunConfig.from_flags(args)).transformer_impl == "local"
 
 
 def test_without_te_the_default_is_local(install_te, cuda):
@@ -69,7 +70,7 @@ def test_without_te_the_default_is_local(install_te, cuda):
     if specs.transformer_engine_installed():
         pytest.skip("Transformer Engine is installed here")
     assert specs.default_transformer_impl() == "local"
-    assert build_settings(parse_args([], world_size=1)).transformer_impl == "local"
+    assert build_settings(parse_run_config([], world_size=1)).transformer_impl == "local"
 
 
 def test_without_cuda_te_is_refused_naming_the_flag(install_te):
@@ -78,4 +79,5 @@ def test_without_cuda_te_is_refused_naming_the_flag(install_te):
         pytest.skip("needs a machine without CUDA")
     assert specs.default_transformer_impl() == "local"
     with pytest.raises(ConfigError, match="needs a CUDA device: pass --transformer-impl local"):
-        build_settings(parse_args(["--transformer-impl", "transformer_engine"], world_size=1))
+        build_settings(parse_run_config(["--transformer-impl", "transformer_engine"],
+                                        world_size=1))

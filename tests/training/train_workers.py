@@ -109,7 +109,9 @@ def norm_squares(chunks) -> dict:
 
 def train(rank: int, argv: list, grad_steps=(), hooks=None) -> dict:
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pretrain import TrainingCallbacks, pretrain
+    from megatron_mm.training.pretrain import pretrain
+    from megatron_mm.training.run_config import RunConfig
+    from megatron_mm.training.trainer import TrainingCallbacks
 
     args = parse_args(argv, world_size=int(os.environ["WORLD_SIZE"]))
     grads, squares, holder = {}, {}, {}
@@ -124,7 +126,7 @@ def train(rank: int, argv: list, grad_steps=(), hooks=None) -> dict:
             grads[iteration] = full_state(model, grads=True)
             squares[iteration] = norm_squares(model)
 
-    summary = pretrain(args, TrainingCallbacks(on_model_built, on_step))
+    summary = pretrain(RunConfig.from_flags(args), TrainingCallbacks(on_model_built, on_step))
     summary["grads"] = grads
     summary["norm_squares"] = squares
     summary["params"] = full_state(holder["model"], grads=False)

@@ -90,11 +90,11 @@ def _processor_config(directory, **fields):
 def test_pixel_bounds_come_from_the_processor_config(converted, tmp_path):
     """The checkpoint's --min-pixels / --max-pixels are the processor config's (they fix
     every item's token count); a patch size other than the tower's is refused."""
-    from megatron_mm.hf.compare import load_args
+    from megatron_mm.hf.compare import checkpoint_run_config
     from megatron_mm.families.qwen2_5_vl.hf import processor_flags
 
-    args = load_args(converted[2])
-    assert (args.min_pixels, args.max_pixels) == (784, 50176)
+    model = checkpoint_run_config(converted[2]).model
+    assert (model.min_pixels, model.max_pixels) == (784, 50176)
     _processor_config(tmp_path, size={"shortest_edge": 1568, "longest_edge": 3136})
     assert processor_flags(str(tmp_path), _config()) == ["--min-pixels", "1568",
                                                           "--max-pixels", "3136"]

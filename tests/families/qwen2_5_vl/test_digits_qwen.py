@@ -43,10 +43,11 @@ def demo():
     """The demo's parsed flags, its tokenizer and its family's media processors."""
     from megatron_mm.data.tokenizer import build_tokenizer
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.pretrain import media_processors
+    from megatron_mm.training.data_setup import media_processors
+    from megatron_mm.training.run_config import RunConfig
 
     args = parse_args(demo_flags(), world_size=2)
-    return args, build_tokenizer(), media_processors(args)
+    return args, build_tokenizer(), media_processors(RunConfig.from_flags(args))
 
 
 def read_jsonl(path):

@@ -132,6 +132,7 @@ def test_bidirectional_media_attention_is_refused():
     from megatron_mm.training.attention import AttentionSettings
 
     config = MultimodalModelConfig(encoders={"vision": Qwen2_5VLVisionConfig(**ENC)})
-    args = SimpleNamespace(model_config=config, media_attention="bidirectional")
+    run = SimpleNamespace(model_config=config,
+                          parallel=SimpleNamespace(media_attention="bidirectional"))
     with pytest.raises(ConfigError, match="--media-attention causal"):
-        AttentionSettings.from_args(args, tokenizer=None)
+        AttentionSettings.from_config(run, tokenizer=None)

@@ -49,13 +49,15 @@ def _load(ckpt):
     from megatron_mm.models import build_model
     from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.checkpointing import load_checkpoint, saved_args
-    from megatron_mm.training.pretrain import build_settings
+    from megatron_mm.training.build_settings import build_settings
+    from megatron_mm.training.run_config import RunConfig
 
     args = parse_args(["--load", ckpt], world_size=1)
     lm = args.model_config.language
     lm.padded_vocab_size = lm.vocab_size = saved_args(args)["padded_vocab_size"]
-    model = build_model(args.model_config, build_settings(args), {"audio": args.audio_token_id})
-    load_checkpoint(args, [model], None, None)
+    model = build_model(args.model_config, build_settings(RunConfig.from_flags(args)),
+                        {"audio": args.audio_token_id})
+    load_checkpoint(RunConfig.from_flags(args), [model], None, None)
     return model.eval()
 
 

@@ -5,8 +5,8 @@ model chunk holds, which layers it recomputes, and (``coarse|bubble``) the encod
 It is planned on the model with its real vocabulary (after the tokenizer loads), before
 any process group exists, so a partition that cannot work is reported first. The same
 object is then printed, built from and saved in the checkpoint. The plan is the one
-source of the run's encoder schedule: the run reads its flags through ``run_args`` (the
-typed namespace with the plan's schedule, encoder PP, encoder TP and pieces).
+source of the run's encoder schedule: the run reads its flags through ``run_config`` (the
+RunConfig with the plan's schedule, encoder PP, encoder TP and pieces).
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
-from ..plan import StagePartition, partition
-from ..plan.pipeline.describe import describe_chunk
-from ..plan.schedules.encoder_pipeline import EncoderPipelinePlan
-from ..plan.pipeline.partition import parse_partition_flag
-from ..plan.pipeline.placement import ChunkPlacement, chunk_placements
-from ..plan.pipeline.recompute_budget import GB, RecomputeChoice
+from ...plan import StagePartition, partition
+from ...plan.pipeline.describe import describe_chunk
+from ...plan.schedules.encoder_pipeline import EncoderPipelinePlan
+from ...plan.pipeline.partition import parse_partition_flag
+from ...plan.pipeline.placement import ChunkPlacement, chunk_placements
+from ...plan.pipeline.recompute_budget import RecomputeChoice
+from .chain import training_chain
 from .encoder_schedule import encoder_pipeline_plan, separate_encoder
 from .encoder_schedule_auto import EncoderScheduleChoice, encoder_schedule_choice
-from .pipeline_plan import describe_encoder_plan, training_chain
-from .recompute_plan import adaptive_choice
+from .recompute import adaptive_choice, choice_line
 
 
 @dataclass
@@ -37,15 +37,16 @@ class TrainingPlan:
     recompute_choice: Optional[RecomputeChoice] = field(default=None, repr=False)
     schedule: Optional[EncoderScheduleChoice] = None  # the encoder schedule; None: the flags'
 
-    def run_args(self, args):
-        """The flags with this plan's encoder schedule (what the run reads)."""
-        return self.schedule.run_args(args) if self.schedule is not None else args
+    def run_config(self, config):
+        """``config`` (the RunConfig) with this plan's encoder schedule: what the run
+        reads."""
+        return self.schedule.applied(config) if self.schedule is not None else config
 
-    def describe(self, args) -> str:
-        args = self.run_args(args)
+    def describe(self, config) -> str:
+        config = self.run_config(config)
         lines = self.schedule.lines() if self.schedule is not None else []
         if self.encoder_plan is not None:
-            return "\n".join(lines + [describe_encoder_plan(args, self.encoder_plan)])
+            return "\n".join(lines + [describe_encoder_plan(config, self.encoder_plan)])
         part = self.partition
         if part.pipeline_model_parallel_size > 1:
             lines.append(f"> pipeline partition ({self.policy}): layers per stage "
@@ -54,13 +55,7 @@ class TrainingPlan:
                 lines.append(f"   chunk {c} (pipeline rank {part.rank_of_chunk(c)}): "
                              f"{describe_chunk(self.chain, start, end)}")
         if self.recompute_choice is not None:
-            choice = self.recompute_choice
-            source = "measured" if args.pipeline_profile else "cost-model"
-            lines.append(
-                f"> adaptive recompute (budget {args.recompute_memory_budget:g} GB per rank, "
-                f"{source} activation bytes and times): recompute_num_layers per chunk "
-                f"{choice.recompute_num_layers}, estimated GB per rank "
-                f"{[round(b / GB, 4) for b in choice.rank_bytes]}")
+            lines.append(choice_line(config, self.recompute_choice))
         return "\n".join(lines)
 
     def to_checkpoint(self) -> dict:
@@ -76,7 +71,28 @@ class TrainingPlan:
         return out
 
 
-def plan_training(args, model_config,
+def describe_encoder_plan(config, plan) -> str:
+    """The LLM chunks and the encoder pieces of ``--encoder-schedule coarse|bubble``."""
+    part = plan.llm_partition
+    lines = [f"> encoder schedule {config.encoder_schedule.encoder_schedule}: LLM layers per "
+             f"chunk {part.layers_per_chunk} ({part.policy}); " + ", ".join(
+                 f"{pieces.name} {'trainable' if trainable else 'frozen'}, "
+                 f"{len(pieces.ranks)} pieces"
+                 for pieces, trainable in zip(plan.pieces, plan.trainable))]
+    for pieces in plan.pieces:
+        for p, (layers, rank) in enumerate(zip(pieces.layers, pieces.ranks)):
+            lines.append(f"   {pieces.name} piece {p} (pipeline rank {rank}): layers "
+                         f"{layers[0]}-{layers[1] - 1}")
+    tp = config.parallel.tensor_model_parallel_size
+    etp = config.encoder_schedule.encoder_tensor_model_parallel_size
+    if etp and etp < tp:
+        names = " and ".join(pieces.name for pieces in plan.pieces)
+        lines.append(f"   {names} layers at TP {etp}: {tp // etp} replicas per TP group "
+                     f"of {tp}, micro-batch m on replica m % {tp // etp}")
+    return "\n".join(lines)
+
+
+def plan_pipeline(config, model_config,
                   layers_per_chunk: Optional[Sequence[int]] = None,
                   policy_label: Optional[str] = None,
                   schedule: Optional[EncoderScheduleChoice] = None) -> TrainingPlan:
@@ -85,29 +101,30 @@ def plan_training(args, model_config,
     candidates and its pick); ``schedule``: the encoder schedule already chosen (default:
     the flags', or ``--encoder-schedule auto``'s pick on this chain). Raises a ConfigError
     that names the flag."""
+    pipeline, parallel = config.pipeline, config.parallel
     policy: Union[str, List[int]] = (list(layers_per_chunk) if layers_per_chunk is not None
-                                     else parse_partition_flag(args.pipeline_partition))
+                                     else parse_partition_flag(pipeline.pipeline_partition))
     label = policy_label or (policy if isinstance(policy, str)
                              else ",".join(map(str, policy)))
-    chain = training_chain(args, model_config)
-    schedule = schedule or encoder_schedule_choice(args, chain)
-    args = schedule.run_args(args)
-    if separate_encoder(args):
-        plan = encoder_pipeline_plan(args, chain, policy)
+    chain = training_chain(config, model_config)
+    schedule = schedule or encoder_schedule_choice(config, chain)
+    recompute_num_layers = config.recompute.recompute_num_layers
+    if separate_encoder(schedule):
+        plan = encoder_pipeline_plan(schedule.applied(config), chain, policy)
         return TrainingPlan(chain, plan.llm_partition, plan.placements,
-                            [args.recompute_num_layers] * len(plan.placements), label, plan,
+                            [recompute_num_layers] * len(plan.placements), label, plan,
                             schedule=schedule)
-    limit = args.memory_limit_gb * 1024 ** 3 if args.memory_limit_gb else None
-    part = partition(chain, args.pipeline_model_parallel_size,
-                     args.virtual_pipeline_model_parallel_size or 1, policy,
-                     memory_limit_bytes=limit, num_microbatches=args.num_microbatches,
-                     search_radius=args.pipeline_search_radius)
+    limit = pipeline.memory_limit_gb * 1024 ** 3 if pipeline.memory_limit_gb else None
+    part = partition(chain, parallel.pipeline_model_parallel_size,
+                     parallel.virtual_pipeline_model_parallel_size or 1, policy,
+                     memory_limit_bytes=limit, num_microbatches=config.training.num_microbatches,
+                     search_radius=pipeline.pipeline_search_radius)
     choice = None
-    recompute = [args.recompute_num_layers] * part.num_chunks
-    if args.recompute_memory_budget is not None and policy != "search":
+    recompute = [recompute_num_layers] * part.num_chunks
+    if config.recompute.recompute_memory_budget is not None and policy != "search":
         # (before --pipeline-partition search: each candidate's trial, and the partition
         # it keeps, are planned with their own layers and choose then)
-        choice = adaptive_choice(args, part, chain)
+        choice = adaptive_choice(config, part, chain)
         recompute = list(choice.recompute_num_layers)
     return TrainingPlan(chain, part, chunk_placements(chain, part), recompute, label,
                         recompute_choice=choice, schedule=schedule)

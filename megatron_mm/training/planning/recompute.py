@@ -10,25 +10,30 @@ the cost model's otherwise.
 
 from __future__ import annotations
 
-from ..plan import MemoryModel, StagePartition
-from ..plan.pipeline.recompute_budget import (GB, RecomputeChoice, choose_recompute,
-                                              chunk_activations, static_bytes)
-from .pipeline_plan import training_chain
+from ...plan import MemoryModel, StagePartition
+from ...plan.pipeline.recompute_budget import (GB, RecomputeChoice, choose_recompute,
+                                     chunk_activations, static_bytes)
+from .chain import training_chain
 
 
-def adaptive_choice(args, part: StagePartition, chain=None) -> RecomputeChoice:
-    chain = chain if chain is not None else training_chain(args)
+def adaptive_choice(config, part: StagePartition, chain=None) -> RecomputeChoice:
+    chain = chain if chain is not None else training_chain(config)
     bounds = part.chunk_bounds()
     pp, vpp = part.pipeline_model_parallel_size, part.virtual_pipeline_model_parallel_size
-    return choose_recompute(chunk_activations(chain, bounds, pp, vpp, args.num_microbatches),
+    m = config.training.num_microbatches
+    return choose_recompute(chunk_activations(chain, bounds, pp, vpp, m),
                             static_bytes(chain, bounds, pp, MemoryModel()),
-                            args.recompute_memory_budget * GB)
+                            config.recompute.recompute_memory_budget * GB)
 
 
-def describe_choice(args, part: StagePartition, chain=None) -> str:
-    choice = adaptive_choice(args, part, chain)
-    source = ("measured" if getattr(args, "pipeline_profile", None) else "cost-model")
-    return (f"> adaptive recompute (budget {args.recompute_memory_budget:g} GB per rank, "
+def describe_choice(config, part: StagePartition, chain=None) -> str:
+    return choice_line(config, adaptive_choice(config, part, chain))
+
+
+def choice_line(config, choice: RecomputeChoice) -> str:
+    source = ("measured" if config.pipeline.pipeline_profile else "cost-model")
+    budget = config.recompute.recompute_memory_budget
+    return (f"> adaptive recompute (budget {budget:g} GB per rank, "
             f"{source} activation bytes and times): recompute_num_layers per chunk "
             f"{choice.recompute_num_layers}, estimated GB per rank "
             f"{[round(b / GB, 4) for b in choice.rank_bytes]}")

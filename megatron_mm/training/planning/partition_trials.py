@@ -18,35 +18,35 @@ from typing import Callable, List
 
 import torch
 
-from ..plan.errors import PlanError
-from ..plan.pipeline.partition_search import candidates, fastest, table
-from ..runtime.collective_device import collective_device
-from ..runtime.timer import DeviceTimer
-from .initialize import device
-from .pipeline_plan import training_chain
+from ...plan.errors import PlanError
+from ...plan.pipeline.partition_search import candidates, fastest, table
+from ...runtime.collective_device import collective_device
+from ...runtime.timer import DeviceTimer
+from ..initialize import device
+from .chain import training_chain
 
 
-def layer_time_source(args) -> str:
-    if getattr(args, "pipeline_profile", None):
-        return f"measured profile {args.pipeline_profile}"
+def layer_time_source(pipeline) -> str:
+    if pipeline.pipeline_profile:
+        return f"measured profile {pipeline.pipeline_profile}"
     return "cost model (FLOPs; no --pipeline-profile)"
 
 
-def ranked_candidates(args, chain=None):
-    return candidates(chain if chain is not None else training_chain(args),
-                      args.pipeline_model_parallel_size,
-                      args.virtual_pipeline_model_parallel_size or 1,
-                      args.pipeline_search_radius)
+def ranked_candidates(config, chain=None):
+    return candidates(chain if chain is not None else training_chain(config),
+                      config.parallel.pipeline_model_parallel_size,
+                      config.parallel.virtual_pipeline_model_parallel_size or 1,
+                      config.pipeline.pipeline_search_radius)
 
 
-def time_candidate(args, build: Callable, batches: Callable, step: Callable) -> float:
+def time_candidate(pipeline, build: Callable, batches: Callable, step: Callable) -> float:
     """Max over ranks of the median iteration time of a freshly built model."""
     run = build()
     data = batches()
     step(run, data)  # warm-up, untimed: first-call allocations and lazy initialisation
     times: List[float] = []
     timer = DeviceTimer(device())
-    for _ in range(args.pipeline_search_iters):
+    for _ in range(pipeline.pipeline_search_iters):
         torch.distributed.barrier()
         timer.start()
         step(run, data)
@@ -57,20 +57,20 @@ def time_candidate(args, build: Callable, batches: Callable, step: Callable) -> 
     return float(median.item())
 
 
-def search_partition(args, chain, build: Callable, batches: Callable, step: Callable,
+def search_partition(config, chain, build: Callable, batches: Callable, step: Callable,
                      reseed: Callable, log: Callable[[str], None]) -> List[int]:
     """Times the top candidates, prints the table, returns the fastest's layer counts.
     ``build(layers_per_chunk)`` builds model and optimizer for that partition,
     ``batches()`` a fresh batch iterator, ``step(run, data)`` one training iteration,
     ``reseed()`` restores the RNG the run started with."""
-    found = ranked_candidates(args, chain)
+    found = ranked_candidates(config, chain)
     timed, unfit = [], []
     for cand in found:
-        if len(timed) == args.pipeline_search_candidates:
+        if len(timed) == config.pipeline.pipeline_search_candidates:
             break
         try:
             cand.measured_s = time_candidate(
-                args, lambda: build(list(cand.layers_per_chunk)), batches, step)
+                config.pipeline, lambda: build(list(cand.layers_per_chunk)), batches, step)
         except PlanError as e:  # a partition the run cannot take (over the memory
             # budget, say): planned alike on every rank, so every rank skips it
             unfit.append(f"{','.join(map(str, cand.layers_per_chunk))} ({e})")
@@ -81,8 +81,8 @@ def search_partition(args, chain, build: Callable, batches: Callable, step: Call
                         + "; ".join(unfit))
     best = fastest(timed)
     log(table(found[:max(len(timed), min(len(found), 2 * len(timed)))],
-              layer_time_source(args))
-        + f"\n   {len(found)} candidates within +-{args.pipeline_search_radius} layers; "
+              layer_time_source(config.pipeline))
+        + f"\n   {len(found)} candidates within +-{config.pipeline.pipeline_search_radius} layers; "
           + (f"skipped {'; '.join(unfit)}; " if unfit else "")
           + f"kept {','.join(map(str, best.layers_per_chunk))} "
           f"({best.measured_s:.4f} s/iteration)")

@@ -1,6 +1,6 @@
 """The run's encoder schedule, and ``--encoder-schedule auto``: the planner picks it.
 
-``plan_training`` settles it once, on the training chain with the tokenizer's real
+``plan_pipeline`` settles it once, on the training chain with the tokenizer's real
 vocabulary, into the ``TrainingPlan`` (``EncoderScheduleChoice``): the flags' schedule,
 encoder PP, encoder TP and pieces, or with ``auto`` the fastest simulated alternative:
 
@@ -27,20 +27,21 @@ alternatives are left out where the run's other flags do not combine with them
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from ..config import ConfigError
-from ..plan import PlanError, partition
-from ..plan.schedules.encoder_pipeline import megatron_costs
-from ..plan.schedules.generate import megatron
-from ..plan.costs.hardware import Hardware, Interconnect
-from ..plan.pipeline.profile import MEASURED, LayerProfile
-from ..plan.record import Record
-from ..plan.schedules.simulate import simulate
-from .fp8_args import validate_fp8_args
-from .sequence_parallel import validate_sequence_parallel
+from ...config import ConfigError
+from ...plan import PlanError, partition
+from ...plan.schedules.encoder_pipeline import megatron_costs
+from ...plan.schedules.generate import megatron
+from ...plan.pipeline.profile import MEASURED
+from ...plan.record import Record
+from ...plan.schedules.simulate import simulate
+from ..fp8_args import validate_fp8_args
+from ..sequence_parallel import validate_sequence_parallel
+from .encoder_schedule import encoder_pipeline_plan, make_schedule, plan_costs
+from .time_inputs import hardware, time_inputs
 
 
 @dataclass
@@ -87,56 +88,46 @@ class EncoderScheduleChoice(Record):
     auto: Optional[AutoChoice] = None  # --encoder-schedule auto: what it simulated
 
     @classmethod
-    def from_flags(cls, args) -> "EncoderScheduleChoice":
-        return cls(args.encoder_schedule, args.encoder_pipeline_model_parallel_size,
-                   args.encoder_tensor_model_parallel_size, args.encoder_pieces)
+    def from_flags(cls, schedule) -> "EncoderScheduleChoice":
+        """The flags' schedule (``schedule``: the encoder-schedule group)."""
+        return cls(schedule.encoder_schedule, schedule.encoder_pipeline_model_parallel_size,
+                   schedule.encoder_tensor_model_parallel_size, schedule.encoder_pieces)
 
-    def run_args(self, args):
-        """A copy of the flags with this schedule (the namespace itself stays as typed)."""
-        out = copy.copy(args)
-        out.encoder_schedule = self.encoder_schedule
-        out.encoder_pipeline_model_parallel_size = self.encoder_pipeline_model_parallel_size
-        out.encoder_tensor_model_parallel_size = self.encoder_tensor_model_parallel_size
-        out.encoder_pieces = self.encoder_pieces
-        return out
+    def applied(self, config):
+        """``config`` (the RunConfig) with this schedule as its encoder-schedule group."""
+        return with_schedule(config, self.encoder_schedule,
+                             self.encoder_pipeline_model_parallel_size,
+                             self.encoder_tensor_model_parallel_size, self.encoder_pieces)
 
     def lines(self) -> List[str]:
         return self.auto.lines() if self.auto is not None else []
 
 
-def time_inputs(args) -> dict:
-    """The time model's inputs besides the hardware and the encoder TP, as
-    ``schedule_costs`` / ``megatron_costs`` take them: the TP links (a measured profile's
-    ``tp_links``, else ``Interconnect``'s defaults: layer times are measured in one
-    process, without TP traffic) and the run's TP (the chain's)."""
-    links = None
-    if getattr(args, "pipeline_profile", None):
-        links = LayerProfile.load(args.pipeline_profile).tp_links
-    return dict(links=links or Interconnect(),
-                tensor_model_parallel_size=args.tensor_model_parallel_size)
+def with_schedule(config, encoder_schedule: str, stages: Optional[int], etp: Optional[int],
+                  pieces: int):
+    """``config`` with these encoder-schedule flags (the flags given stay as typed)."""
+    return dataclasses.replace(config, encoder_schedule=dataclasses.replace(
+        config.encoder_schedule, encoder_schedule=encoder_schedule,
+        encoder_pipeline_model_parallel_size=stages,
+        encoder_tensor_model_parallel_size=etp, encoder_pieces=pieces))
 
 
-def hardware(args) -> Hardware:
-    """What the chain's costs are in: measured seconds, or FLOPs of the cost model."""
-    return MEASURED if getattr(args, "pipeline_profile", None) else Hardware()
-
-
-def encoder_tp_options(args) -> List[int]:
+def encoder_tp_options(config) -> List[int]:
     """The encoder TPs auto may pick, largest first: the flag's, or each divisor of TP
     the run's other flags allow (checked as if given as
     ``--encoder-tensor-model-parallel-size``)."""
-    tp = args.tensor_model_parallel_size
-    if args.encoder_tensor_model_parallel_size:
-        return [args.encoder_tensor_model_parallel_size]
+    tp = config.parallel.tensor_model_parallel_size
+    if config.encoder_schedule.encoder_tensor_model_parallel_size:
+        return [config.encoder_schedule.encoder_tensor_model_parallel_size]
     options = []
     for etp in [d for d in range(tp, 0, -1) if tp % d == 0]:
-        trial = copy.copy(args)
+        trial = config.namespace()  # what the flags' validators take
         trial.encoder_tensor_model_parallel_size = etp
         try:
-            if etp < tp and args.context_parallel_size > 1:
+            if etp < tp and config.parallel.context_parallel_size > 1:
                 continue  # the replicas' groups assume one CP rank (arguments.py)
             validate_sequence_parallel(trial)
-            args.model_config.validate_parallel(tp, etp)
+            config.model_config.validate_parallel(tp, etp)
             validate_fp8_args(trial)
         except ConfigError:
             continue
@@ -144,35 +135,32 @@ def encoder_tp_options(args) -> List[int]:
     return options
 
 
-def choose_encoder_schedule(args, chain) -> AutoChoice:
+def choose_encoder_schedule(config, chain) -> AutoChoice:
     """Simulate the alternatives for this run on ``chain`` (the training chain, with the
     real vocabulary) and return the fastest (module docstring)."""
-    hw = hardware(args)
-    pp, vpp = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size or 1
-    m, tp = args.num_microbatches, args.tensor_model_parallel_size
-    timing = time_inputs(args)
-    etps = encoder_tp_options(args)
+    hw = hardware(config.pipeline)
+    pp = config.parallel.pipeline_model_parallel_size
+    vpp = config.parallel.virtual_pipeline_model_parallel_size or 1
+    m, tp = config.training.num_microbatches, config.parallel.tensor_model_parallel_size
+    timing = time_inputs(config)
+    etps = encoder_tp_options(config)
     alternatives: List[Alternative] = []
     if tp in etps:  # Megatron-Core's schedules have no encoder TP of their own
-        part = partition(chain, pp, vpp, args.pipeline_partition, num_microbatches=m,
-                         search_radius=getattr(args, "pipeline_search_radius", 1))
+        part = partition(chain, pp, vpp, config.pipeline.pipeline_partition,
+                         num_microbatches=m,
+                         search_radius=config.pipeline.pipeline_search_radius)
         sim = simulate(megatron(pp, vpp, m), megatron_costs(chain, part, hw, **timing), False)
         alternatives.append(Alternative("megatron", None, 1, sim.iteration_s,
                                         tensor_model_parallel_size=tp))
-    separate = (args.pipeline_partition != "search"
-                and getattr(args, "recompute_memory_budget", None) is None)
-    from .encoder_schedule import encoder_pipeline_plan, make_schedule, plan_costs
-
+    separate = (config.pipeline.pipeline_partition != "search"
+                and config.recompute.recompute_memory_budget is None)
     for etp in etps if separate else []:
         for stages in [d for d in range(1, pp + 1) if pp % d == 0]:
             for pieces in (1, 2, 4):
                 for kind in ("coarse", "bubble"):
                     # the run's own planning with these flags (placement and stage
                     # boundaries searched for bubble), so the choice is what runs
-                    flags = copy.copy(args)
-                    flags.encoder_schedule, flags.encoder_pieces = kind, pieces
-                    flags.encoder_pipeline_model_parallel_size = stages
-                    flags.encoder_tensor_model_parallel_size = etp
+                    flags = with_schedule(config, kind, stages, etp, pieces)
                     try:
                         plan = encoder_pipeline_plan(flags, chain)
                     except PlanError:  # an encoder too short for these pieces
@@ -190,11 +178,11 @@ def choose_encoder_schedule(args, chain) -> AutoChoice:
     return AutoChoice(chosen=best, alternatives=alternatives, measured=hw is MEASURED)
 
 
-def encoder_schedule_choice(args, chain) -> EncoderScheduleChoice:
+def encoder_schedule_choice(config, chain) -> EncoderScheduleChoice:
     """The run's encoder schedule: the flags', or (``auto``) the planner's pick."""
-    if args.encoder_schedule != "auto":
-        return EncoderScheduleChoice.from_flags(args)
-    auto = choose_encoder_schedule(args, chain)
+    if config.encoder_schedule.encoder_schedule != "auto":
+        return EncoderScheduleChoice.from_flags(config.encoder_schedule)
+    auto = choose_encoder_schedule(config, chain)
     c = auto.chosen
     if c.schedule == "megatron":  # no encoder pipeline of its own
         return EncoderScheduleChoice("megatron", auto=auto)

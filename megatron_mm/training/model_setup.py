@@ -1,0 +1,90 @@
+"""The run's model and optimizer: this rank's model chunks as the plan places them, wrapped
+for DDP (and BF16), Megatron-Core's optimizer and LR scheduler, and the hooks Megatron-LM's
+loop installs on the model config."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+from ..families import modalities_of
+from ..models import MultimodalModel, build_model
+from ..models.wrappers import DistributedDataParallel, Float16Module
+from .build_settings import build_settings
+
+
+def build_model_chunks(config, tokenizer, model_config, plan, replicas=None
+                       ) -> List[MultimodalModel]:
+    """This rank's pipeline chunks (``config``: the RunConfig): one, or one per virtual
+    stage (interleaved 1F1B), each holding the modules ``plan`` (a TrainingPlan) gives it."""
+    settings = build_settings(config, plan.placements, replicas)
+    pp = config.parallel.pipeline_model_parallel_size
+    rank = parallel_state.get_pipeline_model_parallel_rank()
+    vpp = config.parallel.virtual_pipeline_model_parallel_size
+    media_ids = {m: tokenizer.media_token_id(m)
+                 for enc in model_config.encoders.values() for m in modalities_of(enc)}
+    chunks = []
+    for vp in range(vpp) if vpp else [None]:
+        index = (vp or 0) * pp + rank
+        chunk_settings = dataclasses.replace(
+            settings, recompute_num_layers=plan.recompute_num_layers[index])
+        chunks.append(build_model(model_config, chunk_settings, media_ids,
+                                  placement=plan.placements[index], vp_stage=vp))
+        if torch.cuda.is_available():  # as Megatron-LM's get_model: host-built modules too
+            chunks[-1].cuda(torch.cuda.current_device())
+    if replicas is not None:  # equal encoder replicas, each shard counted once in norms
+        pieces = [p for chunk in chunks for p in chunk.encoder_piece_parameters()]
+        replicas.sync_params(pieces)
+        replicas.mark_duplicates(pieces)
+    return chunks
+
+
+def ddp_config(config) -> DistributedDataParallelConfig:
+    """Megatron-LM's DDP settings for the run; ``--fp8-param-gather`` makes the distributed
+    optimizer all-gather the FP8 parameters and requantise them after each step."""
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=config.parallel.overlap_grad_reduce,
+        use_distributed_optimizer=config.parallel.use_distributed_optimizer,
+        fp8_param_gather=config.fp8.fp8_param_gather)
+
+
+def setup_model_and_optimizer(config, chunks: List[MultimodalModel], timers=None):
+    """DDP-wrapped chunks, Megatron-Core's optimizer and LR scheduler (``config``: the
+    RunConfig); ``timers`` (Megatron-Core's) go where the schedules and the optimizer
+    read them."""
+    train, log = config.training, config.logging
+    model_config = chunks[0].config  # the one the schedules read their hooks from
+    ddp = [DistributedDataParallel(config=chunk.config, ddp_config=ddp_config(config),
+                                   module=Float16Module(chunk.config, chunk) if train.bf16
+                                   else chunk)
+           for chunk in chunks]
+    optimizer = get_megatron_optimizer(OptimizerConfig(
+        optimizer="adam", lr=train.lr, min_lr=train.min_lr, weight_decay=train.weight_decay,
+        adam_beta1=train.adam_beta1, adam_beta2=train.adam_beta2, adam_eps=train.adam_eps,
+        clip_grad=train.clip_grad, bf16=train.bf16, params_dtype=model_config.params_dtype,
+        use_distributed_optimizer=config.parallel.use_distributed_optimizer,
+        log_num_zeros_in_grad=log.log_num_zeros_in_grad,
+        barrier_with_L1_time=log.barrier_with_L1_time, timers=timers),
+        ddp)
+    gbs = train.global_batch_size
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=train.lr_warmup_init, max_lr=train.lr, min_lr=train.min_lr,
+        lr_warmup_steps=train.lr_warmup_iters * gbs, lr_decay_steps=train.lr_decay_iters * gbs,
+        lr_decay_style=train.lr_decay_style, start_wd=train.weight_decay,
+        end_wd=train.weight_decay, wd_incr_steps=train.train_iters * gbs,
+        wd_incr_style="constant")
+    # The hooks Megatron-LM's training loop installs on the model config.
+    model_config.grad_scale_func = optimizer.scale_loss
+    model_config.finalize_model_grads_func = finalize_model_grads
+    model_config.timers = timers
+    model_config.barrier_with_L1_time = log.barrier_with_L1_time
+    if config.parallel.overlap_grad_reduce:
+        no_sync = [chunk.no_sync for chunk in ddp]
+        model_config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+    return ddp, optimizer, scheduler

@@ -1,0 +1,103 @@
+"""``--encoder-schedule coarse|bubble``: each encoder as its own pipeline, run by the
+schedule executor instead of Megatron-Core's schedules (``megatron``, the default).
+
+The plan (LLM partition, encoder pieces and their ranks) comes from the training chain; the
+``bubble`` schedule is generated on its per-action costs (``schedule_costs``: the cost
+model or measured per-layer times of ``--pipeline-profile``, with the TP traffic of
+``plan/unit_costs``, the costs ``--encoder-schedule auto`` chose on), once per micro-batch
+count. ``config`` here is the run's RunConfig with the plan's encoder schedule
+(``TrainingPlan.run_config``). The schedules name
+their collectives (the encoder replicas' broadcast and gradient sum, the data-parallel
+reductions' start points) and are validated as they are generated; the run's executor
+(``training/encoder_executor.py``) generates its schedule up front, so a schedule that
+cannot run fails at start-up.
+"""
+
+from __future__ import annotations
+
+from ...plan.schedules.bubble import bubble
+from ...plan.schedules.encoder_pipeline import (EncoderPipelinePlan, plan_encoder_pipeline,
+                                                schedule_costs)
+from ...plan.errors import PlanError
+from ...plan.schedules.generate import coarse
+from ...plan.pipeline.partition import parse_partition_flag
+from ...plan.schedules.simulate import simulate
+from .chain import training_chain
+from .time_inputs import hardware, time_inputs
+
+
+def separate_encoder(encoder_schedule) -> bool:
+    return encoder_schedule.encoder_schedule != "megatron"
+
+
+def encoder_pipeline_plan(config, chain=None, policy=None) -> EncoderPipelinePlan:
+    """The plan for the flags (``config``: the RunConfig). For the bubble schedule on a
+    balanced partition (not ``uniform`` or explicit counts) the encoder's stage boundaries
+    are searched by simulation: the balanced cut and each boundary one layer either side
+    (what balances ranks' totals need not pack the bubbles best), from each end of the
+    pipeline that ``--encoder-placement`` allows (auto: both; coarse: the first)."""
+    parallel, schedule = config.parallel, config.encoder_schedule
+    m = config.training.num_microbatches
+    chain = chain if chain is not None else training_chain(config)
+    policy = (policy if policy is not None
+              else parse_partition_flag(config.pipeline.pipeline_partition))
+    placement = schedule.encoder_placement
+    bubble_search = schedule.encoder_schedule == "bubble"
+    if placement == "auto":
+        placement = "auto" if bubble_search else "first"
+    stages = (schedule.encoder_pipeline_model_parallel_size
+              or parallel.pipeline_model_parallel_size)
+    shifts = [()]
+    if bubble_search and isinstance(policy, str) and policy != "uniform":
+        shifts += [tuple(d if i == b else 0 for i in range(stages - 1))
+                   for b in range(stages - 1) for d in (-1, 1)]
+    plans = []
+    for reverse in {"first": [False], "last": [True], "auto": [False, True]}[placement]:
+        for shift in shifts:
+            try:
+                plans.append(plan_encoder_pipeline(
+                    chain, parallel.pipeline_model_parallel_size,
+                    parallel.virtual_pipeline_model_parallel_size or 1, policy, stages,
+                    schedule.encoder_pieces, m, hardware(config.pipeline),
+                    reverse=reverse, shift=shift))
+            except PlanError:
+                if not shift:  # the balanced cut itself: the flags' error
+                    raise
+    if len(plans) == 1:
+        return plans[0]
+    # the first of equals: the balanced cut, the usual placement
+    return min(plans, key=lambda plan: simulate(
+        make_schedule(config, plan, m, chain), plan_costs(config, plan, chain),
+        timeline=False).iteration_s)
+
+
+def plan_costs(config, plan: EncoderPipelinePlan, chain=None):
+    """Per-action costs of the plan's LLM chunks and encoder pieces (with the encoder
+    TP's traffic: ``time_inputs``)."""
+    return schedule_costs(chain if chain is not None else training_chain(config),
+                          plan.llm_partition, plan.pieces, hardware(config.pipeline),
+                          encoder_tensor_model_parallel_size=(
+                              config.encoder_schedule.encoder_tensor_model_parallel_size),
+                          **time_inputs(config))
+
+
+def make_schedule(config, plan: EncoderPipelinePlan, num_microbatches: int, chain=None):
+    parallel, schedule = config.parallel, config.encoder_schedule
+    pp = parallel.pipeline_model_parallel_size
+    vpp = parallel.virtual_pipeline_model_parallel_size or 1
+    stages, pieces = schedule.encoder_pipeline_model_parallel_size, schedule.encoder_pieces
+    encoders = dict(reverse=plan.reverse, encoders=len(plan.pieces),
+                    frozen_encoders=plan.frozen_encoders,
+                    encoder_replicas=encoder_replicas(config), grad_sync=True)
+    if schedule.encoder_schedule == "coarse":
+        return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, stages, pieces,
+                      **encoders)
+    return bubble(pp, vpp, num_microbatches, plan.encoder_trainable,
+                  plan_costs(config, plan, chain), stages, pieces, extra_warmup="auto",
+                  **encoders)
+
+
+def encoder_replicas(config) -> int:
+    """Encoder replicas per LLM TP group (TP / encoder TP)."""
+    etp = config.encoder_schedule.encoder_tensor_model_parallel_size
+    return config.parallel.tensor_model_parallel_size // etp if etp else 1
