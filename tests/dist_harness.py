@@ -2,7 +2,8 @@
 each rank's return value; a rank's exception fails the test with its traceback.
 
 Ranks start from a fork server that has imported torch, Megatron-Core and megatron_mm
-once (about 7 s of CPU per process otherwise; the suite starts some hundred ranks). No
+once (about 7 s of CPU per process otherwise; the suite starts some hundred ranks) and
+asked Inductor's CPU probe (2 s more, ``inductor_isa.py``). No
 process group, thread pool or RNG use happens before the fork. Pipeline point-to-point
 runs in its strict mode (``MEGATRON_MM_STRICT_P2P=1``, ``runtime/mailbox.py``)."""
 
@@ -48,7 +49,10 @@ def _entry(rank, fn, world_size, port, out_dir, args, env):
 
 
 # megatron_mm.prepared first: its import is the entry call (the list can only import).
-PRELOAD = ["megatron_mm.prepared", "megatron_mm.training.pretrain"]
+# tests.inductor_isa: Inductor's CPU probe once for every rank; Python 3.11's fork server
+# imports from its working directory, the repository root under ``make test`` (from
+# elsewhere the import fails quietly there, and each rank probes for itself).
+PRELOAD = ["megatron_mm.prepared", "megatron_mm.training.pretrain", "tests.inductor_isa"]
 # The fork server imports PRELOAD and forks every rank: nothing there may initialise CUDA
 # (a forked child's CUDA then fails). Megatron-Core asks torch.cuda.is_available() at
 # import (dist_checkpointing), which initialises the driver unless torch asks NVML instead
