@@ -47,9 +47,9 @@ from megatron.core.transformer.transformer_block import TransformerBlock
 
 from ..plan.fp8 import EMULATED_RECIPES, FP8_MAX, fp8_dtypes
 from . import fp8_state
+from .fp8_scaling import FP32_MAX
 
 TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-FP32_MAX = torch.finfo(torch.float32).max
 
 
 def quantize_dequantize(x: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -98,30 +98,6 @@ class DelayedScalingMeta:
         """Slot 0 holds the max of every amax since the last update (TE's cast kernels
         max their amax into it)."""
         self.amax_history[0, i] = torch.maximum(self.amax_history[0, i], value)
-
-
-def amax_update(history: torch.Tensor, scale: torch.Tensor, fp8_max: float, algo: str,
-                margin: int) -> None:
-    """TE's delayed-scaling update of ``history`` [L, n] and ``scale`` [n] in place, per
-    tensor (column): a newest amax (slot 0) of 0 leaves the column alone (no roll, scale
-    kept); otherwise the window is the L newest amaxes (slots 1..L-1 and slot 0), the
-    history rolls so the newest lands in slot L-1 and slot 0 is zeroed, and amax is the
-    newest (``most_recent``) or the window's max (``max``, NaNs skipped). Device ops only:
-    no host sync."""
-    newest = history[0].clone()
-    window = torch.cat([history[1:], newest.unsqueeze(0)])
-    # TE's kernel takes the max with fmaxf, which skips NaNs.
-    value = newest if algo == "most_recent" else torch.where(
-        torch.isnan(window), torch.zeros_like(window), window).amax(dim=0)
-    rolled = window.clone()
-    rolled[0] = 0
-    skip = newest == 0
-    new_scale = (fp8_max / value) / (2 ** margin)
-    new_scale = torch.where(skip | ~torch.isfinite(value) | (value <= 0), scale, new_scale)
-    new_scale = torch.where(torch.isinf(new_scale), torch.full_like(new_scale, FP32_MAX),
-                            new_scale)
-    history.copy_(torch.where(skip.unsqueeze(0), history, rolled))
-    scale.copy_(new_scale)
 
 
 class _QuantizeForward(torch.autograd.Function):

@@ -23,6 +23,9 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from ..plan.fp8 import FP8_MAX
+from .fp8_scaling import amax_update
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -97,8 +100,6 @@ def reduce_and_update(forward: bool) -> None:
     """Every buffer of one direction: amaxes max-reduced over the group (one all-reduce per
     buffer), then each module's history and scale updated (TE:
     ``reduce_and_update_fp8_tensors``)."""
-    from .fp8_emulation import FP8_MAX, amax_update  # the update rule lives with the casts
-
     for key, metas in STATE.buffers[forward].items():
         recipe, group = STATE.arguments[key]
         newest = torch.cat([m.amax_history[0] for m in metas])

@@ -9,15 +9,14 @@ from tiny_multimodal import tiny_model
 
 from megatron_mm.models import fp8_state
 from megatron_mm.models.fp8_emulation import (
-    FP32_MAX,
     DelayedScalingMeta,
-    amax_update,
     current_scale,
     delayed_meta,
     emulate_linears,
     emulated_autocast,
     quantize_dequantize,
 )
+from megatron_mm.models.fp8_scaling import FP32_MAX, amax_update
 
 
 # --- the cast -------------------------------------------------------------------------
