@@ -131,19 +131,12 @@ class FreezeConfig:
         self.projectors = frozenset(self.projectors)
 
 
-def _default_encoders() -> dict:
-    """A CLIP tower of the default sizes (through the registry: the config is its family's)."""
-    from .families import family
-
-    return {"vision": family("clip").config_class()}
-
-
 @dataclass
 class MultimodalModelConfig:
     """Named encoders (each with its projector) feeding one language model."""
 
-    # name -> an encoder family's config (its ``model_type`` names the family)
-    encoders: Dict[str, object] = field(default_factory=lambda: _default_encoders())
+    # name -> an encoder family's config (its ``model_type`` names the family); {}: an LLM
+    encoders: Dict[str, object]
     projectors: Dict[str, ProjectorConfig] = field(default_factory=dict)
     language: LanguageModelConfig = field(default_factory=LanguageModelConfig)
     freeze: FreezeConfig = field(default_factory=FreezeConfig)

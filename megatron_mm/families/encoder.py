@@ -44,9 +44,10 @@ class EncoderFamily:
     - ``model_type``: the ``--{slot}-model-type`` value and the config's ``model_type``.
     - ``slot``: "vision" or "audio" (``SLOTS``).
     - ``modality``: the media key of records, tokenizer placeholders and batches.
-    - ``config_class`` / ``from_args``: its self-validating config dataclass, built from
-      the parsed flags (``add_arguments`` adds the family's own flags to its slot's
-      group; ``checkpoint_flags`` are the dests of those a checkpoint fixes).
+    - ``config_class`` / ``from_model_args``: its self-validating config dataclass, built
+      from the run's model group (``training/run_config.py: ModelArgs``, which holds the
+      family's own flags: ``add_arguments`` adds them to its slot's --help section;
+      ``checkpoint_flags`` are the dests of those a checkpoint fixes).
     - ``planner_spec(name, config, items_per_sample, common)``: the planner's
       ``EncoderSpec`` (costs from the family's own shapes).
     - ``build``: ``build(config, settings, specs, part, name, vp_stage, pg_collection,
@@ -68,8 +69,9 @@ class EncoderFamily:
       host media (variable-length families pack all items into one sequence: (patches,
       1); their module's ``layer_length(T)`` adds its sequence-parallel padding); None:
       the encoder's fixed length x the batch's items.
-    - ``media``: ``media(args, config)`` -> the ``MediaProcessor`` (raw media -> batch
-      tensors, and the exact placeholder count of every item).
+    - ``media``: ``media(model, config)`` -> the ``MediaProcessor`` (raw media -> batch
+      tensors, and the exact placeholder count of every item); ``model``: the run's model
+      group.
     - ``feature_tokens(config, media)``: (items in a batch's media, LLM tokens of each
       item or None: ``config.num_output_tokens`` each; a family reading several
       modalities may give {modality: tokens of each item}, checked modality by modality)
@@ -90,7 +92,7 @@ class EncoderFamily:
     slot: str
     modality: str
     config_class: type
-    from_args: Callable
+    from_model_args: Callable
     planner_spec: Callable
     build: str
     media: str
@@ -124,8 +126,9 @@ class EncoderFamily:
         """The family's own projector, or None: the default one (``models/build.py``)."""
         return None if self.projector is None else resolve(self.projector)(*args, **kwargs)
 
-    def media_processor(self, args, config):
-        return resolve(self.media)(args, config)
+    def media_processor(self, model, config):
+        """``model``: the run's model group (``ModelArgs``); ``config``: the encoder's."""
+        return resolve(self.media)(model, config)
 
     def prepare(self, config, media):
         """The host-side batch object (``prepare_batch``), or None."""

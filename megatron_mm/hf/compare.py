@@ -94,14 +94,14 @@ def load_hf(hf_dir: str, family: Family):
 def checkpoint_run_config(ckpt: str, tp: int = 1, pp: int = 1):
     """The training script's RunConfig for ``--load ckpt`` at TP / PP (ConfigError on a
     layout the checkpoint cannot take)."""
-    from ..training.arguments import apply_checkpoint_args, build_parser, given_flags
-    from ..training.arguments import validate_args
+    from ..training.arguments import apply_checkpoint_args, validate_args
+    from ..training.flag_values import flags_of_values
     from ..training.run_config import RunConfig
 
-    argv = ["--load", ckpt, "--tensor-model-parallel-size", str(tp),
-            "--pipeline-model-parallel-size", str(pp)]
-    args = build_parser().parse_args(argv)
-    apply_checkpoint_args(args, given_flags(argv))
+    flags = {"load": ckpt, "tensor_model_parallel_size": tp,
+             "pipeline_model_parallel_size": pp}
+    args = flags_of_values(flags)
+    apply_checkpoint_args(args, set(flags))
     if args.max_position_embeddings:  # no training: any length the model takes
         args.seq_length = args.max_position_embeddings
     return RunConfig.from_flags(validate_args(args, world_size=tp * pp))

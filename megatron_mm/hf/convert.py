@@ -21,7 +21,7 @@ import torch
 
 from ..config import ConfigError, MultimodalModelConfig
 from .errors import ConversionError
-from .families import Family, family_for, model_flags
+from .families import Family, Flags, family_for, model_flags
 from .mapping import MappingTable
 from .safetensors_io import read_weights, write_weights
 from .transforms import Context
@@ -40,12 +40,13 @@ def _hf_config(directory: str):
     return AutoConfig.from_pretrained(directory)
 
 
-def _run_config(argv: List[str]):
-    """The training script's RunConfig of ``argv``, without exiting on a bad flag."""
-    from ..training.arguments import read_args
+def _run_config(flags: Flags):
+    """The training script's RunConfig of ``flags`` (its parser's defaults for the rest),
+    validated as the command line is, without exiting on a bad flag."""
+    from ..training.flag_values import read_values
     from ..training.run_config import RunConfig
 
-    return RunConfig.from_flags(read_args(argv, world_size=1))
+    return RunConfig.from_flags(read_values(flags, world_size=1))
 
 
 def _context(config: MultimodalModelConfig, vocab_size: int) -> Context:
@@ -99,18 +100,17 @@ def _carry_files(src: str, dst: str) -> List[str]:
     return names
 
 
-def _data_flags(carried: List[str]) -> List[str]:
+def _data_flags(carried: List[str]) -> Flags:
     """Tokenizer and image processor of the Hugging Face directory, relative to the
     checkpoint root (the loader resolves them against --load)."""
-    flags = []
+    flags = {}
     if "tokenizer.model" in carried:  # SentencePiece (Llama / Mistral): literal encoding
-        flags += ["--tokenizer-type", "SentencePiece", "--tokenizer-model",
-                  os.path.join(HF_SUBDIR, "tokenizer.model")]
+        flags.update(tokenizer_type="SentencePiece",
+                     tokenizer_model=os.path.join(HF_SUBDIR, "tokenizer.model"))
     elif "tokenizer.json" in carried:
-        flags += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", HF_SUBDIR]
+        flags.update(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=HF_SUBDIR)
     if "preprocessor_config.json" in carried:
-        flags += ["--image-processor-config",
-                  os.path.join(HF_SUBDIR, "preprocessor_config.json")]
+        flags["image_processor_config"] = os.path.join(HF_SUBDIR, "preprocessor_config.json")
     return flags
 
 
@@ -144,14 +144,14 @@ def import_hf(hf_dir: str, save_dir: str, tensor_model_parallel_size: int = 1,
     text = hf_config.get_text_config()
     flags = model_flags(hf_config)
     if family.file_flags is not None:
-        flags += family.file_flags(hf_dir, hf_config)
-    longest = int(flags[flags.index("--max-position-embeddings") + 1])  # sliding window
+        flags.update(family.file_flags(hf_dir, hf_config))
+    longest = flags["max_position_embeddings"]  # sliding window
     hf = family.layout.normalise(read_weights(hf_dir))
     carried = _carry_files(hf_dir, os.path.join(save_dir, HF_SUBDIR))
-    run = _run_config(flags + _data_flags(carried) + [
-        "--make-vocab-size-divisible-by", str(make_vocab_size_divisible_by),
-        "--seq-length", str(min(128, longest)),
-        "--save", save_dir, "--no-save-optim", "--no-save-rng", "--train-iters", "0"])
+    run = _run_config({**flags, **_data_flags(carried),
+                       "make_vocab_size_divisible_by": make_vocab_size_divisible_by,
+                       "seq_length": min(128, longest), "save": save_dir,
+                       "no_save_optim": True, "no_save_rng": True, "train_iters": 0})
     config = run.model_config
     check_tensor_parallel(config, tensor_model_parallel_size)
     lm = config.language
@@ -183,7 +183,7 @@ def export_hf(load_dir: str, out_dir: str) -> str:
     hf_config = _hf_config(hf_dir)
     family = family_for(hf_config)
     text = hf_config.get_text_config()
-    run = _run_config(["--load", load_dir, "--no-load-optim", "--no-load-rng"])
+    run = _run_config({"load": load_dir, "no_load_optim": True, "no_load_rng": True})
     config = run.model_config
     config.language.vocab_size = text.vocab_size
     config.language.padded_vocab_size = saved_args(run.checkpoint).get("padded_vocab_size")

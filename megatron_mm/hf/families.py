@@ -1,8 +1,8 @@
 """Hugging Face architectures: the record each family declares for one
-(``Family``: how its config becomes megatron_mm's command-line flags, so a converted
-checkpoint rebuilds through the ordinary ``--load`` path, and which weight table and
-on-disk layout it uses), the lookup through the family registry, and the LLM's flags every
-architecture shares.
+(``Family``: how its config becomes megatron_mm's flags, as typed values by the parser's
+dest, so a converted checkpoint rebuilds through the ordinary ``--load`` path, and which
+weight table and on-disk layout it uses), the lookup through the family registry, and the
+LLM's flags every architecture shares.
 
 Config fields the megatron_mm model cannot reproduce for every value are refused at
 import, naming the field and its value (the tables in ``config_fields.py`` and the
@@ -12,13 +12,17 @@ families' own).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..families import ARCHITECTURES, architecture, text_model
 from .config_fields import language_fields, longest_exact_sequence, refuse_unsupported
 from .errors import ConversionError
 from .layouts import CAUSAL_LM, Layout
 from .tables import causal_lm_rules
+
+# megatron_mm flags as typed values: parser dest -> value (``--num-layers 2`` is
+# {"num_layers": 2}; an on/off flag takes a bool; ``training/flag_values.py`` reads them).
+Flags = Dict[str, Any]
 
 # The Hugging Face forward's arguments of an image model with fixed-size items.
 IMAGE_INPUTS = ("input_ids", "attention_mask", "pixel_values")
@@ -37,13 +41,13 @@ class Family:
     # The keyword arguments of the Hugging Face forward the megatron_mm model reproduces
     # (``convert_hf.py compare --inputs``).
     inputs: Tuple[str, ...] = ("input_ids", "attention_mask")
-    # ``flags(hf_config)`` -> megatron_mm flags. A family's own hooks (None: the shared
+    # ``flags(hf_config)`` -> megatron_mm ``Flags``. A family's own hooks (None: the shared
     # ones): ``rules`` called with the config (``config_rules``: its table depends on it);
     # ``media(inputs)`` -> the megatron_mm media dict and ``positions(hf_config, inputs)``
     # -> position ids (M-RoPE) for ``compare``; ``hf_inputs(hf_config, inputs)``: the
     # Hugging Face forward's arguments completed as its processor would;
-    # ``file_flags(hf_dir, hf_config)``: flags from the directory's other files (processor
-    # configs).
+    # ``file_flags(hf_dir, hf_config)``: ``Flags`` from the directory's other files
+    # (processor configs).
     flags: Optional[Callable] = None
     config_rules: bool = False
     media: Optional[Callable] = None
@@ -59,7 +63,8 @@ class Family:
 @dataclass(frozen=True)
 class TextModel:
     """An LLM decoder a family converts, by its Hugging Face text config's ``model_type``:
-    the flags its architecture adds (``--add-qkv-bias``, ``--qk-layernorm``),
+    the on/off flags its architecture turns on (their dests: ``add_qkv_bias``,
+    ``qk_layernorm``),
     ``mrope_section``: M-RoPE, with this split of the rotary frequencies into temporal,
     height and width when the config names none (None: 1-D RoPE), and
     ``windows_every_layer``: a ``sliding_window`` applies to every layer."""
@@ -80,7 +85,7 @@ def family_for(hf_config) -> Family:
 
 
 def language_flags(text, where: str = "",
-                   tie_word_embeddings: Optional[bool] = None) -> List[str]:
+                   tie_word_embeddings: Optional[bool] = None) -> Flags:
     """The LLM's flags from its (text) config. ``tie_word_embeddings``: where the model
     keeps it outside the text config (Qwen2-VL / Qwen2.5-VL: the top level)."""
     refuse_unsupported(text, language_fields(), where)
@@ -88,28 +93,27 @@ def language_flags(text, where: str = "",
     rope = dict(getattr(text, "rope_parameters", None) or {})
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    flags = ["--num-layers", text.num_hidden_layers, "--hidden-size", text.hidden_size,
-             "--ffn-hidden-size", text.intermediate_size, "--num-attention-heads", heads,
-             "--group-query-attention",
-             "--num-query-groups", text.num_key_value_heads or heads,
-             "--kv-channels", head_dim,
+    flags = {"num_layers": text.num_hidden_layers, "hidden_size": text.hidden_size,
+             "ffn_hidden_size": text.intermediate_size, "num_attention_heads": heads,
+             "group_query_attention": True,
+             "num_query_groups": text.num_key_value_heads or heads,
+             "kv_channels": head_dim,
              # Sliding-window attention: exact for sequences up to the window.
-             "--max-position-embeddings", longest_exact_sequence(text),
-             "--rotary-base", rope.get("rope_theta", 10000.0),
-             "--norm-epsilon", text.rms_norm_eps]
-    flags += model.flags
+             "max_position_embeddings": longest_exact_sequence(text),
+             "rotary_base": rope.get("rope_theta", 10000.0),
+             "norm_epsilon": text.rms_norm_eps}
+    flags.update({dest: True for dest in model.flags})
     if model.mrope_section is not None:  # M-RoPE: the config's split, else the model's
-        flags += ["--position-embedding-type", "mrope", "--mrope-section",
-                  *(rope.get("mrope_section") or model.mrope_section)]
+        flags.update(position_embedding_type="mrope",
+                     mrope_section=list(rope.get("mrope_section") or model.mrope_section))
     if tie_word_embeddings is None:
         tie_word_embeddings = text.tie_word_embeddings
-    if not tie_word_embeddings:
-        flags.append("--untie-embeddings-and-output-weights")
-    return [str(f) for f in flags]
+    flags["untie_embeddings_and_output_weights"] = not tie_word_embeddings
+    return flags
 
 
-def causal_lm_flags(hf_config) -> List[str]:
-    return language_flags(hf_config) + ["--vision-model-type", "none"]
+def causal_lm_flags(hf_config) -> Flags:
+    return {**language_flags(hf_config), "vision_model_type": "none"}
 
 
 def causal_lm(name: str) -> Dict[str, Family]:
@@ -118,6 +122,6 @@ def causal_lm(name: str) -> Dict[str, Family]:
     return {arch: Family(arch, CAUSAL_LM, causal_lm_rules, False, flags=causal_lm_flags)}
 
 
-def model_flags(hf_config) -> List[str]:
+def model_flags(hf_config) -> Flags:
     """The megatron_mm flags of a Hugging Face config (its family's ``flags``)."""
     return family_for(hf_config).flags(hf_config)

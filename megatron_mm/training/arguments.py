@@ -12,21 +12,16 @@ import copy
 import os
 from typing import Optional, Sequence
 
-from ..config import (
-    ConfigError,
-    FreezeConfig,
-    LanguageModelConfig,
-    MultimodalModelConfig,
-    ProjectorConfig,
-)
+from ..config import ConfigError
 from ..data.item_tags import TAG_TYPES
-from ..families import FAMILIES, SLOTS, family, slot_families
+from ..families import FAMILIES, slot_families
 from .data_args import add_data_args, validate_data_args
 from ..plan.context_parallel.cp_assignment import BLOCK_OVERHEAD
 from ..plan.pipeline.partition import parse_partition_flag
 from .fp8_args import fp8_args, validate_fp8_args
 from .fusion_args import add_fusion_args
 from .logging_args import logging_args, validate_logging_args
+from .model_config import build_model_config
 from .sequence_parallel import add_sequence_parallel_args, validate_sequence_parallel
 from .transformer_impl import validate_transformer_impl
 from .user_errors import ArgumentParser, exit_with_user_error
@@ -412,7 +407,9 @@ def validate_args(args: argparse.Namespace,
     validate_logging_args(args)
     _validate_data_balance(args)
     validate_data_args(args)
-    args.model_config = model_config_from_args(args)
+    from .run_config import group_of_flags  # its groups are made from this parser
+
+    args.model_config = build_model_config(group_of_flags("model", args))
     _validate_encoder_schedule(args)
     validate_sequence_parallel(args)
     args.model_config.validate_parallel(tp, args.encoder_tensor_model_parallel_size)
@@ -535,9 +532,10 @@ def apply_checkpoint_args(args: argparse.Namespace, given: set) -> None:
     if not args.load:
         return
     from .checkpointing import CheckpointError, saved_args  # torch: only with --load
+    from .run_config import group_of_flags  # its groups are made from this parser
 
     try:
-        saved = saved_args(args)
+        saved = saved_args(group_of_flags("checkpoint", args))
     except CheckpointError:
         return  # reported with the other --load problems when loading
     for dest in CHECKPOINT_FLAGS:
@@ -575,49 +573,3 @@ def _validate_data_balance(args: argparse.Namespace) -> None:
 def slot_choices(slot: str) -> list:
     """``--{slot}-model-type`` values: the registered families of the slot, and none."""
     return sorted(f.model_type for f in slot_families(slot)) + ["none"]
-
-
-def model_config_from_args(args: argparse.Namespace) -> MultimodalModelConfig:
-    language = LanguageModelConfig(
-        vocab_size=0,  # set from the tokenizer once it is loaded
-        hidden_size=args.hidden_size,
-        num_layers=args.num_layers,
-        num_attention_heads=args.num_attention_heads,
-        num_query_groups=args.num_query_groups,
-        ffn_hidden_size=args.ffn_hidden_size,
-        kv_channels=args.kv_channels,
-        seq_length=args.seq_length,
-        max_position_embeddings=args.max_position_embeddings,
-        rotary_base=args.rotary_base,
-        position_embedding_type=args.position_embedding_type,
-        mrope_section=None if args.mrope_section is None else tuple(args.mrope_section),
-        add_qkv_bias=args.add_qkv_bias,
-        qk_layernorm=args.qk_layernorm,
-        untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
-        norm_epsilon=args.norm_epsilon,
-        make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-    )
-    encoders, projectors = {}, {}
-    for slot in SLOTS:  # vision first: the chain's (and checkpoints') encoder order
-        model_type = getattr(args, f"{slot}_model_type")
-        if model_type == "none":
-            continue
-        encoders[slot] = family(model_type).from_args(args)
-        own_type = getattr(args, f"{slot}_projector_type", None)
-        projectors[slot] = ProjectorConfig(own_type or args.projector_type,
-                                           args.projector_ffn_hidden_size)
-    frozen = set()
-    for slot, flag in SLOTS.items():
-        if getattr(args, flag):
-            if slot not in encoders:
-                article = "an" if slot[0] in "aeiou" else "a"
-                raise ConfigError(f"--{flag.replace('_', '-')} needs {article} {slot} encoder "
-                                  f"(--{slot}-model-type)")
-            frozen.add(slot)
-    freeze = FreezeConfig(
-        language_model=args.freeze_LM,
-        encoders=frozen,
-        projectors=set(encoders) if args.freeze_projector else set(),
-    )
-    return MultimodalModelConfig(
-        encoders=encoders, projectors=projectors, language=language, freeze=freeze)

@@ -58,7 +58,7 @@ def read_tracker(root: str) -> Optional[int]:
 
 def saved_args(checkpoint) -> dict:
     """The flags the checkpoint ``--load`` names was saved with ({} for a fresh start);
-    ``checkpoint``: the checkpointing group (or the namespace being parsed)."""
+    ``checkpoint``: the run's checkpointing group."""
     iteration = locate_checkpoint(checkpoint)
     if iteration is None:
         return {}

@@ -103,6 +103,13 @@ GROUP_CLASSES = {group: _group_class(group) for group in GROUPS}
 globals().update({cls.__name__: cls for cls in GROUP_CLASSES.values()})
 
 
+def group_of_flags(group: str, args):
+    """One group of a namespace of flags (validation builds the model config from the
+    model group)."""
+    values = vars(args)
+    return GROUP_CLASSES[group](**{name: values.get(name) for name in FIELDS[group]})
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """The run's groups of flags, its model config (without the tokenizer's vocabulary)
@@ -127,12 +134,9 @@ class RunConfig:
     @classmethod
     def from_flags(cls, args) -> "RunConfig":
         """The groups of a validated namespace (or of one read back from a checkpoint)."""
-        values = vars(args)
-        groups = {group: GROUP_CLASSES[group](**{name: values.get(name)
-                                                 for name in FIELDS[group]})
-                  for group in GROUPS}
-        return cls(**groups, model_config=values.get("model_config"),
-                   fp8_settings=values.get("fp8_settings"))
+        groups = {group: group_of_flags(group, args) for group in GROUPS}
+        return cls(**groups, model_config=getattr(args, "model_config", None),
+                   fp8_settings=getattr(args, "fp8_settings", None))
 
     def flags(self) -> Dict[str, Any]:
         """Every group's fields in one dict: what checkpoints save (Megatron-LM's names)."""

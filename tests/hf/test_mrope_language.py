@@ -16,11 +16,6 @@ _TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden
              rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3], "rope_theta": 10000.0})
 
 
-def _flag(flags, name, n=1):
-    i = flags.index(name)
-    return flags[i + 1:i + 1 + n]
-
-
 def _hf_model(arch: str):
     import transformers
     from transformers import AutoConfig
@@ -71,10 +66,10 @@ def test_mrope_language_model_matches_transformers(gloo_world, arch):
     hf = _hf_model(arch)
     flags = language_flags(hf.config.get_text_config(), "text_config.",
                            tie_word_embeddings=hf.config.tie_word_embeddings)
-    assert _flag(flags, "--position-embedding-type") == ["mrope"]
-    assert _flag(flags, "--mrope-section", 3) == ["2", "3", "3"]
-    run = _run_config(flags + ["--vision-model-type", "none", "--seq-length", "64",
-                               "--train-iters", "0"])
+    assert flags["position_embedding_type"] == "mrope"
+    assert flags["mrope_section"] == [2, 3, 3]
+    run = _run_config({**flags, "vision_model_type": "none", "seq_length": 64,
+                       "train_iters": 0})
     config = run.model_config
     lm = config.language
     lm.vocab_size = VOCAB
@@ -126,13 +121,13 @@ def test_language_flags_mrope_section():
     text = AutoConfig.for_model("qwen2_5_vl_text", **{**_TEXT, "rope_scaling": None})
     flags = language_flags(text, "text_config.", tie_word_embeddings=True)
     # transformers' default split when the config names none
-    assert _flag(flags, "--mrope-section", 3) == ["16", "24", "24"]
-    assert "--add-qkv-bias" in flags
-    assert "--untie-embeddings-and-output-weights" not in flags
+    assert flags["mrope_section"] == [16, 24, 24]
+    assert flags["add_qkv_bias"]
+    assert not flags["untie_embeddings_and_output_weights"]
     llama = AutoConfig.for_model("llama", hidden_size=64, num_attention_heads=4,
                                  rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                   "mrope_section": [2, 3, 3]})
     with pytest.raises(ConversionError, match="mrope_section"):
         language_flags(llama)
-    assert "--position-embedding-type" not in language_flags(
+    assert "position_embedding_type" not in language_flags(
         AutoConfig.for_model("qwen2", hidden_size=64, num_attention_heads=4))

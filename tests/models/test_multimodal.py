@@ -84,4 +84,5 @@ def test_config_validation_names_flags():
     with pytest.raises(ConfigError, match="--num-query-groups"):
         LanguageModelConfig(num_attention_heads=4, num_query_groups=3)
     with pytest.raises(ConfigError, match="not in the model"):
-        MultimodalModelConfig(freeze=FreezeConfig(encoders={"audio"}))
+        MultimodalModelConfig(encoders={"vision": VisionEncoderConfig()},
+                              freeze=FreezeConfig(encoders={"audio"}))

@@ -44,26 +44,26 @@ def add_arguments(g) -> None:
                         "tiles of an image cut into several")
 
 
-def from_args(args) -> InternViTConfig:
-    if args.img_w != args.img_h:
-        raise ConfigError(f"internvit tiles are square: --img-w {args.img_w} must equal "
-                          f"--img-h {args.img_h}")
+def from_model_args(model) -> InternViTConfig:
+    if model.img_w != model.img_h:
+        raise ConfigError(f"internvit tiles are square: --img-w {model.img_w} must equal "
+                          f"--img-h {model.img_h}")
     return InternViTConfig(
-        hidden_size=args.vision_hidden_size,
-        num_layers=args.vision_num_layers,
-        num_attention_heads=args.vision_num_attention_heads,
-        ffn_hidden_size=args.vision_ffn_hidden_size or 4 * args.vision_hidden_size,
-        out_hidden_size=args.hidden_size,
-        image_size=args.img_h, patch_size=args.patch_dim,
-        norm_type=args.vision_norm_type,
-        norm_epsilon=1e-6 if args.vision_norm_epsilon is None else args.vision_norm_epsilon,
-        qk_norm=args.vision_qk_norm, attention_bias=args.vision_add_qkv_bias,
-        final_layernorm=args.vision_final_layernorm,
-        downsample_ratio=args.downsample_ratio,
-        feature_layer=args.vision_feature_layer,
-        layer_scale_init=args.vision_layerscale_init,
-        min_tiles=args.min_num_tiles, max_tiles=args.max_num_tiles,
-        use_thumbnail=args.use_thumbnail)
+        hidden_size=model.vision_hidden_size,
+        num_layers=model.vision_num_layers,
+        num_attention_heads=model.vision_num_attention_heads,
+        ffn_hidden_size=model.vision_ffn_hidden_size or 4 * model.vision_hidden_size,
+        out_hidden_size=model.hidden_size,
+        image_size=model.img_h, patch_size=model.patch_dim,
+        norm_type=model.vision_norm_type,
+        norm_epsilon=1e-6 if model.vision_norm_epsilon is None else model.vision_norm_epsilon,
+        qk_norm=model.vision_qk_norm, attention_bias=model.vision_add_qkv_bias,
+        final_layernorm=model.vision_final_layernorm,
+        downsample_ratio=model.downsample_ratio,
+        feature_layer=model.vision_feature_layer,
+        layer_scale_init=model.vision_layerscale_init,
+        min_tiles=model.min_num_tiles, max_tiles=model.max_num_tiles,
+        use_thumbnail=model.use_thumbnail)
 
 
 def planner_spec(name: str, enc: InternViTConfig, items_per_sample: int,
@@ -95,7 +95,7 @@ def check_sequence_parallel(name: str, enc: InternViTConfig, tp: int, impl: str)
 
 INTERNVIT = EncoderFamily(
     model_type="internvit", slot="vision", modality="image", config_class=InternViTConfig,
-    from_args=from_args, planner_spec=planner_spec,
+    from_model_args=from_model_args, planner_spec=planner_spec,
     build="megatron_mm.families.internvl.model:build_internvit",
     projector="megatron_mm.families.internvl.model:build_internvl_projector",
     media="megatron_mm.families.internvl.media:internvl_image_processor",

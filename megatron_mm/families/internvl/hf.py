@@ -3,10 +3,8 @@ converter: on-disk layout, config-field rules, flags and the architecture's reco
 
 from __future__ import annotations
 
-from typing import List
-
 from ...hf.config_fields import Field, one_of, refuse_unsupported
-from ...hf.families import IMAGE_INPUTS, Family, language_flags
+from ...hf.families import IMAGE_INPUTS, Family, Flags, language_flags
 from ...hf.layouts import Layout
 from .hf_table import internvl_rules
 
@@ -57,7 +55,7 @@ INTERNVL_FIELDS = (
 )
 
 
-def internvl_flags(hf_config) -> List[str]:
+def internvl_flags(hf_config) -> Flags:
     """InternVL: the tower, the pixel shuffle and the projector; the LLM's tied output
     layer is the top-level ``tie_word_embeddings`` (InternVLForConditionalGeneration ties
     by it, whatever the text config says)."""
@@ -66,26 +64,24 @@ def internvl_flags(hf_config) -> List[str]:
     refuse_unsupported(hf_config, INTERNVL_FIELDS)
     size, patch = (v[0] if isinstance(v, (list, tuple)) else v
                    for v in (vision.image_size, vision.patch_size))
-    flags = ["--vision-model-type", "internvit", "--vision-hidden-size", vision.hidden_size,
-             "--vision-num-layers", vision.num_hidden_layers,
-             "--vision-num-attention-heads", vision.num_attention_heads,
-             "--vision-ffn-hidden-size", vision.intermediate_size,
-             "--img-h", size, "--img-w", size, "--patch-dim", patch,
-             "--vision-feature-layer", hf_config.vision_feature_layer,
-             "--vision-norm-epsilon", vision.layer_norm_eps,
-             "--vision-norm-type", vision.norm_type,
-             "--downsample-ratio", hf_config.downsample_ratio,
-             "--projector-type", "mlp", "--projector-ffn-hidden-size", text.hidden_size,
-             "--image-token-id", hf_config.image_token_id]
-    for flag, on in (("--vision-qk-norm", vision.use_qk_norm),
-                     ("--vision-add-qkv-bias", vision.attention_bias),
-                     ("--vision-final-layernorm", not vision.use_mean_pooling)):
-        if on:
-            flags.append(flag)
     language = language_flags(text, "text_config.",
                               tie_word_embeddings=getattr(hf_config, "tie_word_embeddings",
                                                           True))
-    return language + [str(f) for f in flags]
+    return {**language,
+            "vision_model_type": "internvit", "vision_hidden_size": vision.hidden_size,
+            "vision_num_layers": vision.num_hidden_layers,
+            "vision_num_attention_heads": vision.num_attention_heads,
+            "vision_ffn_hidden_size": vision.intermediate_size,
+            "img_h": size, "img_w": size, "patch_dim": patch,
+            "vision_feature_layer": hf_config.vision_feature_layer,
+            "vision_norm_epsilon": vision.layer_norm_eps,
+            "vision_norm_type": vision.norm_type,
+            "downsample_ratio": hf_config.downsample_ratio,
+            "projector_type": "mlp", "projector_ffn_hidden_size": text.hidden_size,
+            "image_token_id": hf_config.image_token_id,
+            "vision_qk_norm": bool(vision.use_qk_norm),
+            "vision_add_qkv_bias": bool(vision.attention_bias),
+            "vision_final_layernorm": not vision.use_mean_pooling}
 
 
 ARCHITECTURES = {f.architecture: f for f in (

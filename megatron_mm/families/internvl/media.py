@@ -186,8 +186,9 @@ class InternVLImageProcessor:
                 f"--max-num-tiles {tiling.max_tiles}: {advice}")
 
 
-def internvl_image_processor(args, enc) -> InternVLImageProcessor:
-    """The InternVL family's processor: tiling from the encoder config (--img-h,
+def internvl_image_processor(model, enc) -> InternVLImageProcessor:
+    """The InternVL family's processor (``model``: the run's model group): tiling from the
+    encoder config (--img-h,
     --max-num-tiles, --use-thumbnail), ImageNet statistics or those of
     ``--image-processor-config`` (a GotOcr2 / InternVL preprocessor_config.json). One
     image at its most tiles must fit in --seq-length."""
@@ -197,7 +198,7 @@ def internvl_image_processor(args, enc) -> InternVLImageProcessor:
 
     tiling = enc.tiling
     stats = {}
-    path = getattr(args, "image_processor_config", None)
+    path = model.image_processor_config
     if path:
         with open(path) as f:
             hf = json.load(f)
@@ -214,8 +215,8 @@ def internvl_image_processor(args, enc) -> InternVLImageProcessor:
                      std=tuple(hf.get("image_std", IMAGENET_STD)),
                      rescale_factor=hf.get("rescale_factor", 1 / 255))
     most = context_tokens(tiling.most_tiles, tiling)
-    if most > args.seq_length:
+    if most > model.seq_length:
         raise ConfigError(f"--max-num-tiles {tiling.max_tiles} lets one image take "
                           f"{tiling.most_tiles} tiles = {most} tokens, more than --seq-length "
-                          f"{args.seq_length}")
+                          f"{model.seq_length}")
     return InternVLImageProcessor(InternVLProcessorConfig(tiling, **stats))

@@ -4,4 +4,4 @@ from ...hf.families import TextModel, causal_lm
 
 ARCHITECTURES = causal_lm("Qwen2")
 # Qwen2's q/k/v biases are its architecture.
-TEXT_MODELS = {"qwen2": TextModel(flags=("--add-qkv-bias",))}
+TEXT_MODELS = {"qwen2": TextModel(flags=("add_qkv_bias",))}

@@ -59,23 +59,23 @@ def default_fullatt_block_indexes(num_layers: int) -> tuple:
     return tuple(i for i in range(num_layers) if i % 8 == 7) or (num_layers - 1,)
 
 
-def from_args(args) -> Qwen2_5VLVisionConfig:
-    layers = args.vision_num_layers
+def from_model_args(model) -> Qwen2_5VLVisionConfig:
+    layers = model.vision_num_layers
     return Qwen2_5VLVisionConfig(
-        hidden_size=args.vision_hidden_size, num_layers=layers,
-        num_attention_heads=args.vision_num_attention_heads,
-        ffn_hidden_size=args.vision_ffn_hidden_size or 4 * args.vision_hidden_size,
-        out_hidden_size=args.hidden_size, patch_size=args.patch_dim,
-        temporal_patch_size=args.vision_temporal_patch_size,
-        spatial_merge_size=args.vision_spatial_merge_size,
-        window_size=args.vision_window_size,
-        fullatt_block_indexes=tuple(args.vision_fullatt_block_indexes
+        hidden_size=model.vision_hidden_size, num_layers=layers,
+        num_attention_heads=model.vision_num_attention_heads,
+        ffn_hidden_size=model.vision_ffn_hidden_size or 4 * model.vision_hidden_size,
+        out_hidden_size=model.hidden_size, patch_size=model.patch_dim,
+        temporal_patch_size=model.vision_temporal_patch_size,
+        spatial_merge_size=model.vision_spatial_merge_size,
+        window_size=model.vision_window_size,
+        fullatt_block_indexes=tuple(model.vision_fullatt_block_indexes
                                     or default_fullatt_block_indexes(layers)),
-        rope_theta=args.vision_rope_theta,
-        norm_epsilon=args.vision_norm_epsilon or 1e-6,
-        min_pixels=args.min_pixels, max_pixels=args.max_pixels,
-        video_min_pixels=args.video_min_pixels, video_max_pixels=args.video_max_pixels,
-        tokens_per_second=args.vision_tokens_per_second)
+        rope_theta=model.vision_rope_theta,
+        norm_epsilon=model.vision_norm_epsilon or 1e-6,
+        min_pixels=model.min_pixels, max_pixels=model.max_pixels,
+        video_min_pixels=model.video_min_pixels, video_max_pixels=model.video_max_pixels,
+        tokens_per_second=model.vision_tokens_per_second)
 
 
 def geometry(enc: Qwen2_5VLVisionConfig, **extra) -> QwenVLGeometry:
@@ -157,7 +157,7 @@ def check_sequence_parallel(name: str, enc: Qwen2_5VLVisionConfig, tp: int, impl
 
 QWEN2_5_VL = EncoderFamily(
     model_type="qwen2_5_vl", slot="vision", modality=IMAGE, extra_modalities=(VIDEO,),
-    config_class=Qwen2_5VLVisionConfig, from_args=from_args, planner_spec=planner_spec,
+    config_class=Qwen2_5VLVisionConfig, from_model_args=from_model_args, planner_spec=planner_spec,
     build="megatron_mm.families.qwen2_5_vl.model:build_qwen2_5_vl_encoder",
     projector="megatron_mm.families.qwen2_5_vl.model:build_merger",
     prepare_batch="megatron_mm.families.qwen2_5_vl.model:prepare_batch",

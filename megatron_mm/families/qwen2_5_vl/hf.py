@@ -5,12 +5,12 @@ Face forward's keyword arguments."""
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict
 
 import torch
 
 from ...hf.config_fields import Field, one_of, refuse_unsupported
-from ...hf.families import Family, TextModel, language_flags
+from ...hf.families import Family, Flags, TextModel, language_flags
 from ...hf.layouts import Layout
 from ...hf.mapping import prefixed
 from ...hf.tables import LANGUAGE, OUTPUT_LAYER
@@ -51,7 +51,7 @@ def rules(hf_config):
                                       vision.temporal_patch_size, vision.patch_size))
 
 
-def model_flags(hf_config) -> List[str]:
+def model_flags(hf_config) -> Flags:
     from ...hf.errors import ConversionError
 
     text, vision = hf_config.get_text_config(), hf_config.vision_config
@@ -61,26 +61,25 @@ def model_flags(hf_config) -> List[str]:
                               f" differs from text_config.hidden_size={text.hidden_size}: "
                               "the merger feeds the LLM")
     rope = dict(getattr(vision, "rope_parameters", None) or {})
-    flags = ["--vision-model-type", "qwen2_5_vl", "--vision-hidden-size", vision.hidden_size,
-             "--vision-num-layers", vision.depth,
-             "--vision-num-attention-heads", vision.num_heads,
-             "--vision-ffn-hidden-size", vision.intermediate_size,
-             "--patch-dim", vision.patch_size,
-             "--vision-temporal-patch-size", vision.temporal_patch_size,
-             "--vision-spatial-merge-size", vision.spatial_merge_size,
-             "--vision-window-size", vision.window_size,
-             "--vision-fullatt-block-indexes", *vision.fullatt_block_indexes,
-             "--vision-rope-theta", rope.get("rope_theta", 10000.0),
-             "--vision-norm-epsilon", 1e-6,  # the blocks' and the merger's RMSNorm
-             "--vision-tokens-per-second", vision.tokens_per_second,
-             "--image-token-id", hf_config.image_token_id,
-             "--video-token-id", hf_config.video_token_id]
-    return language_flags(text, "text_config.",
-                          tie_word_embeddings=hf_config.tie_word_embeddings) + [
-        str(f) for f in flags]
+    return {**language_flags(text, "text_config.",
+                             tie_word_embeddings=hf_config.tie_word_embeddings),
+            "vision_model_type": "qwen2_5_vl", "vision_hidden_size": vision.hidden_size,
+            "vision_num_layers": vision.depth,
+            "vision_num_attention_heads": vision.num_heads,
+            "vision_ffn_hidden_size": vision.intermediate_size,
+            "patch_dim": vision.patch_size,
+            "vision_temporal_patch_size": vision.temporal_patch_size,
+            "vision_spatial_merge_size": vision.spatial_merge_size,
+            "vision_window_size": vision.window_size,
+            "vision_fullatt_block_indexes": list(vision.fullatt_block_indexes),
+            "vision_rope_theta": rope.get("rope_theta", 10000.0),
+            "vision_norm_epsilon": 1e-6,  # the blocks' and the merger's RMSNorm
+            "vision_tokens_per_second": vision.tokens_per_second,
+            "image_token_id": hf_config.image_token_id,
+            "video_token_id": hf_config.video_token_id}
 
 
-def processor_flags(hf_dir: str, hf_config) -> List[str]:
+def processor_flags(hf_dir: str, hf_config) -> Flags:
     """The pixel bounds of the directory's image and video processor configs
     (``min_pixels`` / ``max_pixels``, or transformers 5's ``size`` shortest / longest edge):
     they fix every item's token count. Patch, merge and temporal sizes must agree with the
@@ -90,9 +89,9 @@ def processor_flags(hf_dir: str, hf_config) -> List[str]:
 
     from ...hf.errors import ConversionError
 
-    vision, flags = hf_config.vision_config, []
-    for name, prefix in (("preprocessor_config.json", "--"),
-                         ("video_preprocessor_config.json", "--video-")):
+    vision, flags = hf_config.vision_config, {}
+    for name, prefix in (("preprocessor_config.json", ""),
+                         ("video_preprocessor_config.json", "video_")):
         path = os.path.join(hf_dir, name)
         if not os.path.isfile(path):
             continue
@@ -105,11 +104,11 @@ def processor_flags(hf_dir: str, hf_config) -> List[str]:
                 raise ConversionError(f"{path}: {key}={cfg[key]} but the vision config's is "
                                       f"{want}")
         size = cfg.get("size") or {}
-        for flag, keys in (("min-pixels", ("min_pixels", "shortest_edge")),
-                           ("max-pixels", ("max_pixels", "longest_edge"))):
+        for dest, keys in (("min_pixels", ("min_pixels", "shortest_edge")),
+                           ("max_pixels", ("max_pixels", "longest_edge"))):
             value = cfg.get(keys[0]) or size.get(keys[1])
             if value:
-                flags += [f"{prefix}{flag}", str(int(value))]
+                flags[prefix + dest] = int(value)
     return flags
 
 
@@ -161,7 +160,7 @@ def hf_inputs(hf_config, inputs: Dict[str, torch.Tensor]) -> Dict[str, torch.Ten
 # Text models of Qwen2-VL and Qwen2.5-VL: Qwen2 decoders (q/k/v biases) rotating by M-RoPE
 # (3-D positions); transformers' split of a head's rotary frequencies when the config names
 # none.
-TEXT_MODELS = {t: TextModel(flags=("--add-qkv-bias",), mrope_section=(16, 24, 24))
+TEXT_MODELS = {t: TextModel(flags=("add_qkv_bias",), mrope_section=(16, 24, 24))
                for t in ("qwen2_vl_text", "qwen2_5_vl_text")}
 
 ARCHITECTURES = {f.architecture: f for f in (

@@ -98,14 +98,15 @@ def _patch_width(cfg: QwenVLProcessorConfig) -> int:
     return 3 * geo.temporal_patch_size * geo.patch_size ** 2
 
 
-def qwen_vl_processor(args, enc) -> tuple:
-    """The Qwen2.5-VL family's (``families/qwen2_5_vl/encoder.py``): one processor per modality,
-    the geometry from the config, pixel statistics from ``--image-processor-config`` (a
-    Qwen2-VL ``preprocessor_config.json``) when given, else Qwen's (CLIP's)."""
+def qwen_vl_processor(model, enc) -> tuple:
+    """The Qwen2.5-VL family's (``families/qwen2_5_vl/encoder.py``; ``model``: the run's
+    model group): one processor per modality, the geometry from the config, pixel
+    statistics from ``--image-processor-config`` (a Qwen2-VL ``preprocessor_config.json``)
+    when given, else Qwen's (CLIP's)."""
     from .encoder import geometry
 
     stats = {}
-    path = getattr(args, "image_processor_config", None)
+    path = model.image_processor_config
     if path:
         stats = qwen_vl_statistics(path)
     cfg = QwenVLProcessorConfig(geometry=geometry(enc), **stats)

@@ -3,4 +3,4 @@
 from ...hf.families import TextModel, causal_lm
 
 ARCHITECTURES = causal_lm("Qwen3")
-TEXT_MODELS = {"qwen3": TextModel(flags=("--qk-layernorm",))}
+TEXT_MODELS = {"qwen3": TextModel(flags=("qk_layernorm",))}

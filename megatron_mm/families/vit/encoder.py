@@ -10,17 +10,17 @@ from ..encoder import BuiltinData, EncoderFamily, encoder_transformer, fixed_fea
 from .config import VisionEncoderConfig
 
 
-def from_args(args) -> VisionEncoderConfig:
+def from_model_args(model) -> VisionEncoderConfig:
     return VisionEncoderConfig(
-        model_type=args.vision_model_type,
-        hidden_size=args.vision_hidden_size,
-        num_layers=args.vision_num_layers,
-        num_attention_heads=args.vision_num_attention_heads,
-        ffn_hidden_size=args.vision_ffn_hidden_size,
-        img_h=args.img_h, img_w=args.img_w, patch_dim=args.patch_dim,
-        feature_layer=args.vision_feature_layer,
-        drop_class_token=args.disable_vision_class_token,
-        layernorm_epsilon=args.vision_norm_epsilon,
+        model_type=model.vision_model_type,
+        hidden_size=model.vision_hidden_size,
+        num_layers=model.vision_num_layers,
+        num_attention_heads=model.vision_num_attention_heads,
+        ffn_hidden_size=model.vision_ffn_hidden_size,
+        img_h=model.img_h, img_w=model.img_w, patch_dim=model.patch_dim,
+        feature_layer=model.vision_feature_layer,
+        drop_class_token=model.disable_vision_class_token,
+        layernorm_epsilon=model.vision_norm_epsilon,
     )
 
 
@@ -48,7 +48,7 @@ def fp8_token_counts(name: str, enc: VisionEncoderConfig) -> dict:
 
 CLIP = EncoderFamily(
     model_type="clip", slot="vision", modality="image", config_class=VisionEncoderConfig,
-    from_args=from_args, planner_spec=planner_spec,
+    from_model_args=from_model_args, planner_spec=planner_spec,
     build="megatron_mm.families.vit.model:build_vit",
     media="megatron_mm.families.vit.media:image_processor",
     # --sequence-parallel pads the patches (+ class token) to a multiple of TP; the layers

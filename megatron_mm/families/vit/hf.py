@@ -3,10 +3,8 @@ converter: on-disk layout, config-field rules, flags and the architectures' reco
 
 from __future__ import annotations
 
-from typing import List
-
 from ...hf.config_fields import Field, one_of, refuse_unsupported
-from ...hf.families import IMAGE_INPUTS, Family, language_flags
+from ...hf.families import IMAGE_INPUTS, Family, Flags, language_flags
 from ...hf.layouts import Layout
 from .hf_table import llava_rules
 
@@ -60,29 +58,28 @@ LLAVA_FIELDS = (
 )
 
 
-def vision_flags(hf_config) -> List[str]:
+def vision_flags(hf_config) -> Flags:
     vision, text = hf_config.vision_config, hf_config.get_text_config()
     refuse_unsupported(vision, VISION_FIELDS, "vision_config.")
     refuse_unsupported(hf_config, LLAVA_FIELDS)
     kind = VISION_TYPES[vision.model_type]
     layer = hf_config.vision_feature_layer
     strategy = hf_config.vision_feature_select_strategy
-    flags = ["--vision-model-type", kind, "--vision-hidden-size", vision.hidden_size,
-             "--vision-num-layers", vision.num_hidden_layers,
-             "--vision-num-attention-heads", vision.num_attention_heads,
-             "--vision-ffn-hidden-size", vision.intermediate_size,
-             "--img-h", vision.image_size, "--img-w", vision.image_size,
-             "--patch-dim", vision.patch_size, "--vision-feature-layer", layer,
-             "--vision-norm-epsilon", vision.layer_norm_eps,
-             "--projector-type", "mlp", "--projector-ffn-hidden-size", text.hidden_size,
-             "--image-token-id", hf_config.image_token_id]
-    if kind == "clip" and strategy == "default":
-        flags.append("--disable-vision-class-token")
-    return [str(f) for f in flags]
+    return {"vision_model_type": kind, "vision_hidden_size": vision.hidden_size,
+            "vision_num_layers": vision.num_hidden_layers,
+            "vision_num_attention_heads": vision.num_attention_heads,
+            "vision_ffn_hidden_size": vision.intermediate_size,
+            "img_h": vision.image_size, "img_w": vision.image_size,
+            "patch_dim": vision.patch_size, "vision_feature_layer": layer,
+            "vision_norm_epsilon": vision.layer_norm_eps,
+            "projector_type": "mlp", "projector_ffn_hidden_size": text.hidden_size,
+            "image_token_id": hf_config.image_token_id,
+            "disable_vision_class_token": kind == "clip" and strategy == "default"}
 
 
-def llava_flags(hf_config) -> List[str]:
-    return language_flags(hf_config.get_text_config(), "text_config.") + vision_flags(hf_config)
+def llava_flags(hf_config) -> Flags:
+    return {**language_flags(hf_config.get_text_config(), "text_config."),
+            **vision_flags(hf_config)}
 
 
 # Hugging Face tensors the megatron_mm model has no use for: vision layers past the feature

@@ -9,17 +9,17 @@ from ..encoder import BuiltinData, EncoderFamily, encoder_transformer
 from .config import AudioEncoderConfig
 
 
-def from_args(args) -> AudioEncoderConfig:
+def from_model_args(model) -> AudioEncoderConfig:
     return AudioEncoderConfig(
-        model_type=args.audio_model_type,
-        hidden_size=args.audio_hidden_size,
-        num_layers=args.audio_num_layers,
-        num_attention_heads=args.audio_num_attention_heads,
-        ffn_hidden_size=args.audio_ffn_hidden_size,
-        num_mel_bins=args.audio_num_mel_bins,
-        max_source_positions=args.audio_max_source_positions,
-        pool_stride=args.audio_pool_stride,
-        layernorm_epsilon=args.audio_norm_epsilon,
+        model_type=model.audio_model_type,
+        hidden_size=model.audio_hidden_size,
+        num_layers=model.audio_num_layers,
+        num_attention_heads=model.audio_num_attention_heads,
+        ffn_hidden_size=model.audio_ffn_hidden_size,
+        num_mel_bins=model.audio_num_mel_bins,
+        max_source_positions=model.audio_max_source_positions,
+        pool_stride=model.audio_pool_stride,
+        layernorm_epsilon=model.audio_norm_epsilon,
     )
 
 
@@ -77,7 +77,7 @@ def check_sequence_parallel(name: str, enc: AudioEncoderConfig, tp: int, impl: s
 
 WHISPER = EncoderFamily(
     model_type="whisper", slot="audio", modality="audio", config_class=AudioEncoderConfig,
-    from_args=from_args, planner_spec=planner_spec,
+    from_model_args=from_model_args, planner_spec=planner_spec,
     build="megatron_mm.families.whisper.model:build_audio_encoder",
     media="megatron_mm.families.whisper.media:audio_processor",
     feature_tokens=feature_tokens, padded_features=True, fp8_token_counts=fp8_token_counts,

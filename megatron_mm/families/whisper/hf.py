@@ -3,10 +3,8 @@ on-disk layout, config-field rules, flags and the architecture's record."""
 
 from __future__ import annotations
 
-from typing import List
-
 from ...hf.config_fields import Field, one_of, refuse_unsupported
-from ...hf.families import Family, language_flags
+from ...hf.families import Family, Flags, language_flags
 from ...hf.layouts import Layout
 from .hf_table import qwen2_audio_rules
 
@@ -33,22 +31,22 @@ AUDIO_FIELDS = (
 )
 
 
-def audio_flags(hf_config) -> List[str]:
+def audio_flags(hf_config) -> Flags:
     audio = hf_config.audio_config
     refuse_unsupported(audio, AUDIO_FIELDS, "audio_config.")
-    flags = ["--vision-model-type", "none", "--audio-model-type", "whisper",
-             "--audio-hidden-size", audio.d_model, "--audio-num-layers", audio.encoder_layers,
-             "--audio-num-attention-heads", audio.encoder_attention_heads,
-             "--audio-ffn-hidden-size", audio.encoder_ffn_dim,
-             "--audio-num-mel-bins", audio.num_mel_bins,
-             "--audio-max-source-positions", audio.max_source_positions,
-             "--audio-pool-stride", 2, "--audio-norm-epsilon", 1e-5,  # nn.LayerNorm's
-             "--audio-projector-type", "affine", "--audio-token-id", hf_config.audio_token_id]
-    return [str(f) for f in flags]
+    return {"vision_model_type": "none", "audio_model_type": "whisper",
+            "audio_hidden_size": audio.d_model, "audio_num_layers": audio.encoder_layers,
+            "audio_num_attention_heads": audio.encoder_attention_heads,
+            "audio_ffn_hidden_size": audio.encoder_ffn_dim,
+            "audio_num_mel_bins": audio.num_mel_bins,
+            "audio_max_source_positions": audio.max_source_positions,
+            "audio_pool_stride": 2, "audio_norm_epsilon": 1e-5,  # nn.LayerNorm's
+            "audio_projector_type": "affine", "audio_token_id": hf_config.audio_token_id}
 
 
-def qwen2_audio_flags(hf_config) -> List[str]:
-    return language_flags(hf_config.get_text_config(), "text_config.") + audio_flags(hf_config)
+def qwen2_audio_flags(hf_config) -> Flags:
+    return {**language_flags(hf_config.get_text_config(), "text_config."),
+            **audio_flags(hf_config)}
 
 
 ARCHITECTURES = {f.architecture: f for f in (

@@ -11,6 +11,7 @@ from PIL import Image
 
 from megatron_mm.config import ConfigError
 from megatron_mm.training.arguments import CHECKPOINT_FLAGS, parse_args
+from megatron_mm.training.run_config import parse_run_config
 
 FLAGS = ["--vision-model-type", "internvit", "--vision-hidden-size", "32",
          "--vision-num-layers", "2", "--vision-num-attention-heads", "2",
@@ -73,8 +74,8 @@ def images(tmp_path_factory):
 def _processor():
     from megatron_mm.families.internvl.media import internvl_image_processor
 
-    args = parse_args(FLAGS, world_size=1)
-    return internvl_image_processor(args, args.model_config.encoders["vision"])
+    config = parse_run_config(FLAGS, world_size=1)
+    return internvl_image_processor(config.model, config.model_config.encoders["vision"])
 
 
 def test_processor_counts_tiles_from_the_header(images):

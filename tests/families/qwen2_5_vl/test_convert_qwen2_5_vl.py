@@ -96,8 +96,8 @@ def test_pixel_bounds_come_from_the_processor_config(converted, tmp_path):
     model = checkpoint_run_config(converted[2]).model
     assert (model.min_pixels, model.max_pixels) == (784, 50176)
     _processor_config(tmp_path, size={"shortest_edge": 1568, "longest_edge": 3136})
-    assert processor_flags(str(tmp_path), _config()) == ["--min-pixels", "1568",
-                                                          "--max-pixels", "3136"]
+    assert processor_flags(str(tmp_path), _config()) == {"min_pixels": 1568,
+                                                          "max_pixels": 3136}
     _processor_config(tmp_path, patch_size=16)
     with pytest.raises(ConversionError, match="patch_size=16 but the vision config's is 14"):
         processor_flags(str(tmp_path), _config())

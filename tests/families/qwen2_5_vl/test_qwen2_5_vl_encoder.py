@@ -101,17 +101,20 @@ def test_layout_counts_items_and_packs_patches(gloo_world):
 
 
 def test_flags_build_the_config():
-    from megatron_mm.training.arguments import build_parser
+    import dataclasses
 
-    args = build_parser().parse_args([
+    from megatron_mm.training.arguments import build_parser
+    from megatron_mm.training.run_config import group_of_flags
+
+    model = group_of_flags("model", build_parser().parse_args([
         "--vision-model-type", "qwen2_5_vl", "--vision-num-layers", "16", "--patch-dim", "14",
-        "--hidden-size", "64", "--max-pixels", "50000", "--vision-window-size", "56"])
-    enc = family("qwen2_5_vl").from_args(args)
+        "--hidden-size", "64", "--max-pixels", "50000", "--vision-window-size", "56"]))
+    enc = family("qwen2_5_vl").from_model_args(model)
     assert enc.fullatt_block_indexes == (7, 15)
     assert (enc.out_hidden_size, enc.max_pixels, enc.window_size) == (64, 50000, 56)
-    args.vision_fullatt_block_indexes = [16]
+    model = dataclasses.replace(model, vision_fullatt_block_indexes=[16])
     with pytest.raises(ConfigError, match="fullatt-block-indexes"):
-        family("qwen2_5_vl").from_args(args)
+        family("qwen2_5_vl").from_model_args(model)
 
 
 def test_sequence_parallel_on_te_and_fp8_are_refused():

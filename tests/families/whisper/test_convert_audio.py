@@ -47,17 +47,16 @@ def converted(tmp_path_factory):
 
 def _load(ckpt):
     from megatron_mm.models import build_model
-    from megatron_mm.training.arguments import parse_args
     from megatron_mm.training.checkpointing import load_checkpoint, saved_args
     from megatron_mm.training.build_settings import build_settings
-    from megatron_mm.training.run_config import RunConfig
+    from megatron_mm.training.run_config import parse_run_config
 
-    args = parse_args(["--load", ckpt], world_size=1)
-    lm = args.model_config.language
-    lm.padded_vocab_size = lm.vocab_size = saved_args(args)["padded_vocab_size"]
-    model = build_model(args.model_config, build_settings(RunConfig.from_flags(args)),
-                        {"audio": args.audio_token_id})
-    load_checkpoint(RunConfig.from_flags(args), [model], None, None)
+    config = parse_run_config(["--load", ckpt], world_size=1)
+    lm = config.model_config.language
+    lm.padded_vocab_size = lm.vocab_size = saved_args(config.checkpoint)["padded_vocab_size"]
+    model = build_model(config.model_config, build_settings(config),
+                        {"audio": config.model.audio_token_id})
+    load_checkpoint(config, [model], None, None)
     return model.eval()
 
 

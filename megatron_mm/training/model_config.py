@@ -1,0 +1,62 @@
+"""The model config (``config.MultimodalModelConfig``) a run's model group describes: the
+language model, each slot's encoder (its family builds the config from the same group),
+projectors and what is frozen. No torch import."""
+
+from __future__ import annotations
+
+from ..config import (
+    ConfigError,
+    FreezeConfig,
+    LanguageModelConfig,
+    MultimodalModelConfig,
+    ProjectorConfig,
+)
+from ..families import SLOTS, family
+
+
+def build_model_config(model) -> MultimodalModelConfig:
+    """The model config of the run's model group (``ModelArgs``), each encoder's from its
+    family's ``from_model_args`` (the vocabulary is set once the tokenizer loads)."""
+    language = LanguageModelConfig(
+        vocab_size=0,  # set from the tokenizer once it is loaded
+        hidden_size=model.hidden_size,
+        num_layers=model.num_layers,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+        ffn_hidden_size=model.ffn_hidden_size,
+        kv_channels=model.kv_channels,
+        seq_length=model.seq_length,
+        max_position_embeddings=model.max_position_embeddings,
+        rotary_base=model.rotary_base,
+        position_embedding_type=model.position_embedding_type,
+        mrope_section=None if model.mrope_section is None else tuple(model.mrope_section),
+        add_qkv_bias=model.add_qkv_bias,
+        qk_layernorm=model.qk_layernorm,
+        untie_embeddings_and_output_weights=model.untie_embeddings_and_output_weights,
+        norm_epsilon=model.norm_epsilon,
+        make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
+    )
+    encoders, projectors = {}, {}
+    for slot in SLOTS:  # vision first: the chain's (and checkpoints') encoder order
+        model_type = getattr(model, f"{slot}_model_type")
+        if model_type == "none":
+            continue
+        encoders[slot] = family(model_type).from_model_args(model)
+        own_type = getattr(model, f"{slot}_projector_type", None)
+        projectors[slot] = ProjectorConfig(own_type or model.projector_type,
+                                           model.projector_ffn_hidden_size)
+    frozen = set()
+    for slot, flag in SLOTS.items():
+        if getattr(model, flag):
+            if slot not in encoders:
+                article = "an" if slot[0] in "aeiou" else "a"
+                raise ConfigError(f"--{flag.replace('_', '-')} needs {article} {slot} encoder "
+                                  f"(--{slot}-model-type)")
+            frozen.add(slot)
+    freeze = FreezeConfig(
+        language_model=model.freeze_LM,
+        encoders=frozen,
+        projectors=set(encoders) if model.freeze_projector else set(),
+    )
+    return MultimodalModelConfig(
+        encoders=encoders, projectors=projectors, language=language, freeze=freeze)
