@@ -1,5 +1,6 @@
 """Distributed checkpoints: exact resume, resharding TP=2 -> TP=1 and PP=2 -> PP=1 / PP=4
-(any partition), and a crash mid-save that leaves the last good checkpoint loadable."""
+(any partition), a crash mid-save that leaves the last good checkpoint loadable, and a
+checkpoint saved by an older tree that still loads with the validation loss it had."""
 
 import os
 
@@ -10,6 +11,12 @@ from train_workers import TINY_MODEL, train
 pytestmark = pytest.mark.processes
 
 TRACKER = "latest_checkpointed_iteration.txt"
+# Saved at commit 31cef44 (before the package's restructuring), with its tokenizer
+# (tokenizer/, 300 tokens) and the validation loss that run printed; docs/testing.md says
+# how it was made.
+OLD_CHECKPOINT = os.path.join(os.path.dirname(__file__), os.pardir, "fixtures",
+                              "checkpoint_31cef44")
+OLD_CHECKPOINT_VAL_LOSS = 5.917494297027588
 
 
 def _argv(digits_dir, *extra):
@@ -124,3 +131,14 @@ def test_checkpoint_without_optimizer_state_loads_its_weights(digits_dir, tmp_pa
     assert "holds no optimizer state" in loaded["stdout"]
     for name, value in saved["params"].items():
         assert loaded["params"][name].equal(value), name
+
+
+def test_checkpoint_saved_by_an_older_tree_loads_with_its_validation_loss(digits_dir):
+    # The architecture and tokenizer come from the checkpoint; --train-iters at its
+    # iteration: no step, the final evaluation only.
+    summary = run_distributed(train, 1, [
+        "--load", OLD_CHECKPOINT, "--data-path", digits_dir, "--micro-batch-size", "4",
+        "--global-batch-size", "4", "--train-iters", "2", "--lr", "1e-3",
+        "--eval-iters", "1"])[0]
+    assert summary["iteration"] == 2 and summary["losses"] == {}
+    assert summary["val_loss"] == pytest.approx(OLD_CHECKPOINT_VAL_LOSS, rel=1e-6)
