@@ -102,32 +102,3 @@ def test_freeze_flag_needs_its_slot():
     args = build_parser().parse_args(["--freeze-audio"])
     with pytest.raises(ConfigError, match="--freeze-audio needs an audio encoder"):
         build_model_config(group_of_flags("model", args))
-
-
-def test_shared_code_reaches_families_through_the_registry():
-    """No module outside ``megatron_mm/families/`` imports a family's folder: shared code
-    looks families up in the registry (its ``__init__``, ``registry``, ``record``,
-    ``encoder`` and ``errors`` modules)."""
-    import ast
-
-    folders = {f.name for f in (ROOT / "megatron_mm" / "families").iterdir() if f.is_dir()
-               and (f / "__init__.py").exists()}
-    found = []
-    for path in (ROOT / "megatron_mm").rglob("*.py"):
-        rel = path.relative_to(ROOT / "megatron_mm")
-        if rel.parts[0] == "families":
-            continue
-        depth = len(rel.parts) - 1  # ``from ..families`` in a package one level down
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.ImportFrom):
-                continue
-            name = node.module or ""
-            if node.level:
-                if node.level != depth + 1:
-                    continue
-                name = "megatron_mm." + name
-            parts = name.split(".")
-            if parts[:2] == ["megatron_mm", "families"] and len(parts) > 2 \
-                    and parts[2] in folders:
-                found.append(f"{rel}: {name}")
-    assert not found
