@@ -48,3 +48,63 @@ def gloo_world():
 
     with one_rank_world("gloo") as parallel_state:
         yield parallel_state
+
+
+@pytest.fixture(scope="session")
+def digits_dir(tmp_path_factory):
+    """The built-in digits data, written once for every training test."""
+    from megatron_mm.data.digits import prepare_digits
+
+    out = tmp_path_factory.mktemp("digits")
+    prepare_digits(out)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def audio_digits_dir(tmp_path_factory):
+    """Images and tones of different lengths, for the two-encoder training tests."""
+    from audio_data import write_audio_digits
+
+    return write_audio_digits(str(tmp_path_factory.mktemp("audio_digits")))
+
+
+@pytest.fixture(scope="session")
+def one_process_reference(tmp_path_factory):
+    """``one_process_reference(data_dir, model_flags)`` -> ``(argv, result)``: an initial
+    checkpoint and the one-process run of ``REFERENCE_STEPS`` steps from it, made once per
+    data and model for the whole session; the parallel runs load the same checkpoint (stages
+    draw different random streams). Shared by the pipeline, audio and sequence-parallel
+    equivalence tests."""
+    from dist_harness import run_distributed
+    from equivalence import REFERENCE_STEPS
+    from train_workers import TINY_MODEL, train
+
+    made = {}
+
+    def reference(data_dir, model=()):
+        key = (data_dir, tuple(model))
+        if key not in made:
+            init = str(tmp_path_factory.mktemp("init"))
+            common = TINY_MODEL + ["--data-path", data_dir, "--micro-batch-size", "2",
+                                   "--global-batch-size", "8", *model]
+            run_distributed(train, 1, common + ["--train-iters", "0", "--save", init])
+            argv = common + ["--train-iters", str(REFERENCE_STEPS), "--load", init,
+                             "--no-load-optim"]
+            made[key] = argv, run_distributed(train, 1, argv, (1, REFERENCE_STEPS))[0]
+        return made[key]
+    return reference
+
+
+@pytest.fixture
+def te_placeholder_specs(monkeypatch):
+    """``get_layer_specs("transformer_engine")`` run through on Megatron-Core's TE spec
+    code: without TE its TE classes are placeholders, enough to read the specs' structure
+    (never to build a layer)."""
+    from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    from megatron_mm.models import specs
+
+    monkeypatch.setattr(gpt_layer_specs, "TESpecProvider", TESpecProvider)
+    monkeypatch.setattr(specs, "transformer_engine_available", lambda: True)
+    return specs.get_layer_specs

@@ -62,28 +62,6 @@ def test_tensorboard_holds_the_logged_scalars(reference):
     assert sorted(scalars["lm loss vs samples"]) == [4 * it for it in range(1, ITERS + 1)]
 
 
-@pytest.mark.processes
-def test_exit_interval_then_resume_gives_the_same_losses(reference, digits_dir, tmp_path):
-    save = str(tmp_path / "ckpt")
-    stopped = run_distributed(train, 2, _argv(digits_dir, "--eval-iters", "0",
-                                              "--exit-interval", "4", "--save", save))[-1]
-    assert stopped["iteration"] == 4 and "exit-interval" in stopped["exit"]
-    assert open(os.path.join(save, "latest_checkpointed_iteration.txt")).read() == "4"
-    # The resumed run validates at the end: its scalars reach TensorBoard too.
-    tb = str(tmp_path / "tb")
-    resumed = run_distributed(train, 2, _argv(digits_dir, "--eval-iters", "1", "--load", save,
-                                              "--tensorboard-dir", tb))[-1]
-    assert list(resumed["losses"]) == [5, 6]
-    full = reference["summary"]["losses"]
-    for it in range(1, 5):
-        assert stopped["losses"][it] == full[it], it
-    for it in (5, 6):
-        assert resumed["losses"][it] == full[it], it
-    scalars = _scalars(tb)
-    assert scalars["lm loss validation"] == {6: pytest.approx(resumed["val_loss"], rel=1e-6)}
-    assert scalars["val answer accuracy"] == {6: pytest.approx(resumed["val_accuracy"])}
-
-
 def train_signalled(rank, argv, at):
     """SIGTERM reaches rank 0 only, during iteration ``at``'s callback: the other rank
     must stop after the same iteration (the ranks agree), with one checkpoint."""
@@ -101,21 +79,51 @@ def train_signalled(rank, argv, at):
     return {k: summary.get(k) for k in ("losses", "iteration", "exit")}
 
 
+@pytest.fixture(scope="module")
+def sigterm_stop(digits_dir, tmp_path_factory):
+    """The run stopped by SIGTERM after iteration 2 and the directory it saved to."""
+    save = str(tmp_path_factory.mktemp("sigterm") / "ckpt")
+    stopped = run_distributed(train_signalled, 2, _argv(digits_dir, "--eval-iters", "0",
+                                                        "--save", save,
+                                                        "--exit-signal-handler"), 2)
+    return stopped, save
+
+
 @pytest.mark.processes
-def test_sigterm_saves_and_a_resume_gives_the_same_losses(reference, digits_dir, tmp_path):
-    save = str(tmp_path / "ckpt")
-    common = _argv(digits_dir, "--eval-iters", "0", "--save", save)
-    stopped = run_distributed(train_signalled, 2, common + ["--exit-signal-handler"], 2)
+def test_sigterm_saves_one_checkpoint_on_every_rank(reference, sigterm_stop):
+    stopped, save = sigterm_stop
     assert [out["iteration"] for out in stopped] == [2, 2]
     assert all("SIGTERM" in out["exit"] for out in stopped)
     assert sorted(os.listdir(save)) == ["iter_0000002", "latest_checkpointed_iteration.txt"]
-    resumed = run_distributed(train, 2, common + ["--load", save])[-1]
     full = reference["summary"]["losses"]
-    assert list(resumed["losses"]) == [3, 4, 5, 6]
     for it in (1, 2):
         assert stopped[-1]["losses"][it] == full[it], it
-    for it in (3, 4, 5, 6):
+
+
+@pytest.mark.processes
+def test_resume_then_exit_interval_then_resume_gives_the_same_losses(reference, sigterm_stop,
+                                                                     digits_dir, tmp_path):
+    """The SIGTERM checkpoint resumed and stopped by --exit-interval, then resumed again:
+    each resume gives the uninterrupted run's losses."""
+    save = str(tmp_path / "ckpt")
+    stopped = run_distributed(train, 2, _argv(digits_dir, "--eval-iters", "0",
+                                              "--load", sigterm_stop[1],
+                                              "--exit-interval", "4", "--save", save))[-1]
+    assert stopped["iteration"] == 4 and "exit-interval" in stopped["exit"]
+    assert open(os.path.join(save, "latest_checkpointed_iteration.txt")).read() == "4"
+    # The resumed run validates at the end: its scalars reach TensorBoard too.
+    tb = str(tmp_path / "tb")
+    resumed = run_distributed(train, 2, _argv(digits_dir, "--eval-iters", "1", "--load", save,
+                                              "--tensorboard-dir", tb))[-1]
+    assert list(stopped["losses"]) == [3, 4] and list(resumed["losses"]) == [5, 6]
+    full = reference["summary"]["losses"]
+    for it in (3, 4):
+        assert stopped["losses"][it] == full[it], it
+    for it in (5, 6):
         assert resumed["losses"][it] == full[it], it
+    scalars = _scalars(tb)
+    assert scalars["lm loss validation"] == {6: pytest.approx(resumed["val_loss"], rel=1e-6)}
+    assert scalars["val answer accuracy"] == {6: pytest.approx(resumed["val_accuracy"])}
 
 
 def train_with_nan_grad(rank, argv, at):

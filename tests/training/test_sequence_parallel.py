@@ -159,7 +159,7 @@ def test_bad_flags_name_the_flags(capsys, monkeypatch, argv, world, message):
 
 def test_te_takes_the_clip_padding(monkeypatch):
     """CLIP's 17 tokens padded to 18 on TE too: its layers declare the ``padding`` mask
-    type (tests/models/test_vision.py), so the flags are not refused."""
+    type (tests/families/vit/test_vision.py), so the flags are not refused."""
     from functools import partial
 
     from megatron_mm.training import arguments, transformer_impl

@@ -11,9 +11,12 @@ import torch
 from balanced_runs import assert_dp2_equals_both_ranks_plans
 from dist_harness import run_distributed
 from qwen_vl_data import QWEN_VL_MODEL, write_qwen_vl_data
-from train_workers import TINY_MODEL, count_vit_layer_calls, train
+from train_workers import (TINY_MODEL, count_vit_calls_and_host_syncs, count_vit_layer_calls,
+                           train)
 
 STEPS = 2
+# The layouts whose runs also check that the model reads no device value.
+HOST_SYNC_FREE = ("pp2-split-vit", "pp2-bubble", "tp2-sp")
 RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "block",
              "--recompute-num-layers", "1"]
 
@@ -32,12 +35,21 @@ def _argv(data, *extra):
 @pytest.fixture(scope="module")
 def reference(qwen_vl_dir, tmp_path_factory):
     """The saved initial checkpoint and the one-process run from it, for each data path
-    (padded micro-batches, or packed balanced ones)."""
+    (padded micro-batches, or packed balanced ones), its host syncs counted."""
     init = str(tmp_path_factory.mktemp("init"))
     run_distributed(train, 1, _argv(qwen_vl_dir, "--train-iters", "0", "--save", init))
     common = ["--train-iters", str(STEPS), "--load", init, "--no-load-optim"]
-    padded = run_distributed(train, 1, _argv(qwen_vl_dir, *common), (1, STEPS))[0]
+    padded = run_distributed(train, 1, _argv(qwen_vl_dir, *common), (1, STEPS),
+                             count_vit_calls_and_host_syncs)[0]
     return common, padded
+
+
+def _assert_no_host_syncs(ranks):
+    """The windows, masks, rotary positions and packed shapes come from the host layout:
+    the model reads no device value."""
+    for rank, out in enumerate(ranks):
+        counted = out["observed"]["host_syncs"]
+        assert counted["scopes"] > 0 and counted["found"] == [], (rank, counted)
 
 
 def _merge(ranks, key, step=None):
@@ -97,10 +109,14 @@ def _assert_equal_runs(stages, ref):
 ], ids=["tp2", "pp2-split-vit", "pp2-bubble", "pp2-coarse", "cp2", "recompute",
         "pp2-bubble-recompute",
         "tp2-pp2-bubble-etp1", "tp2-sp", "tp2-sp-pp2-split-vit"])
-def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layout):
+def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layout, request):
     common, ref = reference
+    host_syncs = request.node.callspec.id in HOST_SYNC_FREE
     ranks = run_distributed(train, world, _argv(qwen_vl_dir, *common, *layout), (1, STEPS),
-                            count_vit_layer_calls)
+                            count_vit_calls_and_host_syncs if host_syncs
+                            else count_vit_layer_calls)
+    if host_syncs:
+        _assert_no_host_syncs(ranks)
     # TP / CP ranks hold the same (gathered) tensors; pipeline stages their own pieces
     stages = ranks[::world // 2] if "--pipeline-model-parallel-size" in layout else ranks[:1]
     _assert_equal_runs(stages, ref)
@@ -211,24 +227,11 @@ def test_balancer_counts_patches(qwen_vl_dir):
 
 
 @pytest.mark.processes
-@pytest.mark.parametrize("world,flags", [
-    (1, []),
-    (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,5"]),
-    (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"]),
-    (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
-         "--transformer-impl", "local"]),
-], ids=["default", "pp2-split-vit", "pp2-bubble", "tp2-sp"])
-def test_no_host_syncs_inside_the_model(qwen_vl_dir, world, flags):
-    """The windows, masks, rotary positions and packed shapes come from the host layout:
-    the model reads no device value, on either side of a cut inside the ViT, in the
-    encoder pieces and with the sequence-parallel padding."""
-    from host_syncs import count_model_host_syncs
-
-    ranks = run_distributed(train, world, _argv(qwen_vl_dir, "--train-iters", "1", *flags),
-                            (), count_model_host_syncs)
-    for rank, out in enumerate(ranks):
-        counted = out["observed"]["host_syncs"]
-        assert counted["scopes"] > 0 and counted["found"] == [], (rank, counted)
+def test_no_host_syncs_inside_the_model(reference):
+    """One process reads no device value in the model; the layouts in ``HOST_SYNC_FREE``
+    check the same on either side of a cut inside the ViT, in the encoder pieces and with
+    the sequence-parallel padding (test_parallel_layouts_equal_one_process)."""
+    _assert_no_host_syncs([reference[1]])
 
 
 @pytest.mark.processes

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 # Steps of the one-process references that several modules' equivalence tests share
-# (the ``one_process_reference`` fixture, tests/training/conftest.py).
+# (the ``one_process_reference`` fixture, tests/conftest.py).
 REFERENCE_STEPS = 3
 
 

@@ -176,3 +176,12 @@ def count_vit_layer_calls(chunks, optimizer, holder):
             counts["layers"] += 1
             layer.register_forward_hook(bump("fwd"))
             layer.register_full_backward_hook(bump("bwd"))
+
+
+def count_vit_calls_and_host_syncs(chunks, optimizer, holder):
+    """Both ``count_vit_layer_calls`` and ``host_syncs.count_model_host_syncs``: one run
+    checks its ViT calls and that the model reads no device value."""
+    from host_syncs import count_model_host_syncs
+
+    count_vit_layer_calls(chunks, optimizer, holder)
+    count_model_host_syncs(chunks, optimizer, holder)

@@ -35,7 +35,8 @@ VARIANTS = {
 IMAGES = ((28, 28), (28, 56), (84, 28))
 
 _spec = importlib.util.spec_from_file_location(
-    "convert_hf", os.path.join(os.path.dirname(__file__), "..", "..", "tools", "convert_hf.py"))
+    "convert_hf",
+    os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools", "convert_hf.py"))
 convert_hf = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(convert_hf)
 
@@ -168,7 +169,7 @@ def test_every_on_disk_layout_imports_the_same(internvl, tmp_path, layout):
 
     from megatron_mm.hf.convert import import_hf
     from megatron_mm.hf.world import single_rank_world
-    from parity import load_converted
+    from megatron_mm.hf.compare import load_converted
 
     models, _ = internvl
     model, hf_dir, reference = models["rmsnorm_untied_layer-2"]
