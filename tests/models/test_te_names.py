@@ -243,6 +243,8 @@ def _args(tmp_path):
         checkpoint=dataclasses.replace(config.checkpoint, load=str(tmp_path)))
 
 
+# Megatron-Core's checkpoint save starts a SyncManager process (the first in a session).
+@pytest.mark.processes
 def test_checkpoints_carry_te_names_and_load_across_impls(gloo_world, tmp_path):
     from megatron.core import dist_checkpointing
 
