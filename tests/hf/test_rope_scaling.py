@@ -41,9 +41,8 @@ def _hf_config(kind, rope):
     return config
 
 
-def _built_rotary(hf_config):
-    """The converted flags' language model: its rotary embedding and the first layer's
-    attention (which applies YaRN's scale)."""
+def _built(hf_config):
+    """The model of the converted flags (a language model alone)."""
     from megatron_mm.hf.families import model_flags
     from megatron_mm.models import BuildSettings, build_model
     from megatron_mm.training.flag_values import read_values
@@ -51,8 +50,7 @@ def _built_rotary(hf_config):
 
     run = RunConfig.from_flags(read_values(model_flags(hf_config), world_size=1))
     run.model_config.language.vocab_size = _TEXT["vocab_size"]
-    llm = build_model(run.model_config, BuildSettings(), {}).language_model
-    return llm.rotary_pos_emb, llm.decoder.layers[0].self_attention
+    return build_model(run.model_config, BuildSettings(), {})
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -64,10 +62,11 @@ def test_frequencies_and_scale_equal_hugging_face(gloo_world, case):
     want, want_scale = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf_config, "cpu")
     plain = 1.0 / rope["rope_theta"] ** (torch.arange(0, 16, 2).float() / 16)
     assert not torch.allclose(want, plain)  # the scaling changes some frequency
-    rotary, attention = _built_rotary(hf_config)
-    emb = rotary(2)  # angles [positions, 1, 1, 2 x frequencies]; YaRN: (angles, scale)
-    angles = emb[0] if isinstance(emb, tuple) else emb
+    model = _built(hf_config)
+    angles = model.rotary_embedding(torch.arange(2)[None])  # [positions, 1, 1, 2 x freqs]
     torch.testing.assert_close(angles[1, 0, 0, :8], want, rtol=1e-6, atol=0)
+    # YaRN's cos / sin scale, applied by each layer's attention
+    attention = model.language_model.decoder.layers[0].self_attention
     assert attention._yarn_concentration_factor == pytest.approx(want_scale, rel=1e-12)
     if case == "yarn_attention_factor":
         assert want_scale == 1.5
