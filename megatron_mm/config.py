@@ -6,7 +6,7 @@ group exists. Error messages name the command-line flag to change.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Dict, Optional, Tuple
 
 
@@ -33,6 +33,40 @@ class ProjectorConfig:
 
 
 @dataclass
+class YarnConfig:
+    """YaRN RoPE (``--position-embedding-type yarn``): Megatron-Core's
+    ``YarnRotaryEmbedding`` settings by Megatron-LM's flags (the dests), each default
+    Megatron-Core's. Attention scales cos / sin by ``mscale``'s concentration factor
+    (``0.1 * mscale * ln(factor) + 1`` over the same with ``mscale_all_dim``)."""
+
+    rotary_scaling_factor: float = 1.0
+    yarn_original_max_position_embeddings: int = 4096
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    yarn_correction_range_round_to_int: bool = True
+
+    def __post_init__(self):
+        require(self.rotary_scaling_factor > 0,
+                 f"--rotary-scaling-factor must be > 0, got {self.rotary_scaling_factor}")
+        require(self.yarn_original_max_position_embeddings > 0,
+                 "--yarn-original-max-position-embeddings must be > 0, got "
+                 f"{self.yarn_original_max_position_embeddings}")
+
+    def transformer_config_attributes(self) -> Dict[str, object]:
+        """What Megatron-Core's GPTModel and Attention read off the TransformerConfig (as
+        undeclared ``yarn_*`` attributes, set by Megatron-LM's
+        ``_apply_yarn_config_from_args``)."""
+        return {"yarn_rotary_scaling_factor": self.rotary_scaling_factor,
+                "yarn_original_max_position_embeddings":
+                    self.yarn_original_max_position_embeddings,
+                "yarn_beta_fast": self.yarn_beta_fast, "yarn_beta_slow": self.yarn_beta_slow,
+                "yarn_mscale": self.mscale, "yarn_mscale_all_dim": self.mscale_all_dim,
+                "yarn_correction_range_round_to_int": self.yarn_correction_range_round_to_int}
+
+
+@dataclass
 class LanguageModelConfig:
     """A Llama / Qwen2 style decoder on Megatron-Core's GPTModel."""
 
@@ -49,8 +83,14 @@ class LanguageModelConfig:
     # "rope", or Qwen2-VL's multimodal RoPE ("mrope"): the rotary frequencies split into
     # temporal, height and width sections (``mrope_section``, counts of frequencies, summing
     # to kv_channels / 2), each rotated by its own row of 3-D position ids [3, B, S].
+    # "yarn": YaRN's scaled RoPE (``yarn``'s settings).
     position_embedding_type: str = "rope"
     mrope_section: Optional[Tuple[int, ...]] = None
+    # Llama 3.x RoPE scaling (--use-rope-scaling): Megatron-Core's, by --rope-scaling-factor
+    # (low / high frequency factors 1 and 4 and an original context of 8192 fixed there).
+    rope_scaling: bool = False
+    rope_scaling_factor: float = 8.0
+    yarn: YarnConfig = field(default_factory=YarnConfig)
     add_qkv_bias: bool = False  # Qwen2
     qk_layernorm: bool = False  # Qwen3
     untie_embeddings_and_output_weights: bool = False  # Megatron default: tied
@@ -81,9 +121,18 @@ class LanguageModelConfig:
 
     def _validate_position_embedding(self) -> None:
         kind, section = self.position_embedding_type, self.mrope_section
-        require(kind in ("rope", "mrope"),
-                 f"--position-embedding-type must be rope or mrope, got {kind!r}")
-        if kind == "rope":
+        require(kind in ("rope", "mrope", "yarn"),
+                 f"--position-embedding-type must be rope, mrope or yarn, got {kind!r}")
+        require(not self.rope_scaling or kind == "rope",
+                 f"--use-rope-scaling needs --position-embedding-type rope, got {kind}")
+        require(self.rope_scaling_factor > 0,
+                 f"--rope-scaling-factor must be > 0, got {self.rope_scaling_factor}")
+        if kind != "yarn":
+            for f in fields(YarnConfig):
+                value = getattr(self.yarn, f.name)
+                flag = ("--no-" if value is False else "--") + f.name.replace("_", "-")
+                require(value == f.default, f"{flag} needs --position-embedding-type yarn")
+        if kind != "mrope":
             require(section is None, "--mrope-section needs --position-embedding-type mrope")
             return
         require(section is not None,

@@ -3,8 +3,9 @@ reproduce for every value: the values it accepts, and why the others are refused
 import. A field left out of these tables is either mapped onto a flag (``families.py``:
 sizes, ``rms_norm_eps``, ``head_dim``, ``tie_word_embeddings``, ``rope_theta``, the towers'
 ``layer_norm_eps``, ``image_size``, ``patch_size``, ``sliding_window`` through
-``longest_exact_sequence``, ...) or does not change the forward of a trained model
-(initialisation, dropout, generation, token ids of the tokenizer).
+``longest_exact_sequence``, RoPE scaling in ``rope_scaling.py``, ...) or does not change
+the forward of a trained model (initialisation, dropout, generation, token ids of the
+tokenizer).
 """
 
 from __future__ import annotations
@@ -89,9 +90,11 @@ def language_fields() -> Tuple[Field, ...]:
         # transformers 5 folds a checkpoint's rope_scaling into rope_parameters (and an
         # M-RoPE model's rope_type "mrope" into "default" with an mrope_section).
         Field("rope_parameters.rope_type",
-              lambda v, c: v == "default" or (v == "mrope" and c.model_type in mrope),
-              "RoPE scaling (rope_scaling / rope_parameters) is not implemented; only "
-              "'default' (and 'mrope' for Qwen2-VL / Qwen2.5-VL text models)", "default"),
+              lambda v, c: v == "default" or (v == "mrope" and c.model_type in mrope)
+              or (v in ("llama3", "yarn") and c.model_type not in mrope),
+              "the RoPE types implemented are 'default', 'llama3' (--use-rope-scaling) and "
+              "'yarn' (--position-embedding-type yarn), and 'mrope' for Qwen2-VL / "
+              "Qwen2.5-VL text models (without scaling)", "default"),
         Field("rope_parameters.mrope_section",
               lambda v, c: v is None or c.model_type in mrope,
               "M-RoPE (an mrope_section) is implemented for the Qwen2-VL / Qwen2.5-VL text "

@@ -18,6 +18,7 @@ from ..families import ARCHITECTURES, architecture, text_model
 from .config_fields import language_fields, longest_exact_sequence, refuse_unsupported
 from .errors import ConversionError
 from .layouts import CAUSAL_LM, Layout
+from .rope_scaling import rope_scaling_flags
 from .tables import causal_lm_rules
 
 # megatron_mm flags as typed values: parser dest -> value (``--num-layers 2`` is
@@ -103,6 +104,7 @@ def language_flags(text, where: str = "",
              "rotary_base": rope.get("rope_theta", 10000.0),
              "norm_epsilon": text.rms_norm_eps}
     flags.update({dest: True for dest in model.flags})
+    flags.update(rope_scaling_flags(text, where))
     if model.mrope_section is not None:  # M-RoPE: the config's split, else the model's
         flags.update(position_embedding_type="mrope",
                      mrope_section=list(rope.get("mrope_section") or model.mrope_section))

@@ -56,6 +56,8 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
         share_embeddings_and_output_weights=not lm.untie_embeddings_and_output_weights,
         position_embedding_type=lm.position_embedding_type,  # mrope: lm_config's section
         rotary_base=lm.rotary_base,
+        rope_scaling=lm.rope_scaling,  # Llama 3.x's; YaRN's settings: lm_config's
+        rope_scaling_factor=lm.rope_scaling_factor,
         pre_process=placement.llm_embed,
         post_process=placement.llm_head,
         vp_stage=vp_stage,

@@ -89,7 +89,10 @@ class MultimodalModel(MegatronModule):
         if self._rope_positions is None:
             return output
         pos, seq_length = self._rope_positions
-        return module.get_emb(seq_length)[pos.to(output.device)]
+        emb = module.get_emb(seq_length)
+        if isinstance(emb, tuple):  # YaRN: (angles, the cos / sin scale)
+            return (emb[0][pos.to(emb[0].device)], *emb[1:])
+        return emb[pos.to(emb.device)]
 
     def rotary_positions(self, position_ids: torch.Tensor) -> torch.Tensor:
         """What the language model's rotary embedding takes: M-RoPE's [3, B, S] (a [B, S]
@@ -105,7 +108,9 @@ class MultimodalModel(MegatronModule):
         rotary = self.language_model.rotary_pos_emb
         if self.mrope:
             return rotary(self.rotary_positions(position_ids), self.language_model.mrope_section)
-        return rotary(position_ids.shape[-1])
+        emb = rotary(position_ids.shape[-1])
+        # YaRN's (angles, scale): the layers take the angles (Attention applies the scale)
+        return emb[0] if isinstance(emb, tuple) else emb
 
     def shared_embedding_or_output_weight(self):
         """For ``finalize_model_grads``: the tied weight whose grads meet across stages."""

@@ -145,7 +145,7 @@ class BuildSettings:
 
 
 def language_transformer_config(lm: LanguageModelConfig, s: BuildSettings) -> TransformerConfig:
-    return TransformerConfig(
+    config = TransformerConfig(
         num_layers=lm.num_layers,
         hidden_size=lm.hidden_size,
         ffn_hidden_size=lm.ffn_hidden_size,
@@ -164,6 +164,10 @@ def language_transformer_config(lm: LanguageModelConfig, s: BuildSettings) -> Tr
         **s.fp8_fields("llm"),
         **_te_context_parallel(s),
     )
+    if lm.position_embedding_type == "yarn":  # read by GPTModel's and Attention's YaRN
+        for name, value in lm.yarn.transformer_config_attributes().items():
+            setattr(config, name, value)
+    return config
 
 
 def _te_context_parallel(s: BuildSettings) -> dict:

@@ -40,12 +40,40 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seq-length", type=int, default=128)
     g.add_argument("--max-position-embeddings", type=int, default=None)
     g.add_argument("--rotary-base", type=float, default=10000.0)
-    g.add_argument("--position-embedding-type", choices=["rope", "mrope"], default="rope",
+    g.add_argument("--position-embedding-type", choices=["rope", "mrope", "yarn"],
+                   default="rope",
                    help="mrope: Qwen2-VL's multimodal RoPE, rotating by 3-D (temporal, "
-                        "height, width) position ids")
+                        "height, width) position ids; yarn: YaRN's scaled RoPE "
+                        "(Megatron-Core's YarnRotaryEmbedding)")
     g.add_argument("--mrope-section", type=int, nargs="+", default=None,
                    help="with mrope: rotary frequencies of the temporal, height and width "
                         "positions (three ints summing to --kv-channels / 2)")
+    g.add_argument("--use-rope-scaling", action="store_true",
+                   help="Apply rope scaling as used in llama3.x (Megatron-Core's: low / high "
+                        "frequency factors 1 and 4, original context 8192)")
+    g.add_argument("--rope-scaling-factor", type=float, default=8.0,
+                   help="Rope scaling factor in llama3.x models")
+    g.add_argument("--rotary-scaling-factor", type=float, default=1.0,
+                   help="with yarn: the scaling factor (Hugging Face's rope_parameters "
+                        "factor)")
+    g.add_argument("--yarn-original-max-position-embeddings", type=int, default=None,
+                   help="Original maximum position embeddings for YaRN RoPE frequency "
+                        "correction (default 4096)")
+    g.add_argument("--yarn-beta-fast", type=float, default=None,
+                   help="Beta fast for YaRN RoPE frequency correction (default 32)")
+    g.add_argument("--yarn-beta-slow", type=float, default=None,
+                   help="Beta slow for YaRN RoPE frequency correction (default 1)")
+    g.add_argument("--mscale", type=float, default=1.0,
+                   help="with yarn: scales the concentration factor (0.1 * mscale * "
+                        "ln(factor) + 1) applied to cos / sin")
+    g.add_argument("--mscale-all-dim", type=float, default=0.0,
+                   help="with yarn: the concentration factor is divided by 0.1 * "
+                        "mscale_all_dim * ln(factor) + 1")
+    g.add_argument("--yarn-correction-range-round-to-int", action="store_true", default=None,
+                   help="Round YaRN correction range endpoints to integers (the default)")
+    g.add_argument("--no-yarn-correction-range-round-to-int", action="store_false",
+                   dest="yarn_correction_range_round_to_int",
+                   help="Do not round YaRN correction range endpoints to integers")
     g.add_argument("--add-qkv-bias", action="store_true")
     g.add_argument("--qk-layernorm", action="store_true")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
@@ -503,7 +531,10 @@ def _validate_search_and_recompute(args: argparse.Namespace) -> None:
 CHECKPOINT_FLAGS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
     "group_query_attention", "num_query_groups", "kv_channels", "max_position_embeddings",
-    "rotary_base", "position_embedding_type", "mrope_section", "add_qkv_bias", "qk_layernorm",
+    "rotary_base", "position_embedding_type", "mrope_section", "use_rope_scaling",
+    "rope_scaling_factor", "rotary_scaling_factor", "yarn_original_max_position_embeddings",
+    "yarn_beta_fast", "yarn_beta_slow", "mscale", "mscale_all_dim",
+    "yarn_correction_range_round_to_int", "add_qkv_bias", "qk_layernorm",
     "untie_embeddings_and_output_weights", "norm_epsilon", "make_vocab_size_divisible_by",
     "vision_model_type", "vision_hidden_size",
     "vision_num_layers", "vision_num_attention_heads", "vision_ffn_hidden_size",

@@ -4,12 +4,15 @@ projectors and what is frozen. No torch import."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..config import (
     ConfigError,
     FreezeConfig,
     LanguageModelConfig,
     MultimodalModelConfig,
     ProjectorConfig,
+    YarnConfig,
 )
 from ..families import SLOTS, family
 
@@ -30,6 +33,9 @@ def build_model_config(model) -> MultimodalModelConfig:
         rotary_base=model.rotary_base,
         position_embedding_type=model.position_embedding_type,
         mrope_section=None if model.mrope_section is None else tuple(model.mrope_section),
+        rope_scaling=model.use_rope_scaling,
+        rope_scaling_factor=model.rope_scaling_factor,
+        yarn=yarn_config(model),
         add_qkv_bias=model.add_qkv_bias,
         qk_layernorm=model.qk_layernorm,
         untie_embeddings_and_output_weights=model.untie_embeddings_and_output_weights,
@@ -60,3 +66,10 @@ def build_model_config(model) -> MultimodalModelConfig:
     )
     return MultimodalModelConfig(
         encoders=encoders, projectors=projectors, language=language, freeze=freeze)
+
+
+def yarn_config(model) -> YarnConfig:
+    """YaRN's settings: the flags given (Megatron-LM leaves the ``--yarn-*`` flags at None
+    for Megatron-Core's defaults)."""
+    values = {f.name: getattr(model, f.name) for f in dataclasses.fields(YarnConfig)}
+    return YarnConfig(**{name: v for name, v in values.items() if v is not None})

@@ -27,6 +27,13 @@ def _lm(kind, **kw):
     return config
 
 
+def _mrope_lm(**kw):
+    """Qwen2.5-VL's M-RoPE text model (its language_flags, as the family calls them)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model("qwen2_5_vl_text", **{**_TEXT, **kw})
+
+
 def _llava(text_kind="llama", text_kw=None, vision="clip_vision_model", vision_kw=None,
            arch="LlavaForConditionalGeneration", **top):
     from transformers import AutoConfig
@@ -55,11 +62,31 @@ def _audio(**audio_kw):
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 128}
+                "original_max_position_embeddings": 8192}
+_YARN_ROPE = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+              "original_max_position_embeddings": 64}
+_MROPE_TEXT = dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                    "mrope_section": [2, 3, 3]})
 
 REFUSED = {
-    "rope_scaling": (lambda: _lm("llama", rope_scaling=_LLAMA3_ROPE),
-                     "config rope_parameters.rope_type='llama3' is not supported: RoPE scaling"),
+    "rope_type": (lambda: _lm("llama", rope_parameters={"rope_type": "dynamic",
+                                                        "rope_theta": 1e4, "factor": 2.0}),
+                  "config rope_parameters.rope_type='dynamic' is not supported: the RoPE "
+                  "types implemented are 'default', 'llama3'"),
+    "llama3_context": (lambda: _lm("llama", rope_scaling={
+        **_LLAMA3_ROPE, "original_max_position_embeddings": 128}),
+        "config rope_parameters.original_max_position_embeddings=128 is not supported: "
+        "Megatron-Core's llama3 RoPE scaling (--use-rope-scaling) fixes low_freq_factor=1, "
+        "high_freq_factor=4, original_max_position_embeddings=8192"),
+    "llava_llama3_low_freq": (lambda: _llava(text_kw=dict(rope_parameters={
+        **_LLAMA3_ROPE, "low_freq_factor": 2.0})),
+        "config text_config.rope_parameters.low_freq_factor=2.0 is not supported"),
+    "yarn_attention_factor": (lambda: _lm("qwen2", rope_parameters={
+        **_YARN_ROPE, "factor": 1.0, "attention_factor": 1.5}),
+        "config rope_parameters.attention_factor=1.5 is not supported: with factor <= 1 "
+        "Megatron-Core's YaRN scales cos / sin by 1"),
+    "yarn_mrope": (lambda: _mrope_lm(rope_parameters={**_YARN_ROPE, "mrope_section": [2, 3, 3]}),
+                   "config rope_parameters.rope_type='yarn' is not supported"),
     "partial_rotary": (lambda: _lm("llama", rope_parameters={
         "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}),
         "config rope_parameters.partial_rotary_factor=0.5 is not supported"),
@@ -97,11 +124,12 @@ REFUSED = {
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_a_field_that_changes_outputs_is_refused(case):
     from megatron_mm.hf import ConversionError
-    from megatron_mm.hf.families import model_flags
+    from megatron_mm.hf.families import language_flags, model_flags
 
     build, message = REFUSED[case]
+    config = build()
     with pytest.raises(ConversionError) as e:
-        model_flags(build())
+        model_flags(config) if config.architectures else language_flags(config)
     assert message in str(e.value)
 
 

@@ -1,5 +1,6 @@
 """Hugging Face -> megatron_mm: logits equal the Hugging Face model's at TP=1 for every
-family and detail (tiny_models.MODELS), and export gives back the same state dict."""
+family and detail (tiny_models.MODELS: RoPE scaling on sequences longer than the original
+context too), and export gives back the same state dict."""
 
 import pytest
 import tiny_models
@@ -16,6 +17,20 @@ def test_logits_equal_hugging_face(gloo_world, converted, references, name):
     assert got.shape[-1] == 256  # vocabulary 250 padded for TP=2
     diff = (got[..., :tiny_models.VOCAB] - expected).abs().max().item()
     print(f"{name}: TP=1 max abs logit difference {diff:.3g}")
+    assert diff <= TOLERANCE
+
+
+@pytest.mark.slow
+def test_llama3_scaling_equals_hugging_face_past_the_original_context(gloo_world, converted):
+    """Llama 3.1's RoPE scaling (Megatron-Core's constants: an original context of 8192) on
+    one sequence longer than that context, where the frequencies it divides turn far from
+    where they would unscaled (Hugging Face's logits without the scaling differ by ~2e-3)."""
+    model, _, ckpt = converted["llava_llama3"]
+    tokens, pixels = tiny_models.inputs("llava_llama3", seq=tiny_models.LLAMA3_LONGEST, batch=1)
+    expected = tiny_models.reference_logits(model, tokens, pixels)
+    got = logits(load_converted(ckpt), tokens, pixels)
+    diff = (got[..., :tiny_models.VOCAB] - expected).abs().max().item()
+    print(f"llava_llama3, {tokens.shape[1]} tokens: max abs logit difference {diff:.3g}")
     assert diff <= TOLERANCE
 
 

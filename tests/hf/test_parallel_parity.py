@@ -12,7 +12,8 @@ TOLERANCE = 1e-4
 # Every family and detail; the LLaVA variants with Mistral / Qwen2 LLMs add nothing the
 # LLM-only models and llava_llama do not already cover at TP=2 / PP=2. At PP=2 the tied
 # models (mistral, qwen2, onevision) have embedding and output layer on different stages.
-NAMES = ("llama", "mistral", "qwen2", "qwen3", "llava_llama", "onevision")
+# YaRN: its settings reach the rotary embedding and attention of every stage.
+NAMES = ("llama", "mistral", "qwen2", "qwen3", "llava_llama", "onevision", "llava_qwen2_yarn")
 
 
 def logits_of_each(rank, checkpoints, tp, pp, inputs):

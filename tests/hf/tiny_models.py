@@ -15,6 +15,16 @@ _TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden
 _VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                num_attention_heads=2, image_size=IMG, patch_size=PATCH)
 
+# RoPE scaling. llama3 with a base whose frequencies fall in all three of its bands
+# (kept, smoothed, divided by the factor); YaRN's ramp spans dims 0-3 of 8 with a short
+# original context (64), and its test sequences are longer (SEQ).
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+LLAMA3_LONGEST = 8192 + 64
+YARN_ROPE = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+             "original_max_position_embeddings": 64}
+SEQ = {"llava_qwen2_yarn": 96}
+
 # name -> (architecture, text model type, text overrides, vision type, vision overrides,
 #          top-level overrides)
 MODELS = {
@@ -40,6 +50,15 @@ MODELS = {
     "llava_qwen2": ("LlavaForConditionalGeneration", "qwen2", dict(tie_word_embeddings=False),
                     "clip_vision_model", {},
                     dict(vision_feature_layer=-1, vision_feature_select_strategy="full")),
+    # Llama 3.1's RoPE scaling (llama3: Megatron-Core's constants; test_convert also runs
+    # a sequence past its original context) and long-context Qwen2's YaRN
+    "llava_llama3": ("LlavaForConditionalGeneration", "llama",
+                     dict(tie_word_embeddings=False, max_position_embeddings=LLAMA3_LONGEST,
+                          rope_parameters=LLAMA3_ROPE),
+                     "clip_vision_model", {}, dict(vision_feature_layer=-2)),
+    "llava_qwen2_yarn": ("LlavaForConditionalGeneration", "qwen2",
+                         dict(tie_word_embeddings=False, rope_parameters=YARN_ROPE),
+                         "clip_vision_model", {}, dict(vision_feature_layer=-2)),
     # LLaVA-OneVision: SigLIP + Qwen2, one tile (no any-resolution tiling)
     "onevision": ("LlavaOnevisionForConditionalGeneration", "qwen2",
                   dict(tie_word_embeddings=True), "siglip_vision_model", {},
@@ -78,9 +97,11 @@ def image_tokens(name: str) -> int:
     return (IMG // PATCH) ** 2 + int(keep_cls)
 
 
-def inputs(name: str, seq: int = 12, batch: int = 2, seed: int = 1):
+def inputs(name: str, seq: int = None, batch: int = 2, seed: int = 1):
     """Token ids (one image's placeholders after the first token when the model has a
-    tower) and pixel values."""
+    tower) and pixel values; ``seq`` tokens a sequence (default: the model's ``SEQ``, or
+    12)."""
+    seq = seq or SEQ.get(name, 12)
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, IMAGE_TOKEN, (batch, seq), generator=g)
     pixels = None

@@ -79,6 +79,16 @@ from megatron_mm.training.user_errors import exit_with_user_error
      "--mrope-section takes three non-negative ints (temporal, height, width), got [8, 8]"),
     (["--mrope-section", "4", "6", "6"], 1,
      "--mrope-section needs --position-embedding-type mrope"),
+    # RoPE scaling: Llama 3.x's on 1-D RoPE, YaRN's flags with yarn
+    (["--use-rope-scaling", "--position-embedding-type", "yarn"], 1,
+     "--use-rope-scaling needs --position-embedding-type rope, got yarn"),
+    (["--use-rope-scaling", "--rope-scaling-factor", "0"], 1,
+     "--rope-scaling-factor must be > 0, got 0.0"),
+    (["--yarn-beta-fast", "16"], 1, "--yarn-beta-fast needs --position-embedding-type yarn"),
+    (["--no-yarn-correction-range-round-to-int"], 1,
+     "--no-yarn-correction-range-round-to-int needs --position-embedding-type yarn"),
+    (["--position-embedding-type", "yarn", "--rotary-scaling-factor", "-2"], 1,
+     "--rotary-scaling-factor must be > 0, got -2.0"),
     # Transformer Engine is never installed on the CPU test machine
     (["--transformer-impl", "transformer_engine"], 1,
      "--transformer-impl transformer_engine needs Transformer Engine, which is not installed"),
