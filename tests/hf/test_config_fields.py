@@ -185,6 +185,7 @@ def test_the_tool_names_the_field(capsys, tmp_path):
 WINDOW = 8
 
 
+@pytest.mark.processes  # the checkpoint save starts Megatron-Core's SyncManager process
 def test_sliding_window_model_equals_hugging_face_up_to_its_window(capsys, tmp_path):
     """A tiny Mistral with an 8-token window: the window changes Hugging Face's logits
     past 8 tokens; the converted model equals them on 8 tokens and refuses longer."""
