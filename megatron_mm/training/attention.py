@@ -9,6 +9,7 @@ from typing import Mapping, Optional, Union
 import torch
 from megatron.core import parallel_state
 
+from ..models.batch_layout import EncoderCP
 from ..models.context_parallel import (
     ContextParallelMask, batch_codes, context_parallel_mask, dense_mask)
 from ..config import ConfigError
@@ -24,6 +25,7 @@ class AttentionSettings:
     block: int = 128
     block_overhead: float = BLOCK_OVERHEAD  # tiles per block in the load model
     cp_attention: str = "ours"  # CPAttentionChoice.kind (models/specs.py)
+    vision_dp_when_cp: bool = False  # each CP rank encodes a share of the items
 
     @classmethod
     def from_config(cls, config, tokenizer, cp_attention: str = "ours") -> "AttentionSettings":
@@ -41,7 +43,16 @@ class AttentionSettings:
         parallel = config.parallel
         return cls(media, parallel.media_attention, parallel.context_parallel_size,
                    parallel.context_parallel_assignment, parallel.context_parallel_block,
-                   parallel.context_parallel_block_overhead, cp_attention)
+                   parallel.context_parallel_block_overhead, cp_attention,
+                   parallel.vision_dp_when_cp)
+
+    def encoder_cp(self, split: bool = True) -> Optional[EncoderCP]:
+        """The CP group the encoders' items are split over (``--vision-dp-when-cp``), or
+        None: every CP rank encodes every item (also when nothing is split: validation)."""
+        if not (split and self.vision_dp_when_cp and self.context_parallel_size > 1):
+            return None
+        return EncoderCP(self.context_parallel_size, parallel_state.get_context_parallel_rank(),
+                         parallel_state.get_context_parallel_group())
 
     def mask_for(self, batch: dict, split: bool = True,
                  device=None) -> Union[None, torch.Tensor, ContextParallelMask]:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from cp_attention_check import assert_attention_errors, check_attention
 from dist_harness import run_distributed
-from train_workers import TINY_MODEL, train
+from train_workers import TINY_MODEL, count_encoded_rows, train
 
 pytestmark = pytest.mark.processes
 
@@ -124,3 +124,40 @@ def test_context_parallel_equals_one_process(reference, world, layout, some_unsp
     splits = [s for out in ranks for s in out["observed"]["splits"]]
     assert any(len(set(c)) > 1 for c, rep in splits if not rep), splits
     assert any(rep for _, rep in splits) == some_unsplit, splits
+
+
+def _split_items_and_watch_masks(model, optimizer, holder):
+    count_encoded_rows(model, optimizer, holder)
+    _watch_masks(model, optimizer, holder)
+
+
+@pytest.mark.parametrize("layout", [
+    CP2 + ["--vision-dp-when-cp"],
+    # the ViT on the first stage, its features gathered there for the whole text
+    CP2 + ["--vision-dp-when-cp", "--pipeline-model-parallel-size", "2"],
+], ids=["cp2", "cp2-pp2"])
+def test_vision_dp_when_cp_equals_one_process(reference, layout):
+    """--vision-dp-when-cp: each CP rank encodes a share of each micro-batch's images (LPT
+    on equal items: 2 and 2, or 2 and 1), the features all-gathered and their gradients
+    summed back over the CP ranks: the same losses and gradients as one process."""
+    argv, ref = reference
+    world = 4 if "--pipeline-model-parallel-size" in layout else 2
+    ranks = run_distributed(train, world, argv + layout, (1, STEPS),
+                            _split_items_and_watch_masks)
+    stages = ranks[:: world // 2] if world == 4 else ranks[:1]
+    for it in range(1, STEPS + 1):
+        assert stages[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    for it in (1, STEPS):
+        ours = {}
+        for stage in stages:
+            ours.update(stage["grads"][it])
+        assert ours.keys() == ref["grads"][it].keys()
+        for name, value in ref["grads"][it].items():
+            torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=1e-6,
+                                       msg=lambda m: f"grad {it} {name}: {m}")
+    # the CP ranks of the first stage (ranks 0, 1) encode disjoint shares of every batch
+    width = 16  # TINY_MODEL: 16 patch tokens per image
+    first, second = (out["observed"]["encoded"] for out in ranks[:2])
+    assert len(first) == len(second) == 2 * STEPS
+    for (a, tokens), (b, same) in zip(first, second):
+        assert tokens == same and a + b == tokens // width and a and b, (first, second)
