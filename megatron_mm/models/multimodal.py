@@ -26,6 +26,7 @@ from .batch_layout import (  # noqa: F401  (MediaMismatchError: re-exported)
     BatchLayout, FeatureShare, MediaMismatchError, batch_layout, loss_positions)
 from .context_parallel import ContextParallelMask
 from .cp_gather import gather_rows
+from .packed_sequences import PackedSequences
 
 # An encoder family's module (``EncoderParts``): see ``megatron_mm.families``.
 Encoder = MegatronModule
@@ -416,7 +417,8 @@ class MultimodalModel(MegatronModule):
 
         With a ``loss_mask`` the output layer runs only where the loss is taken (answer
         tokens; not media or prompt), and the loss elsewhere is 0. ``attention_mask``
-        ([B, 1, S, S] bool, True = masked; None = causal) isolates packed samples; a
+        ([B, 1, S, S] bool, True = masked; None = causal; a ``PackedSequences``: TE's THD
+        attention over the packed row) isolates packed samples; a
         ``ContextParallelMask`` instead runs this CP rank's tokens only: ``tokens``,
         ``labels``, ``loss_mask`` and ``position_ids`` stay whole-sequence, the loss comes
         back for the rank's tokens ([B, S_local], in ``attention_mask.local`` order).
@@ -428,6 +430,9 @@ class MultimodalModel(MegatronModule):
         from ``tokens`` (a host read: for callers off the training step).
         """
         cpm = attention_mask if isinstance(attention_mask, ContextParallelMask) else None
+        packed = None  # packed samples on TE's THD attention: no mask, their cu_seqlens
+        if isinstance(attention_mask, PackedSequences):
+            packed, attention_mask = attention_mask, None
         media = media or {}
         if layout is None:
             local_mask = loss_mask if cpm is None else cpm.take_loss_mask(loss_mask)
@@ -461,7 +466,7 @@ class MultimodalModel(MegatronModule):
         try:
             return self.language_model(
                 input_ids=tokens, position_ids=position_ids, attention_mask=attention_mask,
-                decoder_input=decoder_input, labels=labels,
+                decoder_input=decoder_input, labels=labels, packed_seq_params=packed,
                 loss_mask=loss_mask if sparse else None,
                 output_processor=loss_at_masked_positions if sparse else None,
                 output_processor_context=layout.loss_positions if sparse else None)

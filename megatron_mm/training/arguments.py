@@ -575,9 +575,6 @@ def _validate_data_balance(args: argparse.Namespace) -> None:
     parse_bounds(args.data_balance_bounds)  # a PlanError (ConfigError) names the flag
     if args.data_balance_iters < 1:
         raise ConfigError("--data-balance-iters must be >= 1")
-    if args.transformer_impl == "transformer_engine":
-        raise ConfigError("--data-balance needs --transformer-impl local (packed samples "
-                          "are isolated by a dense mask, which TE's causal attention ignores)")
 
 
 def slot_choices(slot: str) -> list:
