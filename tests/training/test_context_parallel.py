@@ -136,8 +136,11 @@ def _split_items_and_watch_masks(model, optimizer, holder):
 
 @pytest.mark.parametrize("layout, frozen", [
     (CP2 + ["--vision-dp-when-cp"], False),
-    # the ViT on the first stage, its features gathered there for the whole text
-    (CP2 + ["--vision-dp-when-cp", "--pipeline-model-parallel-size", "2"], False),
+    # the ViT cut between its layers: [embedding, ViT embed, ViT 0] [ViT 1, projector,
+    # LLM]: each CP rank's share of the hidden state travels, the features are gathered
+    # on the second stage
+    (CP2 + ["--vision-dp-when-cp", "--pipeline-model-parallel-size", "2",
+            "--pipeline-partition", "3,5"], False),
     # a frozen ViT (the session's reference: causal, 2 samples per micro-batch)
     (CP2 + ["--vision-dp-when-cp", "--context-parallel-block", "8"], True),
 ], ids=["cp2", "cp2-pp2", "cp2-frozen-vit"])
