@@ -9,8 +9,9 @@ What is checked, from the sources: Megatron-Core's ``TEDotProductAttention.forwa
 forwards, ``causal`` -> ``padding_causal`` for THD) and TE's
 ``DotProductAttention.forward`` (q / k / v 3-D for THD, a ``padding`` mask type,
 ``cu_seqlens_q`` / ``cu_seqlens_kv`` 1-D of one shape and int32, ``batch_size =
-len(cu_seqlens_q) - 1``; ``max_seqlen`` None makes TE read cu_seqlens on the host, which
-the step must not: refused here), the heads and head dim per partition and the GQA groups.
+len(cu_seqlens_q) - 1``; ``max_seqlen`` None makes TE read cu_seqlens on the host, and
+``pad_between_seqs`` None, with padded cu_seqlens, compare them on the device, which the
+step must not: refused here), the heads and head dim per partition and the GQA groups.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class StandInTEDotProductAttention(MegatronModule):
         for name in ("max_seqlen_q", "max_seqlen_kv"):
             value_ = getattr(packed_seq_params, name)
             assert isinstance(value_, int), f"{name}={value_!r}: TE would read cu_seqlens"
+        assert packed_seq_params.pad_between_seqs is False, \
+            "pad_between_seqs None: TE would compare cu_seqlens on the device"
         t = query.shape[0]
         assert query.shape[1:] == (self.heads, self.head_dim), query.shape
         assert key.shape == value.shape == (t, self.groups, self.head_dim), key.shape

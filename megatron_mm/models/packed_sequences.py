@@ -57,8 +57,10 @@ def packed_sequences(cu_seqlens: torch.Tensor) -> PackedSequences:
     if cu.dim() != 1 or len(cu) < 2 or int(cu[0]) != 0 or min(lengths) < 1:
         raise ValueError(f"cu_seqlens must rise from 0 in steps >= 1, got {cu.tolist()}")
     longest, total = max(lengths), int(cu[-1])
+    # no padding between samples (a padding tail is a sample of its own): said, so that
+    # TE does not compare padded and plain cu_seqlens on the device to find out
     thd = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
-                          max_seqlen_q=longest, max_seqlen_kv=longest)
+                          max_seqlen_q=longest, max_seqlen_kv=longest, pad_between_seqs=False)
     return PackedSequences(qkv_format="sbhd", max_seqlen_q=total, max_seqlen_kv=total, thd=thd)
 
 
