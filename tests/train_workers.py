@@ -185,3 +185,29 @@ def count_vit_calls_and_host_syncs(chunks, optimizer, holder):
 
     count_vit_layer_calls(chunks, optimizer, holder)
     count_model_host_syncs(chunks, optimizer, holder)
+
+
+def count_encoded_rows(chunks, optimizer, holder):
+    """A ``train`` hook: per training micro-batch on this rank, [rows the vision encoder
+    embeds (images, or Qwen2.5-VL's patches), placeholder tokens of the micro-batch]
+    (``--vision-dp-when-cp``: the CP ranks' rows add up to the micro-batch's)."""
+    seen = holder["encoded"] = []
+
+    def layout_hook(module, args, kwargs):
+        if module.training:
+            seen.append([0, len(kwargs["layout"].slots["vision"])])
+
+    def counted(vit):
+        embed = vit.embed
+
+        def run(x):
+            if vit.training:
+                seen[-1][0] += x.shape[0]
+            return embed(x)
+        return run
+
+    for chunk in chunks:
+        chunk.register_forward_pre_hook(layout_hook, with_kwargs=True)
+        vit = getattr(chunk, "vision_model", None)
+        if vit is not None and getattr(vit, "has_embed", False):
+            vit.embed = counted(vit)

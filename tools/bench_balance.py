@@ -116,42 +116,74 @@ def write_dataset(out: Path, samples: int, img_size: int, seed: int = 0) -> None
     _write_records(out, samples, 4, lambda rng: _png(rng, img_size), seed)
 
 
-def _write_records(out: Path, samples: int, max_images: int, image, seed: int) -> None:
-    """``train.jsonl`` (``samples`` records) and ``valid.jsonl`` (8): 1 to ``max_images``
-    images each (``image(rng)``: one image's data URL), a question of 3-60 words and an
-    answer of 1-40."""
+def _draw_records(samples: int, max_images: int, image, seed: int):
+    """(file, index, question, answer, images) of ``_write_records``' records, drawn in
+    its order: 1 to ``max_images`` images each (``image(rng)``), a question of 3-60 words
+    and an answer of 1-40."""
     rng = random.Random(seed)
-    out.mkdir(parents=True, exist_ok=True)
     for name, n in (("train.jsonl", samples), ("valid.jsonl", 8)):
-        with open(out / name, "w") as f:
-            for i in range(n):
-                k = rng.randint(1, max_images)
-                human = "<image>\n" * k + _text(rng, 3, 60) + "?"
-                f.write(json.dumps({
-                    "id": f"{name[:5]}-{i}",
-                    "conversations": [{"from": "human", "value": human},
-                                      {"from": "gpt", "value": _text(rng, 1, 40)}],
-                    "images": [image(rng) for _ in range(k)]}) + "\n")
+        for i in range(n):
+            k = rng.randint(1, max_images)
+            human = "<image>\n" * k + _text(rng, 3, 60) + "?"
+            answer = _text(rng, 1, 40)
+            yield name, i, human, answer, [image(rng) for _ in range(k)]
 
 
-def _flat_png(rng: random.Random, w: int, h: int) -> str:
+def _write_records(out: Path, samples: int, max_images: int, image, seed: int) -> None:
+    """``train.jsonl`` (``samples`` records) and ``valid.jsonl`` (8) of ``_draw_records``
+    (``image(rng)``: one image's data URL)."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for name, i, human, answer, images in _draw_records(samples, max_images, image, seed):
+        if name not in files:
+            files[name] = open(out / name, "w")
+        files[name].write(json.dumps({
+            "id": f"{name[:5]}-{i}",
+            "conversations": [{"from": "human", "value": human},
+                              {"from": "gpt", "value": answer}],
+            "images": images}) + "\n")
+    for f in files.values():
+        f.close()
+
+
+def _flat_png(w: int, h: int, colour: tuple) -> str:
     """A one-colour ``w`` x ``h`` image (a few hundred bytes: only its size matters)."""
     from PIL import Image
 
-    img = Image.new("RGB", (w, h), tuple(rng.randrange(256) for _ in range(3)))
+    img = Image.new("RGB", (w, h), colour)
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+# Images per sample of the native-resolution data (1 to this many).
+NATIVE_MAX_IMAGES = 3
+
+
+def _native_image(rng: random.Random, max_side: int) -> tuple:
+    """One native-resolution image: (width, height, colour), the sides drawn
+    independently from 28 px to ``max_side`` in steps of 28 (the processor keeps them:
+    multiples of 28 within the pixel bounds)."""
+    sides = range(28, max_side + 1, 28)
+    w, h = rng.choice(sides), rng.choice(sides)
+    return w, h, tuple(rng.randrange(256) for _ in range(3))
+
+
 def write_native_resolution_dataset(out: Path, samples: int, max_side: int,
                                     seed: int = 0) -> None:
-    """Qwen2.5-VL-shaped records: 1-3 images each, width and height drawn independently
-    from 28 px to ``max_side`` in steps of 28 (the processor keeps them: multiples of 28
-    within the pixel bounds), a question of 3-60 words and an answer of 1-40."""
-    sides = range(28, max_side + 1, 28)
-    _write_records(out, samples, 3,
-                   lambda rng: _flat_png(rng, rng.choice(sides), rng.choice(sides)), seed)
+    """Qwen2.5-VL-shaped records: 1-3 images each (``_native_image``), a question of 3-60
+    words and an answer of 1-40."""
+    _write_records(out, samples, NATIVE_MAX_IMAGES,
+                   lambda rng: _flat_png(*_native_image(rng, max_side)), seed)
+
+
+def native_resolution_image_sizes(samples: int, max_side: int, seed: int = 0) -> list:
+    """The (width, height) of every image of each training record that
+    ``write_native_resolution_dataset`` writes with these arguments, drawn the same way
+    without writing them."""
+    return [[(w, h) for w, h, _ in images] for name, _, _, _, images in _draw_records(
+        samples, NATIVE_MAX_IMAGES, lambda rng: _native_image(rng, max_side), seed)
+        if name == "train.jsonl"]
 
 
 def worker(a) -> None:

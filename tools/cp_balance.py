@@ -8,6 +8,16 @@ contiguous, zigzag, LPT and our (LPT + local search) assignments: the worst over
 ``--seeds`` random masks of each family, so one lucky mask does not hide a bad one.
 ``bound`` is the lower bound of any block assignment (the heaviest block, or the mean).
 
+Then the vision work per CP rank (patches through the vision encoder) with and without
+``--vision-dp-when-cp`` on the Qwen2.5-VL native-resolution data of
+``tools/bench_balance.py --family qwen2_5_vl`` (1-3 images of 28-336 px per sample, the
+same draws), in micro-batches of ``--micro-batch-size`` samples: without it every rank
+encodes every item; with it each rank encodes its share (``encoder_split.py``). Each
+micro-batch waits for its busiest rank, so the figure is the busiest rank's work summed
+over micro-batches against the mean's; ``bound``: the same for the least any split of
+whole items can reach (the heaviest item, or the mean); ``worst``: the worst single
+micro-batch.
+
     python tools/cp_balance.py --context-parallel-size 8 --seq-lengths 16384 32768 65536
 
 Pure Python + numpy, no torch.
@@ -24,7 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from megatron_mm.plan.context_parallel.cp_assignment import (  # noqa: E402
     BLOCK_OVERHEAD, METHODS, assign_tokens, block_loads)
+from megatron_mm.plan.context_parallel.encoder_split import split_items  # noqa: E402
 from megatron_mm.reproductions.mask_families import FAMILIES, family_codes  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benchmarks' helpers
+from bench_balance import native_resolution_image_sizes  # noqa: E402
+
+PATCH = 14  # Qwen2.5-VL's patch side in pixels
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +52,38 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fixed cost of one query block, in attention tiles")
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     p.add_argument("--seeds", type=int, default=3, help="random masks per family and length")
+    p.add_argument("--vision-cp-sizes", type=int, nargs="+", default=[2, 4, 8],
+                   help="CP sizes of the vision work table")
+    p.add_argument("--micro-batch-size", type=int, default=4,
+                   help="samples per micro-batch of the vision work table")
+    p.add_argument("--samples", type=int, default=1000,
+                   help="records of the native-resolution data (bench_balance --samples)")
+    p.add_argument("--max-side", type=int, default=336,
+                   help="largest image side of that data (bench_balance --max-side)")
     return p
+
+
+def vision_work_table(cp_sizes: Sequence[int], samples: int, max_side: int,
+                      micro_batch_size: int) -> List[dict]:
+    """Per CP size: vision work (patches) per rank and micro-batch without the split
+    (every item on every rank) and with it (the busiest rank, the mean), and their
+    ratios."""
+    sizes = native_resolution_image_sizes(samples, max_side)
+    batches = [[(w // PATCH) * (h // PATCH) for sample in sizes[i:i + micro_batch_size]
+                for w, h in sample]
+               for i in range(0, len(sizes) - micro_batch_size + 1, micro_batch_size)]
+    rows = []
+    for cp in cp_sizes:
+        splits = [split_items(work, cp) for work in batches]
+        every = sum(sum(work) for work in batches)
+        busiest = sum(max(s.work) for s in splits)
+        # no split of whole items beats the heaviest item (or the mean)
+        bound = sum(max(max(work), sum(work) / cp) for work in batches)
+        rows.append({"cp": cp, "micro_batches": len(batches), "bound": bound * cp / every,
+                     "without": every / len(batches), "busiest": busiest / len(batches),
+                     "mean": every / cp / len(batches), "ratio": busiest * cp / every,
+                     "worst": max(s.imbalance() for s in splits)})
+    return rows
 
 
 def table(cp: int, lengths: Sequence[int], block: int, families: Sequence[str],
@@ -77,6 +124,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for r in rows:
         print(f"{r['family']:<18}{r['seq_length']:>7}"
               + "".join(f"{r[m]:>12.3f}" for m in columns))
+    vision = vision_work_table(args.vision_cp_sizes, args.samples, args.max_side,
+                               args.micro_batch_size)
+    print(f"\nvision work per CP rank (patches per micro-batch), Qwen2.5-VL native-resolution "
+          f"data ({args.samples} samples, 1-3 images of 28-{args.max_side} px each), "
+          f"{args.micro_batch_size} samples per micro-batch ({vision[0]['micro_batches']})")
+    print("| CP | without --vision-dp-when-cp (every rank) | with: busiest rank | with: mean "
+          "| busiest / without | busiest / mean | bound | worst micro-batch |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in vision:
+        print(f"| {r['cp']} | {r['without']:.1f} | {r['busiest']:.1f} | {r['mean']:.1f} | "
+              f"{r['busiest'] / r['without']:.3f} | {r['ratio']:.3f} | {r['bound']:.3f} | "
+              f"{r['worst']:.3f} |")
+    for r in vision:
+        print(f"vision work of the busiest CP rank / mean with --vision-dp-when-cp, "
+              f"CP={r['cp']}: {r['ratio']:.3f}")
     return 0
 
 

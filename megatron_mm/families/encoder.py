@@ -81,6 +81,10 @@ class EncoderFamily:
     - ``fp8_token_counts(name, config)``: {FP8 module: (tokens per item, the flags that set
       it)} for the FP8 alignment check; ``check_sequence_parallel(name, config, tp, impl)``
       raises a ``ConfigError`` for a layout the family cannot shard (None: none).
+    - ``select_items``: ``select(config, media, items) -> media`` of only the items
+      numbered ``items`` (sorted, in the features' order) of a batch's host media, for
+      ``--vision-dp-when-cp``; None: every media key of the family's modalities (the key
+      itself or ``{modality}_...``) holds one row per item.
     - ``builtin_data``: the ``BuiltinData`` its demo trains on without ``--data-path``.
     - ``item_tags``: {modality: (start, end)} token text around each item's placeholder run
       in the model's own (Hugging Face) input layout (InternVL: ``<img>`` ``</img>``); the
@@ -106,6 +110,7 @@ class EncoderFamily:
     extra_modalities: Tuple[str, ...] = ()
     prepare_batch: Optional[str] = None
     hidden_shape: Optional[Callable] = None
+    select_items: Optional[str] = None
     builtin_data: Optional[BuiltinData] = None
     item_tags: Optional[Mapping[str, Tuple[str, str]]] = field(default=None, hash=False)
 
@@ -129,6 +134,14 @@ class EncoderFamily:
     def media_processor(self, model, config):
         """``model``: the run's model group (``ModelArgs``); ``config``: the encoder's."""
         return resolve(self.media)(model, config)
+
+    def select(self, config, media, items):
+        """The host media of items ``items`` only (``select_items``)."""
+        if self.select_items is not None:
+            return resolve(self.select_items)(config, media, items)
+        rows = list(items)  # a tensor's rows, by advanced indexing
+        return {k: v[rows] for k, v in media.items()
+                if any(k == m or k.startswith(m + "_") for m in self.modalities)}
 
     def prepare(self, config, media):
         """The host-side batch object (``prepare_batch``), or None."""

@@ -12,17 +12,41 @@ reaches the device.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 
 from ..config import MultimodalModelConfig
 from ..families import family_of
+from ..plan.context_parallel.encoder_split import split_items
 from .host_copy import to_device
 
 
 class MediaMismatchError(ValueError):
     """The placeholder tokens of a batch do not match its media."""
+
+
+class EncoderCP(NamedTuple):
+    """``--vision-dp-when-cp``: the CP group the encoders' items are split over."""
+
+    size: int
+    rank: int
+    group: Any  # torch.distributed.ProcessGroup
+
+
+@dataclass
+class FeatureShare:
+    """An encoder's features under ``--vision-dp-when-cp``: each CP rank projects its own
+    items' (``counts``: feature rows per rank, after each item's padding is dropped) and
+    ``order`` ([sum(counts)] long) puts the ranks' rows, concatenated in rank order, at
+    their rows of the whole batch's features (``cp_gather.gather_rows``)."""
+
+    counts: List[int]
+    order: torch.Tensor
+    group: Any
+
+    def to(self, device) -> "FeatureShare":
+        return FeatureShare(self.counts, to_device(self.order, device), self.group)
 
 
 @dataclass
@@ -43,6 +67,11 @@ class BatchLayout:
     # (``EncoderFamily.prepare_batch``: indices and masks from host metadata).
     hidden_shapes: Dict[str, Tuple[int, int]] = field(default_factory=dict)
     encoder_batches: Dict[str, Any] = field(default_factory=dict)
+    # ``--vision-dp-when-cp``, per encoder name with items in the batch: its ``FeatureShare``
+    # and the media of this CP rank's items, which it encodes (``items``, ``keep``,
+    # ``hidden_shapes`` and ``encoder_batches`` are then those of these items).
+    shares: Dict[str, FeatureShare] = field(default_factory=dict)
+    encoder_media: Dict[str, Dict[str, torch.Tensor]] = field(default_factory=dict)
 
     def to(self, device) -> "BatchLayout":
         def move(t):
@@ -50,7 +79,10 @@ class BatchLayout:
         return BatchLayout(dict(self.items), {k: move(v) for k, v in self.slots.items()},
                            {k: move(v) for k, v in self.keep.items()},
                            move(self.loss_positions), dict(self.hidden_shapes),
-                           {k: v.to(device) for k, v in self.encoder_batches.items()})
+                           {k: v.to(device) for k, v in self.encoder_batches.items()},
+                           {k: v.to(device) for k, v in self.shares.items()},
+                           {k: {m: move(t) for m, t in v.items()}
+                            for k, v in self.encoder_media.items()})
 
 
 def loss_positions(loss_mask: torch.Tensor) -> torch.Tensor:
@@ -60,9 +92,11 @@ def loss_positions(loss_mask: torch.Tensor) -> torch.Tensor:
 
 def batch_layout(config: MultimodalModelConfig, media_token_ids: Mapping[str, int],
                  tokens: torch.Tensor, media: Mapping[str, torch.Tensor],
-                 loss_mask: Optional[torch.Tensor] = None) -> BatchLayout:
+                 loss_mask: Optional[torch.Tensor] = None,
+                 encoder_cp: Optional[EncoderCP] = None) -> BatchLayout:
     """The layout of a batch on the host (``tokens`` [B, S], ``media`` as collated; the
-    loss mask of the tokens this rank runs). Raises ``MediaMismatchError`` when the
+    loss mask of the tokens this rank runs; ``encoder_cp``: each CP rank encodes a share
+    of the items, ``--vision-dp-when-cp``). Raises ``MediaMismatchError`` when the
     placeholders do not match the media."""
     tokens = tokens.detach().cpu()
     b, s = tokens.shape
@@ -84,24 +118,53 @@ def batch_layout(config: MultimodalModelConfig, media_token_ids: Mapping[str, in
                     raise MediaMismatchError(f"batch has {len(rows)} {m} placeholder tokens "
                                              f"but its {m} items give {want} tokens")
             per_item = [n for m in family.modalities for n in per_item.get(m, ())]
-        keep = None
         if per_item is None:
             width = enc.num_output_tokens
             expected, what = n_items * width, f"x {width} tokens each"
         else:
             expected = sum(per_item)
             what = f"(their lengths give {expected} tokens)"
-            if family.padded_features and per_item:  # drop each item's padding rows
-                width = enc.num_output_tokens
-                keep = torch.cat([torch.arange(n, dtype=torch.long) + i * width
-                                  for i, n in enumerate(per_item)])
         if len(slots) != expected:
             raise MediaMismatchError(
                 f"batch has {len(slots)} {modality} placeholder tokens but "
                 f"{n_items} {modality} items {what}")
-        layout.items[name], layout.slots[name], layout.keep[name] = n_items, slots, keep
-        if n_items and family.hidden_shape is not None:
-            layout.hidden_shapes[name] = family.hidden_shape(enc, media)
-        if n_items and family.prepare_batch is not None:
-            layout.encoder_batches[name] = family.prepare(enc, media)
+        layout.slots[name] = slots
+        items_media = media
+        if encoder_cp is not None and encoder_cp.size > 1 and n_items:
+            mine = _share_items(layout, name, family, enc, n_items, per_item, encoder_cp)
+            items_media = layout.encoder_media[name] = family.select(enc, media, mine)
+            n_items = len(mine)
+            per_item = None if per_item is None else [per_item[i] for i in mine]
+        _add_items(layout, name, family, enc, items_media, n_items, per_item)
     return layout
+
+
+def _share_items(layout: BatchLayout, name: str, family, enc, n_items: int,
+                 per_item: Optional[List[int]], cp: EncoderCP) -> List[int]:
+    """Split encoder ``name``'s items over the CP ranks by their vision work (a packed
+    variable-length encoder's work is each item's tokens; a fixed-length one runs every
+    item at the same length) and record the ``FeatureShare``; this rank's items."""
+    rows = per_item or [enc.num_output_tokens] * n_items  # feature rows, padding dropped
+    work = rows if family.hidden_shape is not None else [1] * n_items
+    split = split_items(work, cp.size)
+    start = torch.cumsum(torch.tensor([0] + rows[:-1]), 0).tolist()
+    ranks = [split.items(r) for r in range(cp.size)]
+    order = [torch.arange(start[i], start[i] + rows[i]) for items in ranks for i in items]
+    layout.shares[name] = FeatureShare([sum(rows[i] for i in items) for items in ranks],
+                                       torch.cat(order), cp.group)
+    return ranks[cp.rank]
+
+
+def _add_items(layout: BatchLayout, name: str, family, enc, media, n_items: int,
+               per_item: Optional[List[int]]) -> None:
+    """The encoder's items in ``media`` (the batch's, or this CP rank's share)."""
+    keep = None
+    if per_item and family.padded_features:  # drop each item's padding rows
+        width = enc.num_output_tokens
+        keep = torch.cat([torch.arange(n, dtype=torch.long) + i * width
+                          for i, n in enumerate(per_item)])
+    layout.items[name], layout.keep[name] = n_items, keep
+    if n_items and family.hidden_shape is not None:
+        layout.hidden_shapes[name] = family.hidden_shape(enc, media)
+    if n_items and family.prepare_batch is not None:
+        layout.encoder_batches[name] = family.prepare(enc, media)

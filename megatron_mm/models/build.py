@@ -46,7 +46,8 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
     specs = get_layer_specs(settings.transformer_impl, qk_layernorm=lm.qk_layernorm,
                             context_parallel=settings.context_parallel_size > 1,
                             cp_attention=settings.cp_attention,
-                            media_attention=settings.media_attention)
+                            media_attention=settings.media_attention,
+                            packed=settings.packed)
     lm_config = language_transformer_config(lm, settings)
     language_model = GPTModel(
         config=lm_config,

@@ -16,13 +16,14 @@ attention with the given dense mask (None = causal), on whatever tokens it is ha
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import Optional
 
 import torch
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
 from .context_parallel import ContextParallelMask, allowed
+from .cp_gather import GatherSequence, PendingGather
 
 # Key/value heads gathered at a time: bounds each all-gather's buffer. The next group's
 # gather is in flight while this group's attention runs. Autograd still keeps every group's
@@ -31,52 +32,9 @@ from .context_parallel import ContextParallelMask, allowed
 KV_HEADS_PER_STEP = 2
 
 
-class _PendingGather:
-    """An all-gather of [S_local, ...] per rank, started now (``async_op``), finished by
-    ``wait`` with the rows in global order."""
-
-    def __init__(self, x: torch.Tensor, counts: List[int], order: torch.Tensor, group):
-        self.counts, self.order = counts, order
-        padded = x.new_zeros((max(counts),) + x.shape[1:])
-        padded[:x.shape[0]] = x.detach()
-        self.parts = [torch.empty_like(padded) for _ in counts]
-        self.work = torch.distributed.all_gather(self.parts, padded, group=group,
-                                                 async_op=True)
-
-    def wait(self) -> torch.Tensor:
-        self.work.wait()
-        ranked = torch.cat([p[:n] for p, n in zip(self.parts, self.counts)])
-        out = torch.empty_like(ranked)
-        out[self.order] = ranked
-        return out
-
-
-class _GatherSequence(torch.autograd.Function):
-    """[S_local, ...] per rank -> [S, ...] in global order (from a ``_PendingGather`` of
-    ``x``); backward sums the gradients of every rank's copy and returns each owner its
-    rows (reduce-scatter)."""
-
-    @staticmethod
-    def forward(ctx, x, pending: _PendingGather, group):
-        ctx.counts, ctx.order, ctx.group = pending.counts, pending.order, group
-        return pending.wait()
-
-    @staticmethod
-    def backward(ctx, grad):
-        counts, group = ctx.counts, ctx.group
-        ranked = grad[ctx.order]
-        longest = max(counts)
-        padded = grad.new_zeros((len(counts), longest) + grad.shape[1:])
-        for r, piece in enumerate(torch.split(ranked, counts)):
-            padded[r, :counts[r]] = piece
-        rank = torch.distributed.get_rank(group)
-        if torch.distributed.get_backend(group) == "gloo":  # gloo has no reduce_scatter
-            torch.distributed.all_reduce(padded, group=group)
-            mine = padded[rank]
-        else:
-            mine = grad.new_empty(padded.shape[1:])
-            torch.distributed.reduce_scatter_tensor(mine, padded.contiguous(), group=group)
-        return mine[:counts[rank]], None, None
+# The variable-size gather with its reduce-scatter backward (shared with the encoders'
+# data parallelism over CP ranks).
+_PendingGather, _GatherSequence = PendingGather, GatherSequence
 
 
 class ContextParallelAttention(MegatronModule):

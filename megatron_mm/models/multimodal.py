@@ -23,8 +23,10 @@ from ..plan.pipeline.placement import ChunkPlacement
 from . import sequence_parallel
 from .fp8_context import anchor, idle_run, reduces_amax
 from .batch_layout import (  # noqa: F401  (MediaMismatchError: re-exported)
-    BatchLayout, MediaMismatchError, batch_layout, loss_positions)
+    BatchLayout, FeatureShare, MediaMismatchError, batch_layout, loss_positions)
 from .context_parallel import ContextParallelMask
+from .cp_gather import gather_rows
+from .packed_sequences import PackedSequences
 
 # An encoder family's module (``EncoderParts``): see ``megatron_mm.families``.
 Encoder = MegatronModule
@@ -278,17 +280,39 @@ class MultimodalModel(MegatronModule):
               hidden: Optional[torch.Tensor]) -> torch.Tensor:
         """Project encoder ``name``'s output into the placeholder positions of ``text``
         ([S, B, H]), at the layout's positions: index ops of host-known sizes."""
+        share = layout.shares.get(name)
         if layout.items[name] == 0:
-            return self._idle_projector(name, text)
-        features = self.project(name, hidden)  # [N, T', H]
-        features = features.reshape(-1, features.shape[-1])
-        keep = layout.keep[name]
-        if keep is not None:  # variable-length items: drop each one's padding features
-            features = features.index_select(0, keep)
+            text = self._idle_projector(name, text)
+            if share is None:
+                return text
+            features = text.new_zeros(0, text.shape[-1])  # the other CP ranks' items
+        else:
+            features = self.project(name, hidden)  # [N, T', H]
+            features = features.reshape(-1, features.shape[-1])
+            keep = layout.keep[name]
+            if keep is not None:  # variable-length items: drop each one's padding features
+                features = features.index_select(0, keep)
+        if share is not None:  # this CP rank's items: every rank's, in the batch's order
+            features = self._gather_features(name, features.to(text.dtype), share)
         s, b, h = text.shape
         merged = text.reshape(s * b, h).index_copy(0, layout.slots[name],
                                                     features.to(text.dtype))
         return merged.view(s, b, h)
+
+    def _gather_features(self, name: str, features: torch.Tensor,
+                         share: FeatureShare) -> torch.Tensor:
+        """Every CP rank's projected features (``--vision-dp-when-cp``); their gradients
+        come back summed over the CP ranks. Every rank takes the backward (a collective)
+        or none does: whether it does follows from the flags alone, also on a rank
+        without items of its own."""
+        freeze = self.mm_config.freeze
+        trainable = torch.is_grad_enabled() and (
+            name not in freeze.encoders or name not in freeze.projectors)
+        if not trainable:
+            features = features.detach()
+        elif not features.requires_grad:
+            features = features.detach().requires_grad_()
+        return gather_rows(features, share.counts, share.order, share.group)
 
     def embed(self, tokens: torch.Tensor, position_ids: torch.Tensor,
               media: Mapping[str, torch.Tensor],
@@ -317,8 +341,8 @@ class MultimodalModel(MegatronModule):
                                       self.encoder_inputs.get(name))
             return text, None
         for name in self.encoder_names:
-            if layout.items[name]:
-                hidden = self.run_encoder(name, media, hidden)
+            if layout.items[name]:  # under --vision-dp-when-cp this CP rank's items
+                hidden = self.run_encoder(name, layout.encoder_media.get(name, media), hidden)
             else:  # FP8 layers enter their autocast all the same (fp8_context)
                 idle = self._idle_layers(name)
                 text = text if idle is None else anchor(text, idle)
@@ -398,7 +422,8 @@ class MultimodalModel(MegatronModule):
 
         With a ``loss_mask`` the output layer runs only where the loss is taken (answer
         tokens; not media or prompt), and the loss elsewhere is 0. ``attention_mask``
-        ([B, 1, S, S] bool, True = masked; None = causal) isolates packed samples; a
+        ([B, 1, S, S] bool, True = masked; None = causal; a ``PackedSequences``: TE's THD
+        attention over the packed row) isolates packed samples; a
         ``ContextParallelMask`` instead runs this CP rank's tokens only: ``tokens``,
         ``labels``, ``loss_mask`` and ``position_ids`` stay whole-sequence, the loss comes
         back for the rank's tokens ([B, S_local], in ``attention_mask.local`` order).
@@ -410,6 +435,9 @@ class MultimodalModel(MegatronModule):
         from ``tokens`` (a host read: for callers off the training step).
         """
         cpm = attention_mask if isinstance(attention_mask, ContextParallelMask) else None
+        packed = None  # packed samples on TE's THD attention: no mask, their cu_seqlens
+        if isinstance(attention_mask, PackedSequences):
+            packed, attention_mask = attention_mask, None
         media = media or {}
         if layout is None:
             local_mask = loss_mask if cpm is None else cpm.take_loss_mask(loss_mask)
@@ -443,7 +471,7 @@ class MultimodalModel(MegatronModule):
         try:
             return self.language_model(
                 input_ids=tokens, position_ids=position_ids, attention_mask=attention_mask,
-                decoder_input=decoder_input, labels=labels,
+                decoder_input=decoder_input, labels=labels, packed_seq_params=packed,
                 loss_mask=loss_mask if sparse else None,
                 output_processor=loss_at_masked_positions if sparse else None,
                 output_processor_context=layout.loss_positions if sparse else None)

@@ -39,6 +39,7 @@ from ..te_import import transformer_engine_installed
 from .context_parallel import ContextParallelMask
 from .cp_attention import ContextParallelAttention
 from .norms import SequenceParallelNorm
+from .packed_sequences import thd_attention
 from .te_attention_mask import language_attn_mask_type, with_attn_mask_type
 from .te_names import with_te_checkpoint_names
 
@@ -149,15 +150,28 @@ class LayerSpecs:
 
 def get_layer_specs(transformer_impl: str, qk_layernorm: bool = False,
                     context_parallel: bool = False, cp_attention: str = "ours",
-                    media_attention: str = "causal") -> LayerSpecs:
+                    media_attention: str = "causal", packed: bool = False) -> LayerSpecs:
     """``cp_attention`` (``CPAttentionChoice.kind``) picks the core attention when
-    ``context_parallel``; ``media_attention`` the LLM's mask type (``te_attention_mask``)."""
+    ``context_parallel``; ``media_attention`` the LLM's mask type (``te_attention_mask``);
+    ``packed`` (``--data-balance``) with TE and a causal mask: TE's THD attention over the
+    packed samples (``packed_sequences.py``)."""
     specs = _impl_specs(transformer_impl, qk_layernorm)
     mask_type = language_attn_mask_type(transformer_impl, media_attention,
                                         context_parallel and cp_attention != "none")
     if mask_type != specs.language_layer.submodules.self_attention.params["attn_mask_type"]:
         specs = dataclasses.replace(
             specs, language_layer=with_attn_mask_type(specs.language_layer, mask_type))
+    if uses_thd(transformer_impl, media_attention, packed, context_parallel):
+        from megatron.core.extensions.transformer_engine import TEDotProductAttention
+
+        # a copy along the path to the core attention only (the TE spec holds closures)
+        layer = specs.language_layer
+        attention = copy.copy(layer.submodules.self_attention)
+        attention.submodules = dataclasses.replace(
+            attention.submodules, core_attention=thd_attention(TEDotProductAttention))
+        layer = dataclasses.replace(layer, submodules=dataclasses.replace(
+            layer.submodules, self_attention=attention))
+        return dataclasses.replace(specs, language_layer=layer)
     if not context_parallel or cp_attention == "none":
         return specs
     if cp_attention == "transformer_engine" and transformer_impl != "transformer_engine":
@@ -204,6 +218,15 @@ def _impl_specs(transformer_impl: str, qk_layernorm: bool) -> LayerSpecs:
         projector=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
         vision_norm=SequenceParallelNorm,
     )
+
+
+def uses_thd(transformer_impl: str, media_attention: str, packed: bool,
+             context_parallel: bool) -> bool:
+    """Whether the LLM attends over packed samples with TE's THD varlen attention: TE,
+    packed rows, causal media (a bidirectional item is no THD segment: TE takes the dense
+    mask as ``arbitrary``), no CP (ours applies the packed mask over the CP split)."""
+    return (transformer_impl == "transformer_engine" and packed
+            and media_attention == "causal" and not context_parallel)
 
 
 def with_norm(spec, norm: type):

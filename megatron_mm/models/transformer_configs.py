@@ -44,6 +44,7 @@ class BuildSettings:
     cp_comm_type: Optional[str] = None
     transformer_impl: str = "local"
     media_attention: str = "causal"  # --media-attention: the LLM's mask type on TE
+    packed: bool = False  # --data-balance: packed rows (TE: THD, models/packed_sequences.py)
     # Megatron's --sequence-parallel (on at TP > 1 only, as Megatron-LM turns it off at 1).
     sequence_parallel: bool = False
     bf16: bool = False

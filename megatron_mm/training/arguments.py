@@ -174,6 +174,12 @@ def _training_args(p: argparse.ArgumentParser) -> None:
                         "transformer_engine, causal mask, --context-parallel-assignment "
                         "zigzag), one type for every layer; default p2p there. Our CP "
                         "attention all-gathers K/V and rejects this flag")
+    g.add_argument("--vision-dp-when-cp", action="store_true",
+                   help="with --context-parallel-size > 1, each CP rank encodes a share of "
+                        "the micro-batch's media items (every encoder's), balanced by their "
+                        "vision work, and the features are all-gathered over the CP group "
+                        "(their gradients reduce-scattered); default: every CP rank encodes "
+                        "every item (Megatron-Bridge's vision_dp_when_cp)")
     g.add_argument("--media-attention", choices=["causal", "bidirectional"], default="causal",
                    help="how media tokens attend in the LLM: causally like text, or "
                         "bidirectionally within their own item (text stays causal)")
@@ -448,6 +454,10 @@ def validate_args(args: argparse.Namespace,
 
 def _validate_encoder_schedule(args: argparse.Namespace) -> None:
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    if args.vision_dp_when_cp and args.encoder_schedule != "megatron":
+        raise ConfigError(f"--vision-dp-when-cp needs --encoder-schedule megatron (the "
+                          f"schedule executor of --encoder-schedule {args.encoder_schedule} "
+                          "runs each micro-batch's items whole on every CP rank)")
     if args.encoder_schedule == "auto":  # the plan picks, among the options these allow
         _validate_auto(args)
         return
@@ -596,9 +606,6 @@ def _validate_data_balance(args: argparse.Namespace) -> None:
     parse_bounds(args.data_balance_bounds)  # a PlanError (ConfigError) names the flag
     if args.data_balance_iters < 1:
         raise ConfigError("--data-balance-iters must be >= 1")
-    if args.transformer_impl == "transformer_engine":
-        raise ConfigError("--data-balance needs --transformer-impl local (packed samples "
-                          "are isolated by a dense mask, which TE's causal attention ignores)")
 
 
 def slot_choices(slot: str) -> list:

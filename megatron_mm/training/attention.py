@@ -9,10 +9,14 @@ from typing import Mapping, Optional, Union
 import torch
 from megatron.core import parallel_state
 
+from ..models.batch_layout import EncoderCP
+from ..models.packed_sequences import PackedSequences, packed_sequences
+from ..models.specs import uses_thd
 from ..models.context_parallel import (
     ContextParallelMask, batch_codes, context_parallel_mask, dense_mask)
 from ..config import ConfigError
 from ..plan.context_parallel.cp_assignment import BLOCK_OVERHEAD
+from .build_settings import transformer_impl
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,8 @@ class AttentionSettings:
     block: int = 128
     block_overhead: float = BLOCK_OVERHEAD  # tiles per block in the load model
     cp_attention: str = "ours"  # CPAttentionChoice.kind (models/specs.py)
+    vision_dp_when_cp: bool = False  # each CP rank encodes a share of the items
+    packed_thd: bool = False  # packed rows go to TE's THD attention (specs.uses_thd)
 
     @classmethod
     def from_config(cls, config, tokenizer, cp_attention: str = "ours") -> "AttentionSettings":
@@ -39,15 +45,27 @@ class AttentionSettings:
                 continue  # causal: media attend as text, no item boundaries needed
             media[tokenizer.media_token_id("image")] = enc.num_output_tokens
         parallel = config.parallel
+        thd = uses_thd(transformer_impl(config.model), parallel.media_attention,
+                       config.data.data_balance != "none", parallel.context_parallel_size > 1)
         return cls(media, parallel.media_attention, parallel.context_parallel_size,
                    parallel.context_parallel_assignment, parallel.context_parallel_block,
-                   parallel.context_parallel_block_overhead, cp_attention)
+                   parallel.context_parallel_block_overhead, cp_attention,
+                   parallel.vision_dp_when_cp, thd)
 
-    def mask_for(self, batch: dict, split: bool = True,
-                 device=None) -> Union[None, torch.Tensor, ContextParallelMask]:
+    def encoder_cp(self, split: bool = True) -> Optional[EncoderCP]:
+        """The CP group the encoders' items are split over (``--vision-dp-when-cp``), or
+        None: every CP rank encodes every item (also when nothing is split: validation)."""
+        if not (split and self.vision_dp_when_cp and self.context_parallel_size > 1):
+            return None
+        return EncoderCP(self.context_parallel_size, parallel_state.get_context_parallel_rank(),
+                         parallel_state.get_context_parallel_group())
+
+    def mask_for(self, batch: dict, split: bool = True, device=None
+                 ) -> Union[None, torch.Tensor, ContextParallelMask, PackedSequences]:
         """What the model takes as ``attention_mask`` for ``batch``, from its tokens on the
-        host: None (Megatron's causal mask) for unpacked causal batches, else the mask of
-        the codes (packed samples from ``cu_seqlens``, media items with
+        host: None (Megatron's causal mask) for unpacked causal batches; packed samples on
+        TE's THD attention: their ``PackedSequences`` (int32 ``cu_seqlens`` from the host);
+        else the mask of the codes (packed samples from ``cu_seqlens``, media items with
         ``--media-attention bidirectional``): for this CP rank, planned on the host
         (``.to(device)`` copies its O(S) tensors), or dense (``split=False``, or no context
         parallelism), made on ``device`` (default: the tokens') from the O(S) codes."""
@@ -55,6 +73,9 @@ class AttentionSettings:
         if cp == 1 and self.media_attention == "causal" and "cu_seqlens" not in batch:
             return None
         tokens = batch["tokens"]
+        if cp == 1 and self.packed_thd and "cu_seqlens" in batch:
+            return packed_sequences(batch["cu_seqlens"]).to(
+                tokens.device if device is None else device)
         codes = batch_codes(tokens, self.media_tokens, doc_ids(batch), self.media_attention)
         if cp == 1:
             return dense_mask(codes, tokens.device if device is None else device)

@@ -46,14 +46,8 @@ def vision_work(dataset, rec) -> int:
     return work
 
 
-def balanced_batch_iterator(config, dataset, tokenizer, consumed_samples: int,
-                            transformer_impl: str):
+def balanced_batch_iterator(config, dataset, tokenizer, consumed_samples: int):
     data, train, seq_length = config.data, config.training, config.model.seq_length
-    if transformer_impl != "local":
-        # TE's causal attention ignores a dense mask; packing there needs PackedSeqParams.
-        raise ConfigError("--data-balance packs samples into one sequence with a "
-                          "block-diagonal mask, which only the local specs apply: pass "
-                          "--transformer-impl local")
     loads = sample_loads(dataset)
     for rec, load in zip(dataset.records, loads):
         if load.tokens > seq_length:

@@ -69,4 +69,5 @@ def build_settings(config, placements=None, replicas=None) -> BuildSettings:
         recompute_method=recompute.recompute_method,
         recompute_num_layers=recompute.recompute_num_layers,
         media_attention=parallel.media_attention, fp8=config.fp8_settings,
+        packed=config.data.data_balance != "none",
         fusions=fusions(config))

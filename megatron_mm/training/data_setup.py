@@ -114,8 +114,7 @@ def batch_iterator(config, dataset, tokenizer, consumed_samples: int, shuffle: b
             energon_state(config.checkpoint, consumed_samples),
             data.packing_buffer_size, data.packing_seq_length or config.model.seq_length)
     if shuffle and data.data_balance != "none":  # training data; evaluation stays padded
-        return balanced_batch_iterator(config, dataset, tokenizer, consumed_samples,
-                                       transformer_impl(config.model))
+        return balanced_batch_iterator(config, dataset, tokenizer, consumed_samples)
     sampler = MegatronPretrainingSampler(
         total_samples=len(dataset), consumed_samples=consumed_samples,
         micro_batch_size=train.micro_batch_size,

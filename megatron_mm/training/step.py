@@ -51,9 +51,12 @@ def prepare_batch(batch: dict, model, attention: Optional[AttentionSettings] = N
             loss_mask = mask.take_loss_mask(loss_mask)
         mask = mask.to(dev)
     inner = get_attr_wrapped_model(model, "needs_media", return_model_obj=True)
+    encoder_cp = (attention or CAUSAL).encoder_cp(split)
     layout = batch_layout(inner.mm_config, inner.media_token_ids, batch["tokens"],
-                          batch["media"], loss_mask)
-    return batch_to_device(batch, media=inner.needs_media()), mask, layout.to(dev)
+                          batch["media"], loss_mask, encoder_cp)
+    # split items: the layout carries this CP rank's media, the only ones it encodes
+    media = inner.needs_media() and encoder_cp is None
+    return batch_to_device(batch, media=media), mask, layout.to(dev)
 
 
 def real_tokens(batch: dict) -> int:

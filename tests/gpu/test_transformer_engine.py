@@ -9,6 +9,8 @@ import, unless MEGATRON_MM_GPU_TESTS_WITHOUT_TE=1 (``conftest.transformer_engine
   layers with the same mask, and differs from causal: TE does not drop the mask.
 - A checkpoint saved with local specs loads into TE specs and back.
 - M-RoPE (3-D positions) on TE equals the local layers.
+- A packed row (``--data-balance``) on TE's THD varlen attention equals the local layers
+  under the dense block-diagonal mask, with RoPE and M-RoPE.
 - The Qwen2.5-VL tower on TE's THD varlen attention equals the local masks.
 - A ViT whose class token makes its sequence odd, padded and masked with TE's ``padding``
   mask type (``--sequence-parallel``'s padding), equals the unpadded local ViT.
@@ -59,12 +61,12 @@ def _config(kind, **language):
                                      add_qkv_bias=True, seq_length=64, **language))
 
 
-def _build(impl, media_attention="causal", kind="clip", **language):
+def _build(impl, media_attention="causal", kind="clip", packed=False, **language):
     from megatron_mm.models import BuildSettings, build_model
 
     torch.manual_seed(0)
     settings = BuildSettings(transformer_impl=impl, media_attention=media_attention,
-                             bf16=True)
+                             bf16=True, packed=packed)
     media = {"audio" if kind == "whisper" else "image": MEDIA_ID}
     # bf16 throughout, as Megatron's Float16Module casts a model (norms built in fp32 too)
     return build_model(_config(kind, **language), settings, media).cuda().bfloat16()
@@ -140,6 +142,35 @@ def test_te_mrope_equals_local(cuda_world):
     te_loss = te(tokens, pos3, media, labels=labels)
     torch.testing.assert_close(te_loss, local(tokens, pos3, media, labels=labels),
                                rtol=LOSS_RTOL, atol=0)
+
+
+@pytest.mark.parametrize("mrope", [False, True], ids=["rope", "mrope"])
+def test_te_thd_packed_row_equals_local_mask(cuda_world, mrope):
+    """--data-balance on TE: a packed row (three samples, the image in the first) through
+    TE's THD varlen attention (``PackedSequences`` from the host cu_seqlens) equals the
+    local layers under the dense block-diagonal causal mask, with RoPE and M-RoPE."""
+    from megatron_mm.models.packed_sequences import THDAttention
+    from megatron_mm.training.attention import AttentionSettings
+
+    language = dict(position_embedding_type="mrope", mrope_section=(4, 6, 6)) if mrope else {}
+    local = _build("local", packed=True, **language)
+    te = _build("transformer_engine", packed=True, **language)
+    te.load_state_dict(_te_weights(local.state_dict(), te), strict=True)
+    assert all(isinstance(layer.self_attention.core_attention, THDAttention)
+               for layer in te.language_model.decoder.layers)
+    tokens, _, media, labels = _batch()
+    cu = [0, 24, 40, 64]
+    pos = torch.cat([torch.arange(b - a) for a, b in zip(cu, cu[1:])])[None].cuda()
+    if mrope:
+        pos = torch.stack([pos, pos + tokens[:1] % 5, 2 * pos + 1])
+    batch = {"tokens": tokens[:1].cpu(), "cu_seqlens": torch.tensor(cu, dtype=torch.int32)}
+    dense = AttentionSettings({}).mask_for(batch, device="cuda")
+    thd = AttentionSettings({}, packed_thd=True).mask_for(batch, device="cuda")
+    image = {"image": media["image"][:1]}
+    te_loss = te(tokens[:1], pos, image, labels=labels[:1], attention_mask=thd)
+    torch.testing.assert_close(
+        te_loss, local(tokens[:1], pos, image, labels=labels[:1], attention_mask=dense),
+        rtol=LOSS_RTOL, atol=0)
 
 
 def test_local_checkpoint_loads_into_te_and_back(cuda_world, tmp_path):

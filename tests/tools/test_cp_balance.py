@@ -1,4 +1,6 @@
-"""tools/cp_balance.py: runs without torch and our assignment stays within 1.03."""
+"""tools/cp_balance.py: runs without torch, our assignment stays within 1.03, and with
+--vision-dp-when-cp the busiest CP rank's vision work on the Qwen2.5-VL native-resolution
+data is at most 1.1x the mean at CP=2, about half of every rank encoding every item."""
 
 import subprocess
 import sys
@@ -21,9 +23,20 @@ def test_table_without_torch_and_ours_balanced():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    lines = [line.split() for line in proc.stdout.splitlines()[2:]]
+    attention, vision = proc.stdout.split("\n\n")
+    lines = [line.split() for line in attention.splitlines()[2:]]
     assert {line[0] for line in lines} == {"causal", "prefix_lm", "encoder_embedded",
                                           "packed"}
     for family, _, contiguous, zigzag, lpt, ours, bound in lines:
         assert float(bound) <= float(ours) <= 1.03, family
         assert float(ours) <= float(contiguous) and float(ours) <= float(zigzag) + 1e-3
+    rows = {int(r[0]): [float(x) for x in r[1:]] for r in
+            ([c.strip() for c in line.split("|")[1:-1]] for line in vision.splitlines()
+             if line.startswith("| ") and line[2].isdigit())}
+    assert sorted(rows) == [2, 4, 8]
+    for cp, (without, busiest, mean, share, ratio, bound, worst) in rows.items():
+        assert without == pytest.approx(cp * mean, rel=1e-3) and busiest >= mean
+        assert bound - 1e-3 <= ratio <= worst and share == pytest.approx(busiest / without,
+                                                                          abs=1e-3)
+    assert rows[2][4] <= 1.1 and rows[2][3] <= 0.51
+    assert vision.splitlines()[-3].endswith(f"CP=2: {rows[2][4]:.3f}")

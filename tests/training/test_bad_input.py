@@ -114,6 +114,9 @@ from megatron_mm.training.user_errors import exit_with_user_error
       "--tensor-model-parallel-size", "2", "--encoder-tensor-model-parallel-size", "1",
       "--context-parallel-size", "2"], 8, "--encoder-schedule bubble does not combine with "
                                           "--encoder-tensor-model-parallel-size below"),
+    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "auto",
+      "--context-parallel-size", "2", "--vision-dp-when-cp"], 4,
+     "--vision-dp-when-cp needs --encoder-schedule megatron"),
 ])
 def test_bad_flags_name_the_flag(capsys, argv, world, message):
     with pytest.raises(SystemExit) as exit_info:

@@ -5,8 +5,10 @@ CP=2 x PP=2, CP=2 x PP=2 x VPP=2 and CP=2 x PP=2 with the ViT in the LLM's bubbl
 (CP=2 alone is their CP part, not run on its own), media attending
 bidirectionally inside each image, on data mixing one-image, two-image (adjacent items)
 and text-only samples; ranks hold unequal token counts, and batches too short to split
-run replicated. The CP=4 run also checks the CP attention itself against dense attention
-on every mask family, CP=2 and CP=4 (cp_attention_check), saving a launch of its own."""
+run replicated; with --vision-dp-when-cp (each CP rank encoding its share of the images:
+CP=2, CP=2 x PP=2, a frozen ViT) too. The CP=4 run also checks the CP attention itself
+against dense attention on every mask family, CP=2 and CP=4 (cp_attention_check), saving
+a launch of its own."""
 
 import json
 import os
@@ -15,7 +17,8 @@ import pytest
 import torch
 from cp_attention_check import assert_attention_errors, check_attention
 from dist_harness import run_distributed
-from train_workers import TINY_MODEL, train
+from equivalence import REFERENCE_STEPS
+from train_workers import TINY_MODEL, count_encoded_rows, train
 
 pytestmark = pytest.mark.processes
 
@@ -124,3 +127,51 @@ def test_context_parallel_equals_one_process(reference, world, layout, some_unsp
     splits = [s for out in ranks for s in out["observed"]["splits"]]
     assert any(len(set(c)) > 1 for c, rep in splits if not rep), splits
     assert any(rep for _, rep in splits) == some_unsplit, splits
+
+
+def _split_items_and_watch_masks(model, optimizer, holder):
+    count_encoded_rows(model, optimizer, holder)
+    _watch_masks(model, optimizer, holder)
+
+
+@pytest.mark.parametrize("layout, frozen", [
+    (CP2 + ["--vision-dp-when-cp"], False),
+    # the ViT cut between its layers: [embedding, ViT embed, ViT 0] [ViT 1, projector,
+    # LLM]: each CP rank's share of the hidden state travels, the features are gathered
+    # on the second stage
+    (CP2 + ["--vision-dp-when-cp", "--pipeline-model-parallel-size", "2",
+            "--pipeline-partition", "3,5"], False),
+    # a frozen ViT (the session's reference: causal, 2 samples per micro-batch)
+    (CP2 + ["--vision-dp-when-cp", "--context-parallel-block", "8"], True),
+], ids=["cp2", "cp2-pp2", "cp2-frozen-vit"])
+def test_vision_dp_when_cp_equals_one_process(reference, one_process_reference, digits_dir,
+                                              layout, frozen):
+    """--vision-dp-when-cp: each CP rank encodes a share of each micro-batch's images (LPT
+    on equal items), the features all-gathered and their gradients summed back over the
+    CP ranks: the same losses and gradients as one process."""
+    argv, ref = (one_process_reference(digits_dir, ["--freeze-ViT"]) if frozen
+                 else reference)
+    steps = REFERENCE_STEPS if frozen else STEPS
+    world = 4 if "--pipeline-model-parallel-size" in layout else 2
+    ranks = run_distributed(train, world, argv + layout, (1, steps),
+                            _split_items_and_watch_masks)
+    stages = ranks[:: world // 2] if world == 4 else ranks[:1]
+    for it in range(1, steps + 1):
+        assert stages[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    for it in (1, steps):
+        ours = {}
+        for stage in stages:
+            ours.update(stage["grads"][it])
+        assert ours.keys() == ref["grads"][it].keys()
+        for name, value in ref["grads"][it].items():
+            if value is None:  # frozen
+                assert ours[name] is None, name
+                continue
+            torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=1e-6,
+                                       msg=lambda m: f"grad {it} {name}: {m}")
+    # the CP ranks of the first stage (ranks 0, 1) encode disjoint shares of every batch
+    width = 16  # TINY_MODEL: 16 patch tokens per image
+    first, second = (out["observed"]["encoded"] for out in ranks[:2])
+    assert len(first) == len(second) > 0
+    for (a, tokens), (b, same) in zip(first, second):
+        assert tokens == same and a + b == tokens // width and a and b, (first, second)

@@ -18,6 +18,7 @@ from .geometry import QwenVLGeometry, image_grid
 # images and of videos, and each item's grid (t, h, w) in patches.
 IMAGE, VIDEO = "image", "video"
 IMAGE_GRID, VIDEO_GRID = "image_grid_thw", "video_grid_thw"
+SECONDS = "second_per_grid_ts"  # per video
 
 
 def add_arguments(g) -> None:
@@ -161,6 +162,7 @@ QWEN2_5_VL = EncoderFamily(
     build="megatron_mm.families.qwen2_5_vl.model:build_qwen2_5_vl_encoder",
     projector="megatron_mm.families.qwen2_5_vl.model:build_merger",
     prepare_batch="megatron_mm.families.qwen2_5_vl.model:prepare_batch",
+    select_items="megatron_mm.families.qwen2_5_vl.model:select_items",
     media="megatron_mm.families.qwen2_5_vl.media_processor:qwen_vl_processor",
     feature_tokens=feature_tokens, hidden_shape=hidden_shape,
     fp8_token_counts=fp8_token_counts, check_sequence_parallel=check_sequence_parallel,

@@ -25,7 +25,7 @@ from ...models import sequence_parallel
 from ...models.encoder_parts import EncoderParts
 from ...models.norms import SequenceParallelNorm
 from .config import Qwen2_5VLVisionConfig
-from .encoder import IMAGE, VIDEO, item_grids
+from .encoder import IMAGE, IMAGE_GRID, SECONDS, VIDEO, VIDEO_GRID, item_grids
 from .grid import vision_grid_layout
 from .transformer_config import (
     qwen2_5_vl_merger_transformer_config,
@@ -52,6 +52,26 @@ def prepare_batch(enc: Qwen2_5VLVisionConfig, media: dict) -> Optional[QwenVisio
         return None
     return prepare_vision_batch(vision_grid_layout(grids, enc.spatial_merge_size,
                                                    enc.window_size, enc.patch_size))
+
+
+def select_items(enc: Qwen2_5VLVisionConfig, media: dict, items) -> dict:
+    """The family's ``select_items``: the patch rows, grids (and videos' seconds per grid)
+    of items ``items`` (numbered images then videos, sorted), as the batch's media."""
+    out, first = {}, 0
+    for rows, grid, extra in ((IMAGE, IMAGE_GRID, ()), (VIDEO, VIDEO_GRID, (SECONDS,))):
+        grids = media.get(grid)
+        n = 0 if grids is None else grids.shape[0]
+        if n == 0:
+            continue
+        mine = [i - first for i in items if first <= i < first + n]
+        ends = torch.cumsum(grids.prod(-1), 0).tolist()  # host media
+        starts = [0] + ends[:-1]
+        out[rows] = torch.cat([media[rows][starts[i]:ends[i]] for i in mine]) if mine \
+            else media[rows][:0]
+        out[grid] = grids[mine]
+        out.update({k: media[k][mine] for k in extra if k in media})
+        first += n
+    return out
 
 
 class Qwen2_5VLEncoder(EncoderParts, MegatronModule):

@@ -100,6 +100,31 @@ def test_layout_counts_items_and_packs_patches(gloo_world):
         batch_layout(model.mm_config, model.media_token_ids, tokens, media)
 
 
+def test_cp_ranks_items_put_together_give_the_batch_features(gloo_world):
+    """--vision-dp-when-cp on the host: each CP rank's share of the items (image 0: 24
+    tokens on rank 0; image 1 and the video: 4 + 16 on rank 1), encoded alone and put in
+    the share's order, gives the whole batch's features."""
+    from megatron_mm.models.batch_layout import EncoderCP, batch_layout
+
+    model = _build()
+    tokens, _, media = _batch()
+    whole = model.layout(tokens, media)
+    model.bind_batches(whole)
+    expected = model.project("vision", model.run_encoder("vision", media, None))[0]
+    parts = []
+    for rank in range(2):
+        layout = batch_layout(model.mm_config, model.media_token_ids, tokens, media,
+                              encoder_cp=EncoderCP(2, rank, None))
+        assert layout.shares["vision"].counts == [24, 20]
+        assert layout.items["vision"] == [1, 2][rank]
+        model.bind_batches(layout)
+        mine = layout.encoder_media["vision"]
+        parts.append(model.project("vision", model.run_encoder("vision", mine, None))[0])
+    gathered = torch.empty_like(expected)
+    gathered[layout.shares["vision"].order] = torch.cat(parts)
+    torch.testing.assert_close(gathered, expected)
+
+
 def test_flags_build_the_config():
     import dataclasses
 

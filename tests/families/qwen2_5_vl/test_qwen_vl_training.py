@@ -1,18 +1,20 @@
 """Qwen2.5-VL training (native-size images and videos through the window-attention ViT,
 M-RoPE in the LLM) equals the single-process run from the same initial checkpoint (losses,
 gradients, parameters) under TP=2, PP=2 with the ViT cut between its two layers, PP=2 with
-the ViT in the LLM's bubbles (also at encoder TP 1 in TP 2) or coarse, CP=2, full
-recompute, a frozen ViT over PP=2 x VPP=2, TP=2 with sequence parallelism (also across a ViT
-cut), and on packed micro-batches balanced on patches (--data-balance) at PP=2 and at DP=2
-(one process on both ranks' plans); the model reads no device value."""
+the ViT in the LLM's bubbles (also at encoder TP 1 in TP 2) or coarse, CP=2 (also with
+each CP rank encoding its share of the items, --vision-dp-when-cp), full recompute, a frozen
+ViT over PP=2 x VPP=2 (and over CP=2 with --vision-dp-when-cp), TP=2 with sequence
+parallelism (also across a ViT cut), and on packed micro-batches balanced on patches
+(--data-balance) at PP=2 and at DP=2 (one process on both ranks' plans); the model reads no
+device value."""
 
 import pytest
 import torch
 from balanced_runs import assert_dp2_equals_both_ranks_plans
 from dist_harness import run_distributed
 from qwen_vl_data import QWEN_VL_MODEL, write_qwen_vl_data
-from train_workers import (TINY_MODEL, count_vit_calls_and_host_syncs, count_vit_layer_calls,
-                           train)
+from train_workers import (TINY_MODEL, count_encoded_rows, count_vit_calls_and_host_syncs,
+                           count_vit_layer_calls, train)
 
 STEPS = 2
 # The layouts whose runs also check that the model reads no device value.
@@ -92,6 +94,10 @@ def _assert_equal_runs(stages, ref):
     (2, ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "coarse"]),
     # each CP rank takes its tokens' 3-D positions; the media merge into the whole text
     (2, ["--context-parallel-size", "2", "--context-parallel-block", "8"]),
+    # each CP rank encodes its share of the items (balanced on their patches), the
+    # features gathered into the whole text (--vision-dp-when-cp)
+    (2, ["--context-parallel-size", "2", "--context-parallel-block", "8",
+         "--vision-dp-when-cp"]),
     # full recompute: the whole tower's block, and an encoder piece's layers (their
     # masks and rotary angles go into the checkpointed function)
     (1, RECOMPUTE),
@@ -106,17 +112,20 @@ def _assert_equal_runs(stages, ref):
     (4, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
          "--transformer-impl", "local", "--pipeline-model-parallel-size", "2",
          "--pipeline-partition", "3,5"]),
-], ids=["tp2", "pp2-split-vit", "pp2-bubble", "pp2-coarse", "cp2", "recompute",
+], ids=["tp2", "pp2-split-vit", "pp2-bubble", "pp2-coarse", "cp2", "cp2-vision-dp", "recompute",
         "pp2-bubble-recompute",
         "tp2-pp2-bubble-etp1", "tp2-sp", "tp2-sp-pp2-split-vit"])
 def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layout, request):
     common, ref = reference
     host_syncs = request.node.callspec.id in HOST_SYNC_FREE
+    split = "--vision-dp-when-cp" in layout
     ranks = run_distributed(train, world, _argv(qwen_vl_dir, *common, *layout), (1, STEPS),
                             count_vit_calls_and_host_syncs if host_syncs
-                            else count_vit_layer_calls)
+                            else count_vit_calls_and_rows if split else count_vit_layer_calls)
     if host_syncs:
         _assert_no_host_syncs(ranks)
+    if split:
+        _assert_items_split(ranks)
     # TP / CP ranks hold the same (gathered) tensors; pipeline stages their own pieces
     stages = ranks[::world // 2] if "--pipeline-model-parallel-size" in layout else ranks[:1]
     _assert_equal_runs(stages, ref)
@@ -126,8 +135,24 @@ def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layou
     once = 2 * STEPS * sum(c["layers"] for c in calls) // (2 if replicas else 1)
     if RECOMPUTE[1] in layout:  # a recomputed ViT layer runs its forward twice
         assert sum(c["fwd"] for c in calls) > once, calls
+    elif split:  # rank 0 gets the heaviest item of every micro-batch
+        assert sum(c["fwd"] for c in calls) == once, calls
     else:
         assert sum(c["fwd"] for c in calls) == once, calls
+
+
+def count_vit_calls_and_rows(chunks, optimizer, holder):
+    count_vit_layer_calls(chunks, optimizer, holder)
+    count_encoded_rows(chunks, optimizer, holder)
+
+
+def _assert_items_split(ranks, merge_unit=4):
+    """The CP ranks (``count_encoded_rows``) embed disjoint shares of every micro-batch's
+    patches, together all of them (merge_unit patches per LLM token)."""
+    first, second = (out["observed"]["encoded"] for out in ranks[:2])
+    assert len(first) == len(second) == 2 * STEPS
+    for (a, tokens), (b, same) in zip(first, second):
+        assert tokens == same and a + b == merge_unit * tokens and a and b, (first, second)
 
 
 def count_encoder_batches(chunks, optimizer, holder):
@@ -186,6 +211,20 @@ def test_frozen_vit_interleaved_pipeline_equals_one_process(qwen_vl_dir, tmp_pat
     calls = [out["observed"]["vit_calls"] for out in ranks]
     assert [c["layers"] for c in calls] == [1, 1]
     assert all(c["fwd"] == 2 * STEPS and c["bwd"] == 0 for c in calls), calls
+    # CP=2, each rank encoding its share of the items: the same run, no backward either
+    ranks = run_distributed(train, 2, _argv(
+        qwen_vl_dir, *common, "--context-parallel-size", "2", "--context-parallel-block", "8",
+        "--vision-dp-when-cp"), (1, STEPS), count_vit_calls_and_rows)
+    _assert_items_split(ranks)
+    for it in range(1, STEPS + 1):
+        assert ranks[0]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+        for name, value in ref["grads"][it].items():
+            if value is None:
+                assert ranks[0]["grads"][it][name] is None, name
+            else:
+                torch.testing.assert_close(ranks[0]["grads"][it][name], value, rtol=1e-4,
+                                           atol=1e-6, msg=name)
+    assert all(out["observed"]["vit_calls"]["bwd"] == 0 for out in ranks)
 
 
 @pytest.mark.processes
