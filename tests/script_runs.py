@@ -10,6 +10,7 @@ import functools
 import os
 import sys
 import tempfile
+import time
 
 
 @contextlib.contextmanager
@@ -89,17 +90,21 @@ def run_as_script(rank: int, argv: list, flags_from_checkpoint: bool = True) -> 
     return {**result, **out}
 
 
-def run_all_as_script(rank: int, runs: list, ports: list) -> list:
+def run_all_as_script(rank: int, runs: list, directory: str) -> list:
     """``run_as_script`` for each of ``runs`` (dicts: ``argv``, optional
     ``flags_from_checkpoint``, and ``full_disk_on_rank``: that rank's writes into
     ``full_disk_in`` fail), one after another in this process, each in a process group of
-    its own (on its port of ``ports``)."""
+    its own: rank 0 picks a free port when the run starts (ports picked earlier may be
+    taken by then, gloo's connections listen on free ports too) and hands it to the
+    other ranks in a file in ``directory``."""
     import torch
+    from dist_harness import free_port
     from megatron.core import parallel_state
 
     results = []
-    for run, port in zip(runs, ports):
-        os.environ["MASTER_PORT"] = str(port)
+    for i, run in enumerate(runs):
+        os.environ["MASTER_PORT"] = _port_of_run(os.path.join(directory, f"{i}.port"),
+                                                 free_port if rank == 0 else None)
         full_disk = (full_disk_in(run["full_disk_in"])
                      if run.get("full_disk_on_rank") == rank else contextlib.nullcontext())
         with full_disk:
@@ -109,3 +114,17 @@ def run_all_as_script(rank: int, runs: list, ports: list) -> list:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     return results
+
+
+def _port_of_run(path: str, pick, timeout_s: float = 300.0) -> str:
+    """``pick()``'s port, written to ``path`` (rank 0), or the port read from it."""
+    if pick is not None:
+        with open(path + ".tmp", "w") as f:
+            f.write(str(pick()))
+        os.replace(path + ".tmp", path)
+    deadline = time.time() + timeout_s
+    while not os.path.exists(path):
+        if time.time() > deadline:
+            raise TimeoutError(f"rank 0 wrote no {path}")
+        time.sleep(0.05)
+    return open(path).read()

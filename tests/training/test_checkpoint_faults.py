@@ -10,7 +10,7 @@ import os
 import shutil
 
 import pytest
-from dist_harness import free_port, run_distributed
+from dist_harness import run_distributed
 from script_runs import run_all_as_script
 from train_workers import TINY_MODEL, train
 
@@ -106,8 +106,9 @@ def runs(saved, digits_dir, tmp_path_factory):
     cases["full disk"] = {"argv": _argv(digits_dir, "--save", failing, "--save-interval", "1"),
                           "full_disk_on_rank": 1, "full_disk_in": "iter_0000002"}
     cases["resumed after the full disk"] = {"argv": _argv(digits_dir, "--load", failing)}
-    results = run_distributed(run_all_as_script, 2, list(cases.values()),
-                              [free_port() for _ in cases])
+    ports = tmp / "ports"
+    ports.mkdir()
+    results = run_distributed(run_all_as_script, 2, list(cases.values()), str(ports))
     out = {name: [results[0][i], results[1][i]] for i, name in enumerate(cases)}
     out["full disk"].append(failing)
     out["shard size"] = os.path.getsize(os.path.join(root, "iter_0000002", SHARD))
