@@ -223,13 +223,16 @@ def save_checkpoint(config, iteration: int, chunks, optimizer, scheduler,
                         run_state=run_state)
     with _writer_errors() as logged:
         error = _attempt(dist_checkpointing.save, state, staging, async_sharded_save=False)[1]
+    # A rank whose own writer failed names the error; the others only learn that one did.
+    specific = bool(error and logged)
+    if specific:
+        error = f"rank {rank}: {logged[0]}"
     if error is None and data_iterator is not None and _first_of_model_parallel_group():
         error = _attempt(save_dataloader_state, data_iterator, staging,
                          parallel_state.get_data_parallel_rank(),
                          errors=SAVE_ERRORS + (RuntimeError,))[1]  # torch.save's full disk
-    # A rank whose own writer failed names the error; the others only learn that one did.
-    specific = bool(logged) or data_iterator is not None
-    agree(f"rank {rank}: {logged[0]}" if error and logged else error, specific)
+        specific, error = error is not None, error and f"rank {rank}: {error}"
+    agree(error, specific)
     listing, error = (_attempt(_list_staging, staging, model_config or config.model_config)
                       if rank == 0 else (None, None))
     listing, error = _everyone((listing, error))[0]

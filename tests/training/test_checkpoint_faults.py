@@ -106,6 +106,11 @@ def runs(saved, digits_dir, tmp_path_factory):
     cases["full disk"] = {"argv": _argv(digits_dir, "--save", failing, "--save-interval", "1"),
                           "full_disk_on_rank": 1, "full_disk_in": "iter_0000002"}
     cases["resumed after the full disk"] = {"argv": _argv(digits_dir, "--load", failing)}
+    # A --save directory rank 0 cannot create (a permission, here a file in its path):
+    # the other rank learns of it where it would have waited for rank 0.
+    (tmp / "a_file").write_text("")
+    cases["uncreatable --save"] = {"argv": _argv(digits_dir, "--save", str(tmp / "a_file" / "ckpt"),
+                                                 "--save-interval", "1")}
     ports = tmp / "ports"
     ports.mkdir()
     results = run_distributed(run_all_as_script, 2, list(cases.values()), str(ports))
@@ -163,3 +168,8 @@ def test_a_failed_save_stops_every_rank_and_keeps_the_last_checkpoint(runs, save
     resumed = runs["resumed after the full disk"]
     assert resumed[0]["code"] == 0, resumed[0]["stderr"][-3000:]
     assert resumed[0]["losses"] == {2: saved[1][2]}
+
+
+def test_a_save_directory_rank_0_cannot_create_stops_every_rank(runs):
+    line = _one_error_line(runs["uncreatable --save"])
+    assert "saving iteration 1 to " in line and "failed: NotADirectoryError: " in line, line
