@@ -233,7 +233,7 @@ def save_checkpoint(config, iteration: int, chunks, optimizer, scheduler,
                          errors=SAVE_ERRORS + (RuntimeError,))[1]  # torch.save's full disk
         specific, error = error is not None, error and f"rank {rank}: {error}"
     agree(error, specific)
-    listing, error = (_attempt(_list_staging, staging, model_config or config.model_config)
+    listing, error = (_attempt(_complete_staging, staging, model_config or config.model_config)
                       if rank == 0 else (None, None))
     listing, error = _everyone((listing, error))[0]
     agree(error)
@@ -294,8 +294,9 @@ def _prepare_staging(root: str, staging: str) -> None:
     os.makedirs(staging)
 
 
-def _list_staging(staging: str, model_config) -> List[str]:
-    """The model config written beside the shards; every file the manifest will list."""
+def _complete_staging(staging: str, model_config) -> List[str]:
+    """Writes the model config beside the shards; returns every file the manifest will
+    list."""
     with open(os.path.join(staging, MODEL_CONFIG), "w") as f:
         json.dump(asdict(model_config), f, indent=1, default=sorted)
     return checkpoint_files(staging)
@@ -364,21 +365,21 @@ def locate_checkpoint(checkpoint) -> Optional[int]:
     return iteration
 
 
-def _model_mismatches(template: dict, keys: List[str], path: str) -> List[str]:
-    """The model's tensors (``template``'s ``keys``) that the checkpoint at ``path`` holds
-    at another shape, then those it lacks: its index is read, no tensor."""
+def _model_mismatches(template: dict, keys: List[str], path: str) -> List[tuple]:
+    """(name, its shape in the checkpoint or None where it lacks it, its shape in the
+    model) for the model's tensors (``template``'s ``keys``) that the checkpoint at
+    ``path`` lacks or holds at another shape: its index is read, no tensor."""
     saved = dist_checkpointing.load_tensors_metadata(path)
-    shapes, absent = [], []
+    out = []
     for sharded in _sharded_tensors([template[key] for key in keys]):
         there = saved.get(sharded.key)
-        if there is None:
-            if not is_module_state(sharded.key):
-                absent.append(sharded.key)
-        elif (tuple(there.global_shape) != tuple(sharded.global_shape)
+        here = list(sharded.global_shape)
+        if there is None and not is_module_state(sharded.key):
+            out.append((sharded.key, None, here))
+        elif (there is not None and list(there.global_shape) != here
               and not sharded.allow_shape_mismatch):
-            shapes.append(f"{sharded.key} is {list(there.global_shape)} there, "
-                          f"{list(sharded.global_shape)} in this model")
-    return shapes + [f"lacks {name}" for name in absent]
+            out.append((sharded.key, list(there.global_shape), here))
+    return out
 
 
 def _sharded_tensors(state):
@@ -389,12 +390,12 @@ def _sharded_tensors(state):
             yield value
 
 
-def _another_model(root: str, iteration: int, mismatches: List[str]) -> str:
-    shapes = [m for m in mismatches if not m.startswith("lacks ")]
-    absent = [m[len("lacks "):] for m in mismatches if m.startswith("lacks ")]
-    parts = []
-    if shapes:
-        parts.append(f"{len(shapes)} tensors differ in shape, e.g. " + "; ".join(shapes[:3]))
+def _another_model(root: str, iteration: int, mismatches: List[tuple]) -> str:
+    shapes = [f"{name} is {there} there, {here} in this model"
+              for name, there, here in mismatches if there is not None]
+    absent = [name for name, there, _ in mismatches if there is None]
+    parts = ([f"{len(shapes)} tensors differ in shape, e.g. " + "; ".join(shapes[:3])]
+             if shapes else [])
     if absent:
         parts.append(f"it lacks {len(absent)} tensors the model needs, e.g. {absent[:3]}")
     return (f"--load {root}: iteration {iteration} is a checkpoint of another model: "
@@ -402,10 +403,10 @@ def _another_model(root: str, iteration: int, mismatches: List[str]) -> str:
             f"{iteration_dir(root, iteration)})")
 
 
-def _agreed(problems: List[str]) -> List[str]:
+def _agreed(problems: list) -> list:
     """Every rank's problems, in rank order without repeats, on every rank: pipeline
     stages hold different tensors, and all must stop if one does."""
-    out: List[str] = []
+    out: list = []
     for part in _everyone(problems):
         out.extend(p for p in part if p not in out)
     return out
