@@ -35,6 +35,11 @@ def _overwrite(path):
         f.write(b"{not what was saved")
 
 
+def _garble(path):  # same size, nothing torch can read: only reading it fails
+    with open(path, "r+b") as f:
+        f.write(bytes(range(256)) * (os.path.getsize(path) // 256))
+
+
 def _flip_a_byte(path):  # same size: only the checksum sees it
     with open(path, "r+b") as f:
         f.seek(os.path.getsize(path) // 2)
@@ -62,6 +67,9 @@ DAMAGES = {
     "damaged .metadata, no manifest": (".metadata", _overwrite, False,
                                        ".metadata does not unpickle"),
 }
+# Damage only reading finds (the ranks that read the file fail, every rank stops).
+UNREADABLE = {"shard garbled, no manifest": (SHARD, _garble, False,
+                                              "could not be read from ")}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +96,7 @@ def runs(saved, digits_dir, tmp_path_factory):
     root, _ = saved
     tmp = tmp_path_factory.mktemp("cases")
     cases = {}
-    for name, (file, damage, manifest, _) in DAMAGES.items():
+    for name, (file, damage, manifest, _) in {**DAMAGES, **UNREADABLE}.items():
         load = _damaged_copy(root, tmp / name.replace(" ", "_").replace(",", ""), file,
                              damage, manifest)
         cases[name] = {"argv": _argv(digits_dir, "--load", load)}
@@ -140,6 +148,13 @@ def test_a_damaged_checkpoint_stops_with_one_line_naming_the_way_back(runs, name
     expected = DAMAGES[name][3].format(size=size, half=size // 2)
     assert "iteration 2 is damaged: " + expected in line, line
     assert "earlier iterations in " in line and ": 1; load one with --ckpt-step 1" in line
+
+
+def test_a_checkpoint_that_fails_to_read_stops_with_one_line_naming_the_way_back(runs):
+    name = "shard garbled, no manifest"
+    line = _one_error_line(runs[name])
+    assert "iteration 2 " + UNREADABLE[name][3] in line, line
+    assert "(rank 0: UnpicklingError: " in line and ": 1; load one with --ckpt-step 1" in line
 
 
 def test_ckpt_step_loads_the_earlier_iteration_and_trains_as_uninterrupted(runs, saved):
