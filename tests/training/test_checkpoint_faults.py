@@ -8,6 +8,7 @@ after another, on copies of that checkpoint damaged as a lost node or a quota wo
 
 import os
 import shutil
+from types import SimpleNamespace
 
 import pytest
 from dist_harness import run_distributed
@@ -92,7 +93,8 @@ def _damaged_copy(saved_root, directory, file, damage, manifest):
 
 @pytest.fixture(scope="module")
 def runs(saved, digits_dir, tmp_path_factory):
-    """Every case in one launch: name -> (its load directory, each rank's result)."""
+    """Every case in one launch: ``results`` (name -> each rank's ``run_as_script``
+    result), ``full_disk`` (the --save of that case), ``shard_size`` (SHARD's, saved)."""
     root, _ = saved
     tmp = tmp_path_factory.mktemp("cases")
     cases = {}
@@ -117,21 +119,22 @@ def runs(saved, digits_dir, tmp_path_factory):
     # A --save directory rank 0 cannot create (a permission, here a file in its path):
     # the other rank learns of it where it would have waited for rank 0.
     (tmp / "a_file").write_text("")
-    cases["uncreatable --save"] = {"argv": _argv(digits_dir, "--save", str(tmp / "a_file" / "ckpt"),
+    uncreatable = str(tmp / "a_file" / "ckpt")
+    cases["uncreatable --save"] = {"argv": _argv(digits_dir, "--save", uncreatable,
                                                  "--save-interval", "1")}
     ports = tmp / "ports"
     ports.mkdir()
     results = run_distributed(run_all_as_script, 2, list(cases.values()), str(ports))
-    out = {name: [results[0][i], results[1][i]] for i, name in enumerate(cases)}
-    out["full disk"].append(failing)
-    out["shard size"] = os.path.getsize(os.path.join(root, "iter_0000002", SHARD))
-    return out
+    return SimpleNamespace(
+        results={name: [results[0][i], results[1][i]] for i, name in enumerate(cases)},
+        full_disk=failing,
+        shard_size=os.path.getsize(os.path.join(root, "iter_0000002", SHARD)))
 
 
 def _one_error_line(ranks) -> str:
     """The error line rank 0 printed (exit status 2 on every rank, no other error line,
     no traceback)."""
-    for rank, result in enumerate(ranks[:2]):
+    for rank, result in enumerate(ranks):
         assert result["code"] == 2, (rank, result["stderr"][-3000:])
         printed = result["stdout"] + result["stderr"]
         assert "Traceback" not in printed, (rank, printed[-3000:])
@@ -143,8 +146,8 @@ def _one_error_line(ranks) -> str:
 
 @pytest.mark.parametrize("name", DAMAGES)
 def test_a_damaged_checkpoint_stops_with_one_line_naming_the_way_back(runs, name):
-    line = _one_error_line(runs[name])
-    size = runs["shard size"]
+    line = _one_error_line(runs.results[name])
+    size = runs.shard_size
     expected = DAMAGES[name][3].format(size=size, half=size // 2)
     assert "iteration 2 is damaged: " + expected in line, line
     assert "earlier iterations in " in line and ": 1; load one with --ckpt-step 1" in line
@@ -152,39 +155,39 @@ def test_a_damaged_checkpoint_stops_with_one_line_naming_the_way_back(runs, name
 
 def test_a_checkpoint_that_fails_to_read_stops_with_one_line_naming_the_way_back(runs):
     name = "shard garbled, no manifest"
-    line = _one_error_line(runs[name])
+    line = _one_error_line(runs.results[name])
     assert "iteration 2 " + UNREADABLE[name][3] in line, line
-    assert "(rank 0: UnpicklingError: " in line and ": 1; load one with --ckpt-step 1" in line
+    assert "UnpicklingError: " in line and ": 1; load one with --ckpt-step 1" in line
 
 
 def test_ckpt_step_loads_the_earlier_iteration_and_trains_as_uninterrupted(runs, saved):
-    ranks = runs["--ckpt-step 1"]
-    assert ranks[0]["code"] == 0, ranks[0]["stderr"][-3000:]
+    ranks = runs.results["--ckpt-step 1"]
+    assert [r["code"] for r in ranks] == [0, 0], ranks[0]["stderr"][-3000:]
     assert ranks[0]["losses"] == {2: saved[1][2]}
 
 
 def test_a_checkpoint_of_another_model_stops_with_one_line_naming_the_tensors(runs):
-    line = _one_error_line(runs["other hidden size"])
+    line = _one_error_line(runs.results["other hidden size"])
     assert "--hidden-size 32 disagrees with the checkpoint" in line, line
-    line = _one_error_line(runs["other hidden size, the flags' model"])
+    line = _one_error_line(runs.results["other hidden size, the flags' model"])
     assert "iteration 2 is a checkpoint of another model: " in line, line
     assert "differ in shape, e.g. " in line and "[64] there, [32] in this model" in line
 
 
 def test_a_failed_save_stops_every_rank_and_keeps_the_last_checkpoint(runs, saved):
-    *ranks, root = runs["full disk"]
-    line = _one_error_line(ranks)
+    root = runs.full_disk
+    line = _one_error_line(runs.results["full disk"])
     assert (f"saving iteration 2 to {root}/iter_0000002 failed: rank 1: [Errno 28] No space "
             f"left on device" in line), line
     # The partial iteration is gone; the tracker names the last complete one, and a run
     # resumed from it trains to the uninterrupted losses.
     assert sorted(os.listdir(root)) == ["iter_0000001", TRACKER]
     assert open(os.path.join(root, TRACKER)).read() == "1"
-    resumed = runs["resumed after the full disk"]
-    assert resumed[0]["code"] == 0, resumed[0]["stderr"][-3000:]
+    resumed = runs.results["resumed after the full disk"]
+    assert [r["code"] for r in resumed] == [0, 0], resumed[0]["stderr"][-3000:]
     assert resumed[0]["losses"] == {2: saved[1][2]}
 
 
 def test_a_save_directory_rank_0_cannot_create_stops_every_rank(runs):
-    line = _one_error_line(runs["uncreatable --save"])
+    line = _one_error_line(runs.results["uncreatable --save"])
     assert "saving iteration 1 to " in line and "failed: NotADirectoryError: " in line, line
