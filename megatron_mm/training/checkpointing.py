@@ -72,7 +72,8 @@ def read_tracker(root: str) -> Optional[int]:
     try:
         return int(text)
     except ValueError:
-        raise CheckpointError(f"{path} holds {text!r}, not an iteration number") from None
+        raise CheckpointError(f"{path} holds {text!r}, not an iteration number; "
+                              f"{way_back(root)}") from None
 
 
 def saved_iterations(root: str) -> List[int]:
@@ -83,15 +84,19 @@ def saved_iterations(root: str) -> List[int]:
                   if m and os.path.isdir(os.path.join(root, m.group(0))))
 
 
-def way_back(root: str, iteration: int) -> str:
-    """What to do when iteration ``iteration`` of ``root`` cannot be loaded."""
-    earlier = [i for i in saved_iterations(root) if i < iteration]
-    if not earlier:
-        return (f"no earlier iteration is in {root}: restore the checkpoint, or start from "
+def way_back(root: str, iteration: Optional[int] = None) -> str:
+    """What to do when iteration ``iteration`` of ``root`` (None: the tracker's, unknown)
+    cannot be loaded: the latest iteration before it, else any other."""
+    others = [i for i in saved_iterations(root) if i != iteration]
+    earlier = [i for i in others if iteration is None or i < iteration]
+    if not others:
+        return (f"no other iteration is in {root}: restore the checkpoint, or start from "
                 f"scratch without --load")
-    shown = ", ".join(map(str, earlier[-5:])) + (f" ({len(earlier)} in all)"
-                                                 if len(earlier) > 5 else "")
-    return f"earlier iterations in {root}: {shown}; load one with --ckpt-step {earlier[-1]}"
+    shown = earlier or others
+    listed = ", ".join(map(str, shown[-5:])) + (f" ({len(shown)} in all)"
+                                                if len(shown) > 5 else "")
+    kind = "earlier iterations" if earlier and iteration is not None else "iterations"
+    return f"{kind} in {root}: {listed}; load one with --ckpt-step {shown[-1]}"
 
 
 def _damaged(root: str, iteration: int, problems: List[str]) -> str:
@@ -355,13 +360,9 @@ def locate_checkpoint(checkpoint) -> Optional[int]:
               "from scratch.")
     if not os.path.isdir(iteration_dir(root, iteration)):
         named = f"--ckpt-step {step}" if step else f"{TRACKER} in {root}"
-        present = saved_iterations(root)
-        raise CheckpointError(
-            f"{named} names iteration {iteration} but {iteration_dir(root, iteration)} is "
-            f"missing; " + (f"iterations in {root}: "
-                            + ", ".join(map(str, present[-5:]))
-                            + f": load one with --ckpt-step {present[-1]}" if present
-                            else f"{root} holds no iteration"))
+        raise CheckpointError(f"{named} names iteration {iteration} but "
+                              f"{iteration_dir(root, iteration)} is missing; "
+                              f"{way_back(root, iteration)}")
     return iteration
 
 

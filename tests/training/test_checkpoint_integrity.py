@@ -12,7 +12,8 @@ from megatron_mm.config import ConfigError
 from megatron_mm.training.arguments import build_parser, read_args
 from megatron_mm.training.checkpoint_integrity import (
     checkpoint_files, damaged_files, file_entries, write_manifest)
-from megatron_mm.training.checkpointing import CheckpointError, locate_checkpoint
+from megatron_mm.training.checkpointing import (
+    CheckpointError, locate_checkpoint, way_back)
 from megatron_mm.training.run_config import group_of_flags
 
 OLD_CHECKPOINT = os.path.join(os.path.dirname(__file__), os.pardir, "fixtures",
@@ -90,9 +91,26 @@ def test_ckpt_step_loads_its_iteration_instead_of_the_trackers(tmp_path):
     # Megatron-LM's: 0 is no step (the tracker's iteration).
     assert locate_checkpoint(_checkpoint_group("--load", load, "--ckpt-step", "0")) == 3
     with pytest.raises(CheckpointError, match=(
-            r"--ckpt-step 4 names iteration 4 but .*iter_0000004 is missing; iterations in "
-            r".*: 1, 2, 3: load one with --ckpt-step 3")):
+            r"--ckpt-step 4 names iteration 4 but .*iter_0000004 is missing; earlier "
+            r"iterations in .*: 1, 2, 3; load one with --ckpt-step 3")):
         locate_checkpoint(_checkpoint_group("--load", load, "--ckpt-step", "4"))
+    # A tracker that names no iteration: the iterations there are named.
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("3\x00\x00")
+    with pytest.raises(CheckpointError, match=(
+            r"holds '3\\x00\\x00', not an iteration number; iterations in .*: 1, 2, 3; "
+            r"load one with --ckpt-step 3")):
+        locate_checkpoint(_checkpoint_group("--load", load))
+    assert locate_checkpoint(_checkpoint_group("--load", load, "--ckpt-step", "2")) == 2
+
+
+def test_the_way_back_names_the_latest_earlier_iteration_else_any_other(tmp_path):
+    for iteration in (1, 3):
+        (tmp_path / f"iter_000000{iteration}").mkdir()
+    root = str(tmp_path)
+    assert way_back(root, 3) == f"earlier iterations in {root}: 1; load one with --ckpt-step 1"
+    assert way_back(root, 1) == f"iterations in {root}: 3; load one with --ckpt-step 3"
+    (tmp_path / "iter_0000003").rmdir()
+    assert way_back(root, 1).startswith(f"no other iteration is in {root}: restore")
 
 
 @pytest.mark.parametrize("argv, message", [
