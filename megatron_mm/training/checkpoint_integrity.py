@@ -21,6 +21,8 @@ from typing import Dict, List, Sequence, Tuple
 MANIFEST = "manifest.json"
 CONFIG = "metadata.json"  # Megatron-Core's backend and version of the checkpoint
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards
+# What every process reads first (older checkpoints keep the flags in common.pt)
+INDEX = (CONFIG, DCP_METADATA, "common.pt")
 _CHUNK = 1 << 22
 
 
@@ -78,20 +80,23 @@ def _manifest(directory: str):
                 f"without the check)")
 
 
-def damaged_files(directory: str, part: Tuple[int, int] = (0, 1),
-                  checksums: bool = True) -> List[str]:
+def damaged_files(directory: str, part: Tuple[int, int] = (0, 1), checksums: bool = True,
+                  index_only: bool = False) -> List[str]:
     """What is wrong with the checkpoint in ``directory``: one text per damaged file.
 
     With a manifest: its files are missing, of another size, or (``checksums``) of another
     CRC-32; ``part`` = (i, n) checks every n-th file from the i-th (n ranks share them).
-    Without one: its structure, checked by part 0 alone."""
+    Without one: its structure, checked by part 0 alone. ``index_only``: only the files
+    every process reads first (``INDEX``), what each checks alone before any process
+    group exists (a thousand ranks would each look at every shard otherwise)."""
     files = _manifest(directory)
     if files is None:
-        return structure_problems(directory) if part[0] == 0 else []
+        return structure_problems(directory, shards=not index_only) if part[0] == 0 else []
     if isinstance(files, str):
         return [files] if part[0] == 0 else []
     problems = []
-    for name in sorted(files)[part[0]::part[1]]:
+    names = [n for n in sorted(files) if n in INDEX or not index_only]
+    for name in names[part[0]::part[1]]:
         try:
             problem = _file_problem(directory, name, files[name], checksums)
         except OSError as e:  # unreadable (EIO, a permission)
@@ -114,9 +119,9 @@ def _file_problem(directory: str, name: str, entry: dict, checksum: bool) -> str
     return ""
 
 
-def structure_problems(directory: str) -> List[str]:
+def structure_problems(directory: str, shards: bool = True) -> List[str]:
     """A manifest-less checkpoint's structure: Megatron-Core's config, torch's index, and
-    the shard files' sizes against the byte ranges the index places in them."""
+    (``shards``) the shard files' sizes against the byte ranges the index places in them."""
     problems = []
     config = os.path.join(directory, CONFIG)
     if not os.path.isfile(config):
@@ -140,7 +145,7 @@ def structure_problems(directory: str) -> List[str]:
             needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
     except Exception as e:  # any failure to unpickle the index: the file is damaged
         return problems + [f"{DCP_METADATA} does not unpickle ({type(e).__name__}: {e})"]
-    for name, end in sorted(needed.items()):
+    for name, end in sorted(needed.items() if shards else ()):
         path = os.path.join(directory, name)
         if not os.path.isfile(path):
             problems.append(f"{name} is missing")

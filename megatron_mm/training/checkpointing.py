@@ -132,20 +132,21 @@ READ_ERRORS = (CheckpointException, CheckpointingException, EOFError, pickle.Unp
 
 def saved_args(checkpoint) -> dict:
     """The flags the checkpoint ``--load`` names was saved with ({} for a fresh start);
-    ``checkpoint``: the run's checkpointing group. Runs before any process group: its
-    files' sizes (or structure) are checked by this process alone."""
+    ``checkpoint``: the run's checkpointing group. Runs before any process group: the
+    files every process reads first are checked by this process alone (``load_checkpoint``
+    checks them all)."""
     iteration = locate_checkpoint(checkpoint)
     if iteration is None:
         return {}
     root = checkpoint.load
     path = iteration_dir(root, iteration)
-    problems = damaged_files(path, checksums=False)
+    problems = damaged_files(path, index_only=True)
     if problems:
         raise CheckpointError(_damaged(root, iteration, problems))
     try:
         return dist_checkpointing.load_common_state_dict(path).get("args", {})
-    except READ_ERRORS as e:
-        problems = damaged_files(path)  # the checksums name the file, where a manifest is
+    except READ_ERRORS as e:  # the shard holding them: every file's size names it
+        problems = damaged_files(path, checksums=False)
         raise CheckpointError(_damaged(root, iteration, problems) if problems else
                               _unreadable(root, iteration, _cause(e))) from None
 

@@ -54,6 +54,8 @@ def test_the_manifest_names_a_file_cut_short_missing_or_changed(old_checkpoint):
     assert damaged_files(old_checkpoint, (0, 2)) == ["metadata.json is missing"]
     assert damaged_files(old_checkpoint, (1, 2)) == [
         "__0_0.distcp has 1000 bytes, 147994 when saved (cut short)"]
+    # Before any process group, each process checks only what it reads first.
+    assert damaged_files(old_checkpoint, index_only=True) == ["metadata.json is missing"]
     with open(os.path.join(old_checkpoint, "manifest.json"), "w") as f:
         f.write("{")
     assert damaged_files(old_checkpoint)[0].startswith("manifest.json is damaged")
@@ -74,6 +76,9 @@ def test_without_a_manifest_the_index_names_the_damaged_file(old_checkpoint, dam
     damage(old_checkpoint)
     assert damaged_files(old_checkpoint)[0].startswith(problem)
     assert damaged_files(old_checkpoint, (1, 2)) == []  # the structure is rank 0's to check
+    # The index alone (before any process group): the shards are not looked at.
+    index = damaged_files(old_checkpoint, index_only=True)
+    assert index == ([] if problem.startswith("__0_0") else damaged_files(old_checkpoint))
 
 
 def _checkpoint_group(*argv):
