@@ -284,6 +284,10 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-load-rng", action="store_true")
     g.add_argument("--no-save-optim", action="store_true")
     g.add_argument("--no-save-rng", action="store_true")
+    g.add_argument("--ckpt-step", type=int, default=None,
+                   help="load iteration N of --load instead of the one its "
+                        "latest_checkpointed_iteration.txt names (Megatron-LM's; 0: that "
+                        "one): the way back from a damaged checkpoint")
     g.add_argument("--finetune", action="store_true",
                    help="load model weights only and start at iteration 0")
     g.add_argument("--exit-on-missing-checkpoint", action="store_true",
@@ -429,6 +433,10 @@ def validate_args(args: argparse.Namespace,
         raise ConfigError(f"--min-lr ({args.min_lr}) exceeds --lr ({args.lr})")
     if args.save_interval is not None and args.save is None:
         raise ConfigError("--save-interval needs --save DIR")
+    if args.ckpt_step is not None and args.ckpt_step < 0:
+        raise ConfigError("--ckpt-step must not be negative")
+    if args.ckpt_step and args.load is None:
+        raise ConfigError("--ckpt-step needs --load DIR")
     if args.eval_interval is None:
         args.eval_interval = max(args.train_iters, 1)
     if args.train_iters < 0:  # 0 with --save writes the initial checkpoint

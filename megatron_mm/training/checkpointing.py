@@ -3,36 +3,55 @@
 Layout, as Megatron-LM writes it::
 
     <save>/latest_checkpointed_iteration.txt      the last complete iteration
-    <save>/iter_0000100/                          .metadata, *.distcp, common.pt, metadata.json
+    <save>/iter_0000100/                          .metadata, *.distcp, metadata.json
+                                                  (older: common.pt); model_config.json,
+                                                  manifest.json (each file's size, CRC-32)
 
 A checkpoint is written into ``iter_XXXXXXX.inprogress`` and renamed into place only after
 every rank finished; the tracker file is replaced atomically afterwards. A crash mid-save
-therefore leaves the previous checkpoint and the tracker untouched. Weights and optimizer
-state are resharded on load, so a checkpoint saved at one TP size loads at another.
+therefore leaves the previous checkpoint and the tracker untouched; a save that fails (a
+full disk, a missing permission) stops every rank with one message naming the directory
+and the error. Weights and optimizer state are resharded on load, so a checkpoint saved at
+one TP size loads at another.
+
+Loading checks first (``checkpoint_integrity.py``): a damaged or missing file, or tensors of
+another model, stop every rank with one message naming the iteration and the file or
+tensors, and the earlier iterations ``--ckpt-step`` can load instead.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import pickle
+import re
 import shutil
+from contextlib import contextmanager
 from dataclasses import asdict
-from typing import Optional
+from typing import Callable, List, Optional
 
 import torch
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
-from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.core import CheckpointingException
+from megatron.core.dist_checkpointing.dict_utils import nested_values
+from megatron.core.dist_checkpointing.mapping import (
+    ShardedObject, ShardedTensor, ShardedTensorFactory)
 from megatron.core.dist_checkpointing.validation import StrictHandling
+from torch.distributed.checkpoint.api import CheckpointException
 
 from ..models.te_names import is_module_state
 
 from ..data.loaders import save_dataloader_state
+from .checkpoint_integrity import (
+    checkpoint_files, damaged_files, file_entries, write_manifest)
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MODEL_CONFIG = "model_config.json"
 CHECKPOINT_VERSION = 3.0
 # Reshardable across TP/DP changes (the deprecated default cannot be loaded at all).
 OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+_ITERATION = re.compile(r"iter_(\d{7})")
 
 
 class CheckpointError(RuntimeError):
@@ -53,17 +72,83 @@ def read_tracker(root: str) -> Optional[int]:
     try:
         return int(text)
     except ValueError:
-        raise CheckpointError(f"{path} holds {text!r}, not an iteration number") from None
+        raise CheckpointError(f"{path} holds {text!r}, not an iteration number; "
+                              f"{way_back(root)}") from None
+
+
+def saved_iterations(root: str) -> List[int]:
+    """The complete iterations under ``root`` (staging and replaced directories left out)."""
+    if not os.path.isdir(root):
+        return []
+    return sorted(int(m.group(1)) for m in map(_ITERATION.fullmatch, os.listdir(root))
+                  if m and os.path.isdir(os.path.join(root, m.group(0))))
+
+
+def way_back(root: str, iteration: Optional[int] = None) -> str:
+    """What to do when iteration ``iteration`` of ``root`` (None: the tracker's, unknown)
+    cannot be loaded: the latest iteration before it, else any other."""
+    others = [i for i in saved_iterations(root) if i != iteration]
+    earlier = [i for i in others if iteration is None or i < iteration]
+    if not others:
+        return (f"no other iteration is in {root}: restore the checkpoint, or start from "
+                f"scratch without --load")
+    shown = earlier or others
+    listed = ", ".join(map(str, shown[-5:])) + (f" ({len(shown)} in all)"
+                                                if len(shown) > 5 else "")
+    kind = "earlier iterations" if earlier and iteration is not None else "iterations"
+    return f"{kind} in {root}: {listed}; load one with --ckpt-step {shown[-1]}"
+
+
+def _damaged(root: str, iteration: int, problems: List[str]) -> str:
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return (f"--load {root}: iteration {iteration} is damaged: {problems[0]}{more} in "
+            f"{iteration_dir(root, iteration)}; {way_back(root, iteration)}")
+
+
+def _unreadable(root: str, iteration: int, cause: str) -> str:
+    return (f"--load {root}: iteration {iteration} could not be read from "
+            f"{iteration_dir(root, iteration)} ({cause}); {way_back(root, iteration)}")
+
+
+def _cause(error: BaseException) -> str:
+    """``error``'s root on one line: the first failing rank of a CheckpointException, the
+    innermost exception of a chain."""
+    if isinstance(error, CheckpointException):
+        if not error.failures:
+            return "failed on another rank"
+        rank, (inner, _) = min(error.failures.items(), key=lambda item: item[0])
+        return f"rank {rank}: {_cause(inner)}"
+    while error.__cause__ is not None:
+        error = error.__cause__
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+# What reading a damaged checkpoint raises, from torch.distributed.checkpoint (its
+# CheckpointException is a BaseException), Megatron-Core, torch.load and pickle.
+READ_ERRORS = (CheckpointException, CheckpointingException, EOFError, pickle.UnpicklingError,
+               OSError, ValueError, RuntimeError, AssertionError)
 
 
 def saved_args(checkpoint) -> dict:
     """The flags the checkpoint ``--load`` names was saved with ({} for a fresh start);
-    ``checkpoint``: the run's checkpointing group."""
+    ``checkpoint``: the run's checkpointing group. Runs before any process group: the
+    files every process reads first are checked by this process alone (``load_checkpoint``
+    checks them all)."""
     iteration = locate_checkpoint(checkpoint)
     if iteration is None:
         return {}
-    path = iteration_dir(checkpoint.load, iteration)
-    return dist_checkpointing.load_common_state_dict(path).get("args", {})
+    root = checkpoint.load
+    path = iteration_dir(root, iteration)
+    problems = damaged_files(path, index_only=True)
+    if problems:
+        raise CheckpointError(_damaged(root, iteration, problems))
+    try:
+        return dist_checkpointing.load_common_state_dict(path).get("args", {})
+    except READ_ERRORS as e:  # the shard holding them: every file's size names it
+        problems = damaged_files(path, checksums=False)
+        raise CheckpointError(_damaged(root, iteration, problems) if problems else
+                              _unreadable(root, iteration, _cause(e))) from None
 
 
 def _rng_state() -> ShardedObject:
@@ -115,42 +200,135 @@ def save_checkpoint(config, iteration: int, chunks, optimizer, scheduler,
     the state of ``data_iterator`` (Energon's loader) where one is given; the flags of
     ``config`` (the RunConfig) go with them, under Megatron-LM's names.
     ``model_config``: the model's (default the flags'); ``run_state``: values the run
-    derived, saved with the flags."""
+    derived, saved with the flags.
+
+    Each step that can fail on some ranks only (a full disk, a missing permission) ends
+    where every rank learns how it went, in place of a barrier: a failure stops every rank
+    with one CheckpointError, and none waits in a later collective."""
     root = config.checkpoint.save
     final = iteration_dir(root, iteration)
     staging = final + ".inprogress"
-    rank0 = torch.distributed.get_rank() == 0
-    if rank0:
-        os.makedirs(root, exist_ok=True)
-        shutil.rmtree(staging, ignore_errors=True)  # leftovers of a crashed save
-        os.makedirs(staging)
-    torch.distributed.barrier()
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+    def agree(error: Optional[str], specific: bool = True) -> None:
+        errors = [(e, s) for e, s in _everyone((error, specific)) if e]
+        if errors:
+            if rank == 0:  # what the failed save wrote, out of a full disk's way
+                shutil.rmtree(staging, ignore_errors=True)
+            error = min(errors, key=lambda e: not e[1])[0]  # a rank's own error first
+            raise CheckpointError(
+                f"saving iteration {iteration} to {final} failed: {error}; the earlier "
+                f"checkpoints in {root} and its {TRACKER} are as they were (free space or "
+                f"fix the permission, then resume with --load {root})")
+
+    agree(_attempt(_prepare_staging, root, staging)[1] if rank == 0 else None)
     # --no-save-optim / --no-save-rng: weights only (converted checkpoints are).
     state = _state_dict(chunks, optimizer, scheduler, config, iteration,
                         with_optim=not config.checkpoint.no_save_optim,
                         with_rng=not config.checkpoint.no_save_rng, loading=False,
                         run_state=run_state)
-    dist_checkpointing.save(state, staging, async_sharded_save=False)
-    if data_iterator is not None and _first_of_model_parallel_group():
-        save_dataloader_state(data_iterator, staging, parallel_state.get_data_parallel_rank())
-    torch.distributed.barrier()
-    if rank0:
-        with open(os.path.join(staging, MODEL_CONFIG), "w") as f:
-            json.dump(asdict(model_config or config.model_config), f, indent=1,
-                      default=sorted)
-        if os.path.exists(final):  # re-saving an iteration: keep the old one until done
-            shutil.rmtree(final + ".old", ignore_errors=True)
-            os.rename(final, final + ".old")
-        os.rename(staging, final)
-        shutil.rmtree(final + ".old", ignore_errors=True)
-        tmp = os.path.join(root, TRACKER + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(str(iteration))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(root, TRACKER))
-    torch.distributed.barrier()
+    with _writer_errors() as logged:
+        error = _attempt(dist_checkpointing.save, state, staging, async_sharded_save=False)[1]
+    # A rank whose own writer failed names the error; the others only learn that one did.
+    specific = bool(error and logged)
+    if specific:
+        error = f"rank {rank}: {logged[0]}"
+    if error is None and data_iterator is not None and _first_of_model_parallel_group():
+        error = _attempt(save_dataloader_state, data_iterator, staging,
+                         parallel_state.get_data_parallel_rank(),
+                         errors=SAVE_ERRORS + (RuntimeError,))[1]  # torch.save's full disk
+        specific, error = error is not None, error and f"rank {rank}: {error}"
+    agree(error, specific)
+    listing, error = (_attempt(_complete_staging, staging, model_config or config.model_config)
+                      if rank == 0 else (None, None))
+    listing, error = _everyone((listing, error))[0]
+    agree(error)
+    entries, error = _attempt(file_entries, staging, listing[rank::world])
+    gathered = _everyone((entries, error))
+    agree(next((e for _, e in gathered if e), None))
+    if rank == 0:
+        entries = {name: entry for part, _ in gathered for name, entry in part.items()}
+        error = _attempt(_publish, root, staging, final, iteration, entries)[1]
+    agree(error)
     return final
+
+
+# What a failed write raises: torch.distributed.checkpoint's CheckpointException (every
+# rank, once its writers are done), an OSError of a step of this module's.
+SAVE_ERRORS = (CheckpointException, OSError)
+
+
+def _attempt(fn: Callable, *args, errors: tuple = SAVE_ERRORS, **kwargs):
+    """``fn(*args, **kwargs)`` and None, or None and the error it raised, on one line."""
+    try:
+        return fn(*args, **kwargs), None
+    except errors as e:
+        return None, _cause(e)
+
+
+def _everyone(value) -> list:
+    """``value`` of every rank, on every rank."""
+    values = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(values, value)
+    return values
+
+
+@contextmanager
+def _writer_errors():
+    """Megatron-Core's writer threads report a failed write (no space, no permission) only
+    in a log record; the exception they pass on says ``<class 'OSError'>``. Yields the
+    records' errors, kept out of the log: the one-line error names them."""
+    logger = logging.getLogger("megatron.core.dist_checkpointing.strategies.filesystem_async")
+    found: List[str] = []
+
+    def keep(record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        found.append(record.getMessage().split("error: ", 1)[-1])
+        return False
+
+    logger.addFilter(keep)
+    try:
+        yield found
+    finally:
+        logger.removeFilter(keep)
+
+
+def _prepare_staging(root: str, staging: str) -> None:
+    os.makedirs(root, exist_ok=True)
+    shutil.rmtree(staging, ignore_errors=True)  # leftovers of a crashed save
+    os.makedirs(staging)
+
+
+def _complete_staging(staging: str, model_config) -> List[str]:
+    """Writes the model config beside the shards; returns every file the manifest will
+    list."""
+    with open(os.path.join(staging, MODEL_CONFIG), "w") as f:
+        json.dump(asdict(model_config), f, indent=1, default=sorted)
+    return checkpoint_files(staging)
+
+
+def _publish(root: str, staging: str, final: str, iteration: int, entries: dict) -> None:
+    """The manifest written, the staging directory renamed into place, the tracker
+    replaced: until the rename, ``root`` is as it was."""
+    write_manifest(staging, iteration, entries)
+    if os.path.exists(final):  # re-saving an iteration: keep the old one until done
+        shutil.rmtree(final + ".old", ignore_errors=True)
+        os.rename(final, final + ".old")
+        try:
+            os.rename(staging, final)
+        except OSError:
+            os.rename(final + ".old", final)
+            raise
+    else:
+        os.rename(staging, final)
+    shutil.rmtree(final + ".old", ignore_errors=True)
+    tmp = os.path.join(root, TRACKER + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(str(iteration))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(root, TRACKER))
 
 
 def _first_of_model_parallel_group() -> bool:
@@ -161,13 +339,16 @@ def _first_of_model_parallel_group() -> bool:
 
 
 def locate_checkpoint(checkpoint) -> Optional[int]:
-    """The iteration ``--load`` resumes from; None for a fresh auto-resume directory.
+    """The iteration ``--load`` resumes from: ``--ckpt-step`` where given (Megatron-LM's:
+    a nonzero step replaces the tracker's iteration), else the tracker's; None for a fresh
+    auto-resume directory.
 
     A ``--load`` directory without a checkpoint is an error, except when it is also the
     ``--save`` directory (auto-resume: the first run starts from scratch).
     """
     root = checkpoint.load
-    iteration = read_tracker(root) if os.path.isdir(root) else None
+    step = checkpoint.ckpt_step
+    iteration = step or (read_tracker(root) if os.path.isdir(root) else None)
     if iteration is None:
         if checkpoint.save and os.path.abspath(checkpoint.save) == os.path.abspath(root):
             return None
@@ -179,9 +360,58 @@ def locate_checkpoint(checkpoint) -> Optional[int]:
             + "). Point --load at a directory written by --save, or drop --load to start "
               "from scratch.")
     if not os.path.isdir(iteration_dir(root, iteration)):
-        raise CheckpointError(f"{TRACKER} in {root} names iteration {iteration} but "
-                              f"{iteration_dir(root, iteration)} is missing")
+        named = f"--ckpt-step {step}" if step else f"{TRACKER} in {root}"
+        raise CheckpointError(f"{named} names iteration {iteration} but "
+                              f"{iteration_dir(root, iteration)} is missing; "
+                              f"{way_back(root, iteration)}")
     return iteration
+
+
+def _model_mismatches(template: dict, keys: List[str], path: str) -> List[tuple]:
+    """(name, its shape in the checkpoint or None where it lacks it, its shape in the
+    model) for the model's tensors (``template``'s ``keys``) that the checkpoint at
+    ``path`` lacks or holds at another shape: its index is read, no tensor."""
+    saved = dist_checkpointing.load_tensors_metadata(path)
+    out = []
+    for sharded in _sharded_tensors([template[key] for key in keys]):
+        there = saved.get(sharded.key)
+        here = list(sharded.global_shape)
+        if there is None and not is_module_state(sharded.key):
+            out.append((sharded.key, None, here))
+        elif (there is not None and list(there.global_shape) != here
+              and not sharded.allow_shape_mismatch):
+            out.append((sharded.key, list(there.global_shape), here))
+    return out
+
+
+def _sharded_tensors(state):
+    for value in nested_values(state):
+        if isinstance(value, ShardedTensorFactory):
+            yield from _sharded_tensors(value.build())
+        elif isinstance(value, ShardedTensor):
+            yield value
+
+
+def _another_model(root: str, iteration: int, mismatches: List[tuple]) -> str:
+    shapes = [f"{name} is {there} there, {here} in this model"
+              for name, there, here in mismatches if there is not None]
+    absent = [name for name, there, _ in mismatches if there is None]
+    parts = ([f"{len(shapes)} tensors differ in shape, e.g. " + "; ".join(shapes[:3])]
+             if shapes else [])
+    if absent:
+        parts.append(f"it lacks {len(absent)} tensors the model needs, e.g. {absent[:3]}")
+    return (f"--load {root}: iteration {iteration} is a checkpoint of another model: "
+            + "; ".join(parts) + f" (the flags it was saved with: {MODEL_CONFIG} in "
+            f"{iteration_dir(root, iteration)})")
+
+
+def _agreed(problems: list) -> list:
+    """Every rank's problems, in rank order without repeats, on every rank: pipeline
+    stages hold different tensors, and all must stop if one does."""
+    out: list = []
+    for part in _everyone(problems):
+        out.extend(p for p in part if p not in out)
+    return out
 
 
 def _load_allowing_absent_module_state(template: dict, path: str):
@@ -205,15 +435,36 @@ def holds_optimizer_state(path: str) -> bool:
                for key in dist_checkpointing.load_tensors_metadata(path))
 
 
+def _load_model(template: dict, path: str, chunks) -> dict:
+    """The checkpoint's state for ``template``, the model chunks loaded from it."""
+    state = _load_allowing_absent_module_state(template, path)
+    for key, chunk in zip(_model_keys(chunks), chunks):
+        # Only TE's _extra_state may be missing (Megatron-LM falls back to strict=False
+        # for it too): TEDotProductAttention has one but checkpoints none, and a checkpoint
+        # saved with local specs has none. The module keeps its own.
+        result = chunk.load_state_dict(state[key], strict=False)
+        missing = [k for k in result.missing_keys if not is_module_state(k)]
+        if missing or result.unexpected_keys:
+            raise CheckpointError(f"{path}: the model and the checkpoint differ: missing "
+                                  f"{missing[:5]}, unexpected {result.unexpected_keys[:5]}")
+    return state
+
+
 def load_checkpoint(config, chunks, optimizer, scheduler, log=print) -> int:
-    """Load the latest checkpoint under ``--load`` (``config``: the RunConfig); returns the
-    iteration to resume at."""
+    """Load the checkpoint ``--load`` / ``--ckpt-step`` name (``config``: the RunConfig);
+    returns the iteration to resume at."""
     ckpt = config.checkpoint
     iteration = locate_checkpoint(ckpt)
     if iteration is None:
         return 0
     root = ckpt.load
     path = iteration_dir(root, iteration)
+    # Checked before anything is read, the same verdict on every rank: its files (the
+    # ranks share the checksums), then its tensors' names and shapes against the model's.
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    problems = _agreed(damaged_files(path, (rank, world)))
+    if problems:
+        raise CheckpointError(_damaged(root, iteration, problems))
     saved = saved_args(ckpt)
     same_layout = all(saved.get(k) == getattr(config.parallel, k) for k in
                       ("tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -228,16 +479,20 @@ def load_checkpoint(config, chunks, optimizer, scheduler, log=print) -> int:
                 and same_layout)
     template = _state_dict(chunks, optimizer, scheduler, config, iteration, with_optim,
                            with_rng, loading=True)
-    state = _load_allowing_absent_module_state(template, path)
-    for key, chunk in zip(_model_keys(chunks), chunks):
-        # Only TE's _extra_state may be missing (Megatron-LM falls back to strict=False
-        # for it too): TEDotProductAttention has one but checkpoints none, and a checkpoint
-        # saved with local specs has none. The module keeps its own.
-        result = chunk.load_state_dict(state[key], strict=False)
-        missing = [k for k in result.missing_keys if not is_module_state(k)]
-        if missing or result.unexpected_keys:
-            raise CheckpointError(f"{path}: the model and the checkpoint differ: missing "
-                                  f"{missing[:5]}, unexpected {result.unexpected_keys[:5]}")
+    mismatches = _agreed(_model_mismatches(template, _model_keys(chunks), path))
+    if mismatches:
+        raise CheckpointError(_another_model(root, iteration, mismatches))
+    # What the checks cannot see (a shard damaged inside, in a checkpoint without a
+    # manifest) fails on the ranks that read it: all stop, with its cause.
+    try:
+        state, error = _load_model(template, path, chunks), None
+    except CheckpointError as e:
+        error = str(e)
+    except READ_ERRORS as e:
+        error = _unreadable(root, iteration, _cause(e))
+    error = next((e for e in _everyone(error) if e), None)
+    if error:
+        raise CheckpointError(error)
     if with_optim:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["opt_param_scheduler"])
