@@ -138,6 +138,8 @@ class FlexAttention(ContextParallelAttention):
 
     def _flex(self, q, k, v, mask: BlockMask):
         """q [sq, b, hq, d], k/v [s, b, hk, d] -> [sq, b, hq, d]."""
+        if k.shape[0] == 1:  # one token attends itself (a length-1 recompile breaks
+            return v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)  # the CPU kernel)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (q, k, v))
         out = _compiled(q, k, v, block_mask=mask, scale=self.softmax_scale,
                         enable_gqa=q.shape[1] != k.shape[1])

@@ -11,6 +11,8 @@ from megatron.core import parallel_state
 
 from ..models.context_parallel import (
     ContextParallelMask, batch_codes, context_parallel_mask, dense_mask)
+from ..models.flex_attention import MaskCodes
+from ..models.host_copy import to_device
 from ..config import ConfigError
 from ..plan.context_parallel.cp_assignment import BLOCK_OVERHEAD
 
@@ -23,7 +25,7 @@ class AttentionSettings:
     assignment: str = "ours"
     block: int = 128
     block_overhead: float = BLOCK_OVERHEAD  # tiles per block in the load model
-    cp_attention: str = "ours"  # CPAttentionChoice.kind (models/specs.py)
+    cp_attention: str = "ours"  # CPAttentionChoice.kind (models/attention_choice.py)
 
     @classmethod
     def from_config(cls, config, tokenizer, cp_attention: str = "ours") -> "AttentionSettings":
@@ -44,20 +46,24 @@ class AttentionSettings:
                    parallel.context_parallel_block_overhead, cp_attention)
 
     def mask_for(self, batch: dict, split: bool = True,
-                 device=None) -> Union[None, torch.Tensor, ContextParallelMask]:
+                 device=None) -> Union[None, torch.Tensor, MaskCodes, ContextParallelMask]:
         """What the model takes as ``attention_mask`` for ``batch``, from its tokens on the
         host: None (Megatron's causal mask) for unpacked causal batches, else the mask of
         the codes (packed samples from ``cu_seqlens``, media items with
         ``--media-attention bidirectional``): for this CP rank, planned on the host
-        (``.to(device)`` copies its O(S) tensors), or dense (``split=False``, or no context
-        parallelism), made on ``device`` (default: the tokens') from the O(S) codes."""
+        (``.to(device)`` copies its O(S) tensors), or whole (``split=False``, or no context
+        parallelism): dense, made on ``device`` (default: the tokens') from the O(S)
+        codes, or for FlexAttention the codes themselves (``MaskCodes``)."""
         cp = self.context_parallel_size if split else 1
         if cp == 1 and self.media_attention == "causal" and "cu_seqlens" not in batch:
             return None
         tokens = batch["tokens"]
         codes = batch_codes(tokens, self.media_tokens, doc_ids(batch), self.media_attention)
         if cp == 1:
-            return dense_mask(codes, tokens.device if device is None else device)
+            dev = tokens.device if device is None else device
+            if self.cp_attention == "flex":  # the codes alone: its block mask comes from them
+                return MaskCodes(to_device(torch.from_numpy(codes), dev))
+            return dense_mask(codes, dev)
         cpm = context_parallel_mask(
             codes, self.context_parallel_size, parallel_state.get_context_parallel_rank(),
             self.assignment, self.block, parallel_state.get_context_parallel_group(),

@@ -142,8 +142,7 @@ class Trainer:
         train_ds, valid_ds = build_datasets(config, tokenizer)
         cp = cp_attention_choice(config)
         attention = AttentionSettings.from_config(config, tokenizer, cp.kind)
-        if config.parallel.context_parallel_size > 1:
-            print_rank_0(f"> context parallel attention: {cp.reason}")
+        print_rank_0(f"> LLM attention: {cp.reason}")
         if config.fp8_settings is not None:
             print_rank_0(f"> {config.fp8_settings.describe()}")
         print_rank_0(f"> building multimodal model ({transformer_impl(config.model)} "

@@ -45,8 +45,10 @@ def test_flex_equals_dense_whole_and_split(attention, family):
     with torch.no_grad():
         whole = attention(q, k, v, MaskCodes(torch.from_numpy(codes)))
         torch.testing.assert_close(whole, ref, rtol=1e-5, atol=1e-5)
-        if family == "causal":  # no mask: causal
+        if family == "causal":  # no mask: causal; and a one-token sequence
             torch.testing.assert_close(attention(q, k, v, None), ref, rtol=1e-5, atol=1e-5)
+            one = attention(q[:1], k[:1], v[:1], MaskCodes(torch.from_numpy(codes[:, :1])))
+            torch.testing.assert_close(one, ref[:1], rtol=1e-5, atol=1e-5)
         for cp in (2, 4):
             for method in ("ours", "zigzag"):
                 covered = []
