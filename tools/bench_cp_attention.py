@@ -3,6 +3,7 @@
     python tools/bench_cp_attention.py [--family encoder_embedded] [--seq-length 4096]
     python tools/bench_cp_attention.py --calibrate   # the per-block fixed cost
     python tools/bench_cp_attention.py --memory      # one rank's forward: dense / einsum / flex
+    python tools/bench_cp_attention.py --flash-speed --heads 16 --head-dim 128   # CUDA
 
 Four ranks (one thread each) run ``ContextParallelAttention`` on one mask of ``--family``
 for each token assignment (contiguous, zigzag, LPT, ours). K and V are all-gathered once
@@ -31,6 +32,13 @@ scores would exceed ``--max-dense-gib`` is not run (its estimate is printed). Th
 training forward of the einsum path keeps its probabilities for backward on top (S_local
 x S per layer); not measured here. Ends with the FlexAttention / einsum peak memory
 ratio at the longest length.
+
+``--flash-speed`` (CUDA only) times FlexAttention against flash: forward + backward in
+bf16 of one sequence of each ``--memory-lengths`` (``--heads`` of ``--head-dim``), our
+block mask from the codes on a causal mask against torch's
+``scaled_dot_product_attention(is_causal=True)`` on the flash backend, and on
+``--family``'s mask (which flash cannot take); median of ``--iters`` after a compiling
+call. FlexAttention close to flash speed is the ratio near 1 (docs/gpu.md).
 
 ``--calibrate`` measures that overhead instead (one process, no ranks): forward + backward
 of one query block against 1, 2, 3, ... causal key tiles of a ``--seq-length`` sequence
@@ -86,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-lengths", type=int, nargs="+", default=[8192, 16384, 32768])
     p.add_argument("--max-dense-gib", type=float, default=4.0,
                    help="--memory: dense rows whose scores need more are not run")
+    p.add_argument("--flash-speed", action="store_true",
+                   help="CUDA: FlexAttention against flash, forward + backward, bf16")
     p.add_argument("--memory-row", nargs=2, metavar=("PATH", "LENGTH"), default=None,
                    help=argparse.SUPPRESS)  # one row, in the fresh subprocess
     p.add_argument("--heads", type=int, default=4)
@@ -309,8 +319,57 @@ def memory_table(args) -> int:
     return 0
 
 
+def flash_speed(args) -> int:
+    """FlexAttention (block mask from the codes) against flash, forward + backward."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
+    from megatron_mm.models.flex_attention import _compiled, block_mask
+    from megatron_mm.reproductions.mask_families import family_codes
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--flash-speed needs a CUDA device (FlexAttention's GPU kernel)")
+
+    def timed(fn, q, k, v):
+        times = []
+        for _ in range(args.iters + 1):  # the first call compiles
+            for x in (q, k, v):
+                x.grad = None
+            torch.cuda.synchronize()
+            t0 = _clock()
+            fn(q, k, v).sum().backward()
+            times.append(_clock() - t0)
+        return statistics.median(times[1:]) * 1e3
+
+    print(f"bf16, {args.heads} heads of {args.head_dim}, forward + backward ms (median of "
+          f"{args.iters}): flash (causal), FlexAttention (causal), FlexAttention "
+          f"({args.family})")
+    for s in args.memory_lengths:
+        q, k, v = (torch.randn(1, args.heads, s, args.head_dim, device="cuda",
+                               dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        causal = torch.zeros(1, s, dtype=torch.int64, device="cuda")
+        family = torch.from_numpy(family_codes(args.family, s, args.seed))[None].cuda()
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            flash = timed(lambda a, b, c: F.scaled_dot_product_attention(a, b, c,
+                                                                         is_causal=True),
+                          q, k, v)
+        flex = {}
+        for name, codes in (("causal", causal), (args.family, family)):
+            mask = block_mask(codes)
+            flex[name] = timed(lambda a, b, c: _compiled(a, b, c, block_mask=mask), q, k, v)
+        print(f"{s:>7}  flash {flash:8.2f}  flex {flex['causal']:8.2f}  "
+              f"flex/flash {flex['causal'] / flash:.2f}  flex {args.family} "
+              f"{flex[args.family]:8.2f}")
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.flash_speed:
+        return flash_speed(args)
     if args.memory_row is not None:
         print(json.dumps(memory_row(args, args.memory_row[0], int(args.memory_row[1]))))
         return 0
