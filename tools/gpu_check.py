@@ -22,7 +22,7 @@ under its time budget (the budgets add up to at most 8 minutes on one H100), in 
   against Megatron-Core's ``LLaVAModel``: tokens/s, MFU, peak memory, the same loss;
 - ``flex-attention``: a few training steps of a tiny model with ``--media-attention
   bidirectional`` and with packed samples on FlexAttention (one GPU, CP=1) against the
-  local path: the same losses and gradients (``tests/gpu/test_flex_attention.py``);
+  local path: the same losses and gradients (``tests/gpu/test_flex_training.py``);
 - ``transformer-engine``: ``tests/gpu`` and ``bench_gpu``'s TE rows where TE imports;
   reported ABSENT, not failed, where it does not.
 
@@ -262,12 +262,12 @@ def judge_bench(ctx: Context, procs) -> Result:
 
 def flex_commands(ctx: Context) -> List[List[str]]:
     return [ctx.py("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
-                   "tests/gpu/test_flex_attention.py")]
+                   "tests/gpu/test_flex_training.py")]
 
 
 def te_commands(ctx: Context) -> List[List[str]]:
     return [ctx.py("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu",
-                   "--deselect", "tests/gpu/test_flex_attention.py"),
+                   "--deselect", "tests/gpu/test_flex_training.py"),
             *bench_commands(ctx, "te-bf16,te-fp8")]
 
 

@@ -13,6 +13,8 @@ import torch
 from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig, ProjectorConfig
 from megatron_mm.families.vit.config import VisionEncoderConfig
 
+pytestmark = pytest.mark.slow  # compiles flex_attention
+
 MEDIA_ID, ITEM, S, STEPS = 250, 16, 320, 3
 IMAGES = ((4, 150), (30, 230))  # each row's images: first placeholder positions
 DOCS = (0, 100, 200)  # packed: sample starts in every row
