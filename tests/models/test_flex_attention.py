@@ -83,3 +83,15 @@ def test_block_mask_marks_the_planned_tiles(family):
     assert full.any()
     # Nothing of the mask is S x S: its tensors are per tile or per token.
     assert all(t.numel() <= 2 * 8 * 8 for t in mask.as_tuple() if isinstance(t, torch.Tensor))
+
+
+def test_block_mask_reads_nothing_back_to_the_host():
+    """Built from the codes where they live: no value of a device tensor is read on the
+    host (the counter of tests/host_syncs.py), for a whole batch and a CP rank's rows."""
+    from host_syncs import count_during
+
+    codes = torch.from_numpy(np.stack([family_codes("packed", 1000, s) for s in (0, 1)]))
+    rows = torch.arange(100, 600)
+    for args in ((codes,), (codes, rows)):
+        mask, counter = count_during(lambda: block_mask(*args))
+        assert counter.found == [] and mask.kv_num_blocks.shape[:2] == (2, 1)
