@@ -25,6 +25,15 @@ def world(request):
     return request.getfixturevalue("cuda_world" if torch.cuda.is_available() else "gloo_world")
 
 
+@pytest.fixture
+def fp32_matmuls():
+    """fp32 matmuls, not TF32, in both paths (flex's kernel reads the same switch)."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
 def _build(flex: bool, device):
     from megatron_mm.models import BuildSettings, build_model
 
@@ -62,13 +71,12 @@ def _batch(packed: bool, device):
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["bidirectional", "packed"])
-def test_flex_trains_like_the_local_path(world, packed):
+def test_flex_trains_like_the_local_path(world, fp32_matmuls, packed):
     from megatron_mm.models.context_parallel import dense_mask
     from megatron_mm.models.flex_attention import FlexAttention, MaskCodes
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
-    torch.backends.cuda.matmul.allow_tf32 = False
     b = _batch(packed, device)
     local, flex = _build(False, device), _build(True, device)
     flex.load_state_dict(local.state_dict())
