@@ -2,6 +2,8 @@
 
     python tools/bench_cp_attention.py [--family encoder_embedded] [--seq-length 4096]
     python tools/bench_cp_attention.py --calibrate   # the per-block fixed cost
+    python tools/bench_cp_attention.py --memory      # one rank's forward: dense / einsum / flex
+    python tools/bench_cp_attention.py --flash-speed --heads 16 --head-dim 128   # CUDA
 
 Four ranks (one thread each) run ``ContextParallelAttention`` on one mask of ``--family``
 for each token assignment (contiguous, zigzag, LPT, ours). K and V are all-gathered once
@@ -10,6 +12,33 @@ backward over its query runs (what the plan's tiles count), median over ``--iter
 ranks taking turns so that each timing has a core to itself. Prints per rank the planned
 tiles, tokens and measured milliseconds, and max/mean of planned tiles, of the planned
 attention time (tiles + ``--context-parallel-block-overhead`` per block) and of measured.
+
+``--memory`` compares the kernels of one CP rank's attention instead, forward only (the
+only direction FlexAttention runs on CPU): the busiest rank of ``--context-parallel-size``
+(``ours``) runs its queries against the whole sequence's K/V (as the all-gather leaves
+them) on ``--family``, at each of ``--memory-lengths`` tokens, by three paths: ``dense``
+(one einsum against every key under a dense [S_local, S] mask, as Megatron-Core's
+attention does with a dense mask), ``einsum`` (``ContextParallelAttention``: query blocks
+against their key intervals) and ``flex`` (``FlexAttention``: a block mask from the codes).
+Each row runs in a fresh subprocess; its peak memory is the resident-set high-water mark
+of the one measured call above the resident set just before it (Linux: writing 5 to
+/proc/self/clear_refs resets ``VmHWM``, which /proc/self/status then reports), with
+glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_``) so that buffers freed before the
+call return to the system instead of being reused unseen, and after an untimed first call
+(FlexAttention compiles there). It counts everything the call touches (torch's
+allocations, the compiled kernel's scratch), which a tracer of Python or of torch's
+allocator alone would miss. Time: median of ``--iters`` calls after it. A dense row whose
+scores would exceed ``--max-dense-gib`` is not run (its estimate is printed). The
+training forward of the einsum path keeps its probabilities for backward on top (S_local
+x S per layer); not measured here. Ends with the FlexAttention / einsum peak memory
+ratio at the longest length.
+
+``--flash-speed`` (CUDA only) times FlexAttention against flash: forward + backward in
+bf16 of one sequence of each ``--memory-lengths`` (``--heads`` of ``--head-dim``), our
+block mask from the codes on a causal mask against torch's
+``scaled_dot_product_attention(is_causal=True)`` on the flash backend, and on
+``--family``'s mask (which flash cannot take); median of ``--iters`` after a compiling
+call. FlexAttention close to flash speed is the ratio near 1 (docs/gpu.md).
 
 ``--calibrate`` measures that overhead instead (one process, no ranks): forward + backward
 of one query block against 1, 2, 3, ... causal key tiles of a ``--seq-length`` sequence
@@ -21,9 +50,11 @@ ms = a * tiles + b, and b / a, the fixed cost of a block in tiles (the default o
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +62,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 METHODS = ("contiguous", "zigzag", "lpt", "ours")
+PATHS = ("dense", "einsum", "flex")
 
 
 
@@ -57,6 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure the per-block fixed cost instead")
     p.add_argument("--calibrate-tiles", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8, 12, 16],
                    help="key tiles per timed block with --calibrate")
+    p.add_argument("--memory", action="store_true",
+                   help="one CP rank's forward by dense / einsum / flex: time and peak memory")
+    p.add_argument("--memory-lengths", type=int, nargs="+", default=[8192, 16384, 32768])
+    p.add_argument("--max-dense-gib", type=float, default=4.0,
+                   help="--memory: dense rows whose scores need more are not run")
+    p.add_argument("--flash-speed", action="store_true",
+                   help="CUDA: FlexAttention against flash, forward + backward, bf16")
+    p.add_argument("--memory-row", nargs=2, metavar=("PATH", "LENGTH"), default=None,
+                   help=argparse.SUPPRESS)  # one row, in the fresh subprocess
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=32)
     p.add_argument("--iters", type=int, default=5)
@@ -176,8 +217,164 @@ def calibrate(args, port) -> dict:
             "ms_per_block": float(b), "overhead_tiles": float(b / a)}
 
 
+def _rss_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def memory_row(args, path: str, s: int) -> dict:
+    """One path at ``s`` tokens (in its own process): ms and peak MiB of one forward of
+    the busiest CP rank's attention."""
+    import numpy as np
+    import torch
+
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
+    from megatron_mm.models.context_parallel import allowed, context_parallel_mask
+    from megatron_mm.models.flex_attention import FlexAttention, _LastBlockMask
+    from megatron_mm.plan.context_parallel.cp_assignment import assign_tokens
+    from megatron_mm.reproductions.mask_families import family_codes
+
+    torch.set_num_threads(1)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    attn = _attention(args, port)
+    if path == "flex":
+        attn = FlexAttention(attn.config, 1, None, "self")
+    h, d = args.heads, args.head_dim
+    p, blk = args.context_parallel_size, args.context_parallel_block
+    codes = family_codes(args.family, s, args.seed)[None]
+    plan = assign_tokens(codes, p, "ours", block=blk)
+    rank = int(np.argmax(plan.attention))
+    cpm = context_parallel_mask(codes, p, rank, "ours", blk, None, "cpu")
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(len(cpm.local), 1, h, d, generator=g)
+    k, v = (torch.randn(s, 1, h, d, generator=g) for _ in range(2))
+    if path == "dense":
+        allow = allowed(cpm.codes[:, cpm.local], cpm.local, cpm.codes, torch.arange(s))
+        del allow  # measured inside the call: the mask is part of the dense path's cost
+
+        def call():
+            full = allowed(cpm.codes[:, cpm.local], cpm.local, cpm.codes, torch.arange(s))
+            return attn._attend(q, k, v, full, 1)
+    else:
+        def call():
+            _LastBlockMask.key = None  # the block mask is built in the call (once per batch)
+            return attn._runs(q, k, v, cpm, 1)
+    with torch.no_grad():
+        call()  # untimed: FlexAttention compiles here
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+        before = _rss_kib("VmRSS")
+        call()
+        peak = _rss_kib("VmHWM") - before
+        times = []
+        for _ in range(args.iters):
+            t0 = _clock()
+            call()
+            times.append(_clock() - t0)
+    torch.distributed.destroy_process_group()
+    return {"tokens": len(cpm.local), "ms": statistics.median(times) * 1e3,
+            "peak_mib": peak / 1024}
+
+
+def memory_table(args) -> int:
+    """Every (length, path) row in a fresh subprocess; the table; the ratio line."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH")])))
+    common = ["--family", args.family, "--context-parallel-size", str(args.context_parallel_size),
+              "--context-parallel-block", str(args.context_parallel_block), "--heads",
+              str(args.heads), "--head-dim", str(args.head_dim), "--iters", str(args.iters),
+              "--seed", str(args.seed)]
+    print(f"{args.family}, busiest of {args.context_parallel_size} CP ranks (ours), "
+          f"{args.heads} heads of {args.head_dim}, fp32, 1 thread: one forward of its "
+          f"queries against every key; ms (median of {args.iters}) and peak MiB above the "
+          "call's start (RSS high-water, fresh process per row)")
+    print(f"{'tokens':>7} {'rank':>6}  " + "  ".join(f"{p + ' ms':>10} {p + ' MiB':>10}"
+                                                    for p in PATHS))
+    peaks = {}
+    for s in args.memory_lengths:
+        cells, tokens = [], None
+        for path in PATHS:
+            # The dense path's fp32 scores, masked copy and probabilities, [heads, ~S/P, S].
+            gib = 3 * args.heads * (s / args.context_parallel_size) * s * 4 / 2 ** 30
+            if path == "dense" and gib > args.max_dense_gib:
+                cells.append(f"{'not run':>10} {f'~{gib * 1024:.0f}':>10}")
+                continue
+            proc = subprocess.run(
+                [sys.executable, __file__, *common, "--memory-row", path, str(s)],
+                env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"{path} at {s} tokens failed:\n{proc.stderr[-3000:]}")
+            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            tokens, peaks[(s, path)] = row["tokens"], row["peak_mib"]
+            cells.append(f"{row['ms']:>10.1f} {row['peak_mib']:>10.2f}")
+        print(f"{s:>7} {tokens:>6}  " + "  ".join(cells))
+    s = max(args.memory_lengths)
+    print(f"FlexAttention / einsum CP attention peak memory at {s} tokens: "
+          f"{peaks[(s, 'flex')] / peaks[(s, 'einsum')]:.3f}")
+    return 0
+
+
+def flash_speed(args) -> int:
+    """FlexAttention (block mask from the codes) against flash, forward + backward."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
+    from megatron_mm.models.flex_attention import _compiled, block_mask
+    from megatron_mm.reproductions.mask_families import family_codes
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--flash-speed needs a CUDA device (FlexAttention's GPU kernel)")
+
+    def timed(fn, q, k, v):
+        times = []
+        for _ in range(args.iters + 1):  # the first call compiles
+            for x in (q, k, v):
+                x.grad = None
+            torch.cuda.synchronize()
+            t0 = _clock()
+            fn(q, k, v).sum().backward()
+            times.append(_clock() - t0)
+        return statistics.median(times[1:]) * 1e3
+
+    print(f"bf16, {args.heads} heads of {args.head_dim}, forward + backward ms (median of "
+          f"{args.iters}): flash (causal), FlexAttention (causal), FlexAttention "
+          f"({args.family})")
+    for s in args.memory_lengths:
+        q, k, v = (torch.randn(1, args.heads, s, args.head_dim, device="cuda",
+                               dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        causal = torch.zeros(1, s, dtype=torch.int64, device="cuda")
+        family = torch.from_numpy(family_codes(args.family, s, args.seed))[None].cuda()
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            flash = timed(lambda a, b, c: F.scaled_dot_product_attention(a, b, c,
+                                                                         is_causal=True),
+                          q, k, v)
+        flex = {}
+        for name, codes in (("causal", causal), (args.family, family)):
+            mask = block_mask(codes)
+            flex[name] = timed(lambda a, b, c: _compiled(a, b, c, block_mask=mask), q, k, v)
+        print(f"{s:>7}  flash {flash:8.2f}  flex {flex['causal']:8.2f}  "
+              f"flex/flash {flex['causal'] / flash:.2f}  flex {args.family} "
+              f"{flex[args.family]:8.2f}")
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.flash_speed:
+        return flash_speed(args)
+    if args.memory_row is not None:
+        print(json.dumps(memory_row(args, args.memory_row[0], int(args.memory_row[1]))))
+        return 0
+    if args.memory:
+        return memory_table(args)
     import torch.multiprocessing as mp
 
     from megatron_mm.plan.context_parallel.cp_assignment import BLOCK_OVERHEAD, assign_tokens

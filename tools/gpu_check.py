@@ -20,6 +20,9 @@ under its time budget (the budgets add up to at most 8 minutes on one H100), in 
   layers' forward time must scale with their FLOPs (about 4x), not stay flat;
 - ``bench-gpu``: ``tools/bench_gpu.py`` at hidden size 2048, ours (local layers, bf16)
   against Megatron-Core's ``LLaVAModel``: tokens/s, MFU, peak memory, the same loss;
+- ``flex-attention``: a few training steps of a tiny model with ``--media-attention
+  bidirectional`` and with packed samples on FlexAttention (one GPU, CP=1) against the
+  local path: the same losses and gradients (``tests/gpu/test_flex_training.py``);
 - ``transformer-engine``: ``tests/gpu`` and ``bench_gpu``'s TE rows where TE imports;
   reported ABSENT, not failed, where it does not.
 
@@ -257,8 +260,14 @@ def judge_bench(ctx: Context, procs) -> Result:
                   "same weights and batch")
 
 
+def flex_commands(ctx: Context) -> List[List[str]]:
+    return [ctx.py("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
+                   "tests/gpu/test_flex_training.py")]
+
+
 def te_commands(ctx: Context) -> List[List[str]]:
-    return [ctx.py("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"),
+    return [ctx.py("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu",
+                   "--deselect", "tests/gpu/test_flex_training.py"),
             *bench_commands(ctx, "te-bf16,te-fp8")]
 
 
@@ -276,20 +285,24 @@ def judge_bench_te(proc) -> Result:
 
 
 CHECKS = [
-    Check("install", 40, "the wheels and this checkout installed offline; every import",
+    Check("install", 35, "the wheels and this checkout installed offline; every import",
           install_commands, judge_install),
     Check("smoke", 25, "bf16 matmul, NCCL world of one, the CUDA machine's patches",
           lambda ctx: [ctx.py("tools/gpu_smoke.py")], judge_smoke),
-    Check("sync-free-step", 90, "one training step of the default model, the Qwen2.5-VL "
+    Check("sync-free-step", 80, "one training step of the default model, the Qwen2.5-VL "
           "tower and an FP8-emulated LLM, every CUDA sync-debug warning recorded",
           sync_free_commands, judge_pytest),
-    Check("demo", 110, f"the demo on the GPU to its held-out accuracy (>= {DEMO_ACCURACY})",
+    Check("demo", 95, f"the demo on the GPU to its held-out accuracy (>= {DEMO_ACCURACY})",
           demo_commands, judge_demo),
-    Check("profile-layers", 90, "layer profile at hidden 2048 and 4096: forward time "
+    Check("profile-layers", 85, "layer profile at hidden 2048 and 4096: forward time "
           f"scales with FLOPs (ratio in {list(FLOP_SCALING)})", profile_commands,
           judge_profile),
-    Check("bench-gpu", 60, "bench_gpu at hidden 2048: ours (local bf16) vs Megatron-Core's "
+    Check("bench-gpu", 55, "bench_gpu at hidden 2048: ours (local bf16) vs Megatron-Core's "
           "LLaVAModel, tokens/s, MFU, peak memory", bench_commands, judge_bench),
+    # compiles flex_attention's forward and backward Triton kernels first
+    Check("flex-attention", 40, "a few training steps with bidirectional media and with "
+          "packed samples on FlexAttention against the local path: the same losses and "
+          "gradients", flex_commands, judge_pytest),
     Check("transformer-engine", 65, "tests/gpu and bench_gpu's TE rows (bf16, FP8), where "
           "Transformer Engine imports", te_commands, judge_te, needs_te=True),
 ]

@@ -85,7 +85,11 @@ def local_backend(module) -> str:
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     from .cp_attention import ContextParallelAttention
+    from .flex_attention import FlexAttention
 
+    if isinstance(module, FlexAttention):
+        return ("FlexAttention (torch.compile'd flex_attention, block masks from the mask "
+                "codes; CP: all-gathered K/V)")
     if isinstance(module, ContextParallelAttention):
         return ("local (ours, context parallel: all-gathered K/V, einsum, torch softmax in "
                 "fp32; unfused)")

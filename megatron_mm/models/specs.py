@@ -38,13 +38,14 @@ from ..config import ConfigError
 from ..te_import import transformer_engine_installed
 from .context_parallel import ContextParallelMask
 from .cp_attention import ContextParallelAttention
+from .flex_attention import FlexAttention
 from .norms import SequenceParallelNorm
 from .packed_sequences import thd_attention
 from .te_attention_mask import language_attn_mask_type, with_attn_mask_type
 from .te_names import with_te_checkpoint_names
 
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
-CP_ATTENTIONS = ("none", "ours", "transformer_engine")
+CP_ATTENTIONS = ("none", "ours", "transformer_engine", "flex")  # flex: attention_choice.py
 CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")  # Megatron's --cp-comm-type
 
 
@@ -152,10 +153,15 @@ def get_layer_specs(transformer_impl: str, qk_layernorm: bool = False,
                     context_parallel: bool = False, cp_attention: str = "ours",
                     media_attention: str = "causal", packed: bool = False) -> LayerSpecs:
     """``cp_attention`` (``CPAttentionChoice.kind``) picks the core attention when
-    ``context_parallel``; ``media_attention`` the LLM's mask type (``te_attention_mask``);
+    ``context_parallel``, and FlexAttention (``flex``) with or without;
+    ``media_attention`` the LLM's mask type (``te_attention_mask``);
     ``packed`` (``--data-balance``) with TE and a causal mask: TE's THD attention over the
     packed samples (``packed_sequences.py``)."""
     specs = _impl_specs(transformer_impl, qk_layernorm)
+    if cp_attention == "flex":  # our core attention: it takes the mask codes, no mask type
+        language_layer = copy.deepcopy(specs.language_layer)
+        language_layer.submodules.self_attention.submodules.core_attention = FlexAttention
+        return dataclasses.replace(specs, language_layer=language_layer)
     mask_type = language_attn_mask_type(transformer_impl, media_attention,
                                         context_parallel and cp_attention != "none")
     if mask_type != specs.language_layer.submodules.self_attention.params["attn_mask_type"]:

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Union
 
 import torch
 import torch.nn.functional as F
+from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from ..config import LanguageModelConfig, ProjectorConfig
@@ -42,6 +43,8 @@ class BuildSettings:
     context_parallel_size: int = 1
     cp_attention: str = "ours"
     cp_comm_type: Optional[str] = None
+    # --attention-backend (attention_choice.py): flash / fused / unfused pin TE's kernel
+    attention_backend: str = "auto"
     transformer_impl: str = "local"
     media_attention: str = "causal"  # --media-attention: the LLM's mask type on TE
     packed: bool = False  # --data-balance: packed rows (TE: THD, models/packed_sequences.py)
@@ -164,11 +167,21 @@ def language_transformer_config(lm: LanguageModelConfig, s: BuildSettings) -> Tr
         **s.common("llm", mrope=lm.mrope),
         **s.fp8_fields("llm"),
         **_te_context_parallel(s),
+        **_te_kernel(s),
     )
     if lm.position_embedding_type == "yarn":  # read by GPTModel's and Attention's YaRN
         for name, value in lm.yarn.transformer_config_attributes().items():
             setattr(config, name, value)
     return config
+
+
+def _te_kernel(s: BuildSettings) -> dict:
+    """Megatron-LM's --attention-backend flash|fused|unfused: Megatron-Core's
+    ``LanguageModule`` pins TE's kernel from it (``NVTE_*_ATTN``); the other values leave
+    TE's own choice (``auto``)."""
+    if s.attention_backend not in ("flash", "fused", "unfused"):
+        return {}
+    return dict(attention_backend=AttnBackend[s.attention_backend])
 
 
 def _te_context_parallel(s: BuildSettings) -> dict:

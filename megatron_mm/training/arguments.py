@@ -84,6 +84,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--init-method-std", type=float, default=0.02)
     g.add_argument("--transformer-impl", choices=["local", "transformer_engine"], default=None,
                    help="default: transformer_engine when TE and CUDA are available")
+    g.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto",
+                                                   "flex"], default="auto",
+                   help="the LLM's attention kernel (Megatron-LM's; flex: FlexAttention for "
+                        "every mask); auto: TE for causal masks, FlexAttention for the rest "
+                        "on CUDA, the local path elsewhere (models/attention_choice.py)")
     g.add_argument("--use-cpu-initialization", action="store_true", default=None,
                    help="build full weights on the CPU then split (TP-independent init; "
                         "always on without CUDA)")

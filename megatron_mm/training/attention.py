@@ -14,6 +14,8 @@ from ..models.packed_sequences import PackedSequences, packed_sequences
 from ..models.specs import uses_thd
 from ..models.context_parallel import (
     ContextParallelMask, batch_codes, context_parallel_mask, dense_mask)
+from ..models.flex_attention import MaskCodes
+from ..models.host_copy import to_device
 from ..config import ConfigError
 from ..plan.context_parallel.cp_assignment import BLOCK_OVERHEAD
 from .build_settings import transformer_impl
@@ -27,7 +29,7 @@ class AttentionSettings:
     assignment: str = "ours"
     block: int = 128
     block_overhead: float = BLOCK_OVERHEAD  # tiles per block in the load model
-    cp_attention: str = "ours"  # CPAttentionChoice.kind (models/specs.py)
+    cp_attention: str = "ours"  # CPAttentionChoice.kind (models/attention_choice.py)
     vision_dp_when_cp: bool = False  # each CP rank encodes a share of the items
     packed_thd: bool = False  # packed rows go to TE's THD attention (specs.uses_thd)
 
@@ -61,14 +63,16 @@ class AttentionSettings:
                          parallel_state.get_context_parallel_group())
 
     def mask_for(self, batch: dict, split: bool = True, device=None
-                 ) -> Union[None, torch.Tensor, ContextParallelMask, PackedSequences]:
+                 ) -> Union[None, torch.Tensor, MaskCodes, ContextParallelMask,
+                       PackedSequences]:
         """What the model takes as ``attention_mask`` for ``batch``, from its tokens on the
         host: None (Megatron's causal mask) for unpacked causal batches; packed samples on
         TE's THD attention: their ``PackedSequences`` (int32 ``cu_seqlens`` from the host);
         else the mask of the codes (packed samples from ``cu_seqlens``, media items with
         ``--media-attention bidirectional``): for this CP rank, planned on the host
-        (``.to(device)`` copies its O(S) tensors), or dense (``split=False``, or no context
-        parallelism), made on ``device`` (default: the tokens') from the O(S) codes."""
+        (``.to(device)`` copies its O(S) tensors), or whole (``split=False``, or no context
+        parallelism): dense, made on ``device`` (default: the tokens') from the O(S)
+        codes, or for FlexAttention the codes themselves (``MaskCodes``)."""
         cp = self.context_parallel_size if split else 1
         if cp == 1 and self.media_attention == "causal" and "cu_seqlens" not in batch:
             return None
@@ -78,7 +82,10 @@ class AttentionSettings:
                 tokens.device if device is None else device)
         codes = batch_codes(tokens, self.media_tokens, doc_ids(batch), self.media_attention)
         if cp == 1:
-            return dense_mask(codes, tokens.device if device is None else device)
+            dev = tokens.device if device is None else device
+            if self.cp_attention == "flex":  # the codes alone: its block mask comes from them
+                return MaskCodes(to_device(torch.from_numpy(codes), dev))
+            return dense_mask(codes, dev)
         cpm = context_parallel_mask(
             codes, self.context_parallel_size, parallel_state.get_context_parallel_rank(),
             self.assignment, self.block, parallel_state.get_context_parallel_group(),

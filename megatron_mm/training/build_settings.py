@@ -8,9 +8,10 @@ import torch
 
 from ..models import BuildSettings
 from ..models.fusions import Fusions, Kernels, choose_fusions
+from ..models.attention_choice import choose_attention
 from ..models.specs import (
-    CPAttentionChoice, choose_cp_attention, default_transformer_impl,
-    require_transformer_engine, transformer_engine_importable)
+    CPAttentionChoice, default_transformer_impl, require_transformer_engine,
+    transformer_engine_importable)
 from .fusion_args import fusion_flags
 
 
@@ -33,14 +34,17 @@ def fusions(config) -> Fusions:
 
 
 def cp_attention_choice(config) -> CPAttentionChoice:
-    """Which CP core attention the LLM runs, from the flags (the RunConfig) and this
-    machine."""
+    """Which core attention the LLM runs (FlexAttention, or the CP attention under CP),
+    from the flags (the RunConfig) and this machine."""
     parallel = config.parallel
-    return choose_cp_attention(
-        parallel.context_parallel_size, transformer_impl(config.model),
-        transformer_engine_importable(), torch.cuda.is_available(),
-        media_attention=parallel.media_attention, packed=config.data.data_balance != "none",
-        assignment=parallel.context_parallel_assignment, cp_comm_type=parallel.cp_comm_type)
+    return choose_attention(
+        config.model.attention_backend, parallel.context_parallel_size,
+        transformer_impl(config.model), transformer_engine_importable(),
+        torch.cuda.is_available(), media_attention=parallel.media_attention,
+        packed=config.data.data_balance != "none",
+        assignment=parallel.context_parallel_assignment, cp_comm_type=parallel.cp_comm_type,
+        training=config.training.train_iters > 0,
+        attention_dropout=config.model.attention_dropout)
 
 
 def build_settings(config, placements=None, replicas=None) -> BuildSettings:
@@ -52,6 +56,7 @@ def build_settings(config, placements=None, replicas=None) -> BuildSettings:
     cp = cp_attention_choice(config)
     return BuildSettings(
         cp_attention=cp.kind, cp_comm_type=cp.cp_comm_type,
+        attention_backend=model.attention_backend,
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,
         encoder_tensor_model_parallel_size=(replicas.tensor_model_parallel_size
                                             if replicas else None),

@@ -129,6 +129,9 @@ class Trainer:
     @classmethod
     def build(cls, config: RunConfig) -> "Trainer":
         started = time.time()
+        # The LLM's attention first: what cannot run on this machine (FlexAttention's
+        # backward on CPU) stops the run before any process group exists.
+        cp = cp_attention_choice(config)
         tokenizer = tokenizer_from_config(config)
         model_config = model_config_for(config, tokenizer)
         plan = plan_pipeline(config, model_config)  # a ConfigError here names the flag
@@ -140,10 +143,8 @@ class Trainer:
         set_random_seed(config.training.seed)
         writers = build_writers(config)  # a missing package fails before the model is built
         train_ds, valid_ds = build_datasets(config, tokenizer)
-        cp = cp_attention_choice(config)
         attention = AttentionSettings.from_config(config, tokenizer, cp.kind)
-        if config.parallel.context_parallel_size > 1:
-            print_rank_0(f"> context parallel attention: {cp.reason}")
+        print_rank_0(f"> LLM attention: {cp.reason}")
         if config.fp8_settings is not None:
             print_rank_0(f"> {config.fp8_settings.describe()}")
         print_rank_0(f"> building multimodal model ({transformer_impl(config.model)} "

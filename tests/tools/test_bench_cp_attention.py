@@ -1,5 +1,6 @@
-"""tools/bench_cp_attention.py --calibrate runs at tiny sizes and prints its fit (about 9 s:
-one process; the 4-rank timing run spawns ranks and costs more, it is run by hand)."""
+"""tools/bench_cp_attention.py --calibrate (about 9 s: one process) and --memory (a process
+per row) run at tiny sizes; the 4-rank timing run spawns ranks and costs more, it is run by
+hand."""
 
 import re
 import subprocess
@@ -24,3 +25,19 @@ def test_calibrate_prints_a_fit():
     last = proc.stdout.strip().splitlines()[-1]
     assert re.match(r"fit: -?[\d.]+ ms per tile \+ -?[\d.]+ ms per block -> block overhead "
                     r"-?[\d.]+ tiles", last), last
+
+
+def test_memory_table_ends_with_the_flex_over_einsum_ratio():
+    """--memory at tiny sizes: a fresh process per row, a dense row over its budget not
+    run, the last line the FlexAttention / einsum peak memory ratio."""
+    proc = subprocess.run(
+        [sys.executable, str(TOOL), "--memory", "--memory-lengths", "256", "512",
+         "--context-parallel-block", "32", "--heads", "2", "--head-dim", "8", "--iters", "1",
+         "--max-dense-gib", "0.0005"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert re.match(r"\s*256\s+\d+\s+[\d.]+\s+[\d.]+(\s+[\d.]+){4}$", lines[-3]), lines[-3]
+    assert "not run" in lines[-2]  # 512 tokens: the dense scores exceed 0.0005 GiB
+    assert re.match(r"FlexAttention / einsum CP attention peak memory at 512 tokens: "
+                    r"[\d.]+$", lines[-1]), lines[-1]

@@ -30,7 +30,7 @@ def test_dry_run_plans_every_check_within_the_budget():
     budgets = {name.strip(): int(budget) for name, budget, *_ in rows}
     assert list(budgets) == [c.name for c in gpu_check.CHECKS]
     assert {"install", "smoke", "sync-free-step", "demo", "profile-layers", "bench-gpu",
-            "transformer-engine"} <= set(budgets)
+            "flex-attention", "transformer-engine"} <= set(budgets)
     assert sum(budgets.values()) <= 8 * 60
     assert f"{sum(budgets.values())} s of budget" in proc.stdout
 

@@ -57,3 +57,17 @@ def test_packed_batch_documents_from_cu_seqlens():
                              [0, 0, 0, 1, 0],
                              [0, 0, 0, 1, 1]], dtype=torch.bool)
     assert (allowed == expected).all()
+
+
+def test_flexattention_gets_the_codes_not_a_dense_mask():
+    """With FlexAttention chosen, a whole micro-batch's mask is its [B, S] codes on the
+    device (MaskCodes), from which the block mask is built; causal batches stay None."""
+    from megatron_mm.models.flex_attention import MaskCodes
+
+    settings = AttentionSettings({IMG: 2}, media_attention="bidirectional",
+                                 cp_attention="flex")
+    mask = settings.mask_for(_batch([[1, IMG, IMG, 2]]), device="cpu")
+    assert isinstance(mask, MaskCodes) and mask.codes.shape == (1, 4)
+    np.testing.assert_array_equal(mask.codes.numpy(), [[0, 1, 1, 0]])
+    causal = AttentionSettings({IMG: 2}, cp_attention="flex")
+    assert causal.mask_for(_batch([[1, IMG, IMG, 2]])) is None

@@ -202,3 +202,14 @@ def test_mrope_flags_come_from_the_checkpoint(monkeypatch):
     argv = ["--load", "ckpt", "--mrope-section", "4", "4", "8"]
     with pytest.raises(ConfigError, match="--mrope-section .* disagrees with the checkpoint"):
         apply_checkpoint_args(build_parser().parse_args(argv), given_flags(argv))
+
+
+@pytest.mark.processes
+def test_flex_attention_training_on_cpu_names_the_flag():
+    """torch runs no FlexAttention backward on CPU: training there on it is refused in one
+    line, before any process group; forward-only runs (--train-iters 0) may use it."""
+    out = run_script("--attention-backend", "flex", "--media-attention", "bidirectional")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "--attention-backend flex cannot train here: no CUDA device" in out.stderr, \
+        out.stderr[-2000:]
+    assert "Traceback" not in out.stderr

@@ -71,12 +71,14 @@ def test_flags_are_checked_up_front():
 
 @pytest.fixture(scope="module")
 def balanced_reference(digits_dir, tmp_path_factory):
-    """One initial checkpoint and the one-process run from it on packed micro-batches."""
+    """One initial checkpoint and the one-process run from it on packed micro-batches,
+    each sample's image attending bidirectionally inside its item (packed samples and
+    media items together: the mask every layout must reproduce)."""
     data = small_digits(digits_dir, str(tmp_path_factory.mktemp("balanced") / "data"), n=80)
     init = str(tmp_path_factory.mktemp("init"))
     argv = TINY_MODEL + ["--data-path", data, "--micro-batch-size", "2", "--seq-length", "128",
                          "--global-batch-size", "8", "--data-balance", "isf-sorted",
-                         "--transformer-impl", "local"]
+                         "--transformer-impl", "local", "--media-attention", "bidirectional"]
     run_distributed(train, 1, argv + ["--train-iters", "0", "--save", init])
     argv += ["--train-iters", "2", "--load", init, "--no-load-optim"]
     return argv, run_distributed(train, 1, argv, (1, 2))[0]

@@ -78,9 +78,9 @@ def reference(mixed_dir, tmp_path_factory):
     model = [a for a in TINY_MODEL if a != "--skip-final-eval"]
     common = model + ["--data-path", mixed_dir, "--micro-batch-size", "4",
                            "--global-batch-size", "8", *CP_FLAGS]
-    run_distributed(train, 1, common + ["--train-iters", "0", "--save", str(init)])
+    initial = run_distributed(train, 1, common + ["--train-iters", "0", "--save", str(init)])[0]
     argv = common + ["--train-iters", str(STEPS), "--load", str(init), "--no-load-optim"]
-    return argv, run_distributed(train, 1, argv, (1, STEPS))[0]
+    return argv, run_distributed(train, 1, argv, (1, STEPS))[0], initial
 
 
 CP2 = ["--context-parallel-size", "2"]
@@ -103,7 +103,7 @@ CP2 = ["--context-parallel-size", "2"]
     (4, CP2 + ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"], False),
 ], ids=["cp4", "cp2-tp2", "cp2-tp2-sp", "cp2-pp2", "cp2-pp2-vpp2", "cp2-pp2-bubble"])
 def test_context_parallel_equals_one_process(reference, world, layout, some_unsplit):
-    argv, ref = reference
+    argv, ref, _ = reference
     check = world == 4 and "4" in layout  # the CP=4 run hosts the attention check
     ranks = run_distributed(train, world, argv + layout, (1, STEPS),
                             _watch_masks_and_check_attention if check else _watch_masks)
@@ -175,3 +175,18 @@ def test_vision_dp_when_cp_equals_one_process(reference, one_process_reference, 
     assert len(first) == len(second) > 0
     for (a, tokens), (b, same) in zip(first, second):
         assert tokens == same and a + b == tokens // width and a and b, (first, second)
+
+
+def test_validation_on_flex_attention_equals_local(reference):
+    """--attention-backend flex at CP=2 (forward only: on CPU torch runs no FlexAttention
+    backward, so --train-iters 0): the initial checkpoint's validation loss and greedy
+    answers equal the one-process run's on the local path."""
+    argv, _, initial = reference
+    argv = list(argv)
+    argv[argv.index("--train-iters") + 1] = "0"
+    ranks = run_distributed(train, 2, argv + CP2 + ["--attention-backend", "flex"], (),
+                            _watch_masks)
+    assert ranks[0]["val_loss"] == pytest.approx(initial["val_loss"], rel=1e-5)
+    assert ranks[0]["val_accuracy"] == initial["val_accuracy"]
+    splits = [s for out in ranks for s in out["observed"]["splits"]]
+    assert any(not rep for _, rep in splits), splits  # some batches really split
