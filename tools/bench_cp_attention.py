@@ -115,7 +115,8 @@ def _worker(rank, args, port, out_dir):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from megatron_mm.models.context_parallel import context_parallel_mask
-    from megatron_mm.models.cp_attention import ContextParallelAttention, _PendingGather
+    from megatron_mm.models.cp_attention import ContextParallelAttention
+    from megatron_mm.models.cp_gather import PendingGather
     from megatron_mm.reproductions.mask_families import family_codes
 
     torch.set_num_threads(1)
@@ -134,7 +135,7 @@ def _worker(rank, args, port, out_dir):
         cpm = context_parallel_mask(codes, args.context_parallel_size, rank, method,
                                     args.context_parallel_block, group, "cpu",
                                     args.context_parallel_block_overhead)
-        kf, vf = (_PendingGather(x[cpm.local], cpm.counts, cpm.order, group).wait()
+        kf, vf = (PendingGather(x[cpm.local], cpm.counts, cpm.order, group).wait()
                   for x in (k, v))
         inputs[method] = (cpm, q[cpm.local].clone().requires_grad_(),
                           kf.requires_grad_(), vf.requires_grad_())

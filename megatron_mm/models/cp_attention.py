@@ -32,11 +32,6 @@ from .cp_gather import GatherSequence, PendingGather
 KV_HEADS_PER_STEP = 2
 
 
-# The variable-size gather with its reduce-scatter backward (shared with the encoders'
-# data parallelism over CP ranks).
-_PendingGather, _GatherSequence = PendingGather, GatherSequence
-
-
 class ContextParallelAttention(MegatronModule):
     """Core attention (Megatron-Core's signature): [s, b, heads, dim] in, [s, b, h] out."""
 
@@ -64,7 +59,7 @@ class ContextParallelAttention(MegatronModule):
         split = cpm is not None and not cpm.replicated
 
         def start(g0, g1):  # K and V of these heads, in flight
-            return [_PendingGather(x[:, :, g0:g1], cpm.counts, cpm.order, cpm.group)
+            return [PendingGather(x[:, :, g0:g1], cpm.counts, cpm.order, cpm.group)
                     for x in (key, value)]
         pending = start(*steps[0]) if split else None
         outputs = []
@@ -77,8 +72,8 @@ class ContextParallelAttention(MegatronModule):
             if split:
                 current, pending = pending, (start(*steps[i + 1]) if i + 1 < len(steps)
                                              else None)
-                k = _GatherSequence.apply(k, current[0], cpm.group)
-                v = _GatherSequence.apply(v, current[1], cpm.group)
+                k = GatherSequence.apply(k, current[0], cpm.group)
+                v = GatherSequence.apply(v, current[1], cpm.group)
             outputs.append(self._runs(q, k, v, cpm, per_group))
         out = torch.cat(outputs, dim=2)  # [s, b, heads, dim]
         return out.reshape(out.shape[0], out.shape[1], -1)
