@@ -43,6 +43,10 @@ class BatchLayout:
     # (``EncoderFamily.prepare_batch``: indices and masks from host metadata).
     hidden_shapes: Dict[str, Tuple[int, int]] = field(default_factory=dict)
     encoder_batches: Dict[str, Any] = field(default_factory=dict)
+    # [B, S] bool, True at the rows' padding (past their ``seq_lengths``): Megatron-Core's
+    # MoE ``padding_mask``, which keeps padding out of the routers' statistics (set for an
+    # MoE LLM only; None: every position counts).
+    padding: Optional[torch.Tensor] = None
 
     def to(self, device) -> "BatchLayout":
         def move(t):
@@ -50,7 +54,13 @@ class BatchLayout:
         return BatchLayout(dict(self.items), {k: move(v) for k, v in self.slots.items()},
                            {k: move(v) for k, v in self.keep.items()},
                            move(self.loss_positions), dict(self.hidden_shapes),
-                           {k: v.to(device) for k, v in self.encoder_batches.items()})
+                           {k: v.to(device) for k, v in self.encoder_batches.items()},
+                           move(self.padding))
+
+
+def padding_positions(seq_lengths: torch.Tensor, length: int) -> torch.Tensor:
+    """[B, length] bool: True past each row's length (its padding)."""
+    return torch.arange(length).unsqueeze(0) >= seq_lengths.cpu().unsqueeze(1)
 
 
 def loss_positions(loss_mask: torch.Tensor) -> torch.Tensor:

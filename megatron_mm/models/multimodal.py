@@ -435,10 +435,13 @@ class MultimodalModel(MegatronModule):
             decoder_input = None
         sparse = labels is not None and loss_mask is not None
         self._rope_positions = None if cpm is None else (cpm.local, cpm.codes.shape[1])
+        padding = layout.padding
+        if padding is not None and self.sequence_parallel:  # this TP rank's positions
+            padding = sequence_parallel.split(padding.t().contiguous()).t()
         try:
             return self.language_model(
                 input_ids=tokens, position_ids=position_ids, attention_mask=attention_mask,
-                decoder_input=decoder_input, labels=labels,
+                decoder_input=decoder_input, labels=labels, padding_mask=padding,
                 loss_mask=loss_mask if sparse else None,
                 output_processor=loss_at_masked_positions if sparse else None,
                 output_processor_context=layout.loss_positions if sparse else None)

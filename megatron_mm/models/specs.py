@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -38,6 +39,7 @@ from ..config import ConfigError
 from ..te_import import transformer_engine_installed
 from .context_parallel import ContextParallelMask
 from .cp_attention import ContextParallelAttention
+from .moe_router import SequenceScaledRouter
 from .norms import SequenceParallelNorm
 from .te_attention_mask import language_attn_mask_type, with_attn_mask_type
 from .te_names import with_te_checkpoint_names
@@ -145,33 +147,45 @@ class LayerSpecs:
     language_layer: ModuleSpec
     projector: MLPSubmodules
     vision_norm: type
+    # The LLM's MoE layer (Megatron-Core's MoELayer MLP), for an MoE LLM; None: dense.
+    language_moe_layer: Optional[ModuleSpec] = None
 
 
 def get_layer_specs(transformer_impl: str, qk_layernorm: bool = False,
                     context_parallel: bool = False, cp_attention: str = "ours",
-                    media_attention: str = "causal") -> LayerSpecs:
+                    media_attention: str = "causal", num_experts: Optional[int] = None,
+                    moe_grouped_gemm: bool = False) -> LayerSpecs:
     """``cp_attention`` (``CPAttentionChoice.kind``) picks the core attention when
-    ``context_parallel``; ``media_attention`` the LLM's mask type (``te_attention_mask``)."""
-    specs = _impl_specs(transformer_impl, qk_layernorm)
-    mask_type = language_attn_mask_type(transformer_impl, media_attention,
-                                        context_parallel and cp_attention != "none")
-    if mask_type != specs.language_layer.submodules.self_attention.params["attn_mask_type"]:
-        specs = dataclasses.replace(
-            specs, language_layer=with_attn_mask_type(specs.language_layer, mask_type))
-    if not context_parallel or cp_attention == "none":
-        return specs
-    if cp_attention == "transformer_engine" and transformer_impl != "transformer_engine":
+    ``context_parallel``; ``media_attention`` the LLM's mask type (``te_attention_mask``);
+    ``num_experts``: the LLM's MoE layers too (``moe_grouped_gemm``: TE's grouped GEMM)."""
+    specs = _impl_specs(transformer_impl, qk_layernorm, num_experts, moe_grouped_gemm)
+    if context_parallel and cp_attention == "transformer_engine" \
+            and transformer_impl != "transformer_engine":
         raise ConfigError("Megatron-Core's TE CP attention needs --transformer-impl "
                           "transformer_engine")
-    language_layer = copy.deepcopy(specs.language_layer)
-    language_layer.submodules.self_attention.submodules.core_attention = (
-        _te_cp_attention() if cp_attention == "transformer_engine"
-        else ContextParallelAttention)
-    return LayerSpecs(specs.impl, specs.vision_layer, language_layer, specs.projector,
-                      specs.vision_norm)
+    mask_type = language_attn_mask_type(transformer_impl, media_attention,
+                                        context_parallel and cp_attention != "none")
+    core = None
+    if context_parallel and cp_attention != "none":
+        core = (_te_cp_attention() if cp_attention == "transformer_engine"
+                else ContextParallelAttention)
+
+    def language(layer):
+        if layer is None:
+            return None
+        if mask_type != layer.submodules.self_attention.params["attn_mask_type"]:
+            layer = with_attn_mask_type(layer, mask_type)
+        if core is not None:
+            layer = copy.deepcopy(layer)
+            layer.submodules.self_attention.submodules.core_attention = core
+        return layer
+
+    return dataclasses.replace(specs, language_layer=language(specs.language_layer),
+                               language_moe_layer=language(specs.language_moe_layer))
 
 
-def _impl_specs(transformer_impl: str, qk_layernorm: bool) -> LayerSpecs:
+def _impl_specs(transformer_impl: str, qk_layernorm: bool, num_experts: Optional[int] = None,
+                moe_grouped_gemm: bool = False) -> LayerSpecs:
     if transformer_impl not in TRANSFORMER_IMPLS:
         raise ConfigError(f"--transformer-impl must be one of {TRANSFORMER_IMPLS}, "
                           f"got {transformer_impl!r}")
@@ -191,7 +205,13 @@ def _impl_specs(transformer_impl: str, qk_layernorm: bool) -> LayerSpecs:
             projector=MLPSubmodules(linear_fc1=TEColumnParallelLinear,
                                     linear_fc2=TERowParallelLinear),
             vision_norm=TENorm,
+            language_moe_layer=None if num_experts is None else _moe_layer(
+                get_gpt_layer_with_transformer_engine_spec(
+                    num_experts=num_experts, moe_grouped_gemm=moe_grouped_gemm,
+                    qk_layernorm=qk_layernorm)),
         )
+    if moe_grouped_gemm:  # Megatron-Core's local spec would quietly build SequentialMLP
+        raise ConfigError("--moe-grouped-gemm needs --transformer-impl transformer_engine")
     # Megatron-Core's torch norm refuses sequence parallelism: ours runs it (models/norms.py).
     return LayerSpecs(
         impl=transformer_impl,
@@ -203,7 +223,26 @@ def _impl_specs(transformer_impl: str, qk_layernorm: bool) -> LayerSpecs:
                                  SequenceParallelNorm),
         projector=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
         vision_norm=SequenceParallelNorm,
+        # SequentialMLP: one local MLP per expert.
+        language_moe_layer=None if num_experts is None else _moe_layer(with_norm(
+            get_gpt_layer_local_spec(num_experts=num_experts, qk_layernorm=qk_layernorm,
+                                     normalization="RMSNorm"), SequenceParallelNorm)),
     )
+
+
+def _moe_layer(spec):
+    """An MoE layer spec with our router (``moe_router.py``) and the checkpoint name of
+    its pre-MLP norm as Megatron-Core's TE MoE layer has it (``pre_mlp_layernorm.``: no
+    fused norm in front of a router), so checkpoints load across ``--transformer-impl``."""
+    spec = copy.deepcopy(spec)
+    mlp = spec.submodules.mlp
+    submodules = dataclasses.replace(mlp.keywords["submodules"], router=SequenceScaledRouter)
+    spec.submodules.mlp = functools.partial(mlp.func, *mlp.args,
+                                            **{**mlp.keywords, "submodules": submodules})
+    keys = {k: v for k, v in spec.submodules.sharded_state_dict_keys_map.items()
+            if k != "pre_mlp_layernorm."}
+    spec.submodules = dataclasses.replace(spec.submodules, sharded_state_dict_keys_map=keys)
+    return spec
 
 
 def with_norm(spec, norm: type):

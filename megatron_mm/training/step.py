@@ -11,7 +11,7 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.utils import get_attr_wrapped_model
 
-from ..models.batch_layout import batch_layout
+from ..models.batch_layout import batch_layout, padding_positions
 from ..models.context_parallel import ContextParallelMask
 from ..models.host_copy import to_device
 from ..runtime.collective_device import collective_device
@@ -53,6 +53,8 @@ def prepare_batch(batch: dict, model, attention: Optional[AttentionSettings] = N
     inner = get_attr_wrapped_model(model, "needs_media", return_model_obj=True)
     layout = batch_layout(inner.mm_config, inner.media_token_ids, batch["tokens"],
                           batch["media"], loss_mask)
+    if inner.mm_config.language.moe is not None and "seq_lengths" in batch:
+        layout.padding = padding_positions(batch["seq_lengths"], batch["tokens"].shape[1])
     return batch_to_device(batch, media=inner.needs_media()), mask, layout.to(dev)
 
 

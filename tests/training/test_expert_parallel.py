@@ -1,0 +1,39 @@
+"""Expert parallelism equals one process: EP=2, TP=2 x EP=2 and PP=2 x EP=2 runs of an MoE
+LLM with a dense layer among the sparse ones (losses, gradients, parameters, the
+load-balancing loss), all starting from one saved init (the checkpoint reshards the
+experts)."""
+
+import pytest
+from dist_harness import run_distributed
+from equivalence import REFERENCE_STEPS as STEPS
+from equivalence import assert_equal_runs
+from train_workers import train
+
+pytestmark = pytest.mark.processes
+
+# Three LLM layers: MoE, dense, MoE (four experts, top-2, the aux loss on); the all-to-all
+# dispatcher (pipeline parallelism needs it) on gloo.
+MOE_MODEL = ["--num-layers", "3", "--num-experts", "4", "--moe-ffn-hidden-size", "32",
+             "--moe-layer-freq", "[1,0,1]", "--moe-router-topk", "2",
+             "--moe-aux-loss-coeff", "0.01", "--moe-token-dispatcher-type", "alltoall"]
+EP2 = ["--expert-model-parallel-size", "2"]
+
+
+@pytest.mark.parametrize("world, layout", [
+    (2, EP2),
+    (2, EP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+               "--expert-tensor-parallel-size", "1"]),
+    (4, EP2 + ["--pipeline-model-parallel-size", "2"]),
+], ids=["ep2", "tp2-ep2", "pp2-ep2"])
+def test_expert_parallel_equals_one_process(one_process_reference, digits_dir, world, layout):
+    argv, ref = one_process_reference(digits_dir, MOE_MODEL)
+    ranks = run_distributed(train, world, argv + layout, (1, STEPS))
+    pp = 2 if "--pipeline-model-parallel-size" in layout else 1
+    tp = 2 if "--tensor-model-parallel-size" in layout else 1
+    stages = ranks[:: world // pp]  # TP rank 0 of each stage: full (TP-gathered) tensors
+    assert_equal_runs(stages, ref, STEPS, holding="language_model.decoder.layers.2.mlp."
+                      "experts.local_experts.3")
+    for it in range(1, STEPS + 1):  # every rank reports the reduced aux loss
+        for rank in ranks:
+            assert rank["moe_losses"][it]["load_balancing_loss"] == pytest.approx(
+                ref["moe_losses"][it]["load_balancing_loss"], rel=1e-5), (it, tp)
