@@ -3,8 +3,9 @@
 megatron-core 0.19.2 ``MoEAlltoAllTokenDispatcher``:
 
 - ``__init__`` creates the class-wide ``MoEAlltoAllTokenDispatcher.cuda_dtoh_stream`` with
-  ``torch.cuda.Stream()`` (which needs CUDA) when it is None, and ``_maybe_dtoh_and_synchronize`` copies the split
-  sizes to the host on it, records an event and later waits on it. CPU tensors need none
+  ``torch.cuda.Stream()`` (which needs CUDA) when it is None, and
+  ``_maybe_dtoh_and_synchronize`` copies the split sizes to the host on it, records an
+  event and later waits on it. CPU tensors need none
   of it: it is preset to a stream whose methods do nothing and whose event is complete.
 - ``_maybe_dtoh_and_synchronize`` turns the split sizes into numpy arrays through
   ``moe_utils.maybe_move_tensor_to_cpu(..., as_numpy=True)``, which converts CUDA tensors
