@@ -234,15 +234,14 @@ def _moe_layer(spec):
     """An MoE layer spec with our router (``moe_router.py``) and the checkpoint name of
     its pre-MLP norm as Megatron-Core's TE MoE layer has it (``pre_mlp_layernorm.``: no
     fused norm in front of a router), so checkpoints load across ``--transformer-impl``."""
-    spec = copy.deepcopy(spec)
     mlp = spec.submodules.mlp
-    submodules = dataclasses.replace(mlp.keywords["submodules"], router=SequenceScaledRouter)
-    spec.submodules.mlp = functools.partial(mlp.func, *mlp.args,
-                                            **{**mlp.keywords, "submodules": submodules})
+    moe = dataclasses.replace(mlp.keywords["submodules"], router=SequenceScaledRouter)
     keys = {k: v for k, v in spec.submodules.sharded_state_dict_keys_map.items()
             if k != "pre_mlp_layernorm."}
-    spec.submodules = dataclasses.replace(spec.submodules, sharded_state_dict_keys_map=keys)
-    return spec
+    submodules = dataclasses.replace(
+        spec.submodules, sharded_state_dict_keys_map=keys,
+        mlp=functools.partial(mlp.func, *mlp.args, **{**mlp.keywords, "submodules": moe}))
+    return dataclasses.replace(spec, submodules=submodules)
 
 
 def with_norm(spec, norm: type):

@@ -1,7 +1,7 @@
 """Expert parallelism equals one process: EP=2, TP=2 x EP=2 and PP=2 x EP=2 runs of an MoE
 LLM with a dense layer among the sparse ones (losses, gradients, parameters, the
-load-balancing loss), all starting from one saved init (the checkpoint reshards the
-experts)."""
+load-balancing loss and the tokens per expert, in the summary and in TensorBoard), all
+starting from one saved init (the checkpoint reshards the experts)."""
 
 import pytest
 from dist_harness import run_distributed
@@ -25,15 +25,36 @@ EP2 = ["--expert-model-parallel-size", "2"]
                "--expert-tensor-parallel-size", "1"]),
     (4, EP2 + ["--pipeline-model-parallel-size", "2"]),
 ], ids=["ep2", "tp2-ep2", "pp2-ep2"])
-def test_expert_parallel_equals_one_process(one_process_reference, digits_dir, world, layout):
+def test_expert_parallel_equals_one_process(one_process_reference, digits_dir, tmp_path,
+                                            world, layout):
     argv, ref = one_process_reference(digits_dir, MOE_MODEL)
-    ranks = run_distributed(train, world, argv + layout, (1, STEPS))
+    tb = str(tmp_path / "tb")
+    ranks = run_distributed(train, world, argv + layout + ["--tensorboard-dir", tb],
+                            (1, STEPS))
     pp = 2 if "--pipeline-model-parallel-size" in layout else 1
-    tp = 2 if "--tensor-model-parallel-size" in layout else 1
     stages = ranks[:: world // pp]  # TP rank 0 of each stage: full (TP-gathered) tensors
     assert_equal_runs(stages, ref, STEPS, holding="language_model.decoder.layers.2.mlp."
                       "experts.local_experts.3")
-    for it in range(1, STEPS + 1):  # every rank reports the reduced aux loss
+    # The load-balancing loss (reduced over the ranks) and the tokens each expert got
+    # (padding left out: the same whatever the split), on every rank and in TensorBoard.
+    scalars = tensorboard_scalars(tb)
+    for it in range(1, STEPS + 1):
+        want = ref["moe_losses"][it]
         for rank in ranks:
-            assert rank["moe_losses"][it]["load_balancing_loss"] == pytest.approx(
-                ref["moe_losses"][it]["load_balancing_loss"], rel=1e-5), (it, tp)
+            got = rank["moe_losses"][it]
+            assert got["load_balancing_loss"] == pytest.approx(
+                want["load_balancing_loss"], rel=1e-5), it
+            assert got["tokens_per_expert"] == want["tokens_per_expert"], it
+        assert scalars["load_balancing_loss"][it] == pytest.approx(
+            want["load_balancing_loss"], rel=1e-5)
+        for e, count in enumerate(want["tokens_per_expert"]):
+            assert scalars[f"moe/tokens_per_expert_{e}"][it] == count
+
+
+def tensorboard_scalars(directory) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(directory, size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: {e.step: e.value for e in events.Scalars(tag)}
+            for tag in events.Tags()["scalars"]}
