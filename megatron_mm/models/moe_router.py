@@ -10,7 +10,9 @@ counts, so it is already the group's total: the gradient comes out TP x CP times
 under sequence or context parallelism, and one process's run differs. Here every rank of
 the group passes the group's valid tokens divided by its size, which sums to the
 sequence's count as one process has it (without padding: the rank's own count, as
-upstream).
+upstream). A sequence too short for context parallelism to split is held whole by every CP
+rank: only CP rank 0's copy counts there (each rank's aux loss is then half the sequence's,
+as its probabilities are averaged over both copies' tokens).
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from megatron.core.transformer.moe.router import TopKRouter
 
 class SequenceScaledRouter(TopKRouter):
     _group_tokens: Optional[torch.Tensor] = None  # this micro-batch's valid tokens (TP x CP)
+    # Set by MultimodalModel per micro-batch: this CP rank holds a copy of a sequence too
+    # short to split (CP rank 0's copy counts); its tokens are then not counted twice.
+    duplicate_tokens: bool = False
 
     def routing(self, logits: torch.Tensor, padding_mask: Optional[torch.Tensor] = None):
         self._group_tokens = None
         if padding_mask is not None and self.tp_cp_group.size() > 1 \
                 and self.training and torch.is_grad_enabled():
-            tokens = (~padding_mask).sum().to(torch.float32)
+            tokens = (~padding_mask).sum().to(torch.float32) * (not self.duplicate_tokens)
             torch.distributed.all_reduce(tokens, group=self.tp_cp_group)
             self._group_tokens = tokens
         return super().routing(logits, padding_mask)

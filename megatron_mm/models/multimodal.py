@@ -12,6 +12,7 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import torch
 from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.models.vision.multimodal_projector import MultimodalProjector
 from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
@@ -57,6 +58,9 @@ class MultimodalModel(MegatronModule):
             if name in projectors:
                 setattr(self, f"{name}_projection", projectors[name])
         self.language_model = language_model
+        # An MoE LLM's routers: their token counts skip CP ranks' copies of a sequence
+        # (moe_router.SequenceScaledRouter.duplicate_tokens)
+        self._routers = [m for m in language_model.modules() if isinstance(m, TopKRouter)]
         self.input_tensor: Optional[torch.Tensor] = None
         # Encoder outputs handed to chunk 0 when the encoder runs as its own pipeline.
         self.encoder_inputs: Dict[str, Optional[torch.Tensor]] = {}
@@ -435,7 +439,10 @@ class MultimodalModel(MegatronModule):
             decoder_input = None
         sparse = labels is not None and loss_mask is not None
         self._rope_positions = None if cpm is None else (cpm.local, cpm.codes.shape[1])
-        padding = layout.padding
+        padding = layout.padding if cpm is None else cpm.take(layout.padding)
+        if cpm is not None:  # a sequence too short to split: CP rank 0's tokens count
+            for router in self._routers:
+                router.duplicate_tokens = cpm.replicated and cpm.cp_rank != 0
         if padding is not None and self.sequence_parallel:  # this TP rank's positions
             padding = sequence_parallel.split(padding.t().contiguous()).t()
         try:

@@ -168,8 +168,7 @@ def validate_moe_args(args: argparse.Namespace) -> None:
         raise ConfigError("--moe-grouped-gemm is Transformer Engine's grouped GEMM: it needs "
                           "--transformer-impl transformer_engine (CUDA and TE); drop it for "
                           "one local MLP per expert")
-    blockers = [(args.context_parallel_size > 1, "--context-parallel-size > 1"),
-                (args.encoder_schedule != "megatron",
+    blockers = [(args.encoder_schedule != "megatron",
                  f"--encoder-schedule {args.encoder_schedule}"),
                 (args.fp8 is not None or args.fp8_emulation, "FP8")]
     for blocked, flag in blockers:

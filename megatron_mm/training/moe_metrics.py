@@ -38,7 +38,9 @@ class MoEMetrics:
                     module.register_forward_hook(self._count)
 
     def _count(self, router, inputs, output) -> None:
-        if router.training and torch.is_grad_enabled():
+        # duplicate_tokens: a CP rank's copy of a sequence too short to split (multimodal.py)
+        if router.training and torch.is_grad_enabled() and \
+                not getattr(router, "duplicate_tokens", False):
             _, routing_map = output
             padding = inputs[1] if len(inputs) > 1 else None  # [S, B], True: padding
             if padding is not None:
