@@ -12,10 +12,10 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import torch
 from megatron.core.models.gpt import GPTModel
-from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.models.vision.multimodal_projector import MultimodalProjector
 from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.moe.router import TopKRouter
 
 from ..config import MultimodalModelConfig
 from ..families import family_of, modality_of

@@ -47,26 +47,26 @@ class MoEMetrics:
                 routing_map = routing_map & ~padding.reshape(-1, 1)
             self.counts[router.layer_number - 1] += routing_map.sum(0).to(self.counts)
 
-    def report(self, iteration: int, writers=None) -> Dict[str, object]:
+    def report(self, iteration: int, writers=None) -> Dict[str, torch.Tensor]:
         """The step's ``load_balancing_loss`` (when the aux loss is on) and
-        ``tokens_per_expert`` (a list, summed over the MoE layers); written to ``writers``
-        (TensorBoard / wandb, None off the last rank)."""
+        ``tokens_per_expert`` ([E], summed over the MoE layers), on the device (read on the
+        host with the interval's other values); written to ``writers`` (TensorBoard /
+        wandb, None off the last rank: only that rank reads them now, as in Megatron-LM)."""
         moe, per_layer = self.config.model_config.language.moe, self.config.moe
         name = LOSS_NAMES.get(moe.router_load_balancing_type)
-        losses: Dict[str, torch.Tensor] = {}
+        out: Dict[str, torch.Tensor] = {}
         if name is not None and moe.aux_loss_coeff > 0:
             get_moe_metrics_tracker().report(
                 loss_scale=1.0 / self.config.training.num_microbatches, iteration=iteration,
                 writer=writers, per_layer_logging=per_layer.moe_per_layer_logging,
                 force_initialize=True, track_names=[name], num_layers=self.num_layers,
-                moe_layer_freq=self.pattern, total_loss_dict=losses)
+                moe_layer_freq=self.pattern, total_loss_dict=out)
         torch.distributed.all_reduce(self.counts)  # PP: other layers; TP/CP/DP: other tokens
-        counts = self.counts.cpu().clone()  # .cpu() of a host tensor is itself
+        counts = self.counts.clone()
         self.counts.zero_()
-        out: Dict[str, object] = {k: float(v) for k, v in losses.items()}
-        out["tokens_per_expert"] = [int(c) for c in counts.sum(0).tolist()]
+        out["tokens_per_expert"] = counts.sum(0)
         if writers is not None:
-            for e, c in enumerate(out["tokens_per_expert"]):
+            for e, c in enumerate(out["tokens_per_expert"].tolist()):
                 writers.add_scalar(f"moe/tokens_per_expert_{e}", c, iteration)
             if per_layer.moe_per_layer_logging:
                 for i in (i for i, sparse in enumerate(self.pattern) if sparse):
@@ -74,6 +74,16 @@ class MoEMetrics:
                         writers.add_scalar(f"moe/tokens_per_expert_{e}_layer_{i}", c,
                                            iteration)
         return out
+
+
+def read_moe(steps: Dict[int, Dict[str, object]]) -> Dict[int, Dict[str, object]]:
+    """The steps' metrics on the host (those still on the device read now, at a log
+    interval): losses as floats, token counts as lists of ints."""
+    def host(v):
+        if not torch.is_tensor(v):
+            return v
+        return [int(c) for c in v.tolist()] if v.dim() else float(v)
+    return {it: {k: host(v) for k, v in m.items()} for it, m in steps.items()}
 
 
 def moe_metrics(config, model_chunks) -> Optional[MoEMetrics]:
