@@ -7,7 +7,7 @@ group exists. Error messages name the command-line flag to change.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 
 class ConfigError(ValueError):
@@ -67,6 +67,48 @@ class YarnConfig:
 
 
 @dataclass
+class MoEConfig:
+    """The LLM's mixture-of-experts layers (Megatron-Core's ``MoELayer``), as Megatron-LM's
+    MoE flags describe them. ``layer_freq``: ``--moe-layer-freq``, an int N (layer i is
+    sparse when i % N == 0) or one 0/1 per layer (1: MoE, 0: the dense MLP)."""
+
+    num_experts: int
+    ffn_hidden_size: int  # each expert's (--moe-ffn-hidden-size)
+    router_topk: int = 2
+    router_pre_softmax: bool = False  # softmax over all experts, then top-k (no renorm)
+    router_load_balancing_type: str = "aux_loss"
+    aux_loss_coeff: float = 0.0
+    layer_freq: Union[int, Tuple[int, ...]] = 1
+    token_dispatcher_type: str = "allgather"
+    grouped_gemm: bool = False
+
+    def __post_init__(self):
+        require(self.num_experts >= 1, f"--num-experts must be positive, got {self.num_experts}")
+        require(1 <= self.router_topk <= self.num_experts,
+                 f"--moe-router-topk ({self.router_topk}) must be between 1 and --num-experts "
+                 f"({self.num_experts})")
+        # Megatron-Core's rule: a softmax over one logit has a zero gradient.
+        require(self.router_topk > 1 or self.router_pre_softmax
+                or self.router_load_balancing_type == "sinkhorn",
+                 "--moe-router-topk 1 needs --moe-router-pre-softmax")
+        require(self.aux_loss_coeff >= 0,
+                 f"--moe-aux-loss-coeff must be >= 0, got {self.aux_loss_coeff}")
+        if not isinstance(self.layer_freq, int):
+            self.layer_freq = tuple(int(v) for v in self.layer_freq)
+
+    def pattern(self, num_layers: int) -> Tuple[int, ...]:
+        """One entry per LLM layer: 1 an MoE layer, 0 a dense one."""
+        freq = self.layer_freq
+        if isinstance(freq, int):
+            require(freq >= 1, f"--moe-layer-freq must be >= 1, got {freq}")
+            return tuple(int(i % freq == 0) for i in range(num_layers))
+        require(len(freq) == num_layers and set(freq) <= {0, 1},
+                 f"--moe-layer-freq lists {len(freq)} layers ({list(freq)}); give one 0 "
+                 f"(dense) or 1 (MoE) per layer of --num-layers ({num_layers})")
+        return freq
+
+
+@dataclass
 class LanguageModelConfig:
     """A Llama / Qwen2 style decoder on Megatron-Core's GPTModel."""
 
@@ -98,6 +140,7 @@ class LanguageModelConfig:
     make_vocab_size_divisible_by: int = 128
     # Set to keep a checkpoint's padded vocabulary when loading it at another TP size.
     padded_vocab_size: Optional[int] = None
+    moe: Optional[MoEConfig] = None  # None: every layer's MLP dense
 
     def __post_init__(self):
         if self.num_query_groups is None:
@@ -118,6 +161,8 @@ class LanguageModelConfig:
                  f"--seq-length ({self.seq_length}) exceeds --max-position-embeddings "
                  f"({self.max_position_embeddings})")
         self._validate_position_embedding()
+        if self.moe is not None:
+            self.moe.pattern(self.num_layers)
 
     def _validate_position_embedding(self) -> None:
         kind, section = self.position_embedding_type, self.mrope_section

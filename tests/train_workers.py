@@ -66,6 +66,32 @@ def full_state(chunks, grads: bool) -> dict:
             out[name] = None if grad is None else full_tensor(param, grad, group)
         else:
             out[name] = full_tensor(param, param.data, group)
+    return with_all_experts(out)
+
+
+def with_all_experts(state: dict) -> dict:
+    """``state`` with every expert of the MoE layers under its global number (expert
+    parallelism: each rank holds ``local_experts.0 ..`` of its own share), gathered over the
+    expert-model-parallel group."""
+    import re
+
+    from megatron.core import parallel_state
+
+    ep = parallel_state.get_expert_model_parallel_world_size()
+    if ep == 1:
+        return state
+    pattern = re.compile(r"(.*\.local_experts\.)(\d+)(\..*)")
+    local = {n: pattern.fullmatch(n) for n in state}
+    per_rank = 1 + max((int(m.group(2)) for m in local.values() if m), default=-1)
+    rank = parallel_state.get_expert_model_parallel_rank()
+    mine = {f"{m.group(1)}{rank * per_rank + int(m.group(2))}{m.group(3)}": state[n]
+            for n, m in local.items() if m}
+    gathered = [None] * ep
+    torch.distributed.all_gather_object(
+        gathered, mine, group=parallel_state.get_expert_model_parallel_group())
+    out = {n: v for n, v in state.items() if not local[n]}
+    for part in gathered:
+        out.update(part)
     return out
 
 

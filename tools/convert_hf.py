@@ -47,6 +47,9 @@ def main(argv=None) -> int:
                      help="torch.save'd dict of the Hugging Face forward's keyword arguments")
     cmp.add_argument("--tensor-model-parallel-size", type=int, default=1)
     cmp.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    cmp.add_argument("--expert-model-parallel-size", type=int, default=1,
+                     help="an MoE LLM's experts split over this many ranks (TP x PP x EP "
+                          "processes in all)")
     args = p.parse_args(argv)
     if args.command == "compare":
         return _compare(args)
@@ -82,12 +85,13 @@ def _compare(args) -> int:
                                   f"tensors ({e.__class__.__name__})") from None
         diff, shape = compare(args.hf_dir, args.load, inputs,
                               args.tensor_model_parallel_size,
-                              args.pipeline_model_parallel_size)
+                              args.pipeline_model_parallel_size,
+                              args.expert_model_parallel_size)
     except (ConversionError, *USER_ERRORS) as e:
         print(f"{sys.argv[0]}: error: {e}", file=sys.stderr, flush=True)
         return 2
     print(f"logits {list(shape)}, TP={args.tensor_model_parallel_size} "
-          f"PP={args.pipeline_model_parallel_size}")
+          f"PP={args.pipeline_model_parallel_size} EP={args.expert_model_parallel_size}")
     print(f"max abs logit difference: {diff:.6g}", flush=True)
     return 0
 

@@ -23,6 +23,7 @@ BUILTIN = (
     "megatron_mm.families.mistral",
     "megatron_mm.families.qwen2",
     "megatron_mm.families.qwen3",
+    "megatron_mm.families.qwen3_moe",
     "megatron_mm.families.vit",
     "megatron_mm.families.whisper",
     "megatron_mm.families.internvl",

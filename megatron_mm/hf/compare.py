@@ -91,25 +91,37 @@ def load_hf(hf_dir: str, family: Family):
 
 # ---------------------------------------------------------------- megatron_mm side
 
-def checkpoint_run_config(ckpt: str, tp: int = 1, pp: int = 1):
-    """The training script's RunConfig for ``--load ckpt`` at TP / PP (ConfigError on a
-    layout the checkpoint cannot take)."""
+def checkpoint_run_config(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1):
+    """The training script's RunConfig for ``--load ckpt`` at TP / PP / EP (expert
+    parallelism: an MoE LLM's; ConfigError on a layout the checkpoint cannot take)."""
     from ..training.arguments import apply_checkpoint_args, validate_args
     from ..training.flag_values import flags_of_values
     from ..training.run_config import RunConfig
 
     flags = {"load": ckpt, "tensor_model_parallel_size": tp,
              "pipeline_model_parallel_size": pp}
+    if ep != 1:  # a dense checkpoint refuses it, naming the flag
+        flags["expert_model_parallel_size"] = ep
     args = flags_of_values(flags)
     apply_checkpoint_args(args, set(flags))
     if args.max_position_embeddings:  # no training: any length the model takes
         args.seq_length = args.max_position_embeddings
-    return RunConfig.from_flags(validate_args(args, world_size=tp * pp))
+    if args.num_experts is not None:  # an MoE LLM: what every layout takes
+        args.moe_token_dispatcher_type = "alltoall"
+        args.sequence_parallel = tp > 1  # Megatron-Core's MoE layers need it at TP > 1
+    return RunConfig.from_flags(validate_args(args, world_size=world_size(tp, pp, ep)))
 
 
-def load_converted(ckpt: str, tp: int = 1, pp: int = 1):
+def world_size(tp: int, pp: int, ep: int) -> int:
+    """Ranks of a comparison at TP / PP / EP: the experts' grid (TP x EP x PP, the expert
+    TP being the TP) over the dense one (TP x PP x DP), each data-parallel rank running the
+    same inputs."""
+    return tp * pp * ep
+
+
+def load_converted(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1):
     """This rank's model chunk, loaded from ``ckpt``; the Megatron world must be set up
-    with the same TP / PP."""
+    with the same TP / PP / EP."""
     from megatron.core import parallel_state
 
     from ..models import build_model
@@ -117,7 +129,7 @@ def load_converted(ckpt: str, tp: int = 1, pp: int = 1):
     from ..training.build_settings import build_settings
     from ..training.planning.training_plan import plan_pipeline
 
-    config = checkpoint_run_config(ckpt, tp, pp)
+    config = checkpoint_run_config(ckpt, tp, pp, ep)
     lm = config.model_config.language
     lm.padded_vocab_size = lm.vocab_size = saved_args(config.checkpoint)["padded_vocab_size"]
     media = media_token_ids(config.model_config, config.model)
@@ -172,24 +184,25 @@ class _Layout:  # what initialize_distributed reads
     context_parallel_size = 1
     distributed_timeout_minutes = 5
 
-    def __init__(self, tp: int, pp: int):
+    def __init__(self, tp: int, pp: int, ep: int = 1):
         self.tensor_model_parallel_size, self.pipeline_model_parallel_size = tp, pp
+        self.expert_model_parallel_size, self.expert_tensor_parallel_size = ep, tp
 
 
 def rank_logits(ckpt: str, tp: int, pp: int, tokens, media,
-                positions=None) -> Optional[torch.Tensor]:
-    """In a fresh Megatron world of TP * PP ranks (torch.distributed's env variables set):
-    this rank's full logits (last stage) or None."""
+                positions=None, ep: int = 1) -> Optional[torch.Tensor]:
+    """In a fresh Megatron world of TP * PP * EP ranks (torch.distributed's env variables
+    set): this rank's full logits (last stage) or None."""
     from megatron.core import parallel_state
 
     from ..training.initialize import initialize_distributed, set_random_seed
 
     owns_group = not torch.distributed.is_initialized()
     parallel_state.destroy_model_parallel()
-    initialize_distributed(_Layout(tp, pp))
+    initialize_distributed(_Layout(tp, pp, ep))
     try:
         set_random_seed(1234)
-        out = logits(load_converted(ckpt, tp, pp), tokens, media, positions)
+        out = logits(load_converted(ckpt, tp, pp, ep), tokens, media, positions)
         return None if out is None else out.float().cpu()
     finally:
         parallel_state.destroy_model_parallel()
@@ -217,11 +230,12 @@ def _rank_entry(rank: int, world: int, port: int, out_dir: str, job: tuple) -> N
 
 
 def megatron_logits(ckpt: str, tokens: torch.Tensor, media, tp: int = 1,
-                    pp: int = 1, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The megatron_mm model's full logits, from TP * PP processes started here (this
-    process alone when both are 1)."""
-    world = tp * pp
-    job = (ckpt, tp, pp, tokens, media, positions)
+                    pp: int = 1, positions: Optional[torch.Tensor] = None,
+                    ep: int = 1) -> torch.Tensor:
+    """The megatron_mm model's full logits, from TP * PP * EP processes started here (this
+    process alone when all are 1)."""
+    world = world_size(tp, pp, ep)
+    job = (ckpt, tp, pp, tokens, media, positions, ep)
     if world == 1:
         return rank_logits(*job)
     import torch.multiprocessing as mp
@@ -245,15 +259,15 @@ def megatron_logits(ckpt: str, tokens: torch.Tensor, media, tp: int = 1,
 
 
 def compare(hf_dir: str, ckpt: str, inputs: Dict[str, torch.Tensor], tp: int = 1,
-            pp: int = 1) -> Tuple[float, torch.Size]:
-    """Max |logit difference| of the checkpoint (at TP / PP) and the Hugging Face model on
-    ``inputs``, with the logits' shape."""
+            pp: int = 1, ep: int = 1) -> Tuple[float, torch.Size]:
+    """Max |logit difference| of the checkpoint (at TP / PP / EP) and the Hugging Face
+    model on ``inputs``, with the logits' shape."""
     from .convert import _hf_config
 
     family = family_for(_hf_config(hf_dir))
     check_inputs(family, inputs)  # bad input fails before any work
     # and a layout it cannot take
-    longest = checkpoint_run_config(ckpt, tp, pp).model.max_position_embeddings
+    longest = checkpoint_run_config(ckpt, tp, pp, ep).model.max_position_embeddings
     if inputs["input_ids"].shape[-1] > longest:
         raise ConversionError(
             f"--inputs key 'input_ids' has {inputs['input_ids'].shape[-1]} tokens per "
@@ -267,7 +281,7 @@ def compare(hf_dir: str, ckpt: str, inputs: Dict[str, torch.Tensor], tp: int = 1
     del model
     media = (family.media or megatron_media)(inputs)
     positions = None if family.positions is None else family.positions(hf_config, inputs)
-    got = megatron_logits(ckpt, inputs["input_ids"], media, tp, pp, positions)
+    got = megatron_logits(ckpt, inputs["input_ids"], media, tp, pp, positions, ep)
     got = got[..., :expected.shape[-1]]  # the padded vocabulary rows
     if got.shape != expected.shape:
         raise RuntimeError(f"logit shapes differ: megatron_mm {tuple(got.shape)}, "

@@ -1,9 +1,10 @@
 """Declarative weight mappings: a table of rules, each one Megatron tensor name pattern,
 the Hugging Face tensor names it is made of, and a named transform.
 
-``{i}`` in a pattern is a layer index. A rule applies to every tensor of the built model
-its Megatron pattern matches, so one table serves a model with or without QKV bias, q/k
-norm, a class token or an untied output layer: what the model does not have is skipped.
+``{i}`` in a pattern is a layer index, ``{e}`` an expert's (an MoE layer's). A rule
+applies to every tensor of the built model its Megatron pattern matches, so one table
+serves a model with or without QKV bias, q/k norm, a class token, an untied output layer
+or MoE layers: what the model does not have is skipped.
 Tables are written in the local layers' names; ``MappingTable(rules, "transformer_engine")``
 serves a model built with Transformer Engine layers (``models/te_names.py``: fused norms
 renamed, TE's ``_extra_state`` module state left to the model).
@@ -29,7 +30,9 @@ class Rule:
     transform: Transform = IDENTITY
 
     def regex(self) -> re.Pattern:
-        return re.compile(re.escape(self.megatron).replace(r"\{i\}", r"(?P<i>\d+)"))
+        # {i}: a layer index; {e}: an expert's
+        return re.compile(re.sub(r"\\\{([ie])\\\}", r"(?P<\1>\\d+)",
+                                 re.escape(self.megatron)))
 
 
 def prefixed(rules: Iterable[Rule], megatron_prefix: str, hf_prefix: str) -> Tuple[Rule, ...]:

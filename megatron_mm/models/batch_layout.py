@@ -72,6 +72,10 @@ class BatchLayout:
     # ``hidden_shapes`` and ``encoder_batches`` are then those of these items).
     shares: Dict[str, FeatureShare] = field(default_factory=dict)
     encoder_media: Dict[str, Dict[str, torch.Tensor]] = field(default_factory=dict)
+    # [B, S] bool, True at the rows' padding (past their ``seq_lengths``): Megatron-Core's
+    # MoE ``padding_mask``, which keeps padding out of the routers' statistics (set for an
+    # MoE LLM only; None: every position counts).
+    padding: Optional[torch.Tensor] = None
 
     def to(self, device) -> "BatchLayout":
         def move(t):
@@ -82,7 +86,13 @@ class BatchLayout:
                            {k: v.to(device) for k, v in self.encoder_batches.items()},
                            {k: v.to(device) for k, v in self.shares.items()},
                            {k: {m: move(t) for m, t in v.items()}
-                            for k, v in self.encoder_media.items()})
+                            for k, v in self.encoder_media.items()},
+                           move(self.padding))
+
+
+def padding_positions(seq_lengths: torch.Tensor, length: int) -> torch.Tensor:
+    """[B, length] bool: True past each row's length (its padding)."""
+    return torch.arange(length).unsqueeze(0) >= seq_lengths.cpu().unsqueeze(1)
 
 
 def loss_positions(loss_mask: torch.Tensor) -> torch.Tensor:

@@ -7,10 +7,12 @@ from typing import Mapping, Optional
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.vision.multimodal_projector import MultimodalProjector
 from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.transformer.enums import LayerType
 from megatron.core.transformer.transformer_block import (
     TransformerBlockSubmodules,
     get_num_layers_to_build,
 )
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
 from ..config import MultimodalModelConfig
 from ..families import family_of
@@ -47,7 +49,9 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
                             context_parallel=settings.context_parallel_size > 1,
                             cp_attention=settings.cp_attention,
                             media_attention=settings.media_attention,
-                            packed=settings.packed)
+                            packed=settings.packed,
+                            num_experts=lm.moe and lm.moe.num_experts,
+                            moe_grouped_gemm=bool(lm.moe and lm.moe.grouped_gemm))
     lm_config = language_transformer_config(lm, settings)
     language_model = GPTModel(
         config=lm_config,
@@ -89,13 +93,36 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
 
 
 def language_block(specs: LayerSpecs, config, vp_stage: Optional[int]):
-    """The LLM's layer spec; with the local impl, as block submodules whose final norm is
-    the specs' own (Megatron-Core's default torch norm refuses sequence parallelism)."""
-    if specs.impl != "local":
+    """The LLM's layer spec; with the local impl or MoE layers, as block submodules: one
+    spec per layer of this chunk (an MoE LLM's dense and MoE layers by its
+    ``moe_layer_freq`` pattern, at the layers' global numbers) and the final norm (the
+    specs' own with the local impl: Megatron-Core's torch norm refuses sequence
+    parallelism)."""
+    if specs.impl != "local" and specs.language_moe_layer is None:
         return specs.language_layer
+    layers = [specs.language_layer] * config.num_layers
+    if specs.language_moe_layer is not None:
+        layers = [specs.language_moe_layer if sparse else specs.language_layer
+                  for sparse in config.moe_layer_freq]
     return TransformerBlockSubmodules(
-        layer_specs=[specs.language_layer] * get_num_layers_to_build(config, vp_stage),
-        layer_norm=SequenceParallelNorm)
+        layer_specs=[layers[i] for i in chunk_layer_ids(config, vp_stage)],
+        layer_norm=SequenceParallelNorm if specs.impl == "local" else _te_norm())
+
+
+def chunk_layer_ids(config, vp_stage: Optional[int]) -> list:
+    """The global (0-based) numbers of the LLM layers this chunk builds, as Megatron-Core's
+    ``get_gpt_decoder_block_spec`` slices them."""
+    layout = config.pipeline_model_parallel_layout
+    if layout is not None:
+        return layout.get_layer_id_list(layer_type=LayerType.decoder, vp_stage=vp_stage)
+    offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
+    return list(range(offset, offset + get_num_layers_to_build(config, vp_stage)))
+
+
+def _te_norm():
+    from megatron.core.extensions.transformer_engine import TENorm
+
+    return TENorm
 
 
 def encoder_process_groups(settings: BuildSettings) -> Optional[ProcessGroupCollection]:

@@ -15,6 +15,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.vision.multimodal_projector import MultimodalProjector
 from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.moe.router import TopKRouter
 
 from ..config import MultimodalModelConfig
 from ..families import family_of, modality_of
@@ -59,6 +60,9 @@ class MultimodalModel(MegatronModule):
             if name in projectors:
                 setattr(self, f"{name}_projection", projectors[name])
         self.language_model = language_model
+        # An MoE LLM's routers: their token counts skip CP ranks' copies of a sequence
+        # (moe_router.SequenceScaledRouter.duplicate_tokens)
+        self._routers = [m for m in language_model.modules() if isinstance(m, TopKRouter)]
         self.input_tensor: Optional[torch.Tensor] = None
         # Encoder outputs handed to chunk 0 when the encoder runs as its own pipeline.
         self.encoder_inputs: Dict[str, Optional[torch.Tensor]] = {}
@@ -468,10 +472,17 @@ class MultimodalModel(MegatronModule):
             decoder_input = None
         sparse = labels is not None and loss_mask is not None
         self._rope_positions = None if cpm is None else (cpm.local, cpm.codes.shape[1])
+        padding = layout.padding if cpm is None else cpm.take(layout.padding)
+        if cpm is not None:  # a sequence too short to split: CP rank 0's tokens count
+            for router in self._routers:
+                router.duplicate_tokens = cpm.replicated and cpm.cp_rank != 0
+        if padding is not None and self.sequence_parallel:  # this TP rank's positions
+            padding = sequence_parallel.split(padding.t().contiguous()).t()
         try:
             return self.language_model(
                 input_ids=tokens, position_ids=position_ids, attention_mask=attention_mask,
                 decoder_input=decoder_input, labels=labels, packed_seq_params=packed,
+                padding_mask=padding,
                 loss_mask=loss_mask if sparse else None,
                 output_processor=loss_at_masked_positions if sparse else None,
                 output_processor_context=layout.loss_positions if sparse else None)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -39,6 +40,7 @@ from ..te_import import transformer_engine_installed
 from .context_parallel import ContextParallelMask
 from .cp_attention import ContextParallelAttention
 from .flex_attention import FlexAttention
+from .moe_router import SequenceScaledRouter
 from .norms import SequenceParallelNorm
 from .packed_sequences import thd_attention
 from .te_attention_mask import language_attn_mask_type, with_attn_mask_type
@@ -147,51 +149,59 @@ class LayerSpecs:
     language_layer: ModuleSpec
     projector: MLPSubmodules
     vision_norm: type
+    # The LLM's MoE layer (Megatron-Core's MoELayer MLP), for an MoE LLM; None: dense.
+    language_moe_layer: Optional[ModuleSpec] = None
 
 
 def get_layer_specs(transformer_impl: str, qk_layernorm: bool = False,
                     context_parallel: bool = False, cp_attention: str = "ours",
-                    media_attention: str = "causal", packed: bool = False) -> LayerSpecs:
+                    media_attention: str = "causal", packed: bool = False,
+                    num_experts: Optional[int] = None, moe_grouped_gemm: bool = False
+                    ) -> LayerSpecs:
     """``cp_attention`` (``CPAttentionChoice.kind``) picks the core attention when
     ``context_parallel``, and FlexAttention (``flex``) with or without;
     ``media_attention`` the LLM's mask type (``te_attention_mask``);
     ``packed`` (``--data-balance``) with TE and a causal mask: TE's THD attention over the
-    packed samples (``packed_sequences.py``)."""
-    specs = _impl_specs(transformer_impl, qk_layernorm)
-    if cp_attention == "flex":  # our core attention: it takes the mask codes, no mask type
-        language_layer = copy.deepcopy(specs.language_layer)
-        language_layer.submodules.self_attention.submodules.core_attention = FlexAttention
-        return dataclasses.replace(specs, language_layer=language_layer)
-    mask_type = language_attn_mask_type(transformer_impl, media_attention,
-                                        context_parallel and cp_attention != "none")
-    if mask_type != specs.language_layer.submodules.self_attention.params["attn_mask_type"]:
-        specs = dataclasses.replace(
-            specs, language_layer=with_attn_mask_type(specs.language_layer, mask_type))
-    if uses_thd(transformer_impl, media_attention, packed, context_parallel):
-        from megatron.core.extensions.transformer_engine import TEDotProductAttention
-
-        # a copy along the path to the core attention only (the TE spec holds closures)
-        layer = specs.language_layer
-        attention = copy.copy(layer.submodules.self_attention)
-        attention.submodules = dataclasses.replace(
-            attention.submodules, core_attention=thd_attention(TEDotProductAttention))
-        layer = dataclasses.replace(layer, submodules=dataclasses.replace(
-            layer.submodules, self_attention=attention))
-        return dataclasses.replace(specs, language_layer=layer)
-    if not context_parallel or cp_attention == "none":
-        return specs
-    if cp_attention == "transformer_engine" and transformer_impl != "transformer_engine":
+    packed samples (``packed_sequences.py``); ``num_experts``: the LLM's MoE layers too
+    (``moe_grouped_gemm``: TE's grouped GEMM). Dense and MoE layers get the same attention."""
+    specs = _impl_specs(transformer_impl, qk_layernorm, num_experts, moe_grouped_gemm)
+    if context_parallel and cp_attention == "transformer_engine" \
+            and transformer_impl != "transformer_engine":
         raise ConfigError("Megatron-Core's TE CP attention needs --transformer-impl "
                           "transformer_engine")
-    language_layer = copy.deepcopy(specs.language_layer)
-    language_layer.submodules.self_attention.submodules.core_attention = (
-        _te_cp_attention() if cp_attention == "transformer_engine"
-        else ContextParallelAttention)
-    return LayerSpecs(specs.impl, specs.vision_layer, language_layer, specs.projector,
-                      specs.vision_norm)
+    mask_type = language_attn_mask_type(transformer_impl, media_attention,
+                                        context_parallel and cp_attention != "none")
+    core = None
+    if cp_attention == "flex":  # our core attention: it takes the mask codes, no mask type
+        core, mask_type = FlexAttention, None
+    elif uses_thd(transformer_impl, media_attention, packed, context_parallel):
+        from megatron.core.extensions.transformer_engine import TEDotProductAttention
+
+        core = thd_attention(TEDotProductAttention)
+    elif context_parallel and cp_attention != "none":
+        core = (_te_cp_attention() if cp_attention == "transformer_engine"
+                else ContextParallelAttention)
+
+    def language(layer):
+        if layer is None:
+            return None
+        if mask_type is not None \
+                and mask_type != layer.submodules.self_attention.params["attn_mask_type"]:
+            layer = with_attn_mask_type(layer, mask_type)
+        if core is not None:  # a copy along the path to the core attention only (the TE
+            attention = copy.copy(layer.submodules.self_attention)  # spec holds closures)
+            attention.submodules = dataclasses.replace(attention.submodules,
+                                                       core_attention=core)
+            layer = dataclasses.replace(layer, submodules=dataclasses.replace(
+                layer.submodules, self_attention=attention))
+        return layer
+
+    return dataclasses.replace(specs, language_layer=language(specs.language_layer),
+                               language_moe_layer=language(specs.language_moe_layer))
 
 
-def _impl_specs(transformer_impl: str, qk_layernorm: bool) -> LayerSpecs:
+def _impl_specs(transformer_impl: str, qk_layernorm: bool, num_experts: Optional[int] = None,
+                moe_grouped_gemm: bool = False) -> LayerSpecs:
     if transformer_impl not in TRANSFORMER_IMPLS:
         raise ConfigError(f"--transformer-impl must be one of {TRANSFORMER_IMPLS}, "
                           f"got {transformer_impl!r}")
@@ -211,7 +221,13 @@ def _impl_specs(transformer_impl: str, qk_layernorm: bool) -> LayerSpecs:
             projector=MLPSubmodules(linear_fc1=TEColumnParallelLinear,
                                     linear_fc2=TERowParallelLinear),
             vision_norm=TENorm,
+            language_moe_layer=None if num_experts is None else _moe_layer(
+                get_gpt_layer_with_transformer_engine_spec(
+                    num_experts=num_experts, moe_grouped_gemm=moe_grouped_gemm,
+                    qk_layernorm=qk_layernorm)),
         )
+    if moe_grouped_gemm:  # Megatron-Core's local spec would quietly build SequentialMLP
+        raise ConfigError("--moe-grouped-gemm needs --transformer-impl transformer_engine")
     # Megatron-Core's torch norm refuses sequence parallelism: ours runs it (models/norms.py).
     return LayerSpecs(
         impl=transformer_impl,
@@ -223,6 +239,10 @@ def _impl_specs(transformer_impl: str, qk_layernorm: bool) -> LayerSpecs:
                                  SequenceParallelNorm),
         projector=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
         vision_norm=SequenceParallelNorm,
+        # SequentialMLP: one local MLP per expert.
+        language_moe_layer=None if num_experts is None else _moe_layer(with_norm(
+            get_gpt_layer_local_spec(num_experts=num_experts, qk_layernorm=qk_layernorm,
+                                     normalization="RMSNorm"), SequenceParallelNorm)),
     )
 
 
@@ -233,6 +253,20 @@ def uses_thd(transformer_impl: str, media_attention: str, packed: bool,
     mask as ``arbitrary``), no CP (ours applies the packed mask over the CP split)."""
     return (transformer_impl == "transformer_engine" and packed
             and media_attention == "causal" and not context_parallel)
+
+
+def _moe_layer(spec):
+    """An MoE layer spec with our router (``moe_router.py``) and the checkpoint name of
+    its pre-MLP norm as Megatron-Core's TE MoE layer has it (``pre_mlp_layernorm.``: no
+    fused norm in front of a router), so checkpoints load across ``--transformer-impl``."""
+    mlp = spec.submodules.mlp
+    moe = dataclasses.replace(mlp.keywords["submodules"], router=SequenceScaledRouter)
+    keys = {k: v for k, v in spec.submodules.sharded_state_dict_keys_map.items()
+            if k != "pre_mlp_layernorm."}
+    submodules = dataclasses.replace(
+        spec.submodules, sharded_state_dict_keys_map=keys,
+        mlp=functools.partial(mlp.func, *mlp.args, **{**mlp.keywords, "submodules": moe}))
+    return dataclasses.replace(spec, submodules=submodules)
 
 
 def with_norm(spec, norm: type):

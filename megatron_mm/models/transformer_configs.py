@@ -41,6 +41,9 @@ class BuildSettings:
     # passed to TransformerConfig; with Megatron-Core's TE CP it is, with cp_comm_type
     # (see specs.py, choose_cp_attention).
     context_parallel_size: int = 1
+    # The MoE layers' experts: split over EP ranks, each expert over ETP ranks (None: TP).
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: Optional[int] = None
     cp_attention: str = "ours"
     cp_comm_type: Optional[str] = None
     # --attention-backend (attention_choice.py): flash / fused / unfused pin TE's kernel
@@ -149,6 +152,7 @@ class BuildSettings:
 
 
 def language_transformer_config(lm: LanguageModelConfig, s: BuildSettings) -> TransformerConfig:
+    common = {**s.common("llm", mrope=lm.mrope), **moe_fields(lm, s)}
     config = TransformerConfig(
         num_layers=lm.num_layers,
         hidden_size=lm.hidden_size,
@@ -164,7 +168,7 @@ def language_transformer_config(lm: LanguageModelConfig, s: BuildSettings) -> Tr
         add_qkv_bias=lm.add_qkv_bias,
         qk_layernorm=lm.qk_layernorm,
         mrope_section=list(lm.mrope_section) if lm.mrope else None,
-        **s.common("llm", mrope=lm.mrope),
+        **common,
         **s.fp8_fields("llm"),
         **_te_context_parallel(s),
         **_te_kernel(s),
@@ -182,6 +186,28 @@ def _te_kernel(s: BuildSettings) -> dict:
     if s.attention_backend not in ("flash", "fused", "unfused"):
         return {}
     return dict(attention_backend=AttnBackend[s.attention_backend])
+
+
+def moe_fields(lm: LanguageModelConfig, s: BuildSettings) -> dict:
+    """Megatron-Core's MoE fields of the LLM (none for a dense one): dropless top-k routing
+    (no capacity factor), the layer pattern as one 0/1 per layer, the expert grid."""
+    moe = lm.moe
+    if moe is None:
+        return {}
+    return dict(
+        num_moe_experts=moe.num_experts,
+        moe_ffn_hidden_size=moe.ffn_hidden_size,
+        moe_layer_freq=list(moe.pattern(lm.num_layers)),
+        moe_router_topk=moe.router_topk,
+        moe_router_pre_softmax=moe.router_pre_softmax,
+        moe_router_load_balancing_type=moe.router_load_balancing_type,
+        moe_aux_loss_coeff=moe.aux_loss_coeff,
+        moe_token_dispatcher_type=moe.token_dispatcher_type,
+        moe_grouped_gemm=moe.grouped_gemm,
+        expert_model_parallel_size=s.expert_model_parallel_size,
+        expert_tensor_parallel_size=(s.expert_tensor_parallel_size
+                                     or s.tensor_model_parallel_size),
+    )
 
 
 def _te_context_parallel(s: BuildSettings) -> dict:

@@ -53,6 +53,9 @@ PATCHES: tuple[Patch, ...] = (
           " megatron.core.optimizer.clip_grads.l2_norm_impl", "l2_norm"),
     Patch("tensor_type_str", "torch.Tensor.type (no-argument form)", "tensor_type_str"),
     Patch("current_device", "torch.cuda.current_device", "current_device"),
+    Patch("moe_host_splits", "megatron.core.transformer.moe.token_dispatcher."
+          "MoEAlltoAllTokenDispatcher.cuda_dtoh_stream, maybe_move_tensor_to_cpu",
+          "moe_host_splits"),
     Patch("destroy_resets_embedding_ranks",
           "megatron.core.parallel_state.destroy_model_parallel", "destroy_resets_embedding_ranks",
           needed_when=ALWAYS),

@@ -22,6 +22,7 @@ from .fp8_args import fp8_args, validate_fp8_args
 from .fusion_args import add_fusion_args
 from .logging_args import logging_args, validate_logging_args
 from .model_config import build_model_config
+from .moe_args import add_expert_parallel_args, add_moe_args, validate_moe_args
 from .sequence_parallel import add_sequence_parallel_args, validate_sequence_parallel
 from .transformer_impl import validate_transformer_impl
 from .user_errors import ArgumentParser, exit_with_user_error
@@ -261,6 +262,7 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None,
                    help="default: nccl with CUDA, gloo without")
     g.add_argument("--distributed-timeout-minutes", type=int, default=10)
+    add_expert_parallel_args(g)
 
     g = p.add_argument_group("training")
     g.add_argument("--micro-batch-size", type=int, default=8)
@@ -345,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     logging_args(p)
     add_sequence_parallel_args(p)
     add_fusion_args(p)
+    add_moe_args(p)
     return p
 
 
@@ -456,9 +459,11 @@ def validate_args(args: argparse.Namespace,
     validate_data_args(args)
     from .run_config import group_of_flags  # its groups are made from this parser
 
-    args.model_config = build_model_config(group_of_flags("model", args))
+    args.model_config = build_model_config(group_of_flags("model", args),
+                                           group_of_flags("moe", args))
     _validate_encoder_schedule(args)
     validate_sequence_parallel(args)
+    validate_moe_args(args)
     args.model_config.validate_parallel(tp, args.encoder_tensor_model_parallel_size)
     validate_fp8_args(args)
     # The pipeline plan needs the vocabulary: the Trainer plans once the tokenizer loads.
@@ -567,6 +572,8 @@ CHECKPOINT_FLAGS = (
     "audio_ffn_hidden_size", "audio_num_mel_bins", "audio_max_source_positions",
     "audio_pool_stride", "audio_norm_epsilon", "audio_projector_type", "audio_token_id",
     "image_token_id", "tokenizer_type", "tokenizer_model", "image_processor_config",
+    "num_experts", "moe_ffn_hidden_size", "moe_layer_freq", "moe_router_topk",
+    "moe_router_pre_softmax",
 ) + tuple(dest for f in FAMILIES.values() for dest in f.checkpoint_flags)
 # Saved relative to the checkpoint directory (files the converter put there).
 CHECKPOINT_PATH_FLAGS = ("tokenizer_model", "image_processor_config")

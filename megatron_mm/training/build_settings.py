@@ -65,6 +65,8 @@ def build_settings(config, placements=None, replicas=None) -> BuildSettings:
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
         context_parallel_size=parallel.context_parallel_size, transformer_impl=impl,
+        expert_model_parallel_size=parallel.expert_model_parallel_size,
+        expert_tensor_parallel_size=parallel.expert_tensor_parallel_size,
         bf16=config.training.bf16,
         hidden_dropout=model.hidden_dropout,
         sequence_parallel=parallel.sequence_parallel,

@@ -72,9 +72,11 @@ def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
 @torch.no_grad()
 def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tokens: int,
                     eos_id: int, vocab_size: int, attention=None,
-                    forward_backward=None, pad_to_multiple_of: int = 1) -> List[List[int]]:
+                    forward_backward=None, pad_to_multiple_of: int = 1,
+                    lockstep: bool = False) -> List[List[int]]:
     """Greedy continuation of prompts of equal length; returns new ids up to EOS. Rows are
-    right-padded to a multiple of ``pad_to_multiple_of`` (SP, FP8: ``llm_sequence_multiple``)."""
+    right-padded to a multiple of ``pad_to_multiple_of`` (SP, FP8: ``llm_sequence_multiple``).
+    ``lockstep``: every rank stops at the same step (the last one to finish)."""
     # Interleaved 1F1B runs whole groups of PP equal micro-batches: pad with repeats.
     pieces = parallel_state.get_pipeline_model_parallel_world_size() if len(model) > 1 else 1
     rows = list(prompts) + [prompts[-1]] * (-len(prompts) % pieces)
@@ -90,10 +92,18 @@ def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tok
             if not done[i]:
                 out[i].append(t)
                 done[i] = t == eos_id
-        if all(done):
+        if _all_finished(all(done), lockstep):
             break
         rows = [_extend(row, t) for row, t in zip(rows, nxt)]
     return [ids[:-1] if ids and ids[-1] == eos_id else ids for ids in out]
+
+
+def _all_finished(finished: bool, lockstep: bool) -> bool:
+    if not lockstep:
+        return finished
+    flag = torch.tensor([int(finished)], device=collective_device(None))
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def _extend(sample: Sample, token: int) -> Sample:
@@ -117,11 +127,14 @@ def answer_accuracy(config, model: List, dataset, tokenizer, indices: Sequence[i
                     forward_backward=None, attention=None) -> float:
     """Share of ``indices`` whose greedy answer equals the reference answer.
 
-    Split over data-parallel ranks; prompts of equal length decode as one batch.
+    Split over data-parallel ranks; prompts of equal length decode as one batch. With
+    expert parallelism the experts' all-to-alls pair each forward with other data-parallel
+    ranks' forwards, so every rank decodes every prompt, in lockstep.
     """
     dp_rank = parallel_state.get_data_parallel_rank()
     dp_size = parallel_state.get_data_parallel_world_size()
-    mine = list(indices)[dp_rank::dp_size]
+    lockstep = parallel_state.get_expert_model_parallel_world_size() > 1
+    mine = list(indices) if lockstep else list(indices)[dp_rank::dp_size]
     for chunk in model:
         chunk.eval()
     prompts = []
@@ -143,7 +156,7 @@ def answer_accuracy(config, model: List, dataset, tokenizer, indices: Sequence[i
                                         config.validation.eval_max_new_tokens, tokenizer.eos_id,
                                         tokenizer.base_vocab_size, attention,
                                         forward_backward, llm_sequence_multiple(config.fp8_settings,
-                                                              config.parallel))
+                                                              config.parallel), lockstep)
             for sample, ids in zip(batch, generated):
                 guess = normalize_answer(tokenizer.detokenize(ids))
                 correct += int(guess == normalize_answer(sample.answer))

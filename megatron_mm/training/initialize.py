@@ -40,7 +40,11 @@ def initialize_distributed(parallel, encoder_schedule=None):
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
         context_parallel_size=parallel.context_parallel_size,
-        virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size)
+        virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
+        # The experts' own grid (TP x EP x expert-DP x PP); an object without the flags
+        # (the converter's compare): none.
+        expert_model_parallel_size=getattr(parallel, "expert_model_parallel_size", 1),
+        expert_tensor_parallel_size=getattr(parallel, "expert_tensor_parallel_size", None))
     # An encoder TP below the LLM's (--encoder-schedule coarse|bubble): its replicas' groups.
     if encoder_schedule is None or encoder_schedule.encoder_schedule == "megatron":
         return None

@@ -15,11 +15,13 @@ from ..config import (
     YarnConfig,
 )
 from ..families import SLOTS, family
+from .moe_args import moe_config
 
 
-def build_model_config(model) -> MultimodalModelConfig:
+def build_model_config(model, moe=None) -> MultimodalModelConfig:
     """The model config of the run's model group (``ModelArgs``), each encoder's from its
-    family's ``from_model_args`` (the vocabulary is set once the tokenizer loads)."""
+    family's ``from_model_args`` (the vocabulary is set once the tokenizer loads); ``moe``:
+    the moe group (``MoeArgs``; None: a dense LLM)."""
     language = LanguageModelConfig(
         vocab_size=0,  # set from the tokenizer once it is loaded
         hidden_size=model.hidden_size,
@@ -41,6 +43,7 @@ def build_model_config(model) -> MultimodalModelConfig:
         untie_embeddings_and_output_weights=model.untie_embeddings_and_output_weights,
         norm_epsilon=model.norm_epsilon,
         make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
+        moe=moe_config(moe, model),
     )
     encoders, projectors = {}, {}
     for slot in SLOTS:  # vision first: the chain's (and checkpoints') encoder order

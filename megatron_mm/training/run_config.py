@@ -31,6 +31,7 @@ SECTIONS = {
     "exits": ("exits and checks",),
     "fp8": ("FP8",),
     "fusion": ("kernel fusions",),
+    "moe": ("mixture of experts",),
 }
 # flags whose section mixes concerns: their group by name (before SECTIONS)
 BY_NAME = {
@@ -49,7 +50,7 @@ DERIVED = {
     "training": (("num_microbatches", int),),
 }
 GROUPS = ("model", "parallel", "pipeline", "encoder_schedule", "recompute", "training",
-          "checkpoint", "data", "validation", "logging", "exits", "fp8", "fusion")
+          "checkpoint", "data", "validation", "logging", "exits", "fp8", "fusion", "moe")
 
 
 def _flag_type(action: argparse.Action) -> Any:
@@ -128,6 +129,7 @@ class RunConfig:
     exits: Any  # ExitsArgs
     fp8: Any  # Fp8Args
     fusion: Any  # FusionArgs
+    moe: Any  # MoeArgs
     model_config: MultimodalModelConfig
     fp8_settings: Optional[Fp8Settings] = None
 

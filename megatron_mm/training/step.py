@@ -11,7 +11,7 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.utils import get_attr_wrapped_model
 
-from ..models.batch_layout import batch_layout
+from ..models.batch_layout import batch_layout, padding_positions
 from ..models.context_parallel import ContextParallelMask
 from ..models.host_copy import to_device
 from ..runtime.collective_device import collective_device
@@ -54,6 +54,8 @@ def prepare_batch(batch: dict, model, attention: Optional[AttentionSettings] = N
     encoder_cp = (attention or CAUSAL).encoder_cp(split)
     layout = batch_layout(inner.mm_config, inner.media_token_ids, batch["tokens"],
                           batch["media"], loss_mask, encoder_cp)
+    if inner.mm_config.language.moe is not None and "seq_lengths" in batch:
+        layout.padding = padding_positions(batch["seq_lengths"], batch["tokens"].shape[1])
     # split items: the layout carries this CP rank's media, the only ones it encodes
     media = inner.needs_media() and encoder_cp is None
     return batch_to_device(batch, media=media), mask, layout.to(dev)

@@ -47,6 +47,7 @@ from ..data.loaders import savable
 from .build_settings import cp_attention_choice, fusions, transformer_impl
 from .data_setup import batch_iterators, build_datasets
 from .model_setup import build_model_chunks, setup_model_and_optimizer
+from .moe_metrics import moe_metrics, read_moe
 from .rank_print import print_rank_0, print_rank_last
 from .run_config import RunConfig
 from .signal_handler import DistributedSignalHandler
@@ -279,6 +280,9 @@ class Trainer:
                           counter.take_global, self.writers, print_rank_last)
         summary = self.summary
         summary.update(losses={}, grad_norms={})
+        moe = moe_metrics(config, self.model_chunks)
+        if moe is not None:
+            summary["moe_losses"] = {}
         validate = validation_enabled(config.validation)
         handler = (DistributedSignalHandler(getattr(signal, config.exits.exit_signal))
                    if config.exits.exit_signal_handler else None)
@@ -292,9 +296,15 @@ class Trainer:
                 iteration += 1
                 if callbacks.on_step is not None:
                     callbacks.on_step(iteration, self.model, result.lm_loss)
-                self.take_read(log.record(
+                moe_step = None if moe is None else moe.report(iteration, self.writers)
+                if moe_step is not None:
+                    summary["moe_losses"][iteration] = moe_step
+                read = log.record(
                     iteration, result, self.scheduler.get_lr(self.optimizer.param_groups[0]),
-                    self.optimizer.get_loss_scale, self.model_chunks))
+                    self.optimizer.get_loss_scale, self.model_chunks, moe_step)
+                self.take_read(read)
+                if read and moe is not None:  # a log interval: read on the host now
+                    summary["moe_losses"] = read_moe(summary["moe_losses"])
                 if iteration == first:  # after the optimizer state exists
                     report_memory(f"(after {iteration} iterations)")
                 if validate and iteration % config.validation.eval_interval == 0 and \
@@ -323,6 +333,8 @@ class Trainer:
             summary["exit"] = stop
         if self.writers is not None:
             self.writers.close()
+        if moe is not None:
+            summary["moe_losses"] = read_moe(summary["moe_losses"])
         summary["iteration"] = iteration
         summary["pipeline_partition"] = list(self.plan.partition.layers_per_chunk)
         return summary

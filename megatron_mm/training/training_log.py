@@ -88,6 +88,7 @@ class TrainingLog:
 
     def _reset(self) -> None:
         self.loss_sum, self.advanced, self.skipped, self.nan = 0.0, 0, 0, 0
+        self.moe_sums: Dict[str, torch.Tensor] = {}  # an MoE LLM's metrics over the interval
 
     def read(self) -> Dict[int, Tuple[float, float]]:
         """The pending iterations' (lm loss, grad norm) on the host (loss NaN off the last
@@ -108,11 +109,15 @@ class TrainingLog:
         return read
 
     def record(self, iteration: int, result: StepResult, learning_rate: float,
-               loss_scale: Callable[[], torch.Tensor], model_chunks) -> Dict[int, Tuple]:
+               loss_scale: Callable[[], torch.Tensor], model_chunks,
+               moe: Optional[Dict[str, torch.Tensor]] = None) -> Dict[int, Tuple]:
         """One iteration; at a log interval, the line. Returns what it read on the host:
-        {iteration: (lm loss, grad norm)} of the interval at a log interval, else {}."""
+        {iteration: (lm loss, grad norm)} of the interval at a log interval, else {}.
+        ``moe``: an MoE LLM's metrics of the step (``moe_metrics.MoEMetrics.report``)."""
         log, train = self.config.logging, self.config.training
         self.pending[iteration] = result
+        for key, value in (moe or {}).items():  # device tensors: summed there
+            self.moe_sums[key] = value + self.moe_sums[key] if key in self.moe_sums else value
         if result.update_successful:
             self.advanced += 1
         else:
@@ -148,6 +153,13 @@ class TrainingLog:
         line += f" global batch size: {train.global_batch_size:5d} |"
         if self.advanced and parallel_state.is_pipeline_last_stage():
             line += f" lm loss: {self.loss_sum / self.advanced:.6E} |"
+        steps = max(1, self.advanced + self.skipped)
+        for key, value in self.moe_sums.items():  # Megatron-LM's total_loss_dict format
+            if value.dim():  # tokens per expert
+                counts = "/".join(str(int(v) // steps) for v in value.tolist())
+                line += f" tokens per expert: {counts} |"
+            else:
+                line += f" {key}: {float(value) / steps:.6E} |"
         line += f" loss scale: {float(loss_scale()):.1f} |"
         if grad_norm is not None:
             line += f" grad norm: {grad_norm:.3f} |"

@@ -15,6 +15,7 @@ import, unless MEGATRON_MM_GPU_TESTS_WITHOUT_TE=1 (``conftest.transformer_engine
 - A ViT whose class token makes its sequence odd, padded and masked with TE's ``padding``
   mask type (``--sequence-parallel``'s padding), equals the unpadded local ViT.
 - TE picks its flash or fused attention (not unfused) for the causal and padding masks.
+- An MoE LLM's local experts' checkpoint loads into TE's grouped GEMM and back.
 """
 
 import dataclasses
@@ -286,3 +287,43 @@ def test_padded_vit_on_te_equals_unpadded_local(cuda_world, te_backends):
     for name, p in te.named_parameters():
         assert_close_bf16(p.grad, local_grads[name], msg=name)
     assert te_backends["padding"] and te_backends["padding"] <= FAST, te_backends
+
+
+def _moe(grouped_gemm: bool):
+    from megatron_mm.config import MoEConfig
+
+    return MoEConfig(num_experts=4, ffn_hidden_size=64, router_topk=2, layer_freq=(1, 0),
+                     token_dispatcher_type="alltoall", grouped_gemm=grouped_gemm)
+
+
+def test_moe_local_experts_checkpoint_loads_into_grouped_gemm_and_back(cuda_world, tmp_path):
+    """An MoE LLM (layer 0 MoE, layer 1 dense) saved with local experts (``SequentialMLP``)
+    loads into TE's grouped GEMM (``TEGroupedMLP``, --moe-grouped-gemm) and computes the
+    same loss; saved from there, it loads back into local experts bit for bit."""
+    from megatron_mm.training.checkpointing import load_checkpoint, save_checkpoint
+
+    def args(path, grouped):
+        from megatron_mm.training.run_config import parse_run_config
+
+        flags = ["--save", str(path), "--no-save-optim", "--no-save-rng", "--no-load-optim",
+                 "--no-load-rng", "--micro-batch-size", "1"]
+        config = parse_run_config(flags, world_size=1)
+        return dataclasses.replace(
+            config, model_config=_config("clip", moe=_moe(grouped)),
+            checkpoint=dataclasses.replace(config.checkpoint, load=str(path)))
+
+    local = _build("local", moe=_moe(False))
+    save_checkpoint(args(tmp_path / "local", False), 1, [local], None, None)
+    te = _build("transformer_engine", moe=_moe(True))
+    assert type(te.language_model.decoder.layers[0].mlp.experts).__name__ == "TEGroupedMLP"
+    load_checkpoint(args(tmp_path / "local", True), [te], None, None)
+    torch.testing.assert_close(_loss(te), _loss(local), rtol=LOSS_RTOL, atol=0)
+    save_checkpoint(args(tmp_path / "te", True), 1, [te], None, None)
+    back = _build("local", moe=_moe(False))
+    torch.manual_seed(1)
+    for p in back.parameters():
+        torch.nn.init.normal_(p)
+    load_checkpoint(args(tmp_path / "te", False), [back], None, None)
+    for name, value in local.state_dict().items():
+        if torch.is_tensor(value) and not is_module_state(name):
+            assert torch.equal(back.state_dict()[name], value), name

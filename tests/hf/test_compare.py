@@ -69,3 +69,20 @@ def test_inputs_the_family_does_not_take(capsys, llava, key, value, message):
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert "max abs logit difference" not in out
+
+
+@pytest.mark.parametrize("name, ep, message", [
+    ("qwen3", 2, "--expert-model-parallel-size needs an MoE LLM (--num-experts); this "
+                 "LLM is dense"),
+    ("qwen3_moe", 3, "--num-experts (4) is not divisible by --expert-model-parallel-size "
+                     "(3)"),
+])
+def test_compare_refuses_a_bad_expert_parallel_size(capsys, converted, tmp_path, name, ep,
+                                                    message):
+    _, hf_dir, ckpt = converted[name]
+    inputs = str(tmp_path / "inputs.pt")
+    torch.save({"input_ids": torch.ones(1, 4, dtype=torch.long)}, inputs)
+    code, _, err = _compare(capsys, hf_dir, ckpt, inputs, "--expert-model-parallel-size",
+                            str(ep))
+    assert code == 2
+    assert message in err.strip().splitlines()[-1]

@@ -96,3 +96,21 @@ def test_export_writes_the_legacy_hub_layout(gloo_world, converted, tmp_path):
     assert prefixes == {"language_model.model", "language_model.lm_head",
                         "vision_tower.vision_model", "multi_modal_projector.linear_1",
                         "multi_modal_projector.linear_2"}
+
+
+def test_fused_experts_import_as_the_per_expert_ones(gloo_world, converted, tmp_path):
+    """transformers 5's in-memory Qwen3-MoE experts (``mlp.experts.gate_up_proj`` /
+    ``down_proj``, all experts in one tensor) import as its saved per-expert tensors do."""
+    from megatron_mm.hf.convert import import_hf
+
+    model, _, reference_ckpt = converted["qwen3_moe"]
+    assert "model.layers.0.mlp.experts.gate_up_proj" in model.state_dict()
+    hf_dir = str(tmp_path / "hf")
+    _write_layout(model, hf_dir, lambda k: k)
+    import_hf(hf_dir, str(tmp_path / "ckpt"), tensor_model_parallel_size=2)
+    want = load_converted(reference_ckpt).state_dict()
+    got = load_converted(str(tmp_path / "ckpt")).state_dict()
+    assert any(".local_experts.3.linear_fc1" in key for key in want)
+    for key, value in want.items():
+        if torch.is_tensor(value):
+            assert torch.equal(got[key], value), key

@@ -16,7 +16,7 @@ TOLERANCE = 1e-4
 NAMES = ("llama", "mistral", "qwen2", "qwen3", "llava_llama", "onevision", "llava_qwen2_yarn")
 
 
-def logits_of_each(rank, checkpoints, tp, pp, inputs):
+def logits_of_each(rank, checkpoints, tp, pp, inputs, ep=1):
     from megatron_mm.training.initialize import initialize_distributed, set_random_seed
     from parity import load_converted, logits
 
@@ -25,12 +25,13 @@ def logits_of_each(rank, checkpoints, tp, pp, inputs):
         virtual_pipeline_model_parallel_size, distributed_backend = None, "gloo"
         context_parallel_size = 1
         distributed_timeout_minutes = 5
+        expert_model_parallel_size, expert_tensor_parallel_size = ep, tp
 
     initialize_distributed(Layout)
     set_random_seed(1234)
     out = {}
     for name, ckpt in checkpoints.items():
-        result = logits(load_converted(ckpt, tp, pp), *inputs[name])
+        result = logits(load_converted(ckpt, tp, pp, ep), *inputs[name])
         if result is not None:
             out[name] = result[..., :tiny_models.VOCAB]
     return out
@@ -45,4 +46,22 @@ def test_logits_equal_hugging_face(converted, references, tp, pp):
     for name in NAMES:
         diff = (last[name] - references[name][2]).abs().max().item()
         print(f"{name}: TP={tp} PP={pp} max abs logit difference {diff:.3g}")
+        assert diff <= TOLERANCE, name
+
+
+MOE = ("qwen3_moe", "qwen3_moe_step")
+
+
+@pytest.mark.parametrize("tp, pp, ep", [(1, 1, 2), (1, 2, 2), (2, 1, 1)],
+                         ids=["EP2", "PP2-EP2", "TP2"])
+def test_moe_logits_equal_hugging_face(converted, references, tp, pp, ep):
+    """Each rank holds half of the experts (EP=2; with PP=2 a stage holds one MoE layer
+    of each model), or half of every expert (TP=2, sequence parallel)."""
+    checkpoints = {name: converted[name][2] for name in MOE}
+    inputs = {name: references[name][:2] for name in MOE}
+    results = run_distributed(logits_of_each, tp * pp * ep, checkpoints, tp, pp, inputs, ep)
+    last = results[-1]
+    for name in MOE:
+        diff = (last[name] - references[name][2]).abs().max().item()
+        print(f"{name}: TP={tp} PP={pp} EP={ep} max abs logit difference {diff:.3g}")
         assert diff <= TOLERANCE, name

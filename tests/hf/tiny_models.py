@@ -40,6 +40,18 @@ MODELS = {
     # q/k norm and a head dim that is not hidden / heads
     "qwen3": ("Qwen3ForCausalLM", "qwen3", dict(head_dim=32, tie_word_embeddings=False),
               None, None, {}),
+    # mixture of experts: layer 0 sparse (4 experts, top-2 renormalised), layer 1 dense
+    # (mlp_only_layers); experts narrower than the dense MLP
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "qwen3_moe",
+                  dict(head_dim=32, tie_word_embeddings=False, num_experts=4,
+                       num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                       mlp_only_layers=[1]), None, None, {}),
+    # the other router (top-k of the softmax over all experts, not renormalised) and
+    # decoder_sparse_step 2: layer 0 dense, layer 1 sparse
+    "qwen3_moe_step": ("Qwen3MoeForCausalLM", "qwen3_moe",
+                       dict(tie_word_embeddings=True, num_experts=4, num_experts_per_tok=2,
+                            moe_intermediate_size=32, norm_topk_prob=False,
+                            decoder_sparse_step=2), None, None, {}),
     # LLaVA-1.5: CLIP, feature layer -2, class token dropped ("default")
     "llava_llama": ("LlavaForConditionalGeneration", "llama", dict(tie_word_embeddings=False),
                     "clip_vision_model", {}, dict(vision_feature_layer=-2)),
@@ -83,9 +95,10 @@ def build(name: str, seed: int = 0, vocab_size: int = VOCAB, image_token: int = 
     config.architectures = [arch]
     torch.manual_seed(seed)
     model = getattr(transformers, arch)(config).eval()
-    with torch.no_grad():  # random norms and biases: a mapping mix-up cannot hide
+    # random norms, biases and routers: a mapping mix-up cannot hide
+    with torch.no_grad():
         for n, p in model.named_parameters():
-            if "norm" in n or n.endswith("bias") or "layrnorm" in n:
+            if "norm" in n or n.endswith("bias") or "layrnorm" in n or "mlp.gate." in n:
                 p.add_(torch.randn_like(p) * 0.1)
     return model
 

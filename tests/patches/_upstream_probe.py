@@ -191,6 +191,23 @@ def main():
            lambda: CLIPViTModel(cfg, get_vit_layer_with_local_spec()) and 1)
     record("ddp_grad_sync", ddp_grad_sync)
 
+    from megatron.core.transformer.moe import moe_utils
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    moe_cfg = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2,
+                                num_moe_experts=2, moe_ffn_hidden_size=8,
+                                moe_token_dispatcher_type="alltoall", add_bias_linear=False,
+                                use_cpu_initialization=True, pipeline_dtype=torch.float32)
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    record("moe_dispatcher", lambda: MoEAlltoAllTokenDispatcher(
+        2, [0, 1], moe_cfg, ProcessGroupCollection.use_mpu_process_groups()) and 1)
+    record("moe_split_sizes", lambda: type(moe_utils.maybe_move_tensor_to_cpu(
+        torch.tensor([1, 2]), as_numpy=True)).__name__)
+    record("all_to_all_tensor_splits", lambda: torch.distributed.all_to_all_single(
+        torch.zeros(2), torch.zeros(2), output_split_sizes=torch.tensor([2]),
+        input_split_sizes=torch.tensor([2])))
+
     # ---- stage 3 ------------------------------------------------------------------------
     apply_cpu_patches([p.name for p in PATCHES if p.name not in ("tensor_type_str",
                                                                   "distopt_load")])

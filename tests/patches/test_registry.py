@@ -12,8 +12,8 @@ from megatron_mm.patches import CHECKED_MEGATRON_CORE, PATCHES, apply_cpu_patche
 ALL = [p.name for p in PATCHES]
 
 
-def test_thirteen_patches_all_applied_here():
-    assert len(ALL) == len(set(ALL)) == 13
+def test_fourteen_patches_all_applied_here():
+    assert len(ALL) == len(set(ALL)) == 14
     assert applied_patches() == ALL  # by conftest, in table order
     assert apply_cpu_patches() == ALL  # applying again changes nothing
     with pytest.raises(ValueError, match="unknown patches"):

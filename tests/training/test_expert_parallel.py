@@ -1,0 +1,80 @@
+"""Expert parallelism equals one process: EP=2, TP=2 x EP=2, PP=2 x EP=2, PP=2 x VPP=2
+x EP=2 and CP=2 x EP=2 runs of an MoE LLM with a dense layer among the sparse ones
+(losses, gradients, parameters, the load-balancing loss and the tokens per expert, in the
+summary and in TensorBoard), all starting from one saved init (the checkpoint reshards
+the experts)."""
+
+import pytest
+from dist_harness import run_distributed
+from equivalence import REFERENCE_STEPS as STEPS
+from equivalence import assert_equal_runs
+from train_workers import train
+
+pytestmark = pytest.mark.processes
+
+# Three LLM layers: MoE, dense, MoE (four experts, top-2, the aux loss on); the all-to-all
+# dispatcher (pipeline parallelism needs it) on gloo.
+MOE_MODEL = ["--num-layers", "3", "--num-experts", "4", "--moe-ffn-hidden-size", "32",
+             "--moe-layer-freq", "[1,0,1]", "--moe-router-topk", "2",
+             "--moe-aux-loss-coeff", "0.01", "--moe-token-dispatcher-type", "alltoall"]
+EP2 = ["--expert-model-parallel-size", "2"]
+
+
+@pytest.mark.parametrize("world, layout", [
+    (2, EP2),
+    (2, EP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+               "--expert-tensor-parallel-size", "1"]),
+    (4, EP2 + ["--pipeline-model-parallel-size", "2"]),
+    (4, EP2 + ["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size",
+               "2", "--pipeline-partition", "auto"]),
+    # CP ranks split each sequence (blocks of 16), or, shorter than two blocks of 128,
+    # each holds it whole
+    (2, EP2 + ["--context-parallel-size", "2", "--context-parallel-block", "16"]),
+    (2, EP2 + ["--context-parallel-size", "2"]),
+], ids=["ep2", "tp2-ep2", "pp2-ep2", "pp2-vpp2-ep2", "cp2-ep2", "cp2-whole-ep2"])
+def test_expert_parallel_equals_one_process(one_process_reference, digits_dir, tmp_path,
+                                            world, layout):
+    argv, ref = one_process_reference(digits_dir, MOE_MODEL)
+    tb = str(tmp_path / "tb")
+    ranks = run_distributed(train, world, argv + layout + ["--tensorboard-dir", tb],
+                            (1, STEPS))
+    pp = 2 if "--pipeline-model-parallel-size" in layout else 1
+    stages = ranks[:: world // pp]  # TP rank 0 of each stage: full (TP-gathered) tensors
+    assert_equal_runs(stages, ref, STEPS, holding="language_model.decoder.layers.2.mlp."
+                      "experts.local_experts.3")
+    # The load-balancing loss (reduced over the ranks) and the tokens each expert got
+    # (padding left out: the same whatever the split), on every rank and in TensorBoard.
+    scalars = tensorboard_scalars(tb)
+    for it in range(1, STEPS + 1):
+        want = ref["moe_losses"][it]
+        for rank in ranks:
+            got = rank["moe_losses"][it]
+            assert got["load_balancing_loss"] == pytest.approx(
+                want["load_balancing_loss"], rel=1e-5), it
+            assert got["tokens_per_expert"] == want["tokens_per_expert"], it
+        assert scalars["load_balancing_loss"][it] == pytest.approx(
+            want["load_balancing_loss"], rel=1e-5)
+        for e, count in enumerate(want["tokens_per_expert"]):
+            assert scalars[f"moe/tokens_per_expert_{e}"][it] == count
+
+
+def tensorboard_scalars(directory) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(directory, size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: {e.step: e.value for e in events.Scalars(tag)}
+            for tag in events.Tags()["scalars"]}
+
+
+def test_validation_with_expert_parallelism(one_process_reference, digits_dir):
+    """The final validation (loss and greedy answers) at EP=2 equals one process's: every
+    rank decodes every prompt in lockstep, as the experts' all-to-alls pair the ranks'
+    forwards (decoding each rank's own share, they would wait on each other forever)."""
+    argv, _ = one_process_reference(digits_dir, MOE_MODEL)
+    argv = [a for a in argv if a != "--skip-final-eval"] + ["--train-iters", "1"]
+    one = run_distributed(train, 1, argv)[0]
+    ranks = run_distributed(train, 2, argv + EP2)
+    for rank in ranks:
+        assert rank["val_loss"] == pytest.approx(one["val_loss"], rel=1e-5)
+        assert rank["val_accuracy"] == one["val_accuracy"]
