@@ -51,6 +51,7 @@ class LanguageModelConfig:
     # to kv_channels / 2), each rotated by its own row of 3-D position ids [3, B, S].
     position_embedding_type: str = "rope"
     mrope_section: Optional[Tuple[int, ...]] = None
+    mrope_interleaved: bool = False  # Qwen3-VL: T H W frequencies in turn, not sections
     add_qkv_bias: bool = False  # Qwen2
     qk_layernorm: bool = False  # Qwen3
     untie_embeddings_and_output_weights: bool = False  # Megatron default: tied
@@ -85,6 +86,8 @@ class LanguageModelConfig:
                  f"--position-embedding-type must be rope or mrope, got {kind!r}")
         if kind == "rope":
             require(section is None, "--mrope-section needs --position-embedding-type mrope")
+            require(not self.mrope_interleaved,
+                    "--mrope-interleaved needs --position-embedding-type mrope")
             return
         require(section is not None,
                  "--position-embedding-type mrope needs --mrope-section T H W (rotary "

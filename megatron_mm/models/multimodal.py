@@ -16,7 +16,7 @@ from megatron.core.models.vision.multimodal_projector import MultimodalProjector
 from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
 
-from ..config import MultimodalModelConfig
+from ..config import ConfigError, MultimodalModelConfig
 from ..families import family_of, modality_of
 from ..plan.fp8 import fp8_align_size
 from ..plan.pipeline.placement import ChunkPlacement
@@ -25,6 +25,7 @@ from .fp8_context import anchor, idle_run, reduces_amax
 from .batch_layout import (  # noqa: F401  (MediaMismatchError: re-exported)
     BatchLayout, MediaMismatchError, batch_layout, loss_positions)
 from .context_parallel import ContextParallelMask
+from .deepstack import DeepStack, DeepStackFeatures
 
 # An encoder family's module (``EncoderParts``): see ``megatron_mm.families``.
 Encoder = MegatronModule
@@ -76,6 +77,28 @@ class MultimodalModel(MegatronModule):
             rotary.cp_group = None  # no zigzag slicing: our positions are exact
             if not self.mrope:
                 rotary.register_forward_hook(self._rope_at_global_positions)
+        self.deepstack = self._attach_deepstack(config, placement)
+
+    def _attach_deepstack(self, config: MultimodalModelConfig,
+                          placement: ChunkPlacement) -> Optional[DeepStack]:
+        """DeepStack's hooks on this chunk's LLM layers that add an encoder's intermediate
+        features (``deepstack_llm_layers`` of its config; Qwen3-VL), or None. The features
+        come from the encoder's projector in the same chunk: carrying them across a
+        pipeline cut is not implemented yet."""
+        layers = max((getattr(c, "deepstack_llm_layers", 0) for c in config.encoders.values()),
+                     default=0)
+        if not layers:
+            return None
+        deepstack = DeepStack(layers)
+        deepstack.attach(self.language_model.decoder)
+        if deepstack.layers and (placement.encoder_separate
+                                 or not any(e.projector for e in placement.encoders)):
+            raise ConfigError(
+                f"LLM layers {deepstack.layers} add DeepStack features, which are made by "
+                "the vision encoder's mergers in another pipeline stage (or encoder "
+                "schedule): carrying them across stages is not implemented yet; keep the "
+                f"first {layers} LLM layers in the stage holding the vision projector")
+        return deepstack
 
     def set_is_first_microbatch(self):
         """Refresh every TE layer's FP8 weight cache at a step's first micro-batch, whichever
@@ -283,6 +306,10 @@ class MultimodalModel(MegatronModule):
         s, b, h = text.shape
         merged = text.reshape(s * b, h).index_copy(0, layout.slots[name],
                                                     features.to(text.dtype))
+        deepstack = getattr(self.encoder(name), "deepstack_features", None)
+        if self.deepstack is not None and deepstack is not None:
+            self.deepstack.bind(DeepStackFeatures(
+                layout.slots[name], deepstack(self.projector(name)), s * b))
         return merged.view(s, b, h)
 
     def embed(self, tokens: torch.Tensor, position_ids: torch.Tensor,
@@ -410,6 +437,8 @@ class MultimodalModel(MegatronModule):
             local_mask = loss_mask if cpm is None else cpm.take_loss_mask(loss_mask)
             layout = self.layout(tokens, media, local_mask)
         place = self.placement
+        if self.deepstack is not None:
+            self.deepstack.bind(None)  # this micro-batch's come with its merge
         if place.llm_embed or (place.encoders and not place.encoder_separate):
             hidden_in, encoder_hidden = self.front(tokens, position_ids, media, layout)
             if not place.runs_llm:

@@ -46,6 +46,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mrope-section", type=int, nargs="+", default=None,
                    help="with mrope: rotary frequencies of the temporal, height and width "
                         "positions (three ints summing to --kv-channels / 2)")
+    g.add_argument("--mrope-interleaved", action="store_true",
+                   help="with mrope: deal the rotary frequencies to the temporal, height and "
+                        "width positions in turn (Qwen3-VL) instead of in three sections")
     g.add_argument("--add-qkv-bias", action="store_true")
     g.add_argument("--qk-layernorm", action="store_true")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
@@ -503,7 +506,8 @@ def _validate_search_and_recompute(args: argparse.Namespace) -> None:
 CHECKPOINT_FLAGS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
     "group_query_attention", "num_query_groups", "kv_channels", "max_position_embeddings",
-    "rotary_base", "position_embedding_type", "mrope_section", "add_qkv_bias", "qk_layernorm",
+    "rotary_base", "position_embedding_type", "mrope_section", "mrope_interleaved",
+    "add_qkv_bias", "qk_layernorm",
     "untie_embeddings_and_output_weights", "norm_epsilon", "make_vocab_size_divisible_by",
     "vision_model_type", "vision_hidden_size",
     "vision_num_layers", "vision_num_attention_heads", "vision_ffn_hidden_size",

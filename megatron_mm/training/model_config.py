@@ -30,6 +30,7 @@ def build_model_config(model) -> MultimodalModelConfig:
         rotary_base=model.rotary_base,
         position_embedding_type=model.position_embedding_type,
         mrope_section=None if model.mrope_section is None else tuple(model.mrope_section),
+        mrope_interleaved=model.mrope_interleaved,
         add_qkv_bias=model.add_qkv_bias,
         qk_layernorm=model.qk_layernorm,
         untie_embeddings_and_output_weights=model.untie_embeddings_and_output_weights,

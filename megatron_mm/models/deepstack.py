@@ -1,0 +1,70 @@
+"""DeepStack (Qwen3-VL): vision features taken from intermediate encoder layers are added
+to the LLM's hidden state at the visual positions after each of its first decoder layers
+(feature ``i`` after layer ``i``).
+
+The LLM stays Megatron-Core's ``TransformerBlock``: a forward hook on each of those layers
+(``DeepStack.attach``) adds the bound features to the layer's output hidden state, so the
+block, its recompute and its pipeline layout are unchanged. What a micro-batch adds is one
+``DeepStackFeatures`` record (the flat [S, B] positions and one [n, H] tensor per layer),
+bound before the LLM runs and cleared after: the record, not the module, is what a later
+pipeline plan carries to the stage holding those layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+
+
+@dataclass
+class DeepStackFeatures:
+    """One micro-batch's DeepStack inputs: ``slots`` [n] long, the flat positions in the
+    sequence-first [S, B] hidden state (``BatchLayout.slots``' order), and ``features``,
+    one [n, H] tensor per LLM layer that adds them (layer ``i`` adds ``features[i]``)."""
+
+    slots: torch.Tensor
+    features: List[torch.Tensor]
+    tokens: int  # S x B of the hidden state they are added to
+
+
+class DeepStack:
+    """The hooks on the LLM layers numbered (0-based, global) below ``num_layers``, and the
+    features they add for the micro-batch bound now."""
+
+    def __init__(self, num_layers: int):
+        self.num_layers = num_layers
+        self.bound: Optional[DeepStackFeatures] = None
+        self.layers: List[int] = []  # this chunk's hooked layers (global, 0-based)
+
+    def attach(self, block) -> None:
+        """Hook the layers of ``block`` (a ``TransformerBlock``, this chunk's) that add
+        features."""
+        for layer in block.layers:
+            index = layer.layer_number - 1  # Megatron-Core's: 1-based, pipeline offset in
+            if index < self.num_layers:
+                layer.register_forward_hook(self._hook(index))
+                self.layers.append(index)
+
+    def bind(self, features: Optional[DeepStackFeatures]) -> None:
+        if features is not None and len(features.features) != self.num_layers:
+            raise ValueError(f"{len(features.features)} DeepStack features for "
+                             f"{self.num_layers} LLM layers")
+        self.bound = features
+
+    def _hook(self, index: int):
+        def add(module, args, output):
+            if self.bound is None:
+                return output  # a micro-batch without visual tokens
+            hidden, context = output
+            s, b, h = hidden.shape
+            if s * b != self.bound.tokens:
+                raise NotImplementedError(
+                    f"DeepStack adds features to the whole [S, B] hidden state ({self.bound.tokens}"
+                    f" positions); LLM layer {index} holds {s * b} (a sequence- or context-"
+                    "parallel shard): not implemented yet")
+            feature = self.bound.features[index].to(hidden.dtype)
+            added = hidden.reshape(s * b, h).index_add(0, self.bound.slots, feature)
+            return added.view(s, b, h), context
+        return add
