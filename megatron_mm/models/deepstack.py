@@ -8,6 +8,12 @@ block, its recompute and its pipeline layout are unchanged. What a micro-batch a
 ``DeepStackFeatures`` record (the flat [S, B] positions and one [n, H] tensor per layer),
 bound before the LLM runs and cleared after: the record, not the module, is what a later
 pipeline plan carries to the stage holding those layers.
+
+The layers add leaf copies of the features, joined to the LLM's input (``join``): that
+node's backward runs after every layer's (the layers follow the input) and hands the
+features the gradients their leaves gathered. So the gradient reaches the mergers once,
+in the outer backward, also when Megatron-Core's activation recompute re-runs the layers
+(and their hooks) inside its own backward.
 """
 
 from __future__ import annotations
@@ -53,6 +59,16 @@ class DeepStack:
                              f"{self.num_layers} LLM layers")
         self.bound = features
 
+    def join(self, hidden: torch.Tensor, features: DeepStackFeatures) -> torch.Tensor:
+        """Bind ``features`` (as leaves, when they take gradients) and return ``hidden``,
+        the LLM's input, joined to their backward."""
+        if not (torch.is_grad_enabled() and any(f.requires_grad for f in features.features)):
+            self.bind(features)
+            return hidden
+        leaves = [f.detach().requires_grad_() for f in features.features]
+        self.bind(DeepStackFeatures(features.slots, leaves, features.tokens))
+        return _Join.apply(hidden, leaves, *features.features)
+
     def _hook(self, index: int):
         def add(module, args, output):
             if self.bound is None:
@@ -68,3 +84,18 @@ class DeepStack:
             added = hidden.reshape(s * b, h).index_add(0, self.bound.slots, feature)
             return added.view(s, b, h), context
         return add
+
+
+class _Join(torch.autograd.Function):
+    """``hidden`` unchanged; in backward each feature gets the gradient its leaf gathered
+    in the layers."""
+
+    @staticmethod
+    def forward(ctx, hidden, leaves, *features):
+        ctx.leaves = leaves
+        return hidden.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (grad, None, *(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+                              for leaf in ctx.leaves))

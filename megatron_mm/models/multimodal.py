@@ -305,12 +305,12 @@ class MultimodalModel(MegatronModule):
             features = features.index_select(0, keep)
         s, b, h = text.shape
         merged = text.reshape(s * b, h).index_copy(0, layout.slots[name],
-                                                    features.to(text.dtype))
+                                                    features.to(text.dtype)).view(s, b, h)
         deepstack = getattr(self.encoder(name), "deepstack_features", None)
         if self.deepstack is not None and deepstack is not None:
-            self.deepstack.bind(DeepStackFeatures(
+            merged = self.deepstack.join(merged, DeepStackFeatures(
                 layout.slots[name], deepstack(self.projector(name)), s * b))
-        return merged.view(s, b, h)
+        return merged
 
     def embed(self, tokens: torch.Tensor, position_ids: torch.Tensor,
               media: Mapping[str, torch.Tensor],
