@@ -42,6 +42,7 @@ class DeepStack:
     def __init__(self, num_layers: int):
         self.num_layers = num_layers
         self.bound: Optional[DeepStackFeatures] = None
+        self.sent: Optional[DeepStackFeatures] = None  # as made: what a later stage gets
         self.layers: List[int] = []  # this chunk's hooked layers (global, 0-based)
 
     def attach(self, block) -> None:
@@ -54,20 +55,25 @@ class DeepStack:
                 self.layers.append(index)
 
     def bind(self, features: Optional[DeepStackFeatures]) -> None:
+        if features is None:
+            self.sent = None
         if features is not None and len(features.features) != self.num_layers:
             raise ValueError(f"{len(features.features)} DeepStack features for "
                              f"{self.num_layers} LLM layers")
         self.bound = features
 
     def join(self, hidden: torch.Tensor, features: DeepStackFeatures) -> torch.Tensor:
-        """Bind ``features`` (as leaves, when they take gradients) and return ``hidden``,
-        the LLM's input, joined to their backward."""
-        if not (torch.is_grad_enabled() and any(f.requires_grad for f in features.features)):
+        """Bind ``features`` (as leaves, when they take gradients; None for layers before
+        this chunk's) and return ``hidden``, the LLM's input, joined to their backward."""
+        self.sent = features
+        given = [f for f in features.features if f is not None]
+        if not (torch.is_grad_enabled() and any(f.requires_grad for f in given)):
             self.bind(features)
             return hidden
-        leaves = [f.detach().requires_grad_() for f in features.features]
+        leaves = [None if f is None else f.detach().requires_grad_()
+                  for f in features.features]
         self.bind(DeepStackFeatures(features.slots, leaves, features.tokens))
-        return _Join.apply(hidden, leaves, *features.features)
+        return _Join.apply(hidden, [leaf for leaf in leaves if leaf is not None], *given)
 
     def _hook(self, index: int):
         def add(module, args, output):

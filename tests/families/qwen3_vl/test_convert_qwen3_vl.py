@@ -1,8 +1,9 @@
 """Qwen3-VL (frame-attention ViT with a learned position table and DeepStack mergers +
 Qwen3 with interleaved M-RoPE) -> megatron_mm: on a batch with two images of different
 sizes and a two-frame video (timestamp text between its frames, as the processor writes
-it), ``compare``'s logits equal transformers' at TP=1 and TP=2 (max |diff| <= 1e-4, fp32)
-with DeepStack from tower layers that are not the last; export gives back the same
+it), ``compare``'s logits equal transformers' at TP=1, TP=2 and PP=2 with the cut between
+two DeepStack layers (max |diff| <= 1e-4, fp32), DeepStack from tower layers that are not
+the last; export gives back the same
 tensors; config fields the model does not reproduce are refused."""
 
 import pytest
@@ -22,15 +23,15 @@ def _config(text=None, **vision):
 
     config = Qwen3VLConfig(
         text_config={**dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                             head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
                             rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                              "mrope_section": [2, 3, 3],
                                              "mrope_interleaved": True}),
                      **(text or {})},
-        vision_config={**dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=4,
+        vision_config={**dict(depth=4, hidden_size=32, intermediate_size=64, num_heads=4,
                               out_hidden_size=64, patch_size=PATCH, num_position_embeddings=16,
-                              deepstack_visual_indexes=[0, 1]), **vision},
+                              deepstack_visual_indexes=[0, 1, 2]), **vision},
         image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START,
         vision_end_token_id=END, tie_word_embeddings=False)
     config.architectures = ["Qwen3VLForConditionalGeneration"]
@@ -84,13 +85,16 @@ def converted(tmp_path_factory):
     return model, str(root / "hf"), str(root / "ckpt")
 
 
-@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.processes)])
-def test_logits_equal_transformers(converted, tp):
+@pytest.mark.parametrize("tp,pp", [(1, 1), pytest.param(2, 1, marks=pytest.mark.processes),
+                                   # LLM layers 0, 1 | 2, 3: the DeepStack feature of
+                                   # layer 2 crosses the cut with the hidden state
+                                   pytest.param(1, 2, marks=pytest.mark.processes)])
+def test_logits_equal_transformers(converted, tp, pp):
     from megatron_mm.hf.compare import compare
 
     _, hf_dir, ckpt = converted
-    diff, shape = compare(hf_dir, ckpt, _inputs(), tp=tp)
-    print(f"qwen3-vl TP={tp}: max abs logit difference {diff:.3g}")
+    diff, shape = compare(hf_dir, ckpt, _inputs(), tp=tp, pp=pp)
+    print(f"qwen3-vl TP={tp} PP={pp}: max abs logit difference {diff:.3g}")
     assert tuple(shape) == (2, SEQ, VOCAB)
     assert diff <= TOLERANCE
 
@@ -134,8 +138,8 @@ def test_round_trip_is_bit_identical(converted, gloo_world, tmp_path):
     ({}, dict(in_channels=4), "vision_config.in_channels=4"),
     ({}, dict(num_position_embeddings=20), "vision_config.num_position_embeddings=20"),
     ({}, dict(out_hidden_size=32), "vision_config.out_hidden_size=32"),
-    ({}, dict(deepstack_visual_indexes=[0, 1, 2, 0]),
-     r"vision_config.deepstack_visual_indexes=\[0, 1, 2, 0\]"),
+    ({}, dict(deepstack_visual_indexes=[0, 1, 2, 0, 1]),
+     r"vision_config.deepstack_visual_indexes=\[0, 1, 2, 0, 1\]"),
     (dict(attention_bias=True), {}, "text_config.attention_bias=True"),
     (dict(hidden_act="gelu"), {}, "text_config.hidden_act='gelu'"),
     (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0,

@@ -1,7 +1,8 @@
 """Qwen3-VL training (native-size images and videos through the frame-attention ViT,
 DeepStack features added inside the LLM, interleaved M-RoPE) equals the single-process run
 from the same initial checkpoint (losses, gradients, parameters) under TP=2 and with full
-recompute of the LLM's layers (whose DeepStack hooks then run again in the backward)."""
+recompute of the LLM's layers (whose DeepStack hooks then run again in the backward), and
+PP=2 with the cut between two LLM layers that add DeepStack features."""
 
 import pytest
 import torch
@@ -50,17 +51,26 @@ def reference(qwen3_vl_dir, tmp_path_factory):
 
 
 @pytest.mark.processes
-@pytest.mark.parametrize("world,layout", [(2, ["--tensor-model-parallel-size", "2"]),
-                                          (1, RECOMPUTE)], ids=["tp2", "recompute"])
+@pytest.mark.parametrize("world,layout", [
+    (2, ["--tensor-model-parallel-size", "2"]),
+    (1, RECOMPUTE),
+    # [LLM embedding, the tower, its mergers, LLM layer 0] [LLM layers 1, 2, head]: the
+    # DeepStack feature of LLM layer 1 crosses the cut with the hidden state (and its
+    # gradient comes back with the hidden state's)
+    (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "7,3"]),
+], ids=["tp2", "recompute", "pp2-cut-between-deepstack-layers"])
 def test_parallel_layouts_equal_one_process(qwen3_vl_dir, reference, world, layout):
     common, ref = reference
-    out = run_distributed(train, world, _argv(qwen3_vl_dir, *common, *layout), (1, STEPS))[0]
+    ranks = run_distributed(train, world, _argv(qwen3_vl_dir, *common, *layout), (1, STEPS))
+    # TP ranks hold the same (gathered) tensors; pipeline stages their own pieces
+    stages = ranks if "--pipeline-model-parallel-size" in layout else ranks[:1]
     for it in range(1, STEPS + 1):
-        assert out["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+        assert stages[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
     for step in (1, STEPS):
-        assert out["grads"][step].keys() == ref["grads"][step].keys()
+        grads = {k: v for out in stages for k, v in out["grads"][step].items()}
+        assert grads.keys() == ref["grads"][step].keys()
         for name, value in ref["grads"][step].items():
-            torch.testing.assert_close(out["grads"][step][name], value, rtol=1e-4, atol=1e-6,
+            torch.testing.assert_close(grads[name], value, rtol=1e-4, atol=1e-6,
                                        msg=lambda m: f"grads {step} {name}: {m}")
     # the DeepStack mergers and the tower layers feeding them are trained
     deepstack = [n for n in ref["grads"][1] if ".deepstack." in n]
