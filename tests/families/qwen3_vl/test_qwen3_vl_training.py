@@ -85,3 +85,14 @@ def test_sequence_parallel_is_refused(capsys):
                                      "--sequence-parallel"], world_size=2)
     assert ("--sequence-parallel: the vision encoder's DeepStack features are added to the "
             "whole sequence") in capsys.readouterr().err
+
+
+@pytest.mark.processes
+def test_encoder_schedules_are_refused(qwen3_vl_dir):
+    """The executor's schedules do not carry DeepStack features yet: refused at build,
+    naming the flag."""
+    with pytest.raises(AssertionError, match="with --encoder-schedule coarse / bubble they "
+                                             "are not carried to the LLM yet"):
+        run_distributed(train, 2, _argv(qwen3_vl_dir, "--train-iters", "1",
+                                        "--pipeline-model-parallel-size", "2",
+                                        "--encoder-schedule", "bubble"))
