@@ -28,10 +28,11 @@ import torch
 class DeepStackFeatures:
     """One micro-batch's DeepStack inputs: ``slots`` [n] long, the flat positions in the
     sequence-first [S, B] hidden state (``BatchLayout.slots``' order), and ``features``,
-    one [n, H] tensor per LLM layer that adds them (layer ``i`` adds ``features[i]``)."""
+    one [n, H] tensor per LLM layer that adds them (layer ``i`` adds ``features[i]``; None
+    for a layer before the chunk that received them)."""
 
     slots: torch.Tensor
-    features: List[torch.Tensor]
+    features: List[Optional[torch.Tensor]]
     tokens: int  # S x B of the hidden state they are added to
 
 

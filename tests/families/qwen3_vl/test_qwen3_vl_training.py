@@ -2,7 +2,8 @@
 DeepStack features added inside the LLM, interleaved M-RoPE) equals the single-process run
 from the same initial checkpoint (losses, gradients, parameters) under TP=2 and with full
 recompute of the LLM's layers (whose DeepStack hooks then run again in the backward), and
-PP=2 with the cut between two LLM layers that add DeepStack features."""
+PP=2 with the cut between two LLM layers that add DeepStack features (also interleaved,
+PP=2 x VPP=2)."""
 
 import pytest
 import torch
@@ -58,7 +59,11 @@ def reference(qwen3_vl_dir, tmp_path_factory):
     # DeepStack feature of LLM layer 1 crosses the cut with the hidden state (and its
     # gradient comes back with the hidden state's)
     (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "7,3"]),
-], ids=["tp2", "recompute", "pp2-cut-between-deepstack-layers"])
+    # PP=2 x VPP=2: [LLM embedding, the tower, its mergers] [LLM 0] [LLM 1] [LLM 2, head]:
+    # both features leave the merging chunk, the second one passes through LLM 0's
+    (2, ["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size",
+         "2", "--pipeline-partition", "6,1,1,2"]),
+], ids=["tp2", "recompute", "pp2-cut-between-deepstack-layers", "pp2-vpp2"])
 def test_parallel_layouts_equal_one_process(qwen3_vl_dir, reference, world, layout):
     common, ref = reference
     ranks = run_distributed(train, world, _argv(qwen3_vl_dir, *common, *layout), (1, STEPS))
