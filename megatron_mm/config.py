@@ -128,6 +128,7 @@ class LanguageModelConfig:
     # "yarn": YaRN's scaled RoPE (``yarn``'s settings).
     position_embedding_type: str = "rope"
     mrope_section: Optional[Tuple[int, ...]] = None
+    mrope_interleaved: bool = False  # Qwen3-VL: T H W frequencies in turn, not sections
     # Llama 3.x RoPE scaling (--use-rope-scaling): Megatron-Core's, by --rope-scaling-factor
     # (low / high frequency factors 1 and 4 and an original context of 8192 fixed there).
     rope_scaling: bool = False
@@ -179,6 +180,8 @@ class LanguageModelConfig:
                 require(value == f.default, f"{flag} needs --position-embedding-type yarn")
         if kind != "mrope":
             require(section is None, "--mrope-section needs --position-embedding-type mrope")
+            require(not self.mrope_interleaved,
+                    "--mrope-interleaved needs --position-embedding-type mrope")
             return
         require(section is not None,
                  "--position-embedding-type mrope needs --mrope-section T H W (rotary "

@@ -27,9 +27,11 @@ def _png(path: str, w: int, h: int, rng) -> str:
     return os.path.basename(path)
 
 
-def write_qwen_vl_data(out: str, n_train: int = 24, n_valid: int = 8) -> str:
+def write_qwen_vl_data(out: str, n_train: int = 24, n_valid: int = 8, unit: int = 28) -> str:
+    """``unit``: the merge unit's side in pixels (Qwen2.5-VL's 28; Qwen3-VL's 32): images
+    of 1 to 3 units per side, frames of 2 x 1 units."""
     rng = np.random.default_rng(0)
-    sizes = [(28, 28), (56, 28), (56, 56), (84, 56), (28, 84), (84, 84)]
+    sizes = [(unit * a, unit * b) for a, b in ((1, 1), (2, 1), (2, 2), (3, 2), (1, 3), (3, 3))]
     for split, n in (("train", n_train), ("valid", n_valid)):
         lines = []
         for i in range(n):
@@ -41,7 +43,8 @@ def write_qwen_vl_data(out: str, n_train: int = 24, n_valid: int = 8) -> str:
                 images.append(_png(os.path.join(out, f"{split}-{i}-b.png"), h, w, rng))
                 text += " <image>"
             if i % 3 == 2:  # a video of 2 or 4 frames
-                frames = [_png(os.path.join(out, f"{split}-{i}-f{j}.png"), 56, 28, rng)
+                frames = [_png(os.path.join(out, f"{split}-{i}-f{j}.png"), 2 * unit,
+                               unit, rng)
                           for j in range(2 + 2 * (i % 2))]
                 record["videos"] = [{"frames": frames, "fps": 2}]
                 text += " <video>"

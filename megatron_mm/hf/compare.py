@@ -10,6 +10,7 @@ tests use the same functions.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import tempfile
@@ -165,15 +166,20 @@ def logits(model, tokens: torch.Tensor, media,
     positions = positions.to(device)
     first, last = (parallel_state.is_pipeline_first_stage(),
                    parallel_state.is_pipeline_last_stage())
-    if not first:
-        hidden = torch.empty(tokens.shape[1], tokens.shape[0], model.config.hidden_size,
-                             device=device)
-        torch.distributed.recv(hidden, parallel_state.get_pipeline_model_parallel_prev_rank())
-        model.set_input_tensor(hidden)
+    if not first:  # its size first: a stage may send more than the hidden state
+        prev = parallel_state.get_pipeline_model_parallel_prev_rank()
+        size = torch.empty(1, dtype=torch.long, device=device)
+        torch.distributed.recv(size, prev)
+        hidden = torch.empty(int(size), device=device)
+        torch.distributed.recv(hidden, prev)
+        whole = (tokens.shape[1], tokens.shape[0], model.config.hidden_size)
+        model.set_input_tensor(hidden.view(whole) if hidden.numel() == math.prod(whole)
+                               else hidden.view(-1, 1, 1))
     out = model(tokens, positions, media)
     if not last:
-        torch.distributed.send(out.contiguous(),
-                               parallel_state.get_pipeline_model_parallel_next_rank())
+        following = parallel_state.get_pipeline_model_parallel_next_rank()
+        torch.distributed.send(torch.tensor([out.numel()], device=device), following)
+        torch.distributed.send(out.contiguous().reshape(-1), following)
         return None
     return gather_from_tensor_model_parallel_region(out)
 

@@ -67,11 +67,13 @@ class TextModel:
     the on/off flags its architecture turns on (their dests: ``add_qkv_bias``,
     ``qk_layernorm``),
     ``mrope_section``: M-RoPE, with this split of the rotary frequencies into temporal,
-    height and width when the config names none (None: 1-D RoPE), and
+    height and width when the config names none (None: 1-D RoPE), ``mrope_interleaved``:
+    those frequencies dealt to T, H, W in turn (Qwen3-VL, whatever the config says), and
     ``windows_every_layer``: a ``sliding_window`` applies to every layer."""
 
     flags: Tuple[str, ...] = ()
     mrope_section: Optional[Tuple[int, ...]] = None
+    mrope_interleaved: bool = False
     windows_every_layer: bool = False
 
 
@@ -108,6 +110,8 @@ def language_flags(text, where: str = "",
     if model.mrope_section is not None:  # M-RoPE: the config's split, else the model's
         flags.update(position_embedding_type="mrope",
                      mrope_section=list(rope.get("mrope_section") or model.mrope_section))
+        if model.mrope_interleaved:
+            flags["mrope_interleaved"] = True
     if tie_word_embeddings is None:
         tie_word_embeddings = text.tie_word_embeddings
     flags["untie_embeddings_and_output_weights"] = not tie_word_embeddings

@@ -21,6 +21,7 @@ from ..plan import Workload, build_chain
 from ..plan.pipeline.placement import ChunkPlacement, whole_model
 from .affine_projector import affine_projector_submodules
 from .fp8_emulation import emulate_fp8
+from .mrope_interleaved import InterleavedMultimodalRotaryEmbedding
 from .multimodal import MultimodalModel
 from .norms import SequenceParallelNorm
 from .specs import LayerSpecs, get_layer_specs
@@ -70,6 +71,9 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
         # MultimodalModel shards them for the layers under --sequence-parallel.
         scatter_embedding_sequence_parallel=False,
     )
+    if lm.mrope_interleaved:
+        language_model.rotary_pos_emb = InterleavedMultimodalRotaryEmbedding(
+            kv_channels=lm_config.kv_channels, rotary_percent=1.0, rotary_base=lm.rotary_base)
     encoders, projectors = {}, {}
     encoder_groups = encoder_process_groups(settings)
     for part in placement.encoders:

@@ -17,7 +17,7 @@ from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.moe.router import TopKRouter
 
-from ..config import MultimodalModelConfig
+from ..config import ConfigError, MultimodalModelConfig
 from ..families import family_of, modality_of
 from ..plan.fp8 import fp8_align_size
 from ..plan.pipeline.placement import ChunkPlacement
@@ -28,6 +28,7 @@ from .batch_layout import (  # noqa: F401  (MediaMismatchError: re-exported)
 from .context_parallel import ContextParallelMask
 from .cp_gather import gather_rows
 from .packed_sequences import PackedSequences
+from .deepstack import DeepStack, DeepStackFeatures
 
 # An encoder family's module (``EncoderParts``): see ``megatron_mm.families``.
 Encoder = MegatronModule
@@ -82,6 +83,73 @@ class MultimodalModel(MegatronModule):
             rotary.cp_group = None  # no zigzag slicing: our positions are exact
             if not self.mrope:
                 rotary.register_forward_hook(self._rope_at_global_positions)
+        self.deepstack = self._attach_deepstack(config, placement)
+
+    def _attach_deepstack(self, config: MultimodalModelConfig,
+                          placement: ChunkPlacement) -> Optional[DeepStack]:
+        """DeepStack's hooks on this chunk's LLM layers that add an encoder's intermediate
+        features (``deepstack_llm_layers`` of its config; Qwen3-VL), or None. The chunk
+        that merges the encoder makes the features; the chunks after it receive those of
+        their layers and later ones with the hidden state (``_receive_deepstack``)."""
+        layers = {name: getattr(c, "deepstack_llm_layers", 0)
+                  for name, c in config.encoders.items()}
+        layers = {name: n for name, n in layers.items() if n}
+        if not layers:
+            return None
+        if len(layers) > 1:
+            raise ConfigError(f"encoders {sorted(layers)} both feed DeepStack features; one "
+                              "encoder can")
+        (self.deepstack_encoder, n), = layers.items()
+        deepstack = DeepStack(n)
+        deepstack.attach(self.language_model.decoder)
+        if deepstack.layers and placement.encoder_separate:
+            raise ConfigError(
+                f"LLM layers {deepstack.layers} add DeepStack features, which the vision "
+                "encoder's mergers make: with --encoder-schedule coarse / bubble they are "
+                "not carried to the LLM yet; use --encoder-schedule megatron")
+        return deepstack
+
+    def _deepstack_layers(self, sent: bool) -> range:
+        """The LLM layers whose DeepStack features this chunk receives with its input
+        (``sent`` False: those it holds or follow, when it does not merge them itself) or
+        sends on with its output (those after its own)."""
+        place, n = self.placement, self.deepstack.num_layers
+        merges = any(e.projector for e in place.encoders if e.name == self.deepstack_encoder)
+        start, end = place.llm_layers if place.num_llm_layers else (0, 0)
+        if sent:
+            return range(end, n) if (merges or place.num_llm_layers) and not \
+                self.post_process else range(0)
+        return range(start, n) if place.num_llm_layers and not merges else range(0)
+
+    def _send_deepstack(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` (what this chunk hands the next) with the DeepStack features of the LLM
+        layers after this chunk's, as one flat tensor (Megatron-Core's p2p carries one)."""
+        if self.deepstack is None or self.deepstack.bound is None:
+            return out
+        layers = self._deepstack_layers(sent=True)
+        if not layers:
+            return out
+        features = self.deepstack.sent.features
+        return torch.cat([out.reshape(-1)] + [features[i].to(out.dtype).reshape(-1)
+                                              for i in layers]).view(-1, 1, 1)
+
+    def _receive_deepstack(self, received: torch.Tensor, tokens: torch.Tensor,
+                           layout: BatchLayout) -> torch.Tensor:
+        """The hidden state [S, B, H] of ``_send_deepstack``'s tensor, its features bound
+        for this chunk's layers (and those it sends on)."""
+        layers, name = self._deepstack_layers(sent=False), self.deepstack_encoder
+        if not layers or not layout.items[name]:
+            return received
+        slots = layout.slots[name]
+        h = self.language_model.config.hidden_size
+        flat = received.reshape(-1)
+        n_text = flat.numel() - len(layers) * slots.numel() * h
+        features = [None] * self.deepstack.num_layers
+        for j, i in enumerate(layers):
+            start = n_text + j * slots.numel() * h
+            features[i] = flat[start:start + slots.numel() * h].view(-1, h)
+        hidden = flat[:n_text].view(-1, tokens.shape[0], h)
+        return self.deepstack.join(hidden, DeepStackFeatures(slots, features, tokens.numel()))
 
     def set_is_first_microbatch(self):
         """Refresh every TE layer's FP8 weight cache at a step's first micro-batch, whichever
@@ -300,8 +368,12 @@ class MultimodalModel(MegatronModule):
             features = self._gather_features(name, features.to(text.dtype), share)
         s, b, h = text.shape
         merged = text.reshape(s * b, h).index_copy(0, layout.slots[name],
-                                                    features.to(text.dtype))
-        return merged.view(s, b, h)
+                                                    features.to(text.dtype)).view(s, b, h)
+        deepstack = getattr(self.encoder(name), "deepstack_features", None)
+        if self.deepstack is not None and deepstack is not None:
+            merged = self.deepstack.join(merged, DeepStackFeatures(
+                layout.slots[name], deepstack(self.projector(name)), s * b))
+        return merged
 
     def _gather_features(self, name: str, features: torch.Tensor,
                          share: FeatureShare) -> torch.Tensor:
@@ -447,12 +519,17 @@ class MultimodalModel(MegatronModule):
             local_mask = loss_mask if cpm is None else cpm.take_loss_mask(loss_mask)
             layout = self.layout(tokens, media, local_mask)
         place = self.placement
+        if self.deepstack is not None:
+            self.deepstack.bind(None)  # this micro-batch's come with its merge
         if place.llm_embed or (place.encoders and not place.encoder_separate):
             hidden_in, encoder_hidden = self.front(tokens, position_ids, media, layout)
             if not place.runs_llm:
-                return self.pack(hidden_in, encoder_hidden, tokens.shape[1])
+                return self._send_deepstack(
+                    self.pack(hidden_in, encoder_hidden, tokens.shape[1]))
         else:
             hidden_in = self.input_tensor
+            if self.deepstack is not None:
+                hidden_in = self._receive_deepstack(hidden_in, tokens, layout)
         if self.sequence_parallel:
             hidden_in = self._sequence_parallel_input(hidden_in, tokens, cpm)
         elif cpm is not None:
@@ -479,13 +556,13 @@ class MultimodalModel(MegatronModule):
         if padding is not None and self.sequence_parallel:  # this TP rank's positions
             padding = sequence_parallel.split(padding.t().contiguous()).t()
         try:
-            return self.language_model(
+            return self._send_deepstack(self.language_model(
                 input_ids=tokens, position_ids=position_ids, attention_mask=attention_mask,
                 decoder_input=decoder_input, labels=labels, packed_seq_params=packed,
                 padding_mask=padding,
                 loss_mask=loss_mask if sparse else None,
                 output_processor=loss_at_masked_positions if sparse else None,
-                output_processor_context=layout.loss_positions if sparse else None)
+                output_processor_context=layout.loss_positions if sparse else None))
         finally:
             self._rope_positions = None
 

@@ -49,6 +49,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mrope-section", type=int, nargs="+", default=None,
                    help="with mrope: rotary frequencies of the temporal, height and width "
                         "positions (three ints summing to --kv-channels / 2)")
+    g.add_argument("--mrope-interleaved", action="store_true",
+                   help="with mrope: deal the rotary frequencies to the temporal, height and "
+                        "width positions in turn (Qwen3-VL) instead of in three sections")
     g.add_argument("--use-rope-scaling", action="store_true",
                    help="Apply rope scaling as used in llama3.x (Megatron-Core's: low / high "
                         "frequency factors 1 and 4, original context 8192)")
@@ -559,7 +562,8 @@ def _validate_search_and_recompute(args: argparse.Namespace) -> None:
 CHECKPOINT_FLAGS = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
     "group_query_attention", "num_query_groups", "kv_channels", "max_position_embeddings",
-    "rotary_base", "position_embedding_type", "mrope_section", "use_rope_scaling",
+    "rotary_base", "position_embedding_type", "mrope_section", "mrope_interleaved",
+    "use_rope_scaling",
     "rope_scaling_factor", "rotary_scaling_factor", "yarn_original_max_position_embeddings",
     "yarn_beta_fast", "yarn_beta_slow", "mscale", "mscale_all_dim",
     "yarn_correction_range_round_to_int", "add_qkv_bias", "qk_layernorm",

@@ -35,6 +35,7 @@ def build_model_config(model, moe=None) -> MultimodalModelConfig:
         rotary_base=model.rotary_base,
         position_embedding_type=model.position_embedding_type,
         mrope_section=None if model.mrope_section is None else tuple(model.mrope_section),
+        mrope_interleaved=model.mrope_interleaved,
         rope_scaling=model.use_rope_scaling,
         rope_scaling_factor=model.rope_scaling_factor,
         yarn=yarn_config(model),
