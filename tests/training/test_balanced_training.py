@@ -90,18 +90,21 @@ def balanced_reference(digits_dir, tmp_path_factory):
     ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,5"],
     # packed documents split over CP ranks by attention work (blocks of 8 tokens)
     ["--context-parallel-size", "2", "--context-parallel-block", "8"],
+    ["--context-parallel-size", "4", "--context-parallel-block", "8"],
     # the ViT as its own pipeline, its pieces in the LLM's bubbles (schedule executor)
     ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"],
     # packed lengths padded to a multiple of TP by a segment of their own
     ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
-], ids=["pp2", "cp2", "pp2-bubble", "tp2-sp"])
+], ids=["pp2", "cp2", "cp4", "pp2-bubble", "tp2-sp"])
 def test_balanced_parallel_equals_one_process(balanced_reference, layout):
-    """Packed, balanced micro-batches under PP=2 or CP=2: the same losses and gradients as
-    one process (packed samples stay apart on every stage and CP rank)."""
+    """Packed, balanced micro-batches (with bidirectional media items) under PP=2, CP=2,
+    CP=4, the bubble schedule or TP=2 + SP: the same losses and gradients as one process
+    (packed samples stay apart on every stage and CP rank)."""
     import torch
 
     argv, ref = balanced_reference
-    ranks = run_distributed(train, 2, argv + layout, (1, 2))
+    world = 4 if "4" in layout else 2
+    ranks = run_distributed(train, world, argv + layout, (1, 2))
     last = ranks[-1]
     for it in (1, 2):
         assert last["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
