@@ -15,8 +15,33 @@ from typing import Optional, Tuple
 from ...config import ConfigError, require
 
 
+class PatchShape:
+    """The patch and merge shapes of a native-resolution Qwen ViT config (Qwen2.5-VL's and
+    Qwen3-VL's share them): fields ``hidden_size``, ``num_attention_heads``, ``in_channels``,
+    ``patch_size``, ``temporal_patch_size``, ``spatial_merge_size``."""
+
+    @property
+    def merge_unit(self) -> int:
+        """Patches per LLM token: a spatial_merge_size x spatial_merge_size unit."""
+        return self.spatial_merge_size ** 2
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def patch_input_size(self) -> int:
+        """Values per patch: channels x temporal patch x patch x patch (1176 for Qwen)."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    @property
+    def merged_size(self) -> int:
+        """Width of one merged token: a 2x2 unit of patches side by side."""
+        return self.hidden_size * self.merge_unit
+
+
 @dataclass
-class Qwen2_5VLVisionConfig:
+class Qwen2_5VLVisionConfig(PatchShape):
     """Defaults are Qwen2.5-VL-7B's vision tower. ``window_size`` is in pixels (Hugging
     Face's convention); ``fullatt_block_indexes`` are 0-based layer indices. The pixel
     bounds are the processor's (``min_pixels`` ... for images, ``video_*`` for frames)."""
@@ -74,25 +99,6 @@ class Qwen2_5VLVisionConfig:
     def num_output_tokens(self) -> Optional[int]:
         """None: every item hands the LLM its own count (from its grid)."""
         return None
-
-    @property
-    def merge_unit(self) -> int:
-        """Patches per LLM token: a spatial_merge_size x spatial_merge_size unit."""
-        return self.spatial_merge_size ** 2
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def patch_input_size(self) -> int:
-        """Values per patch: channels x temporal patch x patch x patch (1176 for Qwen)."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
-
-    @property
-    def merged_size(self) -> int:
-        """Width of one merged token: a 2x2 unit of patches side by side."""
-        return self.hidden_size * self.spatial_merge_size ** 2
 
     @classmethod
     def from_hf(cls, hf) -> "Qwen2_5VLVisionConfig":

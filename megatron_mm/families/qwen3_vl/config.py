@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from ...config import require
+from ..qwen2_5_vl.config import PatchShape
 
 
 @dataclass
-class Qwen3VLVisionConfig:
+class Qwen3VLVisionConfig(PatchShape):
     """Defaults are Qwen3-VL-8B's vision tower and processor. ``deepstack_visual_indexes``:
     0-based tower layers whose outputs, each through its own merger, are added to the
     LLM's hidden state after its first ``len(deepstack_visual_indexes)`` layers."""
@@ -86,20 +87,3 @@ class Qwen3VLVisionConfig:
     @property
     def position_side(self) -> int:
         return math.isqrt(self.num_position_embeddings)
-
-    @property
-    def merge_unit(self) -> int:
-        return self.spatial_merge_size ** 2
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def patch_input_size(self) -> int:
-        """Values per patch: channels x temporal patch x patch x patch."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
-
-    @property
-    def merged_size(self) -> int:
-        return self.hidden_size * self.merge_unit

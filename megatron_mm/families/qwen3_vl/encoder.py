@@ -12,8 +12,8 @@ from ...config import ConfigError
 from ...data.item_tags import IMAGE_TAGS
 from ...plan.model import EncoderSpec, patch_embed_flops
 from ..encoder import EncoderFamily, encoder_transformer
-from ..qwen2_5_vl.encoder import IMAGE, VIDEO, feature_tokens, hidden_shape
-from ..qwen2_5_vl.geometry import QwenVLGeometry, image_grid
+from ..qwen2_5_vl.encoder import IMAGE, VIDEO, feature_tokens, geometry, hidden_shape
+from ..qwen2_5_vl.geometry import image_grid
 from .config import Qwen3VLVisionConfig
 
 # Qwen3-VL-8B's DeepStack layers (of 27); a smaller tower keeps those below its last.
@@ -52,14 +52,6 @@ def from_model_args(model) -> Qwen3VLVisionConfig:
         norm_epsilon=model.vision_norm_epsilon or 1e-6,
         min_pixels=model.min_pixels, max_pixels=model.max_pixels,
         video_min_pixels=model.video_min_pixels, video_max_pixels=model.video_max_pixels)
-
-
-def geometry(enc: Qwen3VLVisionConfig, **extra) -> QwenVLGeometry:
-    """The processor geometry the config fixes."""
-    return QwenVLGeometry(patch_size=enc.patch_size, temporal_patch_size=enc.temporal_patch_size,
-                          merge_size=enc.spatial_merge_size, min_pixels=enc.min_pixels,
-                          max_pixels=enc.max_pixels, video_min_pixels=enc.video_min_pixels,
-                          video_max_pixels=enc.video_max_pixels, **extra)
 
 
 def planner_spec(name: str, enc: Qwen3VLVisionConfig, items_per_sample: int,
