@@ -11,6 +11,7 @@ reaches the device.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
@@ -157,7 +158,7 @@ def _share_items(layout: BatchLayout, name: str, family, enc, n_items: int,
     rows = per_item or [enc.num_output_tokens] * n_items  # feature rows, padding dropped
     work = rows if family.hidden_shape is not None else [1] * n_items
     split = split_items(work, cp.size)
-    start = torch.cumsum(torch.tensor([0] + rows[:-1]), 0).tolist()
+    start = [0, *itertools.accumulate(rows[:-1])]  # each item's first feature row
     ranks = [split.items(r) for r in range(cp.size)]
     order = [torch.arange(start[i], start[i] + rows[i]) for items in ranks for i in items]
     layout.shares[name] = FeatureShare([sum(rows[i] for i in items) for items in ranks],
