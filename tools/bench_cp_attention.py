@@ -315,6 +315,9 @@ def memory_table(args) -> int:
             cells.append(f"{row['ms']:>10.1f} {row['peak_mib']:>10.2f}")
         print(f"{s:>7} {tokens:>6}  " + "  ".join(cells))
     s = max(args.memory_lengths)
+    if peaks[(s, "einsum")] <= 0:  # below a page of resident memory: no ratio to print
+        raise SystemExit(f"the einsum row at {s} tokens raised the resident set by less than "
+                         "a page: measure longer sequences (--memory-lengths) or more heads")
     print(f"FlexAttention / einsum CP attention peak memory at {s} tokens: "
           f"{peaks[(s, 'flex')] / peaks[(s, 'einsum')]:.3f}")
     return 0
