@@ -67,6 +67,7 @@ class MultimodalModel(MegatronModule):
         self.input_tensor: Optional[torch.Tensor] = None
         # Encoder outputs handed to chunk 0 when the encoder runs as its own pipeline.
         self.encoder_inputs: Dict[str, Optional[torch.Tensor]] = {}
+        self.encoder_kept: Dict[str, Dict[int, torch.Tensor]] = {}  # their DeepStack layers'
         # Read by Megatron-Core's schedules (first / last pipeline stage of this chunk).
         self.pre_process = language_model.pre_process
         self.post_process = language_model.post_process
@@ -83,10 +84,9 @@ class MultimodalModel(MegatronModule):
             rotary.cp_group = None  # no zigzag slicing: our positions are exact
             if not self.mrope:
                 rotary.register_forward_hook(self._rope_at_global_positions)
-        self.deepstack = self._attach_deepstack(config, placement)
+        self.deepstack = self._attach_deepstack(config)
 
-    def _attach_deepstack(self, config: MultimodalModelConfig,
-                          placement: ChunkPlacement) -> Optional[DeepStack]:
+    def _attach_deepstack(self, config: MultimodalModelConfig) -> Optional[DeepStack]:
         """DeepStack's hooks on this chunk's LLM layers that add an encoder's intermediate
         features (``deepstack_llm_layers`` of its config; Qwen3-VL), or None. The chunk
         that merges the encoder makes the features; the chunks after it receive those of
@@ -102,24 +102,14 @@ class MultimodalModel(MegatronModule):
         (self.deepstack_encoder, n), = layers.items()
         deepstack = DeepStack(n)
         deepstack.attach(self.language_model.decoder)
-        if deepstack.layers and placement.encoder_separate:
-            raise ConfigError(
-                f"LLM layers {deepstack.layers} add DeepStack features, which the vision "
-                "encoder's mergers make: with --encoder-schedule coarse / bubble they are "
-                "not carried to the LLM yet; use --encoder-schedule megatron")
         return deepstack
 
     def _deepstack_layers(self, sent: bool) -> range:
         """The LLM layers whose DeepStack features this chunk receives with its input
         (``sent`` False: those it holds or follow, when it does not merge them itself) or
         sends on with its output (those after its own)."""
-        place, n = self.placement, self.deepstack.num_layers
-        merges = any(e.projector for e in place.encoders if e.name == self.deepstack_encoder)
-        start, end = place.llm_layers if place.num_llm_layers else (0, 0)
-        if sent:
-            return range(end, n) if (merges or place.num_llm_layers) and not \
-                self.post_process else range(0)
-        return range(start, n) if place.num_llm_layers and not merges else range(0)
+        return self.placement.deepstack_layers(self.deepstack_encoder,
+                                               self.deepstack.num_layers, sent)
 
     def _send_deepstack(self, out: torch.Tensor) -> torch.Tensor:
         """``out`` (what this chunk hands the next) with the DeepStack features of the LLM
@@ -313,9 +303,13 @@ class MultimodalModel(MegatronModule):
         layers; not the output norms, which run with the projectors)."""
         return [p for name in self.encoder_names for p in self.encoder(name).piece_parameters()]
 
-    def set_encoder_inputs(self, inputs: Mapping[str, Optional[torch.Tensor]]) -> None:
-        """The encoders' last hidden states for chunk 0 (``encoder_separate`` placements)."""
-        self.encoder_inputs = dict(inputs)
+    def set_encoder_inputs(self, inputs: Mapping[str, Optional[torch.Tensor]],
+                           kept: Optional[Mapping[str, Mapping[int, torch.Tensor]]] = None
+                           ) -> None:
+        """The encoders' last hidden states for chunk 0 (``encoder_separate`` placements),
+        and per encoder the outputs of its DeepStack layers ({layer: [T, N, H_enc]}) that
+        the encoder pieces carried here for its mergers."""
+        self.encoder_inputs, self.encoder_kept = dict(inputs), dict(kept or {})
 
     @property
     def sequence_parallel(self) -> bool:
@@ -413,6 +407,8 @@ class MultimodalModel(MegatronModule):
         if place.encoder_separate:  # the encoder ran as its own actions
             for name in self.encoder_names:
                 if self.placement.encoder(name).projector:
+                    if self.encoder_kept.get(name):  # bound after its batch (which clears)
+                        self.encoder(name).kept.update(self.encoder_kept[name])
                     text = self.merge(name, self._whole(text, tokens), layout,
                                       self.encoder_inputs.get(name))
             return text, None

@@ -46,6 +46,7 @@ from ..plan.schedules.p2p import (Exchange, carried_by, check_replicas, message_
                                   output_grad_key, p2p_program)
 from ..plan.pipeline.placement import ChunkPlacement
 from ..plan.schedules.simulate import TimedAction
+from . import deepstack_carry
 from .encoder_replicas import EncoderReplicas
 from .mailbox import Mailbox, Spec
 from .message_specs import MessageSpecs
@@ -325,13 +326,23 @@ class _Iteration:
                   self.receive(self.rank_of("EF", p - 1), ("EF", m, p - 1), self.trains(p)))
         run_piece = get_attr_wrapped_model(self.model[0], "run_encoder_piece")
         name, layers = self.x.pieces[p]
+        enc = get_attr_wrapped_model(self.model[0], "mm_config").encoders[name]
+        # the DeepStack layers' outputs the pieces before computed ride along (deepstack_carry)
+        received, before = ((None, []) if hidden is None
+                            else deepstack_carry.split(hidden, deepstack_carry.carried(
+                                enc, layers[0])))
         # a variable-length encoder's windows and masks, from the host media (no sync)
         get_attr_wrapped_model(self.model[0], "bind_encoder_batch")(
             name, self.encoder_batch(m, name))
         # only the embedding piece reads the media; later ones their count (on the host)
         media = self.media_of(m) if p == first else self.batches[m]["media"]
         with torch.set_grad_enabled(self.trains(p)):
-            out = run_piece(name, media, hidden, layers)
+            out = run_piece(name, media, received, layers)
+            if out is not None and deepstack_carry.carried(enc, layers[1]):
+                kept = get_attr_wrapped_model(self.model[0], "encoder")(name).kept
+                out = deepstack_carry.stack(out, before + [
+                    kept[i] for i in deepstack_carry.deepstack_indexes(enc)
+                    if layers[0] <= i < layers[1]])
             # no media: FP8 layers still enter their autocast, for the amax reductions
             idle = None if out is not None else get_attr_wrapped_model(
                 self.model[0], "idle_encoder_piece")(name, layers)
@@ -349,8 +360,16 @@ class _Iteration:
             inputs = None
             if self.x.encoders:  # every encoder's output, a list as Megatron's steps take
                 inputs = [self.encoder_output(m, end - 1) for _, end in self.s.encoder_spans()]
-                get_attr_wrapped_model(chunk, "set_encoder_inputs")(
-                    dict(zip(self.x.encoders, inputs)))
+                hidden, kept = {}, {}
+                mm_config = get_attr_wrapped_model(chunk, "mm_config")
+                for name, x in zip(self.x.encoders, inputs):
+                    enc = mm_config.encoders[name]
+                    k = len(deepstack_carry.deepstack_indexes(enc))
+                    hidden[name], features = ((x, []) if x is None
+                                              else deepstack_carry.split(x, k))
+                    if features:  # for the mergers, this chunk's
+                        kept[name] = deepstack_carry.kept_by_layer(enc, features)
+                get_attr_wrapped_model(chunk, "set_encoder_inputs")(hidden, kept)
         else:
             inputs = self.receive(self.rank_of("F", c - 1), ("F", m, c - 1),
                                   not self.forward_only)

@@ -13,6 +13,11 @@ back from the device).
 - Under sequence parallelism both travel as this TP rank's shard of their sequence
   (``models/sequence_parallel.py``): [S / TP, B, H], and [T / TP, N, H_enc] with T the
   encoder's ``layer_seq_length`` (its sequence padded to a multiple of TP).
+- DeepStack (Qwen3-VL): an encoder piece's output carries the outputs of the DeepStack
+  layers up to its end after it, [(1 + k) T, N, H_enc] (``deepstack_carry.py``); a chunk
+  whose output goes on to chunks holding LLM layers that add merged DeepStack features
+  sends them flat after its [S, B, H]: [S B H + k n H, 1, 1] (n: the micro-batch's
+  visual tokens).
 - A gradient (``B``, ``EB``) has the shape of the forward message it is the gradient of.
 
 The sender checks its tensor against the same spec, so a model change that breaks these
@@ -28,6 +33,7 @@ from megatron.core.utils import get_attr_wrapped_model, get_model_config
 from ..families import family_of, modality_of
 from ..plan.schedules.p2p import Key, forward_key
 from ..plan.pipeline.placement import ChunkPlacement
+from .deepstack_carry import carried
 from .mailbox import Spec
 
 
@@ -43,11 +49,23 @@ class MessageSpecs:
         self.local_from = next((c for c, p in enumerate(placements) if p.runs_llm),
                                len(placements))
         self.local_length = local_length
+        self.placements = list(placements)
+        encoders = get_attr_wrapped_model(model_chunk, "mm_config").encoders
+        # (encoder, LLM layers) of the DeepStack features, or None (``_attach_deepstack``)
+        self.deepstack = next(((name, enc.deepstack_llm_layers) for name, enc in
+                               encoders.items() if getattr(enc, "deepstack_llm_layers", 0)),
+                              None)
 
     def of(self, key: Key, batch: dict) -> Optional[Spec]:
         kind, _, index = forward_key(key)
         if kind == "EF":
-            return self.encoder_output(self.pieces[index][0], batch)
+            name, (_, end) = self.pieces[index]
+            spec = self.encoder_output(name, batch)
+            mm_config = get_attr_wrapped_model(self.model, "mm_config")
+            k = carried(mm_config.encoders[name], end)  # DeepStack layers' outputs with it
+            if spec is None or not k:
+                return spec
+            return Spec((spec.shape[0] * (1 + k),) + spec.shape[1:], spec.dtype)
         return self.chunk_output(index, batch)
 
     def encoder_output(self, name: str, batch: dict) -> Optional[Spec]:
@@ -80,4 +98,25 @@ class MessageSpecs:
         if self.config.sequence_parallel:
             s //= self.config.tensor_model_parallel_size
         dtype = self.config.pipeline_dtype or self.config.params_dtype
-        return Spec((s, b, self.config.hidden_size), dtype)
+        h = self.config.hidden_size
+        features = self.deepstack_rows(chunk, batch)
+        if features:  # the merged DeepStack features of later chunks' layers, flat after it
+            return Spec((s * b * h + features * h, 1, 1), dtype)
+        return Spec((s, b, h), dtype)
+
+    def deepstack_rows(self, chunk: int, batch: dict) -> int:
+        """Rows of merged DeepStack features chunk ``chunk`` sends on with its output: one
+        [n, H] per LLM layer after its own that adds them (n: the micro-batch's visual
+        tokens), as ``MultimodalModel`` appends them."""
+        if self.deepstack is None:
+            return 0
+        name, num_layers = self.deepstack
+        layers = self.placements[chunk].deepstack_layers(name, num_layers, sent=True)
+        if not layers:
+            return 0
+        enc = get_attr_wrapped_model(self.model, "mm_config").encoders[name]
+        items, tokens = family_of(enc).feature_tokens(enc, batch["media"])
+        if tokens is None:
+            return len(layers) * items * enc.num_output_tokens
+        per_modality = tokens.values() if isinstance(tokens, dict) else [tokens]
+        return len(layers) * sum(sum(t) for t in per_modality)

@@ -58,6 +58,19 @@ class ChunkPlacement(Record):
         """Whether the LLM's decoder or head runs here (else the chunk hands embeddings on)."""
         return self.num_llm_layers > 0 or self.llm_head
 
+    def deepstack_layers(self, encoder: str, num_layers: int, sent: bool) -> range:
+        """DeepStack (Qwen3-VL): of the first ``num_layers`` LLM layers, which add encoder
+        ``encoder``'s merged features, those whose features this chunk sends on with its
+        output (``sent``: the layers after its own, from the chunk that merges them on) or
+        receives with its input (those it holds or follow, unless it merges them itself)."""
+        part = self.encoder(encoder)
+        merges = part is not None and part.projector
+        start, end = self.llm_layers if self.num_llm_layers else (0, 0)
+        if sent:
+            return range(end, num_layers) if (merges or self.num_llm_layers) and not \
+                self.llm_head else range(0)
+        return range(start, num_layers) if self.num_llm_layers and not merges else range(0)
+
 
 def chunk_placements(chain: Sequence[Layer], part: StagePartition) -> List[ChunkPlacement]:
     if part.num_layers != len(chain):

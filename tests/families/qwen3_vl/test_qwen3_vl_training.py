@@ -92,12 +92,42 @@ def test_sequence_parallel_is_refused(capsys):
             "whole sequence") in capsys.readouterr().err
 
 
+@pytest.fixture(scope="module")
+def frozen_reference(qwen3_vl_dir, reference):
+    """One process from the same init with the tower frozen (its mergers train)."""
+    common, _ = reference
+    return run_distributed(train, 1, _argv(qwen3_vl_dir, *common, "--freeze-ViT"),
+                           (1, STEPS))[0]
+
+
+# The tower as its own pipeline, run by the schedule executor: [ViT 0 | ViT 1-2] over
+# the two ranks, the LLM as [embedding, LLM 0] [LLM 1-2, head]. The pieces carry the
+# outputs of ViT layers 0 and 1 to the mergers on the LLM's first chunk, which sends LLM
+# layer 1's merged feature on with the hidden state; the gradients come back the same
+# ways. One launch per case.
+SCHEDULE_CASES = {
+    "coarse": ["--encoder-schedule", "coarse"],
+    "bubble": ["--encoder-schedule", "bubble"],
+    "coarse-frozen-vit": ["--encoder-schedule", "coarse", "--freeze-ViT"],
+    "bubble-frozen-vit": ["--encoder-schedule", "bubble", "--freeze-ViT"],
+}
+
+
 @pytest.mark.processes
-def test_encoder_schedules_are_refused(qwen3_vl_dir):
-    """The executor's schedules do not carry DeepStack features yet: refused at build,
-    naming the flag."""
-    with pytest.raises(AssertionError, match="with --encoder-schedule coarse / bubble they "
-                                             "are not carried to the LLM yet"):
-        run_distributed(train, 2, _argv(qwen3_vl_dir, "--train-iters", "1",
-                                        "--pipeline-model-parallel-size", "2",
-                                        "--encoder-schedule", "bubble"))
+@pytest.mark.parametrize("case", SCHEDULE_CASES)
+def test_encoder_schedules_carry_deepstack(qwen3_vl_dir, reference, frozen_reference, case):
+    common, ref = reference
+    flags = SCHEDULE_CASES[case]
+    if "--freeze-ViT" in flags:
+        ref = frozen_reference
+    ranks = run_distributed(train, 2, _argv(qwen3_vl_dir, *common, *flags,
+                                            "--pipeline-model-parallel-size", "2",
+                                            "--pipeline-partition", "2,3"), (1, STEPS))
+    for it in range(1, STEPS + 1):
+        assert ranks[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    for step in (1, STEPS):
+        grads = {k: v for out in ranks for k, v in out["grads"][step].items()}
+        assert grads.keys() == ref["grads"][step].keys()
+        for name, value in ref["grads"][step].items():
+            torch.testing.assert_close(grads[name], value, rtol=1e-4, atol=1e-6,
+                                       msg=lambda m: f"grads {step} {name}: {m}")
