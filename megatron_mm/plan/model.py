@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .errors import PlanError
 from .record import Record
@@ -70,6 +70,12 @@ class EncoderSpec(Record):
     projector_input_size: Optional[int] = None  # default: the encoder's hidden size
     projector_ffn_hidden_size: Optional[int] = None  # default: the LLM's hidden size
     projector_type: str = "mlp"  # mlp: Linear-GELU-Linear (LLaVA); affine: one Linear
+    # Tokens of each attention segment of one item (a frame, a window) when its tokens do
+    # not all attend to each other; empty: the whole item (attention quadratic in it)
+    attention_spans: Tuple[int, ...] = ()
+    # DeepStack (Qwen3-VL): the encoder layers whose outputs, each through a merger of its
+    # own (the projector's shape), are added after the first LLM layers (one per layer)
+    deepstack_layers: Tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.modality not in ("vision", "audio"):
@@ -79,6 +85,16 @@ class EncoderSpec(Record):
             raise PlanError(f"encoder {self.name!r}: projector type must be mlp or affine")
         if min(self.tokens_per_item, self.llm_tokens_per_item, self.items_per_sample) <= 0:
             raise PlanError(f"encoder {self.name!r}: token and item counts must be positive")
+        self.attention_spans = tuple(self.attention_spans)
+        self.deepstack_layers = tuple(self.deepstack_layers)
+        if self.attention_spans and sum(self.attention_spans) != self.tokens_per_item:
+            raise PlanError(f"encoder {self.name!r}: attention spans "
+                            f"{list(self.attention_spans)} must cover its "
+                            f"{self.tokens_per_item} tokens per item")
+        if any(not 0 <= i < self.transformer.num_layers for i in self.deepstack_layers):
+            raise PlanError(f"encoder {self.name!r}: DeepStack layers "
+                            f"{list(self.deepstack_layers)} outside its "
+                            f"{self.transformer.num_layers} layers")
         if self.projector_input_size is None:
             self.projector_input_size = self.transformer.hidden_size
 

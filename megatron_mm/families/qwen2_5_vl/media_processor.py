@@ -18,9 +18,16 @@ from .mrope_positions import sample_mrope_positions
 class _QwenVLPatches:
     """What Qwen2.5-VL's image and video processors share."""
 
+    def token_count(self, ref: MediaRef, where: str) -> int:
+        return num_placeholder_tokens(self.grid(ref, where), self.cfg.geometry.merge_size)
+
     def vision_work(self, ref: MediaRef, where: str) -> int:
-        """Patches through the encoder (the data balancer's vision work)."""
-        return self.token_count(ref, where) * self.cfg.geometry.merge_size ** 2
+        """Patches through the encoder (the data balancer's vision work), plus the core
+        attention of a tower whose every layer attends within whole frames (Qwen3-VL):
+        ``frame_attention`` patches' work per query-key pair, quadratic in each frame's
+        patches. 0 (Qwen2.5-VL): its windows keep attention about linear in the patches."""
+        t, h, w = self.grid(ref, where)
+        return round(t * h * w + self.frame_attention * t * (h * w) ** 2)
 
 
 @dataclass
@@ -32,14 +39,14 @@ class QwenVLImageProcessor(_QwenVLPatches):
     cfg: QwenVLProcessorConfig
     tokens_per_second: float
     modality: str = "image"
+    frame_attention: float = 0.0
 
-    def token_count(self, ref: MediaRef, where: str) -> int:
+    def grid(self, ref: MediaRef, where: str) -> tuple:
         h, w = image_size(ref, where)
         try:
-            grid = image_grid(h, w, self.cfg.geometry, f"{where} image {ref.describe()}")
+            return image_grid(h, w, self.cfg.geometry, f"{where} image {ref.describe()}")
         except MediaGeometryError as e:
             raise DataRecordError(str(e)) from None
-        return num_placeholder_tokens(grid, self.cfg.geometry.merge_size)
 
     def load(self, refs: list[MediaRef], where: str) -> dict[str, torch.Tensor]:
         if not refs:
@@ -69,17 +76,17 @@ class QwenVLVideoProcessor(_QwenVLPatches):
 
     cfg: QwenVLProcessorConfig
     modality: str = "video"
+    frame_attention: float = 0.0
 
-    def token_count(self, ref: MediaRef, where: str) -> int:
+    def grid(self, ref: MediaRef, where: str) -> tuple:
         if ref.frames is None:
             raise DataRecordError(f"{where}: a video needs 'frames' and 'fps'")
         h, w = image_size(ref.frames[0], f"{where} video frame 0")
         try:
-            grid = video_grid(len(ref.frames), h, w, self.cfg.geometry,
+            return video_grid(len(ref.frames), h, w, self.cfg.geometry,
                               f"{where} video ({ref.describe()})")
         except MediaGeometryError as e:
             raise DataRecordError(str(e)) from None
-        return num_placeholder_tokens(grid, self.cfg.geometry.merge_size)
 
     def load(self, refs: list[MediaRef], where: str) -> dict[str, torch.Tensor]:
         if not refs:

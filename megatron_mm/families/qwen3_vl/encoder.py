@@ -71,7 +71,7 @@ def planner_spec(name: str, enc: Qwen3VLVisionConfig, items_per_sample: int,
                                                 enc.in_channels, enc.temporal_patch_size),
         embed_params=(enc.patch_input_size + 1) * enc.hidden_size
         + enc.num_position_embeddings * enc.hidden_size,
-        **common)
+        deepstack_layers=enc.deepstack_visual_indexes, **common)
 
 
 def fp8_token_counts(name: str, enc: Qwen3VLVisionConfig) -> dict:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...plan.costs.flops import attention_pair_share
+from ..encoder import encoder_transformer
 from ..qwen2_5_vl.media import QwenVLProcessorConfig
 from ..qwen2_5_vl.media_processor import (QwenVLImageProcessor, QwenVLVideoProcessor,
                                           qwen_vl_statistics)
@@ -41,4 +43,7 @@ def qwen3_vl_processor(model, enc) -> tuple:
     stats = qwen_vl_statistics(model.image_processor_config) \
         if model.image_processor_config else {}
     cfg = QwenVLProcessorConfig(geometry=geometry(enc), **stats)
-    return (Qwen3VLImageProcessor(cfg, tokens_per_second=1.0), QwenVLVideoProcessor(cfg))
+    # every layer attends within whole frames: vision work quadratic in each frame's patches
+    share = attention_pair_share(encoder_transformer(enc, enc.num_layers))
+    return (Qwen3VLImageProcessor(cfg, tokens_per_second=1.0, frame_attention=share),
+            QwenVLVideoProcessor(cfg, frame_attention=share))

@@ -14,8 +14,9 @@ per token 2 x (4h + 2q + 2kv + MLP intermediates); with recompute only the layer
 
 from __future__ import annotations
 
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Sequence, Tuple
 
+from ..errors import PlanError
 from ..model import EncoderSpec, TransformerSpec
 
 BF16 = 2  # bytes
@@ -36,7 +37,20 @@ class Cost(NamedTuple):
         return Cost(*(v / ways for v in self))
 
 
-def transformer_layer(t: TransformerSpec, sequences: int, seq_len: int, causal: bool) -> Cost:
+def attention_pairs(seq_len: int, spans: Sequence[int] = ()) -> int:
+    """Query-key pairs of one sequence whose tokens attend within segments of ``spans``
+    tokens (a frame, a window; empty: the whole sequence): the core attention's FLOPs grow
+    with the sum of the squares, not with the tokens."""
+    if not spans:
+        return seq_len * seq_len
+    if sum(spans) != seq_len:
+        raise PlanError(f"attention spans {list(spans)} cover {sum(spans)} tokens, the "
+                        f"sequence has {seq_len}")
+    return sum(s * s for s in spans)
+
+
+def transformer_layer(t: TransformerSpec, sequences: int, seq_len: int, causal: bool,
+                      spans: Sequence[int] = ()) -> Cost:
     h, q, kv, f = t.hidden_size, t.q_dim, t.kv_dim, t.ffn_hidden_size
     tokens = sequences * seq_len
     attn_weights = h * q + 2 * h * kv + q * h  # QKV and output projections
@@ -44,7 +58,7 @@ def transformer_layer(t: TransformerSpec, sequences: int, seq_len: int, causal: 
     router = h * t.num_experts if t.num_experts > 1 else 0
     linear = 2.0 * tokens * (attn_weights + t.moe_router_topk * ffn_weights + router)
     # QK^T and PV: 2 matmuls of 2*S*S*q each per sequence; causal skips half
-    core = 4.0 * sequences * seq_len * seq_len * q * (0.5 if causal else 1.0)
+    core = 4.0 * sequences * attention_pairs(seq_len, spans) * q * (0.5 if causal else 1.0)
     norms = 2 * h * (2 if t.add_bias_linear else 1)
     biases = (q + 2 * kv + h + t.num_experts * (f * (2 if t.gated_linear_unit else 1) + h)
               if t.add_bias_linear else 0)
@@ -56,8 +70,17 @@ def transformer_layer(t: TransformerSpec, sequences: int, seq_len: int, causal: 
                 act=act, recompute_act=hidden, out=hidden)
 
 
-def transformer_sublayers(t: TransformerSpec, sequences: int, seq_len: int, causal: bool
-                          ) -> Tuple[Cost, Cost]:
+def attention_pair_share(t: TransformerSpec) -> float:
+    """A layer's forward FLOPs of one query-key pair of core attention over those of one
+    token's linear layers: how many tokens' work each pair adds (no mask)."""
+    whole = transformer_layer(t, 1, 2, causal=False).fwd  # 4 pairs
+    apart = transformer_layer(t, 1, 2, causal=False, spans=(1, 1)).fwd  # 2 pairs
+    pair = (whole - apart) / 2
+    return pair / (apart / 2 - pair)
+
+
+def transformer_sublayers(t: TransformerSpec, sequences: int, seq_len: int, causal: bool,
+                          spans: Sequence[int] = ()) -> Tuple[Cost, Cost]:
     """The layer's two kernels Optimus schedules apart: (attention: its norm, QKV, core and
     output projection; MLP: its norm and FFN), which add up to ``transformer_layer``."""
     h, q, kv, f = t.hidden_size, t.q_dim, t.kv_dim, t.ffn_hidden_size
@@ -67,7 +90,7 @@ def transformer_sublayers(t: TransformerSpec, sequences: int, seq_len: int, caus
     router = h * t.num_experts if t.num_experts > 1 else 0
     attn_linear = 2.0 * tokens * attn_weights
     mlp_linear = 2.0 * tokens * (t.moe_router_topk * ffn_weights + router)
-    core = 4.0 * sequences * seq_len * seq_len * q * (0.5 if causal else 1.0)
+    core = 4.0 * sequences * attention_pairs(seq_len, spans) * q * (0.5 if causal else 1.0)
     norm = h * (2 if t.add_bias_linear else 1)
     attn_biases = q + 2 * kv + h if t.add_bias_linear else 0
     mlp_biases = (t.num_experts * (f * (2 if t.gated_linear_unit else 1) + h)
@@ -95,7 +118,10 @@ def encoder_embed(enc: EncoderSpec, sequences: int) -> Cost:
 
 
 def projector(enc: EncoderSpec, llm_hidden: int, sequences: int) -> Cost:
-    """LLaVA's MLP (Linear-GELU-Linear) or one Linear, on the tokens handed to the LLM."""
+    """LLaVA's MLP (Linear-GELU-Linear) or one Linear, on the tokens handed to the LLM;
+    with DeepStack one such merger more per DeepStack layer (their outputs travel as the
+    layers' ``deepstack_bytes``, not in ``out``)."""
+    mergers = 1 + len(enc.deepstack_layers)
     tokens = sequences * enc.llm_tokens_per_item
     d_in = enc.projector_input_size
     if enc.projector_type == "affine":
@@ -105,10 +131,10 @@ def projector(enc: EncoderSpec, llm_hidden: int, sequences: int) -> Cost:
         inner = enc.projector_ffn_hidden_size or llm_hidden
         weights = d_in * inner + inner * llm_hidden
         params = weights + inner + llm_hidden
-    fwd = 2.0 * tokens * weights
-    act = BF16 * tokens * (d_in + 2 * inner)  # input, GELU input and output
-    return Cost(fwd=fwd, dgrad=fwd, wgrad=fwd, params=params, act=act, recompute_act=act,
-                out=BF16 * tokens * llm_hidden)
+    fwd = 2.0 * tokens * weights * mergers
+    act = BF16 * tokens * (d_in + 2 * inner) * mergers  # input, GELU input and output
+    return Cost(fwd=fwd, dgrad=fwd, wgrad=fwd, params=params * mergers, act=act,
+                recompute_act=act, out=BF16 * tokens * llm_hidden)
 
 
 def llm_embed(t: TransformerSpec, tokens: int) -> Cost:

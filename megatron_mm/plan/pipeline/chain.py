@@ -35,6 +35,7 @@ def build_chain(model: ModelSpec, workload: Workload) -> List[Layer]:
 
     llm_trainable = not model.freeze_llm
     tokens = b * workload.seq_length
+    deepstack = None  # (LLM layers that add DeepStack features, bytes of one)
     add("llm_embed", "language_model.embedding", LLM, flops.llm_embed(model.llm, tokens),
         llm_trainable)
 
@@ -45,18 +46,26 @@ def build_chain(model: ModelSpec, workload: Workload) -> List[Layer]:
         add(f"{enc.modality}_embed", root, enc.name, flops.encoder_embed(enc, sequences),
             trainable)
         layer = flops.transformer_layer(enc.transformer, sequences, enc.tokens_per_item,
-                                        causal=False)
+                                        causal=False, spans=enc.attention_spans)
         for i in range(enc.transformer.num_layers):
             add(f"{enc.modality}_layer", f"{root}.decoder.layers.{i}", enc.name, layer,
                 trainable, workload.recompute)
+            # a cut after it sends the DeepStack layers' outputs so far beside its own
+            chain[-1].deepstack_bytes = chain[-1].out_bytes * sum(
+                d <= i for d in enc.deepstack_layers)
         add("projector", f"{enc.name}_projection", enc.name,
             flops.projector(enc, model.llm.hidden_size, sequences),
             enc.name not in model.frozen_projectors)
+        if enc.deepstack_layers:  # one merged feature per DeepStack layer, each as large
+            deepstack = (len(enc.deepstack_layers), chain[-1].out_bytes)
+            chain[-1].deepstack_bytes = deepstack[0] * deepstack[1]
 
     layer = flops.transformer_layer(model.llm, b, workload.seq_length, causal=True)
     for i in range(model.llm.num_layers):
         add("llm_layer", f"language_model.decoder.layers.{i}", LLM, layer, llm_trainable,
             workload.recompute)
+        if deepstack:  # the merged features of the LLM layers after it that add them
+            chain[-1].deepstack_bytes = max(0, deepstack[0] - 1 - i) * deepstack[1]
     add("llm_head", "language_model.output_layer", LLM, flops.llm_head(model.llm, tokens),
         llm_trainable)
     if model.tied_embeddings:

@@ -97,13 +97,14 @@ def _boundary_bytes(chain: Sequence[Layer], end: int):
     passed so far merged in) and, inside an encoder, its hidden state. A gradient comes back
     only for tensors whose producers run a backward."""
     last = chain[end - 1]
+    sent = last.out_bytes + last.deepstack_bytes  # with the DeepStack features it carries
     if last.branch == LLM and last.kind != "llm_embed":
-        return last.out_bytes, last.out_bytes if last.runs_backward else 0.0
+        return sent, sent if last.runs_backward else 0.0
     text = chain[0]
     merged = [l for l in chain[:end] if l.kind == "projector"] + [text]
-    forward = text.out_bytes
-    backward = text.out_bytes if any(l.runs_backward for l in merged) else 0.0
+    forward = text.out_bytes + sum(l.deepstack_bytes for l in merged)
+    backward = forward if any(l.runs_backward for l in merged) else 0.0
     if last.kind != "projector" and last is not text:  # inside an encoder
-        forward += last.out_bytes
-        backward += last.out_bytes if last.runs_backward else 0.0
+        forward += sent
+        backward += sent if last.runs_backward else 0.0
     return forward, backward

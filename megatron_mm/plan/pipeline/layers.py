@@ -52,6 +52,10 @@ class Layer(Record):
     # Of ``params``, those that are the word embedding's own (a tied output layer): one
     # tensor where the same pipeline rank holds the embedding (PP=1), a copy elsewhere.
     tied_params: float = 0.0
+    # DeepStack (Qwen3-VL) features a stage boundary after this layer sends beside its
+    # output: the DeepStack encoder layers' outputs computed so far (inside the encoder),
+    # or the merged features of the LLM layers still to come (after the mergers)
+    deepstack_bytes: float = 0.0
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -68,7 +68,7 @@ def score(chain: Sequence[Layer], counts: Sequence[int], pp: int,
         ranks[c % pp] += cum[start + n] - cum[start]
         start += n
         if c < len(counts) - 1:
-            sent += chain[start - 1].out_bytes
+            sent += chain[start - 1].out_bytes + chain[start - 1].deepstack_bytes
     return PartitionCandidate(list(counts), ranks, statistics.pvariance(ranks), sent)
 
 

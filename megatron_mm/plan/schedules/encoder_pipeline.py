@@ -200,6 +200,12 @@ def schedule_costs(chain: Sequence[Layer], llm_partition: StagePartition,
         return [chain_unit(l, time, tp, at) for l in layers], scale
 
     chunks = [llm[s:e] for s, e in llm_partition.chunk_bounds()]
+    # DeepStack bytes beside each chunk's output: after its last LLM layer, or (chunk 0
+    # without one) all the merged features
+    deepstack = [c[-1].deepstack_bytes if c[-1].kind != "llm_embed" else
+                 sum(l.deepstack_bytes for l in chain if l.kind == "projector")
+                 for c in chunks]
+    piece_deepstack = []
     per_piece, bcast, ranks_params = [], [], {}
     for enc in pieces:
         encoder = encoders[enc.name]
@@ -208,6 +214,7 @@ def schedule_costs(chain: Sequence[Layer], llm_partition: StagePartition,
         layers = [l for l in encoder if l.kind.endswith("_layer")]
         for p, (s, e) in enumerate(enc.layers):
             mine = layers[s:e] + (embed if p == 0 else [])
+            piece_deepstack.append(layers[e - 1].deepstack_bytes)
             per_piece.append(units(mine, etp, share))
             last = p == len(enc.layers) - 1
             bcast.append(time.broadcast_s(layers[-1].out_bytes * tp, tp) if last else 0.0)
@@ -220,6 +227,9 @@ def schedule_costs(chain: Sequence[Layer], llm_partition: StagePartition,
                         encoder_forward_s=[total(p, "forward_s") for p in per_piece],
                         encoder_backward_s=[total(p, "backward_s") for p in per_piece],
                         p2p_s=p2p_s)
+    if any(deepstack) or any(piece_deepstack):
+        costs.deepstack_p2p_s = [time.p2p_s(b) for b in deepstack]
+        costs.encoder_deepstack_p2p_s = [time.p2p_s(b) for b in piece_deepstack]
     if links is not None:
         costs.forward_comm_s = [total(c, "forward_comm_s") for c in per_chunk]
         costs.backward_comm_s = [total(c, "backward_comm_s") for c in per_chunk]
@@ -246,6 +256,9 @@ def megatron_costs(chain: Sequence[Layer], partition: StagePartition, hardware: 
               for s, e in partition.chunk_bounds()]
     costs = ActionCosts(forward_s=[sum(u.forward_s for u in c) for c in chunks],
                         backward_s=[sum(u.backward_s for u in c) for c in chunks], p2p_s=p2p_s)
+    deepstack = [chain[e - 1].deepstack_bytes for _, e in partition.chunk_bounds()]
+    if any(deepstack):  # beside the chunks' outputs (DeepStack)
+        costs.deepstack_p2p_s = [time.p2p_s(b) for b in deepstack]
     if links is not None:
         costs.forward_comm_s = [sum(u.forward_comm_s for u in c) for c in chunks]
         costs.backward_comm_s = [sum(u.backward_comm_s for u in c) for c in chunks]

@@ -13,11 +13,11 @@ compute, one reduction after the other; the rank is done when both streams are."
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ..errors import PlanError
 from ..record import Record
-from .actions import Kind, Schedule, replay_order
+from .actions import Action, Kind, Schedule, replay_order
 
 
 @dataclass
@@ -68,9 +68,34 @@ class ActionCosts(Record):
     replica_allreduce_s: List[float] = field(default_factory=list)
     reduce_s: List[float] = field(default_factory=list)
     encoder_reduce_s: List[float] = field(default_factory=list)
+    # DeepStack (Qwen3-VL): the seconds the features add to a message between ranks, per
+    # LLM chunk (its output and that output's gradient) and per encoder piece (likewise);
+    # empty: none
+    deepstack_p2p_s: List[float] = field(default_factory=list)
+    encoder_deepstack_p2p_s: List[float] = field(default_factory=list)
     # Micro-batches of different work (real samples: tiles and tokens vary): micro-batch
     # m's compute costs are microbatches[m]'s tables; empty: every one costs the above.
     microbatches: List[ActionCosts] = field(default_factory=list)
+
+    def transfer_s(self, dep: Tuple[str, int, int], consumer: Action) -> float:
+        """Seconds of the message from action ``dep`` to ``consumer`` on another rank:
+        ``p2p_s``, plus what the DeepStack features it carries add."""
+        kind, _, c = dep
+        chunk = piece = None
+        if kind == Kind.F:
+            chunk = c
+        elif kind == Kind.B:  # the gradient of chunk c - 1's output, or of an encoder's
+            chunk, piece = (c - 1, None) if c > 0 else (None, consumer.chunk)
+        elif kind == Kind.EF:
+            piece = c
+        elif kind == Kind.EB:
+            piece = c - 1
+        extra = 0.0
+        if chunk is not None and self.deepstack_p2p_s:
+            extra = self.deepstack_p2p_s[chunk]
+        elif piece is not None and self.encoder_deepstack_p2p_s:
+            extra = self.encoder_deepstack_p2p_s[piece]
+        return self.p2p_s + extra
 
     def encoder_comm(self, kind: str, piece: int) -> float:
         """The TP all-reduces inside encoder action ``kind`` of ``piece``, seconds."""
@@ -198,14 +223,14 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
     busy = [0.0] * pp
     enc = [0.0] * pp
     timeline = []
-    p2p, start = costs.p2p_s, costs.llm_start_s
+    start = costs.llm_start_s
     for rank, a in replay_order(schedule):
         llm, on_stream = a.kind.llm, a.kind in _STREAM
         if a.in_tp_bubble:  # inside the previous LLM action's TP communication, if it fits
             duration = costs.of(a.kind, a.chunk, a.microbatch)
             comm = costs.encoder_comm(a.kind, a.chunk)  # on the LLM's links: not hidden
             at, left = host[rank]
-            inputs = max([finish[d] + (p2p if owner[d] != rank else 0.0)
+            inputs = max([finish[d] + (costs.transfer_s(d, a) if owner[d] != rank else 0.0)
                           for d in schedule.dependencies(a)], default=0.0)
             if inputs <= at + 1e-12 and duration <= left + 1e-12:
                 finish[a.key], owner[a.key] = at + duration, rank
@@ -222,7 +247,8 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
         else:
             ready = max(clock[rank], start) if llm else clock[rank]
             for dep in schedule.dependencies(a):
-                arrival = finish[dep] + (p2p if owner[dep] != rank else 0.0)
+                arrival = finish[dep] + (costs.transfer_s(dep, a) if owner[dep] != rank
+                                         else 0.0)
                 if arrival > ready:
                     ready = arrival
         duration = costs.of(a.kind, a.chunk, a.microbatch)

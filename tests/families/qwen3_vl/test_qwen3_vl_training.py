@@ -110,6 +110,8 @@ SCHEDULE_CASES = {
     "bubble": ["--encoder-schedule", "bubble"],
     "coarse-frozen-vit": ["--encoder-schedule", "coarse", "--freeze-ViT"],
     "bubble-frozen-vit": ["--encoder-schedule", "bubble", "--freeze-ViT"],
+    # the pieces' layers (and their DeepStack hooks) run again in their backward
+    "bubble-recompute": ["--encoder-schedule", "bubble", *RECOMPUTE],
 }
 
 
