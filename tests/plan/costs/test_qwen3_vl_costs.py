@@ -12,9 +12,10 @@ from megatron_mm.plan.costs.hardware import Hardware, Interconnect
 from megatron_mm.plan.costs.unit_costs import TimeModel
 from megatron_mm.plan.model import EncoderSpec, ModelSpec, TransformerSpec, Workload
 from megatron_mm.plan.pipeline.chain import build_chain
-from megatron_mm.plan.pipeline.partition import partition
+from megatron_mm.plan.pipeline.partition import StagePartition, partition
 from megatron_mm.plan.pipeline.partition_search import score
-from megatron_mm.plan.schedules.encoder_pipeline import plan_encoder_pipeline, schedule_costs
+from megatron_mm.plan.schedules.encoder_pipeline import (megatron_costs, plan_encoder_pipeline,
+                                                         schedule_costs)
 from megatron_mm.plan.schedules.generate import coarse
 from megatron_mm.plan.schedules.simulate import simulate
 
@@ -89,3 +90,16 @@ def test_deepstack_volume_lengthens_the_simulated_schedule():
     schedule = coarse(2, 1, 4, True, 2, 1)
     free = replace(costs, deepstack_p2p_s=[], encoder_deepstack_p2p_s=[])
     assert simulate(schedule, costs).iteration_s > simulate(schedule, free).iteration_s
+
+
+def test_deepstack_volume_in_megatron_schedule_costs():
+    deep = chain(deepstack=DEEPSTACK)
+    # [embed, ViT embed, ViT 0-11, mergers, LLM 0] [LLM 1-7, head]: two features cross
+    costs = megatron_costs(deep, StagePartition(2, 1, [16, 8]), Hardware(),
+                           links=Interconnect())
+    llm0 = next(l for l in deep if l.kind == "llm_layer")
+    assert costs.deepstack_p2p_s == [TimeModel(Hardware(), Interconnect()).p2p_s(
+        llm0.deepstack_bytes), 0.0]
+    assert llm0.deepstack_bytes > 0
+    assert not megatron_costs(chain(), StagePartition(2, 1, [16, 8]), Hardware(),
+                              links=Interconnect()).deepstack_p2p_s
