@@ -7,8 +7,9 @@ orientations: the hub's files hold ``mlp.experts.gate_up_proj`` [E, H, 2I] and
 ``down_proj`` [E, I, H], transformers 5 (in memory and in what it saves) [E, 2I, H] and
 [E, H, I]. Import takes either, as transformers does: a tensor already in transformers 5's
 shape is taken as it is (so also a square one), any other transposed; the hidden size H
-comes from the layer's router (``mlp.gate.weight`` [E, H]). Export writes transformers 5's
-orientation, the one no reader takes for the other.
+comes from the layer's router (``mlp.gate.weight`` [E, H]). Export writes the hub's
+orientation (what transformers 4.57, 5 and the serving engines read), except for a
+square tensor (2I = H, or I = H), which transformers 5 reads in its own orientation.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def model_flags(hf_config) -> Flags:
 
 
 class FusedExpertLayout(ExpertLayout):
-    """Either fused orientation in, per-expert tensors for the table; transformers 5's
-    fused tensors out."""
+    """Either fused orientation in, per-expert tensors for the table; the hub's fused
+    tensors out."""
 
     def normalise(self, tensors: Mapping) -> Dict:
         tensors = dict(tensors)
@@ -66,9 +67,12 @@ class FusedExpertLayout(ExpertLayout):
         for head, kinds in experts.items():
             def stacked(kind):
                 return torch.stack([kinds[kind][e] for e in sorted(kinds[kind])])
-            out[head + _EXPERTS + "gate_up_proj"] = torch.cat(
-                [stacked("gate_proj.weight"), stacked("up_proj.weight")], dim=1)
-            out[head + _EXPERTS + "down_proj"] = stacked("down_proj.weight")
+            fused = {"gate_up_proj": torch.cat([stacked("gate_proj.weight"),
+                                                stacked("up_proj.weight")], dim=1),
+                     "down_proj": stacked("down_proj.weight")}
+            for kind, t in fused.items():  # [E, 2I, H], [E, H, I]: the hub's unless square
+                hub = t.shape[1] != t.shape[2]
+                out[head + _EXPERTS + kind] = t.transpose(1, 2).contiguous() if hub else t
         return super().written(out)
 
 

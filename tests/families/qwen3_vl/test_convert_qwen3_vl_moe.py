@@ -110,7 +110,7 @@ def test_checkpoint_saved_at_ep2_exports_the_same_tensors(converted, gloo_world,
 
 def test_both_fused_orientations_import(converted):
     """The hub's [E, H, 2I] / [E, I, H] experts split into the same per-expert tensors as
-    transformers 5's [E, 2I, H] / [E, H, I]; export writes transformers 5's."""
+    transformers 5's [E, 2I, H] / [E, H, I]; export writes the hub's."""
     from megatron_mm.hf.families import family_for
 
     original, _, _ = converted
@@ -123,8 +123,8 @@ def test_both_fused_orientations_import(converted):
     assert "model.language_model.layers.0.mlp.experts.3.up_proj.weight" in got
     assert all(torch.equal(got[k], v) for k, v in want.items())
     written = layout.written(want)
-    assert written.keys() == memory.keys()
-    assert all(torch.equal(written[k], v) for k, v in memory.items())
+    assert written.keys() == hub.keys()
+    assert all(torch.equal(written[k], v) for k, v in hub.items())
 
 
 @pytest.mark.parametrize("text,vision,field", [
