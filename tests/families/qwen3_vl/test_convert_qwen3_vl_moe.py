@@ -137,3 +137,25 @@ def test_unsupported_config_fields_are_refused(text, vision, field):
 
     with pytest.raises(ConversionError, match=field):
         model_flags(_config(text, **vision))
+
+
+def test_a_square_fused_tensor_keeps_transformers_5_orientation():
+    """2I = H: the fused gate/up tensor has one shape in both orientations, and
+    transformers 5 reads it as its own; export writes it so (down_proj, I != H, the hub's)
+    and import reads back the same experts."""
+    from megatron_mm.families.qwen3_vl_moe.hf import ARCH, ARCHITECTURES
+
+    layout = ARCHITECTURES[ARCH].layout
+    layer = "model.language_model.layers.0.mlp."
+    memory = {layer + "gate.weight": torch.randn(4, 8),
+              layer + "experts.gate_up_proj": torch.randn(4, 8, 8),  # [E, 2I, H]
+              layer + "experts.down_proj": torch.randn(4, 8, 4)}  # [E, H, I]
+    experts = layout.normalise(memory)
+    written = layout.written(experts)
+    assert torch.equal(written[layer + "experts.gate_up_proj"],
+                       memory[layer + "experts.gate_up_proj"])
+    assert torch.equal(written[layer + "experts.down_proj"],
+                       memory[layer + "experts.down_proj"].transpose(1, 2))
+    again = layout.normalise(written)
+    assert again.keys() == experts.keys()
+    assert all(torch.equal(again[k], v) for k, v in experts.items())
