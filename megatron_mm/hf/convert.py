@@ -196,7 +196,7 @@ def export_hf(load_dir: str, out_dir: str) -> str:
         hf.update(read_weights_file(unused))
     dtype = getattr(hf_config, "dtype", None) or torch.float32
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    on_disk = {family.layout.on_disk(k): v.to(dtype) for k, v in hf.items()}
+    on_disk = family.layout.written({k: v.to(dtype) for k, v in hf.items()})
     os.makedirs(out_dir, exist_ok=True)
     for name in os.listdir(hf_dir):
         if name != UNUSED:

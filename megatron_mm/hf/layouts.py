@@ -32,6 +32,10 @@ class Layout:
             out[new] = t
         return out
 
+    def written(self, tensors: Mapping) -> Dict:
+        """The tensors export writes, by their on-disk names (``normalise`` undone)."""
+        return {self.on_disk(name): t for name, t in tensors.items()}
+
 
 def _rename(name: str, table) -> str:
     for old, new in sorted(table, key=lambda p: -len(p[0])):

@@ -42,20 +42,27 @@ def sparse_layers(text) -> List[int]:
     return [int(i not in dense and (i + 1) % step == 0) for i in range(text.num_hidden_layers)]
 
 
+def expert_flags(text, dense: str, where: str = "", renormalise: bool = True) -> Flags:
+    """The MoE architecture's flags of a Qwen3-MoE text config: softmax top-k routing,
+    renormalised over the top-k (``renormalise``) or not (``--moe-router-pre-softmax``),
+    the layer pattern. Training choices stay the run's own: the aux loss
+    (``router_aux_loss_coef`` is ``--moe-aux-loss-coeff``, Megatron-Core's per-layer GShard
+    loss) and the dispatcher. ``dense``: the architecture of the model without experts."""
+    if not text.num_experts:
+        raise ConversionError(f"config {where}num_experts=0 is not a mixture of experts: "
+                              f"convert it as {dense}")
+    return {"num_experts": text.num_experts,
+            "moe_ffn_hidden_size": text.moe_intermediate_size,
+            "moe_router_topk": text.num_experts_per_tok,
+            "moe_router_pre_softmax": not renormalise,
+            "moe_layer_freq": sparse_layers(text)}
+
+
 def moe_flags(hf_config) -> Flags:
-    """The LLM's flags and the MoE architecture's: softmax top-k routing, renormalised over
-    the top-k (``norm_topk_prob``) or not (``--moe-router-pre-softmax``), the layer pattern.
-    Training choices stay the run's own: the aux loss (``router_aux_loss_coef`` is
-    ``--moe-aux-loss-coeff``, Megatron-Core's per-layer GShard loss) and the dispatcher."""
-    if not hf_config.num_experts:
-        raise ConversionError("config num_experts=0 is not a mixture of experts: convert it "
-                              "as Qwen3ForCausalLM")
+    """The LLM's flags and the MoE architecture's (``norm_topk_prob``: renormalised)."""
     return {**causal_lm_flags(hf_config),
-            "num_experts": hf_config.num_experts,
-            "moe_ffn_hidden_size": hf_config.moe_intermediate_size,
-            "moe_router_topk": hf_config.num_experts_per_tok,
-            "moe_router_pre_softmax": not hf_config.norm_topk_prob,
-            "moe_layer_freq": sparse_layers(hf_config)}
+            **expert_flags(hf_config, "Qwen3ForCausalLM",
+                           renormalise=hf_config.norm_topk_prob)}
 
 
 class ExpertLayout(Layout):
