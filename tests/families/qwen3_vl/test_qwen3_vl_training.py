@@ -9,7 +9,7 @@ import pytest
 import torch
 from dist_harness import run_distributed
 from qwen_vl_data import write_qwen_vl_data
-from train_workers import train
+from train_workers import count_encoded_rows, train
 
 STEPS = 2
 # A 3-layer tower whose layers 0 and 1 feed DeepStack (added after LLM layers 0 and 1 of
@@ -28,6 +28,8 @@ QWEN3_VL_MODEL = [
     "--lr", "1e-3", "--lr-decay-style", "constant", "--weight-decay", "0.0",
     "--log-interval", "1", "--eval-iters", "1", "--skip-final-eval",
 ]
+CP2 = ["--context-parallel-size", "2", "--context-parallel-block", "8"]
+SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--transformer-impl", "local"]
 RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "uniform",
              "--recompute-num-layers", "1"]
 
@@ -63,12 +65,44 @@ def reference(qwen3_vl_dir, tmp_path_factory):
     # both features leave the merging chunk, the second one passes through LLM 0's
     (2, ["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size",
          "2", "--pipeline-partition", "6,1,1,2"]),
-], ids=["tp2", "recompute", "pp2-cut-between-deepstack-layers", "pp2-vpp2"])
+    # [LLM embedding, tower embedding, tower 0] [tower 1, 2, mergers, LLM]: tower layer
+    # 0's output (a DeepStack feature) crosses the cut with the tower's hidden state
+    (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,7"]),
+    # PP=2 x VPP=2: [LLM embedding, the tower] [its mergers] [LLM 0, 1] [LLM 2, head]:
+    # both DeepStack layers' outputs reach a chunk holding only the mergers
+    (2, ["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size",
+         "2", "--pipeline-partition", "5,1,2,2"]),
+    # each CP rank adds the features at its own share of the visual positions (split by
+    # attention work, or zigzag), and its mergers get that share's gradient
+    (2, CP2),
+    (2, CP2 + ["--context-parallel-assignment", "zigzag"]),
+    # each CP rank encodes its share of the items; the DeepStack features are gathered
+    # over the CP ranks like the final merger's (their gradients summed back)
+    (2, CP2 + ["--vision-dp-when-cp"]),
+    # PP=2 x CP=2: LLM layer 1's feature crosses the cut whole, each CP rank adds its share
+    (4, CP2 + ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "7,3"]),
+    # sequence parallelism: the tower's DeepStack outputs are shards, merged on the shard
+    # and gathered; the features added to each TP rank's shard of the LLM's sequence
+    (2, SP),
+    # ... also across a cut inside the tower (the carried outputs are shards too)
+    (4, SP + ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,7"]),
+    # data parallelism: two micro-batches per step, one on each rank
+    (2, []),
+], ids=["tp2", "recompute", "pp2-cut-between-deepstack-layers", "pp2-vpp2",
+        "pp2-cut-inside-tower", "pp2-vpp2-mergers-alone", "cp2", "cp2-zigzag",
+        "cp2-vision-dp", "pp2-cp2", "tp2-sp", "tp2-sp-pp2-cut-inside-tower", "dp2"])
 def test_parallel_layouts_equal_one_process(qwen3_vl_dir, reference, world, layout):
     common, ref = reference
-    ranks = run_distributed(train, world, _argv(qwen3_vl_dir, *common, *layout), (1, STEPS))
-    # TP ranks hold the same (gathered) tensors; pipeline stages their own pieces
-    stages = ranks if "--pipeline-model-parallel-size" in layout else ranks[:1]
+    split = "--vision-dp-when-cp" in layout
+    ranks = run_distributed(train, world, _argv(qwen3_vl_dir, *common, *layout), (1, STEPS),
+                            count_encoded_rows if split else None)
+    if split:  # the CP ranks embed disjoint shares of every micro-batch's patches
+        first, second = (out["observed"]["encoded"] for out in ranks)
+        assert len(first) == len(second) == 2 * STEPS
+        for (a, tokens), (b, same) in zip(first, second):
+            assert tokens == same and a + b == 4 * tokens and a and b, (first, second)
+    # TP / CP / DP ranks hold the same (reduced) tensors; pipeline stages their own pieces
+    stages = ranks[::world // 2] if "--pipeline-model-parallel-size" in layout else ranks[:1]
     for it in range(1, STEPS + 1):
         assert stages[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
     for step in (1, STEPS):
@@ -80,16 +114,6 @@ def test_parallel_layouts_equal_one_process(qwen3_vl_dir, reference, world, layo
     # the DeepStack mergers and the tower layers feeding them are trained
     deepstack = [n for n in ref["grads"][1] if ".deepstack." in n]
     assert deepstack and all(ref["grads"][1][n].abs().sum() > 0 for n in deepstack)
-
-
-def test_sequence_parallel_is_refused(capsys):
-    from megatron_mm.training.arguments import parse_args
-
-    with pytest.raises(SystemExit):
-        parse_args(QWEN3_VL_MODEL + ["--tensor-model-parallel-size", "2",
-                                     "--sequence-parallel"], world_size=2)
-    assert ("--sequence-parallel: the vision encoder's DeepStack features are added to the "
-            "whole sequence") in capsys.readouterr().err
 
 
 @pytest.mark.processes
