@@ -1,12 +1,17 @@
 """Qwen3-VL training (native-size images and videos through the frame-attention ViT,
 DeepStack features added inside the LLM, interleaved M-RoPE) equals the single-process run
-from the same initial checkpoint (losses, gradients, parameters) under TP=2 and with full
-recompute of the LLM's layers (whose DeepStack hooks then run again in the backward), and
-PP=2 with the cut between two LLM layers that add DeepStack features (also interleaved,
-PP=2 x VPP=2)."""
+from the same initial checkpoint (losses, gradients) under TP=2, full recompute of the
+LLM's layers (whose DeepStack hooks then run again in the backward), PP=2 with the cut
+between two LLM layers that add DeepStack features (also PP=2 x VPP=2), cuts inside the
+tower before a DeepStack layer (its kept outputs carried to the mergers), CP=2 (ours and
+zigzag, with --vision-dp-when-cp, and PP=2 x CP=2: each CP rank adds the features at its
+share of the sequence), TP=2 with sequence parallelism (also across a tower cut), DP=2;
+on packed, balanced micro-batches (--data-balance) at CP=2, PP=2 and DP=2; and with a
+frozen tower."""
 
 import pytest
 import torch
+from balanced_runs import assert_dp2_equals_both_ranks_plans
 from dist_harness import run_distributed
 from qwen_vl_data import write_qwen_vl_data
 from train_workers import count_encoded_rows, train
@@ -101,7 +106,17 @@ def test_parallel_layouts_equal_one_process(qwen3_vl_dir, reference, world, layo
         assert len(first) == len(second) == 2 * STEPS
         for (a, tokens), (b, same) in zip(first, second):
             assert tokens == same and a + b == 4 * tokens and a and b, (first, second)
-    # TP / CP / DP ranks hold the same (reduced) tensors; pipeline stages their own pieces
+    _assert_equal_runs(ranks, layout, ref)
+    # the DeepStack mergers and the tower layers feeding them are trained
+    deepstack = [n for n in ref["grads"][1] if ".deepstack." in n]
+    assert deepstack and all(ref["grads"][1][n].abs().sum() > 0 for n in deepstack)
+
+
+def _assert_equal_runs(ranks, layout, ref):
+    """The losses and gradients of ``ranks`` (a run of ``layout``) equal one process's:
+    TP / CP / DP ranks hold the same (reduced) tensors, pipeline stages their own pieces
+    (frozen parameters: none)."""
+    world = len(ranks)
     stages = ranks[::world // 2] if "--pipeline-model-parallel-size" in layout else ranks[:1]
     for it in range(1, STEPS + 1):
         assert stages[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
@@ -109,11 +124,65 @@ def test_parallel_layouts_equal_one_process(qwen3_vl_dir, reference, world, layo
         grads = {k: v for out in stages for k, v in out["grads"][step].items()}
         assert grads.keys() == ref["grads"][step].keys()
         for name, value in ref["grads"][step].items():
+            if value is None:
+                assert grads[name] is None, name
+                continue
             torch.testing.assert_close(grads[name], value, rtol=1e-4, atol=1e-6,
                                        msg=lambda m: f"grads {step} {name}: {m}")
-    # the DeepStack mergers and the tower layers feeding them are trained
-    deepstack = [n for n in ref["grads"][1] if ".deepstack." in n]
-    assert deepstack and all(ref["grads"][1][n].abs().sum() > 0 for n in deepstack)
+
+
+BALANCE = ["--data-balance", "isf-sorted", "--seq-length", "160"]
+
+
+@pytest.fixture(scope="module")
+def balanced_reference(qwen3_vl_dir, reference):
+    """The one-process run from the saved init on packed micro-batches (--data-balance:
+    several samples' images and videos in one row)."""
+    common, _ = reference
+    argv = _argv(qwen3_vl_dir, *common, *BALANCE)
+    return argv, run_distributed(train, 1, argv, (1, STEPS))[0]
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("layout", [
+    # packed documents over CP ranks: each adds the features at its share of every
+    # document's visual positions
+    CP2, CP2 + ["--context-parallel-assignment", "zigzag"],
+    # packed rows of varying length with the carried DeepStack output through p2p
+    ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,7"],
+], ids=["cp2", "cp2-zigzag", "pp2-cut-inside-tower"])
+def test_balanced_packing_equals_one_process(balanced_reference, layout):
+    argv, ref = balanced_reference
+    _assert_equal_runs(run_distributed(train, 2, argv + layout, (1, STEPS)), layout, ref)
+
+
+@pytest.mark.processes
+def test_balanced_dp2_equals_one_process(qwen3_vl_dir, reference):
+    """DP=2 on the packed plan equals one process on both ranks' packed micro-batches."""
+    common, _ = reference
+    assert_dp2_equals_both_ranks_plans(_argv(qwen3_vl_dir, *common, *BALANCE), STEPS)
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("world,layout", [
+    # the frozen tower's carried DeepStack output takes no gradient; its merger does
+    (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,7"]),
+    (2, CP2 + ["--vision-dp-when-cp"]),
+], ids=["pp2-cut-inside-tower", "cp2-vision-dp"])
+def test_frozen_tower_equals_one_process(qwen3_vl_dir, reference, frozen_reference, world,
+                                         layout):
+    """A frozen tower (--freeze-ViT): it runs no backward, its DeepStack mergers train."""
+    argv, ref = frozen_reference
+    _assert_equal_runs(run_distributed(train, world, argv + layout, (1, STEPS)), layout, ref)
+    assert all(v is None for n, v in ref["grads"][1].items() if n.startswith("vision_model."))
+    assert any(".deepstack." in n and v is not None for n, v in ref["grads"][1].items())
+
+
+@pytest.fixture(scope="module")
+def frozen_reference(qwen3_vl_dir, reference):
+    common, _ = reference
+    argv = _argv(qwen3_vl_dir, *common, "--freeze-ViT")
+    return argv, run_distributed(train, 1, argv, (1, STEPS))[0]
 
 
 @pytest.mark.processes
