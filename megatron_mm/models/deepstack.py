@@ -67,7 +67,7 @@ class DeepStack:
                              f"{self.num_layers} LLM layers")
         self.bound = features
 
-    def share(self, share: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def take_share(self, share: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """The bound features go to this rank's share of the sequence only (``share``:
         whole [S, B, H] -> the share the layers hold)."""
         if self.bound is not None:

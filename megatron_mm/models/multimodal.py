@@ -354,8 +354,8 @@ class MultimodalModel(MegatronModule):
         """Project encoder ``name``'s output into the placeholder positions of ``text``
         ([S, B, H]), at the layout's positions: index ops of host-known sizes."""
         share = layout.shares.get(name)
-        deepstack = getattr(self.encoder(name), "deepstack_features", None)
-        deepstack = deepstack if self.deepstack is not None else None
+        deepstack = None if self.deepstack is None else getattr(
+            self.encoder(name), "deepstack_features", None)
         if layout.items[name] == 0:
             text = self._idle_projector(name, text)
             if share is None:
@@ -488,14 +488,13 @@ class MultimodalModel(MegatronModule):
         n_hidden = t * n_items * self.mm_config.encoders[name].hidden_size
         flat = received.reshape(-1)
         hidden, *carried = flat[n_text:].split(n_hidden)
-        encoder = self.encoder(name)
-        if hasattr(encoder, "carried"):  # the layer outputs ``pack`` carried on, kept
-            part = self.placement.encoder(name)
-            first = part.layers[0] if part.num_layers else None
-            if len(carried) != len(encoder.carried(first)):
-                raise ValueError(f"{len(carried)} {name} layer outputs carried to pipeline "
-                                 f"chunk {self.placement.chunk}; its layers need "
-                                 f"{len(encoder.carried(first))}")
+        encoder, part = self.encoder(name), self.placement.encoder(name)
+        first = part.layers[0] if part.num_layers else None
+        expected = encoder.carried(first) if hasattr(encoder, "carried") else []
+        if len(carried) != len(expected):
+            raise ValueError(f"{len(carried)} {name} layer outputs carried to pipeline chunk "
+                             f"{self.placement.chunk}; it needs {len(expected)}")
+        if carried:  # the layer outputs ``pack`` carried on, kept where they are needed
             encoder.receive([c.view(t, n_items, -1) for c in carried], first)
         return flat[:n_text].view(s, b, -1), hidden.view(t, n_items, -1)
 
@@ -571,7 +570,7 @@ class MultimodalModel(MegatronModule):
             if hidden_in.shape[0] == tokens.shape[1]:
                 hidden_in = self.llm_share(hidden_in, cpm)
         if self.deepstack is not None and (cpm is not None or self.sequence_parallel):
-            self.deepstack.share(partial(self.llm_share, cpm=cpm))
+            self.deepstack.take_share(partial(self.llm_share, cpm=cpm))
         position_ids = self.rotary_positions(position_ids)
         if cpm is not None:
             tokens, position_ids = cpm.take(tokens), cpm.take_positions(position_ids)

@@ -1,7 +1,8 @@
 """tools/bench_balance.py end to end at its tiniest setting on native-resolution
-(Qwen2.5-VL-shaped) data, through the Qwen2.5-VL and the Qwen3-VL towers: the four rows (DP=2 random / balanced, CP=2 zigzag / ours) in
-order, each with its baseline and ratios; the CP rows train on the same micro-batches (only
-the token assignment differs). Speed is never asserted."""
+(Qwen2.5-VL-shaped) data, through the Qwen2.5-VL and the Qwen3-VL towers: the four rows
+(DP=2 random / balanced, CP=2 zigzag / ours) in order, each with its baseline and ratios;
+the CP rows train on the same micro-batches (only the token assignment differs). Speed is
+never asserted."""
 
 import os
 import subprocess
