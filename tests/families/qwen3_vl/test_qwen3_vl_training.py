@@ -172,17 +172,21 @@ def test_balanced_dp2_equals_one_process(qwen3_vl_dir, reference):
 def test_frozen_tower_equals_one_process(qwen3_vl_dir, reference, frozen_reference, world,
                                          layout):
     """A frozen tower (--freeze-ViT): it runs no backward, its DeepStack mergers train."""
-    argv, ref = frozen_reference
-    _assert_equal_runs(run_distributed(train, world, argv + layout, (1, STEPS)), layout, ref)
+    common, _ = reference
+    ref = frozen_reference
+    ranks = run_distributed(train, world, _argv(qwen3_vl_dir, *common, "--freeze-ViT",
+                                                *layout), (1, STEPS))
+    _assert_equal_runs(ranks, layout, ref)
     assert all(v is None for n, v in ref["grads"][1].items() if n.startswith("vision_model."))
     assert any(".deepstack." in n and v is not None for n, v in ref["grads"][1].items())
 
 
 @pytest.fixture(scope="module")
 def frozen_reference(qwen3_vl_dir, reference):
+    """One process from the same init with the tower frozen (its mergers train)."""
     common, _ = reference
-    argv = _argv(qwen3_vl_dir, *common, "--freeze-ViT")
-    return argv, run_distributed(train, 1, argv, (1, STEPS))[0]
+    return run_distributed(train, 1, _argv(qwen3_vl_dir, *common, "--freeze-ViT"),
+                           (1, STEPS))[0]
 
 
 @pytest.mark.processes
