@@ -23,11 +23,16 @@ token, inverted).
 - ``qwen2_5_vl`` (rows dp2-* and cp2-*): Qwen2.5-VL-shaped native-resolution data, 1 to 3
   images per sample whose sides are drawn independently from 28 px to ``--max-side``
   (multiples of 28: 1 to (max-side / 28)^2 / 4 LLM tokens each, so a sample's vision work
-  varies 10-100x), through the Qwen2.5-VL tower (window attention, M-RoPE LLM).
+  varies 10-100x), through the Qwen2.5-VL tower (window attention, M-RoPE LLM);
+- ``qwen3_vl`` (rows dp2-* and cp2-*): the same data with sides in multiples of 32 px
+  (Qwen3-VL's merge unit), through the Qwen3-VL tower (attention over each whole image,
+  so its cost grows with the square of each image's tokens; DeepStack from tower layer 0
+  added after LLM layer 0; a Qwen3 LLM with interleaved M-RoPE).
 
     python tools/bench_balance.py                       # DP=2 on CPU (gloo)
     python tools/bench_balance.py --steps 40 --samples 1200 --repeats 2
     python tools/bench_balance.py --family qwen2_5_vl   # DP=2 and CP=2 rows
+    python tools/bench_balance.py --family qwen3_vl
 
 Runs alternate (A B C D, A B C D ...) so machine noise hits all; speed is never asserted
 in tests.
@@ -60,7 +65,10 @@ ROWS = {
     "cp2-balanced": ("cp2-zigzag", ["--context-parallel-size", "2",
                                     "--context-parallel-assignment", "ours"]),
 }
-FAMILY_ROWS = {"vit": ["dp2-random", "dp2-balanced"], "qwen2_5_vl": list(ROWS)}
+FAMILY_ROWS = {"vit": ["dp2-random", "dp2-balanced"], "qwen2_5_vl": list(ROWS),
+               "qwen3_vl": list(ROWS)}
+# The native-resolution families' merge unit (2 x 2 patches) side in pixels.
+UNIT = {"qwen2_5_vl": 28, "qwen3_vl": 32}
 WORDS = ("the chart shows a value of red blue green bar line axis year total sales mean "
          "document page table figure left right top bottom label answer question").split()
 
@@ -86,14 +94,18 @@ def model_flags(a) -> list:
                         "--patch-dim", "4", "--disable-vision-class-token"]
     half = a.hidden_size // 4 // 2  # M-RoPE sections split half the LLM head: t, h, w
     t = half // 4
-    side = 28 * (a.max_side // 28)
-    return flags + ["--vision-model-type", "qwen2_5_vl", "--patch-dim", "14",
-                    "--vision-ffn-hidden-size", str(a.hidden_size),
-                    "--vision-window-size", "112", "--vision-fullatt-block-indexes", "1",
-                    "--min-pixels", str(28 * 28), "--max-pixels", str(side * side),
-                    "--position-embedding-type", "mrope",
-                    "--mrope-section", str(t), str((half - t) // 2),
-                    str(half - t - (half - t) // 2)]
+    unit = UNIT[a.family]
+    side = unit * (a.max_side // unit)
+    flags += ["--vision-ffn-hidden-size", str(a.hidden_size),
+              "--min-pixels", str(unit * unit), "--max-pixels", str(side * side),
+              "--position-embedding-type", "mrope",
+              "--mrope-section", str(t), str((half - t) // 2), str(half - t - (half - t) // 2)]
+    if a.family == "qwen2_5_vl":
+        return flags + ["--vision-model-type", "qwen2_5_vl", "--patch-dim", "14",
+                        "--vision-window-size", "112", "--vision-fullatt-block-indexes", "1"]
+    return flags + ["--vision-model-type", "qwen3_vl", "--patch-dim", "16",
+                    "--vision-deepstack-visual-indexes", "0", "--mrope-interleaved",
+                    "--qk-layernorm"]
 
 
 def _png(rng: random.Random, size: int) -> str:
@@ -160,21 +172,21 @@ def _flat_png(w: int, h: int, colour: tuple) -> str:
 NATIVE_MAX_IMAGES = 3
 
 
-def _native_image(rng: random.Random, max_side: int) -> tuple:
+def _native_image(rng: random.Random, max_side: int, unit: int = 28) -> tuple:
     """One native-resolution image: (width, height, colour), the sides drawn
-    independently from 28 px to ``max_side`` in steps of 28 (the processor keeps them:
-    multiples of 28 within the pixel bounds)."""
-    sides = range(28, max_side + 1, 28)
+    independently from ``unit`` px to ``max_side`` in steps of ``unit`` (the merge unit's
+    side: the processor keeps them, multiples of it within the pixel bounds)."""
+    sides = range(unit, max_side + 1, unit)
     w, h = rng.choice(sides), rng.choice(sides)
     return w, h, tuple(rng.randrange(256) for _ in range(3))
 
 
 def write_native_resolution_dataset(out: Path, samples: int, max_side: int,
-                                    seed: int = 0) -> None:
+                                    seed: int = 0, unit: int = 28) -> None:
     """Qwen2.5-VL-shaped records: 1-3 images each (``_native_image``), a question of 3-60
     words and an answer of 1-40."""
     _write_records(out, samples, NATIVE_MAX_IMAGES,
-                   lambda rng: _flat_png(*_native_image(rng, max_side)), seed)
+                   lambda rng: _flat_png(*_native_image(rng, max_side, unit)), seed)
 
 
 def native_resolution_image_sizes(samples: int, max_side: int, seed: int = 0) -> list:
@@ -273,7 +285,8 @@ def main() -> None:
     p.add_argument("--family", choices=sorted(FAMILY_ROWS), default="vit",
                    help="the data and vision tower (see above)")
     p.add_argument("--max-side", type=int, default=336,
-                   help="--family qwen2_5_vl: the largest image side in pixels (x 28)")
+                   help="--family qwen2_5_vl / qwen3_vl: the largest image side in pixels "
+                        "(a multiple of 28 / 32)")
     p.add_argument("--rows", nargs="+", choices=list(ROWS), default=None,
                    help="rows to run (default: the family's); a row brings its baseline")
     p.add_argument("--hidden-size", type=int, default=512)
@@ -294,7 +307,8 @@ def main() -> None:
             if a.family == "vit":
                 write_dataset(a.data, a.samples, a.img_size)
             else:
-                write_native_resolution_dataset(a.data, a.samples, a.max_side)
+                write_native_resolution_dataset(a.data, a.samples, a.max_side,
+                                                unit=UNIT[a.family])
         runs = {r: [] for r in rows}
         for _ in range(a.repeats):
             for r in rows:

@@ -18,8 +18,8 @@ in the outer backward, also when Megatron-Core's activation recompute re-runs th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Optional
+from dataclasses import dataclass, replace
+from typing import Callable, List, Optional
 
 import torch
 
@@ -33,7 +33,11 @@ class DeepStackFeatures:
 
     slots: torch.Tensor
     features: List[Optional[torch.Tensor]]
-    tokens: int  # S x B of the hidden state they are added to
+    tokens: int  # S x B of the whole hidden state they are added to
+    # The layers' hidden state a share of the whole sequence (context- or sequence-
+    # parallel): whole [S, B, H] -> this rank's share, split as the LLM's input is
+    # (``MultimodalModel.llm_share``); None: the layers hold the whole sequence.
+    share: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
 
 
 class DeepStack:
@@ -63,6 +67,12 @@ class DeepStack:
                              f"{self.num_layers} LLM layers")
         self.bound = features
 
+    def take_share(self, share: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """The bound features go to this rank's share of the sequence only (``share``:
+        whole [S, B, H] -> the share the layers hold)."""
+        if self.bound is not None:
+            self.bound = replace(self.bound, share=share)
+
     def join(self, hidden: torch.Tensor, features: DeepStackFeatures) -> torch.Tensor:
         """Bind ``features`` (as leaves, when they take gradients; None for layers before
         this chunk's) and return ``hidden``, the LLM's input, joined to their backward."""
@@ -73,7 +83,7 @@ class DeepStack:
             return hidden
         leaves = [None if f is None else f.detach().requires_grad_()
                   for f in features.features]
-        self.bind(DeepStackFeatures(features.slots, leaves, features.tokens))
+        self.bind(DeepStackFeatures(features.slots, leaves, features.tokens, features.share))
         return _Join.apply(hidden, [leaf for leaf in leaves if leaf is not None], *given)
 
     def _hook(self, index: int):
@@ -82,12 +92,14 @@ class DeepStack:
                 return output  # a micro-batch without visual tokens
             hidden, context = output
             s, b, h = hidden.shape
-            if s * b != self.bound.tokens:
-                raise NotImplementedError(
-                    f"DeepStack adds features to the whole [S, B] hidden state ({self.bound.tokens}"
-                    f" positions); LLM layer {index} holds {s * b} (a sequence- or context-"
-                    "parallel shard): not implemented yet")
             feature = self.bound.features[index].to(hidden.dtype)
+            if self.bound.share is not None:  # this rank's share of the sequence
+                whole = hidden.new_zeros(self.bound.tokens, h).index_copy(
+                    0, self.bound.slots, feature)
+                return hidden + self.bound.share(whole.view(-1, b, h)), context
+            if s * b != self.bound.tokens:
+                raise ValueError(f"DeepStack features for {self.bound.tokens} positions; LLM "
+                                 f"layer {index} holds {s * b} and no share of them was bound")
             added = hidden.reshape(s * b, h).index_add(0, self.bound.slots, feature)
             return added.view(s, b, h), context
         return add

@@ -8,6 +8,7 @@ embeddings. Submodules are named ``{name}_model`` / ``{name}_projection`` /
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Dict, Mapping, Optional, Tuple
 
 import torch
@@ -347,27 +348,41 @@ class MultimodalModel(MegatronModule):
         """Project encoder ``name``'s output into the placeholder positions of ``text``
         ([S, B, H]), at the layout's positions: index ops of host-known sizes."""
         share = layout.shares.get(name)
+        deepstack = None if self.deepstack is None else getattr(
+            self.encoder(name), "deepstack_features", None)
         if layout.items[name] == 0:
             text = self._idle_projector(name, text)
             if share is None:
                 return text
             features = text.new_zeros(0, text.shape[-1])  # the other CP ranks' items
+            extra = [] if deepstack is None else [features] * self.deepstack.num_layers
         else:
             features = self.project(name, hidden)  # [N, T', H]
-            features = features.reshape(-1, features.shape[-1])
-            keep = layout.keep[name]
-            if keep is not None:  # variable-length items: drop each one's padding features
-                features = features.index_select(0, keep)
-        if share is not None:  # this CP rank's items: every rank's, in the batch's order
-            features = self._gather_features(name, features.to(text.dtype), share)
+            extra = [] if deepstack is None else deepstack(self.projector(name))
+        # the DeepStack features' rows are the final merger's (item for item)
+        features, *extra = (self._feature_rows(name, f, layout, text.dtype)
+                            for f in [features, *extra])
         s, b, h = text.shape
         merged = text.reshape(s * b, h).index_copy(0, layout.slots[name],
-                                                    features.to(text.dtype)).view(s, b, h)
-        deepstack = getattr(self.encoder(name), "deepstack_features", None)
-        if self.deepstack is not None and deepstack is not None:
+                                                    features).view(s, b, h)
+        if deepstack is not None:
             merged = self.deepstack.join(merged, DeepStackFeatures(
-                layout.slots[name], deepstack(self.projector(name)), s * b))
+                layout.slots[name], extra, s * b))
         return merged
+
+    def _feature_rows(self, name: str, features: torch.Tensor, layout: BatchLayout,
+                      dtype: torch.dtype) -> torch.Tensor:
+        """[n, H] features for the batch's placeholders from this chunk's projected ones
+        (variable-length items: each one's padding rows dropped; ``--vision-dp-when-cp``:
+        every CP rank's, in the batch's order)."""
+        features = features.reshape(-1, features.shape[-1])
+        keep = layout.keep[name]
+        if keep is not None:
+            features = features.index_select(0, keep)
+        share = layout.shares.get(name)
+        if share is not None:
+            features = self._gather_features(name, features.to(dtype), share)
+        return features.to(dtype)
 
     def _gather_features(self, name: str, features: torch.Tensor,
                          share: FeatureShare) -> torch.Tensor:
@@ -439,14 +454,17 @@ class MultimodalModel(MegatronModule):
     def pack(self, text: torch.Tensor, hidden: Optional[torch.Tensor],
              seq_length: Optional[int] = None) -> torch.Tensor:
         """What this chunk sends on: the text embeddings, with an encoder's hidden state
-        (under sequence parallelism this rank's shards of both; ``seq_length``: the
+        and what the encoder carries past the cut with it (``carry``: Qwen3-VL's DeepStack
+        layer outputs) (under sequence parallelism this rank's shards; ``seq_length``: the
         micro-batch's, S of whole text embeddings)."""
         if self.sequence_parallel and text.shape[0] == seq_length:
             text = sequence_parallel.split(text)
         if hidden is None:
             return text
-        hidden = hidden.to(text.dtype)
-        return torch.cat([text.reshape(-1), hidden.reshape(-1)]).view(-1, 1, 1)
+        carry = getattr(self.encoder(self.placement.sends_encoder), "carry", None)
+        hidden = [hidden, *(carry() if carry is not None else ())]
+        return torch.cat([text.reshape(-1)] + [h.to(text.dtype).reshape(-1)
+                                               for h in hidden]).view(-1, 1, 1)
 
     def unpack(self, received: torch.Tensor, tokens: torch.Tensor, layout: BatchLayout):
         """(text [S, B, H], encoder hidden [T, N, H_enc] or None) from ``pack``'s tensor."""
@@ -463,10 +481,18 @@ class MultimodalModel(MegatronModule):
             tp = self.language_model.config.tensor_model_parallel_size
             s, t = s // tp, t // tp
         n_text = s * b * self.language_model.config.hidden_size
-        enc = self.mm_config.encoders[name]
+        n_hidden = t * n_items * self.mm_config.encoders[name].hidden_size
         flat = received.reshape(-1)
-        hidden = flat[n_text:].view(t, n_items, enc.hidden_size)
-        return flat[:n_text].view(s, b, -1), hidden
+        hidden, *carried = flat[n_text:].split(n_hidden)
+        encoder, part = self.encoder(name), self.placement.encoder(name)
+        first = part.layers[0] if part.num_layers else None
+        expected = encoder.carried(first) if hasattr(encoder, "carried") else []
+        if len(carried) != len(expected):
+            raise ValueError(f"{len(carried)} {name} layer outputs carried to pipeline chunk "
+                             f"{self.placement.chunk}; it needs {len(expected)}")
+        if carried:  # the layer outputs ``pack`` carried on, kept where they are needed
+            encoder.receive([c.view(t, n_items, -1) for c in carried], first)
+        return flat[:n_text].view(s, b, -1), hidden.view(t, n_items, -1)
 
     def _sequence_parallel_input(self, hidden: torch.Tensor, tokens: torch.Tensor,
                                  cpm: Optional[ContextParallelMask]) -> torch.Tensor:
@@ -477,11 +503,16 @@ class MultimodalModel(MegatronModule):
         first = self.placement.num_llm_layers > 0 and self.placement.llm_layers[0] == 0
         if not first:
             return hidden
-        if cpm is None:
-            return sequence_parallel.split(hidden) if hidden.shape[0] == tokens.shape[1] \
-                else hidden
-        hidden = self._whole(hidden, tokens)
-        return sequence_parallel.split(hidden[cpm.local])
+        if cpm is None and hidden.shape[0] != tokens.shape[1]:
+            return hidden
+        return self.llm_share(self._whole(hidden, tokens), cpm)
+
+    def llm_share(self, whole: torch.Tensor, cpm: Optional[ContextParallelMask]) -> torch.Tensor:
+        """This rank's share of a whole-sequence [S, B, H] tensor, as the LLM's layers hold
+        theirs: the CP rank's tokens, then under sequence parallelism the TP rank's shard
+        of them (the LLM's input, and the DeepStack features added inside it)."""
+        x = whole if cpm is None else whole[cpm.local]
+        return sequence_parallel.split(x) if self.sequence_parallel else x
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor,
                 media: Optional[Mapping[str, torch.Tensor]] = None,
@@ -533,7 +564,9 @@ class MultimodalModel(MegatronModule):
             # this rank's tokens; a full-length input (the chunk before held no LLM layer,
             # or nothing is split) is whole, a shorter one already this rank's.
             if hidden_in.shape[0] == tokens.shape[1]:
-                hidden_in = hidden_in[cpm.local]
+                hidden_in = self.llm_share(hidden_in, cpm)
+        if self.deepstack is not None and (cpm is not None or self.sequence_parallel):
+            self.deepstack.take_share(partial(self.llm_share, cpm=cpm))
         position_ids = self.rotary_positions(position_ids)
         if cpm is not None:
             tokens, position_ids = cpm.take(tokens), cpm.take_positions(position_ids)

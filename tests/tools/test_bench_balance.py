@@ -1,7 +1,8 @@
 """tools/bench_balance.py end to end at its tiniest setting on native-resolution
-(Qwen2.5-VL-shaped) data: the four rows (DP=2 random / balanced, CP=2 zigzag / ours) in
-order, each with its baseline and ratios; the CP rows train on the same micro-batches (only
-the token assignment differs). Speed is never asserted."""
+(Qwen2.5-VL-shaped) data, through the Qwen2.5-VL and the Qwen3-VL towers: the four rows
+(DP=2 random / balanced, CP=2 zigzag / ours) in order, each with its baseline and ratios;
+the CP rows train on the same micro-batches (only the token assignment differs). Speed is
+never asserted."""
 
 import os
 import subprocess
@@ -17,9 +18,10 @@ ROWS = [("dp2-random", "dp2-random"), ("dp2-balanced", "dp2-random"),
         ("cp2-zigzag", "cp2-zigzag"), ("cp2-balanced", "cp2-zigzag")]
 
 
-def test_native_resolution_rows(tmp_path):
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_native_resolution_rows(tmp_path, family):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench_balance.py"), "--family", "qwen2_5_vl",
+        [sys.executable, str(ROOT / "tools" / "bench_balance.py"), "--family", family,
          "--samples", "24", "--steps", "2", "--warmup", "1", "--hidden-size", "64",
          "--seq-length", "256", "--max-side", "112", "--micro-batch-size", "2",
          "--microbatches", "1"],

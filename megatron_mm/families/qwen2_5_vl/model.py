@@ -152,7 +152,11 @@ class Qwen2_5VLEncoder(EncoderParts, MegatronModule):
             raise ValueError(f"{pixels.shape[0]} patch rows; the batch's grids need "
                              f"{batch.layout.num_patches}")
         x = self.patch_embed(pixels.to(self.patch_embed.weight.dtype))
-        x = self._units(x, batch.window_index).unsqueeze(1)
+        return self._layer_input(self._units(x, batch.window_index).unsqueeze(1))
+
+    def _layer_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The layers' input from the embedded patches [patches, 1, hidden]: under sequence
+        parallelism padded (``layer_length``) and this rank's shard."""
         if self.sp_ranks == 1:
             return x
         pad = self.layer_length(x.shape[0]) - x.shape[0]
@@ -171,11 +175,19 @@ class Qwen2_5VLEncoder(EncoderParts, MegatronModule):
         """Under sequence parallelism: ``ln_post`` and the merger on this rank's shard
         [P_local, 1, hidden] (whole merge units), the merged tokens gathered, the padding
         dropped, back in the processor's order: [1, LLM tokens, out]."""
-        merged = self.ln_post(hidden.squeeze(1)).reshape(-1, self.encoder_config.merged_size)
-        y = sequence_parallel.gather(projector(merged).unsqueeze(1), group).squeeze(1)
+        return self.merge_units(projector, self.ln_post(hidden), group).unsqueeze(0)
+
+    def merge_units(self, merger, hidden: torch.Tensor, group=None) -> torch.Tensor:
+        """``merger`` on a layer's output [P, 1, hidden] (its 2x2 units side by side), back
+        in the processor's order: [LLM tokens, out]. Under sequence parallelism on this
+        rank's shard (whole units), the merged tokens gathered and the padding dropped."""
+        merged = hidden.squeeze(1).reshape(-1, self.encoder_config.merged_size)
+        y = merger(merged)
         batch = self._batch()
-        units = batch.layout.num_patches // self.encoder_config.merge_unit
-        return y[:units].index_select(0, batch.reverse_index).unsqueeze(0)
+        if self.sp_ranks > 1:
+            y = sequence_parallel.gather(y.unsqueeze(1), group).squeeze(1)
+            y = y[:batch.layout.num_patches // self.encoder_config.merge_unit]
+        return y.index_select(0, batch.reverse_index)
 
     def features(self, hidden: torch.Tensor) -> torch.Tensor:
         """[patches, 1, hidden] -> [1, LLM tokens, 4 x hidden] in the processor's order."""

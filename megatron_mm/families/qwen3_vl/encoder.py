@@ -12,7 +12,8 @@ from ...config import ConfigError
 from ...data.item_tags import IMAGE_TAGS
 from ...plan.model import EncoderSpec, patch_embed_flops
 from ..encoder import EncoderFamily, encoder_transformer
-from ..qwen2_5_vl.encoder import IMAGE, VIDEO, feature_tokens, geometry, hidden_shape
+from ..qwen2_5_vl.encoder import (IMAGE, VIDEO, check_sequence_parallel, feature_tokens,
+                                  geometry, hidden_shape)
 from ..qwen2_5_vl.geometry import image_grid
 from .config import Qwen3VLVisionConfig
 
@@ -80,12 +81,6 @@ def fp8_token_counts(name: str, enc: Qwen3VLVisionConfig) -> dict:
                       f"{name}-projector) out of --fp8-modules")
 
 
-def check_sequence_parallel(name: str, enc: Qwen3VLVisionConfig, tp: int, impl: str) -> None:
-    raise ConfigError(f"--sequence-parallel: the {name} encoder's DeepStack features are "
-                      "added to the whole sequence, not yet to a sequence-parallel shard; "
-                      "drop --sequence-parallel")
-
-
 QWEN3_VL = EncoderFamily(
     model_type="qwen3_vl", slot="vision", modality=IMAGE, extra_modalities=(VIDEO,),
     config_class=Qwen3VLVisionConfig, from_model_args=from_model_args,
@@ -93,6 +88,7 @@ QWEN3_VL = EncoderFamily(
     build="megatron_mm.families.qwen3_vl.model:build_qwen3_vl_encoder",
     projector="megatron_mm.families.qwen3_vl.model:build_mergers",
     prepare_batch="megatron_mm.families.qwen3_vl.model:prepare_batch",
+    select_items="megatron_mm.families.qwen2_5_vl.model:select_items",
     media="megatron_mm.families.qwen3_vl.media_processor:qwen3_vl_processor",
     feature_tokens=feature_tokens, hidden_shape=hidden_shape,
     fp8_token_counts=fp8_token_counts, check_sequence_parallel=check_sequence_parallel,

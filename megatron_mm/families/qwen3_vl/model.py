@@ -128,23 +128,31 @@ class Qwen3VLEncoder(Qwen2_5VLEncoder):
         x = self.patch_embed(pixels.to(self.patch_embed.weight.dtype))
         positions = (self.pos_embed(index) * weight[:, :, None]).sum(1)
         x = x + positions.to(x.dtype)
-        return self._units(x, batch.window_index).unsqueeze(1)  # the identity permutation
+        # the identity permutation; under sequence parallelism padded and this rank's shard
+        return self._layer_input(self._units(x, batch.window_index).unsqueeze(1))
 
     def deepstack_features(self, projector: "Qwen3VLMergers") -> List[torch.Tensor]:
         """Each DeepStack layer's output through its merger: [LLM tokens, out] per layer,
         in the processor's order (the final merger's)."""
-        enc, batch = self.encoder_config, self._batch()
-        out = []
-        for merger, index in zip(projector.deepstack, enc.deepstack_visual_indexes):
-            hidden = self.kept.get(index)
-            if hidden is None:
-                raise RuntimeError(
-                    f"vision layer {index}'s output (a DeepStack feature) was not computed "
-                    "in the pipeline chunk that holds the mergers: a cut inside the tower "
-                    "before a DeepStack layer is not implemented yet")
-            merged = hidden.squeeze(1).reshape(-1, enc.merged_size)
-            out.append(merger(merged.index_select(0, batch.reverse_index)))
-        return out
+        enc = self.encoder_config
+        return [self.merge_units(merger, self.kept[index], self.sequence_parallel_group)
+                for merger, index in zip(projector.deepstack, enc.deepstack_visual_indexes)]
+
+    def carry(self) -> List[torch.Tensor]:
+        """What travels with the hidden state past a pipeline cut inside the tower: the
+        DeepStack layers' outputs kept so far (computed here or received), in layer order,
+        each the hidden state's shape."""
+        return [self.kept[i] for i in sorted(self.kept)]
+
+    def carried(self, first: Optional[int]) -> List[int]:
+        """The DeepStack layers before this chunk's first tower layer (``first``; None: it
+        holds none, only the mergers): the outputs an earlier chunk carries here."""
+        return [i for i in sorted(self.encoder_config.deepstack_visual_indexes)
+                if first is None or i < first]
+
+    def receive(self, carried: List[torch.Tensor], first: Optional[int]) -> None:
+        """Keep the outputs ``carry`` sent from the chunk before (``carried`` layers)."""
+        self.kept.update(zip(self.carried(first), carried))
 
 
 class DeepStackMerger(MegatronModule):

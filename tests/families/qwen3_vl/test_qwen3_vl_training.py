@@ -1,15 +1,20 @@
 """Qwen3-VL training (native-size images and videos through the frame-attention ViT,
 DeepStack features added inside the LLM, interleaved M-RoPE) equals the single-process run
-from the same initial checkpoint (losses, gradients, parameters) under TP=2 and with full
-recompute of the LLM's layers (whose DeepStack hooks then run again in the backward), and
-PP=2 with the cut between two LLM layers that add DeepStack features (also interleaved,
-PP=2 x VPP=2)."""
+from the same initial checkpoint (losses, gradients) under TP=2, full recompute of the
+LLM's layers (whose DeepStack hooks then run again in the backward), PP=2 with the cut
+between two LLM layers that add DeepStack features (also PP=2 x VPP=2), cuts inside the
+tower before a DeepStack layer (its kept outputs carried to the mergers), CP=2 (ours and
+zigzag, with --vision-dp-when-cp, and PP=2 x CP=2: each CP rank adds the features at its
+share of the sequence), TP=2 with sequence parallelism (also across a tower cut), DP=2;
+on packed, balanced micro-batches (--data-balance) at CP=2, PP=2 and DP=2; and with a
+frozen tower."""
 
 import pytest
 import torch
+from balanced_runs import assert_dp2_equals_both_ranks_plans
 from dist_harness import run_distributed
 from qwen_vl_data import write_qwen_vl_data
-from train_workers import train
+from train_workers import count_encoded_rows, train
 
 STEPS = 2
 # A 3-layer tower whose layers 0 and 1 feed DeepStack (added after LLM layers 0 and 1 of
@@ -28,6 +33,8 @@ QWEN3_VL_MODEL = [
     "--lr", "1e-3", "--lr-decay-style", "constant", "--weight-decay", "0.0",
     "--log-interval", "1", "--eval-iters", "1", "--skip-final-eval",
 ]
+CP2 = ["--context-parallel-size", "2", "--context-parallel-block", "8"]
+SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--transformer-impl", "local"]
 RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "uniform",
              "--recompute-num-layers", "1"]
 
@@ -63,33 +70,115 @@ def reference(qwen3_vl_dir, tmp_path_factory):
     # both features leave the merging chunk, the second one passes through LLM 0's
     (2, ["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size",
          "2", "--pipeline-partition", "6,1,1,2"]),
-], ids=["tp2", "recompute", "pp2-cut-between-deepstack-layers", "pp2-vpp2"])
+    # [LLM embedding, tower embedding, tower 0] [tower 1, 2, mergers, LLM]: tower layer
+    # 0's output (a DeepStack feature) crosses the cut with the tower's hidden state
+    (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,7"]),
+    # PP=2 x VPP=2: [LLM embedding, the tower] [its mergers] [LLM 0, 1] [LLM 2, head]:
+    # both DeepStack layers' outputs reach a chunk holding only the mergers
+    (2, ["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size",
+         "2", "--pipeline-partition", "5,1,2,2"]),
+    # each CP rank adds the features at its own share of the visual positions (split by
+    # attention work, or zigzag), and its mergers get that share's gradient
+    (2, CP2),
+    (2, CP2 + ["--context-parallel-assignment", "zigzag"]),
+    # each CP rank encodes its share of the items; the DeepStack features are gathered
+    # over the CP ranks like the final merger's (their gradients summed back)
+    (2, CP2 + ["--vision-dp-when-cp"]),
+    # PP=2 x CP=2: LLM layer 1's feature crosses the cut whole, each CP rank adds its share
+    (4, CP2 + ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "7,3"]),
+    # sequence parallelism: the tower's DeepStack outputs are shards, merged on the shard
+    # and gathered; the features added to each TP rank's shard of the LLM's sequence
+    (2, SP),
+    # ... also across a cut inside the tower (the carried outputs are shards too)
+    (4, SP + ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,7"]),
+    # data parallelism: two micro-batches per step, one on each rank
+    (2, []),
+], ids=["tp2", "recompute", "pp2-cut-between-deepstack-layers", "pp2-vpp2",
+        "pp2-cut-inside-tower", "pp2-vpp2-mergers-alone", "cp2", "cp2-zigzag",
+        "cp2-vision-dp", "pp2-cp2", "tp2-sp", "tp2-sp-pp2-cut-inside-tower", "dp2"])
 def test_parallel_layouts_equal_one_process(qwen3_vl_dir, reference, world, layout):
     common, ref = reference
-    ranks = run_distributed(train, world, _argv(qwen3_vl_dir, *common, *layout), (1, STEPS))
-    # TP ranks hold the same (gathered) tensors; pipeline stages their own pieces
-    stages = ranks if "--pipeline-model-parallel-size" in layout else ranks[:1]
+    split = "--vision-dp-when-cp" in layout
+    ranks = run_distributed(train, world, _argv(qwen3_vl_dir, *common, *layout), (1, STEPS),
+                            count_encoded_rows if split else None)
+    if split:  # the CP ranks embed disjoint shares of every micro-batch's patches
+        first, second = (out["observed"]["encoded"] for out in ranks)
+        assert len(first) == len(second) == 2 * STEPS
+        for (a, tokens), (b, same) in zip(first, second):
+            assert tokens == same and a + b == 4 * tokens and a and b, (first, second)
+    _assert_equal_runs(ranks, layout, ref)
+    # the DeepStack mergers and the tower layers feeding them are trained
+    deepstack = [n for n in ref["grads"][1] if ".deepstack." in n]
+    assert deepstack and all(ref["grads"][1][n].abs().sum() > 0 for n in deepstack)
+
+
+def _assert_equal_runs(ranks, layout, ref):
+    """The losses and gradients of ``ranks`` (a run of ``layout``) equal one process's:
+    TP / CP / DP ranks hold the same (reduced) tensors, pipeline stages their own pieces
+    (frozen parameters: none)."""
+    world = len(ranks)
+    stages = ranks[::world // 2] if "--pipeline-model-parallel-size" in layout else ranks[:1]
     for it in range(1, STEPS + 1):
         assert stages[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
     for step in (1, STEPS):
         grads = {k: v for out in stages for k, v in out["grads"][step].items()}
         assert grads.keys() == ref["grads"][step].keys()
         for name, value in ref["grads"][step].items():
+            if value is None:
+                assert grads[name] is None, name
+                continue
             torch.testing.assert_close(grads[name], value, rtol=1e-4, atol=1e-6,
                                        msg=lambda m: f"grads {step} {name}: {m}")
-    # the DeepStack mergers and the tower layers feeding them are trained
-    deepstack = [n for n in ref["grads"][1] if ".deepstack." in n]
-    assert deepstack and all(ref["grads"][1][n].abs().sum() > 0 for n in deepstack)
 
 
-def test_sequence_parallel_is_refused(capsys):
-    from megatron_mm.training.arguments import parse_args
+BALANCE = ["--data-balance", "isf-sorted", "--seq-length", "160"]
 
-    with pytest.raises(SystemExit):
-        parse_args(QWEN3_VL_MODEL + ["--tensor-model-parallel-size", "2",
-                                     "--sequence-parallel"], world_size=2)
-    assert ("--sequence-parallel: the vision encoder's DeepStack features are added to the "
-            "whole sequence") in capsys.readouterr().err
+
+@pytest.fixture(scope="module")
+def balanced_reference(qwen3_vl_dir, reference):
+    """The one-process run from the saved init on packed micro-batches (--data-balance:
+    several samples' images and videos in one row)."""
+    common, _ = reference
+    argv = _argv(qwen3_vl_dir, *common, *BALANCE)
+    return argv, run_distributed(train, 1, argv, (1, STEPS))[0]
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("layout", [
+    # packed documents over CP ranks: each adds the features at its share of every
+    # document's visual positions
+    CP2, CP2 + ["--context-parallel-assignment", "zigzag"],
+    # packed rows of varying length with the carried DeepStack output through p2p
+    ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,7"],
+], ids=["cp2", "cp2-zigzag", "pp2-cut-inside-tower"])
+def test_balanced_packing_equals_one_process(balanced_reference, layout):
+    argv, ref = balanced_reference
+    _assert_equal_runs(run_distributed(train, 2, argv + layout, (1, STEPS)), layout, ref)
+
+
+@pytest.mark.processes
+def test_balanced_dp2_equals_one_process(qwen3_vl_dir, reference):
+    """DP=2 on the packed plan equals one process on both ranks' packed micro-batches."""
+    common, _ = reference
+    assert_dp2_equals_both_ranks_plans(_argv(qwen3_vl_dir, *common, *BALANCE), STEPS)
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("world,layout", [
+    # the frozen tower's carried DeepStack output takes no gradient; its merger does
+    (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,7"]),
+    (2, CP2 + ["--vision-dp-when-cp"]),
+], ids=["pp2-cut-inside-tower", "cp2-vision-dp"])
+def test_frozen_tower_equals_one_process(qwen3_vl_dir, reference, frozen_reference, world,
+                                         layout):
+    """A frozen tower (--freeze-ViT): it runs no backward, its DeepStack mergers train."""
+    common, _ = reference
+    ref = frozen_reference
+    ranks = run_distributed(train, world, _argv(qwen3_vl_dir, *common, "--freeze-ViT",
+                                                *layout), (1, STEPS))
+    _assert_equal_runs(ranks, layout, ref)
+    assert all(v is None for n, v in ref["grads"][1].items() if n.startswith("vision_model."))
+    assert any(".deepstack." in n and v is not None for n, v in ref["grads"][1].items())
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +187,7 @@ def frozen_reference(qwen3_vl_dir, reference):
     common, _ = reference
     return run_distributed(train, 1, _argv(qwen3_vl_dir, *common, "--freeze-ViT"),
                            (1, STEPS))[0]
+
 
 
 # The tower as its own pipeline, run by the schedule executor: [ViT 0 | ViT 1-2] over
