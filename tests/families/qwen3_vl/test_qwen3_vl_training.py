@@ -189,7 +189,6 @@ def frozen_reference(qwen3_vl_dir, reference):
                            (1, STEPS))[0]
 
 
-
 # The tower as its own pipeline, run by the schedule executor: [ViT 0 | ViT 1-2] over
 # the two ranks, the LLM as [embedding, LLM 0] [LLM 1-2, head]. The pieces carry the
 # outputs of ViT layers 0 and 1 to the mergers on the LLM's first chunk, which sends LLM
