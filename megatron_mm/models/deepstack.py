@@ -13,7 +13,10 @@ The layers add leaf copies of the features, joined to the LLM's input (``join``)
 node's backward runs after every layer's (the layers follow the input) and hands the
 features the gradients their leaves gathered. So the gradient reaches the mergers once,
 in the outer backward, also when Megatron-Core's activation recompute re-runs the layers
-(and their hooks) inside its own backward.
+(and their hooks) inside its own backward. A pipeline schedule runs other micro-batches'
+forwards (binding theirs) before that backward, so the chunk's output passes through
+``rebind_in_backward``: the first node its backward meets binds this micro-batch's record
+again before any layer is recomputed.
 """
 
 from __future__ import annotations
@@ -86,6 +89,13 @@ class DeepStack:
         self.bind(DeepStackFeatures(features.slots, leaves, features.tokens, features.share))
         return _Join.apply(hidden, [leaf for leaf in leaves if leaf is not None], *given)
 
+    def rebind_in_backward(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` (the chunk's output, computed with the record bound now), whose backward
+        binds that record again first."""
+        if self.bound is None or not (torch.is_grad_enabled() and out.requires_grad):
+            return out
+        return _Rebind.apply(out, self, self.bound)
+
     def _hook(self, index: int):
         def add(module, args, output):
             if self.bound is None:
@@ -118,3 +128,17 @@ class _Join(torch.autograd.Function):
     def backward(ctx, grad):
         return (grad, None, *(leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
                               for leaf in ctx.leaves))
+
+
+class _Rebind(torch.autograd.Function):
+    """Identity; its backward binds the micro-batch's features for the layers' recompute."""
+
+    @staticmethod
+    def forward(ctx, out, deepstack, bound):
+        ctx.deepstack, ctx.bound = deepstack, bound
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.deepstack.bind(ctx.bound)
+        return grad, None, None

@@ -585,13 +585,16 @@ class MultimodalModel(MegatronModule):
         if padding is not None and self.sequence_parallel:  # this TP rank's positions
             padding = sequence_parallel.split(padding.t().contiguous()).t()
         try:
-            return self._send_deepstack(self.language_model(
+            out = self.language_model(
                 input_ids=tokens, position_ids=position_ids, attention_mask=attention_mask,
                 decoder_input=decoder_input, labels=labels, packed_seq_params=packed,
                 padding_mask=padding,
                 loss_mask=loss_mask if sparse else None,
                 output_processor=loss_at_masked_positions if sparse else None,
-                output_processor_context=layout.loss_positions if sparse else None))
+                output_processor_context=layout.loss_positions if sparse else None)
+            if self.deepstack is not None:
+                out = self.deepstack.rebind_in_backward(out)
+            return self._send_deepstack(out)
         finally:
             self._rope_positions = None
 

@@ -190,7 +190,6 @@ class _Iteration:
         self.outbox: Dict[Key, Tuple[int, Optional[torch.Tensor]]] = {}  # for the next exchange
         self.inbox: Dict[Key, Optional[torch.Tensor]] = {}  # received, not yet used
         self.saved: Dict[Key, Tuple] = {}  # (inputs, output) per forward, for its backward
-        self.deepstack_bound: Dict[Tuple[int, int], object] = {}  # per forward (run_F)
         self.idle = set()  # encoder pieces' FP8 runs on zeros (no media), for their backward
         self.forward_data_store: list = []
         self.num_tokens = torch.zeros((), dtype=torch.int, device=self.mailbox.device)
@@ -393,10 +392,6 @@ class _Iteration:
             self.send(self.rank_of("F", c + 1), ("F", m, c), output)
         if not self.forward_only:
             self.saved[("F", m, c)] = (inputs, output)
-            # the DeepStack features this forward's layers added, for their recompute in
-            # its backward (other micro-batches' forwards bind theirs in between)
-            deepstack = _deepstack_of(chunk)
-            self.deepstack_bound[(m, c)] = None if deepstack is None else deepstack.bound
 
     def encoder_output(self, m: int, last: int) -> Optional[torch.Tensor]:
         """Encoder piece ``last``'s output (an encoder's last piece) for ``F(m, 0)``, a
@@ -430,9 +425,6 @@ class _Iteration:
 
     def run_B(self, m: int, c: int) -> None:
         inputs, output = self.saved.pop(("F", m, c))
-        deepstack, bound = _deepstack_of(self.chunk(c)), self.deepstack_bound.pop((m, c))
-        if deepstack is not None:
-            deepstack.bind(bound)
         last = c == self.s.num_chunks - 1
         grad = None if last else self.receive(self.rank_of("B", c + 1), ("B", m, c + 1), False)
         if isinstance(inputs, list):  # a frozen encoder's output: no gradient to hand back
@@ -504,13 +496,6 @@ class _OverlappedGradSync:
             if i == index:
                 self.quiet[k].__exit__(None, None, None)
                 self.chunks[k].start_grad_sync()
-
-
-def _deepstack_of(chunk):
-    """The chunk's DeepStack hooks (``models/deepstack.py``), or None."""
-    while not hasattr(chunk, "deepstack") and hasattr(chunk, "module"):
-        chunk = chunk.module
-    return getattr(chunk, "deepstack", None)
 
 
 def _device_of(module) -> torch.device:

@@ -64,8 +64,9 @@ def reference(qwen3_vl_dir, tmp_path_factory):
     (1, RECOMPUTE),
     # [LLM embedding, the tower, its mergers, LLM layer 0] [LLM layers 1, 2, head]: the
     # DeepStack feature of LLM layer 1 crosses the cut with the hidden state (and its
-    # gradient comes back with the hidden state's)
-    (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "7,3"]),
+    # gradient comes back with the hidden state's); with full recompute, so the layers of
+    # micro-batch 0 re-run after micro-batch 1's forward bound its features
+    (2, ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "7,3", *RECOMPUTE]),
     # PP=2 x VPP=2: [LLM embedding, the tower, its mergers] [LLM 0] [LLM 1] [LLM 2, head]:
     # both features leave the merging chunk, the second one passes through LLM 0's
     (2, ["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size",
@@ -93,7 +94,7 @@ def reference(qwen3_vl_dir, tmp_path_factory):
     (4, SP + ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,7"]),
     # data parallelism: two micro-batches per step, one on each rank
     (2, []),
-], ids=["tp2", "recompute", "pp2-cut-between-deepstack-layers", "pp2-vpp2",
+], ids=["tp2", "recompute", "pp2-cut-between-deepstack-layers-recompute", "pp2-vpp2",
         "pp2-cut-inside-tower", "pp2-vpp2-mergers-alone", "cp2", "cp2-zigzag",
         "cp2-vision-dp", "pp2-cp2", "tp2-sp", "tp2-sp-pp2-cut-inside-tower", "dp2"])
 def test_parallel_layouts_equal_one_process(qwen3_vl_dir, reference, world, layout):
