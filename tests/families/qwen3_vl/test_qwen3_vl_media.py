@@ -235,3 +235,28 @@ def test_bad_items_name_the_record(tmp_path, qwen3):
     with pytest.raises(DataRecordError, match=f"'long'.*{n} tokens exceed "
                                               f"max_seq_length={n - 1}"):
         encode_record(rec, tok, counts, None, max_seq_length=n - 1, processors=procs)
+
+
+def test_video_sampling_comes_from_the_processor_config(tmp_path):
+    """A converted checkpoint samples frames as its video_preprocessor_config.json says;
+    a field the data path does not follow is refused, naming it."""
+    import json
+
+    from transformers import Qwen3VLConfig
+
+    from megatron_mm.families.qwen3_vl.hf import processor_flags
+    from megatron_mm.hf.errors import ConversionError
+
+    config, path = Qwen3VLConfig(), tmp_path / "video_preprocessor_config.json"
+    fields = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "fps": 1.5,
+              "min_frames": 2, "max_frames": 64, "do_sample_frames": True,
+              "size": {"shortest_edge": 4096, "longest_edge": 25165824}}
+    path.write_text(json.dumps(fields))
+    assert processor_flags(str(tmp_path), config) == {
+        "video_min_pixels": 4096, "video_max_pixels": 25165824, "video_fps": 1.5,
+        "video_min_frames": 2, "video_max_frames": 64}
+    for key, value in (("do_sample_frames", False), ("cap_pixels_per_frame", True)):
+        path.write_text(json.dumps({**fields, key: value}))
+        with pytest.raises(ConversionError, match=f"video_preprocessor_config.json: {key}="
+                                                  f"{value} is not supported"):
+            processor_flags(str(tmp_path), config)
