@@ -115,11 +115,11 @@ DEMO_QWEN3_FLAGS = \
 	--vision-num-attention-heads 4 --patch-dim 16 --vision-deepstack-visual-indexes 0 \
 	--vision-num-position-embeddings 64 --min-pixels 1024 --max-pixels 9216 \
 	--video-min-pixels 2048 --video-max-pixels 16384 \
-	--micro-batch-size 16 --global-batch-size 32 --train-iters 3000 \
+	--micro-batch-size 16 --global-batch-size 32 --train-iters 4000 \
 	--lr 1e-3 --min-lr 1e-5 --lr-decay-style cosine --lr-warmup-iters 10 \
 	--weight-decay 0.01 --clip-grad 1.0 --seed 1234 \
 	--log-interval 50 --eval-interval 1000 --eval-iters 10 \
-	--save runs/demo-qwen3/checkpoints --save-interval 3000
+	--save runs/demo-qwen3/checkpoints --save-interval 4000
 
 demo-qwen3: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
