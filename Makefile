@@ -7,6 +7,8 @@
 #   make demo-audio   the same with spoken digits (needs espeak-ng, which setup installs)
 # and one for the Qwen2.5-VL family (native-resolution images, video, M-RoPE):
 #   make demo-qwen    digits at varying sizes, several per sample, and digit clips
+# and one for the Qwen3-VL family (DeepStack, interleaved M-RoPE, timestamped clips):
+#   make demo-qwen3   the same digits in 32 px cells, each clip's frames after their time
 # Python 3.11 or newer, as pyproject.toml's requires-python says (tested: 3.11 on CPU, as CI
 # runs, and 3.12 on the GPU node); PYTHON=python3.12 picks another.
 PYTHON_MIN := 3.11
@@ -17,7 +19,7 @@ TORCH  ?= torch==2.13.0
 PIP    := $(VENV)/bin/python -m pip
 NPROC  ?= 2
 
-.PHONY: demo demo-audio demo-qwen test test-fast lint setup espeak-ng clean \
+.PHONY: demo demo-audio demo-qwen demo-qwen3 test test-fast lint setup espeak-ng clean \
 	print-demo-flags gpu-wheels gpu-check
 
 setup: $(VENV)/.installed espeak-ng
@@ -100,6 +102,28 @@ DEMO_QWEN_FLAGS = \
 demo-qwen: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
 		examples/pretrain_mllm.py $(DEMO_QWEN_FLAGS)
+
+# The Qwen3-VL demo: its ViT (16 px patches, a learned position table, attention within each
+# frame) whose layer 0 also feeds DeepStack (added after LLM layer 0) + a Qwen3 LLM (q / k
+# norms) with interleaved M-RoPE, on the digits above drawn in 32 px cells
+# (families/qwen3_vl/digits.py); each clip's temporal patches follow their "<t seconds>" text.
+DEMO_QWEN3_FLAGS = \
+	--num-layers 2 --hidden-size 128 --num-attention-heads 8 --group-query-attention \
+	--num-query-groups 4 --qk-layernorm --seq-length 80 --position-embedding-type mrope \
+	--mrope-section 2 3 3 --mrope-interleaved \
+	--vision-model-type qwen3_vl --vision-hidden-size 64 --vision-num-layers 2 \
+	--vision-num-attention-heads 4 --patch-dim 16 --vision-deepstack-visual-indexes 0 \
+	--vision-num-position-embeddings 64 --min-pixels 1024 --max-pixels 9216 \
+	--video-min-pixels 2048 --video-max-pixels 16384 \
+	--micro-batch-size 16 --global-batch-size 32 --train-iters 4000 \
+	--lr 1e-3 --min-lr 1e-5 --lr-decay-style cosine --lr-warmup-iters 10 \
+	--weight-decay 0.01 --clip-grad 1.0 --seed 1234 \
+	--log-interval 50 --eval-interval 1000 --eval-iters 10 \
+	--save runs/demo-qwen3/checkpoints --save-interval 4000
+
+demo-qwen3: setup
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
+		examples/pretrain_mllm.py $(DEMO_QWEN3_FLAGS)
 
 # The demo's flags, for the GPU checks of docs/gpu.md: DEMO="$(make -s print-demo-flags)".
 print-demo-flags:

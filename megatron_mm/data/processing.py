@@ -52,9 +52,23 @@ class TokenizedRecord:
     items_end: int = 0  # tokens up to and including the last media item (and its end tag)
 
 
+@dataclass(frozen=True)
+class ItemRuns:
+    """An item's placeholder tokens as runs, each after its own text: Qwen3-VL's video,
+    ``<t seconds>`` before each temporal patch's tokens. With item tags each run sits
+    between them too, inside the item's own pair (``Qwen3VLProcessor``'s layout)."""
+
+    runs: tuple[tuple[str, int], ...]  # (text before the run, its placeholder tokens)
+
+    @property
+    def tokens(self) -> int:
+        return sum(n for _, n in self.runs)
+
+
 # Placeholder tokens per media item: a fixed count (images), or a function of the item
-# (audio: its length, read from the file header) called as f(ref, where).
-MediaTokenCount = Union[int, Callable[[MediaRef, str], int]]
+# (audio: its length, read from the file header) called as f(ref, where), which may also
+# lay the item out in runs (``ItemRuns``).
+MediaTokenCount = Union[int, Callable[[MediaRef, str], Union[int, ItemRuns]]]
 
 
 def _item_tag(tokenizer, modality: str):
@@ -91,22 +105,33 @@ def _append_text(text: str, loss: bool, out: TokenizedRecord, tokenizer: Multimo
         seen[name] = index + 1
         if callable(n):
             n = n(record.media[name][index], where)
-        if not isinstance(n, int) or n < 1:
+        runs = n.runs if isinstance(n, ItemRuns) else (("", n),)
+        if not runs or any(not isinstance(k, int) or k < 1 for _, k in runs):
             raise DataRecordError(f"{where}: uses {match.group(0)} but "
                                   f"media_token_counts[{name!r}] is {n!r} (need a positive int)")
         tag = _item_tag(tokenizer, name)
         if tag is not None:
             _check_untagged(text, match, tag, where)
-            out.ids += [tag.start_id] + [tokenizer.media_token_id(name)] * n + [tag.end_id]
-            n += 2
-        else:
-            out.ids += [tokenizer.media_token_id(name)] * n
-        out.is_loss += [False] * n
+        item = _item_ids(runs, tokenizer.media_token_id(name), tag, tokenizer,
+                         inner_tags=isinstance(n, ItemRuns))
+        out.ids += item
+        out.is_loss += [False] * len(item)
         out.items_end = len(out.ids)
         pos = match.end()
     ids = tokenizer.tokenize(text[pos:])
     out.ids += ids
     out.is_loss += [loss] * len(ids)
+
+
+def _item_ids(runs, media_id: int, tag, tokenizer, inner_tags: bool) -> list[int]:
+    """One item's ids: each run's text then its placeholders (between the tags when
+    ``inner_tags``), the whole between the item tags (when the tokenizer has them)."""
+    ids = []
+    for text, n in runs:
+        ids += tokenizer.tokenize(text)
+        run = [media_id] * n
+        ids += [tag.start_id] + run + [tag.end_id] if tag is not None and inner_tags else run
+    return [tag.start_id] + ids + [tag.end_id] if tag is not None else ids
 
 
 def tokenize_record(record: Record, tokenizer: MultimodalTokenizer,

@@ -30,25 +30,25 @@ DIGITS_QWEN_VERSION = 3  # bump when the output changes, to force regeneration
 NUM_RECORDS = {"train": 4000, "valid": 320}
 SEED = {"train": 1, "valid": 2}
 UNIT = 28  # patch 14 x merge 2: sides in multiples of it are kept as drawn
-IMAGE_SIDES = (28, 56, 84)  # each image its own width and height: 1 to 9 LLM tokens
-FRAME_SIDES = (28, 56)  # all frames of a clip share one size
+IMAGE_CELLS = (1, 2, 3)  # each image its own width and height: 1 to 9 LLM tokens
+FRAME_CELLS = (1, 2)  # all frames of a clip share one size
 VIDEO_FPS = 2.0
 IMAGE_QUESTION = "Which digits are shown, in order?"
 VIDEO_QUESTION = "Which digits appear, in order?"
 # The record kinds, in turn: (modality, items, sides): 1-3 images, or a clip of 2 or 4
 # frames.
-KINDS = (("image", 1, IMAGE_SIDES), ("image", 2, IMAGE_SIDES), ("image", 3, IMAGE_SIDES),
-         ("video", 2, FRAME_SIDES), ("video", 4, FRAME_SIDES))
+KINDS = (("image", 1, IMAGE_CELLS), ("image", 2, IMAGE_CELLS), ("image", 3, IMAGE_CELLS),
+         ("video", 2, FRAME_CELLS), ("video", 4, FRAME_CELLS))
 
 
-def render(digit: np.ndarray, width: int, height: int) -> np.ndarray:
-    """An 8x8 uint8 digit drawn at 28 x 28 (bilinear) in every 28 px cell of a ``width`` x
-    ``height`` image (multiples of 28), uint8 [h, w]: each merged token sees the whole
-    digit, so the tokens of any size read alike. (A digit stretched over the whole image
-    leaves a tiny model from scratch at chance for hundreds of steps: each token holds a
-    different part of it at every size; docs/demo_qwen.md.)"""
-    cell = np.asarray(Image.fromarray(digit).resize((UNIT, UNIT), Image.BILINEAR))
-    return np.tile(cell, (height // UNIT, width // UNIT))
+def render(digit: np.ndarray, width: int, height: int, unit: int = UNIT) -> np.ndarray:
+    """An 8x8 uint8 digit drawn at ``unit`` x ``unit`` (bilinear) in every cell of a
+    ``width`` x ``height`` image (multiples of ``unit``), uint8 [h, w]: each merged token
+    sees the whole digit, so the tokens of any size read alike. (A digit stretched over the
+    whole image leaves a tiny model from scratch at chance for hundreds of steps: each
+    token holds a different part of it at every size; docs/demo_qwen.md.)"""
+    cell = np.asarray(Image.fromarray(digit).resize((unit, unit), Image.BILINEAR))
+    return np.tile(cell, (height // unit, width // unit))
 
 
 def _inline(img: np.ndarray) -> dict:
@@ -56,12 +56,14 @@ def _inline(img: np.ndarray) -> dict:
 
 
 def build_records(split: str, images: np.ndarray, targets: np.ndarray,
-                  pool: np.ndarray) -> list[dict]:
-    """``NUM_RECORDS[split]`` records whose digits come from the sklearn indices ``pool``."""
+                  pool: np.ndarray, unit: int = UNIT) -> list[dict]:
+    """``NUM_RECORDS[split]`` records whose digits come from the sklearn indices ``pool``,
+    drawn in cells of ``unit`` px (one merged token of the family's patches)."""
     rng = np.random.default_rng(SEED[split])
     records = []
     for i in range(NUM_RECORDS[split]):
-        modality, n, side_choices = KINDS[i % len(KINDS)]
+        modality, n, cells = KINDS[i % len(KINDS)]
+        side_choices = [c * unit for c in cells]
         picks = [int(s) for s in rng.choice(pool, size=n, replace=False)]
         answer = " ".join(WORDS[targets[s]] for s in picks)
         rec = {"id": f"digits-qwen-{split}-{i:05d}"}
@@ -70,14 +72,14 @@ def build_records(split: str, images: np.ndarray, targets: np.ndarray,
             rec["conversations"] = [
                 {"from": "human", "value": "<image>" * n + "\n" + IMAGE_QUESTION},
                 {"from": "gpt", "value": answer}]
-            rec["images"] = [_inline(render(images[s], int(w), int(h)))
+            rec["images"] = [_inline(render(images[s], int(w), int(h), unit))
                              for s, (w, h) in zip(picks, sides)]
         else:
             w, h = (int(v) for v in rng.choice(side_choices, size=2))
             rec["conversations"] = [
                 {"from": "human", "value": "<video>\n" + VIDEO_QUESTION},
                 {"from": "gpt", "value": answer}]
-            rec["videos"] = [{"frames": [_inline(render(images[s], w, h)) for s in picks],
+            rec["videos"] = [{"frames": [_inline(render(images[s], w, h, unit)) for s in picks],
                               "fps": VIDEO_FPS}]
         rec["labels"] = [int(targets[s]) for s in picks]  # extra fields: ignored by the reader
         rec["sklearn_indices"] = picks
@@ -85,25 +87,27 @@ def build_records(split: str, images: np.ndarray, targets: np.ndarray,
     return records
 
 
-def build_files() -> dict[str, bytes]:
+def build_files(unit: int = UNIT) -> dict[str, bytes]:
     """Both split files (relative path -> content), built in memory."""
     images, targets = load_digits_arrays()
     files = {}
     for split, pool in zip(("train", "valid"), split_indices()):
         lines = [json.dumps(r, separators=(",", ":"))
-                 for r in build_records(split, images, targets, pool)]
+                 for r in build_records(split, images, targets, pool, unit)]
         files[f"{split}.jsonl"] = ("\n".join(lines) + "\n").encode("utf-8")
     return files
 
 
-def prepare_digits_qwen(out_dir: str | os.PathLike, force: bool = False) -> tuple[str, str]:
-    """Write the data into ``out_dir`` (idempotent); returns (train_path, valid_path)."""
+def prepare_digits_qwen(out_dir: str | os.PathLike, force: bool = False, unit: int = UNIT,
+                        kind: str = "digits_qwen") -> tuple[str, str]:
+    """Write the data into ``out_dir`` (idempotent); returns (train_path, valid_path).
+    ``unit``, ``kind``: another family's cell side and its manifest's name."""
     out_dir = os.fspath(out_dir)
     train, valid = os.path.join(out_dir, "train.jsonl"), os.path.join(out_dir, "valid.jsonl")
-    fields = {"version": DIGITS_QWEN_VERSION, "kind": "digits_qwen"}
+    fields = {"version": DIGITS_QWEN_VERSION, "kind": kind}
     if not force and manifest_matches(out_dir, fields):
         return train, valid
-    files = build_files()
+    files = build_files(unit)
     for rel, data in files.items():
         _write_atomic(os.path.join(out_dir, rel), data)
     manifest = {**fields, "sha256": {rel: _sha256(data) for rel, data in files.items()}}

@@ -64,7 +64,7 @@ class QwenVLMedia:
     video_tokens: list[int] = field(default_factory=list)
 
 
-def _normalised(image: Image.Image, size_hw: tuple[int, int],
+def normalised(image: Image.Image, size_hw: tuple[int, int],
                 cfg: QwenVLProcessorConfig) -> np.ndarray:
     """[3, H, W] float32: bicubic resize on uint8, rescale (float64 -> float32), normalise."""
     height, width = size_hw
@@ -102,7 +102,7 @@ def process_image(image, cfg: QwenVLProcessorConfig,
         size = image_resized_size(rgb.height, rgb.width, geo, context)
     except MediaGeometryError as e:
         raise _geometry_error(e) from None
-    x = _normalised(rgb, size, cfg)
+    x = normalised(rgb, size, cfg)
     frames = np.broadcast_to(x[None], (geo.temporal_patch_size, *x.shape))
     return patchify(frames, geo)
 
@@ -124,7 +124,7 @@ def process_video(frames, fps: float, cfg: QwenVLProcessorConfig,
         size = video_resized_size(len(rgb), rgb[0].height, rgb[0].width, geo, context)
     except MediaGeometryError as e:
         raise _geometry_error(e) from None
-    x = np.stack([_normalised(f, size, cfg) for f in rgb])
+    x = np.stack([normalised(f, size, cfg) for f in rgb])
     if padded > len(rgb):  # odd_frames="repeat_last": transformers repeats the last frame
         x = np.concatenate([x, np.repeat(x[-1:], padded - len(rgb), axis=0)])
     rows, grid = patchify(x, geo)

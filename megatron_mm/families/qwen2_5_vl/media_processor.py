@@ -15,7 +15,7 @@ from .media import QwenVLProcessorConfig, process_media
 from .mrope_positions import sample_mrope_positions
 
 
-class _QwenVLPatches:
+class QwenVLPatches:
     """What Qwen2.5-VL's image and video processors share."""
 
     def token_count(self, ref: MediaRef, where: str) -> int:
@@ -31,7 +31,7 @@ class _QwenVLPatches:
 
 
 @dataclass
-class QwenVLImageProcessor(_QwenVLPatches):
+class QwenVLImageProcessor(QwenVLPatches):
     """Qwen2.5-VL images at (about) their own size: patch rows and grids (t, h, w), each
     item's placeholder count from its header and the resize rule. Also fills each sample's
     M-RoPE positions (``position_ids``), from the grids of its images and videos."""
@@ -71,7 +71,7 @@ class QwenVLImageProcessor(_QwenVLPatches):
 
 
 @dataclass
-class QwenVLVideoProcessor(_QwenVLPatches):
+class QwenVLVideoProcessor(QwenVLPatches):
     """Qwen2.5-VL videos: each a list of frames with an fps (``MediaRef.frames``)."""
 
     cfg: QwenVLProcessorConfig

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 from ...config import require
 from ..qwen2_5_vl.config import PatchShape
@@ -41,6 +41,11 @@ class Qwen3VLVisionConfig(PatchShape):
     max_pixels: int = 16777216
     video_min_pixels: int = 128 * 32 * 32
     video_max_pixels: int = 768 * 32 * 32
+    # Qwen3VLVideoProcessor's frame sampling (video.py)
+    video_fps: float = 2.0
+    video_num_frames: Optional[int] = None
+    video_min_frames: int = 4
+    video_max_frames: int = 768
     flag_prefix: str = "--vision-"
 
     def __post_init__(self):
@@ -66,6 +71,12 @@ class Qwen3VLVisionConfig(PatchShape):
         require(0 < self.min_pixels <= self.max_pixels,
                 f"--min-pixels {self.min_pixels} must be positive and at most --max-pixels "
                 f"{self.max_pixels}")
+        require(self.video_fps > 0, f"--video-fps {self.video_fps} must be positive")
+        require(self.video_num_frames is None or self.video_num_frames > 0,
+                f"--video-num-frames {self.video_num_frames} must be positive")
+        require(0 < self.video_min_frames <= self.video_max_frames,
+                f"--video-min-frames {self.video_min_frames} must be positive and at most "
+                f"--video-max-frames {self.video_max_frames}")
         require(0 < self.video_min_pixels <= self.video_max_pixels,
                 f"--video-min-pixels {self.video_min_pixels} must be positive and at most "
                 f"--video-max-pixels {self.video_max_pixels}")

@@ -11,11 +11,12 @@ import math
 from ...config import ConfigError
 from ...data.item_tags import IMAGE_TAGS
 from ...plan.model import EncoderSpec, patch_embed_flops
-from ..encoder import EncoderFamily, encoder_transformer
+from ..encoder import BuiltinData, EncoderFamily, encoder_transformer
 from ..qwen2_5_vl.encoder import (IMAGE, VIDEO, check_sequence_parallel, feature_tokens,
                                   geometry, hidden_shape)
 from ..qwen2_5_vl.geometry import image_grid
 from .config import Qwen3VLVisionConfig
+from .video import VideoSampling
 
 # Qwen3-VL-8B's DeepStack layers (of 27); a smaller tower keeps those below its last.
 DEEPSTACK_VISUAL_INDEXES = (8, 16, 24)
@@ -31,9 +32,20 @@ def add_arguments(g) -> None:
     g.add_argument("--vision-num-position-embeddings", type=int, default=2304,
                    help="qwen3_vl: rows of the learned position table (a square), resized "
                         "to each image's grid")
+    # Qwen3VLVideoProcessor's sampling (fps, num_frames, min_frames, max_frames)
+    g.add_argument("--video-fps", type=float, default=2.0,
+                   help="qwen3_vl: video frames sampled per second of each clip (of the "
+                        "frames a record gives at its own fps)")
+    g.add_argument("--video-num-frames", type=int, default=None,
+                   help="qwen3_vl: sample this many frames of each clip instead")
+    g.add_argument("--video-min-frames", type=int, default=4,
+                   help="qwen3_vl: sample at least this many frames (at most the clip's)")
+    g.add_argument("--video-max-frames", type=int, default=768,
+                   help="qwen3_vl: sample at most this many frames")
 
 
-CHECKPOINT_FLAGS = ("vision_deepstack_visual_indexes", "vision_num_position_embeddings")
+CHECKPOINT_FLAGS = ("vision_deepstack_visual_indexes", "vision_num_position_embeddings",
+                    "video_fps", "video_num_frames", "video_min_frames", "video_max_frames")
 
 
 def from_model_args(model) -> Qwen3VLVisionConfig:
@@ -52,7 +64,14 @@ def from_model_args(model) -> Qwen3VLVisionConfig:
         deepstack_visual_indexes=tuple(deepstack), rope_theta=model.vision_rope_theta,
         norm_epsilon=model.vision_norm_epsilon or 1e-6,
         min_pixels=model.min_pixels, max_pixels=model.max_pixels,
-        video_min_pixels=model.video_min_pixels, video_max_pixels=model.video_max_pixels)
+        video_min_pixels=model.video_min_pixels, video_max_pixels=model.video_max_pixels,
+        video_fps=model.video_fps, video_num_frames=model.video_num_frames,
+        video_min_frames=model.video_min_frames, video_max_frames=model.video_max_frames)
+
+
+def video_sampling(enc: Qwen3VLVisionConfig) -> VideoSampling:
+    return VideoSampling(fps=enc.video_fps, num_frames=enc.video_num_frames,
+                         min_frames=enc.video_min_frames, max_frames=enc.video_max_frames)
 
 
 def planner_spec(name: str, enc: Qwen3VLVisionConfig, items_per_sample: int,
@@ -93,4 +112,7 @@ QWEN3_VL = EncoderFamily(
     feature_tokens=feature_tokens, hidden_shape=hidden_shape,
     fp8_token_counts=fp8_token_counts, check_sequence_parallel=check_sequence_parallel,
     add_arguments=add_arguments, checkpoint_flags=CHECKPOINT_FLAGS,
+    builtin_data=BuiltinData("digits_qwen3",
+                             "megatron_mm.families.qwen3_vl.digits:prepare_digits_qwen3",
+                             (IMAGE, VIDEO)),
     item_tags={IMAGE: IMAGE_TAGS["qwen-vl"], VIDEO: IMAGE_TAGS["qwen-vl"]})

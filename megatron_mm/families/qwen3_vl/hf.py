@@ -15,7 +15,8 @@ from ...hf.families import Family, Flags, TextModel, language_flags
 from ...hf.layouts import CAUSAL_LM
 from ...hf.mapping import prefixed
 from ...hf.tables import LANGUAGE, OUTPUT_LAYER
-from ..qwen2_5_vl.hf import hf_inputs, megatron_media, processor_flags
+from ..qwen2_5_vl.hf import hf_inputs, megatron_media
+from ..qwen2_5_vl.hf import processor_flags as pixel_flags
 from .hf_table import qwen3_vl_vision_rules
 
 # Qwen3-VL's tower (sizes, patch, merge, position table and DeepStack layers map onto
@@ -74,6 +75,36 @@ def model_flags(hf_config) -> Flags:
             "vision_norm_epsilon": 1e-6,  # the blocks' and the mergers' LayerNorm
             "image_token_id": hf_config.image_token_id,
             "video_token_id": hf_config.video_token_id}
+
+
+# video_preprocessor_config.json's sampling fields -> flags (families/qwen3_vl/video.py)
+SAMPLING_FLAGS = {"fps": "video_fps", "num_frames": "video_num_frames",
+                  "min_frames": "video_min_frames", "max_frames": "video_max_frames"}
+
+
+def processor_flags(hf_dir: str, hf_config) -> Flags:
+    """Qwen2.5-VL's pixel bounds, plus the video processor's frame sampling; a video
+    processor that the data path does not follow is refused, naming the field."""
+    import json
+    import os
+
+    from ...hf.errors import ConversionError
+
+    flags = pixel_flags(hf_dir, hf_config)
+    path = os.path.join(hf_dir, "video_preprocessor_config.json")
+    if not os.path.isfile(path):
+        return flags
+    with open(path) as f:
+        cfg = json.load(f)
+    for key, want, why in (("do_sample_frames", True, "every clip's frames are sampled"),
+                           ("cap_pixels_per_frame", False, "no per-frame pixel cap is applied"),
+                           ("do_resize", True, "every frame is resized by the rule")):
+        if cfg.get(key) not in (None, want):
+            raise ConversionError(f"{path}: {key}={cfg[key]!r} is not supported ({why}); "
+                                  f"set it to {want!r} or leave it out")
+    flags.update({flag: cfg[key] for key, flag in SAMPLING_FLAGS.items()
+                  if cfg.get(key) is not None})
+    return flags
 
 
 def position_ids(hf_config, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:

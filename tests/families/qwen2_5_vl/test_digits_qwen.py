@@ -141,5 +141,5 @@ def test_placeholders_expand_to_exact_counts_under_the_demo_flags(data_dir, demo
             assert sum(t * h * w // 4 for t, h, w in grids) == sum(expected.values())
             assert sample.position_ids.shape == (3, len(ids))
     assert frames == {2, 4}
-    assert {w for w, _ in sizes} == {h for _, h in sizes} == set(dq.IMAGE_SIDES)
+    assert {w for w, _ in sizes} == {h for _, h in sizes} == {c * dq.UNIT for c in dq.IMAGE_CELLS}
     assert any(w != h for w, h in sizes)  # aspect ratios vary
