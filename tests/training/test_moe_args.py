@@ -80,8 +80,6 @@ def test_flags_make_the_moe_group_and_transformer_config():
     (MOE + ["--moe-ffn-hidden-size", "33", "--tensor-model-parallel-size", "2",
             "--sequence-parallel"], 2,
      "--moe-ffn-hidden-size (33) is not divisible by --expert-tensor-parallel-size (2)"),
-    (MOE + ["--encoder-schedule", "coarse"], 1,
-     "--num-experts does not combine with --encoder-schedule coarse yet"),
 ])
 def test_bad_moe_flags_name_the_flag(argv, world, message):
     with pytest.raises(ConfigError) as error:
