@@ -52,6 +52,11 @@ class Layer(Record):
     # Of ``params``, those that are the word embedding's own (a tied output layer): one
     # tensor where the same pipeline rank holds the embedding (PP=1), a copy elsewhere.
     tied_params: float = 0.0
+    # An MoE layer at expert parallelism: the bytes each of its expert all-to-alls sends
+    # off this rank (2 per forward: dispatch and combine; as many per backward), over an
+    # expert-parallel group spanning ``a2a_span`` GPUs (Megatron's ranks TP x EP).
+    a2a_bytes: float = 0.0
+    a2a_span: int = 1
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -22,6 +22,11 @@ encoder's media items):
   more there;
 - a frozen encoder runs forwards only (its trainable projector's backward, a small
   matmul, is left out of both the baseline and the plans);
+- an MoE LLM (``TransformerSpec.is_moe``): its layers' active FLOPs (router, top-k experts,
+  shared experts; dense layers their own MLP), each chunk's expert all-to-alls over
+  ``--expert-model-parallel-size`` EP (``all_to_all_s``: 2 per MoE layer forward, as many
+  per backward and again for the recompute; bytes ``flops.all_to_all_bytes`` / TP, over
+  NVLink when TP x EP fits in a node); the experts' parameters split over EP;
 - Megatron baseline: the whole encoder at the LLM's TP inside LLM chunk 0 (the first
   stage), as Megatron-LM places encoders in the first stage's pre-process;
 - data-parallel traffic (distributed optimizer with MegaScale's / Megatron's overlap of
@@ -75,6 +80,7 @@ class LLMLayout(Record):
     global_batch_size: int = 1
     seq_length: int = 2048
     recompute: bool = True  # --recompute-granularity full
+    expert_model_parallel_size: int = 1  # an MoE LLM's experts over EP ranks
 
     def __post_init__(self):
         per_step = self.data_parallel_size * self.micro_batch_size
@@ -154,6 +160,15 @@ class CostModel:
         b, s = layout.micro_batch_size, layout.seq_length
         llm = model.llm
         self.llm_layer = flops.transformer_layer(llm, b, s, causal=True)
+        # per LLM layer: its costs (MoE or dense) and one expert all-to-all's seconds
+        self.llm_layers = [flops.transformer_layer(llm, b, s, True, llm.is_moe(i))
+                           for i in range(llm.num_layers)]
+        tp, ep = layout.tensor_model_parallel_size, layout.expert_model_parallel_size
+        self.all_to_all = [links.all_to_all_seconds(
+            flops.all_to_all_bytes(llm, b * s, ep) / tp, tp * ep) if llm.is_moe(i) else 0.0
+            for i in range(llm.num_layers)]
+        self.expert_params = [flops.expert_params(llm) if llm.is_moe(i) else 0.0
+                              for i in range(llm.num_layers)]
         self.llm_head = flops.llm_head(llm, b * s)
         self.llm_embed = flops.llm_embed(llm, b * s)
         self.llm_act_bytes = flops.BF16 * b * s * llm.hidden_size
@@ -182,14 +197,34 @@ class CostModel:
         if layers % chunks:
             raise PlanError(f"{layers} LLM layers do not split evenly over PP x VPP = "
                             f"{chunks} chunks")
-        f, b = self._layer_s(self.llm_layer, lay.tensor_model_parallel_size,
-                             self.llm_act_bytes, not self.model.freeze_llm)
+        units = [self._layer_s(layer, lay.tensor_model_parallel_size, self.llm_act_bytes,
+                               not self.model.freeze_llm) for layer in self.llm_layers]
         hf, hb = self._plain_s(self.llm_head, lay.tensor_model_parallel_size,
                                not self.model.freeze_llm)
         per = layers // chunks
-        fwd = [per * f + (hf if c == chunks - 1 else 0.0) for c in range(chunks)]
-        bwd = [per * b + (hb if c == chunks - 1 else 0.0) for c in range(chunks)]
+        fwd = [sum(u[0] for u in units[c * per:(c + 1) * per])
+               + (hf if c == chunks - 1 else 0.0) for c in range(chunks)]
+        bwd = [sum(u[1] for u in units[c * per:(c + 1) * per])
+               + (hb if c == chunks - 1 else 0.0) for c in range(chunks)]
         return fwd, bwd
+
+    def llm_all_to_alls(self) -> Tuple[List[float], List[float]]:
+        """(forward, backward) seconds of each LLM chunk's expert all-to-alls (empty
+        without any): dispatch and combine per MoE layer, the backward's as many, and
+        the recompute forward's."""
+        if not any(self.all_to_all):
+            return [], []
+        per = self.model.llm.num_layers // self.layout.num_chunks
+        back = 0 if self.model.freeze_llm else (4 if self.layout.recompute else 2)
+        chunks = [sum(self.all_to_all[c * per:(c + 1) * per])
+                  for c in range(self.layout.num_chunks)]
+        return [2 * a for a in chunks], [back * a for a in chunks]
+
+    def expert_chunks(self) -> List[int]:
+        """The LLM chunks whose MoE layers run expert all-to-alls."""
+        per = self.model.llm.num_layers // self.layout.num_chunks
+        return [c for c in range(self.layout.num_chunks)
+                if any(self.all_to_all[c * per:(c + 1) * per])]
 
     def llm_tp_bubbles(self) -> Tuple[List[float], List[float]]:
         """(forward, backward) seconds per LLM chunk spent in its layers' TP all-reduces,
@@ -252,10 +287,16 @@ class CostModel:
     # -- parameters and the data-parallel bubbles -----------------------------------------
     def llm_params_per_gpu(self) -> float:
         lay = self.layout
-        layers = self.model.llm.num_layers * self.llm_layer.params
+        layers = self._layer_params(0, self.model.llm.num_layers)
         ends = self.llm_embed.params + self.llm_head.params  # on the first and last stage
         return (layers / lay.pipeline_model_parallel_size
                 + ends / min(2, lay.pipeline_model_parallel_size)) / lay.tensor_model_parallel_size
+
+    def _layer_params(self, start: int, end: int) -> float:
+        """Parameters of LLM layers [start, end) per TP group: the experts' split over EP."""
+        ep = self.layout.expert_model_parallel_size
+        return sum(l.params - x + x / ep for l, x in zip(self.llm_layers[start:end],
+                                                         self.expert_params[start:end]))
 
     def encoder_params(self, e: int = 0) -> float:
         return self.encoders[e].params
@@ -265,8 +306,8 @@ class CostModel:
         layer on the last)."""
         lay = self.layout
         chunks = lay.num_chunks
-        per = self.model.llm.num_layers // chunks * self.llm_layer.params
-        return [(per + (self.llm_embed.params if c == 0 else 0.0)
+        n = self.model.llm.num_layers // chunks
+        return [(self._layer_params(c * n, (c + 1) * n) + (self.llm_embed.params if c == 0 else 0.0)
                  + (self.llm_head.params if c == chunks - 1 else 0.0))
                 / lay.tensor_model_parallel_size for c in range(chunks)]
 
@@ -306,7 +347,9 @@ class CostModel:
             reduce[0] += self.encoder_reduce_s(params, dp, e)[0]  # part of chunk 0
         gather = self.dp_gather_s([(e, self.encoder_params(e) / tp, dp)
                                    for e in range(len(self.encoders))])
-        return ActionCosts(fwd, bwd, p2p_s=self.p2p_s(), llm_start_s=gather, reduce_s=reduce)
+        a2a_f, a2a_b = self.llm_all_to_alls()
+        return ActionCosts(fwd, bwd, p2p_s=self.p2p_s(), llm_start_s=gather, reduce_s=reduce,
+                           all_to_all_s=a2a_f, backward_all_to_all_s=a2a_b)
 
     def optimus(self, plan: EncoderPlan, pieces: int, sublayer: bool = False,
                 reverse: bool = False, others: Sequence[EncoderLayout] = ()) -> ActionCosts:
@@ -348,7 +391,9 @@ class CostModel:
                     allreduce[r] += self.time.replica_allreduce_s(
                         sum(p for p, q in zip(params, ranks) if q == r), replicas)
         fwd_comm, bwd_comm = self.llm_tp_bubbles()
+        a2a_f, a2a_b = self.llm_all_to_alls()
         costs = ActionCosts(fwd, bwd, ef, eb if self.encoder_trainable else [],
+                            all_to_all_s=a2a_f, backward_all_to_all_s=a2a_b,
                             p2p_s=self.p2p_s(), llm_start_s=self.dp_gather_s(gathers),
                             reduce_s=self.reduce_s(), encoder_reduce_s=enc_reduce,
                             forward_comm_s=fwd_comm, backward_comm_s=bwd_comm,
