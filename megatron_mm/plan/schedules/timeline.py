@@ -26,9 +26,9 @@ def write_chrome_trace(runs: Sequence[Simulation], path: str) -> None:
 
 def write_png(runs, path: str, width: int = 1200, row: int = 28) -> None:
     """Ranks as rows per schedule, LLM work blue (forward light, backward dark), encoder work
-    orange, encoder collectives purple, the expert all-to-alls red, bubbles white; the data-parallel reductions
-    (``GRAD_SYNC``, on the communication stream) a green strip under the row; every
-    schedule on the same time scale."""
+    orange, encoder collectives purple, the expert all-to-alls red, bubbles white; the
+    data-parallel reductions (``GRAD_SYNC``, on the communication stream) a green strip
+    under the row; every schedule on the same time scale."""
     from PIL import Image, ImageDraw
 
     ranks = len(runs[0].busy_s)
