@@ -15,7 +15,7 @@ from megatron_mm.plan.model import ModelSpec, TransformerSpec, Workload
 from megatron_mm.plan.pipeline.chain import build_chain
 from megatron_mm.plan.pipeline.partition import partition
 from megatron_mm.plan.schedules.action_costs import CostModel, LLMLayout
-from megatron_mm.plan.schedules.actions import Action, Kind, validate
+from megatron_mm.plan.schedules.actions import Kind, validate
 from megatron_mm.plan.schedules.bubble import bubble
 from megatron_mm.plan.schedules.collectives import add_expert_all_to_alls
 from megatron_mm.plan.schedules.generate import coarse, megatron
