@@ -192,5 +192,5 @@ def table(runs: List[BridgeRun] = RUNS, shortlist: int = 2) -> List[str]:
                          f"{r.schedule} | {r.iteration_s:.3f} | {r.tokens_per_s:,.0f} | "
                          f"{hidden} |")
         lines.append(f"| | | ({info['layouts']} layouts fit; the {shortlist} fastest under "
-                     "Megatron's schedule planned) | | | | | |")
+                     "Megatron's schedule and Bridge's planned) | | | | | |")
     return lines
