@@ -1,12 +1,15 @@
 """Encoder work in the pipeline bubbles, measured on this machine (PP=2, gloo).
 
     python tools/bench_encoder_schedule.py [--iters 4] [--rounds 2] [--png-out t.png]
-                                           [--audio]
+                                           [--audio] [--moe] [--schedules megatron ...]
+                                           [training flags overriding the model's]
 
 An encoder-heavy model (a trainable 12-layer ViT in front of a 4-layer LLM; ``--audio``
 adds a trainable 6-layer Whisper-style audio encoder and trains on spoken digits, which
-needs espeak-ng), two pipeline ranks, each one process with one thread pinned to its own
-core (a bubble is real idle time). Steps:
+needs espeak-ng; ``--moe`` makes the LLM a small mixture of experts: layer 0 dense, layers
+1-3 eight experts of 256, top-2, the load-balancing loss on, the all-to-all dispatcher;
+two cores give no room for expert parallelism, so EP is 1), two pipeline ranks, each one
+process with one thread pinned to its own core (a bubble is real idle time). Steps:
 
 1. ``tools/profile_layers.py`` measures every layer's forward and backward time, once on
    each core at the same time (the runs keep both cores busy), averaged;
@@ -53,6 +56,9 @@ MODEL = [
     "--micro-batch-size", "4", "--global-batch-size", "32", "--lr", "1e-4",
     "--skip-final-eval",
 ]
+MOE = ["--num-experts", "8", "--moe-ffn-hidden-size", "256", "--moe-router-topk", "2",
+       "--moe-layer-freq", "[0,1,1,1]", "--moe-aux-loss-coeff", "0.01",
+       "--moe-token-dispatcher-type", "alltoall"]
 AUDIO = ["--audio-model-type", "whisper", "--audio-hidden-size", "256",
          "--audio-num-layers", "6", "--audio-num-attention-heads", "8",
          "--audio-num-mel-bins", "80", "--audio-max-source-positions", "64",
@@ -314,6 +320,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--trace-out", default=None, help="Chrome trace of the same timelines")
     p.add_argument("--audio", action="store_true",
                    help="add a 6-layer audio encoder (vision + audio, spoken digits)")
+    p.add_argument("--moe", action="store_true",
+                   help="the LLM a mixture of experts (dense layer 0, 8 experts top-2 after)")
+    p.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
+                   help="the rows to run (default all)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args, rest = p.parse_known_args(argv)
@@ -321,12 +331,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         worker([a for a in rest if a != "--"], args.out, args.iters, args.warmup)
         return 0
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    args.model = MODEL + (AUDIO if args.audio else [])
+    # training flags after the tool's own override the model's (a smaller one for a test)
+    args.model = MODEL + (AUDIO if args.audio else []) + (MOE if args.moe else []) + rest
+    args.schedules = [s for s in SCHEDULES if s in args.schedules]
     with tempfile.TemporaryDirectory() as workdir:
         profile = co_run_profile(workdir, args.model)
-        results = {s: [] for s in SCHEDULES}
+        results = {s: [] for s in args.schedules}
         for _ in range(args.rounds):
-            for schedule in SCHEDULES:
+            for schedule in args.schedules:
                 results[schedule].append(run_schedule(schedule, profile, workdir, args.iters,
                                                       args.warmup, args.model))
         report(results, profile, args)
@@ -337,22 +349,24 @@ def report(results: dict, profile: str, args) -> None:
     from megatron_mm.plan.schedules.timeline import write_chrome_trace, write_png
 
     audio = " + audio encoder (6 layers, 64 frames x 4 clips)" if args.audio else ""
-    print(f"PP=2, trainable ViT (12 layers, 64 patches x 4 images){audio} + LLM (4 layers, "
-          "160 tokens x 4), 8 micro-batches per iteration, one thread per rank on its own "
-          f"core; medians of {args.rounds} x {args.iters} iterations")
-    print("| schedule | iteration s | vs megatron | of which forward-backward s | "
+    moe = (", MoE: layer 0 dense, layers 1-3 8 experts top-2, EP 1" if args.moe else "")
+    print(f"PP=2, trainable ViT (12 layers, 64 patches x 4 images){audio} + LLM (4 layers"
+          f"{moe}, 160 tokens x 4), 8 micro-batches per iteration, one thread per rank on its "
+          f"own core; medians of {args.rounds} x {args.iters} iterations")
+    print(f"| schedule | iteration s | vs {args.schedules[0]} | of which forward-backward s | "
           "simulated s | sim vs forward-backward | sim vs iteration |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     iteration, timelines, overheads = {}, [], []
     p2p = statistics.median(r["p2p_s"] for runs in results.values() for r in runs)
     sync = statistics.median(r["grad_sync_s"] for runs in results.values() for r in runs)
     step = statistics.median(r["optimizer_s"] for runs in results.values() for r in runs)
-    for schedule in SCHEDULES:
+    base = args.schedules[0]  # the "vs" column's row: megatron when it runs
+    for schedule in args.schedules:
         iteration[schedule] = statistics.median(w for r in results[schedule] for w in r["walls"])
         fwd_bwd = statistics.median(w for r in results[schedule] for w in r["schedules"])
         sim = simulated(schedule, profile, p2p, sync, args.model, step)
         print(f"| {schedule} | {iteration[schedule]:.3f} | "
-              f"{iteration[schedule] / iteration['megatron']:.3f} | {fwd_bwd:.3f} | "
+              f"{iteration[schedule] / iteration[base]:.3f} | {fwd_bwd:.3f} | "
               f"{sim.iteration_s:.3f} | {sim.iteration_s / fwd_bwd - 1:+.1%} | "
               f"{sim.iteration_s / iteration[schedule] - 1:+.1%} |")
         timelines.append(sim)
@@ -368,14 +382,16 @@ def report(results: dict, profile: str, args) -> None:
           "simulated:")
     for line in overheads:
         print(f"  {line}")
-    strongest = min(("megatron-auto", "megatron-auto-vpp2"), key=iteration.get)
-    ours = min(("bubble", "bubble-vpp2"), key=iteration.get)
-    print(f"bubble / megatron iteration time: "
-          f"{iteration['bubble'] / iteration['megatron']:.3f}")
-    print(f"{ours} / {strongest} (the fastest of each) iteration time: "
-          f"{iteration[ours] / iteration[strongest]:.3f}")
-    print(f"bubble / megatron-auto iteration time: "
-          f"{iteration['bubble'] / iteration['megatron-auto']:.3f}")
+    mcore = [s for s in iteration if ENCODER_SCHEDULE[s] == "megatron"]
+    bubbles = [s for s in iteration if s.startswith("bubble")]
+    for other in ("megatron", "megatron-auto"):
+        if "bubble" in iteration and other in iteration:
+            print(f"bubble / {other} iteration time: "
+                  f"{iteration['bubble'] / iteration[other]:.3f}")
+    if mcore and bubbles:
+        strongest, ours = min(mcore, key=iteration.get), min(bubbles, key=iteration.get)
+        print(f"{ours} / {strongest} (the fastest of each) iteration time: "
+              f"{iteration[ours] / iteration[strongest]:.3f}")
     write_png(timelines, args.png_out)
     print(f"wrote {args.png_out}")
     if args.trace_out:

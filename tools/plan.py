@@ -16,6 +16,7 @@ frozen-aware one. Pure Python: no torch, runs anywhere.
     python tools/plan.py --optimus-table           # Optimus' ViT + LLaMA / GPT models
     python tools/plan.py --optimus-schedule-table  # Optimus' encoder plan + bubble schedule
     python tools/plan.py --omnibal-table STATS_DIR  # OmniBal's ablation at its scale
+    python tools/plan.py --qwen3-vl-moe-table  # Qwen3-VL-MoE: Megatron-Bridge vs the planner
 
 The estimate's formula, the cost model and its assumptions are in megatron_mm/plan
 (estimate.py, flops.py, layers.py). ``--json PATH`` writes the plan(s) as data.
@@ -56,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Optimus' runs (ViT-22B + GPT-175B on 1536 / 2048 / 3072 GPUs, "
                         "ViT-3B + GPT-11B on 8): simulated Megatron baseline vs the planned "
                         "encoder plan and bubble schedule, beside the paper's figures")
+    g.add_argument("--qwen3-vl-moe-table", action="store_true",
+                   help="Qwen3-VL-30B-A3B (8 H100) and 235B-A22B (256 H100): Megatron-"
+                        "Bridge's published layouts with Megatron's schedule against the "
+                        "layout and encoder schedule the planner picks (expert all-to-alls "
+                        "charged), simulated tokens/s and the encoder share hidden")
     g.add_argument("--optimus-gpus", type=int, nargs="+", default=None, metavar="N",
                    help="with --optimus-schedule-table: only the runs on these GPU counts "
                         "(1536 2048 3072 8; default all)")
@@ -152,6 +158,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         limit = args.memory_limit_gb * GiB if args.memory_limit_gb else None
         if args.optimus_schedule_table:
             return print_schedule_table(args)
+        if args.qwen3_vl_moe_table:
+            from megatron_mm.reproductions.qwen3_vl_moe_scale import table as moe_table
+            print("Qwen3-VL-MoE on H100 nodes, simulated (reproductions/qwen3_vl_moe_scale.py"
+                  " says what is assumed): Megatron-Bridge's layouts against the planner's")
+            print("\n".join(moe_table()))
+            return 0
         if args.cornstarch_table or args.optimus_table:
             return print_tables(args, hardware, memory, limit)
         return print_plan(args, hardware, memory, limit)

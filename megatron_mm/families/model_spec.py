@@ -20,11 +20,15 @@ def model_spec(config, images_per_sample: int = 1, clips_per_sample: int = 1,
         items = clips_per_sample if family.slot == "audio" else images_per_sample
         encoders.append(family.planner_spec(enc_name, enc, items, common))
     lm = config.language
+    moe = {} if lm.moe is None else dict(  # the active parameters: top-k of the experts
+        num_experts=lm.moe.num_experts, moe_router_topk=lm.moe.router_topk,
+        moe_ffn_hidden_size=lm.moe.ffn_hidden_size,
+        moe_layer_freq=list(lm.moe.pattern(lm.num_layers)))
     llm = TransformerSpec(
         hidden_size=lm.hidden_size, num_layers=lm.num_layers,
         ffn_hidden_size=lm.ffn_hidden_size, num_attention_heads=lm.num_attention_heads,
         num_query_groups=lm.num_query_groups, gated_linear_unit=True,
-        vocab_size=lm.vocab_size_padded(1) if lm.vocab_size > 0 else 0)
+        vocab_size=lm.vocab_size_padded(1) if lm.vocab_size > 0 else 0, **moe)
     return ModelSpec(name=name, encoders=encoders, llm=llm,
                      frozen_encoders=sorted(config.freeze.encoders),
                      frozen_projectors=sorted(config.freeze.projectors),

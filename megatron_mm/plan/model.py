@@ -30,6 +30,11 @@ class TransformerSpec(Record):
     num_experts: int = 1  # MoE: parameters of all experts, FLOPs of the routed top-k
     moe_router_topk: int = 1
     vocab_size: int = 0  # LLMs only
+    moe_ffn_hidden_size: Optional[int] = None  # each expert's; None: ffn_hidden_size
+    moe_shared_expert_intermediate_size: int = 0  # shared experts (every token), 0: none
+    # One 0/1 per layer (1: MoE; Megatron's --moe-layer-freq list, Hugging Face's
+    # decoder_sparse_step / mlp_only_layers); empty: every layer MoE with num_experts > 1.
+    moe_layer_freq: List[int] = field(default_factory=list)
 
     def __post_init__(self):
         if self.num_query_groups is None:
@@ -45,6 +50,17 @@ class TransformerSpec(Record):
         for name in ("hidden_size", "num_layers", "ffn_hidden_size", "num_attention_heads"):
             if getattr(self, name) <= 0:
                 raise PlanError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 1 <= self.moe_router_topk <= self.num_experts:
+            raise PlanError(f"top-{self.moe_router_topk} routing needs 1 to num_experts "
+                            f"({self.num_experts}) experts per token")
+        if self.moe_layer_freq and len(self.moe_layer_freq) != self.num_layers:
+            raise PlanError(f"moe_layer_freq lists {len(self.moe_layer_freq)} layers; the "
+                            f"stack has {self.num_layers}")
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether layer ``layer``'s MLP is the experts (else the dense ``ffn_hidden_size``)."""
+        return self.num_experts > 1 and (not self.moe_layer_freq
+                                         or bool(self.moe_layer_freq[layer]))
 
     @property
     def q_dim(self) -> int:
@@ -149,9 +165,11 @@ class Workload(Record):
     micro_batch_size: int = 1
     recompute: bool = False  # --recompute-granularity full: every transformer layer
     tensor_model_parallel_size: int = 1  # ideal split of FLOPs, weights and activations
+    expert_model_parallel_size: int = 1  # ranks the experts are split over (all-to-alls)
 
     def __post_init__(self):
-        for name in ("seq_length", "micro_batch_size", "tensor_model_parallel_size"):
+        for name in ("seq_length", "micro_batch_size", "tensor_model_parallel_size",
+                     "expert_model_parallel_size"):
             if getattr(self, name) <= 0:
                 raise PlanError(f"--{name.replace('_', '-')} must be positive")
 

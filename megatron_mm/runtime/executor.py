@@ -116,7 +116,7 @@ class ScheduleExecutor:
         messages, both sides of each)."""
         actions = schedule.ranks[rank]
         if forward_only:
-            actions = [a for a in actions if a.kind in (Kind.F, Kind.EF, Kind.BCAST)]
+            actions = [a for a in actions if a.kind in (Kind.F, Kind.EF, Kind.BCAST, Kind.A2A)]
         return list(actions)
 
     def owns(self, a: Action) -> bool:
@@ -422,6 +422,13 @@ class _Iteration:
     def run_GRAD_SYNC(self, m: int, c: int) -> None:
         """Nothing here: ``_OverlappedGradSync.after`` starts chunk ``c``'s reduction right
         after this action (with --overlap-grad-reduce; else finalisation reduces)."""
+
+    def run_A2A(self, m: int, c: int) -> None:
+        """Nothing here: chunk ``c``'s MoE layers ran their expert all-to-alls inside
+        ``F(m, c)`` (Megatron-Core's token dispatcher); every rank of the expert-parallel
+        group runs the same order, so they meet in each in turn."""
+
+    run_A2A_B = run_A2A  # ... inside ``B(m, c)``
 
     def run_B(self, m: int, c: int) -> None:
         inputs, output = self.saved.pop(("F", m, c))

@@ -80,10 +80,37 @@ def test_flags_make_the_moe_group_and_transformer_config():
     (MOE + ["--moe-ffn-hidden-size", "33", "--tensor-model-parallel-size", "2",
             "--sequence-parallel"], 2,
      "--moe-ffn-hidden-size (33) is not divisible by --expert-tensor-parallel-size (2)"),
-    (MOE + ["--encoder-schedule", "coarse"], 1,
-     "--num-experts does not combine with --encoder-schedule coarse yet"),
+    (MOE + ["--fp8-emulation", "--transformer-impl", "local"], 1,
+     "--num-experts does not combine with FP8 yet"),
 ])
 def test_bad_moe_flags_name_the_flag(argv, world, message):
     with pytest.raises(ConfigError) as error:
         read_args(argv, world_size=world)
     assert message in str(error.value)
+
+
+def test_the_run_schedule_has_the_expert_all_to_alls():
+    """The bubble schedule the run executes (PP=2, EP=2) has the expert all-to-alls of
+    the chunk with MoE layers (layers 0-1 on chunk 0; chunk 1 dense) after its actions."""
+    import megatron_mm.prepared  # noqa: F401  (the planning package needs the CPU patches)
+    from megatron_mm.training.planning.chain import training_chain
+    from megatron_mm.training.planning.encoder_schedule import (encoder_pipeline_plan,
+                                                                make_schedule)
+
+    args = read_args(["--num-layers", "4", "--num-experts", "4", "--moe-layer-freq",
+                      "[1,1,0,0]", "--moe-token-dispatcher-type", "alltoall",
+                      "--expert-model-parallel-size", "2", "--pipeline-model-parallel-size",
+                      "2", "--encoder-schedule", "bubble", "--global-batch-size", "8",
+                      "--micro-batch-size", "2"], world_size=4)
+    args.model_config.language.vocab_size = 64
+    config = RunConfig.from_flags(args)
+    chain = training_chain(config)
+    plan = encoder_pipeline_plan(config, chain)
+    assert plan.llm_partition.layers_per_chunk == [3, 3]  # [embedding, 0, 1] [2, 3, head]
+    schedule = make_schedule(config, plan, 4, chain)
+    assert schedule.expert_chunks == [0]
+    order = [a.key for a in schedule.ranks[0]]
+    for m in range(4):
+        assert order[order.index(("F", m, 0)) + 1] == ("A2A", m, 0)
+        assert order[order.index(("B", m, 0)) + 1] == ("A2A_B", m, 0)
+    assert not any(a.kind.expert for a in schedule.ranks[1])

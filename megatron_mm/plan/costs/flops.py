@@ -8,13 +8,17 @@ attention-core forward A: F = P + A, dgrad = P + 2A, wgrad = P, and a trainable 
 exactly 3F; a frozen layer that passes gradients costs 2F + A (A is a few % of F at the
 sequence lengths here).
 
+An MoE layer (``TransformerSpec.is_moe``) charges its active parameters: the router, the
+top-k experts of ``moe_ffn_hidden_size`` and the shared experts per token; it holds every
+expert's parameters. Its expert all-to-alls (``all_to_all_bytes``) are bytes, not FLOPs.
+
 Activation bytes assume bf16, flash attention (no S x S scores kept) and no dropout:
 per token 2 x (4h + 2q + 2kv + MLP intermediates); with recompute only the layer input (2h).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import PlanError
 from ..model import EncoderSpec, TransformerSpec
@@ -49,22 +53,63 @@ def attention_pairs(seq_len: int, spans: Sequence[int] = ()) -> int:
     return sum(s * s for s in spans)
 
 
+class Mlp(NamedTuple):
+    """A layer's MLP: weights per token (active) and held, and per-token intermediates."""
+
+    active: float  # weights each token multiplies (router, top-k experts, shared experts)
+    params: float  # weights held (every expert), biases included
+    act: float  # intermediate activations per token
+
+
+def mlp_weights(t: TransformerSpec, moe: bool) -> Mlp:
+    """The dense MLP (``ffn_hidden_size``) or the MoE layer's router, experts and shared
+    experts."""
+    h, mats = t.hidden_size, (3 if t.gated_linear_unit else 2)
+    bias = lambda f: (f * (mats - 1) + h) if t.add_bias_linear else 0  # noqa: E731
+    if not moe:
+        f = t.ffn_hidden_size
+        return Mlp(mats * h * f, mats * h * f + bias(f), mats * f)
+    f, shared = t.moe_ffn_hidden_size or t.ffn_hidden_size, \
+        t.moe_shared_expert_intermediate_size
+    router = h * t.num_experts
+    active = router + t.moe_router_topk * mats * h * f + mats * h * shared
+    held = (router + t.num_experts * (mats * h * f + bias(f))
+            + (mats * h * shared + bias(shared) if shared else 0))
+    return Mlp(active, held, mats * (f * t.moe_router_topk + shared))
+
+
+def expert_params(t: TransformerSpec) -> float:
+    """An MoE layer's routed experts' parameters (what expert parallelism splits)."""
+    f, mats = t.moe_ffn_hidden_size or t.ffn_hidden_size, (3 if t.gated_linear_unit else 2)
+    bias = (f * (mats - 1) + t.hidden_size) if t.add_bias_linear else 0
+    return t.num_experts * (mats * t.hidden_size * f + bias)
+
+
+def all_to_all_bytes(t: TransformerSpec, tokens: float, expert_parallel: int) -> float:
+    """Bytes one expert all-to-all (the dispatch, or the combine) of ``tokens`` tokens sends
+    off a rank: each token's hidden state to each of its top-k experts, (EP - 1) / EP of
+    them on other ranks."""
+    if expert_parallel <= 1:
+        return 0.0
+    return (BF16 * tokens * t.moe_router_topk * t.hidden_size
+            * (expert_parallel - 1) / expert_parallel)
+
+
 def transformer_layer(t: TransformerSpec, sequences: int, seq_len: int, causal: bool,
-                      spans: Sequence[int] = ()) -> Cost:
-    h, q, kv, f = t.hidden_size, t.q_dim, t.kv_dim, t.ffn_hidden_size
+                      moe: Optional[bool] = None, spans: Sequence[int] = ()) -> Cost:
+    """One layer; ``moe`` (default: the stack has experts) whether its MLP is the experts;
+    ``spans``: the segments its tokens attend within (``attention_pairs``)."""
+    h, q, kv = t.hidden_size, t.q_dim, t.kv_dim
     tokens = sequences * seq_len
     attn_weights = h * q + 2 * h * kv + q * h  # QKV and output projections
-    ffn_weights = (3 if t.gated_linear_unit else 2) * h * f  # per expert
-    router = h * t.num_experts if t.num_experts > 1 else 0
-    linear = 2.0 * tokens * (attn_weights + t.moe_router_topk * ffn_weights + router)
+    ffn = mlp_weights(t, t.num_experts > 1 if moe is None else moe)
+    linear = 2.0 * tokens * (attn_weights + ffn.active)
     # QK^T and PV: 2 matmuls of 2*S*S*q each per sequence; causal skips half
     core = 4.0 * sequences * attention_pairs(seq_len, spans) * q * (0.5 if causal else 1.0)
     norms = 2 * h * (2 if t.add_bias_linear else 1)
-    biases = (q + 2 * kv + h + t.num_experts * (f * (2 if t.gated_linear_unit else 1) + h)
-              if t.add_bias_linear else 0)
-    params = attn_weights + t.num_experts * ffn_weights + router + norms + biases
-    ffn_act = (3 if t.gated_linear_unit else 2) * f * t.moe_router_topk
-    act = BF16 * tokens * (4 * h + 2 * q + 2 * kv + ffn_act)
+    biases = q + 2 * kv + h if t.add_bias_linear else 0
+    params = attn_weights + ffn.params + norms + biases
+    act = BF16 * tokens * (4 * h + 2 * q + 2 * kv + ffn.act)
     hidden = BF16 * tokens * h
     return Cost(fwd=linear + core, dgrad=linear + 2 * core, wgrad=linear, params=params,
                 act=act, recompute_act=hidden, out=hidden)
@@ -80,30 +125,27 @@ def attention_pair_share(t: TransformerSpec) -> float:
 
 
 def transformer_sublayers(t: TransformerSpec, sequences: int, seq_len: int, causal: bool,
-                          spans: Sequence[int] = ()) -> Tuple[Cost, Cost]:
+                          moe: Optional[bool] = None, spans: Sequence[int] = ()
+                          ) -> Tuple[Cost, Cost]:
     """The layer's two kernels Optimus schedules apart: (attention: its norm, QKV, core and
     output projection; MLP: its norm and FFN), which add up to ``transformer_layer``."""
-    h, q, kv, f = t.hidden_size, t.q_dim, t.kv_dim, t.ffn_hidden_size
+    h, q, kv = t.hidden_size, t.q_dim, t.kv_dim
     tokens = sequences * seq_len
     attn_weights = h * q + 2 * h * kv + q * h
-    ffn_weights = (3 if t.gated_linear_unit else 2) * h * f
-    router = h * t.num_experts if t.num_experts > 1 else 0
+    ffn = mlp_weights(t, t.num_experts > 1 if moe is None else moe)
     attn_linear = 2.0 * tokens * attn_weights
-    mlp_linear = 2.0 * tokens * (t.moe_router_topk * ffn_weights + router)
+    mlp_linear = 2.0 * tokens * ffn.active
     core = 4.0 * sequences * attention_pairs(seq_len, spans) * q * (0.5 if causal else 1.0)
     norm = h * (2 if t.add_bias_linear else 1)
     attn_biases = q + 2 * kv + h if t.add_bias_linear else 0
-    mlp_biases = (t.num_experts * (f * (2 if t.gated_linear_unit else 1) + h)
-                  if t.add_bias_linear else 0)
-    ffn_act = (3 if t.gated_linear_unit else 2) * f * t.moe_router_topk
     hidden = BF16 * tokens * h
     attention = Cost(fwd=attn_linear + core, dgrad=attn_linear + 2 * core, wgrad=attn_linear,
                      params=attn_weights + norm + attn_biases,
                      act=BF16 * tokens * (2 * h + 2 * q + 2 * kv), recompute_act=hidden,
                      out=hidden)
     mlp = Cost(fwd=mlp_linear, dgrad=mlp_linear, wgrad=mlp_linear,
-               params=t.num_experts * ffn_weights + router + norm + mlp_biases,
-               act=BF16 * tokens * (2 * h + ffn_act), recompute_act=hidden, out=hidden)
+               params=ffn.params + norm, act=BF16 * tokens * (2 * h + ffn.act),
+               recompute_act=hidden, out=hidden)
     return attention, mlp
 
 

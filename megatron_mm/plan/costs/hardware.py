@@ -80,6 +80,7 @@ class Interconnect(Record):
     p2p_bandwidth: float = 40e9
     p2p_latency_s: float = 20e-6
     tp_latency_s: float = 0.0
+    gpus_per_node: int = 8  # a group within a node talks over tp_bandwidth
 
     def __post_init__(self):
         for name in ("tp_bandwidth", "dp_bandwidth", "p2p_bandwidth"):
@@ -97,6 +98,15 @@ class Interconnect(Record):
         replicas' output to the LLM TP group): (t - 1) / t x n / bw."""
         return 0.0 if ways <= 1 else (self.tp_latency_s + (ways - 1) / ways * nbytes
                                       / self.tp_bandwidth)
+
+    def all_to_all_seconds(self, nbytes: float, span: int) -> float:
+        """An expert all-to-all sending ``nbytes`` off each GPU of an expert-parallel group
+        spanning ``span`` GPUs: over NVLink within a node, else over the RDMA links."""
+        if nbytes <= 0:
+            return 0.0
+        if span <= self.gpus_per_node:
+            return self.tp_latency_s + nbytes / self.tp_bandwidth
+        return self.p2p_latency_s + nbytes / self.dp_bandwidth
 
     def dp_seconds(self, nbytes: float, ways: int) -> float:
         """One all-gather or reduce-scatter over ``ways`` data-parallel replicas."""

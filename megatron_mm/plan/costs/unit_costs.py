@@ -80,9 +80,25 @@ class TimeModel(Record):
 
     def chunk_s(self, layers) -> Tuple[float, float]:
         """(forward, backward) seconds of one micro-batch through consecutive chain
-        ``layers`` (``pipeline.layers.Layer``: costs per rank, backward with recompute)."""
-        return (self.compute_s(sum(l.fwd_flops for l in layers)),
-                self.compute_s(sum(l.bwd_flops for l in layers)))
+        ``layers`` (``pipeline.layers.Layer``: costs per rank, backward with recompute),
+        their expert all-to-alls included."""
+        a2a_f, a2a_b = self.expert_all_to_all_s(layers)
+        return (self.compute_s(sum(l.fwd_flops for l in layers)) + a2a_f,
+                self.compute_s(sum(l.bwd_flops for l in layers)) + a2a_b)
+
+    def expert_all_to_all_s(self, layers) -> Tuple[float, float]:
+        """(forward, backward) seconds of the expert all-to-alls of chain ``layers``: 2 per
+        MoE layer's forward (dispatch, combine), as many per backward, and again for the
+        recompute forward (free without links)."""
+        if self.links is None:
+            return 0.0, 0.0
+        fwd = bwd = 0.0
+        for l in layers:
+            one = self.links.all_to_all_seconds(l.a2a_bytes, l.a2a_span)
+            fwd += 2 * one
+            if l.runs_backward:
+                bwd += backward_allreduces(2, l.recompute) * one
+        return fwd, bwd
 
     def broadcast_s(self, nbytes: float, ways: int) -> float:
         return 0.0 if self.links is None else self.links.broadcast_seconds(nbytes, ways)

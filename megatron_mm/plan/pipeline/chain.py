@@ -60,10 +60,15 @@ def build_chain(model: ModelSpec, workload: Workload) -> List[Layer]:
             deepstack = (len(enc.deepstack_layers), chain[-1].out_bytes)
             chain[-1].deepstack_bytes = deepstack[0] * deepstack[1]
 
-    layer = flops.transformer_layer(model.llm, b, workload.seq_length, causal=True)
+    ep = workload.expert_model_parallel_size
+    a2a = flops.all_to_all_bytes(model.llm, tokens, ep) / tp  # sequence parallel: 1 / TP
     for i in range(model.llm.num_layers):
-        add("llm_layer", f"language_model.decoder.layers.{i}", LLM, layer, llm_trainable,
-            workload.recompute)
+        moe = model.llm.is_moe(i)
+        add("llm_layer", f"language_model.decoder.layers.{i}", LLM,
+            flops.transformer_layer(model.llm, b, workload.seq_length, True, moe),
+            llm_trainable, workload.recompute)
+        if moe and a2a:
+            chain[-1].a2a_bytes, chain[-1].a2a_span = a2a, tp * ep
         if deepstack:  # the merged features of the LLM layers after it that add them
             chain[-1].deepstack_bytes = max(0, deepstack[0] - 1 - i) * deepstack[1]
     add("llm_head", "language_model.output_layer", LLM, flops.llm_head(model.llm, tokens),

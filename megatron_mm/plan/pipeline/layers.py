@@ -56,6 +56,11 @@ class Layer(Record):
     # output: the DeepStack encoder layers' outputs computed so far (inside the encoder),
     # or the merged features of the LLM layers still to come (after the mergers)
     deepstack_bytes: float = 0.0
+    # An MoE layer at expert parallelism: the bytes each of its expert all-to-alls sends
+    # off this rank (2 per forward: dispatch and combine; as many per backward), over an
+    # expert-parallel group spanning ``a2a_span`` GPUs (Megatron's ranks TP x EP).
+    a2a_bytes: float = 0.0
+    a2a_span: int = 1
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -23,13 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Union
 
-from ..costs.hardware import MemoryModel
+from ..costs.hardware import Hardware, MemoryModel
 from ..errors import PlanError
 from ..record import Record
 from .layers import Layer
 from .memory import ChunkMemory, stage_memory
 from .minmax import minmax_split, prefix_sums
-from .partition_search import candidates
+from .partition_search import candidates, layer_times
 
 POLICIES = ("auto", "uniform", "balanced", "search")
 GiB = 1024 ** 3
@@ -108,14 +108,16 @@ def partition(chain: Sequence[Layer], pp: int, vpp: int = 1,
               policy: Union[str, Sequence[int]] = "auto",
               memory_limit_bytes: Optional[float] = None, *,
               num_microbatches: Optional[int] = None,
-              memory: Optional[MemoryModel] = None, search_radius: int = 1) -> StagePartition:
+              memory: Optional[MemoryModel] = None, search_radius: int = 1,
+              hardware: Optional[Hardware] = None) -> StagePartition:
     """Split ``chain`` into PP x VPP chunks by ``policy`` (a name or layers per chunk).
 
     ``memory_limit_bytes`` bounds every rank (parameters, gradients, optimizer state and
     in-flight activations; ``num_microbatches`` caps the in-flight count). ``auto`` searches
     within it; the other policies are checked against it. With VPP > 1 the search asks each
     chunk to fit limit / VPP (a rank's memory is the sum of its chunks), so it is exact for
-    VPP = 1 and conservative otherwise.
+    VPP = 1 and conservative otherwise. ``auto`` and ``search`` weigh layers by
+    ``layer_times`` (``hardware``: what the chain's costs are in; default FLOPs).
     """
     memory = memory or MemoryModel()
     if pp < 1 or vpp < 1:
@@ -128,14 +130,15 @@ def partition(chain: Sequence[Layer], pp: int, vpp: int = 1,
     if isinstance(policy, str):
         policy = parse_partition_flag(policy)
     if policy == "search":
-        best = candidates(chain, pp, vpp, search_radius)[0]
+        best = candidates(chain, pp, vpp, search_radius, hardware=hardware)[0]
         result = StagePartition(pp, vpp, best.layers_per_chunk, "search")
         if memory_limit_bytes is not None:
             check_memory(chain, result, memory_limit_bytes, num_microbatches, memory)
         return result
     if isinstance(policy, str) and policy != "uniform":
-        weights = [l.total_flops if policy == "auto" else
-                   (4.0 if l.recompute else 3.0) * l.fwd_flops for l in chain]
+        times = layer_times(chain, hardware)
+        weights = [t if policy == "auto" else (4.0 if l.recompute else 3.0) * l.fwd_flops
+                   for t, l in zip(times, chain)]
         counts = _minmax(chain, weights, pp, vpp, memory_limit_bytes, num_microbatches, memory)
         return StagePartition(pp, vpp, counts, policy)
     if policy == "uniform":

@@ -16,6 +16,8 @@ import statistics
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
+from ..costs.hardware import Hardware, Interconnect
+from ..costs.unit_costs import TimeModel
 from ..errors import PlanError
 from ..record import Record
 from .layers import Layer
@@ -34,10 +36,15 @@ class PartitionCandidate(Record):
     measured_s: Optional[float] = None  # max over ranks of the median iteration, when timed
 
 
-def layer_times(chain: Sequence[Layer]) -> List[float]:
+def layer_times(chain: Sequence[Layer], hardware: Optional[Hardware] = None) -> List[float]:
     """Forward + backward per layer (recompute included): seconds with a measured
-    profile applied (``apply_profile``), FLOPs from the cost model otherwise."""
-    return [l.total_flops for l in chain]
+    profile applied (``apply_profile``; ``hardware`` its ``MEASURED``), FLOPs from the cost
+    model otherwise; an MoE layer's expert all-to-alls (``Interconnect``'s default links)
+    added in the same units, at ``hardware``'s speed (default: ``Hardware()``'s)."""
+    hardware = hardware or Hardware()
+    time, rate = TimeModel(hardware, Interconnect()), hardware.peak_flops * hardware.efficiency
+    return [l.total_flops + (sum(time.expert_all_to_all_s([l])) * rate if l.a2a_bytes else 0.0)
+            for l in chain]
 
 
 def anchor_partition(times: Sequence[float], chunks: int) -> List[int]:
@@ -73,11 +80,13 @@ def score(chain: Sequence[Layer], counts: Sequence[int], pp: int,
 
 
 def candidates(chain: Sequence[Layer], pp: int, vpp: int = 1, radius: int = 1,
-               times: Optional[Sequence[float]] = None) -> List[PartitionCandidate]:
-    """Every partition with boundaries within +-``radius`` of the anchor's, best first."""
+               times: Optional[Sequence[float]] = None,
+               hardware: Optional[Hardware] = None) -> List[PartitionCandidate]:
+    """Every partition with boundaries within +-``radius`` of the anchor's, best first
+    (``times``: default ``layer_times(chain, hardware)``)."""
     if radius < 0:
         raise PlanError(f"--pipeline-search-radius must be >= 0, got {radius}")
-    times = layer_times(chain) if times is None else list(times)
+    times = layer_times(chain, hardware) if times is None else list(times)
     chunks, n = pp * vpp, len(chain)
     anchor = anchor_partition(times, chunks)
     bounds = [int(b) for b in prefix_sums(anchor)[1:-1]]

@@ -4,8 +4,9 @@ Megatron baseline and for an Optimus encoder plan.
 Per micro-batch (``--micro-batch-size`` samples of ``--seq-length`` tokens, each with the
 encoder's media items):
 
-- LLM chunk: its decoder layers (Megatron's uniform layout, num_layers / (PP x VPP) each;
-  the output layer and loss on the last chunk), FLOPs / TP on ``Hardware``, plus TP's
+- LLM chunk: its decoder layers (Megatron's uniform layout, num_layers / (PP x VPP) each,
+  the first chunks one more where they do not divide; the output layer and loss on the
+  last chunk), FLOPs / TP on ``Hardware``, plus TP's
   exposed communication: 2 all-reduces of the layer's activations per layer forward,
   2 per backward, 2 more for the recompute forward (Megatron without comm overlap);
 - encoder piece: consecutive encoder layers (the patch stem on the first piece, the
@@ -22,6 +23,11 @@ encoder's media items):
   more there;
 - a frozen encoder runs forwards only (its trainable projector's backward, a small
   matmul, is left out of both the baseline and the plans);
+- an MoE LLM (``TransformerSpec.is_moe``): its layers' active FLOPs (router, top-k experts,
+  shared experts; dense layers their own MLP), each chunk's expert all-to-alls over
+  ``--expert-model-parallel-size`` EP (``all_to_all_s``: 2 per MoE layer forward, as many
+  per backward and again for the recompute; bytes ``flops.all_to_all_bytes`` / TP, over
+  NVLink when ETP x EP fits in a node); the experts' parameters split over ETP x EP;
 - Megatron baseline: the whole encoder at the LLM's TP inside LLM chunk 0 (the first
   stage), as Megatron-LM places encoders in the first stage's pre-process;
 - data-parallel traffic (distributed optimizer with MegaScale's / Megatron's overlap of
@@ -75,8 +81,16 @@ class LLMLayout(Record):
     global_batch_size: int = 1
     seq_length: int = 2048
     recompute: bool = True  # --recompute-granularity full
+    expert_model_parallel_size: int = 1  # an MoE LLM's experts over EP ranks
+    expert_tensor_parallel_size: Optional[int] = None  # TP inside each expert; None: TP
 
     def __post_init__(self):
+        tp, ep = self.tensor_model_parallel_size, self.expert_model_parallel_size
+        etp = self.expert_tensor_parallel_size = self.expert_tensor_parallel_size or tp
+        if (tp * self.data_parallel_size) % (etp * ep):
+            raise PlanError(f"--expert-tensor-parallel-size ({etp}) x "
+                            f"--expert-model-parallel-size ({ep}) must divide TP x DP "
+                            f"({tp} x {self.data_parallel_size}): Megatron-Core's expert grid")
         per_step = self.data_parallel_size * self.micro_batch_size
         if self.global_batch_size % per_step:
             raise PlanError(f"--global-batch-size ({self.global_batch_size}) must be a "
@@ -122,9 +136,10 @@ class _EncoderFlops:
         self.trainable = enc.name not in model.frozen_encoders
         seqs = layout.micro_batch_size * enc.items_per_sample
         self.layer = flops.transformer_layer(enc.transformer, seqs, enc.tokens_per_item,
-                                             causal=False)
+                                             causal=False, spans=enc.attention_spans)
         self.sublayers = flops.transformer_sublayers(enc.transformer, seqs,
-                                                     enc.tokens_per_item, causal=False)
+                                                     enc.tokens_per_item, causal=False,
+                                                     spans=enc.attention_spans)
         self.embed = flops.encoder_embed(enc, seqs)
         self.projector = flops.projector(enc, model.llm.hidden_size, seqs)
         self.act_bytes = flops.BF16 * seqs * enc.tokens_per_item * enc.transformer.hidden_size
@@ -154,6 +169,23 @@ class CostModel:
         b, s = layout.micro_batch_size, layout.seq_length
         llm = model.llm
         self.llm_layer = flops.transformer_layer(llm, b, s, causal=True)
+        # per LLM layer: its costs (MoE or dense) and one expert all-to-all's seconds
+        self.llm_layers = [flops.transformer_layer(llm, b, s, True, llm.is_moe(i))
+                           for i in range(llm.num_layers)]
+        tp, ep = layout.tensor_model_parallel_size, layout.expert_model_parallel_size
+        span = layout.expert_tensor_parallel_size * ep
+        self.all_to_all = [links.all_to_all_seconds(
+            flops.all_to_all_bytes(llm, b * s, ep) / tp, span) if llm.is_moe(i) else 0.0
+            for i in range(llm.num_layers)]
+        if layout.num_chunks > llm.num_layers:
+            raise PlanError(f"{llm.num_layers} LLM layers cannot fill PP x VPP = "
+                            f"{layout.num_chunks} chunks")
+        counts = [llm.num_layers // layout.num_chunks + (c < llm.num_layers % layout.num_chunks)
+                  for c in range(layout.num_chunks)]
+        ends = [sum(counts[:c + 1]) for c in range(len(counts))]
+        self.chunk_spans = list(zip([0] + ends[:-1], ends))  # LLM layers [start, end)
+        self.expert_params = [flops.expert_params(llm) if llm.is_moe(i) else 0.0
+                              for i in range(llm.num_layers)]
         self.llm_head = flops.llm_head(llm, b * s)
         self.llm_embed = flops.llm_embed(llm, b * s)
         self.llm_act_bytes = flops.BF16 * b * s * llm.hidden_size
@@ -178,18 +210,30 @@ class CostModel:
 
     def llm_chunks(self) -> Tuple[List[float], List[float]]:
         lay = self.layout
-        chunks, layers = lay.num_chunks, self.model.llm.num_layers
-        if layers % chunks:
-            raise PlanError(f"{layers} LLM layers do not split evenly over PP x VPP = "
-                            f"{chunks} chunks")
-        f, b = self._layer_s(self.llm_layer, lay.tensor_model_parallel_size,
-                             self.llm_act_bytes, not self.model.freeze_llm)
+        chunks = lay.num_chunks
+        units = [self._layer_s(layer, lay.tensor_model_parallel_size, self.llm_act_bytes,
+                               not self.model.freeze_llm) for layer in self.llm_layers]
         hf, hb = self._plain_s(self.llm_head, lay.tensor_model_parallel_size,
                                not self.model.freeze_llm)
-        per = layers // chunks
-        fwd = [per * f + (hf if c == chunks - 1 else 0.0) for c in range(chunks)]
-        bwd = [per * b + (hb if c == chunks - 1 else 0.0) for c in range(chunks)]
+        fwd = [sum(u[0] for u in units[s:e]) + (hf if c == chunks - 1 else 0.0)
+               for c, (s, e) in enumerate(self.chunk_spans)]
+        bwd = [sum(u[1] for u in units[s:e]) + (hb if c == chunks - 1 else 0.0)
+               for c, (s, e) in enumerate(self.chunk_spans)]
         return fwd, bwd
+
+    def llm_all_to_alls(self) -> Tuple[List[float], List[float]]:
+        """(forward, backward) seconds of each LLM chunk's expert all-to-alls (empty
+        without any): dispatch and combine per MoE layer, the backward's as many, and
+        the recompute forward's."""
+        if not any(self.all_to_all):
+            return [], []
+        back = 0 if self.model.freeze_llm else (4 if self.layout.recompute else 2)
+        chunks = [sum(self.all_to_all[s:e]) for s, e in self.chunk_spans]
+        return [2 * a for a in chunks], [back * a for a in chunks]
+
+    def expert_chunks(self) -> List[int]:
+        """The LLM chunks whose MoE layers run expert all-to-alls."""
+        return [c for c, (s, e) in enumerate(self.chunk_spans) if any(self.all_to_all[s:e])]
 
     def llm_tp_bubbles(self) -> Tuple[List[float], List[float]]:
         """(forward, backward) seconds per LLM chunk spent in its layers' TP all-reduces,
@@ -197,8 +241,8 @@ class CostModel:
         lay = self.layout
         u = self._unit(self.llm_layer, lay.tensor_model_parallel_size, self.llm_act_bytes,
                        not self.model.freeze_llm, 2)
-        per = self.model.llm.num_layers // lay.num_chunks
-        return [per * u.forward_comm_s] * lay.num_chunks, [per * u.backward_comm_s] * lay.num_chunks
+        return ([(e - s) * u.forward_comm_s for s, e in self.chunk_spans],
+                [(e - s) * u.backward_comm_s for s, e in self.chunk_spans])
 
     def encoder_units(self, tp_enc: int, sublayer: bool = False, e: int = 0
                       ) -> List[Tuple[float, float, float, float, float]]:
@@ -252,10 +296,19 @@ class CostModel:
     # -- parameters and the data-parallel bubbles -----------------------------------------
     def llm_params_per_gpu(self) -> float:
         lay = self.layout
-        layers = self.model.llm.num_layers * self.llm_layer.params
+        layers = self._layer_params(0, self.model.llm.num_layers)
         ends = self.llm_embed.params + self.llm_head.params  # on the first and last stage
         return (layers / lay.pipeline_model_parallel_size
                 + ends / min(2, lay.pipeline_model_parallel_size)) / lay.tensor_model_parallel_size
+
+    def _layer_params(self, start: int, end: int) -> float:
+        """Parameters of LLM layers [start, end), x TP per GPU: the experts split over
+        ETP x EP."""
+        lay = self.layout
+        split = (lay.tensor_model_parallel_size / lay.expert_tensor_parallel_size
+                 / lay.expert_model_parallel_size)
+        return sum(l.params - x + x * split for l, x in zip(self.llm_layers[start:end],
+                                                            self.expert_params[start:end]))
 
     def encoder_params(self, e: int = 0) -> float:
         return self.encoders[e].params
@@ -265,8 +318,8 @@ class CostModel:
         layer on the last)."""
         lay = self.layout
         chunks = lay.num_chunks
-        per = self.model.llm.num_layers // chunks * self.llm_layer.params
-        return [(per + (self.llm_embed.params if c == 0 else 0.0)
+        return [(self._layer_params(*self.chunk_spans[c])
+                 + (self.llm_embed.params if c == 0 else 0.0)
                  + (self.llm_head.params if c == chunks - 1 else 0.0))
                 / lay.tensor_model_parallel_size for c in range(chunks)]
 
@@ -282,9 +335,17 @@ class CostModel:
     def reduce_s(self) -> List[float]:
         """Each LLM chunk's data-parallel gradient reduce-scatter over DP, seconds (none
         for a frozen LLM)."""
-        dp = self.layout.data_parallel_size
-        return [0.0 if self.model.freeze_llm else self.links.dp_seconds(flops.FP32 * p, dp)
-                for p in self.llm_chunk_params()]
+        lay = self.layout
+        dp = lay.data_parallel_size
+        # the experts' gradients over the expert-data-parallel group, TP x DP / (ETP x EP)
+        edp = (lay.tensor_model_parallel_size * dp // lay.expert_tensor_parallel_size
+               // lay.expert_model_parallel_size)
+        experts = [sum(self.expert_params[s:e]) / lay.expert_tensor_parallel_size
+                   / lay.expert_model_parallel_size for s, e in self.chunk_spans]
+        return [0.0 if self.model.freeze_llm else
+                self.links.dp_seconds(flops.FP32 * (p - x), dp)
+                + self.links.dp_seconds(flops.FP32 * x, edp)
+                for p, x in zip(self.llm_chunk_params(), experts)]
 
     def encoder_reduce_s(self, params_per_gpu: List[float], dp_enc: int, e: int = 0
                          ) -> List[float]:
@@ -306,7 +367,9 @@ class CostModel:
             reduce[0] += self.encoder_reduce_s(params, dp, e)[0]  # part of chunk 0
         gather = self.dp_gather_s([(e, self.encoder_params(e) / tp, dp)
                                    for e in range(len(self.encoders))])
-        return ActionCosts(fwd, bwd, p2p_s=self.p2p_s(), llm_start_s=gather, reduce_s=reduce)
+        a2a_f, a2a_b = self.llm_all_to_alls()
+        return ActionCosts(fwd, bwd, p2p_s=self.p2p_s(), llm_start_s=gather, reduce_s=reduce,
+                           all_to_all_s=a2a_f, backward_all_to_all_s=a2a_b)
 
     def optimus(self, plan: EncoderPlan, pieces: int, sublayer: bool = False,
                 reverse: bool = False, others: Sequence[EncoderLayout] = ()) -> ActionCosts:
@@ -348,7 +411,9 @@ class CostModel:
                     allreduce[r] += self.time.replica_allreduce_s(
                         sum(p for p, q in zip(params, ranks) if q == r), replicas)
         fwd_comm, bwd_comm = self.llm_tp_bubbles()
+        a2a_f, a2a_b = self.llm_all_to_alls()
         costs = ActionCosts(fwd, bwd, ef, eb if self.encoder_trainable else [],
+                            all_to_all_s=a2a_f, backward_all_to_all_s=a2a_b,
                             p2p_s=self.p2p_s(), llm_start_s=self.dp_gather_s(gathers),
                             reduce_s=self.reduce_s(), encoder_reduce_s=enc_reduce,
                             forward_comm_s=fwd_comm, backward_comm_s=bwd_comm,
@@ -370,7 +435,7 @@ class CostModel:
 
         llm_p = self.llm_params_per_gpu()
         total = states(llm_p, lay.data_parallel_size, not self.model.freeze_llm)
-        per_chunk = self.model.llm.num_layers // lay.num_chunks
+        per_chunk = max(e - s for s, e in self.chunk_spans)
         held = sum(inflight_microbatches(pp, vpp, 0, m))
         kept = (self.llm_act_bytes / tp if lay.recompute else self.llm_layer.act / tp)
         total += held * per_chunk * kept + self.llm_layer.act / tp  # + one layer's working set

@@ -24,7 +24,12 @@ them and the timeline shows them:
   gradients on its own (its own buckets and data-parallel group, as in Optimus), after its
   last ``EB`` (and its rank's ``ALLREDUCE``); a rank's first chunk's ``GRAD_SYNC`` then
   waits for its ``B`` only. The training runtime keeps the pieces in the first chunk's
-  buffers, so it runs schedules without it.
+  buffers, so it runs schedules without it;
+- ``A2A(m, c)`` / ``A2A_B(m, c)`` (``expert_chunks``): the expert all-to-alls (token
+  dispatch and combine over the expert-parallel group) of the MoE layers in chunk ``c``,
+  in its forward / backward of micro-batch ``m``; right after ``F(m, c)`` / ``B(m, c)``,
+  whose MoE layers run them (Megatron-Core's token dispatcher, inside the action): the
+  simulator charges them there, and the action's outputs leave once they are done.
 
 Data dependencies (sends and receives are implied where producer and consumer differ in
 rank; the simulator charges them):
@@ -77,6 +82,8 @@ class Kind(str, Enum):
     ALLREDUCE = "ALLREDUCE"  # a rank's encoder gradients summed over the replicas
     GRAD_SYNC = "GRAD_SYNC"  # a model chunk's data-parallel gradient reduction starts
     ENCODER_GRAD_SYNC = "ENCODER_GRAD_SYNC"  # a rank's encoder pieces' own reduction starts
+    A2A = "A2A"  # the expert all-to-alls of a chunk's forward (inside its F)
+    A2A_B = "A2A_B"  # ... of its backward (inside its B)
 
     __hash__ = str.__hash__  # as its letters: ("F", m, c) and (Kind.F, m, c) are one key
 
@@ -101,6 +108,11 @@ class Kind(str, Enum):
     @property
     def collective(self) -> bool:
         return not self.compute
+
+    @property
+    def expert(self) -> bool:
+        """An expert all-to-all (run inside the LLM action before it)."""
+        return self in (Kind.A2A, Kind.A2A_B)
 
 
 @dataclass
@@ -131,6 +143,8 @@ class Action(Record):
             return f"ENCODER_GRAD_SYNC(encoder piece {self.chunk})"
         if self.kind == Kind.GRAD_SYNC:
             return f"GRAD_SYNC(chunk {self.chunk})"
+        if self.kind.expert:
+            return f"{self.kind}(micro-batch {self.microbatch}, chunk {self.chunk})"
         where = "chunk" if self.kind.llm else "encoder piece"
         return (f"{self.kind}(micro-batch {self.microbatch}, {where} {self.chunk})"
                 + (" in a TP bubble" if self.in_tp_bubble else ""))
@@ -158,6 +172,8 @@ class Schedule(Record):
     # whether the encoder pieces reduce on their own (ENCODER_GRAD_SYNC).
     grad_sync: bool = False
     encoder_grad_sync: bool = False
+    # The LLM chunks holding MoE layers: their F / B run expert all-to-alls (A2A, A2A_B).
+    expert_chunks: List[int] = field(default_factory=list)
 
     @property
     def num_chunks(self) -> int:
@@ -215,6 +231,10 @@ class Schedule(Record):
             return [(Kind.F, m, c)] if c == last else [(Kind.B, m, c + 1)]
         if a.kind == Kind.BCAST:
             return [(Kind.EF, m, c)]
+        if a.kind == Kind.A2A:
+            return [(Kind.F, m, c)]
+        if a.kind == Kind.A2A_B:
+            return [(Kind.B, m, c)]
         if a.kind == Kind.ALLREDUCE:
             return [(Kind.EB, mb, s) for mb in range(self.num_microbatches)
                     for s in self.trained_pieces(c)]
@@ -260,6 +280,7 @@ class Schedule(Record):
                      if self.encoder_backward(s)]
             if self.encoder_replicas > 1:
                 keys += [(Kind.BCAST, m, s) for s in lasts]
+            keys += [(k, m, c) for c in self.expert_chunks for k in (Kind.A2A, Kind.A2A_B)]
         keys += [(Kind.ALLREDUCE, 0, r) for r in self.replica_reduce_ranks()]
         if self.grad_sync:
             keys += [(Kind.GRAD_SYNC, 0, c) for c in range(self.num_chunks)]
@@ -284,6 +305,10 @@ def validate(schedule: Schedule) -> None:
                                          and not schedule.encoder_stages):
         raise PlanError(f"schedule {schedule.name!r}: {schedule.encoder_replicas} encoder "
                         "replicas need encoder pieces of their own (at least one replica)")
+    if any(not 0 <= c < schedule.num_chunks for c in schedule.expert_chunks):
+        raise PlanError(f"schedule {schedule.name!r}: expert chunks "
+                        f"{schedule.expert_chunks} are not among its {schedule.num_chunks} "
+                        "LLM chunks")
     if any(not 0 <= e < len(schedule.encoder_spans()) for e in schedule.frozen_encoders):
         raise PlanError(f"schedule {schedule.name!r}: frozen encoders "
                         f"{schedule.frozen_encoders} are not among its "
@@ -297,6 +322,10 @@ def validate(schedule: Schedule) -> None:
                 raise PlanError(f"rank {rank} runs {a}: only an encoder action right after "
                                 "an LLM action (or another one in its bubble) can run in "
                                 "that action's tensor-parallel bubble")
+            if a.kind.expert and (previous is None or previous.key != (
+                    Kind.F if a.kind == Kind.A2A else Kind.B, a.microbatch, a.chunk)):
+                raise PlanError(f"rank {rank} runs {a} apart from its LLM action: the expert "
+                                "all-to-alls run inside it (right after it in the order)")
             if a.kind.compute:
                 previous = a
             if a.kind == Kind.ALLREDUCE and not 0 <= a.chunk < len(schedule.ranks):
@@ -318,7 +347,8 @@ def validate(schedule: Schedule) -> None:
         raise PlanError(f"schedule {schedule.name!r} runs {Action(*extra[0])}, which this "
                         "model does not have (a frozen encoder has no backward; BCAST and "
                         "ALLREDUCE need encoder replicas, GRAD_SYNC a schedule with "
-                        "grad_sync, ENCODER_GRAD_SYNC also encoder_grad_sync)")
+                        "grad_sync, ENCODER_GRAD_SYNC also encoder_grad_sync, A2A / "
+                        "A2A_B a chunk among expert_chunks)")
     replay_order(schedule)
 
 

@@ -13,13 +13,19 @@ puts each collective where the runtime runs it, as early as its inputs allow:
   the schedule;
 - ``ENCODER_GRAD_SYNC(0, p)`` (``encoder_grad_sync``) right after piece ``p``'s last
   ``EB`` (and its rank's ``ALLREDUCE``).
+
+An MoE LLM's expert all-to-alls run inside the LLM actions (Megatron-Core's token
+dispatcher), so ``add_expert_all_to_alls`` puts ``A2A(m, c)`` / ``A2A_B(m, c)`` right after
+``F(m, c)`` / ``B(m, c)`` of every chunk ``c`` with MoE layers, whatever generated the order.
 """
 
 from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from .actions import Action, Kind, Schedule
+from ..errors import PlanError
+
+from .actions import Action, Kind, Schedule, validate
 
 
 def add_collectives(schedule: Schedule, encoder_replicas: int = 1, grad_sync: bool = False,
@@ -41,6 +47,26 @@ def add_collectives(schedule: Schedule, encoder_replicas: int = 1, grad_sync: bo
         _insert_after_inputs(schedule, [Action(Kind.GRAD_SYNC, 0, c)
                                         for c in range(schedule.num_chunks)] + [
             Action(Kind.ENCODER_GRAD_SYNC, 0, p) for p in schedule.encoder_grad_sync_pieces()])
+    return schedule
+
+
+def add_expert_all_to_alls(schedule: Schedule, expert_chunks) -> Schedule:
+    """``schedule`` with the expert all-to-alls of the LLM chunks ``expert_chunks`` (those
+    holding MoE layers) as actions, validated; returns it (changed in place). Every rank of
+    an expert-parallel group runs the same order, so they meet in each all-to-all in turn."""
+    chunks = sorted(set(expert_chunks))
+    if not chunks:
+        return schedule
+    if schedule.expert_chunks:
+        raise PlanError(f"schedule {schedule.name!r} has its expert all-to-alls already")
+    schedule.expert_chunks = chunks
+    after = {Kind.F: Kind.A2A, Kind.B: Kind.A2A_B}
+    schedule.ranks = [
+        [b for a in actions
+         for b in [a] + ([Action(after[a.kind], a.microbatch, a.chunk)]
+                         if a.kind.llm and a.chunk in chunks else [])]
+        for actions in schedule.ranks]
+    validate(schedule)
     return schedule
 
 

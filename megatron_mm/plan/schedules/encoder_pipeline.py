@@ -170,6 +170,19 @@ def chain_unit(layer: Layer, time: TimeModel, chain_tp: int = 1,
                      layer.runs_backward)
 
 
+def expert_chunks(chunks: Sequence[Sequence[Layer]]) -> List[int]:
+    """The chunks (lists of chain layers) whose MoE layers run expert all-to-alls (expert
+    parallelism > 1): where ``add_expert_all_to_alls`` puts them."""
+    return [c for c, layers in enumerate(chunks) if any(l.a2a_bytes for l in layers)]
+
+
+def _all_to_alls(costs: ActionCosts, chunks, time: TimeModel) -> None:
+    """``costs`` charge each chunk's expert all-to-alls (as actions), if it has any."""
+    if expert_chunks(chunks):
+        costs.all_to_all_s, costs.backward_all_to_all_s = (
+            list(t) for t in zip(*(time.expert_all_to_all_s(c) for c in chunks)))
+
+
 def layer_seconds(layer: Layer, time: TimeModel) -> float:
     """A chain layer's forward plus backward seconds of one micro-batch (``chain_unit``)."""
     unit = chain_unit(layer, time)
@@ -235,6 +248,7 @@ def schedule_costs(chain: Sequence[Layer], llm_partition: StagePartition,
         costs.backward_comm_s = [total(c, "backward_comm_s") for c in per_chunk]
         costs.encoder_forward_comm_s = [total(p, "forward_comm_s") for p in per_piece]
         costs.encoder_backward_comm_s = [total(p, "backward_comm_s") for p in per_piece]
+        _all_to_alls(costs, chunks, time)
         if replicas > 1:
             ranks = max(llm_partition.pipeline_model_parallel_size, 1)
             costs.broadcast_s = bcast
@@ -252,8 +266,8 @@ def megatron_costs(chain: Sequence[Layer], partition: StagePartition, hardware: 
     timed as ``schedule_costs``."""
     time = TimeModel(hardware, links)
     tp = tensor_model_parallel_size
-    chunks = [[chain_unit(l, time, tp) for l in chain[s:e]]
-              for s, e in partition.chunk_bounds()]
+    layers = [chain[s:e] for s, e in partition.chunk_bounds()]
+    chunks = [[chain_unit(l, time, tp) for l in c] for c in layers]
     costs = ActionCosts(forward_s=[sum(u.forward_s for u in c) for c in chunks],
                         backward_s=[sum(u.backward_s for u in c) for c in chunks], p2p_s=p2p_s)
     deepstack = [chain[e - 1].deepstack_bytes for _, e in partition.chunk_bounds()]
@@ -262,6 +276,7 @@ def megatron_costs(chain: Sequence[Layer], partition: StagePartition, hardware: 
     if links is not None:
         costs.forward_comm_s = [sum(u.forward_comm_s for u in c) for c in chunks]
         costs.backward_comm_s = [sum(u.backward_comm_s for u in c) for c in chunks]
+        _all_to_alls(costs, layers, time)
     return costs
 
 

@@ -27,6 +27,10 @@ Several encoders (vision and audio): the first is enumerated as above; each othe
 gets its own layout (stages, pieces, order; ``_other_layouts``), all at the same encoder
 TP (one ``--encoder-tensor-model-parallel-size``).
 
+An MoE LLM's expert all-to-alls are actions of every schedule simulated here (the
+baseline's too: ``collectives.add_expert_all_to_alls`` on the chunks holding MoE layers),
+charged by the cost model; the generators order the compute on costs with them folded in.
+
 The bubble schedule also fills the LLM's TP bubbles (its layers' all-reduces) with small
 encoder pieces (``bubble(tp_bubbles=True)``), as Optimus does at kernel level.
 
@@ -48,6 +52,7 @@ from ..record import Record
 from .action_costs import CostModel, EncoderPlan, LLMLayout
 from .actions import Schedule, validate
 from .bubble import bubble
+from .collectives import add_expert_all_to_alls
 from .generate import EncoderLayout, coarse, megatron
 from .simulate import ActionCosts, simulate
 
@@ -150,7 +155,7 @@ def _other_layouts(cm: CostModel, plan: EncoderPlan, num_microbatches: int,
                     continue
                 for reverse in (False, True):
                     trial = chosen[:e - 1] + [EncoderLayout(stages, k, reverse)] + chosen[e:]
-                    costs = cm.optimus(plan, 1, others=trial)
+                    costs = cm.optimus(plan, 1, others=trial).all_to_alls_folded()
                     s = bubble(pp, vpp, num_microbatches, cm.encoder_trainable, costs,
                                layouts=[main] + trial, **settings)
                     t = simulate(s, costs, False).iteration_s
@@ -180,11 +185,13 @@ def plan_encoder_schedule(model: ModelSpec, layout: LLMLayout, hardware: Hardwar
     base_layout = replace(layout, virtual_pipeline_model_parallel_size=baseline_vpp)
     base = CostModel(model, base_layout, hardware, links)
     m = layout.num_microbatches
-    baseline_s = simulate(megatron(pp, baseline_vpp, m, grad_sync=True), base.baseline(),
-                          False).iteration_s
-    interleaved_s = simulate(megatron(pp, vpp, m, grad_sync=True),
-                             CostModel(model, layout, hardware, links).baseline(),
-                             False).iteration_s
+    full = CostModel(model, layout, hardware, links)
+    baseline_s = simulate(add_expert_all_to_alls(megatron(pp, baseline_vpp, m, grad_sync=True),
+                                                 base.expert_chunks()),
+                          base.baseline(), False).iteration_s
+    interleaved_s = simulate(add_expert_all_to_alls(megatron(pp, vpp, m, grad_sync=True),
+                                                    full.expert_chunks()),
+                             full.baseline(), False).iteration_s
 
     # every (micro-batch size, encoder plan) that fits, with its LLM-only lower bound
     options, rejected = [], []
@@ -203,8 +210,9 @@ def plan_encoder_schedule(model: ModelSpec, layout: LLMLayout, hardware: Hardwar
                     rejected.append(f"encoder PP {pp_enc} TP {tp_enc}, micro-batch {mbs}: "
                                     f"{mem / GB:.1f} GB > {memory_limit_bytes / GB:.1f} GB")
                     continue
-                bound = simulate(megatron(pp, vpp, lay.num_microbatches, grad_sync=True),
-                                 _llm_only(cm.optimus(plan, 1)), False).iteration_s
+                bound = simulate(add_expert_all_to_alls(
+                    megatron(pp, vpp, lay.num_microbatches, grad_sync=True),
+                    cm.expert_chunks()), _llm_only(cm.optimus(plan, 1)), False).iteration_s
                 options.append((bound, mbs, pp_enc, tp_enc, lay, cm, plan, mem))
     if not options:
         raise PlanError("no encoder plan fits in memory: " + "; ".join(rejected[:4]))
@@ -236,10 +244,12 @@ def plan_encoder_schedule(model: ModelSpec, layout: LLMLayout, hardware: Hardwar
                 for kind in schedules:
                     if kind == "bubble" and hidden_all:
                         continue
-                    s = (coarse(pp, vpp, n, cm.encoder_trainable, layouts=layouts, **settings)
-                         if kind == "coarse" else
-                         bubble(pp, vpp, n, cm.encoder_trainable, costs, layouts=layouts,
-                                tp_bubbles=True, **settings))
+                    s = add_expert_all_to_alls(
+                        coarse(pp, vpp, n, cm.encoder_trainable, layouts=layouts, **settings)
+                        if kind == "coarse" else
+                        bubble(pp, vpp, n, cm.encoder_trainable, costs.all_to_alls_folded(),
+                               layouts=layouts, tp_bubbles=True, **settings),
+                        cm.expert_chunks())
                     sim = simulate(s, costs, False)
                     c = Candidate(pp_enc, tp_enc, plan.encoder_data_parallel_size, k, reverse,
                                   kind, mbs, n, sim.iteration_s, sim.llm_only_iteration_s,

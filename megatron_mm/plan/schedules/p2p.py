@@ -61,7 +61,7 @@ def message_inputs(s: Schedule, a: Action) -> List[Tuple[Key, Action]]:
         return [(("EF", m, end - 1), Action("EF", m, end - 1)) for _, end in s.encoder_spans()]
     if a.kind == "BCAST":  # the owner replica receives encoder piece c's output
         return [(("EF", m, c), Action("EF", m, c))]
-    if a.kind in ("ALLREDUCE", "GRAD_SYNC", "ENCODER_GRAD_SYNC"):
+    if a.kind in ("ALLREDUCE", "GRAD_SYNC", "ENCODER_GRAD_SYNC", "A2A", "A2A_B"):
         return []
     if a.kind == "B":
         if c == s.num_chunks - 1:
@@ -93,7 +93,10 @@ Cost = Callable[[Action], float]
 
 
 def unit_cost(a: Action) -> float:
-    """Seconds of an action when nothing better is known: a backward twice its forward."""
+    """Seconds of an action when nothing better is known: a backward twice its forward
+    (the expert all-to-alls, inside the LLM action before them, nothing more)."""
+    if a.kind in ("A2A", "A2A_B"):
+        return 0.0
     return 2.0 if a.kind in ("B", "EB") else 1.0
 
 
@@ -300,7 +303,7 @@ class _ReplicaReplay:
 
     @staticmethod
     def collective(a: Action) -> bool:  # across the replicas of a stage
-        return a.kind in ("F", "B", "BCAST", "ALLREDUCE")
+        return a.kind in ("F", "B", "BCAST", "ALLREDUCE", "A2A", "A2A_B")
 
     def finished(self, j: int, r: int) -> bool:
         return self.replays[j].at[r] == len(self.replays[j].program[r])

@@ -8,7 +8,9 @@ one replica doing all of them.
 Collectives are charged as the runtime runs them: ``BCAST`` and ``ALLREDUCE`` block the
 rank (synchronous collectives between compute), ``GRAD_SYNC`` / ``ENCODER_GRAD_SYNC``
 start a data-parallel reduction on the rank's communication stream, which runs beside its
-compute, one reduction after the other; the rank is done when both streams are."""
+compute, one reduction after the other; the rank is done when both streams are. The expert
+all-to-alls (``A2A`` / ``A2A_B``) block the rank right after their LLM action, whose outputs
+leave only once they are done (they run inside it)."""
 
 from __future__ import annotations
 
@@ -48,7 +50,10 @@ class ActionCosts(Record):
     ``encoder_reduce_s`` per encoder piece (its gradients' reduction: its own
     ``ENCODER_GRAD_SYNC``, or part of its rank's first chunk's ``GRAD_SYNC``). Costs with
     ``reduce_s`` charge the reduction there, not in ``llm_end_s``: they need a schedule
-    with ``GRAD_SYNC`` actions.
+    with ``GRAD_SYNC`` actions. ``all_to_all_s`` / ``backward_all_to_all_s`` per LLM chunk:
+    its MoE layers' expert all-to-alls in one forward (``A2A``: dispatch and combine) /
+    backward (``A2A_B``: as many, of the gradients, and the recompute forward's), not part
+    of ``forward_s`` / ``backward_s``.
     """
 
     forward_s: List[float]
@@ -73,6 +78,8 @@ class ActionCosts(Record):
     # empty: none
     deepstack_p2p_s: List[float] = field(default_factory=list)
     encoder_deepstack_p2p_s: List[float] = field(default_factory=list)
+    all_to_all_s: List[float] = field(default_factory=list)
+    backward_all_to_all_s: List[float] = field(default_factory=list)
     # Micro-batches of different work (real samples: tiles and tokens vary): micro-batch
     # m's compute costs are microbatches[m]'s tables; empty: every one costs the above.
     microbatches: List[ActionCosts] = field(default_factory=list)
@@ -107,6 +114,19 @@ class ActionCosts(Record):
         table = self.forward_comm_s if kind == Kind.F else self.backward_comm_s
         return table[chunk] if table else 0.0
 
+    def all_to_alls_folded(self) -> "ActionCosts":
+        """These costs with each chunk's expert all-to-alls inside its forward and backward
+        (what a generator ordering the compute, before ``add_expert_all_to_alls``, sees)."""
+        if not self.all_to_all_s:
+            return self
+        f, b = self.all_to_all_s, self.backward_all_to_all_s or self.all_to_all_s
+        add = lambda table, a2a: [t + a for t, a in zip(table, a2a)]  # noqa: E731
+        return replace(self, forward_s=add(self.forward_s, f),
+                       backward_s=add(self.backward_s, b), all_to_all_s=[],
+                       backward_all_to_all_s=[],
+                       microbatches=[replace(m, all_to_all_s=f, backward_all_to_all_s=b)
+                                     .all_to_alls_folded() for m in self.microbatches])
+
     def of(self, kind: str, chunk: int, microbatch: Optional[int] = None) -> float:
         if self.microbatches and microbatch is not None and kind in _COMPUTE:
             return self.microbatches[microbatch].of(kind, chunk)
@@ -121,7 +141,8 @@ class ActionCosts(Record):
 _TABLES = {Kind.F: "forward_s", Kind.B: "backward_s", Kind.EF: "encoder_forward_s",
            Kind.EB: "encoder_backward_s", Kind.BCAST: "broadcast_s",
            Kind.ALLREDUCE: "replica_allreduce_s", Kind.GRAD_SYNC: "reduce_s",
-           Kind.ENCODER_GRAD_SYNC: "encoder_reduce_s"}
+           Kind.ENCODER_GRAD_SYNC: "encoder_reduce_s", Kind.A2A: "all_to_all_s",
+           Kind.A2A_B: "backward_all_to_all_s"}
 
 
 @dataclass
@@ -172,7 +193,8 @@ _STREAM = (Kind.GRAD_SYNC, Kind.ENCODER_GRAD_SYNC)  # on the communication strea
 def _label(t: TimedAction) -> str:
     if t.kind in (Kind.ALLREDUCE,) + _STREAM:
         return f"{t.kind}.{t.chunk}"
-    return f"{t.kind}{t.microbatch}" + (f".{t.chunk}" if t.kind in ("F", "B") else "")
+    return f"{t.kind}{t.microbatch}" + (f".{t.chunk}" if t.kind in ("F", "B", "A2A", "A2A_B")
+                                        else "")
 
 
 def _category(kind: str) -> str:
@@ -263,6 +285,9 @@ def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
         else:
             clock[rank] = end
             busy[rank] += duration
+        if a.kind.expert:  # inside its LLM action: that action's outputs leave now
+            finish[schedule.dependencies(a)[0]] = end
+            llm_end[rank] = end
         if llm:
             llm_end[rank] = end
             host[rank] = (ready, costs.tp_bubble(a.kind, a.chunk))

@@ -10,7 +10,7 @@ from .simulate import Simulation
 
 COLOURS = {"F": (66, 133, 244), "B": (25, 80, 170), "EF": (251, 188, 5), "EB": (219, 120, 0),
            "BCAST": (150, 90, 200), "ALLREDUCE": (110, 50, 160), "GRAD_SYNC": (40, 160, 80),
-           "ENCODER_GRAD_SYNC": (20, 110, 50)}
+           "ENCODER_GRAD_SYNC": (20, 110, 50), "A2A": (220, 60, 60), "A2A_B": (160, 30, 30)}
 
 
 def write_chrome_trace(runs: Sequence[Simulation], path: str) -> None:
@@ -26,9 +26,9 @@ def write_chrome_trace(runs: Sequence[Simulation], path: str) -> None:
 
 def write_png(runs, path: str, width: int = 1200, row: int = 28) -> None:
     """Ranks as rows per schedule, LLM work blue (forward light, backward dark), encoder work
-    orange, encoder collectives purple, bubbles white; the data-parallel reductions
-    (``GRAD_SYNC``, on the communication stream) a green strip under the row; every
-    schedule on the same time scale."""
+    orange, encoder collectives purple, the expert all-to-alls red, bubbles white; the
+    data-parallel reductions (``GRAD_SYNC``, on the communication stream) a green strip
+    under the row; every schedule on the same time scale."""
     from PIL import Image, ImageDraw
 
     ranks = len(runs[0].busy_s)

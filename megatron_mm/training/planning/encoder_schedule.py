@@ -16,9 +16,11 @@ cannot run fails at start-up.
 from __future__ import annotations
 
 from ...plan.schedules.bubble import bubble
-from ...plan.schedules.encoder_pipeline import (EncoderPipelinePlan, plan_encoder_pipeline,
-                                                schedule_costs)
+from ...plan.schedules.encoder_pipeline import (EncoderPipelinePlan, expert_chunks,
+                                                plan_encoder_pipeline, schedule_costs,
+                                                split_chain)
 from ...plan.errors import PlanError
+from ...plan.schedules.collectives import add_expert_all_to_alls
 from ...plan.schedules.generate import coarse
 from ...plan.pipeline.partition import parse_partition_flag
 from ...plan.schedules.simulate import simulate
@@ -82,6 +84,16 @@ def plan_costs(config, plan: EncoderPipelinePlan, chain=None):
 
 
 def make_schedule(config, plan: EncoderPipelinePlan, num_microbatches: int, chain=None):
+    """The run's coarse or bubble schedule, its expert all-to-alls (an MoE LLM at expert
+    parallelism) as actions after the LLM actions that run them."""
+    chain = chain if chain is not None else training_chain(config)
+    llm = split_chain(chain)[1]
+    moe = expert_chunks([llm[s:e] for s, e in plan.llm_partition.chunk_bounds()])
+    return add_expert_all_to_alls(_compute_schedule(config, plan, num_microbatches, chain),
+                                  moe)
+
+
+def _compute_schedule(config, plan: EncoderPipelinePlan, num_microbatches: int, chain):
     parallel, schedule = config.parallel, config.encoder_schedule
     pp = parallel.pipeline_model_parallel_size
     vpp = parallel.virtual_pipeline_model_parallel_size or 1
@@ -93,7 +105,8 @@ def make_schedule(config, plan: EncoderPipelinePlan, num_microbatches: int, chai
         return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, stages, pieces,
                       **encoders)
     return bubble(pp, vpp, num_microbatches, plan.encoder_trainable,
-                  plan_costs(config, plan, chain), stages, pieces, extra_warmup="auto",
+                  plan_costs(config, plan, chain).all_to_alls_folded(), stages, pieces,
+                  extra_warmup="auto",
                   **encoders)
 
 

@@ -33,7 +33,8 @@ from typing import List, Optional
 
 from ...config import ConfigError
 from ...plan import PlanError, partition
-from ...plan.schedules.encoder_pipeline import megatron_costs
+from ...plan.schedules.collectives import add_expert_all_to_alls
+from ...plan.schedules.encoder_pipeline import expert_chunks, megatron_costs
 from ...plan.schedules.generate import megatron
 from ...plan.pipeline.profile import MEASURED
 from ...plan.record import Record
@@ -147,9 +148,11 @@ def choose_encoder_schedule(config, chain) -> AutoChoice:
     alternatives: List[Alternative] = []
     if tp in etps:  # Megatron-Core's schedules have no encoder TP of their own
         part = partition(chain, pp, vpp, config.pipeline.pipeline_partition,
-                         num_microbatches=m,
+                         num_microbatches=m, hardware=hw,
                          search_radius=config.pipeline.pipeline_search_radius)
-        sim = simulate(megatron(pp, vpp, m), megatron_costs(chain, part, hw, **timing), False)
+        moe = expert_chunks([chain[s:e] for s, e in part.chunk_bounds()])
+        sim = simulate(add_expert_all_to_alls(megatron(pp, vpp, m), moe),
+                       megatron_costs(chain, part, hw, **timing), False)
         alternatives.append(Alternative("megatron", None, 1, sim.iteration_s,
                                         tensor_model_parallel_size=tp))
     separate = (config.pipeline.pipeline_partition != "search"

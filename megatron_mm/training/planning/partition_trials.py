@@ -24,6 +24,7 @@ from ...runtime.collective_device import collective_device
 from ...runtime.timer import DeviceTimer
 from ..initialize import device
 from .chain import training_chain
+from .time_inputs import hardware
 
 
 def layer_time_source(pipeline) -> str:
@@ -36,7 +37,8 @@ def ranked_candidates(config, chain=None):
     return candidates(chain if chain is not None else training_chain(config),
                       config.parallel.pipeline_model_parallel_size,
                       config.parallel.virtual_pipeline_model_parallel_size or 1,
-                      config.pipeline.pipeline_search_radius)
+                      config.pipeline.pipeline_search_radius,
+                      hardware=hardware(config.pipeline))
 
 
 def time_candidate(pipeline, build: Callable, batches: Callable, step: Callable) -> float:

@@ -24,6 +24,7 @@ from .chain import training_chain
 from .encoder_schedule import encoder_pipeline_plan, separate_encoder
 from .encoder_schedule_auto import EncoderScheduleChoice, encoder_schedule_choice
 from .recompute import adaptive_choice, choice_line
+from .time_inputs import hardware
 
 
 @dataclass
@@ -118,7 +119,8 @@ def plan_pipeline(config, model_config,
     part = partition(chain, parallel.pipeline_model_parallel_size,
                      parallel.virtual_pipeline_model_parallel_size or 1, policy,
                      memory_limit_bytes=limit, num_microbatches=config.training.num_microbatches,
-                     search_radius=pipeline.pipeline_search_radius)
+                     search_radius=pipeline.pipeline_search_radius,
+                     hardware=hardware(pipeline))
     choice = None
     recompute = [recompute_num_layers] * part.num_chunks
     if config.recompute.recompute_memory_budget is not None and policy != "search":
