@@ -111,3 +111,22 @@ def test_the_llm_posts_an_encoder_outputs_receive_only_within_the_lookahead():
     assert sorted(received_at) == list(range(8))
     for g in range(2, 8):
         assert received_at[g] > forward_at[g - 2], (g, received_at, forward_at)
+
+
+@pytest.mark.processes
+def test_simulate_schedule_tool_prints_a_separate_row(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[3] / "tools" / "simulate_schedule.py"
+    proc = subprocess.run([sys.executable, str(tool), "--encoder-forward", "2",
+                           "--encoder-backward", "4", "--encoder-data-parallel-size", "1",
+                           "--png-out", str(tmp_path / "t.png")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    # 4 LLM ranks at 8 x (1 + 2) each plus 1 encoder rank at 8 x (2 + 4): the encoder rank
+    # is the longest, its first forward and last backward outside the LLM's work
+    row = proc.stdout.splitlines()[-1]
+    assert row.startswith("| separate | 51.00 |") and "24.0, 24.0, 24.0, 24.0, 48.0" in row
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
