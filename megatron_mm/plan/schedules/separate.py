@@ -35,6 +35,7 @@ laid out and checked for NCCL safety by ``p2p.p2p_program``, and replayed by
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -116,8 +117,8 @@ class SeparateSchedule(Schedule):
 
     def replica_microbatches(self, e: int) -> List[int]:
         """Encoder replica ``e``'s micro-batches, in the order the LLM needs them."""
-        return sorted((g for g in range(self.num_microbatches)
-                       if self.encoder_replica(g) == e), key=self.need_order)
+        return list(_replica_lists(self.llm_data_parallel_size, self.microbatches_per_replica,
+                                   self.encoder_data_parallel_size)[0][e])
 
     def rank_of(self, action: Action) -> int:
         if action.kind.llm:
@@ -132,12 +133,23 @@ class SeparateSchedule(Schedule):
         before g on g's encoder replica (module docstring)."""
         if a.kind != Kind.EF:
             return []
-        mine = self.replica_microbatches(self.encoder_replica(a.microbatch))
-        at = mine.index(a.microbatch)
-        return [(Kind.F, mine[at - self.lookahead], 0)] if at >= self.lookahead else []
+        lists, at = _replica_lists(self.llm_data_parallel_size, self.microbatches_per_replica,
+                                   self.encoder_data_parallel_size)
+        mine, i = lists[self.encoder_replica(a.microbatch)], at[a.microbatch]
+        return [(Kind.F, mine[i - self.lookahead], 0)] if i >= self.lookahead else []
 
     def dependencies(self, a: Action) -> List[Key]:
         return super().dependencies(a) + self.control_inputs(a)
+
+
+@functools.lru_cache(maxsize=64)
+def _replica_lists(d: int, m: int, e: int) -> Tuple[Tuple[Tuple[int, ...], ...],
+                                                    Dict[int, int]]:
+    """Each encoder replica's micro-batches in need order, and each micro-batch's place in
+    its replica's list (planners ask for them once per action)."""
+    need = sorted(range(d * m), key=lambda g: (g % m) * d + g // m)
+    lists = tuple(tuple(need[e0::e]) for e0 in range(e))
+    return lists, {g: i for mine in lists for i, g in enumerate(mine)}
 
 
 @validated
@@ -165,6 +177,7 @@ def separate(pp: int, vpp: int, microbatches_per_replica: int, llm_data_parallel
         name="separate", pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=vpp, num_microbatches=d * m,
         encoder_stages=encoders, encoder_trainable=encoder_trainable,
+        # nominal (encoder replica 0): ``rank_of`` places each micro-batch's pieces
         encoder_ranks=[d * pp] * encoders,
         encoder_pieces=[1] * encoders if encoders > 1 else [],
         frozen_encoders=sorted(frozen_encoders), llm_data_parallel_size=d,
@@ -216,7 +229,12 @@ def _encoder_orders(s: SeparateSchedule, llm: List[List[Action]],
                     best = (t, (0, 0), r, llm[r][at[r]])
         for e, left in enumerate(todo):
             rank = s.encoder_rank(e)
+            # each encoder's forwards go in need order: only its first one left can start
+            firsts = {}
             for a in left:
+                if a.kind == Kind.EF:
+                    firsts.setdefault(a.chunk, a)
+            for a in list(firsts.values()) + [a for a in left if a.kind == Kind.EB]:
                 t = start(rank, a)
                 if t is None:
                     continue
