@@ -241,7 +241,7 @@ def _training_args(p: argparse.ArgumentParser) -> None:
                         "coarse|bubble; divides --tensor-model-parallel-size (default: equal "
                         "to it). Smaller: each TP group holds TP / this many encoder "
                         "replicas, each running the encoder for its share of the "
-                        "micro-batches")
+                        "micro-batches. With separate: each encoder replica's ranks")
     g.add_argument("--encoder-data-parallel-size", type=int, default=None,
                    help="with --encoder-schedule separate: encoder replicas on ranks of "
                         "their own, each of --encoder-tensor-model-parallel-size ranks "
