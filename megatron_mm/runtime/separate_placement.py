@@ -76,24 +76,36 @@ class SeparateGroups:
 
 
 def initialize_separate_parallel(ranks: SeparateRanks) -> SeparateGroups:
-    """Megatron-Core's groups for the LLM at the encoders' rank offset, and the encoder
-    replicas' data-parallel groups (one per encoder TP rank); every rank creates every
-    group, as ``torch.distributed.new_group`` requires."""
+    """Megatron-Core's groups on every rank: the LLM's grid at the encoders' rank offset
+    (``initialize_model_parallel(rank_offset=, local_world_size=)``) on the LLM's ranks,
+    and on the encoder ranks a grid of their own (TP = the encoder's, PP = CP = 1, DP = the
+    encoder replicas), so the model, DDP, the optimizer and gradient finalisation run there
+    unchanged on Megatron-Core's groups, as each module of Megatron-Bridge's MIMO has its
+    own. Megatron-Core keeps one grid per process: the encoders' is made first by every
+    rank (``new_group`` is collective), kept by the encoder ranks and put back after the
+    LLM's (which they are in no group of)."""
     world = dist.get_world_size()
     encoder_ranks = ranks.sizes.encoder_ranks
+    etp = ranks.sizes.encoder_tensor_model_parallel_size
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=etp,
+                                             rank_offset=0, local_world_size=encoder_ranks)
+    encoders = _grid_state()
+    parallel_state.destroy_model_parallel()  # forgets the groups, destroys none
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=ranks.tensor_model_parallel_size,
         pipeline_model_parallel_size=ranks.pipeline_model_parallel_size,
         context_parallel_size=ranks.context_parallel_size,
         rank_offset=encoder_ranks, local_world_size=world - encoder_ranks)
-    etp = ranks.sizes.encoder_tensor_model_parallel_size
-    mine = None
-    for t in range(etp):
-        members = list(range(t, encoder_ranks, etp))
-        group = dist.new_group(members)
-        if dist.get_rank() in members:
-            mine = group
-    return SeparateGroups(encoder_data_parallel_group=mine)
+    if not ranks.is_encoder(dist.get_rank()):
+        return SeparateGroups(encoder_data_parallel_group=None)
+    vars(parallel_state).update(encoders)
+    return SeparateGroups(encoder_data_parallel_group=parallel_state.get_data_parallel_group())
+
+
+def _grid_state() -> Dict[str, object]:
+    """Megatron-Core's module-level grid (its groups, ranks and sizes)."""
+    return {k: v for k, v in vars(parallel_state).items()
+            if k.startswith("_") and k[1:2].isupper()}
 
 
 class ProgramWalk:

@@ -32,8 +32,10 @@ def _walk(rank, world, pp, edp, m, trainable):
     ranks = SeparateRanks(sizes, 1, pp, 1)
     groups = initialize_separate_parallel(ranks)
     if ranks.is_encoder(rank):
-        assert not parallel_state.model_parallel_is_initialized() or (
-            parallel_state.get_pipeline_model_parallel_group(check_initialized=False) is None)
+        # a grid of their own: one stage, data-parallel over the encoder replicas
+        assert parallel_state.get_pipeline_model_parallel_world_size() == 1
+        assert dist.get_process_group_ranks(
+            parallel_state.get_data_parallel_group()) == list(range(edp))
         seen = dist.get_process_group_ranks(groups.encoder_data_parallel_group)
     else:
         seen = dist.get_process_group_ranks(parallel_state.get_pipeline_model_parallel_group())
