@@ -169,6 +169,10 @@ class ScheduleExecutor:
         """Schedule rank ``rank`` as a rank of ``exchange_group``."""
         return rank
 
+    def loss_tokens(self, num_tokens):
+        """The token count this rank hands gradient finalisation (its loss tokens)."""
+        return num_tokens
+
 
 class _Iteration:
     def __init__(self, executor: ScheduleExecutor, schedule: Schedule, model: List,
@@ -327,7 +331,8 @@ class _Iteration:
         overlap.after(len(actions))  # a schedule without GRAD_SYNC: what had no backward
         if not self.forward_only and self.config.finalize_model_grads_func is not None:
             self.config.finalize_model_grads_func(
-                self.model, self.num_tokens if self.config.calculate_per_token_loss else None)
+                self.model, self.x.loss_tokens(self.num_tokens)
+                if self.config.calculate_per_token_loss else None)
 
     def trains(self, p: int) -> bool:
         """Whether encoder piece ``p`` runs its backward in this iteration."""

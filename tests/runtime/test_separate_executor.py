@@ -41,15 +41,38 @@ def _batches():
     return out
 
 
-def _grads(chunks) -> dict:
+CLIP = 1e-3  # below the gradient norm: every rank must clip by the same, global norm
+
+
+def _stepped(chunk):
+    """``chunk`` in Megatron-Core's DDP with its optimizer, as the training run has them."""
+    from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    from megatron_mm.models.wrappers import DistributedDataParallel
+
+    ddp = DistributedDataParallel(config=chunk.config, module=chunk,
+                                  ddp_config=DistributedDataParallelConfig(
+                                      grad_reduce_in_fp32=True))
+    optimizer = get_megatron_optimizer(OptimizerConfig(
+        optimizer="adam", lr=1e-2, clip_grad=CLIP, params_dtype=torch.float32), [ddp])
+    chunk.config.finalize_model_grads_func = finalize_model_grads
+    chunk.config.grad_scale_func = optimizer.scale_loss
+    return ddp, optimizer
+
+
+def _state(chunk) -> tuple:
+    """(gradients after finalisation and clipping, parameters after the step), by name."""
     from train_workers import global_names
 
-    return {global_names(c)[n]: p.grad.clone() for c in chunks
-            for n, p in c.named_parameters() if p.grad is not None}
+    names = global_names(chunk)
+    return ({names[n]: p.main_grad.clone() for n, p in chunk.named_parameters()
+             if getattr(p, "main_grad", None) is not None},
+            {names[n]: p.detach().clone() for n, p in chunk.named_parameters()})
 
 
 def _one_process(rank, frozen):
-    """The colocated model's iteration on Megatron-Core's schedule; its weights."""
+    """The colocated model's step on Megatron-Core's schedule; its initial weights."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from dist_harness import one_rank_world
@@ -59,11 +82,13 @@ def _one_process(rank, frozen):
     with one_rank_world("gloo"):
         torch.manual_seed(0)
         model = build_model(_config(frozen), BuildSettings(), {"image": MEDIA_ID})
+        weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+        ddp, optimizer = _stepped(model)
         losses = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter(_batches()), model=[model],
+            forward_step_func=forward_step, data_iterator=iter(_batches()), model=[ddp],
             num_microbatches=M, seq_length=48, micro_batch_size=2)
-        return ({n: p.detach().clone() for n, p in model.named_parameters()},
-                [x["lm loss"] for x in losses], _grads([model]))
+        _, norm, _ = optimizer.step()
+        return weights, [x["lm loss"] for x in losses], norm, _state(model)
 
 
 def _separate(rank, world, edp, frozen, weights):
@@ -76,7 +101,7 @@ def _separate(rank, world, edp, frozen, weights):
     from megatron_mm.plan import StagePartition
     from megatron_mm.plan.schedules.separate import placement_sizes, separate
     from megatron_mm.plan.schedules.separate_placements import separate_model_placements
-    from megatron_mm.runtime.separate_executor import SeparateExecutor
+    from megatron_mm.runtime.separate_executor import SeparateExecutor, global_grad_norm
     from megatron_mm.runtime.separate_placement import (SeparateRanks,
                                                          initialize_separate_parallel)
     from megatron_mm.training.step import batch_to_device, forward_step
@@ -98,33 +123,43 @@ def _separate(rank, world, edp, frozen, weights):
     with torch.no_grad():
         for n, p in chunk.named_parameters():
             p.copy_(weights[names[n]])
+    ddp, optimizer = _stepped(chunk)
+    global_grad_norm(optimizer)
     executor = SeparateExecutor(
         ranks, lambda n: separate(2, 1, n, 1, edp, not frozen), places.pieces, batch_to_device,
         placements=places.llm)
     losses = executor(forward_step_func=forward_step, data_iterator=iter(_batches()),
-                      model=[chunk], num_microbatches=M)
-    return [x["lm loss"] for x in losses], _grads([chunk])
+                      model=[ddp], num_microbatches=M)
+    _, norm, _ = optimizer.step()
+    return [x["lm loss"] for x in losses], norm, _state(chunk)
 
 
 @pytest.mark.processes
 @pytest.mark.parametrize("edp, frozen", [(1, False), (1, True), (2, False)],
                          ids=["1-encoder-rank", "1-encoder-rank-frozen-vit", "2-encoder-ranks"])
-def test_encoder_ranks_and_llm_pp2_equal_one_process(edp, frozen):
-    weights, ref_losses, ref_grads = run_distributed(_one_process, 1, frozen)[0]
+def test_encoder_ranks_and_llm_pp2_step_as_one_process(edp, frozen):
+    weights, ref_losses, ref_norm, (ref_grads, ref_params) = run_distributed(
+        _one_process, 1, frozen)[0]
+    assert ref_norm > CLIP  # the step clips
     world = edp + 2
     out = run_distributed(_separate, world, world, edp, frozen, weights)
-    assert not any(losses for losses, _ in out[:-1])  # the loss on the LLM's last stage
+    assert not any(losses for losses, _, _ in out[:-1])  # the loss on the LLM's last stage
     for ours, theirs in zip(out[-1][0], ref_losses, strict=True):
         torch.testing.assert_close(ours, theirs)
-    grads = {}
-    for rank, (_, g) in enumerate(out):
-        if rank < edp:  # the encoder replicas' shares of the micro-batches
-            assert rank == 0 or g.keys() == out[0][1].keys()
-            g = {n: v + grads.get(n, 0) for n, v in g.items()}
-        else:
-            assert not set(g) & set(grads)
-        grads.update(g)
-    assert grads.keys() == ref_grads.keys()
-    assert any(n.startswith("vision_model.") for n in grads) != frozen
-    for name, g in ref_grads.items():
-        torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+    for _, norm, _ in out:  # every rank clipped by the one-process norm
+        assert norm == pytest.approx(ref_norm, rel=1e-5)
+    for what, ref in (("grads", ref_grads), ("params", ref_params)):
+        merged = {}
+        for rank, (_, _, state) in enumerate(out):
+            part = state[0 if what == "grads" else 1]
+            if 0 < rank < edp:  # another encoder replica: the same reduced state
+                for name, value in part.items():
+                    torch.testing.assert_close(value, merged[name], msg=name)
+                continue
+            assert not set(part) & set(merged)
+            merged.update(part)
+        assert merged.keys() == ref.keys(), what
+        assert any(n.startswith("vision_model.") for n in merged) != (frozen and what == "grads")
+        for name, value in ref.items():
+            torch.testing.assert_close(merged[name], value, rtol=1e-4, atol=1e-6,
+                                       msg=f"{what} {name}")
