@@ -2,9 +2,8 @@
 ``EF`` / ``EB`` and the LLM's two pipeline ranks their ``F`` / ``B`` by the program
 (``SeparateExecutor``, the schedule executor at each rank of the whole world), the encoder
 output crossing to the LLM's first stage and its gradient back; losses and gradients equal
-the colocated model's in one process (trainable and frozen ViT; with two encoder replicas,
-each holds the gradient of its micro-batches: their sum is the one process's, what the
-encoder's data-parallel reduction makes of it)."""
+the colocated model's in one process (trainable and frozen ViT; two encoder replicas next
+to one LLM replica, one encoder replica serving two LLM replicas)."""
 
 import pytest
 import torch
@@ -109,6 +108,7 @@ def _separate(rank, world, edp, frozen, weights):
 
     dist.init_process_group("gloo")
     ranks = SeparateRanks(placement_sizes(world, 1, 2, 1, 1, edp), 1, 2, 1)
+    dp = ranks.sizes.llm_data_parallel_size  # each LLM replica runs M / dp micro-batches
     initialize_separate_parallel(ranks)
     model_parallel_cuda_manual_seed(0)
     cfg = _config(frozen)
@@ -126,8 +126,8 @@ def _separate(rank, world, edp, frozen, weights):
     ddp, optimizer = _stepped(chunk)
     global_grad_norm(optimizer)
     executor = SeparateExecutor(
-        ranks, lambda n: separate(2, 1, n, 1, edp, not frozen), places.pieces, batch_to_device,
-        placements=places.llm)
+        ranks, lambda n: separate(2, 1, n // dp, dp, edp, not frozen), places.pieces,
+        batch_to_device, placements=places.llm)
     losses = executor(forward_step_func=forward_step, data_iterator=iter(_batches()),
                       model=[ddp], num_microbatches=M)
     _, norm, _ = optimizer.step()
@@ -135,29 +135,30 @@ def _separate(rank, world, edp, frozen, weights):
 
 
 @pytest.mark.processes
-@pytest.mark.parametrize("edp, frozen", [(1, False), (1, True), (2, False)],
-                         ids=["1-encoder-rank", "1-encoder-rank-frozen-vit", "2-encoder-ranks"])
-def test_encoder_ranks_and_llm_pp2_step_as_one_process(edp, frozen):
+@pytest.mark.parametrize("edp, llm_dp, frozen", [(1, 1, False), (1, 1, True), (2, 1, False),
+                                                  (1, 2, False)],
+                         ids=["1-encoder-rank", "1-encoder-rank-frozen-vit", "2-encoder-ranks",
+                              "1-encoder-rank-llm-dp2"])
+def test_encoder_ranks_and_llm_pp2_step_as_one_process(edp, llm_dp, frozen):
     weights, ref_losses, ref_norm, (ref_grads, ref_params) = run_distributed(
         _one_process, 1, frozen)[0]
     assert ref_norm > CLIP  # the step clips
-    world = edp + 2
+    world = edp + 2 * llm_dp
     out = run_distributed(_separate, world, world, edp, frozen, weights)
-    assert not any(losses for losses, _, _ in out[:-1])  # the loss on the LLM's last stage
-    for ours, theirs in zip(out[-1][0], ref_losses, strict=True):
+    last = range(world - llm_dp, world)  # LLM replica d's last stage, its micro-batches
+    assert not any(out[r][0] for r in range(world) if r not in last)
+    losses = [loss for r in last for loss in out[r][0]]
+    for ours, theirs in zip(losses, ref_losses, strict=True):
         torch.testing.assert_close(ours, theirs)
     for _, norm, _ in out:  # every rank clipped by the one-process norm
         assert norm == pytest.approx(ref_norm, rel=1e-5)
     for what, ref in (("grads", ref_grads), ("params", ref_params)):
         merged = {}
-        for rank, (_, _, state) in enumerate(out):
-            part = state[0 if what == "grads" else 1]
-            if 0 < rank < edp:  # another encoder replica: the same reduced state
-                for name, value in part.items():
+        for _, _, state in out:  # replicas (either side's) hold the same reduced state
+            for name, value in state[0 if what == "grads" else 1].items():
+                if name in merged:
                     torch.testing.assert_close(value, merged[name], msg=name)
-                continue
-            assert not set(part) & set(merged)
-            merged.update(part)
+                merged.setdefault(name, value)
         assert merged.keys() == ref.keys(), what
         assert any(n.startswith("vision_model.") for n in merged) != (frozen and what == "grads")
         for name, value in ref.items():
