@@ -11,6 +11,9 @@ chunk 0; ``coarse`` splits it evenly over the ranks as its own pipeline; ``bubbl
 (Optimus) cuts each encoder stage into ``--encoder-pieces`` pieces and schedules them into
 the LLM's idle time (``--encoder-placement reverse``: the encoder ends on the LLM's first
 rank). The hidden column is the share of encoder work that does not lengthen the iteration.
+``--encoder-data-parallel-size E`` adds ``separate``: the whole encoder on E encoder ranks
+of their own (its forward and backward costs per encoder rank), next to the PP LLM ranks
+(``--llm-data-parallel-size`` replicas of them), the encoder ranks listed last.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from megatron_mm.plan import PlanError  # noqa: E402
 from megatron_mm.plan.schedules.actions import validate  # noqa: E402
 from megatron_mm.plan.schedules.bubble import bubble  # noqa: E402
 from megatron_mm.plan.schedules.generate import coarse, megatron  # noqa: E402
+from megatron_mm.plan.schedules.separate import separate  # noqa: E402
 from megatron_mm.plan.schedules.simulate import ActionCosts, simulate  # noqa: E402
 from megatron_mm.plan.schedules.timeline import write_chrome_trace, write_png  # noqa: E402
 
@@ -44,6 +48,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="bubble schedule: pieces per encoder stage")
     p.add_argument("--encoder-placement", choices=["forward", "reverse"], default="reverse",
                    help="bubble schedule: encoder stage 0 on rank 0 or on the last rank")
+    p.add_argument("--encoder-data-parallel-size", type=int, default=None,
+                   help="add the separate placement: the encoder on this many ranks of its "
+                        "own")
+    p.add_argument("--llm-data-parallel-size", type=int, default=1,
+                   help="separate placement: LLM replicas the encoder ranks serve (each "
+                        "its --num-microbatches)")
     p.add_argument("--trace-out", default=None, help="Chrome trace (JSON) of every schedule")
     p.add_argument("--png-out", default=None, help="timeline PNG of every schedule")
     args = p.parse_args(argv)
@@ -69,8 +79,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              [args.encoder_backward / (pp * k)] * (pp * k), p2p_s=args.p2p)
         filled = bubble(pp, vpp, m, trainable, pieces, pp, k,
                         args.encoder_placement == "reverse")
+        plans = [(baseline, first), (spread, split), (filled, pieces)]
+        if args.encoder_data_parallel_size is not None:
+            whole = ActionCosts([args.llm_forward] * chunks, [args.llm_backward] * chunks,
+                                [args.encoder_forward], [args.encoder_backward],
+                                p2p_s=args.p2p)
+            plans.append((separate(pp, vpp, m, args.llm_data_parallel_size,
+                                   args.encoder_data_parallel_size, trainable, costs=whole),
+                          whole))
         runs = []
-        for schedule, costs in ((baseline, first), (spread, split), (filled, pieces)):
+        for schedule, costs in plans:
             validate(schedule)
             runs.append(simulate(schedule, costs))
     except PlanError as e:

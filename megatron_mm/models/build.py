@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Mapping, Optional
 
 from megatron.core.models.gpt import GPTModel
@@ -54,6 +56,11 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
                             num_experts=lm.moe and lm.moe.num_experts,
                             moe_grouped_gemm=bool(lm.moe and lm.moe.grouped_gemm))
     lm_config = language_transformer_config(lm, settings)
+    if not (placement.llm_embed or placement.runs_llm
+            or lm_config.pipeline_model_parallel_layout):
+        # an encoder rank's chunk (--encoder-schedule separate): no LLM layer (a pipeline's
+        # chunks without LLM layers have none by their layout)
+        lm_config = dataclasses.replace(lm_config, num_layers=0)
     language_model = GPTModel(
         config=lm_config,
         transformer_layer_spec=language_block(specs, lm_config, vp_stage),

@@ -97,6 +97,9 @@ class BuildSettings:
         if stack not in (None, "llm") and self.encoder_tensor_model_parallel_size:
             tp = self.encoder_tensor_model_parallel_size
         pipelined = stack is not None and self.pipeline_model_parallel_size > 1
+        if pipelined and stack != "llm" and not any(
+                p.encoder(stack) and p.encoder(stack).num_layers for p in self.placements or ()):
+            pipelined = False  # its layers run on ranks of their own (separate placement)
         pp = self.pipeline_model_parallel_size if pipelined else 1
         vpp = self.virtual_pipeline_model_parallel_size if pipelined else None
         layout = None

@@ -134,7 +134,7 @@ class ScheduleExecutor:
         key = (schedule.num_microbatches, forward_only)
         if key not in self._programs:
             ranks = [self.actions(schedule, r, forward_only)
-                     for r in range(schedule.pipeline_model_parallel_size)]
+                     for r in range(schedule.num_ranks)]
             self._programs[key] = p2p_program(schedule, ranks, self.cost)
             check_replicas(schedule, ranks, self._programs[key])
         return self._programs[key]
@@ -156,6 +156,24 @@ class ScheduleExecutor:
             self.timeline = run.timeline
         return run.forward_data_store
 
+    # -- where this process runs in the schedule (a pipeline's ranks here; the separate
+    # placement's executor maps the whole world) --------------------------------------------
+    def schedule_rank(self) -> int:
+        """This process's rank in the schedule."""
+        return parallel_state.get_pipeline_model_parallel_rank()
+
+    def exchange_group(self):
+        """The group the schedule's messages travel in."""
+        return parallel_state.get_pipeline_model_parallel_group()
+
+    def peer(self, rank: int) -> int:
+        """Schedule rank ``rank`` as a rank of ``exchange_group``."""
+        return rank
+
+    def loss_tokens(self, num_tokens):
+        """The token count this rank hands gradient finalisation (its loss tokens)."""
+        return num_tokens
+
 
 class _Iteration:
     def __init__(self, executor: ScheduleExecutor, schedule: Schedule, model: List,
@@ -165,9 +183,8 @@ class _Iteration:
         self.forward_step_func = forward_step_func
         self.forward_only, self.collect = forward_only, collect_non_loss_data
         self.config = get_model_config(model[0])
-        self.rank = parallel_state.get_pipeline_model_parallel_rank()
-        self.mailbox = Mailbox(parallel_state.get_pipeline_model_parallel_group(),
-                               _device_of(model[0]))
+        self.rank = executor.schedule_rank()
+        self.mailbox = Mailbox(executor.exchange_group(), _device_of(model[0]))
         self.actions = executor.actions(schedule, self.rank, forward_only)
         # each chunk's first forward of the iteration (FP8 weight casts are made there);
         # a schedule need not run micro-batch 0 first
@@ -210,8 +227,8 @@ class _Iteration:
         """The timeline's clock: after the device's queued work, when recording."""
         return device_clock(self.mailbox.device) if self.x.record_timeline else 0.0
 
-    def rank_of(self, kind: str, chunk: int) -> int:
-        return self.s.rank_of(Action(kind, 0, chunk))
+    def rank_of(self, kind: str, m: int, chunk: int) -> int:
+        return self.s.rank_of(Action(kind, m, chunk))
 
     def send(self, to_rank: int, key: Key, tensor: Optional[torch.Tensor]) -> None:
         if tensor is not None:
@@ -247,9 +264,10 @@ class _Iteration:
                 continue
             to_rank, tensor = self.outbox.pop(key)
             assert to_rank == t.peer, f"{key} goes to rank {to_rank}, the plan says {t.peer}"
-            sends.append((t.peer, key, tensor, self.spec(key)))
+            sends.append((self.x.peer(t.peer), key, tensor, self.spec(key)))
         assert not self.outbox, f"messages the p2p plan does not list: {sorted(self.outbox)}"
-        recvs = [(t.peer, tuple(t.key), self.spec(tuple(t.key))) for t in ex.recvs
+        recvs = [(self.x.peer(t.peer), tuple(t.key), self.spec(tuple(t.key)))
+                 for t in ex.recvs
                  if self.x.carries(tuple(t.key))]
         if sends or recvs:
             self.inbox.update(self.mailbox.exchange(sends, recvs))
@@ -285,7 +303,7 @@ class _Iteration:
     def execute(self) -> None:
         actions = self.actions
         if self.x.record_timeline:
-            torch.distributed.barrier(group=parallel_state.get_pipeline_model_parallel_group())
+            torch.distributed.barrier(group=self.x.exchange_group())
         overlap = _OverlappedGradSync(self, actions)
         if self.x.encoders:  # encoder pieces may run before their chunk's first forward,
             # which is where Megatron-Core's step marks the iteration's first micro-batch
@@ -314,7 +332,8 @@ class _Iteration:
         overlap.after(len(actions))  # a schedule without GRAD_SYNC: what had no backward
         if not self.forward_only and self.config.finalize_model_grads_func is not None:
             self.config.finalize_model_grads_func(
-                self.model, self.num_tokens if self.config.calculate_per_token_loss else None)
+                self.model, self.x.loss_tokens(self.num_tokens)
+                if self.config.calculate_per_token_loss else None)
 
     def trains(self, p: int) -> bool:
         """Whether encoder piece ``p`` runs its backward in this iteration."""
@@ -323,7 +342,7 @@ class _Iteration:
     def run_EF(self, m: int, p: int) -> None:
         first, end = self.s.encoder_span(p)
         hidden = (None if p == first else
-                  self.receive(self.rank_of("EF", p - 1), ("EF", m, p - 1), self.trains(p)))
+                  self.receive(self.rank_of("EF", m, p - 1), ("EF", m, p - 1), self.trains(p)))
         run_piece = get_attr_wrapped_model(self.model[0], "run_encoder_piece")
         name, layers = self.x.pieces[p]
         enc = get_attr_wrapped_model(self.model[0], "mm_config").encoders[name]
@@ -347,7 +366,7 @@ class _Iteration:
             idle = None if out is not None else get_attr_wrapped_model(
                 self.model[0], "idle_encoder_piece")(name, layers)
         last = p == end - 1
-        self.send(self.rank_of("F", 0) if last else self.rank_of("EF", p + 1), ("EF", m, p),
+        self.send(self.rank_of("F", m, 0) if last else self.rank_of("EF", m, p + 1), ("EF", m, p),
                   out)
         if self.trains(p):
             self.saved[("EF", m, p)] = (hidden, out if idle is None else idle)
@@ -371,7 +390,7 @@ class _Iteration:
                         kept[name] = deepstack_carry.kept_by_layer(enc, features)
                 get_attr_wrapped_model(chunk, "set_encoder_inputs")(hidden, kept)
         else:
-            inputs = self.receive(self.rank_of("F", c - 1), ("F", m, c - 1),
+            inputs = self.receive(self.rank_of("F", m, c - 1), ("F", m, c - 1),
                                   not self.forward_only)
         last = c == self.s.num_chunks - 1
         with torch.set_grad_enabled(not self.forward_only):
@@ -389,7 +408,7 @@ class _Iteration:
         # (a .to(device) of it would be a blocking host-to-device copy per action).
         self.num_tokens += num_tokens
         if not last:
-            self.send(self.rank_of("F", c + 1), ("F", m, c), output)
+            self.send(self.rank_of("F", m, c + 1), ("F", m, c), output)
         if not self.forward_only:
             self.saved[("F", m, c)] = (inputs, output)
 
@@ -398,7 +417,7 @@ class _Iteration:
         leaf of its graph; with replicas, from the owner replica to the whole LLM TP
         group."""
         if self.replicas is None:
-            return self.receive(self.rank_of("EF", last), ("EF", m, last), self.trains(last))
+            return self.receive(self.rank_of("EF", m, last), ("EF", m, last), self.trains(last))
         out = self.local.pop((Kind.BCAST, m, last))  # BCAST(m, last) ran just before
         if out is not None:  # only the owner's EB takes its gradient
             out = out.detach().requires_grad_(self.trains(last) and self.runs_encoder(m)
@@ -407,7 +426,7 @@ class _Iteration:
 
     def run_BCAST(self, m: int, p: int) -> None:
         """Encoder piece ``p``'s output from the owner replica to the LLM TP group."""
-        out = (self.receive(self.rank_of("EF", p), ("EF", m, p), False)
+        out = (self.receive(self.rank_of("EF", m, p), ("EF", m, p), False)
                if self.runs_encoder(m) else None)
         self.local[(Kind.BCAST, m, p)] = self.replicas.share_output(
             m, out, self.spec(("EF", m, p)), self.mailbox.device)
@@ -433,7 +452,7 @@ class _Iteration:
     def run_B(self, m: int, c: int) -> None:
         inputs, output = self.saved.pop(("F", m, c))
         last = c == self.s.num_chunks - 1
-        grad = None if last else self.receive(self.rank_of("B", c + 1), ("B", m, c + 1), False)
+        grad = None if last else self.receive(self.rank_of("B", m, c + 1), ("B", m, c + 1), False)
         if isinstance(inputs, list):  # a frozen encoder's output: no gradient to hand back
             inputs = [x if x is not None and x.requires_grad else None for x in inputs]
         if output.requires_grad:
@@ -441,17 +460,17 @@ class _Iteration:
         else:  # nothing trainable upstream of the loss (Megatron's backward_step skips too)
             input_grad = [None] * len(inputs) if isinstance(inputs, list) else None
         if c > 0:
-            self.send(self.rank_of("B", c - 1), ("B", m, c), input_grad)
+            self.send(self.rank_of("B", m, c - 1), ("B", m, c), input_grad)
         elif self.runs_encoder(m):  # other replicas' own EB
             for (_, end), g in zip(self.s.encoder_spans(), input_grad or ()):
                 if self.trains(end - 1):
-                    self.send(self.rank_of("EB", end - 1), output_grad_key(m, end - 1), g)
+                    self.send(self.rank_of("EB", m, end - 1), output_grad_key(m, end - 1), g)
 
     def run_EB(self, m: int, p: int) -> None:
         hidden, out = self.saved.pop(("EF", m, p))
         first, end = self.s.encoder_span(p)
-        grad = (self.receive(self.rank_of("B", 0), output_grad_key(m, p), False) if p == end - 1
-                else self.receive(self.rank_of("EB", p + 1), ("EB", m, p + 1), False))
+        grad = (self.receive(self.rank_of("B", m, 0), output_grad_key(m, p), False) if p == end - 1
+                else self.receive(self.rank_of("EB", m, p + 1), ("EB", m, p + 1), False))
         input_grad = None
         if ("EF", m, p) in self.idle:
             self.idle.remove(("EF", m, p))
@@ -459,7 +478,7 @@ class _Iteration:
         if out is not None and out.requires_grad and grad is not None:
             input_grad = backward_step(hidden, out, grad, self.config)
         if p > first:
-            self.send(self.rank_of("EB", p - 1), ("EB", m, p), input_grad)
+            self.send(self.rank_of("EB", m, p - 1), ("EB", m, p), input_grad)
 
 
 class _OverlappedGradSync:

@@ -23,6 +23,7 @@ from .fusion_args import add_fusion_args
 from .logging_args import logging_args, validate_logging_args
 from .model_config import build_model_config
 from .moe_args import add_expert_parallel_args, add_moe_args, validate_moe_args
+from .separate_args import validate_separate, validate_separate_sizes
 from .sequence_parallel import add_sequence_parallel_args, validate_sequence_parallel
 from .transformer_impl import validate_transformer_impl
 from .user_errors import ArgumentParser, exit_with_user_error
@@ -219,13 +220,17 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pipeline-profile", default=None, metavar="FILE",
                    help="measured per-layer times (tools/profile_layers.py) for "
                         "--pipeline-partition auto, instead of the FLOP cost model")
-    g.add_argument("--encoder-schedule", choices=["megatron", "coarse", "bubble", "auto"],
+    g.add_argument("--encoder-schedule",
+                   choices=["megatron", "coarse", "bubble", "separate", "auto"],
                    default="megatron",
                    help="megatron: Megatron-Core's schedules, encoders inside the pipeline "
                         "chunks that --pipeline-partition gives them; coarse: the encoder as "
                         "its own pipeline over the ranks, all its forwards before the LLM's "
                         "work and its backwards after; bubble: its pieces placed in the "
-                        "LLM pipeline's bubbles (Optimus); auto: the one of these (and its "
+                        "LLM pipeline's bubbles (Optimus); separate: the encoders on ranks "
+                        "of their own (--encoder-data-parallel-size), next to the LLM's "
+                        "(planned and simulated; the training runtime refuses it yet); "
+                        "auto: the one of megatron, coarse, bubble (and its "
                         "encoder PP and pieces) the simulator finds fastest on this run's "
                         "costs")
     g.add_argument("--encoder-pipeline-model-parallel-size", type=int, default=None,
@@ -236,7 +241,13 @@ def _training_args(p: argparse.ArgumentParser) -> None:
                         "coarse|bubble; divides --tensor-model-parallel-size (default: equal "
                         "to it). Smaller: each TP group holds TP / this many encoder "
                         "replicas, each running the encoder for its share of the "
-                        "micro-batches")
+                        "micro-batches. With separate: each encoder replica's ranks")
+    g.add_argument("--encoder-data-parallel-size", type=int, default=None,
+                   help="with --encoder-schedule separate: encoder replicas on ranks of "
+                        "their own, each of --encoder-tensor-model-parallel-size ranks "
+                        "(default 1 there), the world's first ranks; the LLM's data-"
+                        "parallel size is what the rest leave (Megatron-Bridge MIMO's "
+                        "per-module data_parallel_size)")
     g.add_argument("--encoder-pieces", type=int, default=1,
                    help="pieces per encoder stage with coarse|bubble: finer pieces fit "
                         "shorter bubbles")
@@ -413,6 +424,10 @@ def validate_args(args: argparse.Namespace,
         raise ConfigError("--context-parallel-block-overhead must be >= 0")
     if not args.fp8_emulation:  # the emulation's own check names what to change
         validate_transformer_impl(args)
+    if args.encoder_schedule == "separate":  # the LLM has the ranks the encoders leave
+        world_size = validate_separate_sizes(args, world_size)
+    elif args.encoder_data_parallel_size is not None:
+        raise ConfigError("--encoder-data-parallel-size needs --encoder-schedule separate")
     if world_size % (tp * pp * cp):
         raise ConfigError(
             f"world size {world_size} is not divisible by --tensor-model-parallel-size ({tp})"
@@ -481,6 +496,9 @@ def _validate_encoder_schedule(args: argparse.Namespace) -> None:
                           "runs each micro-batch's items whole on every CP rank)")
     if args.encoder_schedule == "auto":  # the plan picks, among the options these allow
         _validate_auto(args)
+        return
+    if args.encoder_schedule == "separate":
+        validate_separate(args)
         return
     if args.encoder_schedule == "megatron":
         for flag in ("encoder_pipeline_model_parallel_size",

@@ -117,6 +117,22 @@ from megatron_mm.training.user_errors import exit_with_user_error
     (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "auto",
       "--context-parallel-size", "2", "--vision-dp-when-cp"], 4,
      "--vision-dp-when-cp needs --encoder-schedule megatron"),
+    # the encoders on ranks of their own: the rest must hold whole LLM model replicas
+    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate"], 4,
+     "the world's 4 ranks less the 1 encoder ranks (--encoder-tensor-model-parallel-size 1 "
+     "x --encoder-data-parallel-size 1) leave 3 for the LLM, not a multiple of "
+     "--tensor-model-parallel-size x --pipeline-model-parallel-size x "
+     "--context-parallel-size (2)"),
+    (["--encoder-schedule", "separate", "--encoder-data-parallel-size", "2"], 2,
+     "leave 0 for the LLM"),
+    (["--encoder-data-parallel-size", "2"], 2,
+     "--encoder-data-parallel-size needs --encoder-schedule separate"),
+    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate",
+      "--vision-model-type", "qwen3_vl", "--vision-deepstack-visual-indexes", "0"], 3,
+     "--encoder-schedule separate: the vision encoder (qwen3_vl) hands LLM layers DeepStack "
+     "features, which the separate placement does not send yet"),
+    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate"], 3,
+     "--encoder-schedule separate is planned and simulated"),
 ])
 def test_bad_flags_name_the_flag(capsys, argv, world, message):
     with pytest.raises(SystemExit) as exit_info:

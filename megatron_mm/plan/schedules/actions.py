@@ -179,6 +179,16 @@ class Schedule(Record):
     def num_chunks(self) -> int:
         return self.pipeline_model_parallel_size * self.virtual_pipeline_model_parallel_size
 
+    @property
+    def num_ranks(self) -> int:
+        """The ranks the schedule lists (a placement with ranks of its own: more than PP)."""
+        return self.pipeline_model_parallel_size
+
+    def control_inputs(self, action: Action) -> List[Tuple[str, int, int]]:
+        """Dependencies of ``action`` that carry no tensor (in ``dependencies`` too), which
+        the p2p program's timeline honours: none here (``separate.SeparateSchedule``)."""
+        return []
+
     def encoder_spans(self) -> List[Tuple[int, int]]:
         """Each encoder's pieces ``[first, end)``."""
         counts = self.encoder_pieces or ([self.encoder_stages] if self.encoder_stages else [])
@@ -290,9 +300,9 @@ class Schedule(Record):
 
 def validate(schedule: Schedule) -> None:
     """Raise ``PlanError`` naming what is wrong; return None for a runnable schedule."""
-    if len(schedule.ranks) != schedule.pipeline_model_parallel_size:
+    if len(schedule.ranks) != schedule.num_ranks:
         raise PlanError(f"schedule {schedule.name!r} lists {len(schedule.ranks)} ranks for "
-                        f"PP={schedule.pipeline_model_parallel_size}")
+                        f"{schedule.num_ranks} (PP={schedule.pipeline_model_parallel_size})")
     if len(schedule.encoder_ranks) != schedule.encoder_stages:
         raise PlanError(f"schedule {schedule.name!r}: {schedule.encoder_stages} encoder "
                         f"stages but {len(schedule.encoder_ranks)} encoder ranks")

@@ -153,8 +153,9 @@ def _timeline(s: Schedule, ranks, where, cost: Cost):
         progressed = False
         for r, actions in enumerate(ranks):
             while at[r] < len(actions):
-                inputs = [where[p.key] for _, p in message_inputs(s, actions[at[r]])
-                          if p.key in where]
+                a = actions[at[r]]
+                inputs = [where[p.key] for _, p in message_inputs(s, a) if p.key in where]
+                inputs += [where[k] for k in s.control_inputs(a) if k in where]
                 if any(q != r and j >= at[q] for q, j in inputs):
                     break
                 t = max([clock[r]] + [finish[q][j] for q, j in inputs])

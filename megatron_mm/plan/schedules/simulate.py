@@ -235,15 +235,15 @@ def simulate(schedule: Schedule, costs: ActionCosts, timeline: bool = True) -> S
 
 def _replay(schedule: Schedule, costs: ActionCosts, record: bool):
     """(iteration, busy per rank, encoder busy per rank, timeline if ``record``)."""
-    pp = schedule.pipeline_model_parallel_size
+    pp, ranks = schedule.pipeline_model_parallel_size, schedule.num_ranks
     finish: Dict = {}
     owner: Dict = {}
-    clock = [0.0] * pp
-    stream = [0.0] * pp  # the communication stream's clock (GRAD_SYNC)
-    host = [(0.0, 0.0)] * pp  # the last LLM action's (start, TP bubble left), per rank
-    llm_end = [0.0] * pp
-    busy = [0.0] * pp
-    enc = [0.0] * pp
+    clock = [0.0] * ranks
+    stream = [0.0] * ranks  # the communication stream's clock (GRAD_SYNC)
+    host = [(0.0, 0.0)] * ranks  # the last LLM action's (start, TP bubble left), per rank
+    llm_end = [0.0] * ranks
+    busy = [0.0] * ranks
+    enc = [0.0] * ranks
     timeline = []
     start = costs.llm_start_s
     for rank, a in replay_order(schedule):

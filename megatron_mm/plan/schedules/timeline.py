@@ -31,15 +31,16 @@ def write_png(runs, path: str, width: int = 1200, row: int = 28) -> None:
     under the row; every schedule on the same time scale."""
     from PIL import Image, ImageDraw
 
-    ranks = len(runs[0].busy_s)
     longest = max(sim.iteration_s for sim in runs)
     left, header = 110, 22
-    height = sum(header + ranks * row + 10 for _ in runs)
+    # a placement with ranks of its own (separate encoders) has more rows
+    height = sum(header + len(sim.busy_s) * row + 10 for sim in runs)
     image = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(image)
     scale = (width - left - 10) / longest
     y = 0
     for sim in runs:
+        ranks = len(sim.busy_s)
         draw.text((4, y + 4), f"{sim.schedule}: {sim.iteration_s:.2f}, bubble "
                               f"{sim.bubble_fraction:.0%}", fill="black")
         y += header

@@ -1,0 +1,132 @@
+"""The separate (non-colocated) placement's program (plan/schedules/separate.py): valid,
+NCCL-safe over a grid of sizes, the encoder replicas sharing the micro-batches whatever
+the two data-parallel sizes, a bounded lookahead, and the world's sizes checked up front."""
+
+import itertools
+
+import pytest
+
+from megatron_mm.plan.errors import PlanError
+from megatron_mm.plan.schedules.actions import Kind, validate
+from megatron_mm.plan.schedules.p2p import check_rendezvous, p2p_program
+from megatron_mm.plan.schedules.separate import placement_sizes, separate
+from megatron_mm.plan.schedules.simulate import ActionCosts, simulate
+
+
+def _costs(pp, vpp=1, encoder_forward=(1.0,), encoder_backward=(2.0,), p2p=0.0):
+    return ActionCosts([1.0] * (pp * vpp), [2.0] * (pp * vpp), list(encoder_forward),
+                       list(encoder_backward), p2p_s=p2p)
+
+
+@pytest.mark.parametrize("pp,vpp,m,d,e,trainable,encoders", [
+    c for c in itertools.product((1, 2, 4), (1, 2), (2, 4), (1, 2), (1, 2, 3), (True, False),
+                                 (1, 2))
+    if not (c[1] > 1 and (c[0] == 1 or c[2] % c[0]))])
+def test_every_separate_program_is_valid_and_rendezvous_safe(pp, vpp, m, d, e, trainable,
+                                                             encoders):
+    s = separate(pp, vpp, m, d, e, trainable, encoders=encoders,
+                 frozen_encoders=[1] if encoders > 1 else [])
+    assert len(s.ranks) == d * pp + e
+    check_rendezvous(p2p_program(s, s.ranks))
+    forward_only = [[a for a in r if a.kind in (Kind.F, Kind.EF)] for r in s.ranks]
+    check_rendezvous(p2p_program(s, forward_only))
+
+
+def test_encoder_replicas_share_the_micro_batches_in_the_order_the_llm_needs_them():
+    # 2 LLM replicas x 3 micro-batches over 3 encoder replicas: LLM replica 0's local
+    # micro-batch m is g = m, replica 1's g = 3 + m; needed m-major: 0, 3, 1, 4, 2, 5
+    s = separate(2, 1, 3, 2, 3, True)
+    assert [s.replica_microbatches(e) for e in range(3)] == [[0, 4], [3, 2], [1, 5]]
+    for e in range(3):
+        rank = s.ranks[s.encoder_rank(e)]
+        assert [a.microbatch for a in rank if a.kind == Kind.EF] == s.replica_microbatches(e)
+        assert {a.microbatch for a in rank if a.kind == Kind.EB} == set(
+            s.replica_microbatches(e))
+    # the LLM ranks run Megatron-Core's 1F1B on their own micro-batches only
+    assert {a.microbatch for a in s.ranks[2] + s.ranks[3]} == {3, 4, 5}
+
+
+def test_a_frozen_encoder_runs_at_most_lookahead_micro_batches_ahead():
+    # a fast frozen encoder would encode every micro-batch up front; the lookahead holds
+    # it to 2 outputs the LLM has not started on
+    s = separate(2, 1, 8, 1, 1, False, lookahead=2,
+                 costs=_costs(2, encoder_forward=[0.1], encoder_backward=[0.0]))
+    sim = simulate(s, _costs(2, encoder_forward=[0.1], encoder_backward=[0.0]))
+    started = {t.microbatch: t.start_s for t in sim.timeline if t.kind == Kind.F
+               and t.chunk == 0}
+    for t in sim.timeline:
+        if t.kind == Kind.EF:
+            ahead = [g for g in range(8) if g < t.microbatch and started[g] > t.start_s]
+            assert len(ahead) <= 2, (t, ahead)
+    fast = _costs(2, encoder_forward=[0.1], encoder_backward=[0.0])
+    unbounded = separate(2, 1, 8, 1, 1, False, lookahead=8, costs=fast)
+    assert [a.microbatch for a in unbounded.ranks[2]] == list(range(8))
+    assert max(t.end_s for t in simulate(unbounded, fast).timeline
+               if t.kind == Kind.EF) == pytest.approx(0.8)
+
+
+def test_a_heavy_encoder_over_more_replicas_shortens_the_iteration():
+    heavy = _costs(2, encoder_forward=[3.0], encoder_backward=[6.0])
+    times = [simulate(separate(2, 1, 8, 1, e, True, costs=heavy), heavy).iteration_s
+             for e in (1, 2, 4)]
+    assert times[0] > times[1] > times[2]
+    assert times[0] >= 8 * 9.0  # one replica runs all of the encoder's work
+
+
+def test_the_lookahead_is_a_dependency_the_validator_checks():
+    s = separate(2, 1, 4, 1, 1, False, lookahead=1)
+    enc = s.ranks[2]
+    assert s.dependencies(enc[1]) == [(Kind.F, 0, 0)]
+    # the encoder's forward of micro-batch 1 moved before the LLM could start micro-batch
+    # 0 is still valid; one of micro-batch 2 before 1 is not (it waits for F(1, 0), which
+    # waits for the encoder's output of 1)
+    enc[1], enc[2] = enc[2], enc[1]
+    with pytest.raises(PlanError, match="deadlocks"):
+        validate(s)
+
+
+def test_the_worlds_sizes_must_leave_whole_llm_replicas():
+    sizes = placement_sizes(6, 1, 2, 1, 1, 2)
+    assert (sizes.encoder_ranks, sizes.llm_data_parallel_size) == (2, 2)
+    assert placement_sizes(5, 2, 1, 1, 1, 1).llm_data_parallel_size == 2
+    with pytest.raises(PlanError, match=r"--encoder-data-parallel-size 1\) leave 3 for the "
+                                        r"LLM, not a multiple of .* \(2\)"):
+        placement_sizes(4, 1, 2, 1, 1, 1)
+    with pytest.raises(PlanError, match="leave 0 for the LLM"):
+        placement_sizes(2, 1, 1, 1, 2, 1)
+    with pytest.raises(PlanError, match="--encoder-data-parallel-size must be at least 1"):
+        placement_sizes(4, 1, 1, 1, 1, 0)
+
+
+def test_the_llm_posts_an_encoder_outputs_receive_only_within_the_lookahead():
+    # the p2p program's timeline honours the lookahead: LLM rank 0 receives the output of
+    # micro-batch g (exchange k runs before its action k) only after it started F(g - 2, 0)
+    fast = _costs(2, encoder_forward=[0.1], encoder_backward=[0.0])
+    s = separate(2, 1, 8, 1, 1, False, lookahead=2, costs=fast)
+    program = p2p_program(s, s.ranks)
+    first = s.ranks[0]
+    forward_at = {a.microbatch: i for i, a in enumerate(first) if a.kind == Kind.F}
+    received_at = {t.key[1]: k for k, ex in enumerate(program[0]) for t in ex.recvs
+                   if t.key[0] == "EF"}
+    assert sorted(received_at) == list(range(8))
+    for g in range(2, 8):
+        assert received_at[g] > forward_at[g - 2], (g, received_at, forward_at)
+
+
+@pytest.mark.processes
+def test_simulate_schedule_tool_prints_a_separate_row(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[3] / "tools" / "simulate_schedule.py"
+    proc = subprocess.run([sys.executable, str(tool), "--encoder-forward", "2",
+                           "--encoder-backward", "4", "--encoder-data-parallel-size", "1",
+                           "--png-out", str(tmp_path / "t.png")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    # 4 LLM ranks at 8 x (1 + 2) each plus 1 encoder rank at 8 x (2 + 4): the encoder rank
+    # is the longest, its first forward and last backward outside the LLM's work
+    row = proc.stdout.splitlines()[-1]
+    assert row.startswith("| separate | 51.00 |") and "24.0, 24.0, 24.0, 24.0, 48.0" in row
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
