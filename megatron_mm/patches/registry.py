@@ -56,6 +56,8 @@ PATCHES: tuple[Patch, ...] = (
     Patch("moe_host_splits", "megatron.core.transformer.moe.token_dispatcher."
           "MoEAlltoAllTokenDispatcher.cuda_dtoh_stream, maybe_move_tensor_to_cpu",
           "moe_host_splits"),
+    Patch("checkpoint_object_args", "megatron.core.tensor_parallel.random."
+          "CheckpointFunction.forward", "checkpoint_object_args", needed_when=ALWAYS),
     Patch("destroy_resets_embedding_ranks",
           "megatron.core.parallel_state.destroy_model_parallel", "destroy_resets_embedding_ranks",
           needed_when=ALWAYS),

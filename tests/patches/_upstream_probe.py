@@ -207,6 +207,9 @@ def main():
     record("all_to_all_tensor_splits", lambda: torch.distributed.all_to_all_single(
         torch.zeros(2), torch.zeros(2), output_split_sizes=torch.tensor([2]),
         input_split_sizes=torch.tensor([2])))
+    # full recompute with an attention mask that is not a tensor (context parallelism's)
+    record("checkpoint_object_arg", lambda: tensor_parallel.checkpoint(
+        lambda x, mask: x * 2, False, torch.ones(2, requires_grad=True), object()).sum().item())
 
     # ---- stage 3 ------------------------------------------------------------------------
     apply_cpu_patches([p.name for p in PATCHES if p.name not in ("tensor_type_str",

@@ -13,7 +13,7 @@ ALL = [p.name for p in PATCHES]
 
 
 def test_fourteen_patches_all_applied_here():
-    assert len(ALL) == len(set(ALL)) == 14
+    assert len(ALL) == len(set(ALL)) == 15
     assert applied_patches() == ALL  # by conftest, in table order
     assert apply_cpu_patches() == ALL  # applying again changes nothing
     with pytest.raises(ValueError, match="unknown patches"):
@@ -25,7 +25,7 @@ def test_on_cuda_only_the_patches_whose_bug_is_not_about_cuda(registry_under_cud
     stand-ins stay out; the fixes for torch AdamW in the distributed optimizer, for
     CLIPViTModel's norm without TE, the triton stub and the parallel_state reset go in."""
     got = registry_under_cuda
-    expected = ["triton_stub", "distopt_load", "clip_vit_norm",
+    expected = ["triton_stub", "distopt_load", "clip_vit_norm", "checkpoint_object_args",
                 "destroy_resets_embedding_ranks"]
     assert got["returned"] == got["again"] == got["applied"] == expected
     assert got["stub_installed"]  # needed with CUDA too, when triton is missing
@@ -38,10 +38,12 @@ def test_on_cuda_only_the_patches_whose_bug_is_not_about_cuda(registry_under_cud
 
 @pytest.mark.parametrize("cuda,installed,expected", [
     (False, (), ALL),
-    (True, (), ["triton_stub", "distopt_load", "clip_vit_norm",
+    (True, (), ["triton_stub", "distopt_load", "clip_vit_norm", "checkpoint_object_args",
                 "destroy_resets_embedding_ranks"]),
-    (True, ("apex",), ["triton_stub", "clip_vit_norm", "destroy_resets_embedding_ranks"]),
-    (True, ("transformer_engine",), ["triton_stub", "destroy_resets_embedding_ranks"]),
+    (True, ("apex",), ["triton_stub", "clip_vit_norm", "checkpoint_object_args",
+                       "destroy_resets_embedding_ranks"]),
+    (True, ("transformer_engine",), ["triton_stub", "checkpoint_object_args",
+                                     "destroy_resets_embedding_ranks"]),
     (False, ("transformer_engine",),
      [n for n in ALL if n not in ("distopt_load", "clip_vit_norm")]),
 ])
