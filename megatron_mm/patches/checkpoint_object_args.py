@@ -1,8 +1,9 @@
 """Let Megatron-Core's activation recompute take arguments that are not tensors.
 
-``TransformerBlock``'s full recompute (``recompute.checkpointed_forward``) passes the
-attention mask through ``tensor_parallel.checkpoint``, whose ``CheckpointFunction`` keeps
-every argument with ``ctx.save_for_backward``: tensors only. This package's context-
+In megatron-core 0.19.2 ``TransformerBlock``'s full recompute
+(``recompute.checkpointed_forward``) passes the attention mask through
+``tensor_parallel.checkpoint``, whose ``CheckpointFunction.forward`` keeps every argument
+with ``ctx.save_for_backward``: tensors only. This package's context-
 parallel attention takes a ``ContextParallelMask`` (the rank's token codes, not a
 tensor) as the attention mask, so ``--recompute-granularity full`` with context
 parallelism stopped with "save_for_backward can only save variables, but argument 1 is
