@@ -212,8 +212,9 @@ SCHEDULE_CASES = {
     # CP=2 (pieces [ViT 0-1 | ViT 2]): the merged features travel whole, each CP rank
     # adds its share of them
     "coarse-cp2": ["--encoder-schedule", "coarse", *CP2],
-    # packed rows of several samples' images and videos (another reference: BALANCE)
-    "bubble-data-balance": ["--encoder-schedule", "bubble", *BALANCE],
+    # packed rows of several samples' images and videos (its own reference: BALANCE),
+    # split over CP=2: each CP rank adds its share of every packed sample's features
+    "bubble-cp2-data-balance": ["--encoder-schedule", "bubble", *CP2, *BALANCE],
     # the tower's pieces on encoder TP 1 under the LLM's TP 2 (replicas of the tower)
     "bubble-encoder-tp1": ["--encoder-schedule", "bubble", "--tensor-model-parallel-size",
                            "2", "--encoder-tensor-model-parallel-size", "1"],
