@@ -72,6 +72,11 @@ def test_deepstack_bytes_cross_the_stage_boundaries():
     plain_sent = score(chain(), counts, 2).boundary_bytes
     assert llm[1].deepstack_bytes > 0
     assert score(deep, counts, 2).boundary_bytes == plain_sent + llm[1].deepstack_bytes
+    # a cut inside the tower after ViT layer 5 sends DeepStack layers 2 and 5's outputs too
+    inside = [8, 16]  # embed, ViT embed, ViT 0-5 | ...
+    assert vit[5].deepstack_bytes == 2 * vit[5].out_bytes
+    assert (score(deep, inside, 2).boundary_bytes
+            == score(chain(), inside, 2).boundary_bytes + vit[5].deepstack_bytes)
 
 
 def test_deepstack_volume_lengthens_the_simulated_schedule():
