@@ -73,6 +73,14 @@ class QwenVLGeometry:
         return self.factor if self.min_image_side is None else self.min_image_side
 
 
+def check_aspect_ratio(height: int, width: int) -> None:
+    """transformers' limit on a resized image's (or clip's) sides."""
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise MediaGeometryError(
+            f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, got "
+            f"{max(height, width) / min(height, width)} ({height}x{width})")
+
+
 def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
                  max_pixels: int = 28 * 28 * 1280) -> tuple[int, int]:
     """(height, width) after Qwen2-VL's resize: both multiples of ``factor``, area within
@@ -83,10 +91,7 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56
     """
     if height < 1 or width < 1:
         raise MediaGeometryError(f"image of size {height}x{width} has no pixels")
-    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise MediaGeometryError(
-            f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, got "
-            f"{max(height, width) / min(height, width)} ({height}x{width})")
+    check_aspect_ratio(height, width)
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     if h_bar * w_bar > max_pixels:

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import MediaGeometryError
-from ..qwen2_5_vl.geometry import MAX_ASPECT_RATIO, QwenVLGeometry
+from ..qwen2_5_vl.geometry import QwenVLGeometry, check_aspect_ratio
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,7 @@ def smart_resize(num_frames: int, height: int, width: int, temporal_factor: int,
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
-    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise MediaGeometryError(
-            f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, got "
-            f"{max(height, width) / min(height, width)} ({height}x{width})")
+    check_aspect_ratio(height, width)
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     t_bar = round(num_frames / temporal_factor) * temporal_factor
