@@ -1,0 +1,39 @@
+"""``--encoder-schedule separate`` through the training script: the encoders on ranks of
+their own next to the LLM's pipeline (``training/separate_run.py``), loading the colocated
+initial checkpoint, equal one process (losses, gradients of the first and last step,
+parameters) with a trainable and a frozen ViT, and with two encoder ranks."""
+
+import math
+
+import pytest
+from dist_harness import run_distributed
+from equivalence import REFERENCE_STEPS as STEPS
+from equivalence import assert_equal_runs
+from train_workers import train
+
+pytestmark = pytest.mark.processes
+
+SEPARATE = ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate"]
+
+
+@pytest.mark.parametrize("encoder_ranks, model", [(1, []), (1, ["--freeze-ViT"]), (2, [])],
+                         ids=["1-encoder-rank", "1-encoder-rank-frozen-vit",
+                              "2-encoder-ranks"])
+def test_separate_placement_equals_one_process(one_process_reference, digits_dir,
+                                               encoder_ranks, model):
+    argv, ref = one_process_reference(digits_dir, model)
+    layout = SEPARATE + ["--encoder-data-parallel-size", str(encoder_ranks)]
+    ranks = run_distributed(train, encoder_ranks + 2, argv + layout, (1, STEPS))
+    encoders, stages = ranks[:encoder_ranks], ranks[encoder_ranks:]
+    # the loss lives on the LLM's last stage
+    assert all(math.isnan(loss) for out in encoders for loss in out["losses"].values())
+    for out in encoders[1:]:  # encoder replicas hold the same reduced state
+        assert out["params"].keys() == encoders[0]["params"].keys()
+    assert all(n.startswith("vision_model.") for n in encoders[0]["params"])
+    assert_equal_runs([encoders[0]] + stages, ref, STEPS, holding="vision_model.")
+    for step in (1, STEPS):  # each parameter counted once in the gradient norm
+        squares = {}
+        for out in ranks:
+            for top, value in out["norm_squares"][step].items():
+                squares[top] = squares.get(top, 0.0) + value
+        assert squares == pytest.approx(ref["norm_squares"][step], rel=1e-4), step
