@@ -76,6 +76,3 @@ def validate_separate(args: argparse.Namespace) -> None:
         raise ConfigError("--encoder-schedule separate does not evaluate yet: pass "
                           "--eval-iters 0, or --skip-final-eval with no --eval-interval below "
                           "--train-iters")
-    if args.save:
-        raise ConfigError("--encoder-schedule separate does not save checkpoints yet (--save)"
-                          "; it loads colocated ones (--load)")
