@@ -54,6 +54,14 @@ def validate_separate(args: argparse.Namespace) -> None:
         if getattr(args, flag) not in (None, 1):
             raise ConfigError(f"--encoder-schedule separate runs at --{flag.replace('_', '-')}"
                               " 1 so far")
+    for flag, off in (("use_distributed_optimizer", False), ("overlap_grad_reduce", False),
+                      ("expert_model_parallel_size", 1), ("fp8", None)):
+        if getattr(args, flag) != off:
+            name = "fp8-format" if flag == "fp8" else flag.replace("_", "-")
+            raise ConfigError(f"--encoder-schedule separate does not run --{name} yet")
+    if args.pipeline_partition == "search":
+        raise ConfigError("--encoder-schedule separate does not run --pipeline-partition "
+                          "search (its trials run Megatron-Core's schedules)")
     if args.virtual_pipeline_model_parallel_size is not None:
         raise ConfigError("--encoder-schedule separate does not run "
                           "--virtual-pipeline-model-parallel-size yet")

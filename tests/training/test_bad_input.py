@@ -139,6 +139,9 @@ from megatron_mm.training.user_errors import exit_with_user_error
      "--encoder-schedule separate trains one LLM data-parallel replica so far"),
     (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate"], 3,
      "--encoder-schedule separate does not evaluate yet: pass --eval-iters 0"),
+    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate",
+      "--use-distributed-optimizer"], 3,
+     "--encoder-schedule separate does not run --use-distributed-optimizer yet"),
 ])
 def test_bad_flags_name_the_flag(capsys, argv, world, message):
     with pytest.raises(SystemExit) as exit_info:
