@@ -65,11 +65,6 @@ def validate_separate(args: argparse.Namespace) -> None:
     if args.virtual_pipeline_model_parallel_size is not None:
         raise ConfigError("--encoder-schedule separate does not run "
                           "--virtual-pipeline-model-parallel-size yet")
-    if args.data_parallel_size != 1:
-        raise ConfigError(f"--encoder-schedule separate trains one LLM data-parallel replica "
-                          f"so far (the world less the encoder ranks leaves "
-                          f"{args.data_parallel_size}): use --encoder-data-parallel-size or "
-                          f"fewer ranks")
     from ..data.sources import resolve_sources
 
     if args.data_path and resolve_sources(args.data_path, args.valid_data_path).kind == \

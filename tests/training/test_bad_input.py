@@ -135,8 +135,6 @@ from megatron_mm.training.user_errors import exit_with_user_error
     (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate",
       "--tensor-model-parallel-size", "2"], 5,
      "--encoder-schedule separate runs at --tensor-model-parallel-size 1 so far"),
-    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate"], 5,
-     "--encoder-schedule separate trains one LLM data-parallel replica so far"),
     (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate"], 3,
      "--encoder-schedule separate does not evaluate yet: pass --eval-iters 0"),
     (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate",

@@ -1,8 +1,8 @@
 """``--encoder-schedule separate`` through the training script: the encoders on ranks of
 their own next to the LLM's pipeline (``training/separate_run.py``), loading the colocated
 initial checkpoint, equal one process (losses, gradients of the first and last step,
-parameters) with a trainable and a frozen ViT, and with two encoder ranks; its checkpoint
-loads colocated (the colocated keys)."""
+parameters) with a trainable and a frozen ViT, with two encoder ranks and with one encoder
+rank serving two LLM replicas; its checkpoint loads colocated (the colocated keys)."""
 
 import math
 
@@ -18,17 +18,21 @@ pytestmark = pytest.mark.processes
 SEPARATE = ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate"]
 
 
-@pytest.mark.parametrize("encoder_ranks, model", [(1, []), (1, ["--freeze-ViT"]), (2, [])],
-                         ids=["1-encoder-rank", "1-encoder-rank-frozen-vit",
-                              "2-encoder-ranks"])
+@pytest.mark.parametrize("encoder_ranks, llm_dp, model", [
+    (1, 1, []), (1, 1, ["--freeze-ViT"]), (2, 1, []),
+    # one encoder rank serving two LLM replicas (encoder DP unlike LLM DP)
+    (1, 2, [])], ids=["1-encoder-rank", "1-encoder-rank-frozen-vit", "2-encoder-ranks",
+                      "1-encoder-rank-llm-dp2"])
 def test_separate_placement_equals_one_process(one_process_reference, digits_dir,
-                                               tmp_path_factory, encoder_ranks, model):
+                                               tmp_path_factory, encoder_ranks, llm_dp,
+                                               model):
     argv, ref = one_process_reference(digits_dir, model)
     layout = SEPARATE + ["--encoder-data-parallel-size", str(encoder_ranks)]
     saved = tmp_path_factory.mktemp("separate")
-    ranks = run_distributed(train, encoder_ranks + 2, argv + layout + ["--save", str(saved)],
-                            (1, STEPS))
-    encoders, stages = ranks[:encoder_ranks], ranks[encoder_ranks:]
+    ranks = run_distributed(train, encoder_ranks + 2 * llm_dp,
+                            argv + layout + ["--save", str(saved)], (1, STEPS))
+    # the LLM's ranks in Megatron-Core's order: replica d's stage r at d + llm_dp * r
+    encoders, stages = ranks[:encoder_ranks], ranks[encoder_ranks::llm_dp]
     # the loss lives on the LLM's last stage
     assert all(math.isnan(loss) for out in encoders for loss in out["losses"].values())
     for out in encoders[1:]:  # encoder replicas hold the same reduced state
