@@ -177,6 +177,8 @@ def _state_dict(chunks, optimizer, scheduler, config, iteration: int, with_optim
         state["optimizer"] = optimizer.sharded_state_dict(
             model_sd, is_loading=loading, metadata=OPTIM_METADATA)
         state["opt_param_scheduler"] = scheduler.state_dict()
+        if not loading:
+            _share_common_step(state["optimizer"])
     if with_rng:
         state["rng_state"] = _rng_state()
     if not loading:
@@ -187,6 +189,29 @@ def _state_dict(chunks, optimizer, scheduler, config, iteration: int, with_optim
         # flags as Megatron-LM keeps padded_vocab_size there.
         state["args"].update(run_state or {})
     return state
+
+
+def _share_common_step(optimizer_state: dict) -> None:
+    """Megatron-Core saves the optimizer's step (``common_step``) in the common state,
+    which rank 0 writes. A rank 0 that trains nothing (the frozen encoder's rank of
+    ``--encoder-schedule separate``) has no step: it writes the ranks' step instead
+    (a collective: every rank saving calls it)."""
+    own = optimizer_state.get("state", {}).get("common_step")
+    steps = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(steps, own)
+    if own is None and "state" in optimizer_state:
+        step = next((s for s in steps if s is not None), None)
+        if step is not None:
+            optimizer_state["state"]["common_step"] = step
+
+
+def _encoder_ranks(flags: dict) -> int:
+    """The world's ranks beside the LLM's: the encoder ranks of --encoder-schedule
+    separate (``flags``: Megatron-LM's names, as checkpoints save them)."""
+    if flags.get("encoder_schedule") != "separate":
+        return 0
+    return ((flags.get("encoder_tensor_model_parallel_size") or 1)
+            * (flags.get("encoder_data_parallel_size") or 1))
 
 
 def _plain(value) -> bool:
@@ -466,9 +491,12 @@ def load_checkpoint(config, chunks, optimizer, scheduler, log=print) -> int:
     if problems:
         raise CheckpointError(_damaged(root, iteration, problems))
     saved = saved_args(ckpt)
+    # the RNG states are one per rank of the world: the encoder ranks of --encoder-schedule
+    # separate count too (world_size is the LLM's)
     same_layout = all(saved.get(k) == getattr(config.parallel, k) for k in
                       ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                       "world_size"))
+                       "world_size")) and _encoder_ranks(saved) == _encoder_ranks(
+                          config.flags())
     with_optim = not (ckpt.no_load_optim or ckpt.finetune or saved.get("no_save_optim"))
     if with_optim and not holds_optimizer_state(path):
         with_optim = False

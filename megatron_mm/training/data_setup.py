@@ -92,15 +92,20 @@ def energon_state(checkpoint, consumed_samples: int):
     return load_dataloader_state(path, parallel_state.get_data_parallel_rank(), print_rank_0)
 
 
-def batch_iterators(config, dataset, tokenizer, consumed_samples: int, shuffle: bool):
+def batch_iterators(config, dataset, tokenizer, consumed_samples: int, shuffle: bool,
+                    whole_batch: bool = False):
     """The iterator the schedule takes: one, or one per model chunk (virtual stages), each
-    yielding the same micro-batches."""
-    make = partial(batch_iterator, config, dataset, tokenizer, consumed_samples, shuffle)
+    yielding the same micro-batches; ``whole_batch``: every micro-batch of the global
+    batch, as data-parallel rank 0 of 1 (an encoder rank of ``--encoder-schedule
+    separate``, which encodes every LLM replica's)."""
+    make = partial(batch_iterator, config, dataset, tokenizer, consumed_samples, shuffle,
+                   whole_batch)
     vpp = config.parallel.virtual_pipeline_model_parallel_size
     return make() if vpp is None else [make() for _ in range(vpp)]
 
 
-def batch_iterator(config, dataset, tokenizer, consumed_samples: int, shuffle: bool):
+def batch_iterator(config, dataset, tokenizer, consumed_samples: int, shuffle: bool,
+                   whole_batch: bool = False):
     data, train = config.data, config.training
     if isinstance(dataset, EnergonTrainData):  # resumes from the checkpoint's loader state
         if data.packing_buffer_size and transformer_impl(config.model) != "local":
@@ -118,8 +123,8 @@ def batch_iterator(config, dataset, tokenizer, consumed_samples: int, shuffle: b
     sampler = MegatronPretrainingSampler(
         total_samples=len(dataset), consumed_samples=consumed_samples,
         micro_batch_size=train.micro_batch_size,
-        data_parallel_rank=parallel_state.get_data_parallel_rank(),
-        data_parallel_size=parallel_state.get_data_parallel_world_size(),
+        data_parallel_rank=0 if whole_batch else parallel_state.get_data_parallel_rank(),
+        data_parallel_size=1 if whole_batch else parallel_state.get_data_parallel_world_size(),
         shuffle=shuffle, seed=train.seed, global_batch_size=train.global_batch_size)
     # Its own generator: the loader must not draw from the global RNG, whose state a
     # checkpoint restores (resume would otherwise be one draw off).

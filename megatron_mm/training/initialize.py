@@ -11,6 +11,8 @@ import torch
 from megatron.core import parallel_state, tensor_parallel
 
 from ..runtime.encoder_replicas import create_encoder_replicas
+from ..runtime.separate_placement import initialize_separate_parallel
+from .separate_world import separate_ranks
 
 
 def device() -> torch.device:
@@ -36,6 +38,11 @@ def initialize_distributed(parallel, encoder_schedule=None):
             backend=backend,
             timeout=datetime.timedelta(minutes=parallel.distributed_timeout_minutes),
             **single)
+    if encoder_schedule is not None and encoder_schedule.encoder_schedule == "separate":
+        # the encoder ranks' grid and the LLM's at their rank offset
+        initialize_separate_parallel(separate_ranks(
+            parallel, encoder_schedule, torch.distributed.get_world_size()))
+        return None
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,

@@ -17,18 +17,30 @@ from ..families import modalities_of
 from ..models import MultimodalModel, build_model
 from ..models.wrappers import DistributedDataParallel, Float16Module
 from .build_settings import build_settings
+from .separate_world import on_encoder_rank
 
 
 def build_model_chunks(config, tokenizer, model_config, plan, replicas=None
                        ) -> List[MultimodalModel]:
     """This rank's pipeline chunks (``config``: the RunConfig): one, or one per virtual
-    stage (interleaved 1F1B), each holding the modules ``plan`` (a TrainingPlan) gives it."""
+    stage (interleaved 1F1B), each holding the modules ``plan`` (a TrainingPlan) gives it;
+    an encoder rank of ``--encoder-schedule separate`` its one encoder chunk."""
+    media_ids = {m: tokenizer.media_token_id(m)
+                 for enc in model_config.encoders.values() for m in modalities_of(enc)}
+    if plan.separate is not None and on_encoder_rank(config):  # every encoder, whole
+        place = plan.separate.encoder
+        settings = dataclasses.replace(
+            build_settings(config, [place]), pipeline_model_parallel_size=1,
+            virtual_pipeline_model_parallel_size=None,
+            recompute_num_layers=plan.recompute_num_layers[0])
+        chunk = build_model(model_config, settings, media_ids, placement=place)
+        if torch.cuda.is_available():
+            chunk.cuda(torch.cuda.current_device())
+        return [chunk]
     settings = build_settings(config, plan.placements, replicas)
     pp = config.parallel.pipeline_model_parallel_size
     rank = parallel_state.get_pipeline_model_parallel_rank()
     vpp = config.parallel.virtual_pipeline_model_parallel_size
-    media_ids = {m: tokenizer.media_token_id(m)
-                 for enc in model_config.encoders.values() for m in modalities_of(enc)}
     chunks = []
     for vp in range(vpp) if vpp else [None]:
         index = (vp or 0) * pp + rank

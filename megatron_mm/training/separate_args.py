@@ -3,9 +3,9 @@ checked up front (``plan/schedules/separate.py`` plans and simulates the placeme
 
 The world's first ``--encoder-tensor-model-parallel-size`` x ``--encoder-data-parallel-size``
 ranks hold the encoders, the rest the LLM with its usual TP / PP / CP and the data-parallel
-size they leave. What cannot be sent between the two yet (DeepStack features) is refused
-naming the flag, and so is the placement itself until the training runtime runs its
-program: one clear error, never a silent fallback to a colocated schedule."""
+size they leave. What cannot be sent between the two yet (DeepStack features), and what the
+training run does not cover yet, is refused naming the flag: one clear error, never a
+silent fallback to a colocated schedule."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def validate_separate_sizes(args: argparse.Namespace, world_size: int) -> int:
 
 
 def validate_separate(args: argparse.Namespace) -> None:
-    """What the encoders hand the LLM must be sendable; then the runtime's refusal."""
+    """What the encoders hand the LLM must be sendable, the run within what it covers."""
     for name, enc in args.model_config.encoders.items():
         if getattr(enc, "deepstack_llm_layers", 0):
             raise ConfigError(
@@ -47,7 +47,35 @@ def validate_separate(args: argparse.Namespace) -> None:
     if not args.model_config.encoders:
         raise ConfigError("--encoder-schedule separate needs an encoder (--vision-model-type "
                           "or --audio-model-type)")
-    raise ConfigError("--encoder-schedule separate is planned and simulated "
-                      "(tools/simulate_schedule.py --encoder-data-parallel-size N) but the "
-                      "training runtime does not run it yet; use --encoder-schedule "
-                      "megatron, coarse or bubble")
+    # What the training run covers so far (what is tested through it): one clear error
+    # naming the flag for the rest.
+    for flag in ("tensor_model_parallel_size", "context_parallel_size",
+                 "encoder_tensor_model_parallel_size"):
+        if getattr(args, flag) not in (None, 1):
+            raise ConfigError(f"--encoder-schedule separate runs at --{flag.replace('_', '-')}"
+                              " 1 so far")
+    for flag, off in (("use_distributed_optimizer", False), ("overlap_grad_reduce", False),
+                      ("expert_model_parallel_size", 1), ("fp8", None)):
+        if getattr(args, flag) != off:
+            name = "fp8-format" if flag == "fp8" else flag.replace("_", "-")
+            raise ConfigError(f"--encoder-schedule separate does not run --{name} yet")
+    if args.pipeline_partition == "search":
+        raise ConfigError("--encoder-schedule separate does not run --pipeline-partition "
+                          "search (its trials run Megatron-Core's schedules)")
+    if args.virtual_pipeline_model_parallel_size is not None:
+        raise ConfigError("--encoder-schedule separate does not run "
+                          "--virtual-pipeline-model-parallel-size yet")
+    from ..data.sources import resolve_sources
+
+    if args.data_path and resolve_sources(args.data_path, args.valid_data_path).kind == \
+            "energon":
+        raise ConfigError("--encoder-schedule separate reads JSONL data so far (--data-path "
+                          "names an Energon dataset)")
+    if args.data_balance != "none":
+        raise ConfigError("--encoder-schedule separate reads padded micro-batches so far: "
+                          "pass --data-balance none")
+    if args.eval_iters > 0 and not (args.skip_final_eval
+                                    and args.eval_interval >= args.train_iters):
+        raise ConfigError("--encoder-schedule separate does not evaluate yet: pass "
+                          "--eval-iters 0, or --skip-final-eval with no --eval-interval below "
+                          "--train-iters")

@@ -50,6 +50,8 @@ from .model_setup import build_model_chunks, setup_model_and_optimizer
 from .moe_metrics import moe_metrics, read_moe
 from .rank_print import print_rank_0, print_rank_last
 from .run_config import RunConfig
+from .separate_run import SeparateRun, build_separate_run
+from ..runtime.separate_executor import global_grad_norm
 from .signal_handler import DistributedSignalHandler
 from .step import TokenCounter, train_step
 from .training_log import TrainingLog, report_memory, validation_scalars
@@ -112,7 +114,8 @@ class Trainer:
     plan: TrainingPlan
     encoder_replicas: object  # an encoder TP below the LLM's: its groups; else None
     attention: AttentionSettings
-    executor: Optional[Callable]  # --encoder-schedule coarse|bubble; else Megatron-Core's
+    executor: Optional[Callable]  # --encoder-schedule coarse|bubble|separate; else
+    # Megatron-Core's
     train_ds: object
     valid_ds: object
     model: list  # this rank's chunks
@@ -171,8 +174,11 @@ class Trainer:
         if description:
             print_rank_0(description)
         executor = (build_executor(config, plan.encoder_plan, plan.chain, replicas, attention)
-                    if plan.encoder_plan is not None else None)
+                    if plan.encoder_plan is not None else
+                    build_separate_run(config, plan) if plan.separate is not None else None)
         model, model_chunks, optimizer, scheduler = build_run(plan)
+        if plan.separate is not None:  # both sides clip by the norm of every parameter
+            global_grad_norm(optimizer)
         for line in attention_backend_lines(
                 model, config.training.micro_batch_size, config.model.seq_length,
                 torch.bfloat16 if config.training.bf16 else torch.float32) or ():
@@ -192,7 +198,8 @@ class Trainer:
     def batches(self, dataset, consumed_samples: int, shuffle: bool):
         """The iterator the schedule takes (one per model chunk with virtual stages)."""
         return batch_iterators(self.config, dataset, self.tokenizer, consumed_samples,
-                               shuffle)
+                               shuffle, whole_batch=isinstance(self.executor, SeparateRun)
+                               and self.executor.encoder)
 
     # -- checkpoints -------------------------------------------------------------------------
     def run_state(self) -> dict:
@@ -244,7 +251,13 @@ class Trainer:
         self.summary["grad_norms"].update({it: norm or 0.0 for it, (_, norm) in read.items()})
         if self.config.exits.check_for_nan_in_loss_and_grad:
             check_losses({it: loss for it, (loss, _) in read.items()}
-                         if parallel_state.is_pipeline_last_stage() else {})
+                         if self.holds_loss() else {})
+
+    def holds_loss(self) -> bool:
+        """Whether this rank computes the lm loss: the LLM's last stage (an encoder rank
+        of --encoder-schedule separate is the last stage of a grid of its own)."""
+        encoder = isinstance(self.executor, SeparateRun) and self.executor.encoder
+        return parallel_state.is_pipeline_last_stage() and not encoder
 
     def exit_reason(self, iteration: int, handler, start: float) -> Optional[str]:
         """Megatron-LM's checkpoint_and_decide_exit: every rank takes the same decision."""

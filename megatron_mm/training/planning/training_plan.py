@@ -16,7 +16,8 @@ from typing import List, Optional, Sequence, Union
 
 from ...plan import StagePartition, partition
 from ...plan.pipeline.describe import describe_chunk
-from ...plan.schedules.encoder_pipeline import EncoderPipelinePlan
+from ...plan.schedules.encoder_pipeline import EncoderPipelinePlan, split_chain
+from ...plan.schedules.separate_placements import SeparatePlacements, separate_model_placements
 from ...plan.pipeline.partition import parse_partition_flag
 from ...plan.pipeline.placement import ChunkPlacement, chunk_placements
 from ...plan.pipeline.recompute_budget import RecomputeChoice
@@ -37,6 +38,10 @@ class TrainingPlan:
     encoder_plan: Optional[EncoderPipelinePlan] = None  # --encoder-schedule coarse|bubble
     recompute_choice: Optional[RecomputeChoice] = field(default=None, repr=False)
     schedule: Optional[EncoderScheduleChoice] = None  # the encoder schedule; None: the flags'
+    # --encoder-schedule separate: the encoder ranks' chunk, the LLM's (``placements``),
+    # and which encoders train
+    separate: Optional[SeparatePlacements] = None
+    separate_trainable: List[bool] = field(default_factory=list)
 
     def run_config(self, config):
         """``config`` (the RunConfig) with this plan's encoder schedule: what the run
@@ -110,6 +115,17 @@ def plan_pipeline(config, model_config,
     chain = training_chain(config, model_config)
     schedule = schedule or encoder_schedule_choice(config, chain)
     recompute_num_layers = config.recompute.recompute_num_layers
+    if schedule.encoder_schedule == "separate":  # the LLM partitioned over its own chain
+        encoders, llm = split_chain(chain)
+        part = partition(llm, parallel.pipeline_model_parallel_size,
+                         parallel.virtual_pipeline_model_parallel_size or 1, policy,
+                         num_microbatches=config.training.num_microbatches)
+        places = separate_model_placements(chain, part)
+        return TrainingPlan(chain, part, places.llm, [recompute_num_layers] * part.num_chunks,
+                            label, schedule=schedule, separate=places,
+                            separate_trainable=[any(l.trainable for l in layers
+                                                    if l.kind.endswith(("_layer", "_embed")))
+                                                for _, layers in encoders])
     if separate_encoder(schedule):
         plan = encoder_pipeline_plan(schedule.applied(config), chain, policy)
         return TrainingPlan(chain, plan.llm_partition, plan.placements,

@@ -1,0 +1,63 @@
+"""``--encoder-schedule separate`` in the training run: the schedule call (``SeparateRun``)
+that hands the separate program's executor its micro-batches in program order, and the
+executor itself.
+
+The program numbers an iteration's micro-batches over the LLM's replicas (``d * M + m``:
+LLM replica d's micro-batch m). An LLM rank reads its own data-parallel share, as with
+Megatron-Core's schedules, and places it at its replica's numbers; an encoder rank encodes
+every replica's micro-batches, so it reads the whole global batch (the sampler at
+data-parallel rank 0 of 1, whose micro-batch ``m * D + d`` is replica d's m-th) and
+reorders it."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+from ..plan.schedules.separate import separate
+from ..runtime.separate_executor import SeparateExecutor
+from ..runtime.separate_placement import SeparateRanks
+from .separate_world import world_ranks
+from .step import batch_to_device
+
+
+class SeparateRun:
+    """Called as Megatron-Core's schedules are (``num_microbatches``: the LLM replica's
+    M): reads this rank's micro-batches and runs the program's ``D * M``."""
+
+    def __init__(self, executor: SeparateExecutor, ranks: SeparateRanks):
+        self.executor, self.ranks = executor, ranks
+        self.encoder = ranks.is_encoder(dist.get_rank())
+
+    def __call__(self, *, data_iterator, num_microbatches: int, **kwargs):
+        d, m = self.ranks.sizes.llm_data_parallel_size, num_microbatches
+        batches = [None] * (d * m)  # another replica's micro-batch: never read here
+        if self.encoder:
+            for k in range(d * m):
+                mb, replica = divmod(k, d)
+                batches[replica * m + mb] = next(data_iterator)
+        else:
+            replica = parallel_state.get_data_parallel_rank()
+            for mb in range(m):
+                batches[replica * m + mb] = next(data_iterator)
+        return self.executor(data_iterator=iter(batches), num_microbatches=d * m, **kwargs)
+
+
+def build_separate_run(config, plan) -> SeparateRun:
+    """The executor of ``plan.separate`` (``config``: the RunConfig), its program made and
+    validated before any step."""
+    ranks = world_ranks(config)
+    places = plan.separate
+    parallel = config.parallel
+    pp, vpp = parallel.pipeline_model_parallel_size, (
+        parallel.virtual_pipeline_model_parallel_size or 1)
+    d, e = ranks.sizes.llm_data_parallel_size, ranks.sizes.encoder_data_parallel_size
+    trainable = plan.separate_trainable
+    executor = SeparateExecutor(
+        ranks, lambda n: separate(pp, vpp, n // d, d, e, any(trainable),
+                                  encoders=len(places.pieces),
+                                  frozen_encoders=[i for i, t in enumerate(trainable)
+                                                   if not t]),
+        places.pieces, batch_to_device, placements=places.llm)
+    executor.schedule(config.training.num_microbatches * d)
+    return SeparateRun(executor, ranks)

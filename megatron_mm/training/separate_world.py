@@ -1,0 +1,36 @@
+"""``--encoder-schedule separate``: which of the world's ranks hold the encoders and which
+the LLM (``runtime/separate_placement.py``'s ``SeparateRanks`` for the run's flags)."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from ..config import ConfigError
+from ..plan.errors import PlanError
+from ..plan.schedules.separate import placement_sizes
+from ..runtime.separate_placement import SeparateRanks
+
+
+def separate_ranks(parallel, encoder_schedule, world_size: int) -> SeparateRanks:
+    """The world's ranks of the placement (``parallel``, ``encoder_schedule``: the
+    RunConfig's groups); a size the program does not cover yet: a ConfigError."""
+    try:
+        return SeparateRanks(
+            placement_sizes(world_size, parallel.tensor_model_parallel_size,
+                            parallel.pipeline_model_parallel_size,
+                            parallel.context_parallel_size,
+                            encoder_schedule.encoder_tensor_model_parallel_size or 1,
+                            encoder_schedule.encoder_data_parallel_size or 1),
+            parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size,
+            parallel.context_parallel_size)
+    except PlanError as e:
+        raise ConfigError(f"--encoder-schedule separate: {e}") from None
+
+
+def world_ranks(config) -> SeparateRanks:
+    """This run's placement, in the running world."""
+    return separate_ranks(config.parallel, config.encoder_schedule, dist.get_world_size())
+
+
+def on_encoder_rank(config) -> bool:
+    return world_ranks(config).is_encoder(dist.get_rank())
