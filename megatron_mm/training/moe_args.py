@@ -127,14 +127,26 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+def _refuse_on_dense(dest: str) -> None:
+    raise ConfigError(f"{_flag(dest)} needs an MoE LLM (--num-experts); this LLM is dense")
+
+
+def refuse_moe_flags_given_to_dense(args: argparse.Namespace, given: set) -> None:
+    """An MoE flag written on a dense LLM's command line, even at its default value
+    (``--moe-router-topk 2``), which ``validate_moe_args`` cannot tell from its absence."""
+    if args.num_experts is None:
+        for dest in MOE_ONLY:
+            if dest in given:
+                _refuse_on_dense(dest)
+
+
 def validate_moe_args(args: argparse.Namespace) -> None:
     """After the world's sizes are known; sets Megatron-LM's default
     ``--expert-tensor-parallel-size`` (the TP size) for an MoE LLM."""
     if args.num_experts is None:
         for dest, default in MOE_ONLY.items():
             if getattr(args, dest) != default:
-                raise ConfigError(f"{_flag(dest)} needs an MoE LLM (--num-experts); this "
-                                  "LLM is dense")
+                _refuse_on_dense(dest)
         return
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     ep = args.expert_model_parallel_size

@@ -57,6 +57,11 @@ def test_flags_make_the_moe_group_and_transformer_config():
 @pytest.mark.parametrize("argv, world, message", [
     (LLM + ["--moe-router-topk", "4"], 1,
      "--moe-router-topk needs an MoE LLM (--num-experts); this LLM is dense"),
+    # given at its default value (Megatron-LM's) all the same
+    (LLM + ["--moe-router-topk", "2"], 1,
+     "--moe-router-topk needs an MoE LLM (--num-experts); this LLM is dense"),
+    (LLM + ["--moe-token-dispatcher-type", "allgather"], 1,
+     "--moe-token-dispatcher-type needs an MoE LLM (--num-experts); this LLM is dense"),
     (LLM + ["--expert-model-parallel-size", "2"], 2,
      "--expert-model-parallel-size needs an MoE LLM (--num-experts); this LLM is dense"),
     (MOE + ["--expert-model-parallel-size", "3"], 3,
