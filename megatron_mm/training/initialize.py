@@ -11,6 +11,7 @@ import torch
 from megatron.core import parallel_state, tensor_parallel
 
 from ..runtime.encoder_replicas import create_encoder_replicas
+from .build_settings import distributed_backend
 
 
 def device() -> torch.device:
@@ -24,8 +25,7 @@ def initialize_distributed(parallel, encoder_schedule=None):
     ``parallel`` group; returns the encoder replicas' groups (``encoder_schedule``'s
     encoder TP below the LLM's) or None."""
     if not torch.distributed.is_initialized():
-        backend = parallel.distributed_backend or ("nccl" if torch.cuda.is_available()
-                                                   else "gloo")
+        backend = distributed_backend(parallel)
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         # A plain `python script.py` is a 1-rank world; its address is not put into the

@@ -1,8 +1,8 @@
 """Expert parallelism equals one process: EP=2, TP=2 x EP=2, PP=2 x EP=2, PP=2 x VPP=2
 x EP=2, CP=2 x EP=2 and the bubble and coarse schedules at PP=2 x EP=2 runs of an MoE LLM
-with a dense layer among the sparse ones (losses, gradients, parameters, the load-balancing loss and the
-tokens per expert, in the summary and in TensorBoard), all starting from one saved init (the
-checkpoint reshards the experts)."""
+with a dense layer among the sparse ones (losses, gradients, parameters, the load-balancing
+loss and the tokens per expert, in the summary and in TensorBoard), all starting from one
+saved init (the checkpoint reshards the experts)."""
 
 import pytest
 from dist_harness import run_distributed
