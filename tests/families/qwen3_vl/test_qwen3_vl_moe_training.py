@@ -1,14 +1,14 @@
 """Qwen3-VL-MoE training (Qwen3-VL's tower and DeepStack in front of an MoE LLM: layers
-MoE, dense, MoE, DeepStack added after the first two) at EP=2 and TP=2 x EP=2 (sequence
-parallelism: DeepStack's features added to the shards) equals the one-process run from the
-same initial checkpoint: losses, gradients, parameters, the load-balancing loss
+MoE, dense, MoE, DeepStack added after the first two) at EP=2, TP=2 x EP=2 (sequence
+parallelism: DeepStack's features added to the shards) and CP=2 x EP=2 (sequences split in
+blocks of 8) equals the one-process run from the same initial checkpoint: losses, gradients, parameters, the load-balancing loss
 and the tokens per expert."""
 
 import pytest
 from dist_harness import run_distributed
 from equivalence import assert_equal_runs
 from qwen_vl_data import write_qwen_vl_data
-from test_qwen3_vl_training import QWEN3_VL_MODEL, SP
+from test_qwen3_vl_training import CP2, QWEN3_VL_MODEL, SP
 from train_workers import train
 
 pytestmark = pytest.mark.processes
@@ -20,7 +20,8 @@ MOE = ["--num-experts", "4", "--moe-ffn-hidden-size", "32", "--moe-layer-freq", 
 EP2 = ["--expert-model-parallel-size", "2"]
 # one launch each; the experts whole on each TP rank (ETP 1: gloo's all-gather does not
 # take the uneven token counts ETP 2 gathers)
-LAYOUTS = [(2, EP2), (4, EP2 + SP + ["--expert-tensor-parallel-size", "1"])]
+LAYOUTS = [(2, EP2), (4, EP2 + SP + ["--expert-tensor-parallel-size", "1"]),
+           (2, EP2 + CP2)]
 
 
 def test_expert_parallel_equals_one_process(tmp_path):
