@@ -1,8 +1,8 @@
 """Qwen3-VL-MoE training (Qwen3-VL's tower and DeepStack in front of an MoE LLM: layers
 MoE, dense, MoE, DeepStack added after the first two) at EP=2, TP=2 x EP=2 (sequence
 parallelism: DeepStack's features added to the shards) and CP=2 x EP=2 (sequences split in
-blocks of 8) equals the one-process run from the same initial checkpoint: losses, gradients, parameters, the load-balancing loss
-and the tokens per expert."""
+blocks of 8) equals the one-process run from the same initial checkpoint: losses,
+gradients, parameters, the load-balancing loss and the tokens per expert."""
 
 import pytest
 from dist_harness import run_distributed
