@@ -110,13 +110,23 @@ def checkpoint_run_config(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1):
     if args.num_experts is not None:  # an MoE LLM: what every layout takes
         args.moe_token_dispatcher_type = "alltoall"
         args.sequence_parallel = tp > 1  # Megatron-Core's MoE layers need it at TP > 1
+        args.expert_tensor_parallel_size = expert_tensor_parallel_size(tp, ep)
+        if args.sequence_parallel:  # the padded encoder shards' mask: the local attention
+            args.transformer_impl = "local"
     return RunConfig.from_flags(validate_args(args, world_size=world_size(tp, pp, ep)))
 
 
+def expert_tensor_parallel_size(tp: int, ep: int) -> int:
+    """The experts' TP of a comparison: the TP size, or 1 with EP > 1 (each expert whole
+    on its TP ranks), as with ETP = TP the all-to-all dispatcher all-gathers the TP ranks'
+    tokens routed to an expert, uneven sizes that gloo's all-gather does not take."""
+    return tp if ep == 1 else 1
+
+
 def world_size(tp: int, pp: int, ep: int) -> int:
-    """Ranks of a comparison at TP / PP / EP: the experts' grid (TP x EP x PP, the expert
-    TP being the TP) over the dense one (TP x PP x DP), each data-parallel rank running the
-    same inputs."""
+    """Ranks of a comparison at TP / PP / EP: the experts' grid (ETP x EP x PP x expert
+    DP) over the dense one (TP x PP x DP), each data-parallel rank running the same
+    inputs."""
     return tp * pp * ep
 
 
@@ -192,7 +202,8 @@ class _Layout:  # what initialize_distributed reads
 
     def __init__(self, tp: int, pp: int, ep: int = 1):
         self.tensor_model_parallel_size, self.pipeline_model_parallel_size = tp, pp
-        self.expert_model_parallel_size, self.expert_tensor_parallel_size = ep, tp
+        self.expert_model_parallel_size = ep
+        self.expert_tensor_parallel_size = expert_tensor_parallel_size(tp, ep)
 
 
 def rank_logits(ckpt: str, tp: int, pp: int, tokens, media,

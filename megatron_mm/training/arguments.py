@@ -22,7 +22,8 @@ from .fp8_args import fp8_args, validate_fp8_args
 from .fusion_args import add_fusion_args
 from .logging_args import logging_args, validate_logging_args
 from .model_config import build_model_config
-from .moe_args import add_expert_parallel_args, add_moe_args, validate_moe_args
+from .moe_args import (add_expert_parallel_args, add_moe_args,
+                       refuse_moe_flags_given_to_dense, validate_moe_args)
 from .separate_args import validate_separate, validate_separate_sizes
 from .sequence_parallel import add_sequence_parallel_args, validate_sequence_parallel
 from .transformer_impl import validate_transformer_impl
@@ -380,7 +381,9 @@ def read_args(argv: Optional[Sequence[str]] = None,
     (a ConfigError names the flag), with Megatron's derived values; the run reads them as
     a ``run_config.RunConfig``."""
     args = build_parser().parse_args(argv)
-    apply_checkpoint_args(args, given_flags(argv))
+    given = given_flags(argv)
+    apply_checkpoint_args(args, given)
+    refuse_moe_flags_given_to_dense(args, given)
     return validate_args(args, world_size)
 
 

@@ -13,6 +13,12 @@ from ..models.specs import (
     CPAttentionChoice, default_transformer_impl, require_transformer_engine,
     transformer_engine_importable)
 from .fusion_args import fusion_flags
+from .moe_args import refuse_uneven_expert_gathers
+
+
+def distributed_backend(parallel) -> str:
+    """``--distributed-backend``, or NCCL with CUDA, gloo without."""
+    return parallel.distributed_backend or ("nccl" if torch.cuda.is_available() else "gloo")
 
 
 def transformer_impl(model) -> str:
@@ -51,6 +57,7 @@ def build_settings(config, placements=None, replicas=None) -> BuildSettings:
     """How every model chunk is built (``config``: the RunConfig); ``replicas``: the
     encoder replicas' groups (an encoder TP below the LLM's)."""
     model, parallel, recompute = config.model, config.parallel, config.recompute
+    refuse_uneven_expert_gathers(config.moe, parallel, distributed_backend(parallel))
     impl = transformer_impl(model)
     cpu_init = model.use_cpu_initialization or not torch.cuda.is_available()
     cp = cp_attention_choice(config)

@@ -12,6 +12,7 @@ from megatron.core import parallel_state, tensor_parallel
 
 from ..runtime.encoder_replicas import create_encoder_replicas
 from ..runtime.separate_placement import initialize_separate_parallel
+from .build_settings import distributed_backend
 from .separate_world import separate_ranks
 
 
@@ -26,8 +27,7 @@ def initialize_distributed(parallel, encoder_schedule=None):
     ``parallel`` group; returns the encoder replicas' groups (``encoder_schedule``'s
     encoder TP below the LLM's) or None."""
     if not torch.distributed.is_initialized():
-        backend = parallel.distributed_backend or ("nccl" if torch.cuda.is_available()
-                                                   else "gloo")
+        backend = distributed_backend(parallel)
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         # A plain `python script.py` is a 1-rank world; its address is not put into the

@@ -127,14 +127,40 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+def _refuse_on_dense(dest: str) -> None:
+    raise ConfigError(f"{_flag(dest)} needs an MoE LLM (--num-experts); this LLM is dense")
+
+
+def refuse_moe_flags_given_to_dense(args: argparse.Namespace, given: set) -> None:
+    """An MoE flag written on a dense LLM's command line, even at its default value
+    (``--moe-router-topk 2``), which ``validate_moe_args`` cannot tell from its absence."""
+    if args.num_experts is None:
+        for dest in MOE_ONLY:
+            if dest in given:
+                _refuse_on_dense(dest)
+
+
+def refuse_uneven_expert_gathers(moe, parallel, backend: str) -> None:
+    """Megatron-Core's all-to-all dispatcher at ETP > 1 and EP > 1 all-gathers the expert-TP
+    ranks' tokens routed to their experts, pieces of uneven sizes: NCCL's all-gather takes
+    them, gloo's stops mid-run (``moe``, ``parallel``: the RunConfig's groups)."""
+    if moe is None or moe.num_experts is None or moe.moe_token_dispatcher_type != "alltoall":
+        return
+    etp, ep = parallel.expert_tensor_parallel_size, parallel.expert_model_parallel_size
+    if backend == "gloo" and etp > 1 and ep > 1:
+        raise ConfigError(
+            f"--expert-tensor-parallel-size {etp} with --expert-model-parallel-size {ep} "
+            "(--moe-token-dispatcher-type alltoall) needs NCCL: gloo's all-gather does not "
+            "take the experts' uneven token counts; pass --expert-tensor-parallel-size 1")
+
+
 def validate_moe_args(args: argparse.Namespace) -> None:
     """After the world's sizes are known; sets Megatron-LM's default
     ``--expert-tensor-parallel-size`` (the TP size) for an MoE LLM."""
     if args.num_experts is None:
         for dest, default in MOE_ONLY.items():
             if getattr(args, dest) != default:
-                raise ConfigError(f"{_flag(dest)} needs an MoE LLM (--num-experts); this "
-                                  "LLM is dense")
+                _refuse_on_dense(dest)
         return
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     ep = args.expert_model_parallel_size

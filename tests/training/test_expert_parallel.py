@@ -1,8 +1,8 @@
 """Expert parallelism equals one process: EP=2, TP=2 x EP=2, PP=2 x EP=2, PP=2 x VPP=2
-x EP=2, CP=2 x EP=2 and the bubble schedule at PP=2 x EP=2 runs of an MoE LLM with a dense
-layer among the sparse ones (losses, gradients, parameters, the load-balancing loss and the
-tokens per expert, in the summary and in TensorBoard), all starting from one saved init (the
-checkpoint reshards the experts)."""
+x EP=2, CP=2 x EP=2 and the bubble and coarse schedules at PP=2 x EP=2 runs of an MoE LLM
+with a dense layer among the sparse ones (losses, gradients, parameters, the load-balancing
+loss and the tokens per expert, in the summary and in TensorBoard), all starting from one
+saved init (the checkpoint reshards the experts)."""
 
 import pytest
 from dist_harness import run_distributed
@@ -34,8 +34,9 @@ EP2 = ["--expert-model-parallel-size", "2"]
     # the schedule executor: the ViT as its own pipeline in the LLM's bubbles, the experts'
     # all-to-alls inside the LLM actions (actions of the plan)
     (4, EP2 + ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"]),
+    (4, EP2 + ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "coarse"]),
 ], ids=["ep2", "tp2-ep2", "pp2-ep2", "pp2-vpp2-ep2", "cp2-ep2", "cp2-whole-ep2",
-        "pp2-ep2-bubble"])
+        "pp2-ep2-bubble", "pp2-ep2-coarse"])
 def test_expert_parallel_equals_one_process(one_process_reference, digits_dir, tmp_path,
                                             world, layout):
     argv, ref = one_process_reference(digits_dir, MOE_MODEL)

@@ -57,6 +57,11 @@ def test_flags_make_the_moe_group_and_transformer_config():
 @pytest.mark.parametrize("argv, world, message", [
     (LLM + ["--moe-router-topk", "4"], 1,
      "--moe-router-topk needs an MoE LLM (--num-experts); this LLM is dense"),
+    # given at its default value (Megatron-LM's) all the same
+    (LLM + ["--moe-router-topk", "2"], 1,
+     "--moe-router-topk needs an MoE LLM (--num-experts); this LLM is dense"),
+    (LLM + ["--moe-token-dispatcher-type", "allgather"], 1,
+     "--moe-token-dispatcher-type needs an MoE LLM (--num-experts); this LLM is dense"),
     (LLM + ["--expert-model-parallel-size", "2"], 2,
      "--expert-model-parallel-size needs an MoE LLM (--num-experts); this LLM is dense"),
     (MOE + ["--expert-model-parallel-size", "3"], 3,
@@ -114,3 +119,22 @@ def test_the_run_schedule_has_the_expert_all_to_alls():
         assert order[order.index(("F", m, 0)) + 1] == ("A2A", m, 0)
         assert order[order.index(("B", m, 0)) + 1] == ("A2A_B", m, 0)
     assert not any(a.kind.expert for a in schedule.ranks[1])
+
+
+def test_expert_tensor_parallelism_with_ep_on_gloo_names_the_flag():
+    """ETP 2 x EP 2: the all-to-all dispatcher's uneven all-gathers, which gloo refuses
+    mid-run, are refused before the model is built; ETP 1 builds."""
+    from megatron_mm.training.build_settings import build_settings
+    from megatron_mm.training.run_config import parse_run_config
+
+    argv = MOE + ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+                  "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type",
+                  "alltoall", "--distributed-backend", "gloo"]
+    with pytest.raises(ConfigError) as error:
+        build_settings(parse_run_config(argv, world_size=4))
+    assert "--expert-tensor-parallel-size 2 with --expert-model-parallel-size 2" in str(
+        error.value)
+    assert "pass --expert-tensor-parallel-size 1" in str(error.value)
+    settings = build_settings(parse_run_config(
+        argv + ["--expert-tensor-parallel-size", "1"], world_size=4))
+    assert settings.expert_tensor_parallel_size == 1

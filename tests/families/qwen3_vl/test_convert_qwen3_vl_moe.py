@@ -69,16 +69,20 @@ def converted(tmp_path_factory):
     return model, str(root / "hf"), str(root / "ckpt")
 
 
-@pytest.mark.parametrize("pp,ep", [(1, 1), pytest.param(1, 2, marks=pytest.mark.processes),
-                                   # LLM layers 0, 1 | 2, 3: the DeepStack feature of
-                                   # layer 2 crosses the cut; each stage has MoE layers
-                                   pytest.param(2, 2, marks=pytest.mark.processes)])
-def test_logits_equal_transformers(converted, pp, ep):
+@pytest.mark.parametrize("tp,pp,ep", [
+    (1, 1, 1), pytest.param(1, 1, 2, marks=pytest.mark.processes),
+    # LLM layers 0, 1 | 2, 3: the DeepStack feature of layer 2 crosses the cut; each stage
+    # has MoE layers
+    pytest.param(1, 2, 2, marks=pytest.mark.processes),
+    # sequence parallelism (the MoE layers need it): DeepStack's features added to shards
+    pytest.param(2, 1, 1, marks=pytest.mark.processes),
+    pytest.param(2, 1, 2, marks=pytest.mark.processes)])
+def test_logits_equal_transformers(converted, tp, pp, ep):
     from megatron_mm.hf.compare import compare
 
     _, hf_dir, ckpt = converted
-    diff, shape = compare(hf_dir, ckpt, _inputs(), pp=pp, ep=ep)
-    print(f"qwen3-vl-moe PP={pp} EP={ep}: max abs logit difference {diff:.3g}")
+    diff, shape = compare(hf_dir, ckpt, _inputs(), tp=tp, pp=pp, ep=ep)
+    print(f"qwen3-vl-moe TP={tp} PP={pp} EP={ep}: max abs logit difference {diff:.3g}")
     assert tuple(shape) == (2, SEQ, VOCAB)
     assert diff <= TOLERANCE
 
