@@ -10,66 +10,13 @@ import pytest
 import torch
 
 from megatron_mm.hf.errors import ConversionError
+from tiny_qwen3_vl import SEQ, VOCAB, config, inputs, tiny
 
-VOCAB, IMAGE, VIDEO, START, END = 250, 247, 248, 245, 246
 TOLERANCE = 1e-4
-SEQ = 56
-PATCH = 16
-GRIDS = {"image": [(1, 8, 12), (1, 4, 4)], "video": [(2, 4, 8)]}  # 24, 4 and 2 x 8 tokens
 
 
 def _config(text=None, **vision):
-    from transformers import Qwen3VLConfig
-
-    config = Qwen3VLConfig(
-        text_config={**dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                            head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
-                            rope_parameters={"rope_type": "default", "rope_theta": 1e4,
-                                             "mrope_section": [2, 3, 3],
-                                             "mrope_interleaved": True}),
-                     **(text or {})},
-        vision_config={**dict(depth=4, hidden_size=32, intermediate_size=64, num_heads=4,
-                              out_hidden_size=64, patch_size=PATCH, num_position_embeddings=16,
-                              deepstack_visual_indexes=[0, 1, 2]), **vision},
-        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START,
-        vision_end_token_id=END, tie_word_embeddings=False)
-    config.architectures = ["Qwen3VLForConditionalGeneration"]
-    return config
-
-
-def _tiny():
-    import transformers
-
-    torch.manual_seed(0)
-    model = transformers.Qwen3VLForConditionalGeneration(_config()).eval()
-    with torch.no_grad():  # random norms and biases: a mapping mix-up cannot hide
-        for n, p in model.named_parameters():
-            if "norm" in n or n.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
-            if "language_model" in n and ("q_proj" in n or "k_proj" in n):
-                p.mul_(4.0)  # sharp attention: the 3-D positions show in the logits
-            if "deepstack_merger_list" in n and "linear_fc2" in n:
-                p.mul_(4.0)  # DeepStack features large enough to show
-    return model
-
-
-def _inputs():
-    """Row 0: image 0, then the video's two frames, each after its timestamp text and
-    between vision tags; row 1: image 1 (every row unpadded, length SEQ)."""
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(2, 240, (2, SEQ), generator=gen)
-    ids[0, 2], ids[0, 3:27], ids[0, 27] = START, IMAGE, END
-    ids[0, 30], ids[0, 31:39], ids[0, 39] = START, VIDEO, END
-    ids[0, 42], ids[0, 43:51], ids[0, 51] = START, VIDEO, END
-    ids[1, 5], ids[1, 6:10], ids[1, 10] = START, IMAGE, END
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    for kind, rows, grid in (("image", "pixel_values", "image_grid_thw"),
-                             ("video", "pixel_values_videos", "video_grid_thw")):
-        patches = sum(t * h * w for t, h, w in GRIDS[kind])
-        inputs[rows] = torch.randn(patches, 3 * 2 * PATCH * PATCH, generator=gen)
-        inputs[grid] = torch.tensor(GRIDS[kind])
-    return inputs
+    return config("Qwen3VL", text, **vision)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +25,7 @@ def converted(tmp_path_factory):
     from megatron_mm.hf.world import single_rank_world
 
     root = tmp_path_factory.mktemp("qwen3_vl")
-    model = _tiny()
+    model = tiny(_config())
     model.save_pretrained(str(root / "hf"))
     with single_rank_world():
         import_hf(str(root / "hf"), str(root / "ckpt"), tensor_model_parallel_size=2)
@@ -93,7 +40,7 @@ def test_logits_equal_transformers(converted, tp, pp):
     from megatron_mm.hf.compare import compare
 
     _, hf_dir, ckpt = converted
-    diff, shape = compare(hf_dir, ckpt, _inputs(), tp=tp, pp=pp)
+    diff, shape = compare(hf_dir, ckpt, inputs(), tp=tp, pp=pp)
     print(f"qwen3-vl TP={tp} PP={pp}: max abs logit difference {diff:.3g}")
     assert tuple(shape) == (2, SEQ, VOCAB)
     assert diff <= TOLERANCE
@@ -106,15 +53,15 @@ def test_positions_and_deepstack_matter(converted, gloo_world):
     from megatron_mm.hf.compare import load_converted, logits
 
     hf_model, _, ckpt = converted
-    inputs = _inputs()
+    batch = inputs()
     model = load_converted(ckpt)
-    media = megatron_media(inputs)
-    positions = position_ids(hf_model.config, inputs)
-    right = logits(model, inputs["input_ids"], media, positions)
-    text = logits(model, inputs["input_ids"], media)
+    media = megatron_media(batch)
+    positions = position_ids(hf_model.config, batch)
+    right = logits(model, batch["input_ids"], media, positions)
+    text = logits(model, batch["input_ids"], media)
     model.deepstack.bind(None)
     model.deepstack.bind = lambda features: None  # nothing added inside the LLM
-    flat = logits(model, inputs["input_ids"], media, positions)
+    flat = logits(model, batch["input_ids"], media, positions)
     assert (right - text).abs().max().item() > 100 * TOLERANCE
     assert (right - flat).abs().max().item() > 100 * TOLERANCE
 

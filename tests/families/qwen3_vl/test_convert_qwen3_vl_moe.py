@@ -7,7 +7,7 @@ both fused orientations import; config fields the model does not reproduce are r
 
 import pytest
 import torch
-from test_convert_qwen3_vl import END, IMAGE, PATCH, SEQ, START, VIDEO, VOCAB, _inputs
+from tiny_qwen3_vl import SEQ, VOCAB, config, inputs, tiny
 
 from megatron_mm.hf.errors import ConversionError
 
@@ -19,41 +19,7 @@ MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
 
 
 def _config(text=None, **vision):
-    from transformers import Qwen3VLMoeConfig
-
-    config = Qwen3VLMoeConfig(
-        text_config={**dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                            head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
-                            rope_parameters={"rope_type": "default", "rope_theta": 1e4,
-                                             "mrope_section": [2, 3, 3],
-                                             "mrope_interleaved": True}, **MOE),
-                     **(text or {})},
-        vision_config={**dict(depth=4, hidden_size=32, intermediate_size=64, num_heads=4,
-                              out_hidden_size=64, patch_size=PATCH, num_position_embeddings=16,
-                              deepstack_visual_indexes=[0, 1, 2]), **vision},
-        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START,
-        vision_end_token_id=END, tie_word_embeddings=False)
-    config.architectures = ["Qwen3VLMoeForConditionalGeneration"]
-    return config
-
-
-def _tiny():
-    import transformers
-
-    torch.manual_seed(0)
-    model = transformers.Qwen3VLMoeForConditionalGeneration(_config()).eval()
-    with torch.no_grad():  # random norms and biases: a mapping mix-up cannot hide
-        for n, p in model.named_parameters():
-            if "norm" in n or n.endswith("bias"):
-                p.add_(torch.randn_like(p) * 0.1)
-            if "language_model" in n and ("q_proj" in n or "k_proj" in n):
-                p.mul_(4.0)  # sharp attention: the 3-D positions show in the logits
-            if "deepstack_merger_list" in n and "linear_fc2" in n:
-                p.mul_(4.0)  # DeepStack features large enough to show
-            if n.endswith("mlp.gate.weight"):
-                p.normal_(0.0, 1.0)  # distinct routes (transformers initialises it to 0)
-    return model
+    return config("Qwen3VLMoe", text, MOE, **vision)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +28,7 @@ def converted(tmp_path_factory):
     from megatron_mm.hf.world import single_rank_world
 
     root = tmp_path_factory.mktemp("qwen3_vl_moe")
-    model = _tiny()
+    model = tiny(_config())
     model.save_pretrained(str(root / "hf"))
     with single_rank_world():
         import_hf(str(root / "hf"), str(root / "ckpt"))
@@ -81,7 +47,7 @@ def test_logits_equal_transformers(converted, tp, pp, ep):
     from megatron_mm.hf.compare import compare
 
     _, hf_dir, ckpt = converted
-    diff, shape = compare(hf_dir, ckpt, _inputs(), tp=tp, pp=pp, ep=ep)
+    diff, shape = compare(hf_dir, ckpt, inputs(), tp=tp, pp=pp, ep=ep)
     print(f"qwen3-vl-moe TP={tp} PP={pp} EP={ep}: max abs logit difference {diff:.3g}")
     assert tuple(shape) == (2, SEQ, VOCAB)
     assert diff <= TOLERANCE
