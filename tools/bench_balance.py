@@ -214,10 +214,10 @@ def worker(a) -> None:
     stamps, counts = [], {"real": 0, "computed": 0, "samples": 0}
     make = data_setup.batch_iterator
 
-    def counted(args_, dataset, tokenizer, consumed, shuffle):
+    def counted(args_, dataset, tokenizer, consumed, shuffle, *rest):
         length = {rec.id: len(tokenize_record(rec, tokenizer, dataset.media_token_counts).ids)
                   for rec in dataset.records}
-        for batch in make(args_, dataset, tokenizer, consumed, shuffle):
+        for batch in make(args_, dataset, tokenizer, consumed, shuffle, *rest):
             if len(stamps) >= a.warmup:  # batches of the timed steps
                 counts["real"] += sum(length[r] for r in batch["record_ids"])
                 counts["computed"] += batch["tokens"].numel()

@@ -133,15 +133,14 @@ def test_pipeline_parallel_equals_one_process(one_process_reference, digits_dir,
 
 @pytest.mark.parametrize("world, layout, model", [
     (2, PP2 + COARSE, []),
-    (2, PP2 + BUBBLE + ["--encoder-placement", "last"], []),
     (2, PP2 + ["--virtual-pipeline-model-parallel-size", "2"] + BUBBLE +
      ["--encoder-pipeline-model-parallel-size", "1", "--encoder-pieces", "2"],
      FOUR_LAYERS + ["--freeze-ViT"]),
     (4, PP2 + ["--tensor-model-parallel-size", "2"] + BUBBLE + ETP1, []),
     (4, PP4 + BUBBLE + ["--encoder-pipeline-model-parallel-size", "2"],
      FOUR_LAYERS + ["--freeze-ViT"]),
-], ids=["pp2-coarse", "pp2-bubble-placed-last", "pp2-vpp2-bubble-frozen-vit",
-        "tp2-pp2-bubble-etp1", "pp4-bubble-frozen-vit"])
+], ids=["pp2-coarse", "pp2-vpp2-bubble-frozen-vit", "tp2-pp2-bubble-etp1",
+        "pp4-bubble-frozen-vit"])
 def test_encoder_schedules_equal_one_process_with_nccl_coalescing(
         one_process_reference, digits_dir, tmp_path_factory, world, layout, model):
     """The schedule executor's exchanges with NCCL's one Work per batch, each received
