@@ -1,10 +1,11 @@
 """Step time with balanced batching vs random batching (DP=2), and with the workload-balanced
 CP token assignment vs zigzag (CP=2), side by side in one run.
 
-Writes a heterogeneous multimodal dataset, then trains the same tiny model on it with
-torchrun (2 processes) and the same flags once per row, and prints per row: iteration
-time (median over the timed steps), real tokens per second (pad excluded), samples, real
-and computed tokens (pad included) per step, and the ratios to the row's baseline:
+Writes a heterogeneous multimodal dataset, then trains the same tiny model on it with 2
+processes (forked from one preloaded server: ``tools/local_ranks.py``) and the same flags
+once per row, and prints per row: iteration time (median over the timed steps), real
+tokens per second (pad excluded), samples, real and computed tokens (pad included) per
+step, and the ratios to the row's baseline:
 
 - ``dp2-random`` (``--data-balance none``: random micro-batches of ``--micro-batch-size``
   samples padded to their longest), baseline of ``dp2-balanced`` (``--data-balance
@@ -47,7 +48,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +55,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
+sys.path.insert(0, str(ROOT / "tools"))
+from local_ranks import run_ranks  # noqa: E402
 
 # name -> (its baseline, its flags), in print order; every row runs on 2 processes.
 ROWS = {
@@ -199,7 +201,7 @@ def native_resolution_image_sizes(samples: int, max_side: int, seed: int = 0) ->
 
 
 def worker(a) -> None:
-    """One rank of one training run (under torchrun): times steps, counts tokens."""
+    """One rank of one training run (``launch``): times steps, counts tokens."""
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     import megatron_mm.training.data_setup as data_setup
@@ -234,16 +236,12 @@ def worker(a) -> None:
 
 
 def launch(a, row: str, out: str) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(29500 + random.randrange(1000)), str(Path(__file__).resolve()),
-           "--worker", "--row", row, "--data", str(a.data), "--out", out,
-           *[f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
-             if k in ("steps", "warmup", "micro_batch_size", "microbatches", "seq_length",
-                      "img_size", "hidden_size", "family", "max_side")]]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(f"{row} run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    """One row on 2 ranks (``local_ranks``: forked from one preloaded server)."""
+    try:
+        run_ranks(worker, 2, argparse.Namespace(**{**vars(a), "row": row, "out": out}),
+                  env={"HF_HUB_OFFLINE": "1"})
+    except RuntimeError as e:
+        sys.exit(f"{row} run failed:\n{str(e)[-8000:]}")
     ranks = [json.load(open(Path(out) / f"{row}.{r}.json")) for r in range(2)]
     stamps = ranks[0]["stamps"]
     times = [b - a_ for a_, b in zip(stamps[a.warmup:], stamps[a.warmup + 1:])]
@@ -292,12 +290,7 @@ def main() -> None:
     p.add_argument("--hidden-size", type=int, default=512)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--data", default=None, help="dataset dir (default: a fresh temp dir)")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--row", choices=list(ROWS), help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
     a = p.parse_args()
-    if a.worker:
-        return worker(a)
     wanted = set(a.rows or FAMILY_ROWS[a.family])
     wanted |= {ROWS[r][0] for r in wanted if ROWS[r][0]}
     rows = [r for r in ROWS if r in wanted]

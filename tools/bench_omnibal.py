@@ -26,8 +26,9 @@ tiling with ``--max-num-tiles 4`` and a thumbnail, the setting the statistics co
   layers (InternViT-6B vs InternLM2-20B: 3200 vs 6144, 45 vs 48 layers), so the ViT does
   about half the work, as there.
 
-Rows (each its own ``torch.distributed.run`` launch of ``world = 2 x --data-parallel-size``
-ranks, all from the same initial checkpoint, the rows alternating A B C D A B C D ...):
+Rows (each its own run of ``world = 2 x --data-parallel-size`` ranks, processes forked
+from one preloaded server (``tools/local_ranks.py``), all from the same initial
+checkpoint, the rows alternating A B C D A B C D ...):
 
 1. Megatron-Core's way: ``--data-balance none`` (random micro-batches of
    ``--micro-batch-size`` samples, padded to their longest), ``--pipeline-partition
@@ -90,7 +91,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(ROOT / "tools"))  # the other benchmarks' helpers
 
 from bench_balance import WORDS  # noqa: E402
-from bench_encoder_schedule import _free_port  # noqa: E402
+from local_ranks import run_ranks  # noqa: E402
 
 ROWS = ("megatron", "+ balanced data", "+ partition search", "+ adaptive recompute",
         "+ adaptive recompute, tighter memory")
@@ -232,7 +233,7 @@ def row_flags(row: int, partition: str, memory) -> list:
 
 
 def worker(a, argv) -> None:
-    """One rank of one run (under torch.distributed.run): loads its micro-batches, times
+    """One rank of one run (``launch``): loads its micro-batches, times
     ``--iters`` iterations after ``--warmup``, then one more under saved-tensor hooks."""
     import torch
 
@@ -303,15 +304,13 @@ def _recomputed(args, n) -> str:
 
 
 def launch(a, argv: list, out: Path, iters: int, warmup: int) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(a.world),
-           "--master-port", _free_port(), str(Path(__file__).resolve()), "--worker",
-           "--out", str(out), "--iters", str(iters), "--warmup", str(warmup),
-           "--", *argv]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(f"run failed: {' '.join(argv[-12:])}\n{proc.stdout[-3000:]}\n"
-                 f"{proc.stderr[-20000:]}")
+    """One run on ``a.world`` ranks (``local_ranks``: forked from one preloaded server)."""
+    try:
+        run_ranks(worker, a.world, argparse.Namespace(out=str(out), iters=iters,
+                                                       warmup=warmup), list(argv),
+                  env={"HF_HUB_OFFLINE": "1"})
+    except RuntimeError as e:
+        sys.exit(f"run failed: {' '.join(argv[-12:])}\n{str(e)[-20000:]}")
     ranks = json.loads(out.read_text())
     last = [r for r in ranks if r["stage"] == max(x["stage"] for x in ranks)]
     return {"walls": ranks[0]["walls"], "loss1": last[0]["losses"][0],
@@ -390,14 +389,7 @@ def main(argv=None) -> int:
     p.add_argument("--search-candidates", type=int, default=3)
     p.add_argument("--search-iters", type=int, default=3)
     p.add_argument("--seed", type=int, default=0, help="which records are drawn")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    cut = argv.index("--") if "--" in argv else len(argv)  # a worker's training flags follow
-    a = p.parse_args(argv[:cut])
-    if a.worker:
-        worker(a, argv[cut + 1:])
-        return 0
+    a = p.parse_args(argv)
     if not a.stats:
         p.error("give the statistics files or directories")
     a.world = 2 * a.data_parallel_size
