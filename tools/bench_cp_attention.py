@@ -20,8 +20,8 @@ them) on ``--family``, at each of ``--memory-lengths`` tokens, by three paths: `
 (one einsum against every key under a dense [S_local, S] mask, as Megatron-Core's
 attention does with a dense mask), ``einsum`` (``ContextParallelAttention``: query blocks
 against their key intervals) and ``flex`` (``FlexAttention``: a block mask from the codes).
-Each row runs in a fresh subprocess; its peak memory is the resident-set high-water mark
-of the one measured call above the resident set just before it (Linux: writing 5 to
+Each row runs in a fresh process (forked from one preloaded server, ``local_ranks.py``);
+its peak memory is the resident-set high-water mark of the one measured call above the resident set just before it (Linux: writing 5 to
 /proc/self/clear_refs resets ``VmHWM``, which /proc/self/status then reports), with
 glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_``) so that buffers freed before the
 call return to the system instead of being reused unseen, and after an untimed first call
@@ -54,12 +54,12 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+from local_ranks import run_ranks  # noqa: E402  (tools/, the script's folder)
 
 METHODS = ("contiguous", "zigzag", "lpt", "ours")
 PATHS = ("dense", "einsum", "flex")
@@ -96,8 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--memory: dense rows whose scores need more are not run")
     p.add_argument("--flash-speed", action="store_true",
                    help="CUDA: FlexAttention against flash, forward + backward, bf16")
-    p.add_argument("--memory-row", nargs=2, metavar=("PATH", "LENGTH"), default=None,
-                   help=argparse.SUPPRESS)  # one row, in the fresh subprocess
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=32)
     p.add_argument("--iters", type=int, default=5)
@@ -281,15 +279,14 @@ def memory_row(args, path: str, s: int) -> dict:
             "peak_mib": peak / 1024}
 
 
+def _memory_row_rank(args, path: str, s: int, out: str) -> None:
+    Path(out).write_text(json.dumps(memory_row(args, path, s)))
+
+
 def memory_table(args) -> int:
-    """Every (length, path) row in a fresh subprocess; the table; the ratio line."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
-                                                        os.environ.get("PYTHONPATH")])))
-    common = ["--family", args.family, "--context-parallel-size", str(args.context_parallel_size),
-              "--context-parallel-block", str(args.context_parallel_block), "--heads",
-              str(args.heads), "--head-dim", str(args.head_dim), "--iters", str(args.iters),
-              "--seed", str(args.seed)]
+    """Every (length, path) row in a fresh process; the table; the ratio line."""
+    # glibc reads it when a process starts: the rows' fork server must start with it
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
     print(f"{args.family}, busiest of {args.context_parallel_size} CP ranks (ours), "
           f"{args.heads} heads of {args.head_dim}, fp32, 1 thread: one forward of its "
           f"queries against every key; ms (median of {args.iters}) and peak MiB above the "
@@ -305,12 +302,13 @@ def memory_table(args) -> int:
             if path == "dense" and gib > args.max_dense_gib:
                 cells.append(f"{'not run':>10} {f'~{gib * 1024:.0f}':>10}")
                 continue
-            proc = subprocess.run(
-                [sys.executable, __file__, *common, "--memory-row", path, str(s)],
-                env=env, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise SystemExit(f"{path} at {s} tokens failed:\n{proc.stderr[-3000:]}")
-            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            with tempfile.TemporaryDirectory() as tmp:
+                out = os.path.join(tmp, "row.json")
+                try:
+                    run_ranks(_memory_row_rank, 1, args, path, s, out)
+                except RuntimeError as e:
+                    raise SystemExit(f"{path} at {s} tokens failed:\n{str(e)[-3000:]}")
+                row = json.loads(Path(out).read_text())
             tokens, peaks[(s, path)] = row["tokens"], row["peak_mib"]
             cells.append(f"{row['ms']:>10.1f} {row['peak_mib']:>10.2f}")
         print(f"{s:>7} {tokens:>6}  " + "  ".join(cells))
@@ -374,9 +372,6 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.flash_speed:
         return flash_speed(args)
-    if args.memory_row is not None:
-        print(json.dumps(memory_row(args, args.memory_row[0], int(args.memory_row[1]))))
-        return 0
     if args.memory:
         return memory_table(args)
     import torch.multiprocessing as mp
