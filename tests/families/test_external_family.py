@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -54,12 +55,10 @@ def tiny_llava(vocab: int, image_token: int):
     return transformers.LlavaForConditionalGeneration(config).eval()
 
 
-def run(tmp_path, *argv, registered=True):
+def run(tmp_path, *argv):
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
-    env.pop("MEGATRON_MM_FAMILIES", None)
-    if registered:
-        env["MEGATRON_MM_FAMILIES"] = "toyvit"
+    env["MEGATRON_MM_FAMILIES"] = "toyvit"
     return subprocess.run([sys.executable, *map(str, argv)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -69,6 +68,7 @@ def test_a_family_from_a_folder_converts_and_trains(tmp_path):
     from megatron.core import dist_checkpointing
 
     from megatron_mm.data import build_tokenizer
+    from megatron_mm.hf.families import ConversionError, family_for
     from megatron_mm.data.digits import prepare_digits
     from megatron_mm.training.checkpointing import iteration_dir
 
@@ -81,9 +81,9 @@ def test_a_family_from_a_folder_converts_and_trains(tmp_path):
     (hf_dir / "config.json").write_text(json.dumps({**config, "architectures": [ARCH]}))
     convert = ROOT / "tools" / "convert_hf.py"
 
-    refused = run(tmp_path, convert, "import", "--hf-dir", hf_dir, "--save", ckpt,
-                  registered=False)
-    assert refused.returncode != 0 and f"unsupported architecture ['{ARCH}']" in refused.stderr
+    # unregistered (this process has no $MEGATRON_MM_FAMILIES): the converter refuses it
+    with pytest.raises(ConversionError, match=re.escape(f"unsupported architecture ['{ARCH}']")):
+        family_for(SimpleNamespace(architectures=[ARCH], model_type="llava"))
 
     done = run(tmp_path, convert, "import", "--hf-dir", hf_dir, "--save", ckpt)
     assert done.returncode == 0, done.stderr[-3000:]
