@@ -21,8 +21,9 @@ them) on ``--family``, at each of ``--memory-lengths`` tokens, by three paths: `
 attention does with a dense mask), ``einsum`` (``ContextParallelAttention``: query blocks
 against their key intervals) and ``flex`` (``FlexAttention``: a block mask from the codes).
 Each row runs in a fresh process (forked from one preloaded server, ``local_ranks.py``);
-its peak memory is the resident-set high-water mark of the one measured call above the resident set just before it (Linux: writing 5 to
-/proc/self/clear_refs resets ``VmHWM``, which /proc/self/status then reports), with
+its peak memory is the resident-set high-water mark of the one measured call above the
+resident set just before it (Linux: writing 5 to /proc/self/clear_refs resets ``VmHWM``,
+which /proc/self/status then reports), with
 glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_``) so that buffers freed before the
 call return to the system instead of being reused unseen, and after an untimed first call
 (FlexAttention compiles there). It counts everything the call touches (torch's
