@@ -140,7 +140,9 @@ class TrainingLog:
         elapsed = self.timers("interval-time").elapsed(barrier=True)
         per_iteration = elapsed / max(1, self.advanced + self.skipped)
         tokens = self.count_tokens()
-        world_size = self.config.parallel.world_size
+        # every GPU of the job, as Megatron-LM's args.world_size: under --encoder-schedule
+        # separate the encoder ranks too (the parallel config's world is the LLM's there)
+        world_size = torch.distributed.get_world_size()
         throughput = self.flops_per_iteration / (per_iteration * 1e12 * world_size)
         line = f" [{datetime.now():%Y-%m-%d %H:%M:%S.%f}]"
         line += f" iteration {iteration:8d}/{train.train_iters:8d} |"
