@@ -38,12 +38,6 @@ def validate_separate_sizes(args: argparse.Namespace, world_size: int) -> int:
 
 def validate_separate(args: argparse.Namespace) -> None:
     """What the encoders hand the LLM must be sendable, the run within what it covers."""
-    for name, enc in args.model_config.encoders.items():
-        if getattr(enc, "deepstack_llm_layers", 0):
-            raise ConfigError(
-                f"--encoder-schedule separate: the {name} encoder "
-                f"({enc.model_type}) hands LLM layers DeepStack features, which the separate "
-                "placement does not send yet; use --encoder-schedule megatron")
     if not args.model_config.encoders:
         raise ConfigError("--encoder-schedule separate needs an encoder (--vision-model-type "
                           "or --audio-model-type)")
@@ -62,9 +56,6 @@ def validate_separate(args: argparse.Namespace) -> None:
     if args.pipeline_partition == "search":
         raise ConfigError("--encoder-schedule separate does not run --pipeline-partition "
                           "search (its trials run Megatron-Core's schedules)")
-    if args.virtual_pipeline_model_parallel_size is not None:
-        raise ConfigError("--encoder-schedule separate does not run "
-                          "--virtual-pipeline-model-parallel-size yet")
     from ..data.sources import resolve_sources
 
     if args.data_path and resolve_sources(args.data_path, args.valid_data_path).kind == \
