@@ -3,9 +3,8 @@ checked up front (``plan/schedules/separate.py`` plans and simulates the placeme
 
 The world's first ``--encoder-tensor-model-parallel-size`` x ``--encoder-data-parallel-size``
 ranks hold the encoders, the rest the LLM with its usual TP / PP / CP and the data-parallel
-size they leave. What cannot be sent between the two yet (DeepStack features), and what the
-training run does not cover yet, is refused naming the flag: one clear error, never a
-silent fallback to a colocated schedule."""
+size they leave. What the training run does not cover yet is refused naming the flag:
+one clear error, never a silent fallback to a colocated schedule."""
 
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ def validate_separate_sizes(args: argparse.Namespace, world_size: int) -> int:
 
 
 def validate_separate(args: argparse.Namespace) -> None:
-    """What the encoders hand the LLM must be sendable, the run within what it covers."""
+    """The run within what it covers."""
     if not args.model_config.encoders:
         raise ConfigError("--encoder-schedule separate needs an encoder (--vision-model-type "
                           "or --audio-model-type)")

@@ -9,7 +9,8 @@ share of the sequence), TP=2 with sequence parallelism (also across a tower cut)
 on packed, balanced micro-batches (--data-balance) at CP=2, PP=2 and DP=2; and with a
 frozen tower; and the schedule executor's coarse / bubble schedules (trainable and frozen
 tower, recompute, PP=2 x VPP=2, CP=2, --data-balance, encoder replicas at encoder TP 1
-under TP 2)."""
+under TP 2) and the separate placement (the tower on an encoder rank of its own, the LLM at
+PP=2 x VPP=2)."""
 
 import pytest
 import torch
