@@ -75,7 +75,9 @@ class SeparateGroups:
     encoder_data_parallel_group: Optional[dist.ProcessGroup]  # None on an LLM rank
 
 
-def initialize_separate_parallel(ranks: SeparateRanks) -> SeparateGroups:
+def initialize_separate_parallel(ranks: SeparateRanks,
+                                 virtual_pipeline_model_parallel_size: Optional[int] = None
+                                 ) -> SeparateGroups:
     """Megatron-Core's groups on every rank: the LLM's grid at the encoders' rank offset
     (``initialize_model_parallel(rank_offset=, local_world_size=)``) on the LLM's ranks,
     and on the encoder ranks a grid of their own (TP = the encoder's, PP = CP = 1, DP = the
@@ -95,6 +97,8 @@ def initialize_separate_parallel(ranks: SeparateRanks) -> SeparateGroups:
         tensor_model_parallel_size=ranks.tensor_model_parallel_size,
         pipeline_model_parallel_size=ranks.pipeline_model_parallel_size,
         context_parallel_size=ranks.context_parallel_size,
+        # the LLM's model chunks per rank (interleaved 1F1B); the encoders' grid has none
+        virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
         rank_offset=encoder_ranks, local_world_size=world - encoder_ranks)
     if not ranks.is_encoder(dist.get_rank()):
         return SeparateGroups(encoder_data_parallel_group=None)

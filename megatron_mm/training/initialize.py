@@ -41,7 +41,8 @@ def initialize_distributed(parallel, encoder_schedule=None):
     if encoder_schedule is not None and encoder_schedule.encoder_schedule == "separate":
         # the encoder ranks' grid and the LLM's at their rank offset
         initialize_separate_parallel(separate_ranks(
-            parallel, encoder_schedule, torch.distributed.get_world_size()))
+            parallel, encoder_schedule, torch.distributed.get_world_size()),
+            parallel.virtual_pipeline_model_parallel_size)
         return None
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,

@@ -3,9 +3,8 @@ checked up front (``plan/schedules/separate.py`` plans and simulates the placeme
 
 The world's first ``--encoder-tensor-model-parallel-size`` x ``--encoder-data-parallel-size``
 ranks hold the encoders, the rest the LLM with its usual TP / PP / CP and the data-parallel
-size they leave. What cannot be sent between the two yet (DeepStack features), and what the
-training run does not cover yet, is refused naming the flag: one clear error, never a
-silent fallback to a colocated schedule."""
+size they leave. What the training run does not cover yet is refused naming the flag:
+one clear error, never a silent fallback to a colocated schedule."""
 
 from __future__ import annotations
 
@@ -37,13 +36,7 @@ def validate_separate_sizes(args: argparse.Namespace, world_size: int) -> int:
 
 
 def validate_separate(args: argparse.Namespace) -> None:
-    """What the encoders hand the LLM must be sendable, the run within what it covers."""
-    for name, enc in args.model_config.encoders.items():
-        if getattr(enc, "deepstack_llm_layers", 0):
-            raise ConfigError(
-                f"--encoder-schedule separate: the {name} encoder "
-                f"({enc.model_type}) hands LLM layers DeepStack features, which the separate "
-                "placement does not send yet; use --encoder-schedule megatron")
+    """The run within what it covers."""
     if not args.model_config.encoders:
         raise ConfigError("--encoder-schedule separate needs an encoder (--vision-model-type "
                           "or --audio-model-type)")
@@ -62,9 +55,6 @@ def validate_separate(args: argparse.Namespace) -> None:
     if args.pipeline_partition == "search":
         raise ConfigError("--encoder-schedule separate does not run --pipeline-partition "
                           "search (its trials run Megatron-Core's schedules)")
-    if args.virtual_pipeline_model_parallel_size is not None:
-        raise ConfigError("--encoder-schedule separate does not run "
-                          "--virtual-pipeline-model-parallel-size yet")
     from ..data.sources import resolve_sources
 
     if args.data_path and resolve_sources(args.data_path, args.valid_data_path).kind == \

@@ -31,15 +31,22 @@ class SeparateRun:
 
     def __call__(self, *, data_iterator, num_microbatches: int, **kwargs):
         d, m = self.ranks.sizes.llm_data_parallel_size, num_microbatches
+        # with virtual stages one iterator per model chunk, yielding the same micro-batches:
+        # the first one's are read, the others kept in step
+        iterators = data_iterator if isinstance(data_iterator, list) else [data_iterator]
+
+        def read():
+            return [next(it) for it in iterators][0]
+
         batches = [None] * (d * m)  # another replica's micro-batch: never read here
         if self.encoder:
             for k in range(d * m):
                 mb, replica = divmod(k, d)
-                batches[replica * m + mb] = next(data_iterator)
+                batches[replica * m + mb] = read()
         else:
             replica = parallel_state.get_data_parallel_rank()
             for mb in range(m):
-                batches[replica * m + mb] = next(data_iterator)
+                batches[replica * m + mb] = read()
         return self.executor(data_iterator=iter(batches), num_microbatches=d * m, **kwargs)
 
 

@@ -127,10 +127,6 @@ from megatron_mm.training.user_errors import exit_with_user_error
      "leave 0 for the LLM"),
     (["--encoder-data-parallel-size", "2"], 2,
      "--encoder-data-parallel-size needs --encoder-schedule separate"),
-    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate",
-      "--vision-model-type", "qwen3_vl", "--vision-deepstack-visual-indexes", "0"], 3,
-     "--encoder-schedule separate: the vision encoder (qwen3_vl) hands LLM layers DeepStack "
-     "features, which the separate placement does not send yet"),
     # what the separate placement's training run does not cover yet
     (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate",
       "--tensor-model-parallel-size", "2"], 5,

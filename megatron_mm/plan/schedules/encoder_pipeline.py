@@ -200,7 +200,9 @@ def schedule_costs(chain: Sequence[Layer], llm_partition: StagePartition,
     per rank at ``tensor_model_parallel_size``; the encoder layers run at
     ``encoder_tensor_model_parallel_size`` (default the same), r = TP / encoder TP replicas
     taking turns with the micro-batches (each piece 1 / r of its time per rank, plus each
-    encoder's output broadcast and the replicas' gradient sum)."""
+    encoder's output broadcast and the replicas' gradient sum). The separate placement's
+    pieces (``separate_model_placements``: each encoder whole) give its program's costs,
+    the tower's message with every DeepStack layer's output."""
     encoders, llm = split_chain(chain)
     encoders = dict(encoders)
     time = TimeModel(hardware, links)
@@ -231,8 +233,9 @@ def schedule_costs(chain: Sequence[Layer], llm_partition: StagePartition,
             per_piece.append(units(mine, etp, share))
             last = p == len(enc.layers) - 1
             bcast.append(time.broadcast_s(layers[-1].out_bytes * tp, tp) if last else 0.0)
-            trained = sum(l.params * tp / etp for l in mine if l.trainable)
-            ranks_params[enc.ranks[p]] = ranks_params.get(enc.ranks[p], 0.0) + trained
+            if enc.ranks:  # none: the separate placement's (on encoder ranks of their own)
+                trained = sum(l.params * tp / etp for l in mine if l.trainable)
+                ranks_params[enc.ranks[p]] = ranks_params.get(enc.ranks[p], 0.0) + trained
     per_chunk = [units(c) for c in chunks]
     total = lambda us, what: us[1] * sum(getattr(u, what) for u in us[0])  # noqa: E731
     costs = ActionCosts(forward_s=[total(c, "forward_s") for c in per_chunk],

@@ -57,9 +57,11 @@ class TrainingPlan:
         if part.pipeline_model_parallel_size > 1:
             lines.append(f"> pipeline partition ({self.policy}): layers per stage "
                          f"{part.layers_per_chunk}")
+            # separate: the partition is over the LLM's own chain (the encoders on their ranks)
+            chain = self.chain if self.separate is None else split_chain(self.chain)[1]
             for c, (start, end) in enumerate(part.chunk_bounds()):
                 lines.append(f"   chunk {c} (pipeline rank {part.rank_of_chunk(c)}): "
-                             f"{describe_chunk(self.chain, start, end)}")
+                             f"{describe_chunk(chain, start, end)}")
         if self.recompute_choice is not None:
             lines.append(choice_line(config, self.recompute_choice))
         return "\n".join(lines)

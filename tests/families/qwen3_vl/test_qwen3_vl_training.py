@@ -9,7 +9,8 @@ share of the sequence), TP=2 with sequence parallelism (also across a tower cut)
 on packed, balanced micro-batches (--data-balance) at CP=2, PP=2 and DP=2; and with a
 frozen tower; and the schedule executor's coarse / bubble schedules (trainable and frozen
 tower, recompute, PP=2 x VPP=2, CP=2, --data-balance, encoder replicas at encoder TP 1
-under TP 2)."""
+under TP 2) and the separate placement (the tower on an encoder rank of its own, the LLM at
+PP=2 x VPP=2)."""
 
 import pytest
 import torch
@@ -223,6 +224,13 @@ SCHEDULE_CASES = {
     # the tower's pieces on encoder TP 1 under the LLM's TP 2 (replicas of the tower)
     "bubble-encoder-tp1": ["--encoder-schedule", "bubble", "--tensor-model-parallel-size",
                            "2", "--encoder-tensor-model-parallel-size", "1"],
+    # the tower whole on an encoder rank of its own (rank 0) next to the LLM's PP=2 x VPP=2
+    # [embedding, mergers] [LLM 0] [LLM 1] [LLM 2, head] on ranks 1-2: the tower's output
+    # carries both DeepStack layers' outputs to the mergers, both merged features cross
+    # the LLM's stage boundaries (the second through LLM 0's chunk); the gradients back
+    "separate-vpp2": ["--encoder-schedule", "separate",
+                      "--virtual-pipeline-model-parallel-size", "2",
+                      "--pipeline-partition", "1,1,1,2"],
 }
 
 
@@ -238,7 +246,7 @@ def test_encoder_schedules_carry_deepstack(qwen3_vl_dir, reference, request, cas
     if "--pipeline-partition" not in flags:
         flags = flags + ["--pipeline-partition", "2,3"]
     world = 2 * _size(flags, "--tensor-model-parallel-size") * _size(
-        flags, "--context-parallel-size")
+        flags, "--context-parallel-size") + ("separate" in flags)  # its encoder rank
     layout = flags + ["--pipeline-model-parallel-size", "2"]
     ranks = run_distributed(train, world, _argv(qwen3_vl_dir, *common, *layout), (1, STEPS))
     _assert_equal_runs(ranks, layout, ref)

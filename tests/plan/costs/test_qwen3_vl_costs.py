@@ -1,7 +1,8 @@
 """The planner's Qwen3-VL terms, each shown to change an outcome: attention within whole
 frames (quadratic in each frame's tokens) against windows moves the partition; the
 DeepStack mergers' FLOPs move it too; the DeepStack features' bytes cross the stage
-boundaries (partition estimate and search) and lengthen the simulated schedule."""
+boundaries (partition estimate and search) and lengthen the simulated schedule (the
+separate placement's program too)."""
 
 from dataclasses import replace
 
@@ -17,6 +18,8 @@ from megatron_mm.plan.pipeline.partition_search import score
 from megatron_mm.plan.schedules.encoder_pipeline import (megatron_costs, plan_encoder_pipeline,
                                                          schedule_costs)
 from megatron_mm.plan.schedules.generate import coarse
+from megatron_mm.plan.schedules.separate import separate
+from megatron_mm.plan.schedules.separate_placements import separate_model_placements
 from megatron_mm.plan.schedules.simulate import simulate
 
 VIT = TransformerSpec(hidden_size=1152, num_layers=12, ffn_hidden_size=4304,
@@ -95,6 +98,25 @@ def test_deepstack_volume_lengthens_the_simulated_schedule():
     schedule = coarse(2, 1, 4, True, 2, 1)
     free = replace(costs, deepstack_p2p_s=[], encoder_deepstack_p2p_s=[])
     assert simulate(schedule, costs).iteration_s > simulate(schedule, free).iteration_s
+
+
+def test_deepstack_volume_in_the_separate_program():
+    """The tower whole on an encoder rank of its own (``--encoder-schedule separate``): its
+    one message to the LLM carries all three DeepStack layers' outputs, LLM chunk 0 (with
+    the mergers) sends LLM layers 1 and 2's merged features on; both lengthen the
+    separate program's simulated iteration."""
+    deep = chain(deepstack=DEEPSTACK)
+    part = StagePartition(2, 1, [2, 8])  # over the LLM's own chain: [embed, LLM 0] [...]
+    pieces = separate_model_placements(deep, part).pieces
+    costs = schedule_costs(deep, part, pieces, Hardware(), links=Interconnect())
+    time = TimeModel(Hardware(), Interconnect())
+    vit = [l for l in deep if l.kind == "vision_layer"]
+    llm0 = next(l for l in deep if l.kind == "llm_layer")
+    assert costs.encoder_deepstack_p2p_s == [time.p2p_s(3 * vit[-1].out_bytes)]
+    assert costs.deepstack_p2p_s == [time.p2p_s(llm0.deepstack_bytes), 0.0]
+    program = separate(2, 1, 4, 1, 1, True, costs=costs)
+    free = replace(costs, deepstack_p2p_s=[], encoder_deepstack_p2p_s=[])
+    assert simulate(program, costs).iteration_s > simulate(program, free).iteration_s
 
 
 def test_deepstack_volume_in_megatron_schedule_costs():
