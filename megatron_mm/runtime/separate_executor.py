@@ -16,10 +16,10 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
+from ..plan.schedules.separate import check_members
 from .collective_device import collective_device
 from .executor import ScheduleExecutor
 from .separate_placement import SeparateRanks
-from ..plan.schedules.separate import check_members
 
 
 class SeparateExecutor(ScheduleExecutor):

@@ -6,7 +6,9 @@ The world holds ``--encoder-data-parallel-size`` encoder replicas of
 MIMO places its encoder modules at rank offset 0) and, after them, the LLM's ranks with
 their usual TP / PP / CP and a data-parallel size of what is left
 (``placement_sizes``). Every encoder runs whole on an encoder replica (its TP ranks walk
-the same list, as an LLM stage's TP ranks do); several encoders share the replicas.
+the same list, as an LLM stage's TP x CP ranks do: ``Members``, which says how the
+messages between the two fan out, and ``check_members`` that they cannot hang); several
+encoders share the replicas.
 
 The program is a ``Schedule`` whose ranks are the IR ranks of the whole world: LLM data-
 parallel replica d's pipeline rank r is IR rank ``d * PP + r``, encoder replica e is IR
