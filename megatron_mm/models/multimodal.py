@@ -425,7 +425,7 @@ class MultimodalModel(MegatronModule):
                     if self.encoder_kept.get(name):  # bound after its batch (which clears)
                         self.encoder(name).kept.update(self.encoder_kept[name])
                     text = self.merge(name, self._whole(text, tokens), layout,
-                                      self.encoder_inputs.get(name))
+                                      self._received(name))
             return text, None
         for name in self.encoder_names:
             if layout.items[name]:  # under --vision-dp-when-cp this CP rank's items
@@ -437,6 +437,16 @@ class MultimodalModel(MegatronModule):
                 text = self.merge(name, self._whole(text, tokens), layout, hidden)
                 hidden = None
         return text, hidden
+
+    def _received(self, name: str) -> Optional[torch.Tensor]:
+        """Encoder ``name``'s output as another rank sent it (whole, ``encoder_separate``),
+        as its output norm and projector here take it: under sequence parallelism this TP
+        rank's shard of it, padded as the encoder's layers would run it (the split's
+        backward gathers the gradient whole again, the same on every TP rank)."""
+        hidden = self.encoder_inputs.get(name)
+        if hidden is None or not self.sequence_parallel:
+            return hidden
+        return self.encoder(name).to_sequence_parallel(hidden)
 
     def needs_media(self) -> bool:
         """Whether this chunk reads the media themselves (it embeds an encoder's input);

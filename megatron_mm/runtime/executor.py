@@ -170,6 +170,19 @@ class ScheduleExecutor:
         """Schedule rank ``rank`` as a rank of ``exchange_group``."""
         return rank
 
+    def send_peers(self, rank: int) -> List[int]:
+        """The ranks of ``exchange_group`` a message for schedule rank ``rank`` goes to."""
+        return [self.peer(rank)]
+
+    def recv_peer(self, rank: int) -> int:
+        """The rank of ``exchange_group`` a message of schedule rank ``rank`` comes from."""
+        return self.peer(rank)
+
+    def encoder_output_grads(self, inputs: list, grads: list) -> list:
+        """``B(m, 0)``'s gradients of the encoders' outputs ``inputs`` as this rank hands
+        them back."""
+        return grads
+
     def loss_tokens(self, num_tokens):
         """The token count this rank hands gradient finalisation (its loss tokens)."""
         return num_tokens
@@ -264,9 +277,9 @@ class _Iteration:
                 continue
             to_rank, tensor = self.outbox.pop(key)
             assert to_rank == t.peer, f"{key} goes to rank {to_rank}, the plan says {t.peer}"
-            sends.append((self.x.peer(t.peer), key, tensor, self.spec(key)))
+            sends += [(peer, key, tensor, self.spec(key)) for peer in self.x.send_peers(t.peer)]
         assert not self.outbox, f"messages the p2p plan does not list: {sorted(self.outbox)}"
-        recvs = [(self.x.peer(t.peer), tuple(t.key), self.spec(tuple(t.key)))
+        recvs = [(self.x.recv_peer(t.peer), tuple(t.key), self.spec(tuple(t.key)))
                  for t in ex.recvs
                  if self.x.carries(tuple(t.key))]
         if sends or recvs:
@@ -462,6 +475,8 @@ class _Iteration:
         if c > 0:
             self.send(self.rank_of("B", m, c - 1), ("B", m, c), input_grad)
         elif self.runs_encoder(m):  # other replicas' own EB
+            if input_grad:
+                input_grad = self.x.encoder_output_grads(inputs, input_grad)
             for (_, end), g in zip(self.s.encoder_spans(), input_grad or ()):
                 if self.trains(end - 1):
                     self.send(self.rank_of("EB", m, end - 1), output_grad_key(m, end - 1), g)

@@ -18,6 +18,9 @@ back from the device).
   whose output goes on to chunks holding LLM layers that add merged DeepStack features
   sends them flat after its [S, B, H]: [S B H + k n H, 1, 1] (n: the micro-batch's
   visual tokens).
+- The separate placement sends an encoder's output whole, [T, N, H_enc] without padding,
+  whatever the TP of the encoder ranks and of the LLM's (``MultimodalModel`` shards it
+  there under sequence parallelism).
 - A gradient (``B``, ``EB``) has the shape of the forward message it is the gradient of.
 
 The sender checks its tensor against the same spec, so a model change that breaks these
@@ -50,6 +53,9 @@ class MessageSpecs:
                                len(placements))
         self.local_length = local_length
         self.placements = list(placements)
+        # the separate placement sends an encoder's output whole (no sequence-parallel
+        # shard or padding): the encoder ranks' TP and the LLM's differ
+        self.whole_encoder_output = bool(placements) and placements[0].encoder_separate
         encoders = get_attr_wrapped_model(model_chunk, "mm_config").encoders
         # (encoder, LLM layers) of the DeepStack features, or None (``_attach_deepstack``)
         self.deepstack = next(((name, enc.deepstack_llm_layers) for name, enc in
@@ -77,6 +83,9 @@ class MessageSpecs:
             if not family.feature_tokens(enc, batch["media"])[0]:
                 return None
             t, n = family.hidden_shape(enc, batch["media"])
+            if self.whole_encoder_output:
+                return Spec((t, n, encoder.encoder_config.hidden_size),
+                            encoder.config.params_dtype)
             t = encoder.layer_length(t)  # with its sequence-parallel padding
             if encoder.config.sequence_parallel:
                 t //= encoder.config.tensor_model_parallel_size
@@ -85,6 +94,9 @@ class MessageSpecs:
         items = batch["media"].get(modality_of(enc))
         if items is None or items.shape[0] == 0:
             return None
+        if self.whole_encoder_output:
+            return Spec((encoder.seq_length, items.shape[0], encoder.encoder_config.hidden_size),
+                        encoder.config.params_dtype)
         t = encoder.layer_seq_length  # with its padding
         if encoder.config.sequence_parallel:
             t //= encoder.config.tensor_model_parallel_size

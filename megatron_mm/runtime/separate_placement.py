@@ -6,9 +6,10 @@ The encoder replicas are the world's first ranks (replica e: ranks ``e * ETP`` u
 ``(e + 1) * ETP``), the LLM's ranks follow at that rank offset with Megatron-Core's own
 grid (``initialize_model_parallel(rank_offset=, local_world_size=)``, order
 tp-cp-ep-dp-pp), as Megatron-Bridge's MIMO places its modules. The program's IR rank
-``d * PP + r`` is the LLM rank of data-parallel replica d and pipeline stage r (TP and CP
-rank 0: the program covers LLM TP = CP = 1 and encoder TP = 1 for now, ``SeparateRanks``
-refuses more); IR rank ``D * PP + e`` encoder replica e.
+``d * PP + r`` is run by the TP x CP ranks of the LLM's data-parallel replica d and pipeline
+stage r, IR rank ``D * PP + e`` by encoder replica e's ETP ranks (``separate.Members``:
+an encoder output goes from the replica's first rank to each of the stage's ranks, its
+gradient from the stage's first rank to each of the replica's).
 
 ``ProgramWalk`` walks a rank's list as the schedule executor does: before action i its
 exchange i (the sends of action i - 1 and the receives the program posts there, one
@@ -25,10 +26,9 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-from ..plan.errors import PlanError
 from ..plan.schedules.actions import Action
 from ..plan.schedules.p2p import Exchange, message_inputs, p2p_program
-from ..plan.schedules.separate import SeparateSchedule, SeparateSizes
+from ..plan.schedules.separate import Members, SeparateSchedule, SeparateSizes, check_members
 from .mailbox import Mailbox, Spec
 
 Key = Tuple[str, int, int]
@@ -36,33 +36,39 @@ Key = Tuple[str, int, int]
 
 @dataclass
 class SeparateRanks:
-    """Global rank <-> the program's IR rank for one world (module docstring)."""
+    """Global rank <-> (the program's IR rank, member) for one world (module docstring;
+    ``Members``: the processes that run one IR rank, member 0 its lead)."""
 
     sizes: SeparateSizes
     tensor_model_parallel_size: int
     pipeline_model_parallel_size: int
     context_parallel_size: int
 
-    def __post_init__(self):
-        if (self.tensor_model_parallel_size, self.context_parallel_size,
-                self.sizes.encoder_tensor_model_parallel_size) != (1, 1, 1):
-            raise PlanError("the separate placement's program covers "
-                            "--tensor-model-parallel-size 1, --context-parallel-size 1 and "
-                            "--encoder-tensor-model-parallel-size 1 so far")
+    @property
+    def members(self) -> Members:
+        return Members(llm=self.tensor_model_parallel_size * self.context_parallel_size,
+                       encoder=self.sizes.encoder_tensor_model_parallel_size,
+                       llm_ranks=self.sizes.llm_data_parallel_size
+                       * self.pipeline_model_parallel_size)
 
-    def global_rank(self, ir: int) -> int:
+    def global_rank(self, ir: int, member: int = 0) -> int:
         pp, dp = self.pipeline_model_parallel_size, self.sizes.llm_data_parallel_size
-        if ir >= dp * pp:  # an encoder replica: its first rank
-            return (ir - dp * pp) * self.sizes.encoder_tensor_model_parallel_size
-        d, r = divmod(ir, pp)  # Megatron's order tp-cp-ep-dp-pp at TP = CP = 1
-        return self.sizes.encoder_ranks + d + dp * r
+        if ir >= dp * pp:  # an encoder replica: its ETP ranks
+            return (ir - dp * pp) * self.sizes.encoder_tensor_model_parallel_size + member
+        d, r = divmod(ir, pp)  # Megatron's order tp-cp-ep-dp-pp: member = tp + TP * cp
+        return self.sizes.encoder_ranks + member + self.members.llm * (d + dp * r)
 
     def ir_rank(self, rank: int) -> int:
+        return self.ir_member(rank)[0]
+
+    def ir_member(self, rank: int) -> Tuple[int, int]:
         pp, dp = self.pipeline_model_parallel_size, self.sizes.llm_data_parallel_size
         if rank < self.sizes.encoder_ranks:
-            return dp * pp + rank // self.sizes.encoder_tensor_model_parallel_size
-        r, d = divmod(rank - self.sizes.encoder_ranks, dp)
-        return d * pp + r
+            e, k = divmod(rank, self.sizes.encoder_tensor_model_parallel_size)
+            return dp * pp + e, k
+        grid, k = divmod(rank - self.sizes.encoder_ranks, self.members.llm)
+        r, d = divmod(grid, dp)
+        return d * pp + r, k
 
     def is_encoder(self, rank: int) -> bool:
         return rank < self.sizes.encoder_ranks
@@ -122,17 +128,23 @@ class ProgramWalk:
         self.s, self.ranks, self.spec = schedule, ranks, spec
         self.lists = actions if actions is not None else schedule.ranks
         self.program: List[List[Exchange]] = p2p_program(schedule, self.lists, cost)
-        self.ir = ranks.ir_rank(dist.get_rank())
+        check_members(schedule, self.lists, self.program, ranks.members)
+        self.ir, self.member = ranks.ir_member(dist.get_rank())
         self.mailbox = Mailbox(dist.group.WORLD, device)
         self.inbox: Dict[Key, Optional[torch.Tensor]] = {}
         self.outbox: Dict[Key, Optional[torch.Tensor]] = {}
 
     def _exchange(self, i: int) -> None:
         ex = self.program[self.ir][i]
-        sends = [(self.ranks.global_rank(t.peer), tuple(t.key), self.outbox.pop(tuple(t.key)),
-                  self.spec(tuple(t.key))) for t in ex.sends]
+        sends = []
+        for t in ex.sends:
+            key = tuple(t.key)
+            tensor = self.outbox.pop(key)
+            sends += [(self.ranks.global_rank(p, j), key, tensor, self.spec(key))
+                      for p, j in self.ranks.members.targets(self.ir, self.member, t.peer)]
         assert not self.outbox, f"messages the program does not list: {sorted(self.outbox)}"
-        recvs = [(self.ranks.global_rank(t.peer), tuple(t.key), self.spec(tuple(t.key)))
+        recvs = [(self.ranks.global_rank(*self.ranks.members.source(
+            self.ir, self.member, t.peer)), tuple(t.key), self.spec(tuple(t.key)))
                  for t in ex.recvs]
         if sends or recvs:
             self.inbox.update(self.mailbox.exchange(sends, recvs))

@@ -29,9 +29,13 @@ def build_model_chunks(config, tokenizer, model_config, plan, replicas=None
                  for enc in model_config.encoders.values() for m in modalities_of(enc)}
     if plan.separate is not None and on_encoder_rank(config):  # every encoder, whole
         place = plan.separate.encoder
+        # on the encoder ranks' own grid: TP = --encoder-tensor-model-parallel-size, no
+        # CP; no sequence parallelism, so the output is whole on each of them (sent once)
         settings = dataclasses.replace(
             build_settings(config, [place]), pipeline_model_parallel_size=1,
             virtual_pipeline_model_parallel_size=None,
+            tensor_model_parallel_size=config.encoder_schedule.encoder_tensor_model_parallel_size
+            or 1, context_parallel_size=1, sequence_parallel=False,
             recompute_num_layers=plan.recompute_num_layers[0])
         chunk = build_model(model_config, settings, media_ids, placement=place)
         if torch.cuda.is_available():

@@ -11,12 +11,15 @@ reorders it."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch.distributed as dist
 from megatron.core import parallel_state
 
 from ..plan.schedules.separate import separate
 from ..runtime.separate_executor import SeparateExecutor
 from ..runtime.separate_placement import SeparateRanks
+from .encoder_executor import local_length
 from .separate_world import world_ranks
 from .step import batch_to_device
 
@@ -50,9 +53,10 @@ class SeparateRun:
         return self.executor(data_iterator=iter(batches), num_microbatches=d * m, **kwargs)
 
 
-def build_separate_run(config, plan) -> SeparateRun:
-    """The executor of ``plan.separate`` (``config``: the RunConfig), its program made and
-    validated before any step."""
+def build_separate_run(config, plan, attention=None) -> SeparateRun:
+    """The executor of ``plan.separate`` (``config``: the RunConfig; ``attention``: the
+    attention settings, which give each CP rank's token count), its program made and
+    checked before any step."""
     ranks = world_ranks(config)
     places = plan.separate
     parallel = config.parallel
@@ -65,6 +69,8 @@ def build_separate_run(config, plan) -> SeparateRun:
                                   encoders=len(places.pieces),
                                   frozen_encoders=[i for i, t in enumerate(trainable)
                                                    if not t]),
-        places.pieces, batch_to_device, placements=places.llm)
-    executor.schedule(config.training.num_microbatches * d)
+        places.pieces, batch_to_device, placements=places.llm,
+        local_length=(partial(local_length, attention)
+                      if parallel.context_parallel_size > 1 else None))
+    executor.program(executor.schedule(config.training.num_microbatches * d), False)
     return SeparateRun(executor, ranks)

@@ -37,7 +37,8 @@ def validate_sequence_parallel(args: argparse.Namespace) -> None:
         args.sequence_parallel = False
         return
     etp = args.encoder_tensor_model_parallel_size
-    if etp is not None and etp != tp:
+    # the separate placement's encoder ranks run without it and send their output whole
+    if etp is not None and etp != tp and args.encoder_schedule != "separate":
         raise ConfigError(
             f"--sequence-parallel with --encoder-tensor-model-parallel-size {etp} below "
             f"--tensor-model-parallel-size {tp} is not supported: each encoder replica would "

@@ -175,7 +175,8 @@ class Trainer:
             print_rank_0(description)
         executor = (build_executor(config, plan.encoder_plan, plan.chain, replicas, attention)
                     if plan.encoder_plan is not None else
-                    build_separate_run(config, plan) if plan.separate is not None else None)
+                    build_separate_run(config, plan, attention) if plan.separate is not None
+                    else None)
         model, model_chunks, optimizer, scheduler = build_run(plan)
         if plan.separate is not None:  # both sides clip by the norm of every parameter
             global_grad_norm(optimizer)

@@ -128,14 +128,12 @@ from megatron_mm.training.user_errors import exit_with_user_error
     (["--encoder-data-parallel-size", "2"], 2,
      "--encoder-data-parallel-size needs --encoder-schedule separate"),
     # what the separate placement's training run does not cover yet
-    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate",
-      "--tensor-model-parallel-size", "2"], 5,
-     "--encoder-schedule separate runs at --tensor-model-parallel-size 1 so far"),
+    (["--encoder-schedule", "separate", "--tensor-model-parallel-size", "2",
+      "--sequence-parallel", "--vision-model-type", "qwen2_5_vl", "--eval-iters", "0"], 3,
+     "--encoder-schedule separate with --sequence-parallel: the vision encoder (qwen2_5_vl) "
+     "pads its sequence by batch"),
     (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate"], 3,
      "--encoder-schedule separate does not evaluate yet: pass --eval-iters 0"),
-    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate",
-      "--use-distributed-optimizer"], 3,
-     "--encoder-schedule separate does not run --use-distributed-optimizer yet"),
 ])
 def test_bad_flags_name_the_flag(capsys, argv, world, message):
     with pytest.raises(SystemExit) as exit_info:

@@ -57,3 +57,40 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
     assert ours.keys() == theirs.keys()
     for name, value in theirs.items():
         assert torch.equal(ours[name], value), name
+
+
+@pytest.mark.parametrize("world, encoder_ranks, layout", [
+    # two encoder replicas: each holds a shard of the distributed optimizer's state
+    (4, 2, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+            "--encoder-data-parallel-size", "2", "--use-distributed-optimizer",
+            "--overlap-grad-reduce"]),
+    (4, 2, ["--context-parallel-size", "2", "--context-parallel-block", "8",
+            "--context-parallel-assignment", "zigzag",
+            "--encoder-tensor-model-parallel-size", "2"])],
+    ids=["llm-tp2-sp-distributed-optimizer", "llm-cp2-encoder-tp2"])
+def test_separate_placement_with_tensor_and_context_parallelism_equals_one_process(
+        one_process_reference, digits_dir, world, encoder_ranks, layout):
+    """LLM PP 1: every TP (and CP) rank of the LLM takes the encoder output, the gradient
+    goes back from one (summed over the CP ranks); the encoder replica's TP ranks each
+    take it. The gradient norm counts every parameter once (the distributed optimizer's
+    shards on both sides, the encoder's TP ranks)."""
+    argv, ref = one_process_reference(digits_dir, [])
+    ranks = run_distributed(train, world, argv + ["--encoder-schedule", "separate"] + layout,
+                            (1, STEPS))
+    # the encoder replica's first rank and the LLM's first TP / CP rank, gathered to TP 1
+    stages = [ranks[0], ranks[encoder_ranks]]
+    if "--encoder-data-parallel-size" in layout:
+        # the distributed optimizer leaves an encoder replica the reduced gradients of its
+        # own shard only: the encoder's are checked through the norm and the parameters
+        stages[0] = dict(stages[0], grads={step: {} for step in stages[0]["grads"]})
+        ref = dict(ref, grads={step: {n: g for n, g in grads.items()
+                                      if not n.startswith("vision_model.")}
+                               for step, grads in ref["grads"].items()})
+    assert any(n.startswith("vision_model.") for n in stages[0]["params"])
+    # CP sums the attention in another order: Adam moves a near-zero gradient's weight by
+    # up to lr (1e-3) on a last-bit difference
+    assert_equal_runs(stages, ref, STEPS,
+                      params_atol=1e-4 if "--context-parallel-size" in layout else 1e-5)
+    for step in range(1, STEPS + 1):
+        assert ranks[-1]["grad_norms"][step] == pytest.approx(ref["grad_norms"][step],
+                                                              rel=2e-5), step

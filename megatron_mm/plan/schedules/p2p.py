@@ -252,6 +252,46 @@ class _Replay:
                     for r in range(len(self.program)) if self.at[r] < len(self.program[r])))
 
 
+def check_group_rendezvous(programs: List[List[Exchange]],
+                           actions: Sequence[Sequence[Action]], groups: Sequence[Sequence[int]],
+                           collective: Callable[[Action], bool]) -> None:
+    """Raise ``PlanError`` if ranks that also meet in collectives can hang: rank n runs
+    exchange 0, action 0, exchange 1, ... of ``programs[n]`` / ``actions[n]`` (exchanges as
+    ``check_rendezvous`` replays them), and an action with ``collective(action)`` ends only
+    once every rank of ``groups[n]`` (ranks walking the same list) has come to it (their
+    TP / CP collectives inside it)."""
+    replay = _Replay(programs)  # posts every exchange 0
+    n = len(programs)
+    in_action = [False] * n
+    finished = lambda r: replay.at[r] == len(programs[r])  # noqa: E731
+    while not all(finished(r) for r in range(n)):
+        progressed = False
+        for r in range(n):
+            if (not finished(r) and not in_action[r]
+                    and all(replay.matched(op) for op in replay.ops[r])):
+                progressed = True
+                if replay.at[r] == len(actions[r]):  # the exchange after the last action
+                    replay.at[r] += 1
+                    replay.ops[r] = []
+                    continue
+                in_action[r] = True
+            if in_action[r]:
+                group = groups[r] if collective(actions[r][replay.at[r]]) else [r]
+                if all(in_action[k] and replay.at[k] == replay.at[r] for k in group):
+                    for k in group:
+                        in_action[k] = False
+                        replay.at[k] += 1
+                        replay.post(k)
+                    progressed = True
+        if not progressed:
+            raise PlanError(
+                "ranks deadlock: their point-to-point exchanges and the collectives inside "
+                "their actions wait on each other (" + "; ".join(
+                    f"rank {r} " + (f"in {actions[r][replay.at[r]]}" if in_action[r]
+                                    else f"in exchange {replay.at[r]}")
+                    for r in range(n) if not finished(r)) + ")")
+
+
 def carried_by(key: Key, replica: int, replicas: int) -> bool:
     """Whether message ``key`` travels in encoder replica ``replica``'s pipeline group:
     every LLM message, and the encoder messages (pieces' outputs and gradients, ``B(m,

@@ -6,7 +6,9 @@ The world holds ``--encoder-data-parallel-size`` encoder replicas of
 MIMO places its encoder modules at rank offset 0) and, after them, the LLM's ranks with
 their usual TP / PP / CP and a data-parallel size of what is left
 (``placement_sizes``). Every encoder runs whole on an encoder replica (its TP ranks walk
-the same list, as an LLM stage's TP ranks do); several encoders share the replicas.
+the same list, as an LLM stage's TP x CP ranks do: ``Members``, which says how the
+messages between the two fan out, and ``check_members`` that they cannot hang); several
+encoders share the replicas.
 
 The program is a ``Schedule`` whose ranks are the IR ranks of the whole world: LLM data-
 parallel replica d's pipeline rank r is IR rank ``d * PP + r``, encoder replica e is IR
@@ -43,6 +45,7 @@ from ..errors import PlanError
 from ..record import Record
 from .actions import Action, Kind, Schedule, validated
 from .generate import llm_order
+from .p2p import Exchange, Transfer, check_group_rendezvous
 from .simulate import ActionCosts
 
 Key = Tuple[str, int, int]
@@ -115,6 +118,7 @@ class SeparateSchedule(Schedule):
     def encoder_rank(self, e: int) -> int:
         return self.llm_data_parallel_size * self.pipeline_model_parallel_size + e
 
+
     def replica_microbatches(self, e: int) -> List[int]:
         """Encoder replica ``e``'s micro-batches, in the order the LLM needs them."""
         return list(_replica_lists(self.llm_data_parallel_size, self.microbatches_per_replica,
@@ -140,6 +144,66 @@ class SeparateSchedule(Schedule):
 
     def dependencies(self, a: Action) -> List[Key]:
         return super().dependencies(a) + self.control_inputs(a)
+
+
+@dataclass
+class Members(Record):
+    """The processes that run one rank of the program together: an LLM rank's TP x CP ranks
+    (``llm``, numbered tp + TP * cp as in Megatron-Core's order), an encoder replica's
+    ``--encoder-tensor-model-parallel-size`` ranks (``encoder``); the program's first
+    ``llm_ranks`` ranks are the LLM's. They walk the same list, meeting in the collectives
+    inside its actions. A message between an encoder and the LLM goes from the sender's
+    member 0 to every member of the receiver (each needs the encoder output, or its
+    gradient, whole; the sender's members hold the same); a message between LLM ranks from
+    each member to the same member (Megatron-Core's p2p)."""
+
+    llm: int = 1
+    encoder: int = 1
+    llm_ranks: int = 1
+
+    def of(self, ir: int) -> int:
+        return self.encoder if ir >= self.llm_ranks else self.llm
+
+    def crosses(self, ir: int, peer: int) -> bool:
+        return (ir >= self.llm_ranks) != (peer >= self.llm_ranks)
+
+    def targets(self, ir: int, k: int, peer: int) -> List[Tuple[int, int]]:
+        """The (peer, member) pairs member ``k`` of rank ``ir`` sends a message for
+        ``peer`` to."""
+        if not self.crosses(ir, peer):
+            return [(peer, k)]
+        return [(peer, j) for j in range(self.of(peer))] if k == 0 else []
+
+    def source(self, ir: int, k: int, peer: int) -> Tuple[int, int]:
+        """The (peer, member) member ``k`` of rank ``ir`` receives a message of ``peer``
+        from."""
+        return (peer, 0) if self.crosses(ir, peer) else (peer, k)
+
+
+def check_members(s: SeparateSchedule, ranks: Sequence[Sequence[Action]],
+                  program: List[List[Exchange]], members: Members) -> None:
+    """Raise ``PlanError`` if ``program`` (the exchanges of ``s``'s action lists ``ranks``)
+    can hang once each rank is run by its ``members``: the messages fanned out and gathered as
+    ``Members`` says, and every member of a rank meeting the others in each of its actions
+    (their TP / CP collectives)."""
+    if (members.llm, members.encoder) == (1, 1):
+        return
+    base = [0]
+    for ir in range(len(ranks)):
+        base.append(base[-1] + members.of(ir))
+    programs, actions, groups = [], [], []
+    for ir, exchanges in enumerate(program):
+        group = list(range(base[ir], base[ir + 1]))
+        for k in range(len(group)):
+            programs.append([Exchange(
+                [Transfer(base[p] + j, t.key) for t in ex.sends
+                 for p, j in members.targets(ir, k, t.peer)],
+                [Transfer(base[p] + j, t.key) for t in ex.recvs
+                 for p, j in [members.source(ir, k, t.peer)]]) for ex in exchanges])
+            actions.append(ranks[ir])
+            groups.append(group)
+    check_group_rendezvous(programs, actions, groups,
+                           lambda a: a.kind in (Kind.F, Kind.B, Kind.EF, Kind.EB))
 
 
 @functools.lru_cache(maxsize=64)

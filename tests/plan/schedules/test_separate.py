@@ -1,5 +1,6 @@
 """The separate (non-colocated) placement's program (plan/schedules/separate.py): valid,
-NCCL-safe over a grid of sizes, the encoder replicas sharing the micro-batches whatever
+NCCL-safe over a grid of sizes (each rank run by several processes too: the LLM's TP x CP
+ranks, an encoder replica's TP ranks), the encoder replicas sharing the micro-batches whatever
 the two data-parallel sizes, a bounded lookahead, and the world's sizes checked up front."""
 
 import itertools
@@ -9,7 +10,8 @@ import pytest
 from megatron_mm.plan.errors import PlanError
 from megatron_mm.plan.schedules.actions import Kind, validate
 from megatron_mm.plan.schedules.p2p import check_rendezvous, p2p_program
-from megatron_mm.plan.schedules.separate import placement_sizes, separate
+from megatron_mm.plan.schedules.separate import (Members, check_members, placement_sizes,
+                                                 separate)
 from megatron_mm.plan.schedules.simulate import ActionCosts, simulate
 
 
@@ -27,9 +29,33 @@ def test_every_separate_program_is_valid_and_rendezvous_safe(pp, vpp, m, d, e, t
     s = separate(pp, vpp, m, d, e, trainable, encoders=encoders,
                  frozen_encoders=[1] if encoders > 1 else [])
     assert len(s.ranks) == d * pp + e
-    check_rendezvous(p2p_program(s, s.ranks))
+    program = p2p_program(s, s.ranks)
+    check_rendezvous(program)
+    # LLM TP 2 x CP 2 and encoder TP 2: the encoder messages fanned out to every member
+    check_members(s, s.ranks, program, Members(llm=4, encoder=2, llm_ranks=d * pp))
     forward_only = [[a for a in r if a.kind in (Kind.F, Kind.EF)] for r in s.ranks]
     check_rendezvous(p2p_program(s, forward_only))
+
+
+def test_encoder_messages_fan_out_to_every_member_and_the_check_sees_a_missing_one():
+    members = Members(llm=4, encoder=2, llm_ranks=2)  # IR ranks 0-1 the LLM's, 2 encoder
+    # an encoder output from the replica's first rank to each TP x CP rank of the stage,
+    # its gradient from the stage's first rank to each encoder TP rank
+    assert members.targets(2, 0, 0) == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    assert members.targets(2, 1, 0) == []
+    assert members.targets(0, 0, 2) == [(2, 0), (2, 1)] and members.targets(0, 3, 2) == []
+    assert members.source(0, 3, 2) == (2, 0) and members.source(2, 1, 0) == (0, 0)
+    # LLM stage to stage: member to the same member (TP and CP rank)
+    assert members.targets(0, 3, 1) == [(1, 3)] and members.source(1, 3, 0) == (0, 3)
+
+    class LeadOnly(Members):  # the output sent to the first TP rank only
+        def targets(self, ir, k, peer):
+            return super().targets(ir, k, peer)[:1]
+
+    s = separate(2, 1, 4, 1, 1, True)
+    program = p2p_program(s, s.ranks)
+    with pytest.raises(PlanError, match=r"deadlock.*rank 1 in exchange 0"):
+        check_members(s, s.ranks, program, LeadOnly(llm=2, encoder=1, llm_ranks=2))
 
 
 def test_encoder_replicas_share_the_micro_batches_in_the_order_the_llm_needs_them():
