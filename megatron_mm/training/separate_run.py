@@ -47,17 +47,21 @@ def build_separate_run(config, plan) -> SeparateRun:
     """The executor of ``plan.separate`` (``config``: the RunConfig), its program made and
     validated before any step."""
     ranks = world_ranks(config)
-    places = plan.separate
+    executor = SeparateExecutor(ranks, separate_program(config, plan, ranks.sizes),
+                                plan.separate.pieces, batch_to_device,
+                                placements=plan.separate.llm)
+    executor.schedule(config.training.num_microbatches * ranks.sizes.llm_data_parallel_size)
+    return SeparateRun(executor, ranks)
+
+
+def separate_program(config, plan, sizes):
+    """The run's program for ``n`` micro-batches over all LLM replicas (``sizes``: the
+    placement's ``SeparateSizes``); the simulator replays the same one."""
     parallel = config.parallel
     pp, vpp = parallel.pipeline_model_parallel_size, (
         parallel.virtual_pipeline_model_parallel_size or 1)
-    d, e = ranks.sizes.llm_data_parallel_size, ranks.sizes.encoder_data_parallel_size
+    d, e = sizes.llm_data_parallel_size, sizes.encoder_data_parallel_size
     trainable = plan.separate_trainable
-    executor = SeparateExecutor(
-        ranks, lambda n: separate(pp, vpp, n // d, d, e, any(trainable),
-                                  encoders=len(places.pieces),
-                                  frozen_encoders=[i for i, t in enumerate(trainable)
-                                                   if not t]),
-        places.pieces, batch_to_device, placements=places.llm)
-    executor.schedule(config.training.num_microbatches * d)
-    return SeparateRun(executor, ranks)
+    return lambda n: separate(pp, vpp, n // d, d, e, any(trainable),
+                              encoders=len(plan.separate.pieces),
+                              frozen_encoders=[i for i, t in enumerate(trainable) if not t])

@@ -231,8 +231,9 @@ def schedule_costs(chain: Sequence[Layer], llm_partition: StagePartition,
             per_piece.append(units(mine, etp, share))
             last = p == len(enc.layers) - 1
             bcast.append(time.broadcast_s(layers[-1].out_bytes * tp, tp) if last else 0.0)
-            trained = sum(l.params * tp / etp for l in mine if l.trainable)
-            ranks_params[enc.ranks[p]] = ranks_params.get(enc.ranks[p], 0.0) + trained
+            if enc.ranks:  # (the separate placement's pieces are on no LLM rank)
+                trained = sum(l.params * tp / etp for l in mine if l.trainable)
+                ranks_params[enc.ranks[p]] = ranks_params.get(enc.ranks[p], 0.0) + trained
     per_chunk = [units(c) for c in chunks]
     total = lambda us, what: us[1] * sum(getattr(u, what) for u in us[0])  # noqa: E731
     costs = ActionCosts(forward_s=[total(c, "forward_s") for c in per_chunk],
