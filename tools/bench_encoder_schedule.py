@@ -1,15 +1,25 @@
-"""Encoder work in the pipeline bubbles, measured on this machine (PP=2, gloo).
+"""Encoder placements measured on this machine (2 ranks, gloo): in the pipeline, in its
+bubbles, on a rank of their own.
 
-    python tools/bench_encoder_schedule.py [--iters 4] [--rounds 2] [--png-out t.png]
-                                           [--audio] [--moe] [--schedules megatron ...]
+    python tools/bench_encoder_schedule.py [--workload heavy|light] [--iters 4]
+                                           [--rounds 2] [--png-out t.png] [--audio] [--moe]
+                                           [--schedules megatron ...]
                                            [training flags overriding the model's]
 
-An encoder-heavy model (a trainable 12-layer ViT in front of a 4-layer LLM; ``--audio``
-adds a trainable 6-layer Whisper-style audio encoder and trains on spoken digits, which
-needs espeak-ng; ``--moe`` makes the LLM a small mixture of experts: layer 0 dense, layers
-1-3 eight experts of 256, top-2, the load-balancing loss on, the all-to-all dispatcher;
-two cores give no room for expert parallelism, so EP is 1), two pipeline ranks, each one
-process with one thread pinned to its own core (a bubble is real idle time). Steps:
+An encoder-heavy model (a trainable 12-layer ViT in front of a 4-layer LLM, one 32x32
+image of 64 patches per sample, 8 micro-batches of 4; ``--audio`` adds a trainable 6-layer
+Whisper-style audio encoder and trains on spoken digits, which needs espeak-ng; ``--moe``
+makes the LLM a small mixture of experts: layer 0 dense, layers 1-3 eight experts of 256,
+top-2, the load-balancing loss on, the all-to-all dispatcher; two cores give no room for
+expert parallelism, so EP is 1), two ranks, each one process with one thread pinned to its
+own core (a bubble is real idle time). ``--workload`` changes the model:
+
+- ``heavy``: images of 64x64 pixels (256 patches each, the LLM's sequence 352 tokens), the
+  ViT trains: its work per micro-batch about twice the LLM's. A sample this large leaves
+  room for few per iteration: 4 micro-batches of 2;
+- ``light``: a 2-layer ViT (the encoder about a third of the LLM's work).
+
+Steps:
 
 1. ``tools/profile_layers.py`` measures every layer's forward and backward time, once on
    each core at the same time (the runs keep both cores busy), averaged;
@@ -20,15 +30,34 @@ process with one thread pinned to its own core (a bubble is real idle time). Ste
    strongest baseline without the encoder schedules), and with the encoder as its own
    pipeline over both ranks (``coarse``, ``bubble`` with ``--pipeline-partition auto``:
    LLM chunks and encoder pieces balanced per rank on the measured profile, the bubble
-   schedule generated on it; ``bubble-vpp2`` with the LLM interleaved), alternating,
-   ``--rounds`` times;
+   schedule generated on it; ``bubble-vpp2`` with the LLM interleaved), with the encoder
+   on a rank of its own and the whole LLM on the other (``separate``:
+   ``--encoder-schedule separate``, LLM PP=1), and with ``--encoder-schedule auto`` (the
+   planner's pick on the profile, read from the run's log), alternating, ``--rounds``
+   times;
 3. it prints the median iteration time of each (and its forward-backward part: the
    schedule and gradient sync, without the optimizer step), its ratio to Megatron-Core's,
    and the simulator's prediction from the profile plus the p2p, gradient-sync and
    optimizer-step times measured before the timed iterations (``plan.simulate`` on the
-   same schedules), and writes the measured timelines (the executor records them) beside
-   the simulated ones as a PNG and a Chrome trace. The last lines compare the bubble
-   schedule with Megatron-Core's rows, the fastest of each side too.
+   run's own plan and program: separate's with the encoder rank's and the LLM rank's
+   timelines), and writes the measured timelines (the executor records them) beside the
+   simulated ones as a PNG and a Chrome trace. The last lines: auto over the fastest fixed
+   placement, the best encoder placement (coarse, bubble, separate) over the fastest
+   Megatron-Core row, and the simulator's error on every row.
+
+Where each should win on 2 ranks. E and L are the encoder's and the LLM's forward and
+backward time per micro-batch, M the micro-batches. ``separate`` is a two-stage pipeline
+cut at the encoder's output: at least M x max(E, L), against about M (E + L) / 2 plus the
+bubble for a balanced PP=2, so it can only tie, where E = L, and loses by about
+2 max(E, L) / (E + L) elsewhere (heavy about 4/3, light about 3/2); what it buys (the
+encoder's own data-parallel size and TP, no encoder work in the LLM's stages) pays at
+cluster scale, not here. ``bubble`` can only take idle time away: the 1F1B bubble of about
+1 / (M + 1) of the balanced layout (less what interleaving already removes) and the
+imbalance that whole-layer cuts leave; a trainable encoder keeps the first micro-batch's
+encoder forward before any LLM work and the last one's encoder backward after it. So on
+light (four coarse LLM layers, a small encoder to fill the difference) it should beat
+every Megatron-Core row; on heavy (twelve fine ViT layers that balance Megatron-Core's
+layout well) it should beat 1F1B by about the bubble and interleaving by a few percent.
 
 Micro-batches are loaded before timing, so iteration time is model work plus waiting.
 """
