@@ -41,7 +41,8 @@ Steps:
    optimizer-step times measured before the timed iterations (``plan.simulate`` on the
    run's own plan and program: separate's with the encoder rank's and the LLM rank's
    timelines), and writes the measured timelines (the executor records them) beside the
-   simulated ones as a PNG and a Chrome trace. The last lines: auto over the fastest fixed
+   simulated ones as a PNG and a Chrome trace (separate's rows by the program's ranks:
+   rank 0 the LLM, rank 1 the encoder). The last lines: auto over the fastest fixed
    placement, the best encoder placement (coarse, bubble, separate) over the fastest
    Megatron-Core row, and the simulator's error on every row.
 
