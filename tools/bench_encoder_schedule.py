@@ -1,15 +1,25 @@
-"""Encoder work in the pipeline bubbles, measured on this machine (PP=2, gloo).
+"""Encoder placements measured on this machine (2 ranks, gloo): in the pipeline, in its
+bubbles, on a rank of their own.
 
-    python tools/bench_encoder_schedule.py [--iters 4] [--rounds 2] [--png-out t.png]
-                                           [--audio] [--moe] [--schedules megatron ...]
+    python tools/bench_encoder_schedule.py [--workload heavy|light] [--iters 4]
+                                           [--rounds 2] [--png-out t.png] [--audio] [--moe]
+                                           [--schedules megatron ...]
                                            [training flags overriding the model's]
 
-An encoder-heavy model (a trainable 12-layer ViT in front of a 4-layer LLM; ``--audio``
-adds a trainable 6-layer Whisper-style audio encoder and trains on spoken digits, which
-needs espeak-ng; ``--moe`` makes the LLM a small mixture of experts: layer 0 dense, layers
-1-3 eight experts of 256, top-2, the load-balancing loss on, the all-to-all dispatcher;
-two cores give no room for expert parallelism, so EP is 1), two pipeline ranks, each one
-process with one thread pinned to its own core (a bubble is real idle time). Steps:
+An encoder-heavy model (a trainable 12-layer ViT in front of a 4-layer LLM, one 32x32
+image of 64 patches per sample, 8 micro-batches of 4; ``--audio`` adds a trainable 6-layer
+Whisper-style audio encoder and trains on spoken digits, which needs espeak-ng; ``--moe``
+makes the LLM a small mixture of experts: layer 0 dense, layers 1-3 eight experts of 256,
+top-2, the load-balancing loss on, the all-to-all dispatcher; two cores give no room for
+expert parallelism, so EP is 1), two ranks, each one process with one thread pinned to its
+own core (a bubble is real idle time). ``--workload`` changes the model:
+
+- ``heavy``: images of 64x64 pixels (256 patches each, the LLM's sequence 352 tokens), the
+  ViT trains: its work per micro-batch about twice the LLM's. A sample this large leaves
+  room for few per iteration: 4 micro-batches of 2;
+- ``light``: a 2-layer ViT (the encoder about a third of the LLM's work).
+
+Steps:
 
 1. ``tools/profile_layers.py`` measures every layer's forward and backward time, once on
    each core at the same time (the runs keep both cores busy), averaged;
@@ -20,15 +30,35 @@ process with one thread pinned to its own core (a bubble is real idle time). Ste
    strongest baseline without the encoder schedules), and with the encoder as its own
    pipeline over both ranks (``coarse``, ``bubble`` with ``--pipeline-partition auto``:
    LLM chunks and encoder pieces balanced per rank on the measured profile, the bubble
-   schedule generated on it; ``bubble-vpp2`` with the LLM interleaved), alternating,
-   ``--rounds`` times;
+   schedule generated on it; ``bubble-vpp2`` with the LLM interleaved), with the encoder
+   on a rank of its own and the whole LLM on the other (``separate``:
+   ``--encoder-schedule separate``, LLM PP=1), and with ``--encoder-schedule auto`` (the
+   planner's pick on the profile, read from the run's log), alternating, ``--rounds``
+   times;
 3. it prints the median iteration time of each (and its forward-backward part: the
    schedule and gradient sync, without the optimizer step), its ratio to Megatron-Core's,
    and the simulator's prediction from the profile plus the p2p, gradient-sync and
    optimizer-step times measured before the timed iterations (``plan.simulate`` on the
-   same schedules), and writes the measured timelines (the executor records them) beside
-   the simulated ones as a PNG and a Chrome trace. The last lines compare the bubble
-   schedule with Megatron-Core's rows, the fastest of each side too.
+   run's own plan and program: separate's with the encoder rank's and the LLM rank's
+   timelines), and writes the measured timelines (the executor records them) beside the
+   simulated ones as a PNG and a Chrome trace (separate's rows by the program's ranks:
+   rank 0 the LLM, rank 1 the encoder). The last lines: auto over the fastest fixed
+   placement, the best encoder placement (coarse, bubble, separate) over the fastest
+   Megatron-Core row, and the simulator's error on every row.
+
+Where each should win on 2 ranks. E and L are the encoder's and the LLM's forward and
+backward time per micro-batch, M the micro-batches. ``separate`` is a two-stage pipeline
+cut at the encoder's output: at least M x max(E, L), against about M (E + L) / 2 plus the
+bubble for a balanced PP=2, so it can only tie, where E = L, and loses by about
+2 max(E, L) / (E + L) elsewhere (heavy about 4/3, light about 3/2); what it buys (the
+encoder's own data-parallel size and TP, no encoder work in the LLM's stages) pays at
+cluster scale, not here. ``bubble`` can only take idle time away: the 1F1B bubble of about
+1 / (M + 1) of the balanced layout (less what interleaving already removes) and the
+imbalance that whole-layer cuts leave; a trainable encoder keeps the first micro-batch's
+encoder forward before any LLM work and the last one's encoder backward after it. So on
+light (four coarse LLM layers, a small encoder to fill the difference) it should beat
+every Megatron-Core row; on heavy (twelve fine ViT layers that balance Megatron-Core's
+layout well) it should beat 1F1B by about the bubble and interleaving by a few percent.
 
 Micro-batches are loaded before timing, so iteration time is model work plus waiting.
 """
@@ -38,6 +68,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -56,6 +87,13 @@ MODEL = [
     "--micro-batch-size", "4", "--global-batch-size", "32", "--lr", "1e-4",
     "--skip-final-eval",
 ]
+# --workload: the model above (none given: docs/encoder_schedules.md's figures) with
+# (module docstring)
+WORKLOADS = {
+    "heavy": ["--img-h", "64", "--img-w", "64", "--seq-length", "352",
+              "--micro-batch-size", "2", "--global-batch-size", "8"],
+    "light": ["--vision-num-layers", "2"],
+}
 MOE = ["--num-experts", "8", "--moe-ffn-hidden-size", "256", "--moe-router-topk", "2",
        "--moe-layer-freq", "[0,1,1,1]", "--moe-aux-loss-coeff", "0.01",
        "--moe-token-dispatcher-type", "alltoall"]
@@ -68,21 +106,24 @@ AUDIO = ["--audio-model-type", "whisper", "--audio-hidden-size", "256",
 # the balanced layout (``megatron-auto-vpp2``: the strongest baseline a user can set up
 # without the encoder schedules); then the encoder as its own pipeline (each rank's LLM and
 # encoder work balanced on the measured profile), the bubble schedule also with the LLM
-# interleaved.
+# interleaved; the encoder on a rank of its own and the LLM whole on the other
+# (``separate``: LLM PP=1); and ``--encoder-schedule auto`` (the planner's pick).
 SCHEDULES = ("megatron", "megatron-auto", "megatron-auto-vpp2", "coarse", "bubble",
-             "bubble-vpp2")
+             "bubble-vpp2", "separate", "auto")
 ENCODER_SCHEDULE = {"megatron": "megatron", "megatron-auto": "megatron",
                     "megatron-auto-vpp2": "megatron", "coarse": "coarse", "bubble": "bubble",
-                    "bubble-vpp2": "bubble"}
+                    "bubble-vpp2": "bubble", "separate": "separate", "auto": "auto"}
 PARTITION = {"megatron": "uniform", "megatron-auto": "auto", "megatron-auto-vpp2": "auto",
-             "coarse": "auto", "bubble": "auto", "bubble-vpp2": "auto"}
+             "coarse": "auto", "bubble": "auto", "bubble-vpp2": "auto", "separate": "auto",
+             "auto": "auto"}
 VPP = {"megatron-auto-vpp2": 2, "bubble-vpp2": 2}
+PP = {"separate": 1}  # the rest: 2 (the world's two ranks; separate: 1 encoder rank + 1)
 
 
 def schedule_flags(schedule: str) -> List[str]:
     """The flags of a row, beside the model's."""
     vpp = VPP.get(schedule)
-    return ["--pipeline-model-parallel-size", "2", "--encoder-schedule",
+    return ["--pipeline-model-parallel-size", str(PP.get(schedule, 2)), "--encoder-schedule",
             ENCODER_SCHEDULE[schedule], "--pipeline-partition", PARTITION[schedule]] + (
         ["--virtual-pipeline-model-parallel-size", str(vpp)] if vpp else [])
 
@@ -109,6 +150,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     from megatron_mm.training.data_setup import batch_iterator
     from megatron_mm.training.pretrain import setup_training
     from megatron_mm.training.run_config import RunConfig
+    from megatron_mm.training.separate_run import SeparateRun
     from megatron.core import parallel_state
     from megatron_mm.training.initialize import shutdown_distributed
 
@@ -116,10 +158,13 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % os.cpu_count()})
     args = parse_args(argv)
     run = setup_training(RunConfig.from_flags(args))
-    source = batch_iterator(run.config, run.train_ds, run.tokenizer, 0, shuffle=True)
+    separate = isinstance(run.executor, SeparateRun)
+    # an encoder rank of the separate placement encodes every LLM replica's micro-batches
+    source = batch_iterator(run.config, run.train_ds, run.tokenizer, 0, shuffle=True,
+                            whole_batch=separate and run.executor.encoder)
     batches = [next(source) for _ in range(args.num_microbatches)]
     links = _communication_costs(run, args)
-    executor = run.executor
+    executor = run.executor.executor if separate else run.executor
     walls, schedules, timeline = [], [], []
     run_schedule = step.run_schedule
 
@@ -157,17 +202,18 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
 def _communication_costs(run, args, repeats: int = 5) -> dict:
     """What the simulator charges beyond compute, measured here: one activation's p2p
     transfer between the two ranks (half a round trip), ``finalize_model_grads`` (the
-    tied embedding's gradient all-reduce between first and last stage) and the optimizer
-    step (on zero gradients, before the timed iterations: the same work)."""
+    tied embedding's gradient all-reduce between first and last stage; under separate each
+    side's own) and the optimizer step (on zero gradients, before the timed iterations:
+    the same work)."""
     import torch
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron.core import parallel_state
     from megatron.core.distributed import finalize_model_grads
 
-    group = parallel_state.get_pipeline_model_parallel_group()
-    peers = torch.distributed.get_process_group_ranks(group)
-    me = parallel_state.get_pipeline_model_parallel_rank()
+    # the world's two ranks: the pipeline's two stages, or separate's encoder and LLM rank
+    group = torch.distributed.group.WORLD
+    peers = [0, 1]
+    me = torch.distributed.get_rank()
     x = torch.zeros(args.seq_length, args.micro_batch_size, args.hidden_size)
     trips, syncs, steps = [], [], []
     for _ in range(repeats):
@@ -225,10 +271,12 @@ def run_schedule(schedule: str, profile: str, workdir: str, iters: int, warmup: 
            "--master-port", _free_port(), os.path.abspath(__file__), "--worker", "--out", out,
            "--iters", str(iters), "--warmup", str(warmup), "--", *model,
            *schedule_flags(schedule), "--pipeline-profile", profile]
-    _run(cmd)
+    log = _run(cmd)
     with open(out) as f:
         ranks = json.load(f)
+    chose = re.search(r"--encoder-schedule auto chose (.*?): simulated", log)
     return {"walls": ranks[0]["wall"], "schedules": ranks[0]["schedule"],
+            "chose": chose.group(1) if chose else None,
             "timeline": [t for r in ranks for t in r["timeline"]],
             "p2p_s": max(r["p2p_s"] for r in ranks),
             "grad_sync_s": max(r["grad_sync_s"] for r in ranks),
@@ -238,9 +286,9 @@ def run_schedule(schedule: str, profile: str, workdir: str, iters: int, warmup: 
 def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float,
               model: Sequence[str], optimizer_s: float = 0.0):
     """The simulator's replay of ``schedule`` on the measured per-layer profile,
-    communication costs and optimizer step."""
+    communication costs and optimizer step: the run's own plan and program (``auto``: of
+    the schedule it chose; ``separate``: the encoder rank's and the LLM rank's)."""
     from megatron_mm.data import build_tokenizer
-    from megatron_mm.plan import partition
     from megatron_mm.plan.schedules.encoder_pipeline import schedule_costs, megatron_costs
     from megatron_mm.plan.schedules.generate import megatron
     from megatron_mm.plan.pipeline.profile import MEASURED
@@ -248,25 +296,33 @@ def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.planning.encoder_schedule import encoder_pipeline_plan, make_schedule
-    from megatron_mm.training.planning.chain import training_chain
+    from megatron_mm.training.planning.encoder_schedule import make_schedule
+    from megatron_mm.training.planning.training_plan import plan_pipeline
     from megatron_mm.training.run_config import RunConfig
+    from megatron_mm.training.separate_run import separate_program
+    from megatron_mm.training.separate_world import separate_ranks
 
     args = parse_args([*model, *schedule_flags(schedule), "--pipeline-profile", profile_path],
                       world_size=2)
     args.model_config.language.vocab_size = build_tokenizer(
         args.tokenizer_type, args.tokenizer_model).vocab_size
     config = RunConfig.from_flags(args)
-    chain = training_chain(config)  # costs: the measured profile
-    m, vpp = args.num_microbatches, VPP.get(schedule, 1)
-    if ENCODER_SCHEDULE[schedule] == "megatron":
-        part = partition(chain, 2, vpp, PARTITION[schedule], num_microbatches=m)
-        costs = megatron_costs(chain, part, MEASURED, p2p_s)
-        order = megatron(2, vpp, m)
+    plan = plan_pipeline(config, args.model_config)  # costs: the measured profile
+    config = plan.schedule.applied(config)  # auto: the schedule it chose
+    chain, m = plan.chain, args.num_microbatches
+    pp = config.parallel.pipeline_model_parallel_size
+    vpp = config.parallel.virtual_pipeline_model_parallel_size or 1
+    if plan.separate is not None:
+        sizes = separate_ranks(config.parallel, config.encoder_schedule, 2).sizes
+        costs = schedule_costs(chain, plan.partition, plan.separate.pieces, MEASURED, p2p_s)
+        order = separate_program(config, plan, sizes)(m * sizes.llm_data_parallel_size)
+    elif plan.encoder_plan is None:
+        costs = megatron_costs(chain, plan.partition, MEASURED, p2p_s)
+        order = megatron(pp, vpp, m)
     else:
-        plan = encoder_pipeline_plan(config, chain)
-        costs = schedule_costs(chain, plan.llm_partition, plan.pieces, MEASURED, p2p_s)
-        order = make_schedule(config, plan, m)
+        costs = schedule_costs(chain, plan.encoder_plan.llm_partition, plan.encoder_plan.pieces,
+                               MEASURED, p2p_s)
+        order = make_schedule(config, plan.encoder_plan, m)
     costs.grad_sync_s, costs.optimizer_s = grad_sync_s, optimizer_s
     sim = simulate(order, costs)
     sim.schedule = f"{schedule} (simulated)"
@@ -322,6 +378,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="add a 6-layer audio encoder (vision + audio, spoken digits)")
     p.add_argument("--moe", action="store_true",
                    help="the LLM a mixture of experts (dense layer 0, 8 experts top-2 after)")
+    p.add_argument("--workload", choices=sorted(WORKLOADS),
+                   help="heavy: a trainable ViT with four times the patches per image, few "
+                        "micro-batches; light: a 2-layer ViT (module docstring)")
     p.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
                    help="the rows to run (default all)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -332,7 +391,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # training flags after the tool's own override the model's (a smaller one for a test)
-    args.model = MODEL + (AUDIO if args.audio else []) + (MOE if args.moe else []) + rest
+    args.model = (MODEL + WORKLOADS.get(args.workload, []) + (AUDIO if args.audio else [])
+                  + (MOE if args.moe else []) + rest)
     args.schedules = [s for s in SCHEDULES if s in args.schedules]
     with tempfile.TemporaryDirectory() as workdir:
         profile = co_run_profile(workdir, args.model)
@@ -348,15 +408,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def report(results: dict, profile: str, args) -> None:
     from megatron_mm.plan.schedules.timeline import write_chrome_trace, write_png
 
-    audio = " + audio encoder (6 layers, 64 frames x 4 clips)" if args.audio else ""
-    moe = (", MoE: layer 0 dense, layers 1-3 8 experts top-2, EP 1" if args.moe else "")
-    print(f"PP=2, trainable ViT (12 layers, 64 patches x 4 images){audio} + LLM (4 layers"
-          f"{moe}, 160 tokens x 4), 8 micro-batches per iteration, one thread per rank on its "
-          f"own core; medians of {args.rounds} x {args.iters} iterations")
+    print(describe(args))
     print(f"| schedule | iteration s | vs {args.schedules[0]} | of which forward-backward s | "
           "simulated s | sim vs forward-backward | sim vs iteration |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    iteration, timelines, overheads = {}, [], []
+    iteration, errors, timelines, overheads = {}, {}, [], []
     p2p = statistics.median(r["p2p_s"] for runs in results.values() for r in runs)
     sync = statistics.median(r["grad_sync_s"] for runs in results.values() for r in runs)
     step = statistics.median(r["optimizer_s"] for runs in results.values() for r in runs)
@@ -365,10 +421,13 @@ def report(results: dict, profile: str, args) -> None:
         iteration[schedule] = statistics.median(w for r in results[schedule] for w in r["walls"])
         fwd_bwd = statistics.median(w for r in results[schedule] for w in r["schedules"])
         sim = simulated(schedule, profile, p2p, sync, args.model, step)
-        print(f"| {schedule} | {iteration[schedule]:.3f} | "
+        chose = {r["chose"] for r in results[schedule]} - {None}
+        name = f"{schedule} (chose {' / '.join(sorted(chose))})" if chose else schedule
+        print(f"| {name} | {iteration[schedule]:.3f} | "
               f"{iteration[schedule] / iteration[base]:.3f} | {fwd_bwd:.3f} | "
               f"{sim.iteration_s:.3f} | {sim.iteration_s / fwd_bwd - 1:+.1%} | "
               f"{sim.iteration_s / iteration[schedule] - 1:+.1%} |")
+        errors[schedule] = sim.iteration_s / iteration[schedule] - 1
         timelines.append(sim)
         if results[schedule][-1]["timeline"]:
             timelines.append(measured_timeline(schedule, results[schedule][-1]["timeline"]))
@@ -397,13 +456,60 @@ def report(results: dict, profile: str, args) -> None:
     if args.trace_out:
         write_chrome_trace(timelines, args.trace_out)
         print(f"wrote {args.trace_out}")
+    for line in ratios(iteration, errors, results):
+        print(line)
 
 
-def _run(cmd: List[str]) -> None:
+def ratios(iteration: dict, errors: dict, results: dict) -> List[str]:
+    """The last lines: the planner's pick against the fixed placements, the encoder
+    schedules' best against Megatron-Core's, the simulator against every row."""
+    lines = []
+    fixed = [s for s in iteration if s != "auto"]
+    if "auto" in iteration and fixed:
+        fastest = min(fixed, key=iteration.get)
+        chose = " / ".join(sorted({r["chose"] or "?" for r in results["auto"]}))
+        lines.append(f"auto (chose {chose}) / fastest fixed placement ({fastest}) iteration "
+                     f"time: {iteration['auto'] / iteration[fastest]:.3f}")
+    mcore = [s for s in fixed if ENCODER_SCHEDULE[s] == "megatron"]
+    placements = [s for s in fixed if ENCODER_SCHEDULE[s] != "megatron"]
+    if mcore and placements:
+        strongest, best = min(mcore, key=iteration.get), min(placements, key=iteration.get)
+        lines.append(f"best placement ({best}) / fastest Megatron-Core row ({strongest}) "
+                     f"iteration time: {iteration[best] / iteration[strongest]:.3f}")
+    worst = max(errors, key=lambda s: abs(errors[s]))
+    lines.append("simulated vs measured iteration time: " + ", ".join(
+        f"{s} {e:+.1%}" for s, e in errors.items()) + f"; largest |error| {abs(errors[worst]):.1%}"
+        f" ({worst})")
+    return lines
+
+
+def describe(args) -> str:
+    """The run's first line: what the workload is (from its flags)."""
+    from megatron_mm.startup import prepare_megatron_core
+    prepare_megatron_core()  # before any megatron.core import
+    from megatron_mm.training.arguments import parse_args
+
+    a = parse_args([*args.model, *schedule_flags("megatron")], world_size=2)
+    vision = a.model_config.encoders["vision"]
+    patches = (a.img_h // a.patch_dim) * (a.img_w // a.patch_dim)
+    frozen = "frozen" if a.freeze_ViT else "trainable"
+    audio = " + audio encoder (6 layers, 64 frames x 4 clips)" if args.audio else ""
+    moe = (", MoE: layer 0 dense, layers 1-3 8 experts top-2, EP 1" if args.moe else "")
+    return (f"{args.workload or 'default'} workload: {frozen} ViT ({vision.num_layers} layers, "
+            f"{patches} patches x {a.micro_batch_size} images){audio} + LLM "
+            f"({a.num_layers} layers{moe}, {a.seq_length} tokens x {a.micro_batch_size}), "
+            f"{a.num_microbatches} micro-batches per iteration; PP=2 on 2 ranks (separate: 1 "
+            f"encoder rank + the LLM on 1), one thread per rank on its own core; medians of "
+            f"{args.rounds} x {args.iters} iterations")
+
+
+def _run(cmd: List[str]) -> str:
+    """Runs ``cmd``; its output."""
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-5000:])
         raise SystemExit(f"failed: {' '.join(cmd[:6])} ... (exit {proc.returncode})")
+    return proc.stdout + proc.stderr
 
 
 def _free_port() -> str:

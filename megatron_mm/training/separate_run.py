@@ -58,19 +58,24 @@ def build_separate_run(config, plan, attention=None) -> SeparateRun:
     attention settings, which give each CP rank's token count), its program made and
     checked before any step."""
     ranks = world_ranks(config)
-    places = plan.separate
+    executor = SeparateExecutor(
+        ranks, separate_program(config, plan, ranks.sizes), plan.separate.pieces,
+        batch_to_device, placements=plan.separate.llm,
+        local_length=(partial(local_length, attention)
+                      if config.parallel.context_parallel_size > 1 else None))
+    executor.program(executor.schedule(
+        config.training.num_microbatches * ranks.sizes.llm_data_parallel_size), False)
+    return SeparateRun(executor, ranks)
+
+
+def separate_program(config, plan, sizes):
+    """The run's program for ``n`` micro-batches over all LLM replicas (``sizes``: the
+    placement's ``SeparateSizes``); the simulator replays the same one."""
     parallel = config.parallel
     pp, vpp = parallel.pipeline_model_parallel_size, (
         parallel.virtual_pipeline_model_parallel_size or 1)
-    d, e = ranks.sizes.llm_data_parallel_size, ranks.sizes.encoder_data_parallel_size
+    d, e = sizes.llm_data_parallel_size, sizes.encoder_data_parallel_size
     trainable = plan.separate_trainable
-    executor = SeparateExecutor(
-        ranks, lambda n: separate(pp, vpp, n // d, d, e, any(trainable),
-                                  encoders=len(places.pieces),
-                                  frozen_encoders=[i for i, t in enumerate(trainable)
-                                                   if not t]),
-        places.pieces, batch_to_device, placements=places.llm,
-        local_length=(partial(local_length, attention)
-                      if parallel.context_parallel_size > 1 else None))
-    executor.program(executor.schedule(config.training.num_microbatches * d), False)
-    return SeparateRun(executor, ranks)
+    return lambda n: separate(pp, vpp, n // d, d, e, any(trainable),
+                              encoders=len(plan.separate.pieces),
+                              frozen_encoders=[i for i, t in enumerate(trainable) if not t])

@@ -3,7 +3,8 @@
 (``SeparateExecutor``, the schedule executor at each rank of the whole world), the encoder
 output crossing to the LLM's first stage and its gradient back; losses and gradients equal
 the colocated model's in one process (trainable and frozen ViT; two encoder replicas next
-to one LLM replica, one encoder replica serving two LLM replicas)."""
+to one LLM replica, one encoder replica serving two LLM replicas, and one encoder rank next
+to the LLM whole on one rank, PP=1: the bench's 2-rank separate row)."""
 
 import pytest
 import torch
@@ -90,7 +91,7 @@ def _one_process(rank, frozen):
         return weights, [x["lm loss"] for x in losses], norm, _state(model)
 
 
-def _separate(rank, world, edp, frozen, weights):
+def _separate(rank, world, edp, frozen, weights, pp):
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -107,16 +108,17 @@ def _separate(rank, world, edp, frozen, weights):
     from train_workers import global_names
 
     dist.init_process_group("gloo")
-    ranks = SeparateRanks(placement_sizes(world, 1, 2, 1, 1, edp), 1, 2, 1)
+    ranks = SeparateRanks(placement_sizes(world, 1, pp, 1, 1, edp), 1, pp, 1)
     dp = ranks.sizes.llm_data_parallel_size  # each LLM replica runs M / dp micro-batches
     initialize_separate_parallel(ranks)
     model_parallel_cuda_manual_seed(0)
     cfg = _config(frozen)
-    places = separate_model_placements(model_chain(cfg), StagePartition(2, 1, [2, 2]))
+    places = separate_model_placements(model_chain(cfg),
+                                       StagePartition(pp, 1, [2, 2] if pp == 2 else [4]))
     if ranks.is_encoder(rank):
         settings, place = BuildSettings(placements=[places.encoder]), places.encoder
     else:
-        settings = BuildSettings(pipeline_model_parallel_size=2, placements=places.llm)
+        settings = BuildSettings(pipeline_model_parallel_size=pp, placements=places.llm)
         place = places.llm[parallel_state.get_pipeline_model_parallel_rank()]
     chunk = build_model(cfg, settings, {"image": MEDIA_ID}, placement=place)
     names = global_names(chunk)
@@ -126,7 +128,7 @@ def _separate(rank, world, edp, frozen, weights):
     ddp, optimizer = _stepped(chunk)
     global_grad_norm(optimizer)
     executor = SeparateExecutor(
-        ranks, lambda n: separate(2, 1, n // dp, dp, edp, not frozen), places.pieces,
+        ranks, lambda n: separate(pp, 1, n // dp, dp, edp, not frozen), places.pieces,
         batch_to_device, placements=places.llm)
     losses = executor(forward_step_func=forward_step, data_iterator=iter(_batches()),
                       model=[ddp], num_microbatches=M)
@@ -135,16 +137,17 @@ def _separate(rank, world, edp, frozen, weights):
 
 
 @pytest.mark.processes
-@pytest.mark.parametrize("edp, llm_dp, frozen", [(1, 1, False), (1, 1, True), (2, 1, False),
-                                                  (1, 2, False)],
-                         ids=["1-encoder-rank", "1-encoder-rank-frozen-vit", "2-encoder-ranks",
-                              "1-encoder-rank-llm-dp2"])
-def test_encoder_ranks_and_llm_pp2_step_as_one_process(edp, llm_dp, frozen):
+@pytest.mark.parametrize("edp, llm_dp, frozen, pp", [
+    (1, 1, False, 2), (1, 1, True, 2), (2, 1, False, 2), (1, 2, False, 2),
+    # the LLM whole on one rank (PP=1: its only stage is first and last)
+    (1, 1, False, 1)], ids=["1-encoder-rank", "1-encoder-rank-frozen-vit", "2-encoder-ranks",
+                            "1-encoder-rank-llm-dp2", "1-encoder-rank-llm-pp1"])
+def test_encoder_ranks_and_llm_pipeline_step_as_one_process(edp, llm_dp, frozen, pp):
     weights, ref_losses, ref_norm, (ref_grads, ref_params) = run_distributed(
         _one_process, 1, frozen)[0]
     assert ref_norm > CLIP  # the step clips
-    world = edp + 2 * llm_dp
-    out = run_distributed(_separate, world, world, edp, frozen, weights)
+    world = edp + pp * llm_dp
+    out = run_distributed(_separate, world, world, edp, frozen, weights, pp)
     last = range(world - llm_dp, world)  # LLM replica d's last stage, its micro-batches
     assert not any(out[r][0] for r in range(world) if r not in last)
     losses = [loss for r in last for loss in out[r][0]]
