@@ -1,13 +1,15 @@
 """``--encoder-schedule separate`` through the training script: the encoders on ranks of
 their own next to the LLM's pipeline (``training/separate_run.py``), loading the colocated
 initial checkpoint, equal one process (losses, gradients of the first and last step,
-parameters) with a trainable and a frozen ViT, with two encoder ranks and with one encoder
-rank serving two LLM replicas; its checkpoint loads colocated (the colocated keys)."""
+parameters) with a trainable and a frozen ViT, with vision + audio sharing two encoder
+ranks and with one encoder rank serving two LLM replicas; its checkpoint loads colocated
+(the colocated keys)."""
 
 import math
 
 import pytest
 import torch
+from audio_data import AUDIO_MODEL
 from dist_harness import run_distributed
 from equivalence import REFERENCE_STEPS as STEPS
 from equivalence import assert_equal_runs, merge_stages
@@ -19,14 +21,17 @@ SEPARATE = ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separa
 
 
 @pytest.mark.parametrize("encoder_ranks, llm_dp, model", [
-    (1, 1, []), (1, 1, ["--freeze-ViT"]), (2, 1, []),
+    (1, 1, []), (1, 1, ["--freeze-ViT"]),
+    # two encoders (vision + audio) sharing both encoder replicas
+    (2, 1, AUDIO_MODEL),
     # one encoder rank serving two LLM replicas (encoder DP unlike LLM DP)
-    (1, 2, [])], ids=["1-encoder-rank", "1-encoder-rank-frozen-vit", "2-encoder-ranks",
+    (1, 2, [])], ids=["1-encoder-rank", "1-encoder-rank-frozen-vit", "2-encoder-ranks-vision-audio",
                       "1-encoder-rank-llm-dp2"])
 def test_separate_placement_equals_one_process(one_process_reference, digits_dir,
-                                               tmp_path_factory, encoder_ranks, llm_dp,
-                                               model):
-    argv, ref = one_process_reference(digits_dir, model)
+                                               audio_digits_dir, tmp_path_factory,
+                                               encoder_ranks, llm_dp, model):
+    data = audio_digits_dir if AUDIO_MODEL[0] in model else digits_dir
+    argv, ref = one_process_reference(data, model)
     layout = SEPARATE + ["--encoder-data-parallel-size", str(encoder_ranks)]
     saved = tmp_path_factory.mktemp("separate")
     ranks = run_distributed(train, encoder_ranks + 2 * llm_dp,
@@ -37,7 +42,9 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
     assert all(math.isnan(loss) for out in encoders for loss in out["losses"].values())
     for out in encoders[1:]:  # encoder replicas hold the same reduced state
         assert out["params"].keys() == encoders[0]["params"].keys()
-    assert all(n.startswith("vision_model.") for n in encoders[0]["params"])
+    encoder_modules = {n.split(".")[0] for n in encoders[0]["params"]}
+    assert encoder_modules == ({"vision_model", "audio_model"} if AUDIO_MODEL[0] in model
+                               else {"vision_model"})
     assert_equal_runs([encoders[0]] + stages, ref, STEPS, holding="vision_model.")
     for step in (1, STEPS):  # each parameter counted once in the gradient norm
         squares = {}
