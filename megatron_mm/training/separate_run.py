@@ -57,7 +57,9 @@ def build_separate_run(config, plan) -> SeparateRun:
         ranks, lambda n: separate(pp, vpp, n // d, d, e, any(trainable),
                                   encoders=len(places.pieces),
                                   frozen_encoders=[i for i, t in enumerate(trainable)
-                                                   if not t]),
+                                                   if not t],
+                                  encoder_data_parallel_sizes=(
+                                      ranks.sizes.encoder_data_parallel_sizes)),
         places.pieces, batch_to_device, placements=places.llm)
     executor.schedule(config.training.num_microbatches * d)
     return SeparateRun(executor, ranks)

@@ -72,10 +72,12 @@ def placement_sizes(world_size: int, tensor_model_parallel_size: int,
                     pipeline_model_parallel_size: int, context_parallel_size: int,
                     encoder_tensor_model_parallel_size: int,
                     encoder_data_parallel_size: int,
-                    encoder_data_parallel_sizes: Sequence[int] = ()) -> SeparateSizes:
+                    encoder_data_parallel_sizes: Sequence[int] = (),
+                    encoder_names: Sequence[str] = ()) -> SeparateSizes:
     """The LLM's data-parallel size once the encoder ranks are taken; a ``PlanError``
     naming the flag when the sizes do not fit. ``encoder_data_parallel_sizes``: each
-    encoder on replicas of its own (``encoder_data_parallel_size`` is then their sum)."""
+    encoder on replicas of its own (``encoder_data_parallel_size`` is then their sum),
+    ``encoder_names`` the encoders they are of (the flags the message names)."""
     etp, edp = encoder_tensor_model_parallel_size, encoder_data_parallel_size
     if encoder_data_parallel_sizes:
         if min(encoder_data_parallel_sizes) < 1:
@@ -89,9 +91,11 @@ def placement_sizes(world_size: int, tensor_model_parallel_size: int,
     llm = world_size - etp * edp
     model = tensor_model_parallel_size * pipeline_model_parallel_size * context_parallel_size
     if llm < 1 or llm % model:
+        names = list(encoder_names) or [f"encoder-{p}" for p in
+                                        range(len(encoder_data_parallel_sizes))]
         replicas = (f"--encoder-data-parallel-size {edp}" if not encoder_data_parallel_sizes
-                    else "the encoders' data-parallel sizes "
-                    f"{' + '.join(map(str, encoder_data_parallel_sizes))}")
+                    else "(" + " + ".join(f"--{n}-encoder-data-parallel-size {k}" for n, k
+                                          in zip(names, encoder_data_parallel_sizes)) + ")")
         raise PlanError(
             f"--encoder-schedule separate: the world's {world_size} ranks less the "
             f"{etp * edp} encoder ranks (--encoder-tensor-model-parallel-size {etp} x "

@@ -124,8 +124,10 @@ def test_the_worlds_sizes_must_leave_whole_llm_replicas():
     # each encoder on replicas of its own: their sum is taken
     own = placement_sizes(6, 1, 2, 1, 1, 2, [1, 1])
     assert (own.encoder_ranks, own.llm_data_parallel_size) == (2, 2)
-    with pytest.raises(PlanError, match=r"data-parallel sizes 2 \+ 1\) leave 3 for the LLM"):
-        placement_sizes(6, 1, 2, 1, 1, 1, [2, 1])
+    with pytest.raises(PlanError, match=r"\(--vision-encoder-data-parallel-size 2 \+ "
+                                        r"--audio-encoder-data-parallel-size 1\)\) leave 3 for "
+                                        r"the LLM"):
+        placement_sizes(6, 1, 2, 1, 1, 1, [2, 1], ["vision", "audio"])
 
 
 def test_the_llm_posts_an_encoder_outputs_receive_only_within_the_lookahead():
