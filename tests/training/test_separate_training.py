@@ -2,7 +2,8 @@
 their own next to the LLM's pipeline (``training/separate_run.py``), loading the colocated
 initial checkpoint, equal one process (losses, gradients of the first and last step,
 parameters) with a trainable and a frozen ViT, with vision + audio sharing two encoder
-ranks or each on a rank of its own (a frozen ViT, the LLM on one rank), and with one
+ranks or each on ranks of its own (a frozen ViT on one, the audio encoder on two, the LLM
+on one), and with one
 encoder rank serving two LLM replicas; its checkpoint loads colocated (the colocated
 keys)."""
 
@@ -19,17 +20,18 @@ from train_workers import train
 pytestmark = pytest.mark.processes
 
 SEPARATE = ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate"]
-# each encoder on a rank of its own (vision: rank 0, audio: rank 1), the LLM on one rank
+# each encoder on ranks of its own (vision: rank 0, audio: ranks 1-2), the LLM on rank 3
 OWN = ["--pipeline-model-parallel-size", "1", "--encoder-schedule", "separate",
-       "--vision-encoder-data-parallel-size", "1", "--audio-encoder-data-parallel-size", "1"]
+       "--vision-encoder-data-parallel-size", "1", "--audio-encoder-data-parallel-size", "2"]
 
 
 @pytest.mark.parametrize("encoder_ranks, llm_dp, model", [
     (1, 1, []), (1, 1, ["--freeze-ViT"]),
     # two encoders (vision + audio) sharing both encoder replicas
     (2, 1, AUDIO_MODEL),
-    # each on a replica of its own: a frozen ViT's rank next to the trained audio encoder's
-    ({"vision": 1, "audio": 1}, 1, AUDIO_MODEL + ["--freeze-ViT"]),
+    # each on replicas of its own: a frozen ViT's rank next to the trained audio encoder's
+    # two (its own data-parallel group)
+    ({"vision": 1, "audio": 2}, 1, AUDIO_MODEL + ["--freeze-ViT"]),
     # one encoder rank serving two LLM replicas (encoder DP unlike LLM DP)
     (1, 2, [])], ids=["1-encoder-rank", "1-encoder-rank-frozen-vit",
                       "2-encoder-ranks-vision-audio", "own-encoder-ranks-vision-audio",
@@ -50,8 +52,14 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
     # the loss lives on the LLM's last stage
     assert all(math.isnan(loss) for out in encoders for loss in out["losses"].values())
     modules = [{n.split(".")[0] for n in out["params"]} for out in encoders]
-    if own:  # each rank builds only its encoder
-        assert modules == [{"vision_model"}, {"audio_model"}]
+    if own:  # each rank builds only its encoder; the audio replicas hold the same state
+        assert modules == [{"vision_model"}, {"audio_model"}, {"audio_model"}]
+        for what in ("params", "grads"):
+            theirs = encoders[2][what] if what == "params" else encoders[2][what][STEPS]
+            for name, value in (encoders[1][what] if what == "params"
+                                else encoders[1][what][STEPS]).items():
+                assert torch.equal(value, theirs[name]), (what, name)
+        encoders = encoders[:2]
     else:
         for out in encoders[1:]:  # encoder replicas hold the same reduced state
             assert out["params"].keys() == encoders[0]["params"].keys()
