@@ -45,8 +45,7 @@ def validate_separate_sizes(args: argparse.Namespace, world_size: int) -> int:
 
 def own_encoder_slots(args) -> list:
     """The model's encoders, in chain order, when each is on replicas of its own (some
-    ``--{encoder}-encoder-data-parallel-size`` given); else none. ``args``: the flags (a
-    namespace, or the RunConfig's merged groups)."""
+    ``--{encoder}-encoder-data-parallel-size`` given); else none."""
     named = [slot for slot in SLOTS
              if getattr(args, f"{slot}_encoder_data_parallel_size", None) is not None]
     if not named:
