@@ -3,7 +3,8 @@
 with the program's exchanges.
 
 The encoder replicas are the world's first ranks (replica e: ranks ``e * ETP`` up to
-``(e + 1) * ETP``), the LLM's ranks follow at that rank offset with Megatron-Core's own
+``(e + 1) * ETP``; with each encoder on replicas of its own, the vision encoder's first,
+then the audio encoder's), the LLM's ranks follow at that rank offset with Megatron-Core's own
 grid (``initialize_model_parallel(rank_offset=, local_world_size=)``, order
 tp-cp-ep-dp-pp), as Megatron-Bridge's MIMO places its modules. The program's IR rank
 ``d * PP + r`` is run by the TP x CP ranks of the LLM's data-parallel replica d and pipeline
@@ -73,6 +74,23 @@ class SeparateRanks:
     def is_encoder(self, rank: int) -> bool:
         return rank < self.sizes.encoder_ranks
 
+    def replica_sets(self) -> List[Tuple[int, int]]:
+        """(first rank, ranks) of each encoder's replicas, in chain order; one set all the
+        encoders share unless each has its own."""
+        etp, own = (self.sizes.encoder_tensor_model_parallel_size,
+                    self.sizes.encoder_data_parallel_sizes)
+        if not own:
+            return [(0, self.sizes.encoder_ranks)]
+        return [(sum(own[:p]) * etp, n * etp) for p, n in enumerate(own)]
+
+    def own_encoder(self, rank: int) -> Optional[int]:
+        """The encoder (chain order) encoder rank ``rank`` runs when each encoder has
+        replicas of its own; None when they share them (or on an LLM rank)."""
+        if not self.sizes.encoder_data_parallel_sizes or not self.is_encoder(rank):
+            return None
+        return next(p for p, (first, n) in enumerate(self.replica_sets())
+                    if first <= rank < first + n)
+
 
 @dataclass
 class SeparateGroups:
@@ -87,18 +105,22 @@ def initialize_separate_parallel(ranks: SeparateRanks,
     """Megatron-Core's groups on every rank: the LLM's grid at the encoders' rank offset
     (``initialize_model_parallel(rank_offset=, local_world_size=)``) on the LLM's ranks,
     and on the encoder ranks a grid of their own (TP = the encoder's, PP = CP = 1, DP = the
-    encoder replicas), so the model, DDP, the optimizer and gradient finalisation run there
-    unchanged on Megatron-Core's groups, as each module of Megatron-Bridge's MIMO has its
-    own. Megatron-Core keeps one grid per process: the encoders' is made first by every
-    rank (``new_group`` is collective), kept by the encoder ranks and put back after the
-    LLM's (which they are in no group of)."""
-    world = dist.get_world_size()
+    encoder replicas; one grid per encoder with replicas of its own, so each encoder's
+    gradients are summed over its own replicas), so the model, DDP, the optimizer and
+    gradient finalisation run there unchanged on Megatron-Core's groups, as each module of
+    Megatron-Bridge's MIMO has its own. Megatron-Core keeps one grid per process: the
+    encoders' are made first by every rank (``new_group`` is collective), each kept by its
+    encoder ranks and put back after the LLM's (which they are in no group of)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
     encoder_ranks = ranks.sizes.encoder_ranks
     etp = ranks.sizes.encoder_tensor_model_parallel_size
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=etp,
-                                             rank_offset=0, local_world_size=encoder_ranks)
-    encoders = _grid_state()
-    parallel_state.destroy_model_parallel()  # forgets the groups, destroys none
+    encoders = None
+    for first, n in ranks.replica_sets():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=etp,
+                                                 rank_offset=first, local_world_size=n)
+        if first <= rank < first + n:
+            encoders = _grid_state()
+        parallel_state.destroy_model_parallel()  # forgets the groups, destroys none
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=ranks.tensor_model_parallel_size,
         pipeline_model_parallel_size=ranks.pipeline_model_parallel_size,
@@ -106,7 +128,7 @@ def initialize_separate_parallel(ranks: SeparateRanks,
         # the LLM's model chunks per rank (interleaved 1F1B); the encoders' grid has none
         virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
         rank_offset=encoder_ranks, local_world_size=world - encoder_ranks)
-    if not ranks.is_encoder(dist.get_rank()):
+    if encoders is None:  # an LLM rank
         return SeparateGroups(encoder_data_parallel_group=None)
     vars(parallel_state).update(encoders)
     return SeparateGroups(encoder_data_parallel_group=parallel_state.get_data_parallel_group())

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 from ..config import ConfigError
 from ..data.item_tags import TAG_TYPES
-from ..families import FAMILIES, slot_families
+from ..families import FAMILIES, SLOTS, slot_families
 from .data_args import add_data_args, validate_data_args
 from ..plan.context_parallel.cp_assignment import BLOCK_OVERHEAD
 from ..plan.pipeline.partition import parse_partition_flag
@@ -249,6 +249,14 @@ def _training_args(p: argparse.ArgumentParser) -> None:
                         "(default 1 there), the world's first ranks; the LLM's data-"
                         "parallel size is what the rest leave (Megatron-Bridge MIMO's "
                         "per-module data_parallel_size)")
+    for slot in SLOTS:  # vision, audio: the chain's order, so the ranks' order
+        g.add_argument(f"--{slot}-encoder-data-parallel-size", type=int, default=None,
+                       help=f"with --encoder-schedule separate: the {slot} encoder on "
+                            "replicas of its own, this many (default 1 once any encoder's "
+                            "is given), each of --encoder-tensor-model-parallel-size ranks; "
+                            "the encoders' replica sets come first in chain order (vision, "
+                            "audio), the LLM after them (Megatron-Bridge MIMO's per-module "
+                            "data_parallel_size and rank_offset)")
     g.add_argument("--encoder-pieces", type=int, default=1,
                    help="pieces per encoder stage with coarse|bubble: finer pieces fit "
                         "shorter bubbles")
@@ -429,8 +437,12 @@ def validate_args(args: argparse.Namespace,
         validate_transformer_impl(args)
     if args.encoder_schedule == "separate":  # the LLM has the ranks the encoders leave
         world_size = validate_separate_sizes(args, world_size)
-    elif args.encoder_data_parallel_size is not None:
-        raise ConfigError("--encoder-data-parallel-size needs --encoder-schedule separate")
+    else:
+        for flag in ["encoder_data_parallel_size"] + [
+                f"{slot}_encoder_data_parallel_size" for slot in SLOTS]:
+            if getattr(args, flag) is not None:
+                raise ConfigError(f"--{flag.replace('_', '-')} needs --encoder-schedule "
+                                  "separate")
     if world_size % (tp * pp * cp):
         raise ConfigError(
             f"world size {world_size} is not divisible by --tensor-model-parallel-size ({tp})"

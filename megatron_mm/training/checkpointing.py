@@ -40,6 +40,7 @@ from megatron.core.dist_checkpointing.mapping import (
 from megatron.core.dist_checkpointing.validation import StrictHandling
 from torch.distributed.checkpoint.api import CheckpointException
 
+from ..families import SLOTS
 from ..models.te_names import is_module_state
 
 from ..data.loaders import save_dataloader_state
@@ -210,8 +211,9 @@ def _encoder_ranks(flags: dict) -> int:
     separate (``flags``: Megatron-LM's names, as checkpoints save them)."""
     if flags.get("encoder_schedule") != "separate":
         return 0
+    own = [flags.get(f"{slot}_encoder_data_parallel_size") or 0 for slot in SLOTS]
     return ((flags.get("encoder_tensor_model_parallel_size") or 1)
-            * (flags.get("encoder_data_parallel_size") or 1))
+            * (sum(own) or flags.get("encoder_data_parallel_size") or 1))
 
 
 def _plain(value) -> bool:

@@ -17,7 +17,7 @@ from ..families import modalities_of
 from ..models import MultimodalModel, build_model
 from ..models.wrappers import DistributedDataParallel, Float16Module
 from .build_settings import build_settings
-from .separate_world import on_encoder_rank
+from .separate_world import on_encoder_rank, world_ranks
 
 
 def build_model_chunks(config, tokenizer, model_config, plan, replicas=None
@@ -27,8 +27,9 @@ def build_model_chunks(config, tokenizer, model_config, plan, replicas=None
     an encoder rank of ``--encoder-schedule separate`` its one encoder chunk."""
     media_ids = {m: tokenizer.media_token_id(m)
                  for enc in model_config.encoders.values() for m in modalities_of(enc)}
-    if plan.separate is not None and on_encoder_rank(config):  # every encoder, whole
-        place = plan.separate.encoder
+    if plan.separate is not None and on_encoder_rank(config):  # its encoders, whole
+        place = plan.separate.encoder_chunk(
+            world_ranks(config).own_encoder(torch.distributed.get_rank()))
         # on the encoder ranks' own grid: TP = --encoder-tensor-model-parallel-size, no
         # CP; no sequence parallelism, so the output is whole on each of them (sent once)
         settings = dataclasses.replace(

@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any, Dict, Optional
 
 from ..config import MultimodalModelConfig
+from ..families import SLOTS
 from ..plan.fp8 import Fp8Settings
 from .arguments import build_parser, parse_args
 
@@ -41,7 +42,8 @@ BY_NAME = {
     "encoder_schedule": ("encoder_schedule", "encoder_pipeline_model_parallel_size",
                          "encoder_tensor_model_parallel_size",
                          "encoder_data_parallel_size", "encoder_pieces",
-                         "encoder_placement"),
+                         "encoder_placement")
+    + tuple(f"{slot}_encoder_data_parallel_size" for slot in SLOTS),
     "logging": ("log_interval",),
     "validation": ("eval_interval", "eval_iters", "eval_max_new_tokens", "skip_final_eval"),
 }

@@ -78,4 +78,5 @@ def separate_program(config, plan, sizes):
     trainable = plan.separate_trainable
     return lambda n: separate(pp, vpp, n // d, d, e, any(trainable),
                               encoders=len(plan.separate.pieces),
-                              frozen_encoders=[i for i, t in enumerate(trainable) if not t])
+                              frozen_encoders=[i for i, t in enumerate(trainable) if not t],
+                              encoder_data_parallel_sizes=sizes.encoder_data_parallel_sizes)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from ..config import ConfigError
+from ..families import SLOTS
 from ..plan.errors import PlanError
 from ..plan.schedules.separate import placement_sizes
 from ..runtime.separate_placement import SeparateRanks
@@ -14,17 +15,28 @@ from ..runtime.separate_placement import SeparateRanks
 def separate_ranks(parallel, encoder_schedule, world_size: int) -> SeparateRanks:
     """The world's ranks of the placement (``parallel``, ``encoder_schedule``: the
     RunConfig's groups); a size the program does not cover yet: a ConfigError."""
+    own = own_encoders(encoder_schedule)
     try:
         return SeparateRanks(
             placement_sizes(world_size, parallel.tensor_model_parallel_size,
                             parallel.pipeline_model_parallel_size,
                             parallel.context_parallel_size,
                             encoder_schedule.encoder_tensor_model_parallel_size or 1,
-                            encoder_schedule.encoder_data_parallel_size or 1),
+                            encoder_schedule.encoder_data_parallel_size or 1,
+                            list(own.values()), list(own)),
             parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size,
             parallel.context_parallel_size)
     except PlanError as e:
         raise ConfigError(f"--encoder-schedule separate: {e}") from None
+
+
+def own_encoders(encoder_schedule) -> dict:
+    """{encoder: its replicas} in chain order when each encoder is on replicas of its own
+    (validation gave each of the model's encoders its ``--{encoder}-encoder-data-parallel-
+    size``), else {}."""
+    return {slot: n for slot in SLOTS
+            if (n := getattr(encoder_schedule, f"{slot}_encoder_data_parallel_size"))
+            is not None}
 
 
 def world_ranks(config) -> SeparateRanks:

@@ -127,6 +127,21 @@ from megatron_mm.training.user_errors import exit_with_user_error
      "leave 0 for the LLM"),
     (["--encoder-data-parallel-size", "2"], 2,
      "--encoder-data-parallel-size needs --encoder-schedule separate"),
+    # each encoder on replicas of its own
+    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate",
+      "--audio-model-type", "whisper", "--vision-encoder-data-parallel-size", "2"], 4,
+     "(--vision-encoder-data-parallel-size 2 + --audio-encoder-data-parallel-size 1)) leave "
+     "1 for the LLM, not a multiple of --tensor-model-parallel-size x "
+     "--pipeline-model-parallel-size x --context-parallel-size (2)"),
+    (["--audio-encoder-data-parallel-size", "1", "--audio-model-type", "whisper"], 2,
+     "--audio-encoder-data-parallel-size needs --encoder-schedule separate"),
+    (["--encoder-schedule", "separate", "--audio-encoder-data-parallel-size", "1"], 3,
+     "--audio-encoder-data-parallel-size: the model has no audio encoder (--audio-model-type "
+     "none)"),
+    (["--encoder-schedule", "separate", "--audio-model-type", "whisper",
+      "--encoder-data-parallel-size", "1", "--vision-encoder-data-parallel-size", "1"], 3,
+     "--vision-encoder-data-parallel-size puts each encoder on replicas of its own, "
+     "--encoder-data-parallel-size all encoders on shared ones: pass one of them"),
     # what the separate placement's training run does not cover yet
     (["--encoder-schedule", "separate", "--tensor-model-parallel-size", "2",
       "--sequence-parallel", "--vision-model-type", "qwen2_5_vl", "--eval-iters", "0"], 3,

@@ -1,13 +1,17 @@
 """``--encoder-schedule separate`` through the training script: the encoders on ranks of
 their own next to the LLM's pipeline (``training/separate_run.py``), loading the colocated
 initial checkpoint, equal one process (losses, gradients of the first and last step,
-parameters) with a trainable and a frozen ViT, with two encoder ranks and with one encoder
-rank serving two LLM replicas; its checkpoint loads colocated (the colocated keys)."""
+parameters) with a trainable and a frozen ViT, with vision + audio sharing two encoder
+ranks or each on ranks of its own (a frozen ViT on one, the audio encoder on two, the LLM
+on one), and with one
+encoder rank serving two LLM replicas; its checkpoint loads colocated (the colocated
+keys)."""
 
 import math
 
 import pytest
 import torch
+from audio_data import AUDIO_MODEL
 from dist_harness import run_distributed
 from equivalence import REFERENCE_STEPS as STEPS
 from equivalence import assert_equal_runs, merge_stages
@@ -16,29 +20,53 @@ from train_workers import train
 pytestmark = pytest.mark.processes
 
 SEPARATE = ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate"]
+# each encoder on ranks of its own (vision: rank 0, audio: ranks 1-2), the LLM on rank 3
+OWN = ["--pipeline-model-parallel-size", "1", "--encoder-schedule", "separate",
+       "--vision-encoder-data-parallel-size", "1", "--audio-encoder-data-parallel-size", "2"]
 
 
 @pytest.mark.parametrize("encoder_ranks, llm_dp, model", [
-    (1, 1, []), (1, 1, ["--freeze-ViT"]), (2, 1, []),
+    (1, 1, []), (1, 1, ["--freeze-ViT"]),
+    # two encoders (vision + audio) sharing both encoder replicas
+    (2, 1, AUDIO_MODEL),
+    # each on replicas of its own: a frozen ViT's rank next to the trained audio encoder's
+    # two (its own data-parallel group)
+    ({"vision": 1, "audio": 2}, 1, AUDIO_MODEL + ["--freeze-ViT"]),
     # one encoder rank serving two LLM replicas (encoder DP unlike LLM DP)
-    (1, 2, [])], ids=["1-encoder-rank", "1-encoder-rank-frozen-vit", "2-encoder-ranks",
+    (1, 2, [])], ids=["1-encoder-rank", "1-encoder-rank-frozen-vit",
+                      "2-encoder-ranks-vision-audio", "own-encoder-ranks-vision-audio",
                       "1-encoder-rank-llm-dp2"])
 def test_separate_placement_equals_one_process(one_process_reference, digits_dir,
-                                               tmp_path_factory, encoder_ranks, llm_dp,
-                                               model):
-    argv, ref = one_process_reference(digits_dir, model)
-    layout = SEPARATE + ["--encoder-data-parallel-size", str(encoder_ranks)]
+                                               audio_digits_dir, tmp_path_factory,
+                                               encoder_ranks, llm_dp, model):
+    data = audio_digits_dir if AUDIO_MODEL[0] in model else digits_dir
+    argv, ref = one_process_reference(data, model)
+    own = isinstance(encoder_ranks, dict)
+    layout = OWN if own else SEPARATE + ["--encoder-data-parallel-size", str(encoder_ranks)]
+    pp, encoder_ranks = (1, sum(encoder_ranks.values())) if own else (2, encoder_ranks)
     saved = tmp_path_factory.mktemp("separate")
-    ranks = run_distributed(train, encoder_ranks + 2 * llm_dp,
+    ranks = run_distributed(train, encoder_ranks + pp * llm_dp,
                             argv + layout + ["--save", str(saved)], (1, STEPS))
     # the LLM's ranks in Megatron-Core's order: replica d's stage r at d + llm_dp * r
     encoders, stages = ranks[:encoder_ranks], ranks[encoder_ranks::llm_dp]
     # the loss lives on the LLM's last stage
     assert all(math.isnan(loss) for out in encoders for loss in out["losses"].values())
-    for out in encoders[1:]:  # encoder replicas hold the same reduced state
-        assert out["params"].keys() == encoders[0]["params"].keys()
-    assert all(n.startswith("vision_model.") for n in encoders[0]["params"])
-    assert_equal_runs([encoders[0]] + stages, ref, STEPS, holding="vision_model.")
+    modules = [{n.split(".")[0] for n in out["params"]} for out in encoders]
+    if own:  # each rank builds only its encoder; the audio replicas hold the same state
+        assert modules == [{"vision_model"}, {"audio_model"}, {"audio_model"}]
+        for what in ("params", "grads"):
+            theirs = encoders[2][what] if what == "params" else encoders[2][what][STEPS]
+            for name, value in (encoders[1][what] if what == "params"
+                                else encoders[1][what][STEPS]).items():
+                assert torch.equal(value, theirs[name]), (what, name)
+        encoders = encoders[:2]
+    else:
+        for out in encoders[1:]:  # encoder replicas hold the same reduced state
+            assert out["params"].keys() == encoders[0]["params"].keys()
+        assert modules[0] == ({"vision_model", "audio_model"} if AUDIO_MODEL[0] in model
+                              else {"vision_model"})
+        encoders = encoders[:1]
+    assert_equal_runs(encoders + stages, ref, STEPS, holding="vision_model.")
     for step in (1, STEPS):  # each parameter counted once in the gradient norm
         squares = {}
         for out in ranks:
@@ -52,7 +80,7 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
                                                  if a != "--no-load-optim"]
     loaded = run_distributed(train, 2, argv + SEPARATE[:2])
     assert all(out["iteration"] == STEPS for out in loaded)
-    ours = merge_stages([encoders[0]] + stages, "params")
+    ours = merge_stages(encoders + stages, "params")
     theirs = merge_stages(loaded, "params")
     assert ours.keys() == theirs.keys()
     for name, value in theirs.items():

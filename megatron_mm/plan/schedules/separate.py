@@ -8,11 +8,15 @@ their usual TP / PP / CP and a data-parallel size of what is left
 (``placement_sizes``). Every encoder runs whole on an encoder replica (its TP ranks walk
 the same list, as an LLM stage's TP x CP ranks do: ``Members``, which says how the
 messages between the two fan out, and ``check_members`` that they cannot hang); several
-encoders share the replicas.
+encoders share the replicas, or each encoder has replicas of its own
+(``encoder_data_parallel_sizes``: per encoder, as each module of Megatron-Bridge's MIMO has
+its own ``data_parallel_size`` at its own rank offset), the encoders' replica sets one
+after another in chain order.
 
 The program is a ``Schedule`` whose ranks are the IR ranks of the whole world: LLM data-
 parallel replica d's pipeline rank r is IR rank ``d * PP + r``, encoder replica e is IR
-rank ``D * PP + e`` (D: the LLM's data-parallel size). Micro-batches are numbered over the
+rank ``D * PP + e`` (D: the LLM's data-parallel size; e numbered over every encoder's
+replicas). Micro-batches are numbered over the
 whole iteration: replica d's local micro-batch m is ``d * M + m``. The encoder replicas
 take the micro-batches in the order the LLM needs them (``need_order``: local micro-batch
 first, then LLM replica), round-robin, so encoder DP need not equal or divide LLM DP. Each
@@ -38,7 +42,7 @@ laid out and checked for NCCL safety by ``p2p.p2p_program``, and replayed by
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import PlanError
@@ -53,11 +57,14 @@ Key = Tuple[str, int, int]
 
 @dataclass
 class SeparateSizes(Record):
-    """The world split into encoder ranks and LLM ranks (``placement_sizes``)."""
+    """The world split into encoder ranks and LLM ranks (``placement_sizes``).
+    ``encoder_data_parallel_size``: every encoder replica; ``encoder_data_parallel_sizes``
+    (each encoder on replicas of its own): each encoder's, in chain order, summing to it."""
 
     encoder_tensor_model_parallel_size: int
     encoder_data_parallel_size: int
     llm_data_parallel_size: int
+    encoder_data_parallel_sizes: List[int] = field(default_factory=list)
 
     @property
     def encoder_ranks(self) -> int:
@@ -67,10 +74,19 @@ class SeparateSizes(Record):
 def placement_sizes(world_size: int, tensor_model_parallel_size: int,
                     pipeline_model_parallel_size: int, context_parallel_size: int,
                     encoder_tensor_model_parallel_size: int,
-                    encoder_data_parallel_size: int) -> SeparateSizes:
+                    encoder_data_parallel_size: int,
+                    encoder_data_parallel_sizes: Sequence[int] = (),
+                    encoder_names: Sequence[str] = ()) -> SeparateSizes:
     """The LLM's data-parallel size once the encoder ranks are taken; a ``PlanError``
-    naming the flag when the sizes do not fit."""
+    naming the flag when the sizes do not fit. ``encoder_data_parallel_sizes``: each
+    encoder on replicas of its own (``encoder_data_parallel_size`` is then their sum),
+    ``encoder_names`` the encoders they are of (the flags the message names)."""
     etp, edp = encoder_tensor_model_parallel_size, encoder_data_parallel_size
+    if encoder_data_parallel_sizes:
+        if min(encoder_data_parallel_sizes) < 1:
+            raise PlanError(f"each encoder's data-parallel size must be at least 1 (got "
+                            f"{list(encoder_data_parallel_sizes)})")
+        edp = sum(encoder_data_parallel_sizes)
     if etp < 1:
         raise PlanError(f"--encoder-tensor-model-parallel-size must be at least 1 (got {etp})")
     if edp < 1:
@@ -78,25 +94,45 @@ def placement_sizes(world_size: int, tensor_model_parallel_size: int,
     llm = world_size - etp * edp
     model = tensor_model_parallel_size * pipeline_model_parallel_size * context_parallel_size
     if llm < 1 or llm % model:
+        names = list(encoder_names) or [f"encoder-{p}" for p in
+                                        range(len(encoder_data_parallel_sizes))]
+        replicas = (f"--encoder-data-parallel-size {edp}" if not encoder_data_parallel_sizes
+                    else "(" + " + ".join(f"--{n}-encoder-data-parallel-size {k}" for n, k
+                                          in zip(names, encoder_data_parallel_sizes)) + ")")
         raise PlanError(
             f"--encoder-schedule separate: the world's {world_size} ranks less the "
             f"{etp * edp} encoder ranks (--encoder-tensor-model-parallel-size {etp} x "
-            f"--encoder-data-parallel-size {edp}) leave {llm} for the LLM, not a multiple of "
+            f"{replicas}) leave {llm} for the LLM, not a multiple of "
             f"--tensor-model-parallel-size x --pipeline-model-parallel-size x "
             f"--context-parallel-size ({model})")
-    return SeparateSizes(etp, edp, llm // model)
+    return SeparateSizes(etp, edp, llm // model, list(encoder_data_parallel_sizes))
 
 
 @dataclass
 class SeparateSchedule(Schedule):
     """A ``Schedule`` over the whole world's IR ranks (module docstring): the LLM replicas'
     pipeline ranks, then the encoder replicas. ``num_microbatches`` counts every LLM
-    replica's micro-batches (``llm_data_parallel_size`` x ``microbatches_per_replica``)."""
+    replica's micro-batches (``llm_data_parallel_size`` x ``microbatches_per_replica``);
+    ``encoder_data_parallel_size`` every encoder replica, ``encoder_data_parallel_sizes``
+    (empty: the encoders share every replica) each encoder's own."""
 
     llm_data_parallel_size: int = 1
     encoder_data_parallel_size: int = 1
     microbatches_per_replica: int = 0
     lookahead: int = 2
+    encoder_data_parallel_sizes: List[int] = field(default_factory=list)
+
+    def replica_set(self, p: int) -> Tuple[int, int]:
+        """Encoder ``p``'s replicas: (the first one's number, how many)."""
+        if not self.encoder_data_parallel_sizes:
+            return 0, self.encoder_data_parallel_size
+        sizes = self.encoder_data_parallel_sizes
+        return sum(sizes[:p]), sizes[p]
+
+    def replica_encoders(self, e: int) -> List[int]:
+        """The encoders replica ``e`` runs."""
+        return [p for p in range(self.encoder_stages)
+                if 0 <= e - self.replica_set(p)[0] < self.replica_set(p)[1]]
 
     @property
     def num_ranks(self) -> int:
@@ -112,8 +148,10 @@ class SeparateSchedule(Schedule):
         m, d = g % self.microbatches_per_replica, self.llm_replica(g)
         return m * self.llm_data_parallel_size + d
 
-    def encoder_replica(self, g: int) -> int:
-        return self.need_order(g) % self.encoder_data_parallel_size
+    def encoder_replica(self, g: int, p: int = 0) -> int:
+        """The replica that runs encoder ``p`` on micro-batch ``g``."""
+        first, size = self.replica_set(p)
+        return first + self.need_order(g) % size
 
     def encoder_rank(self, e: int) -> int:
         return self.llm_data_parallel_size * self.pipeline_model_parallel_size + e
@@ -121,15 +159,16 @@ class SeparateSchedule(Schedule):
 
     def replica_microbatches(self, e: int) -> List[int]:
         """Encoder replica ``e``'s micro-batches, in the order the LLM needs them."""
+        first, size = self.replica_set(self.replica_encoders(e)[0])
         return list(_replica_lists(self.llm_data_parallel_size, self.microbatches_per_replica,
-                                   self.encoder_data_parallel_size)[0][e])
+                                   size)[0][e - first])
 
     def rank_of(self, action: Action) -> int:
         if action.kind.llm:
             return (self.llm_replica(action.microbatch) * self.pipeline_model_parallel_size
                     + action.chunk % self.pipeline_model_parallel_size)
         if action.kind.encoder:
-            return self.encoder_rank(self.encoder_replica(action.microbatch))
+            return self.encoder_rank(self.encoder_replica(action.microbatch, action.chunk))
         raise PlanError(f"{action}: the separate placement's program has no collectives yet")
 
     def control_inputs(self, a: Action) -> List[Key]:
@@ -137,9 +176,10 @@ class SeparateSchedule(Schedule):
         before g on g's encoder replica (module docstring)."""
         if a.kind != Kind.EF:
             return []
+        first, size = self.replica_set(a.chunk)
         lists, at = _replica_lists(self.llm_data_parallel_size, self.microbatches_per_replica,
-                                   self.encoder_data_parallel_size)
-        mine, i = lists[self.encoder_replica(a.microbatch)], at[a.microbatch]
+                                   size)
+        mine, i = lists[self.encoder_replica(a.microbatch, a.chunk) - first], at[a.microbatch]
         return [(Kind.F, mine[i - self.lookahead], 0)] if i >= self.lookahead else []
 
     def dependencies(self, a: Action) -> List[Key]:
@@ -220,14 +260,22 @@ def _replica_lists(d: int, m: int, e: int) -> Tuple[Tuple[Tuple[int, ...], ...],
 def separate(pp: int, vpp: int, microbatches_per_replica: int, llm_data_parallel_size: int,
              encoder_data_parallel_size: int, encoder_trainable: bool, encoders: int = 1,
              frozen_encoders: Sequence[int] = (), lookahead: Optional[int] = None,
-             costs: Optional[ActionCosts] = None) -> SeparateSchedule:
+             costs: Optional[ActionCosts] = None,
+             encoder_data_parallel_sizes: Sequence[int] = ()) -> SeparateSchedule:
     """The separate placement's program (module docstring). ``costs``: seconds per action
     (``forward_s`` / ``backward_s`` per LLM chunk, ``encoder_forward_s`` /
     ``encoder_backward_s`` per encoder on one encoder replica, ``p2p_s`` per message), by
     which the encoder replicas' orders are chosen; ``lookahead`` defaults to PP + 1
-    micro-batches (enough to cover the LLM's 1F1B warm-up on each replica)."""
+    micro-batches (enough to cover the LLM's 1F1B warm-up on each replica);
+    ``encoder_data_parallel_sizes``: each encoder on replicas of its own, so many each
+    (``encoder_data_parallel_size`` must be their sum)."""
     if encoders < 1:
         raise PlanError(f"the separate placement needs at least one encoder (got {encoders})")
+    own = list(encoder_data_parallel_sizes)
+    if own and (len(own) != encoders or sum(own) != encoder_data_parallel_size
+                or min(own) < 1):
+        raise PlanError(f"each of the {encoders} encoders needs its own data-parallel size, "
+                        f"at least 1, summing to {encoder_data_parallel_size} (got {own})")
     if min(llm_data_parallel_size, encoder_data_parallel_size,
            microbatches_per_replica) < 1:
         raise PlanError("the separate placement needs at least one LLM replica, one encoder "
@@ -241,12 +289,12 @@ def separate(pp: int, vpp: int, microbatches_per_replica: int, llm_data_parallel
         name="separate", pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=vpp, num_microbatches=d * m,
         encoder_stages=encoders, encoder_trainable=encoder_trainable,
-        # nominal (encoder replica 0): ``rank_of`` places each micro-batch's pieces
-        encoder_ranks=[d * pp] * encoders,
+        # nominal (each encoder's first replica): ``rank_of`` places each micro-batch
+        encoder_ranks=[d * pp + (sum(own[:p]) if own else 0) for p in range(encoders)],
         encoder_pieces=[1] * encoders if encoders > 1 else [],
         frozen_encoders=sorted(frozen_encoders), llm_data_parallel_size=d,
         encoder_data_parallel_size=encoder_data_parallel_size,
-        microbatches_per_replica=m, lookahead=lookahead)
+        microbatches_per_replica=m, lookahead=lookahead, encoder_data_parallel_sizes=own)
     llm = [[Action(a.kind, r // pp * m + a.microbatch, a.chunk)
             for a in llm_order(pp, vpp, m, r % pp)] for r in range(d * pp)]
     schedule.ranks = llm + _encoder_orders(schedule, llm, costs)
@@ -271,9 +319,9 @@ def _encoder_orders(s: SeparateSchedule, llm: List[List[Action]],
     at = [0] * llm_ranks
     todo: List[List[Action]] = []  # per encoder replica, what it has left
     for e in range(s.encoder_data_parallel_size):
-        mine = s.replica_microbatches(e)
-        todo.append([Action(Kind.EF, g, p) for g in mine for p in range(s.encoder_stages)]
-                    + [Action(Kind.EB, g, p) for g in mine for p in range(s.encoder_stages)
+        mine, encoders = s.replica_microbatches(e), s.replica_encoders(e)
+        todo.append([Action(Kind.EF, g, p) for g in mine for p in encoders]
+                    + [Action(Kind.EB, g, p) for g in mine for p in encoders
                        if s.encoder_backward(p)])
     orders: List[List[Action]] = [[] for _ in todo]
 

@@ -7,8 +7,9 @@ checkpoint moves between placements."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from ..pipeline.layers import Layer
 from ..pipeline.partition import StagePartition
@@ -26,6 +27,13 @@ class SeparatePlacements(Record):
     llm: List[ChunkPlacement]
     encoder: ChunkPlacement
     pieces: List[EncoderPieces]
+
+    def encoder_chunk(self, own: Optional[int] = None) -> ChunkPlacement:
+        """An encoder rank's chunk: every encoder, or only encoder ``own`` (chain order)
+        when each encoder is on replicas of its own."""
+        if own is None:
+            return self.encoder
+        return dataclasses.replace(self.encoder, encoders=[self.encoder.encoders[own]])
 
 
 def separate_model_placements(chain: Sequence[Layer],

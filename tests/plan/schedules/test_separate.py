@@ -58,6 +58,31 @@ def test_encoder_messages_fan_out_to_every_member_and_the_check_sees_a_missing_o
         check_members(s, s.ranks, program, LeadOnly(llm=2, encoder=1, llm_ranks=2))
 
 
+@pytest.mark.parametrize("pp,vpp,m,d,sizes,trainable,frozen", [
+    c for c in itertools.product((1, 2), (1, 2), (2, 4), (1, 2), ((1, 1), (2, 1), (1, 3)),
+                                 (True, False), ((), (0,)))
+    if not (c[1] > 1 and (c[0] == 1 or c[2] % c[0]))])
+def test_each_encoder_on_replicas_of_its_own_is_valid_and_rendezvous_safe(
+        pp, vpp, m, d, sizes, trainable, frozen):
+    # vision and audio, each on its own replicas (the first sizes[0] ranks after the LLM's
+    # the ViT's, then the audio encoder's); a frozen ViT beside a trainable audio encoder
+    s = separate(pp, vpp, m, d, sum(sizes), trainable, encoders=2, frozen_encoders=frozen,
+                 encoder_data_parallel_sizes=sizes)
+    assert len(s.ranks) == d * pp + sum(sizes)
+    for e in range(sum(sizes)):
+        mine = s.ranks[s.encoder_rank(e)]
+        encoder = 0 if e < sizes[0] else 1  # runs only its encoder (a spare replica none)
+        assert {a.chunk for a in mine} <= {encoder}
+        assert [a.microbatch for a in mine if a.kind == Kind.EF] == s.replica_microbatches(e)
+    for p in (0, 1):
+        ef = sorted(a.microbatch for e in range(sum(sizes)) for a in s.ranks[s.encoder_rank(e)]
+                    if a.kind == Kind.EF and a.chunk == p)
+        assert ef == list(range(d * m))
+    check_rendezvous(p2p_program(s, s.ranks))
+    forward_only = [[a for a in r if a.kind in (Kind.F, Kind.EF)] for r in s.ranks]
+    check_rendezvous(p2p_program(s, forward_only))
+
+
 def test_encoder_replicas_share_the_micro_batches_in_the_order_the_llm_needs_them():
     # 2 LLM replicas x 3 micro-batches over 3 encoder replicas: LLM replica 0's local
     # micro-batch m is g = m, replica 1's g = 3 + m; needed m-major: 0, 3, 1, 4, 2, 5
@@ -122,6 +147,13 @@ def test_the_worlds_sizes_must_leave_whole_llm_replicas():
         placement_sizes(2, 1, 1, 1, 2, 1)
     with pytest.raises(PlanError, match="--encoder-data-parallel-size must be at least 1"):
         placement_sizes(4, 1, 1, 1, 1, 0)
+    # each encoder on replicas of its own: their sum is taken
+    own = placement_sizes(6, 1, 2, 1, 1, 2, [1, 1])
+    assert (own.encoder_ranks, own.llm_data_parallel_size) == (2, 2)
+    with pytest.raises(PlanError, match=r"\(--vision-encoder-data-parallel-size 2 \+ "
+                                        r"--audio-encoder-data-parallel-size 1\)\) leave 3 for "
+                                        r"the LLM"):
+        placement_sizes(6, 1, 2, 1, 1, 1, [2, 1], ["vision", "audio"])
 
 
 def test_the_llm_posts_an_encoder_outputs_receive_only_within_the_lookahead():
