@@ -77,6 +77,8 @@ from typing import List, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from local_ranks import run_ranks  # noqa: E402
 
 MODEL = [
     "--num-layers", "4", "--hidden-size", "256", "--ffn-hidden-size", "1024",
@@ -140,7 +142,7 @@ def _clock() -> float:
     return device_clock(device())
 
 def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
-    """One rank of a timed PP run (under torchrun)."""
+    """One rank of a timed PP run (``run_schedule``)."""
     import torch
 
     from megatron_mm.startup import prepare_megatron_core
@@ -267,11 +269,11 @@ def co_run_profile(workdir: str, model: Sequence[str]) -> str:
 def run_schedule(schedule: str, profile: str, workdir: str, iters: int, warmup: int,
                  model: Sequence[str]) -> dict:
     out = os.path.join(workdir, f"{schedule}.json")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", _free_port(), os.path.abspath(__file__), "--worker", "--out", out,
-           "--iters", str(iters), "--warmup", str(warmup), "--", *model,
-           *schedule_flags(schedule), "--pipeline-profile", profile]
-    log = _run(cmd)
+    argv = [*model, *schedule_flags(schedule), "--pipeline-profile", profile]
+    try:  # 2 ranks forked from one preloaded server (local_ranks)
+        log = "".join(run_ranks(worker, 2, argv, out, iters, warmup))
+    except RuntimeError as e:
+        raise SystemExit(f"{schedule} failed:\n{str(e)[-8000:]}")
     with open(out) as f:
         ranks = json.load(f)
     chose = re.search(r"--encoder-schedule auto chose (.*?): simulated", log)
@@ -383,12 +385,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "micro-batches; light: a 2-layer ViT (module docstring)")
     p.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
                    help="the rows to run (default all)")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
     args, rest = p.parse_known_args(argv)
-    if args.worker:
-        worker([a for a in rest if a != "--"], args.out, args.iters, args.warmup)
-        return 0
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # training flags after the tool's own override the model's (a smaller one for a test)
     args.model = (MODEL + WORKLOADS.get(args.workload, []) + (AUDIO if args.audio else [])
@@ -501,23 +498,6 @@ def describe(args) -> str:
             f"{a.num_microbatches} micro-batches per iteration; PP=2 on 2 ranks (separate: 1 "
             f"encoder rank + the LLM on 1), one thread per rank on its own core; medians of "
             f"{args.rounds} x {args.iters} iterations")
-
-
-def _run(cmd: List[str]) -> str:
-    """Runs ``cmd``; its output."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode:
-        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-5000:])
-        raise SystemExit(f"failed: {' '.join(cmd[:6])} ... (exit {proc.returncode})")
-    return proc.stdout + proc.stderr
-
-
-def _free_port() -> str:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 if __name__ == "__main__":

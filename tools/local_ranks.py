@@ -12,7 +12,7 @@ import os
 import socket
 import tempfile
 import traceback
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 # megatron_mm.prepared first: its import is prepare_megatron_core() (the list can only import)
 PRELOAD = ["megatron_mm.prepared", "megatron_mm.training.pretrain"]
@@ -48,9 +48,9 @@ def _entry(rank, fn, world_size, port, log_dir, args, env):
 
 
 def run_ranks(fn, world_size: int, *args, env: Optional[Dict[str, str]] = None,
-              preload=PRELOAD) -> None:
-    """``fn(*args)`` in ``world_size`` ranks (``fn`` a module-level function); raises
-    ``RuntimeError`` with each failed rank's log tail."""
+              preload=PRELOAD) -> List[str]:
+    """``fn(*args)`` in ``world_size`` ranks (``fn`` a module-level function); returns each
+    rank's output, or raises ``RuntimeError`` with each rank's log tail."""
     import torch.multiprocessing as mp
 
     for name, value in FORKSERVER_ENV.items():  # inherited by the server it starts
@@ -67,3 +67,8 @@ def run_ranks(fn, world_size: int, *args, env: Optional[Dict[str, str]] = None,
                 with open(os.path.join(log_dir, f"{rank}.log")) as f:
                     tails.append(f"rank {rank}:\n{f.read()[-5000:]}")
             raise RuntimeError("\n".join(tails)) from e
+        logs = []
+        for rank in range(world_size):
+            with open(os.path.join(log_dir, f"{rank}.log")) as f:
+                logs.append(f.read())
+        return logs
