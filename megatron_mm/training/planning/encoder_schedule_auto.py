@@ -42,21 +42,32 @@ from ...plan.schedules.simulate import simulate
 from ..fp8_args import validate_fp8_args
 from ..sequence_parallel import validate_sequence_parallel
 from .encoder_schedule import encoder_pipeline_plan, make_schedule, plan_costs
+from .separate_auto import separate_alternatives, separate_run_config, with_separate
 from .time_inputs import hardware, time_inputs
 
 
 @dataclass
 class Alternative(Record):
-    schedule: str  # megatron | coarse | bubble
+    schedule: str  # megatron | coarse | bubble | separate
     encoder_pipeline_model_parallel_size: Optional[int]
     encoder_pieces: int
     iteration_s: float
     encoder_tensor_model_parallel_size: Optional[int] = None  # None: the LLM's (megatron)
     tensor_model_parallel_size: int = 1
+    # separate: the encoder replicas, and the LLM's PP and DP on the ranks they leave
+    encoder_data_parallel_size: Optional[int] = None
+    pipeline_model_parallel_size: Optional[int] = None
+    data_parallel_size: Optional[int] = None
 
     def describe(self) -> str:
         if self.schedule == "megatron":
             return "megatron"
+        if self.schedule == "separate":
+            etp, edp = self.encoder_tensor_model_parallel_size, self.encoder_data_parallel_size
+            ranks = etp * edp
+            return (f"separate, {ranks} encoder rank{'s' if ranks > 1 else ''} (TP {etp} x "
+                    f"DP {edp}), LLM PP {self.pipeline_model_parallel_size} DP "
+                    f"{self.data_parallel_size}")
         tp = (f" TP {self.encoder_tensor_model_parallel_size}"
               if self.tensor_model_parallel_size > 1 else "")
         return (f"{self.schedule}, encoder PP {self.encoder_pipeline_model_parallel_size}"
@@ -87,6 +98,9 @@ class EncoderScheduleChoice(Record):
     encoder_tensor_model_parallel_size: Optional[int] = None  # None: megatron
     encoder_pieces: int = 1
     auto: Optional[AutoChoice] = None  # --encoder-schedule auto: what it simulated
+    # auto chose separate: its encoder replicas and the LLM's PP (None: the flags')
+    encoder_data_parallel_size: Optional[int] = None
+    pipeline_model_parallel_size: Optional[int] = None
 
     @classmethod
     def from_flags(cls, schedule) -> "EncoderScheduleChoice":
@@ -95,7 +109,14 @@ class EncoderScheduleChoice(Record):
                    schedule.encoder_tensor_model_parallel_size, schedule.encoder_pieces)
 
     def applied(self, config):
-        """``config`` (the RunConfig) with this schedule as its encoder-schedule group."""
+        """``config`` (the RunConfig) with this schedule as its encoder-schedule group
+        (auto's separate: with the placement's parallel sizes and micro-batches too)."""
+        if self.pipeline_model_parallel_size is not None:
+            if config.encoder_schedule.encoder_schedule == "separate":
+                return config  # the run's: applied already (its world is the LLM's)
+            return with_separate(config, separate_run_config(
+                config, self.encoder_tensor_model_parallel_size,
+                self.encoder_data_parallel_size, self.pipeline_model_parallel_size))
         return with_schedule(config, self.encoder_schedule,
                              self.encoder_pipeline_model_parallel_size,
                              self.encoder_tensor_model_parallel_size, self.encoder_pieces)
@@ -172,6 +193,8 @@ def choose_encoder_schedule(config, chain) -> AutoChoice:
                                    plan_costs(flags, plan, chain), False)
                     alternatives.append(Alternative(kind, stages, pieces, sim.iteration_s,
                                                     etp, tp))
+    alternatives += separate_alternatives(config, chain, lambda etp, edp, llm_pp, dp, t: (
+        Alternative("separate", None, 1, t, etp, tp, edp, llm_pp, dp)))
     if not alternatives:
         raise PlanError("--encoder-schedule auto has nothing to choose from: "
                         "--encoder-tensor-model-parallel-size below --tensor-model-parallel-"
@@ -189,5 +212,10 @@ def encoder_schedule_choice(config, chain) -> EncoderScheduleChoice:
     c = auto.chosen
     if c.schedule == "megatron":  # no encoder pipeline of its own
         return EncoderScheduleChoice("megatron", auto=auto)
+    if c.schedule == "separate":
+        return EncoderScheduleChoice("separate", None, c.encoder_tensor_model_parallel_size,
+                                     auto=auto,
+                                     encoder_data_parallel_size=c.encoder_data_parallel_size,
+                                     pipeline_model_parallel_size=c.pipeline_model_parallel_size)
     return EncoderScheduleChoice(c.schedule, c.encoder_pipeline_model_parallel_size,
                                  c.encoder_tensor_model_parallel_size, c.encoder_pieces, auto)

@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence, Union
 
 from ...plan import StagePartition, partition
 from ...plan.pipeline.describe import describe_chunk
-from ...plan.schedules.encoder_pipeline import EncoderPipelinePlan, split_chain
+from ...plan.schedules.encoder_pipeline import EncoderPipelinePlan
 from ...plan.schedules.separate_placements import SeparatePlacements, separate_model_placements
 from ...plan.pipeline.partition import parse_partition_flag
 from ...plan.pipeline.placement import ChunkPlacement, chunk_placements
@@ -25,6 +25,7 @@ from .chain import training_chain
 from .encoder_schedule import encoder_pipeline_plan, separate_encoder
 from .encoder_schedule_auto import EncoderScheduleChoice, encoder_schedule_choice
 from .recompute import adaptive_choice, choice_line
+from .separate_auto import encoder_trainable, separate_partition
 from .time_inputs import hardware
 
 
@@ -116,16 +117,12 @@ def plan_pipeline(config, model_config,
     schedule = schedule or encoder_schedule_choice(config, chain)
     recompute_num_layers = config.recompute.recompute_num_layers
     if schedule.encoder_schedule == "separate":  # the LLM partitioned over its own chain
-        encoders, llm = split_chain(chain)
-        part = partition(llm, parallel.pipeline_model_parallel_size,
-                         parallel.virtual_pipeline_model_parallel_size or 1, policy,
-                         num_microbatches=config.training.num_microbatches)
+        # (with auto's pick: at the placement's sizes)
+        part = separate_partition(schedule.applied(config), chain, policy)
         places = separate_model_placements(chain, part)
         return TrainingPlan(chain, part, places.llm, [recompute_num_layers] * part.num_chunks,
                             label, schedule=schedule, separate=places,
-                            separate_trainable=[any(l.trainable for l in layers
-                                                    if l.kind.endswith(("_layer", "_embed")))
-                                                for _, layers in encoders])
+                            separate_trainable=encoder_trainable(chain))
     if separate_encoder(schedule):
         plan = encoder_pipeline_plan(schedule.applied(config), chain, policy)
         return TrainingPlan(chain, plan.llm_partition, plan.placements,
