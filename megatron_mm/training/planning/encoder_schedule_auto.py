@@ -11,7 +11,10 @@ encoder PP, encoder TP and pieces, or with ``auto`` the fastest simulated altern
   encoder TP dividing TP that the run's other flags allow (encoder replicas = TP /
   encoder TP; ``--encoder-tensor-model-parallel-size`` given: that one only), each planned
   as the run would plan it with those flags (``encoder_schedule.encoder_pipeline_plan``:
-  for bubble, the encoder's placement and stage boundaries searched by simulation).
+  for bubble, the encoder's placement and stage boundaries searched by simulation);
+- ``separate``: the encoders on ranks of their own, each encoder rank count the world
+  allows and the LLM's PP on the ranks left, where the run's flags allow the placement
+  (``separate_auto.py``), simulated as the separate program on the same time model.
 
 Every alternative is simulated on the per-action costs of ``encoder_pipeline``'s
 ``schedule_costs`` / ``megatron_costs``, timed by ``plan/unit_costs.TimeModel`` (the
@@ -20,7 +23,9 @@ times of ``--pipeline-profile``, plus the TP all-reduces, the encoder replicas' 
 and gradient sum modelled on ``plan/hardware.Interconnect``'s links (a profile's layer
 times carry no TP traffic: its ``tp_links``, or the defaults). The same costs generate
 the run's ``bubble`` schedule and the simulator replays them. The fastest wins; ties go
-to the earlier in that order (the simpler schedule, the larger encoder TP). Encoder-pipeline
+to the earlier in that order (the simpler schedule, the larger encoder TP; separate
+last). Auto's separate pick changes the run's parallel sizes: ``applied`` gives the run
+the RunConfig of those sizes (made before any process group). Encoder-pipeline
 alternatives are left out where the run's other flags do not combine with them
 (``--pipeline-partition search``, ``--recompute-memory-budget``).
 """
