@@ -139,7 +139,8 @@ class Trainer:
         tokenizer = tokenizer_from_config(config)
         model_config = model_config_for(config, tokenizer)
         plan = plan_pipeline(config, model_config)  # a ConfigError here names the flag
-        # The run reads its encoder schedule (the flags', or auto's pick) from the plan.
+        # The run reads its encoder schedule (the flags', or auto's pick) from the plan, before
+        # any process group: auto's separate pick brings its own parallel sizes.
         config = plan.run_config(config)
         replicas = initialize_distributed(config.parallel, config.encoder_schedule)
         print_rank_0("> " + describe_tags(tokenizer.item_tags, tokenizer.missing_tags,

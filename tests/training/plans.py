@@ -36,3 +36,18 @@ def slow_link_profile(argv, world, path, slow=True, vit=20):
         tp_links=Interconnect(tp_bandwidth=1e9, tp_latency_s=1e-3) if slow else None
     ).save(str(path))
     return str(path)
+
+
+def separate_profile(argv, world, path, vit, head):
+    """A layer profile of this model written to ``path``: each ViT layer ``vit`` ms
+    forward, the LLM's output layer ``head`` ms, every other layer 1 ms (backward twice the
+    forward where one runs). A frozen ViT at 20 / 10 ms: ``--encoder-schedule auto`` picks
+    the separate placement on 2 ranks (test_encoder_schedule_auto)."""
+    from megatron_mm.plan.pipeline.profile import LayerProfile, LayerTime
+
+    config, plan = plan_of(argv, world)
+    ms = lambda l: vit if l.kind == "vision_layer" else head if l.kind == "llm_head" else 1  # noqa: E731
+    LayerProfile("test", config.training.micro_batch_size, config.model.seq_length, 1, [], [
+        LayerTime(l.module, ms(l) * 1e-3, 2 * ms(l) * 1e-3 if l.runs_backward else 0.0)
+        for l in plan.chain]).save(str(path))
+    return str(path)

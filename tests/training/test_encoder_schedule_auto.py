@@ -1,8 +1,9 @@
 """--encoder-schedule auto: the training plan simulates megatron, coarse and bubble (each
-encoder PP, piece count and encoder TP) on the run's own costs, with the real vocabulary,
-and the run takes the fastest; the plan records and checkpoints the choice. (That the
-chosen run equals one process is test_pipeline_parallel's ``pp2-auto-*`` cases and
-test_audio_training's ``pp2-auto``.)"""
+encoder PP, piece count and encoder TP) and separate (each encoder rank count and the
+LLM's PP on the ranks left) on the run's own costs, with the real vocabulary, and the run
+takes the fastest; the plan records and checkpoints the choice. (That the chosen run
+equals one process is test_pipeline_parallel's ``pp2-auto-*`` cases,
+test_audio_training's ``pp2-auto`` and test_separate_training's ``auto-separate``.)"""
 
 import pytest
 
@@ -14,7 +15,7 @@ from megatron_mm.plan.schedules.simulate import simulate
 from megatron_mm.training.arguments import parse_args
 from megatron_mm.training.planning.time_inputs import time_inputs
 
-from plans import plan_of, slow_link_profile
+from plans import plan_of, separate_profile, slow_link_profile
 from train_workers import TINY_MODEL
 
 PP2 = ["--pipeline-model-parallel-size", "2", "--micro-batch-size", "2",
@@ -31,8 +32,8 @@ def test_auto_takes_the_fastest_simulated_alternative():
     kinds = {(a.schedule, a.encoder_pipeline_model_parallel_size, a.encoder_pieces)
              for a in choice.alternatives}
     # a 2-layer ViT: 1 or 2 stages, pieces that fit its layers
-    assert kinds == {("megatron", None, 1)} | {(k, s, p) for k in ("coarse", "bubble")
-                                               for s, p in ((1, 1), (1, 2), (2, 1))}
+    assert kinds == {("megatron", None, 1), ("separate", None, 1)} | {
+        (k, s, p) for k in ("coarse", "bubble") for s, p in ((1, 1), (1, 2), (2, 1))}
     assert choice.chosen.iteration_s == min(a.iteration_s for a in choice.alternatives)
     run = plan.run_config(config).encoder_schedule
     assert run.encoder_schedule == choice.chosen.schedule
@@ -106,6 +107,67 @@ def test_auto_plans_vision_and_audio_together():
 
     config, plan = plan_of(TINY_MODEL + AUDIO_MODEL + PP2 + AUTO, 2)
     choice = plan.schedule.auto
-    assert {a.schedule for a in choice.alternatives} == {"megatron", "coarse", "bubble"}
+    assert {a.schedule for a in choice.alternatives} == {"megatron", "coarse", "bubble",
+                                                         "separate"}
     assert choice.chosen.iteration_s == min(a.iteration_s for a in choice.alternatives)
     assert plan.run_config(config).encoder_schedule.encoder_schedule == choice.chosen.schedule
+
+
+def separate_alternatives(plan):
+    return {(a.encoder_tensor_model_parallel_size, a.encoder_data_parallel_size,
+             a.pipeline_model_parallel_size, a.data_parallel_size)
+            for a in plan.schedule.auto.alternatives if a.schedule == "separate"}
+
+
+def test_auto_offers_separate_on_the_same_world():
+    """Each encoder rank count the world allows, the LLM at the flags' PP where the ranks
+    left divide by it, else at a divisor below; the global batch must divide."""
+    # 2 ranks at PP 2: 1 encoder rank, the LLM at PP 1 on the other
+    _, plan = plan_of(TINY_MODEL + PP2 + AUTO, 2)
+    assert separate_alternatives(plan) == {(1, 1, 1, 1)}
+    sep = next(a for a in plan.schedule.auto.alternatives if a.schedule == "separate")
+    assert sep.describe() == "separate, 1 encoder rank (TP 1 x DP 1), LLM PP 1 DP 1"
+    # 4 ranks at PP 2: 1 encoder rank leaves 3 (PP 1 x DP 3: 8 samples do not divide by 2 x
+    # 3), 2 leave PP 2 x DP 1, 3 leave PP 1
+    _, plan = plan_of(TINY_MODEL + PP2 + AUTO, 4)
+    assert separate_alternatives(plan) == {(1, 2, 2, 1), (1, 3, 1, 1)}
+    assert "separate, 2 encoder ranks (TP 1 x DP 2), LLM PP 2 DP 1" in [
+        a.describe() for a in plan.schedule.auto.alternatives]
+    # what separate refuses is not offered: an encoder PP forced by the flags
+    _, plan = plan_of(TINY_MODEL + PP2 + AUTO + ["--encoder-pipeline-model-parallel-size",
+                                                  "1"], 2)
+    assert separate_alternatives(plan) == set()
+    assert plan.schedule.encoder_schedule != "separate"
+
+
+def test_auto_chooses_separate_where_it_simulates_fastest(tmp_path):
+    """A frozen ViT whose forward matches the LLM's work (20 ms layers; a 10 ms output
+    layer), which no split of whole layers over PP 2 balances: on 2 ranks the encoder on
+    one and the LLM on the other is fastest. The run is the separate placement at those
+    sizes (its flags, groups and plan); a light ViT keeps a colocated schedule."""
+    argv = TINY_MODEL + PP2 + AUTO + ["--freeze-ViT"]
+    heavy = ["--pipeline-profile", separate_profile(argv, 2, tmp_path / "h.json", 20, 10)]
+    config, plan = plan_of(argv + heavy, 2)
+    auto = plan.schedule.auto
+    assert auto.chosen.describe() == "separate, 1 encoder rank (TP 1 x DP 1), LLM PP 1 DP 1"
+    assert auto.chosen.iteration_s == min(a.iteration_s for a in auto.alternatives)
+    # by hand: the first encoder output after 1 + 2 x 20 ms, then the LLM's 4 micro-batches
+    # back to back on its one stage (14 ms forward, 28 ms backward; each next output ready
+    # before its forward): 41 + 4 x 42 ms
+    assert auto.chosen.iteration_s == pytest.approx(0.209, rel=1e-3)
+    run = plan.run_config(config)
+    assert run.encoder_schedule.encoder_schedule == "separate"
+    assert (run.encoder_schedule.encoder_tensor_model_parallel_size,
+            run.encoder_schedule.encoder_data_parallel_size,
+            run.parallel.pipeline_model_parallel_size, run.parallel.data_parallel_size,
+            run.parallel.world_size, run.training.num_microbatches) == (1, 1, 1, 1, 1, 4)
+    assert plan.separate is not None and plan.partition.pipeline_model_parallel_size == 1
+    assert plan.separate_trainable == [False]
+    assert plan.describe(config).splitlines()[0].startswith(
+        "> --encoder-schedule auto chose separate, 1 encoder rank")
+    assert plan.to_checkpoint()["encoder_schedule"]["encoder_schedule"] == "separate"
+    # a light ViT: a colocated schedule, separate among the alternatives
+    light = ["--pipeline-profile", separate_profile(argv, 2, tmp_path / "l.json", 5, 3)]
+    _, plan = plan_of(argv + light, 2)
+    assert plan.schedule.encoder_schedule != "separate"
+    assert separate_alternatives(plan) == {(1, 1, 1, 1)}

@@ -3,9 +3,8 @@ their own next to the LLM's pipeline (``training/separate_run.py``), loading the
 initial checkpoint, equal one process (losses, gradients of the first and last step,
 parameters) with a trainable and a frozen ViT, with vision + audio sharing two encoder
 ranks or each on ranks of its own (a frozen ViT on one, the audio encoder on two, the LLM
-on one), and with one
-encoder rank serving two LLM replicas; its checkpoint loads colocated (the colocated
-keys)."""
+on one), with one encoder rank serving two LLM replicas, and as ``--encoder-schedule
+auto``'s pick; its checkpoint loads colocated (the colocated keys)."""
 
 import math
 
@@ -25,26 +24,39 @@ OWN = ["--pipeline-model-parallel-size", "1", "--encoder-schedule", "separate",
        "--vision-encoder-data-parallel-size", "1", "--audio-encoder-data-parallel-size", "2"]
 
 
-@pytest.mark.parametrize("encoder_ranks, llm_dp, model", [
-    (1, 1, []), (1, 1, ["--freeze-ViT"]),
+@pytest.mark.parametrize("encoder_ranks, llm_dp, model, auto", [
+    (1, 1, [], False), (1, 1, ["--freeze-ViT"], False),
     # two encoders (vision + audio) sharing both encoder replicas
-    (2, 1, AUDIO_MODEL),
+    (2, 1, AUDIO_MODEL, False),
     # each on replicas of its own: a frozen ViT's rank next to the trained audio encoder's
     # two (its own data-parallel group)
-    ({"vision": 1, "audio": 2}, 1, AUDIO_MODEL + ["--freeze-ViT"]),
+    ({"vision": 1, "audio": 2}, 1, AUDIO_MODEL + ["--freeze-ViT"], False),
     # one encoder rank serving two LLM replicas (encoder DP unlike LLM DP)
-    (1, 2, [])], ids=["1-encoder-rank", "1-encoder-rank-frozen-vit",
-                      "2-encoder-ranks-vision-audio", "own-encoder-ranks-vision-audio",
-                      "1-encoder-rank-llm-dp2"])
+    (1, 2, [], False),
+    # --encoder-schedule auto on 2 ranks at PP 2 picks 1 encoder rank + the LLM at PP 1
+    # (a frozen ViT as heavy as the LLM, by its layer profile)
+    (1, 1, ["--freeze-ViT"], True)],
+    ids=["1-encoder-rank", "1-encoder-rank-frozen-vit", "2-encoder-ranks-vision-audio",
+         "own-encoder-ranks-vision-audio", "1-encoder-rank-llm-dp2", "auto-separate"])
 def test_separate_placement_equals_one_process(one_process_reference, digits_dir,
                                                audio_digits_dir, tmp_path_factory,
-                                               encoder_ranks, llm_dp, model):
+                                               encoder_ranks, llm_dp, model, auto):
     data = audio_digits_dir if AUDIO_MODEL[0] in model else digits_dir
     argv, ref = one_process_reference(data, model)
     own = isinstance(encoder_ranks, dict)
-    layout = OWN if own else SEPARATE + ["--encoder-data-parallel-size", str(encoder_ranks)]
-    pp, encoder_ranks = (1, sum(encoder_ranks.values())) if own else (2, encoder_ranks)
     saved = tmp_path_factory.mktemp("separate")
+    if auto:
+        from plans import separate_profile
+
+        layout = SEPARATE[:2] + ["--encoder-schedule", "auto"]
+        layout += ["--pipeline-profile", separate_profile(argv + layout, 2,
+                                                          saved / "profile.json", 20, 10)]
+        pp = 1
+    else:
+        layout = OWN if own else SEPARATE + ["--encoder-data-parallel-size",
+                                             str(encoder_ranks)]
+        pp = 1 if own else 2
+    encoder_ranks = sum(encoder_ranks.values()) if own else encoder_ranks
     ranks = run_distributed(train, encoder_ranks + pp * llm_dp,
                             argv + layout + ["--save", str(saved)], (1, STEPS))
     # the LLM's ranks in Megatron-Core's order: replica d's stage r at d + llm_dp * r
@@ -73,6 +85,8 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
             for top, value in out["norm_squares"][step].items():
                 squares[top] = squares.get(top, 0.0) + value
         assert squares == pytest.approx(ref["norm_squares"][step], rel=1e-4), step
+    if auto:
+        return
     # its checkpoint (model and optimizer) loads colocated on the LLM's layout (PP=2 on 2
     # ranks, the encoder on the first stage): the same weights
     at = argv.index("--load")

@@ -311,7 +311,6 @@ def _encoder_orders(s: SeparateSchedule, llm: List[List[Action]],
             return 2.0 if a.kind in (Kind.B, Kind.EB) else 1.0
         return costs.of(a.kind, a.chunk, a.microbatch)
 
-    p2p = costs.p2p_s if costs is not None else 0.0
     finish: Dict[Key, float] = {}
     owner: Dict[Key, int] = {}
     llm_ranks = len(llm)
@@ -329,8 +328,9 @@ def _encoder_orders(s: SeparateSchedule, llm: List[List[Action]],
         deps = s.dependencies(a)
         if any(k not in finish for k in deps):
             return None
-        return max([clock[rank]] + [finish[k] + (p2p if owner[k] != rank else 0.0)
-                                    for k in deps])
+        return max([clock[rank]] + [finish[k] + (costs.transfer_s(k, a)
+                                                 if costs is not None and owner[k] != rank
+                                                 else 0.0) for k in deps])
 
     while any(at[r] < len(llm[r]) for r in range(llm_ranks)) or any(todo):
         best = None  # (start, preference, rank, action)

@@ -78,6 +78,9 @@ class ActionCosts(Record):
     # empty: none
     deepstack_p2p_s: List[float] = field(default_factory=list)
     encoder_deepstack_p2p_s: List[float] = field(default_factory=list)
+    # the separate placement: the seconds of an encoder's output message to the LLM (and
+    # of its gradient back), per encoder piece, beyond ``p2p_s``; empty: none
+    encoder_output_p2p_s: List[float] = field(default_factory=list)
     all_to_all_s: List[float] = field(default_factory=list)
     backward_all_to_all_s: List[float] = field(default_factory=list)
     # Micro-batches of different work (real samples: tiles and tokens vary): micro-batch
@@ -100,8 +103,11 @@ class ActionCosts(Record):
         extra = 0.0
         if chunk is not None and self.deepstack_p2p_s:
             extra = self.deepstack_p2p_s[chunk]
-        elif piece is not None and self.encoder_deepstack_p2p_s:
-            extra = self.encoder_deepstack_p2p_s[piece]
+        elif piece is not None:
+            if self.encoder_deepstack_p2p_s:
+                extra = self.encoder_deepstack_p2p_s[piece]
+            if self.encoder_output_p2p_s:
+                extra += self.encoder_output_p2p_s[piece]
         return self.p2p_s + extra
 
     def encoder_comm(self, kind: str, piece: int) -> float:

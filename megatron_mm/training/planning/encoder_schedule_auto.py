@@ -11,7 +11,10 @@ encoder PP, encoder TP and pieces, or with ``auto`` the fastest simulated altern
   encoder TP dividing TP that the run's other flags allow (encoder replicas = TP /
   encoder TP; ``--encoder-tensor-model-parallel-size`` given: that one only), each planned
   as the run would plan it with those flags (``encoder_schedule.encoder_pipeline_plan``:
-  for bubble, the encoder's placement and stage boundaries searched by simulation).
+  for bubble, the encoder's placement and stage boundaries searched by simulation);
+- ``separate``: the encoders on ranks of their own, each encoder rank count the world
+  allows and the LLM's PP on the ranks left, where the run's flags allow the placement
+  (``separate_auto.py``), simulated as the separate program on the same time model.
 
 Every alternative is simulated on the per-action costs of ``encoder_pipeline``'s
 ``schedule_costs`` / ``megatron_costs``, timed by ``plan/unit_costs.TimeModel`` (the
@@ -20,7 +23,9 @@ times of ``--pipeline-profile``, plus the TP all-reduces, the encoder replicas' 
 and gradient sum modelled on ``plan/hardware.Interconnect``'s links (a profile's layer
 times carry no TP traffic: its ``tp_links``, or the defaults). The same costs generate
 the run's ``bubble`` schedule and the simulator replays them. The fastest wins; ties go
-to the earlier in that order (the simpler schedule, the larger encoder TP). Encoder-pipeline
+to the earlier in that order (the simpler schedule, the larger encoder TP; separate
+last). Auto's separate pick changes the run's parallel sizes: ``applied`` gives the run
+the RunConfig of those sizes (made before any process group). Encoder-pipeline
 alternatives are left out where the run's other flags do not combine with them
 (``--pipeline-partition search``, ``--recompute-memory-budget``).
 """
@@ -42,21 +47,32 @@ from ...plan.schedules.simulate import simulate
 from ..fp8_args import validate_fp8_args
 from ..sequence_parallel import validate_sequence_parallel
 from .encoder_schedule import encoder_pipeline_plan, make_schedule, plan_costs
+from .separate_auto import separate_alternatives, separate_run_config, with_separate
 from .time_inputs import hardware, time_inputs
 
 
 @dataclass
 class Alternative(Record):
-    schedule: str  # megatron | coarse | bubble
+    schedule: str  # megatron | coarse | bubble | separate
     encoder_pipeline_model_parallel_size: Optional[int]
     encoder_pieces: int
     iteration_s: float
     encoder_tensor_model_parallel_size: Optional[int] = None  # None: the LLM's (megatron)
     tensor_model_parallel_size: int = 1
+    # separate: the encoder replicas, and the LLM's PP and DP on the ranks they leave
+    encoder_data_parallel_size: Optional[int] = None
+    pipeline_model_parallel_size: Optional[int] = None
+    data_parallel_size: Optional[int] = None
 
     def describe(self) -> str:
         if self.schedule == "megatron":
             return "megatron"
+        if self.schedule == "separate":
+            etp, edp = self.encoder_tensor_model_parallel_size, self.encoder_data_parallel_size
+            ranks = etp * edp
+            return (f"separate, {ranks} encoder rank{'s' if ranks > 1 else ''} (TP {etp} x "
+                    f"DP {edp}), LLM PP {self.pipeline_model_parallel_size} DP "
+                    f"{self.data_parallel_size}")
         tp = (f" TP {self.encoder_tensor_model_parallel_size}"
               if self.tensor_model_parallel_size > 1 else "")
         return (f"{self.schedule}, encoder PP {self.encoder_pipeline_model_parallel_size}"
@@ -87,6 +103,9 @@ class EncoderScheduleChoice(Record):
     encoder_tensor_model_parallel_size: Optional[int] = None  # None: megatron
     encoder_pieces: int = 1
     auto: Optional[AutoChoice] = None  # --encoder-schedule auto: what it simulated
+    # auto chose separate: its encoder replicas and the LLM's PP (None: the flags')
+    encoder_data_parallel_size: Optional[int] = None
+    pipeline_model_parallel_size: Optional[int] = None
 
     @classmethod
     def from_flags(cls, schedule) -> "EncoderScheduleChoice":
@@ -95,7 +114,14 @@ class EncoderScheduleChoice(Record):
                    schedule.encoder_tensor_model_parallel_size, schedule.encoder_pieces)
 
     def applied(self, config):
-        """``config`` (the RunConfig) with this schedule as its encoder-schedule group."""
+        """``config`` (the RunConfig) with this schedule as its encoder-schedule group
+        (auto's separate: with the placement's parallel sizes and micro-batches too)."""
+        if self.pipeline_model_parallel_size is not None:
+            if config.encoder_schedule.encoder_schedule == "separate":
+                return config  # the run's: applied already (its world is the LLM's)
+            return with_separate(config, separate_run_config(
+                config, self.encoder_tensor_model_parallel_size,
+                self.encoder_data_parallel_size, self.pipeline_model_parallel_size))
         return with_schedule(config, self.encoder_schedule,
                              self.encoder_pipeline_model_parallel_size,
                              self.encoder_tensor_model_parallel_size, self.encoder_pieces)
@@ -172,6 +198,8 @@ def choose_encoder_schedule(config, chain) -> AutoChoice:
                                    plan_costs(flags, plan, chain), False)
                     alternatives.append(Alternative(kind, stages, pieces, sim.iteration_s,
                                                     etp, tp))
+    alternatives += separate_alternatives(config, chain, lambda etp, edp, llm_pp, dp, t: (
+        Alternative("separate", None, 1, t, etp, tp, edp, llm_pp, dp)))
     if not alternatives:
         raise PlanError("--encoder-schedule auto has nothing to choose from: "
                         "--encoder-tensor-model-parallel-size below --tensor-model-parallel-"
@@ -189,5 +217,10 @@ def encoder_schedule_choice(config, chain) -> EncoderScheduleChoice:
     c = auto.chosen
     if c.schedule == "megatron":  # no encoder pipeline of its own
         return EncoderScheduleChoice("megatron", auto=auto)
+    if c.schedule == "separate":
+        return EncoderScheduleChoice("separate", None, c.encoder_tensor_model_parallel_size,
+                                     auto=auto,
+                                     encoder_data_parallel_size=c.encoder_data_parallel_size,
+                                     pipeline_model_parallel_size=c.pipeline_model_parallel_size)
     return EncoderScheduleChoice(c.schedule, c.encoder_pipeline_model_parallel_size,
                                  c.encoder_tensor_model_parallel_size, c.encoder_pieces, auto)

@@ -25,6 +25,7 @@ from .chain import training_chain
 from .encoder_schedule import encoder_pipeline_plan, separate_encoder
 from .encoder_schedule_auto import EncoderScheduleChoice, encoder_schedule_choice
 from .recompute import adaptive_choice, choice_line
+from .separate_auto import encoder_trainable, separate_partition
 from .time_inputs import hardware
 
 
@@ -118,16 +119,12 @@ def plan_pipeline(config, model_config,
     schedule = schedule or encoder_schedule_choice(config, chain)
     recompute_num_layers = config.recompute.recompute_num_layers
     if schedule.encoder_schedule == "separate":  # the LLM partitioned over its own chain
-        encoders, llm = split_chain(chain)
-        part = partition(llm, parallel.pipeline_model_parallel_size,
-                         parallel.virtual_pipeline_model_parallel_size or 1, policy,
-                         num_microbatches=config.training.num_microbatches)
+        # (with auto's pick: at the placement's sizes)
+        part = separate_partition(schedule.applied(config), chain, policy)
         places = separate_model_placements(chain, part)
         return TrainingPlan(chain, part, places.llm, [recompute_num_layers] * part.num_chunks,
                             label, schedule=schedule, separate=places,
-                            separate_trainable=[any(l.trainable for l in layers
-                                                    if l.kind.endswith(("_layer", "_embed")))
-                                                for _, layers in encoders])
+                            separate_trainable=encoder_trainable(chain))
     if separate_encoder(schedule):
         plan = encoder_pipeline_plan(schedule.applied(config), chain, policy)
         return TrainingPlan(chain, plan.llm_partition, plan.placements,

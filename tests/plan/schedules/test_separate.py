@@ -188,3 +188,20 @@ def test_simulate_schedule_tool_prints_a_separate_row(tmp_path):
     row = proc.stdout.splitlines()[-1]
     assert row.startswith("| separate | 51.00 |") and "24.0, 24.0, 24.0, 24.0, 48.0" in row
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_encoder_output_send_and_the_replicas_gradient_sum_are_charged():
+    """``separate_costs``' two charges besides compute: each encoder output's send to the
+    LLM (and its gradient's back) delays the consumer by its seconds, and the encoder
+    replicas' gradient sum follows their last backward (``separate_iteration_s``)."""
+    from megatron_mm.plan.schedules.separate_costs import SeparateCosts, separate_iteration_s
+
+    costs = ActionCosts([1.0], [2.0], [3.0], [4.0], encoder_output_p2p_s=[0.5])
+    program = separate(1, 1, 2, 1, 2, True, costs=costs)
+    sim = simulate(program, costs)
+    at = {(t.kind, t.microbatch): t for t in sim.timeline}
+    assert at[(Kind.F, 0)].start_s == at[(Kind.EF, 0)].end_s + 0.5
+    assert at[(Kind.EB, 0)].start_s == at[(Kind.B, 0)].end_s + 0.5
+    last_encoder = max(t.end_s for t in sim.timeline if t.kind == Kind.EB)
+    assert separate_iteration_s(program, SeparateCosts(costs, 0.0)) == sim.iteration_s
+    assert separate_iteration_s(program, SeparateCosts(costs, 100.0)) == last_encoder + 100.0
