@@ -247,6 +247,7 @@ def check_members(s: SeparateSchedule, ranks: Sequence[Sequence[Action]],
 
 
 @functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)
 def _replica_lists(d: int, m: int, e: int) -> Tuple[Tuple[Tuple[int, ...], ...],
                                                     Dict[int, int]]:
     """Each encoder replica's micro-batches in need order, and each micro-batch's place in
@@ -305,7 +306,10 @@ def _encoder_orders(s: SeparateSchedule, llm: List[List[Action]],
                     costs: Optional[ActionCosts]) -> List[List[Action]]:
     """List scheduling: the LLM ranks in their fixed orders, each encoder replica choosing
     its next action when free; always the globally earliest start next, so a choice never
-    precedes an action that could have started before it."""
+    precedes an action that could have started before it. An encoder replica's candidates
+    are each encoder's first forward left (they go in need order) and the backwards whose
+    inputs are done (counted down as they finish), so a step costs the ranks plus the few
+    ready actions, not every action left."""
     def cost(a: Action) -> float:
         if costs is None:
             return 2.0 if a.kind in (Kind.B, Kind.EB) else 1.0
@@ -313,40 +317,50 @@ def _encoder_orders(s: SeparateSchedule, llm: List[List[Action]],
 
     finish: Dict[Key, float] = {}
     owner: Dict[Key, int] = {}
+    deps: Dict[Key, List[Key]] = {}
     llm_ranks = len(llm)
     clock = [0.0] * s.num_ranks
     at = [0] * llm_ranks
-    todo: List[List[Action]] = []  # per encoder replica, what it has left
+    forwards: List[Dict[int, List[Action]]] = []  # per replica, per encoder: in need order
+    ready: List[Dict[int, Action]] = []  # per replica: backwards whose inputs are done,
+    waiting: Dict[Key, List[Tuple[int, int, Action]]] = {}  # by their place in the list
+    unmet: Dict[Key, int] = {}
     for e in range(s.encoder_data_parallel_size):
         mine, encoders = s.replica_microbatches(e), s.replica_encoders(e)
-        todo.append([Action(Kind.EF, g, p) for g in mine for p in encoders]
-                    + [Action(Kind.EB, g, p) for g in mine for p in encoders
-                       if s.encoder_backward(p)])
-    orders: List[List[Action]] = [[] for _ in todo]
+        forwards.append({p: [Action(Kind.EF, g, p) for g in reversed(mine)] for p in encoders})
+        ready.append({})
+        backwards = [Action(Kind.EB, g, p) for g in mine for p in encoders
+                     if s.encoder_backward(p)]
+        for place, a in enumerate(backwards):
+            deps[a.key] = s.dependencies(a)
+            unmet[a.key] = len(deps[a.key])
+            for k in deps[a.key]:
+                waiting.setdefault(k, []).append((e, place, a))
+    orders: List[List[Action]] = [[] for _ in forwards]
 
     def start(rank: int, a: Action) -> Optional[float]:
-        deps = s.dependencies(a)
-        if any(k not in finish for k in deps):
+        if a.key not in deps:
+            deps[a.key] = s.dependencies(a)
+        if any(k not in finish for k in deps[a.key]):
             return None
         return max([clock[rank]] + [finish[k] + (costs.transfer_s(k, a)
                                                  if costs is not None and owner[k] != rank
-                                                 else 0.0) for k in deps])
+                                                 else 0.0) for k in deps[a.key]])
 
-    while any(at[r] < len(llm[r]) for r in range(llm_ranks)) or any(todo):
+    left = sum(len(r) for r in llm) + sum(len(f) for fs in forwards for f in fs.values()) \
+        + len(unmet)
+    for _ in range(left):
         best = None  # (start, preference, rank, action)
         for r in range(llm_ranks):
             if at[r] < len(llm[r]):
                 t = start(r, llm[r][at[r]])
                 if t is not None and (best is None or t < best[0]):
                     best = (t, (0, 0), r, llm[r][at[r]])
-        for e, left in enumerate(todo):
+        for e, fs in enumerate(forwards):
             rank = s.encoder_rank(e)
-            # each encoder's forwards go in need order: only its first one left can start
-            firsts = {}
-            for a in left:
-                if a.kind == Kind.EF:
-                    firsts.setdefault(a.chunk, a)
-            for a in list(firsts.values()) + [a for a in left if a.kind == Kind.EB]:
+            heads = sorted((f[-1] for f in fs.values() if f),
+                           key=lambda a: (s.need_order(a.microbatch), a.chunk))
+            for a in heads + [ready[e][k] for k in sorted(ready[e])]:
                 t = start(rank, a)
                 if t is None:
                     continue
@@ -359,10 +373,17 @@ def _encoder_orders(s: SeparateSchedule, llm: List[List[Action]],
         t, _, rank, a = best
         finish[a.key], owner[a.key] = t + cost(a), rank
         clock[rank] = finish[a.key]
+        for e, place, waiter in waiting.pop(a.key, ()):
+            unmet[waiter.key] -= 1
+            if not unmet[waiter.key]:
+                ready[e][place] = waiter
         if rank < llm_ranks:
             at[rank] += 1
         else:
             e = rank - llm_ranks
-            todo[e].remove(a)
+            if a.kind == Kind.EF:
+                forwards[e][a.chunk].pop()
+            else:
+                del ready[e][next(k for k, b in ready[e].items() if b == a)]
             orders[e].append(a)
     return orders
