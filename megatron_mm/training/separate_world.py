@@ -27,7 +27,8 @@ def separate_ranks(parallel, encoder_schedule, world_size: int) -> SeparateRanks
             parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size,
             parallel.context_parallel_size)
     except PlanError as e:
-        raise ConfigError(f"--encoder-schedule separate: {e}") from None
+        prefix = "--encoder-schedule separate: "
+        raise ConfigError(("" if str(e).startswith(prefix) else prefix) + str(e)) from None
 
 
 def own_encoders(encoder_schedule) -> dict:
