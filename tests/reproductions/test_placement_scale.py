@@ -2,6 +2,8 @@
 --placement-table``): Optimus' 8-GPU setup on its heavy workload, the encoder trained and
 frozen (the cluster-scale rows take minutes of planning)."""
 
+from dataclasses import replace
+
 import pytest
 
 from megatron_mm.plan.costs.hardware import A100, A100_LINKS
@@ -64,14 +66,11 @@ def test_one_cell_is_the_whole_world():
     """LLM replica d talks to encoder replica e only when d = e mod gcd(D, E): one cell's
     iteration is the world's."""
     spec = SMALL.spec(SMALL.heavy, True)
-    lay = ps.replace(ps._vpp1(SMALL.layout), pipeline_model_parallel_size=2,
-                     data_parallel_size=6, global_batch_size=96)
+    lay = replace(SMALL.layout, virtual_pipeline_model_parallel_size=1,
+                  pipeline_model_parallel_size=2, data_parallel_size=6, global_batch_size=96)
     cell = ps.separate_s(spec, lay, 1, 4, A100, A100_LINKS)
     world = ps.separate_s(spec, lay, 1, 4, A100, A100_LINKS, cell=False)
     # the encoder replicas are the bottleneck here: a wrong cell would change the time
-    assert cell > ps.separate_s(spec, replace_dp(lay, 3), 1, 4, A100, A100_LINKS, cell=False)
+    fewer = replace(lay, data_parallel_size=3, global_batch_size=48)
+    assert cell > ps.separate_s(spec, fewer, 1, 4, A100, A100_LINKS, cell=False)
     assert cell == pytest.approx(world, rel=1e-9)
-
-
-def replace_dp(lay, dp):
-    return ps.replace(lay, data_parallel_size=dp, global_batch_size=dp * 16)
