@@ -17,6 +17,7 @@ frozen-aware one. Pure Python: no torch, runs anywhere.
     python tools/plan.py --optimus-schedule-table  # Optimus' encoder plan + bubble schedule
     python tools/plan.py --omnibal-table STATS_DIR  # OmniBal's ablation at its scale
     python tools/plan.py --qwen3-vl-moe-table  # Qwen3-VL-MoE: Megatron-Bridge vs the planner
+    python tools/plan.py --placement-table  # colocated / bubble / separate encoder placements
 
 The estimate's formula, the cost model and its assumptions are in megatron_mm/plan
 (estimate.py, flops.py, layers.py). ``--json PATH`` writes the plan(s) as data.
@@ -62,6 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "Bridge's published layouts with Megatron's schedule against the "
                         "layout and encoder schedule the planner picks (expert all-to-alls "
                         "charged), simulated tokens/s and the encoder share hidden")
+    g.add_argument("--placement-table", action="store_true",
+                   help="Optimus' models and Qwen3-VL-32B, light and heavy media, encoder "
+                        "trained and frozen: Megatron-LM (encoder in the first stage), the "
+                        "frozen-aware partition, the bubble plan and the best separate "
+                        "placement (encoder ranks of their own) of a grid on the same GPUs, "
+                        "simulated speed-ups over Megatron-LM, beside the published figures "
+                        "of systems that place encoders on GPUs of their own")
+    g.add_argument("--placement-gpus", type=int, nargs="+", default=None, metavar="N",
+                   help="with --placement-table: only the setups on these GPU counts "
+                        "(1536 8 64; default all)")
     g.add_argument("--optimus-gpus", type=int, nargs="+", default=None, metavar="N",
                    help="with --optimus-schedule-table: only the runs on these GPU counts "
                         "(1536 2048 3072 8; default all)")
@@ -164,6 +175,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   " says what is assumed): Megatron-Bridge's layouts against the planner's")
             print("\n".join(moe_table()))
             return 0
+        if args.placement_table:
+            return print_placement_table(args)
         if args.cornstarch_table or args.optimus_table:
             return print_tables(args, hardware, memory, limit)
         return print_plan(args, hardware, memory, limit)
@@ -429,6 +442,29 @@ def print_schedule_table(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps([p.to_dict() for p in plans]))
         print(f"\nwrote {len(plans)} plans to {args.json}")
+    return 0
+
+
+def print_placement_table(args) -> int:
+    """The setups, workloads and hardware are fixed (``reproductions/placement_scale.py``
+    says what is assumed)."""
+    from megatron_mm.reproductions.placement_scale import SETUPS, rows, table as placements
+
+    setups = [s for s in SETUPS if args.placement_gpus is None or s.gpus in args.placement_gpus]
+    if not setups:
+        print(f"--placement-gpus {args.placement_gpus}: no setup on those GPU counts (they "
+              f"are {[s.gpus for s in SETUPS]})", file=sys.stderr)
+        return 2
+    print("Encoder placements, simulated (reproductions/placement_scale.py): Megatron-LM "
+          "(encoder in the first stage), frozen-aware partition, bubble plan (Optimus), "
+          "separate (encoder ranks of their own, best of a grid on the same GPUs); "
+          "(x) = samples/s over Megatron-LM's; encoder / bubble = encoder seconds per GPU "
+          "over the LLM's own 1F1B idle seconds per GPU")
+    results = rows(setups)
+    print("\n".join(placements(results, setups)))
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.to_dict() for r in results]))
+        print(f"\nwrote {len(results)} rows to {args.json}")
     return 0
 
 

@@ -208,17 +208,20 @@ class CostModel:
         u = self.time.unit(cost.fwd, cost.dgrad + cost.wgrad, tp, backward=trainable)
         return u.forward_s, u.backward_s
 
-    def llm_chunks(self) -> Tuple[List[float], List[float]]:
+    def llm_chunks(self, spans: Optional[Sequence[Tuple[int, int]]] = None
+                   ) -> Tuple[List[float], List[float]]:
+        """(forward, backward) seconds of each LLM chunk: ``spans`` of LLM layers
+        [start, end) (default ``chunk_spans``, Megatron's uniform layout); the output layer
+        on the span that ends with the last layer."""
         lay = self.layout
-        chunks = lay.num_chunks
+        last = self.model.llm.num_layers
         units = [self._layer_s(layer, lay.tensor_model_parallel_size, self.llm_act_bytes,
                                not self.model.freeze_llm) for layer in self.llm_layers]
         hf, hb = self._plain_s(self.llm_head, lay.tensor_model_parallel_size,
                                not self.model.freeze_llm)
-        fwd = [sum(u[0] for u in units[s:e]) + (hf if c == chunks - 1 else 0.0)
-               for c, (s, e) in enumerate(self.chunk_spans)]
-        bwd = [sum(u[1] for u in units[s:e]) + (hb if c == chunks - 1 else 0.0)
-               for c, (s, e) in enumerate(self.chunk_spans)]
+        spans = self.chunk_spans if spans is None else spans
+        fwd = [sum(u[0] for u in units[s:e]) + (hf if e == last else 0.0) for s, e in spans]
+        bwd = [sum(u[1] for u in units[s:e]) + (hb if e == last else 0.0) for s, e in spans]
         return fwd, bwd
 
     def llm_all_to_alls(self) -> Tuple[List[float], List[float]]:
