@@ -5,7 +5,7 @@ parameters) with a trainable and a frozen ViT, with vision + audio sharing two e
 ranks or each on ranks of its own (a frozen ViT on one, the audio encoder on two, the LLM
 on one), and with one
 encoder rank serving two LLM replicas; its checkpoint loads colocated (the colocated
-keys)."""
+keys); with 1 encoder rank its validation (forward only) equals one process too."""
 
 import math
 
@@ -23,6 +23,7 @@ SEPARATE = ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separa
 # each encoder on ranks of its own (vision: rank 0, audio: ranks 1-2), the LLM on rank 3
 OWN = ["--pipeline-model-parallel-size", "1", "--encoder-schedule", "separate",
        "--vision-encoder-data-parallel-size", "1", "--audio-encoder-data-parallel-size", "2"]
+EVALUATE = ["--eval-interval", "1", "--eval-max-new-tokens", "0"]
 
 
 @pytest.mark.parametrize("encoder_ranks, llm_dp, model", [
@@ -40,13 +41,17 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
                                                audio_digits_dir, tmp_path_factory,
                                                encoder_ranks, llm_dp, model):
     data = audio_digits_dir if AUDIO_MODEL[0] in model else digits_dir
-    argv, ref = one_process_reference(data, model)
+    # the first case evaluates too (the loss only), as the reference does after steps 1
+    # and 2, and at the end, as the colocated run loading its checkpoint does
+    evaluate = EVALUATE if encoder_ranks == 1 and llm_dp == 1 and not model else []
+    argv, ref = one_process_reference(data, model + evaluate)
+    run_argv = [a for a in argv if not (evaluate and a == "--skip-final-eval")]
     own = isinstance(encoder_ranks, dict)
     layout = OWN if own else SEPARATE + ["--encoder-data-parallel-size", str(encoder_ranks)]
     pp, encoder_ranks = (1, sum(encoder_ranks.values())) if own else (2, encoder_ranks)
     saved = tmp_path_factory.mktemp("separate")
     ranks = run_distributed(train, encoder_ranks + pp * llm_dp,
-                            argv + layout + ["--save", str(saved)], (1, STEPS))
+                            run_argv + layout + ["--save", str(saved)], (1, STEPS))
     # the LLM's ranks in Megatron-Core's order: replica d's stage r at d + llm_dp * r
     encoders, stages = ranks[:encoder_ranks], ranks[encoder_ranks::llm_dp]
     # the loss lives on the LLM's last stage
@@ -75,11 +80,16 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
         assert squares == pytest.approx(ref["norm_squares"][step], rel=1e-4), step
     # its checkpoint (model and optimizer) loads colocated on the LLM's layout (PP=2 on 2
     # ranks, the encoder on the first stage): the same weights
-    at = argv.index("--load")
-    argv = argv[:at] + ["--load", str(saved)] + [a for a in argv[at + 2:]
-                                                 if a != "--no-load-optim"]
+    at = run_argv.index("--load")
+    argv = run_argv[:at] + ["--load", str(saved)] + [a for a in run_argv[at + 2:]
+                                                     if a != "--no-load-optim"]
     loaded = run_distributed(train, 2, argv + SEPARATE[:2])
     assert all(out["iteration"] == STEPS for out in loaded)
+    if evaluate:  # the validation losses, on the LLM's last stage only
+        assert stages[-1]["val_losses"] == pytest.approx(
+            {**ref["val_losses"], STEPS: loaded[-1]["val_loss"]}, rel=1e-5)
+        assert all(math.isnan(out["val_loss"]) for out in encoders + stages[:-1])
+        assert stages[-1]["val_accuracy"] is None
     ours = merge_stages(encoders + stages, "params")
     theirs = merge_stages(loaded, "params")
     assert ours.keys() == theirs.keys()
