@@ -110,11 +110,12 @@ def test_separate_placement_with_tensor_and_context_parallelism_equals_one_proce
         one_process_reference, digits_dir, world, encoder_ranks, layout):
     """LLM PP 1: every TP (and CP) rank of the LLM takes the encoder output, the gradient
     goes back from one (summed over the CP ranks); the encoder replica's TP ranks each
-    take it. The gradient norm counts every parameter once (the distributed optimizer's
-    shards on both sides, the encoder's TP ranks)."""
-    argv, ref = one_process_reference(digits_dir, [])
+    take it, in validation too. The gradient norm counts every parameter once (the
+    distributed optimizer's shards on both sides, the encoder's TP ranks)."""
+    argv, ref = one_process_reference(digits_dir, EVALUATE)  # evaluating after steps 1, 2
     ranks = run_distributed(train, world, argv + ["--encoder-schedule", "separate"] + layout,
                             (1, STEPS))
+    assert ranks[-1]["val_losses"] == pytest.approx(ref["val_losses"], rel=1e-5)
     # the encoder replica's first rank and the LLM's first TP / CP rank, gathered to TP 1
     stages = [ranks[0], ranks[encoder_ranks]]
     if "--encoder-data-parallel-size" in layout:
