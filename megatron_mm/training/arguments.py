@@ -355,7 +355,8 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-interval", type=int, default=None)
     g.add_argument("--eval-iters", type=int, default=10)
     g.add_argument("--eval-max-new-tokens", type=int, default=8,
-                   help="greedy-decoding budget for the answer accuracy")
+                   help="greedy-decoding budget for the answer accuracy (0: no answer "
+                        "accuracy, the validation loss only)")
     g.add_argument("--skip-final-eval", action="store_true")
 
 
@@ -487,6 +488,8 @@ def validate_args(args: argparse.Namespace,
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive")
     if args.eval_iters < 0:  # 0: no validation, as in Megatron-LM
         raise ConfigError("--eval-iters must not be negative (0 disables validation)")
+    if args.eval_max_new_tokens < 0:  # 0: no answer accuracy
+        raise ConfigError("--eval-max-new-tokens must not be negative (0: no answer accuracy)")
     validate_logging_args(args)
     _validate_data_balance(args)
     validate_data_args(args)

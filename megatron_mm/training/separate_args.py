@@ -98,8 +98,11 @@ def validate_separate(args: argparse.Namespace) -> None:
     if args.data_balance != "none":
         raise ConfigError("--encoder-schedule separate reads padded micro-batches so far: "
                           "pass --data-balance none")
-    if args.eval_iters > 0 and not (args.skip_final_eval
-                                    and args.eval_interval >= args.train_iters):
-        raise ConfigError("--encoder-schedule separate does not evaluate yet: pass "
-                          "--eval-iters 0, or --skip-final-eval with no --eval-interval below "
-                          "--train-iters")
+    evaluates = args.eval_iters > 0 and not (args.skip_final_eval
+                                             and args.eval_interval >= args.train_iters)
+    if evaluates and args.eval_max_new_tokens > 0:
+        # greedy decoding runs a forward-only schedule per generated token, each LLM
+        # replica on its own prompts until they end: the encoder ranks would have to
+        # encode every replica's prompts in lockstep with them
+        raise ConfigError("--encoder-schedule separate evaluates the validation loss only "
+                          "(no val answer accuracy yet): pass --eval-max-new-tokens 0")

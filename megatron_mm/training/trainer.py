@@ -232,14 +232,17 @@ class Trainer:
         batches = self.batches(self.valid_ds, 0, shuffle=False)
         loss = evaluate_loss(config, self.model_chunks, batches, self.executor, self.attention)
         n = min(len(self.valid_ds), config.validation.eval_iters * gbs)
-        accuracy = answer_accuracy(config, self.model_chunks, self.valid_ds, self.tokenizer,
-                                   range(n), self.executor, self.attention)
         line = (f" validation loss at iteration {iteration}{label} | lm loss value: "
-                f"{loss:.6E} | lm loss PPL: {math.exp(min(20.0, loss)):.6E}"
-                f" | val answer accuracy: {accuracy:.4f} ({n} samples) |")
+                f"{loss:.6E} | lm loss PPL: {math.exp(min(20.0, loss)):.6E} |")
+        accuracy = None
+        if config.validation.eval_max_new_tokens > 0:  # 0: no greedy decoding
+            accuracy = answer_accuracy(config, self.model_chunks, self.valid_ds,
+                                       self.tokenizer, range(n), self.executor, self.attention)
+            line += f" val answer accuracy: {accuracy:.4f} ({n} samples) |"
         print_rank_last("-" * len(line) + "\n" + line + "\n" + "-" * len(line))
         validation_scalars(self.writers, iteration, iteration * gbs, loss, accuracy,
                            config.logging.log_validation_ppl_to_tensorboard)
+        self.summary.setdefault("val_losses", {})[iteration] = loss  # every evaluation's
         return {"val_loss": loss, "val_accuracy": accuracy}
 
     # -- the loop ----------------------------------------------------------------------------

@@ -147,8 +147,12 @@ from megatron_mm.training.user_errors import exit_with_user_error
       "--sequence-parallel", "--vision-model-type", "qwen2_5_vl", "--eval-iters", "0"], 3,
      "--encoder-schedule separate with --sequence-parallel: the vision encoder (qwen2_5_vl) "
      "pads its sequence by batch"),
+    # it evaluates the loss only: greedy decoding is refused, --eval-iters 0 not needed
     (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate"], 3,
-     "--encoder-schedule separate does not evaluate yet: pass --eval-iters 0"),
+     "--encoder-schedule separate evaluates the validation loss only (no val answer "
+     "accuracy yet): pass --eval-max-new-tokens 0"),
+    (["--eval-max-new-tokens", "-1"], 1,
+     "--eval-max-new-tokens must not be negative (0: no answer accuracy)"),
 ])
 def test_bad_flags_name_the_flag(capsys, argv, world, message):
     with pytest.raises(SystemExit) as exit_info:

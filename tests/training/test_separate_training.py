@@ -4,7 +4,8 @@ initial checkpoint, equal one process (losses, gradients of the first and last s
 parameters) with a trainable and a frozen ViT, with vision + audio sharing two encoder
 ranks or each on ranks of its own (a frozen ViT on one, the audio encoder on two, the LLM
 on one), with one encoder rank serving two LLM replicas, and as ``--encoder-schedule
-auto``'s pick; its checkpoint loads colocated (the colocated keys)."""
+auto``'s pick; its checkpoint loads colocated (the colocated keys); with 1 encoder rank its
+validation (forward only) equals one process too."""
 
 import math
 
@@ -22,6 +23,7 @@ SEPARATE = ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separa
 # each encoder on ranks of its own (vision: rank 0, audio: ranks 1-2), the LLM on rank 3
 OWN = ["--pipeline-model-parallel-size", "1", "--encoder-schedule", "separate",
        "--vision-encoder-data-parallel-size", "1", "--audio-encoder-data-parallel-size", "2"]
+EVALUATE = ["--eval-interval", "1", "--eval-max-new-tokens", "0"]
 
 
 @pytest.mark.parametrize("encoder_ranks, llm_dp, model, auto", [
@@ -42,7 +44,11 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
                                                audio_digits_dir, tmp_path_factory,
                                                encoder_ranks, llm_dp, model, auto):
     data = audio_digits_dir if AUDIO_MODEL[0] in model else digits_dir
-    argv, ref = one_process_reference(data, model)
+    # the first case evaluates too (the loss only), as the reference does after steps 1
+    # and 2, and at the end, as the colocated run loading its checkpoint does
+    evaluate = EVALUATE if encoder_ranks == 1 and llm_dp == 1 and not model else []
+    argv, ref = one_process_reference(data, model + evaluate)
+    run_argv = [a for a in argv if not (evaluate and a == "--skip-final-eval")]
     own = isinstance(encoder_ranks, dict)
     saved = tmp_path_factory.mktemp("separate")
     if auto:
@@ -58,7 +64,7 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
         pp = 1 if own else 2
     encoder_ranks = sum(encoder_ranks.values()) if own else encoder_ranks
     ranks = run_distributed(train, encoder_ranks + pp * llm_dp,
-                            argv + layout + ["--save", str(saved)], (1, STEPS))
+                            run_argv + layout + ["--save", str(saved)], (1, STEPS))
     # the LLM's ranks in Megatron-Core's order: replica d's stage r at d + llm_dp * r
     encoders, stages = ranks[:encoder_ranks], ranks[encoder_ranks::llm_dp]
     # the loss lives on the LLM's last stage
@@ -89,11 +95,16 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
         return
     # its checkpoint (model and optimizer) loads colocated on the LLM's layout (PP=2 on 2
     # ranks, the encoder on the first stage): the same weights
-    at = argv.index("--load")
-    argv = argv[:at] + ["--load", str(saved)] + [a for a in argv[at + 2:]
-                                                 if a != "--no-load-optim"]
+    at = run_argv.index("--load")
+    argv = run_argv[:at] + ["--load", str(saved)] + [a for a in run_argv[at + 2:]
+                                                     if a != "--no-load-optim"]
     loaded = run_distributed(train, 2, argv + SEPARATE[:2])
     assert all(out["iteration"] == STEPS for out in loaded)
+    if evaluate:  # the validation losses, on the LLM's last stage only
+        assert stages[-1]["val_losses"] == pytest.approx(
+            {**ref["val_losses"], STEPS: loaded[-1]["val_loss"]}, rel=1e-5)
+        assert all(math.isnan(out["val_loss"]) for out in encoders + stages[:-1])
+        assert stages[-1]["val_accuracy"] is None
     ours = merge_stages(encoders + stages, "params")
     theirs = merge_stages(loaded, "params")
     assert ours.keys() == theirs.keys()
@@ -114,11 +125,12 @@ def test_separate_placement_with_tensor_and_context_parallelism_equals_one_proce
         one_process_reference, digits_dir, world, encoder_ranks, layout):
     """LLM PP 1: every TP (and CP) rank of the LLM takes the encoder output, the gradient
     goes back from one (summed over the CP ranks); the encoder replica's TP ranks each
-    take it. The gradient norm counts every parameter once (the distributed optimizer's
-    shards on both sides, the encoder's TP ranks)."""
-    argv, ref = one_process_reference(digits_dir, [])
+    take it, in validation too. The gradient norm counts every parameter once (the
+    distributed optimizer's shards on both sides, the encoder's TP ranks)."""
+    argv, ref = one_process_reference(digits_dir, EVALUATE)  # evaluating after steps 1, 2
     ranks = run_distributed(train, world, argv + ["--encoder-schedule", "separate"] + layout,
                             (1, STEPS))
+    assert ranks[-1]["val_losses"] == pytest.approx(ref["val_losses"], rel=1e-5)
     # the encoder replica's first rank and the LLM's first TP / CP rank, gathered to TP 1
     stages = [ranks[0], ranks[encoder_ranks]]
     if "--encoder-data-parallel-size" in layout:
