@@ -439,12 +439,14 @@ class MultimodalModel(MegatronModule):
         return text, hidden
 
     def _received(self, name: str) -> Optional[torch.Tensor]:
-        """Encoder ``name``'s output as another rank sent it (whole, ``encoder_separate``),
-        as its output norm and projector here take it: under sequence parallelism this TP
-        rank's shard of it, padded as the encoder's layers would run it (the split's
-        backward gathers the gradient whole again, the same on every TP rank)."""
+        """Encoder ``name``'s output as another rank sent it (``encoder_separate``), as its
+        output norm and projector here take it. From encoder ranks of their own
+        (``encoder_ranks_own``) it comes whole: under sequence parallelism this TP rank's
+        shard of it, padded as the encoder's layers would run it (the split's backward
+        gathers the gradient whole again, the same on every TP rank); from an encoder
+        pipeline on the LLM's ranks it is already this rank's shard."""
         hidden = self.encoder_inputs.get(name)
-        if hidden is None or not self.sequence_parallel:
+        if hidden is None or not (self.sequence_parallel and self.placement.encoder_ranks_own):
             return hidden
         return self.encoder(name).to_sequence_parallel(hidden)
 

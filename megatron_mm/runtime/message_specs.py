@@ -55,7 +55,7 @@ class MessageSpecs:
         self.placements = list(placements)
         # the separate placement sends an encoder's output whole (no sequence-parallel
         # shard or padding): the encoder ranks' TP and the LLM's differ
-        self.whole_encoder_output = bool(placements) and placements[0].encoder_separate
+        self.whole_encoder_output = bool(placements) and placements[0].encoder_ranks_own
         encoders = get_attr_wrapped_model(model_chunk, "mm_config").encoders
         # (encoder, LLM layers) of the DeepStack features, or None (``_attach_deepstack``)
         self.deepstack = next(((name, enc.deepstack_llm_layers) for name, enc in

@@ -45,6 +45,9 @@ class ChunkPlacement(Record):
     # The encoder runs as its own pipeline (encoder_pipeline.py): this chunk's encoder part
     # runs as separate actions, and chunk 0 merges features handed to it.
     encoder_separate: bool = False
+    # The encoders run on ranks of their own (the separate placement): their outputs
+    # arrive whole, without the encoder's sequence-parallel padding or shard.
+    encoder_ranks_own: bool = False
 
     @property
     def num_llm_layers(self) -> int:

@@ -42,7 +42,11 @@ def separate_model_placements(chain: Sequence[Layer],
     pieces = [EncoderPieces(name, [[0, sum(1 for l in layers if l.kind.endswith("_layer"))]],
                             [])  # on no LLM rank: the encoder ranks hold them
               for name, layers in encoders]
-    encoder = ChunkPlacement(chunk=0, encoder_separate=True, encoders=[
-        EncoderPlacement(name=p.name, embed=True, layers=list(p.layers[0])) for p in pieces])
-    return SeparatePlacements(separate_placements(chain, llm_partition, pieces), encoder,
-                              pieces)
+    encoder = ChunkPlacement(chunk=0, encoder_separate=True, encoder_ranks_own=True,
+                             encoders=[EncoderPlacement(name=p.name, embed=True,
+                                                        layers=list(p.layers[0]))
+                                       for p in pieces])
+    llm = separate_placements(chain, llm_partition, pieces)
+    for place in llm:
+        place.encoder_ranks_own = True
+    return SeparatePlacements(llm, encoder, pieces)
