@@ -53,6 +53,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --no-warn-conflicts -e ".[test,hf,energon]"
 	touch $@
 
+# The demos' optimiser and seed (the flags before and after set the model, data and schedule).
+DEMO_RECIPE = --lr 1e-3 --min-lr 1e-5 --lr-decay-style cosine --lr-warmup-iters 10 \
+	--weight-decay 0.01 --clip-grad 1.0 --seed 1234
+
 # The demo: CLIP-style ViT + MLP projector + Llama-style LLM on real handwritten digits,
 # data-parallel over $(NPROC) processes (gloo on CPU, NCCL on GPUs).
 DEMO_FLAGS = \
@@ -61,8 +65,7 @@ DEMO_FLAGS = \
 	--vision-hidden-size 64 --vision-num-layers 2 --vision-num-attention-heads 4 \
 	--img-h 16 --img-w 16 --patch-dim 8 --disable-vision-class-token \
 	--micro-batch-size 16 --global-batch-size 32 --train-iters 600 \
-	--lr 1e-3 --min-lr 1e-5 --lr-decay-style cosine --lr-warmup-iters 10 \
-	--weight-decay 0.01 --clip-grad 1.0 --seed 1234 \
+	$(DEMO_RECIPE) \
 	--log-interval 50 --eval-interval 200 --eval-iters 10 \
 	--save runs/demo/checkpoints --save-interval 600
 
@@ -94,8 +97,7 @@ DEMO_QWEN_FLAGS = \
 	--vision-num-attention-heads 4 --patch-dim 14 --min-pixels 784 --max-pixels 7056 \
 	--video-min-pixels 784 --video-max-pixels 3136 \
 	--micro-batch-size 16 --global-batch-size 32 --train-iters 3000 \
-	--lr 1e-3 --min-lr 1e-5 --lr-decay-style cosine --lr-warmup-iters 10 \
-	--weight-decay 0.01 --clip-grad 1.0 --seed 1234 \
+	$(DEMO_RECIPE) \
 	--log-interval 50 --eval-interval 1000 --eval-iters 10 \
 	--save runs/demo-qwen/checkpoints --save-interval 3000
 
@@ -116,8 +118,7 @@ DEMO_QWEN3_FLAGS = \
 	--vision-num-position-embeddings 64 --min-pixels 1024 --max-pixels 9216 \
 	--video-min-pixels 2048 --video-max-pixels 16384 \
 	--micro-batch-size 16 --global-batch-size 32 --train-iters 4000 \
-	--lr 1e-3 --min-lr 1e-5 --lr-decay-style cosine --lr-warmup-iters 10 \
-	--weight-decay 0.01 --clip-grad 1.0 --seed 1234 \
+	$(DEMO_RECIPE) \
 	--log-interval 50 --eval-interval 1000 --eval-iters 10 \
 	--save runs/demo-qwen3/checkpoints --save-interval 4000
 

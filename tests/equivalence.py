@@ -35,3 +35,15 @@ def assert_equal_runs(stages, ref, steps, holding=None, params_atol=1e-5):
         for name, value in theirs.items():
             torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=atol,
                                        msg=lambda m: f"{what} {step} {name}: {m}")
+
+
+def assert_norm_counted_once(ranks, ref, steps):
+    """Every rank's squares of its gradient-norm terms, module by module, sum to the one
+    process's at the first and last step: each parameter counted once (not its TP
+    duplicates, shared copies or encoder replicas)."""
+    for step in (1, steps):
+        squares = {}
+        for out in ranks:
+            for top, value in out["norm_squares"][step].items():
+                squares[top] = squares.get(top, 0.0) + value
+        assert squares == pytest.approx(ref["norm_squares"][step], rel=1e-4), step

@@ -13,7 +13,7 @@ import pytest
 import torch
 from dist_harness import NCCL_COALESCING, run_distributed
 from equivalence import REFERENCE_STEPS as STEPS
-from equivalence import merge_stages
+from equivalence import assert_norm_counted_once, merge_stages
 from plans import plan_of, slow_link_profile
 from train_workers import count_vit_layer_calls, train
 
@@ -109,12 +109,7 @@ def test_pipeline_parallel_equals_one_process(one_process_reference, digits_dir,
                 continue
             torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=atol,
                                        msg=lambda m: f"{what} {step} {name}: {m}")
-    for step in (1, STEPS):  # each parameter counted once in the gradient norm (TP
-        squares = {}       # duplicates, encoder replicas), module by module
-        for out in ranks:
-            for top, value in out["norm_squares"][step].items():
-                squares[top] = squares.get(top, 0.0) + value
-        assert squares == pytest.approx(ref["norm_squares"][step], rel=1e-4), step
+    assert_norm_counted_once(ranks, ref, STEPS)
     calls = [out["observed"]["vit_calls"] for out in stages]
     assert sum(c["layers"] for c in calls) == 2
     for c in calls:

@@ -3,13 +3,11 @@ varying sizes and clips of 2 or 4 frames whose placeholders expand to the exact 
 counts of the family's media processors under the demo's own flags (Makefile)."""
 import json
 import os
-import re
-import shlex
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
+from makefile_flags import makefile_flags
 from PIL import Image
 
 from megatron_mm.families.qwen2_5_vl import digits as dq
@@ -18,14 +16,8 @@ from megatron_mm.data.media import load_image
 from megatron_mm.data.processing import encode_record, tokenize_record
 from megatron_mm.data.records import read_records
 
-MAKEFILE = Path(__file__).resolve().parents[3] / "Makefile"
-
-
-def demo_flags() -> list[str]:
-    """DEMO_QWEN_FLAGS of the Makefile (continued lines joined)."""
-    text = MAKEFILE.read_text().replace("\\\n", " ")
-    (value,) = re.findall(r"^DEMO_QWEN_FLAGS\s*=(.*)$", text, flags=re.M)
-    return shlex.split(value)
+def demo_flags() -> list:
+    return makefile_flags("DEMO_QWEN_FLAGS")
 
 
 @pytest.fixture(scope="module")

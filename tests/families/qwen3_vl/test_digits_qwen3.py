@@ -2,11 +2,9 @@
 drawn in 32 px cells, kept as drawn under the demo's own flags (each 32 px cell one merged
 token; each clip's temporal patches after their timestamps), every sample within
 --seq-length; and a two-iteration smoke run of the demo's flags on a few of its records."""
-import re
-import shlex
-from pathlib import Path
 
 import pytest
+from makefile_flags import makefile_flags
 
 from megatron_mm.data.media import load_image
 from megatron_mm.data.processing import encode_record, tokenize_record
@@ -14,14 +12,8 @@ from megatron_mm.data.records import read_records
 from megatron_mm.families.qwen2_5_vl import digits as dq
 from megatron_mm.families.qwen3_vl.digits import UNIT, prepare_digits_qwen3
 
-MAKEFILE = Path(__file__).resolve().parents[3] / "Makefile"
-
-
-def demo_flags() -> list[str]:
-    """DEMO_QWEN3_FLAGS of the Makefile (continued lines joined)."""
-    text = MAKEFILE.read_text().replace("\\\n", " ")
-    (value,) = re.findall(r"^DEMO_QWEN3_FLAGS\s*=(.*)$", text, flags=re.M)
-    return shlex.split(value)
+def demo_flags() -> list:
+    return makefile_flags("DEMO_QWEN3_FLAGS")
 
 
 @pytest.fixture(scope="module")
