@@ -50,7 +50,7 @@ import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 ALWAYS = {"_local_scalar_dense", "nonzero", "masked_select", "masked_scatter", "equal",
           "_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive"}
@@ -125,6 +125,29 @@ def _where() -> str:
     return f"{'/'.join(f.filename.split('/')[-2:])}:{f.lineno} {f.line}"
 
 
+@contextlib.contextmanager
+def _outside_modes():
+    """No dispatch or function mode of this thread's stacks while inside."""
+    from torch.overrides import _get_current_function_mode_stack, _pop_mode, _push_mode
+
+    stack = _get_current_function_mode_stack()
+    for _ in stack:
+        _pop_mode()
+    try:
+        with _disable_current_modes():
+            yield
+    finally:
+        for mode in stack:
+            _push_mode(mode)
+
+
+def _compiled_frames() -> int:
+    """Frames ``torch.compile`` has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["total"]
+
+
 class _Ops(TorchDispatchMode):
     def __init__(self, counter: "HostSyncCounter"):
         super().__init__()
@@ -179,7 +202,8 @@ class HostSyncCounter:
     def __init__(self):
         # what a training worker hands back: found, how many model / host-work blocks
         # ran, the largest new tensor (elements)
-        self.stats = {"found": [], "scopes": 0, "host_scopes": 0, "largest": 0}
+        self.stats = {"found": [], "scopes": 0, "host_scopes": 0, "largest": 0,
+                      "compiles": 0}
         self.found: list = self.stats["found"]
         # the open blocks, innermost last: False model, True host work, None paused
         self._kinds: list = []
@@ -288,6 +312,24 @@ class HostSyncCounter:
             finally:
                 self._kinds.pop()
 
+    def fused(self, fn):
+        """``fn`` (a compiled kernel: FlexAttention's) run outside the counter's modes, as
+        in training: ``torch.compile`` refuses to trace under its dispatch mode (torch 2.11
+        on CUDA raised for the flex_attention operator, 2.13 for its eager wrapper's
+        graph), and recompiles on every call under a fresh function mode (each step's).
+        CUDA's own sync warnings still see it. A call that compiles (``stats["compiles"]``) keeps none of
+        them: compiling syncs once, in the first step, not in every step."""
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            compiles, seen = _compiled_frames(), len(self.found)
+            with _outside_modes():
+                out = fn(*args, **kwargs)
+            if _compiled_frames() != compiles:
+                del self.found[seen:]
+                self.stats["compiles"] += 1
+            return out
+        return wrapped
+
     def _cuda_sync(self, show):
         """``warnings.showwarning`` that records CUDA's sync warnings where they happen."""
         def showwarning(message, category, filename, lineno, file=None, line=None):
@@ -320,6 +362,7 @@ def count_model_host_syncs(chunks, optimizer, holder):
     the media keys the chunks' forwards received in ``holder["media_seen"]``."""
     from megatron.core.pipeline_parallel import schedules
 
+    from megatron_mm.models import flex_attention
     from megatron_mm.models.multimodal import MultimodalModel
     from megatron_mm.runtime import executor
 
@@ -334,6 +377,7 @@ def count_model_host_syncs(chunks, optimizer, holder):
             return forward(self, tokens, position_ids, media, *args, **kwargs)
         return wrapped
 
+    flex_attention._compiled = counter.fused(flex_attention._compiled)
     MultimodalModel.forward = _counted(counter, recorded(MultimodalModel.forward))
     MultimodalModel.run_encoder_piece = _counted(counter, MultimodalModel.run_encoder_piece)
     schedules.backward_step = _counted(counter, schedules.backward_step)

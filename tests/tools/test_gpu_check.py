@@ -31,7 +31,7 @@ def test_dry_run_plans_every_check_within_the_budget():
     assert list(budgets) == [c.name for c in gpu_check.CHECKS]
     assert {"install", "smoke", "sync-free-step", "demo", "profile-layers", "bench-gpu",
             "flex-attention", "transformer-engine"} <= set(budgets)
-    assert sum(budgets.values()) <= 8 * 60
+    assert sum(budgets.values()) <= gpu_check.TOTAL_BUDGET_S
     assert f"{sum(budgets.values())} s of budget" in proc.stdout
 
 
@@ -100,17 +100,17 @@ def _profile(path, llm_forward_s):
                  tensor_model_parallel_size=1, frozen=[], layers=layers).save(str(path))
 
 
-@pytest.mark.parametrize("forward_4096, status", [((0.0039, 0.0040), "PASS"),
+@pytest.mark.parametrize("forward_8192, status", [((0.0039, 0.0040), "PASS"),
                                                  ((0.0011, 0.0010), "FAIL")])
-def test_profile_layers_is_judged_by_the_llm_layers_forward_ratio(tmp_path, forward_4096,
+def test_profile_layers_is_judged_by_the_llm_layers_forward_ratio(tmp_path, forward_8192,
                                                                   status):
-    _profile(tmp_path / "profile-2048.json", (0.001, 0.001))
-    _profile(tmp_path / "profile-4096.json", forward_4096)
+    _profile(tmp_path / "profile-4096.json", (0.001, 0.001))
+    _profile(tmp_path / "profile-8192.json", forward_8192)
     ctx = gpu_check.Context(python=sys.executable, out=tmp_path, wheels=None, demo_flags=[])
     done = subprocess.CompletedProcess([], 0, "", "")
     result = gpu_check.judge_profile(ctx, [done, done])
     assert result.status == status
-    assert result.figures["ratio"] == pytest.approx(sum(forward_4096) / 0.002, abs=0.01)
+    assert result.figures["ratio"] == pytest.approx(sum(forward_8192) / 0.002, abs=0.01)
 
 
 def test_replace_flag():

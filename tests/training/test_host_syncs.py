@@ -15,7 +15,7 @@ media go only to the chunks that embed them."""
 import pytest
 import torch
 from dist_harness import run_distributed
-from host_syncs import count_during, count_step_host_syncs
+from host_syncs import HostSyncCounter, count_during, count_step_host_syncs
 from mrope_workers import MROPE, train_with_positions
 from qwen_vl_data import QWEN_VL_MODEL, write_qwen_vl_data
 from train_workers import TINY_MODEL, train
@@ -51,6 +51,7 @@ def test_no_host_syncs_in_the_schedule(digits_dir, world, flags, scopes, media):
         assert counted["scopes"] == scopes, (rank, counted["scopes"])  # it did look
         assert counted["host_scopes"] >= scopes, (rank, counted["host_scopes"])
         assert counted["found"] == [], (rank, counted["found"])
+        assert counted["compiles"] <= 1, (rank, counted["compiles"])  # not per micro-batch
     assert [out["observed"]["media_seen"] for out in ranks] == media
 
 
@@ -104,6 +105,26 @@ def test_the_counter_sees_each_kind_of_host_sync():
     for what, fn in free.items():
         _, counter = count_during(fn)
         assert counter.found == [], (what, counter.found)
+
+
+def test_the_counter_runs_compiled_flex_attention():
+    """FlexAttention (CUDA's path for media masks) is compiled, and ``torch.compile``
+    refuses to trace under a dispatch mode: the counter runs the kernel outside its mode
+    (``HostSyncCounter.fused``; the backward is CUDA's alone). A call that compiles keeps
+    no syncs (compiling is the first step's); later lengths reuse the compiled kernel."""
+    from megatron_mm.models.flex_attention import _compiled
+
+    counter = HostSyncCounter()
+    kernel = counter.fused(_compiled)
+    with counter.active():
+        for length in (8, 16, 24):
+            q = torch.randn(1, 2, length, 4)
+            assert kernel(q, q, q).shape == q.shape
+    assert counter.found == [], counter.found
+    assert counter.stats["compiles"] <= 1  # dynamic shapes: no compile per length
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(Exception, match="HigherOrderOperator|dispatch mode"):  # torch refuses
+        count_during(lambda: _compiled(q, q, q))
 
 
 def test_the_counter_tells_host_work_from_syncs():
