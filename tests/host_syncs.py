@@ -317,8 +317,8 @@ class HostSyncCounter:
         in training: ``torch.compile`` refuses to trace under its dispatch mode (torch 2.11
         on CUDA raised for the flex_attention operator, 2.13 for its eager wrapper's
         graph), and recompiles on every call under a fresh function mode (each step's).
-        CUDA's own sync warnings still see it. A call that compiles (``stats["compiles"]``) keeps none of
-        them: compiling syncs once, in the first step, not in every step."""
+        CUDA's own sync warnings still see it. A call that compiles (``stats["compiles"]``)
+        keeps none of them: compiling syncs once, in the first step, not in every step."""
         @functools.wraps(fn)
         def wrapped(*args, **kwargs):
             compiles, seen = _compiled_frames(), len(self.found)
