@@ -57,6 +57,11 @@ def test_the_deepstack_outputs_ride_the_towers_message():
     costs = _costs(_chain(deepstack=6.0), tp=2, cp=2, etp=2)
     assert costs.encoder_output_p2p_s == [1.0 + 4 * 18.0]
     assert costs.encoder_grad_p2p_s == [1.0 + 2 * 18.0]
+    # and the merged features beside the LLM chunks' outputs, as for coarse / bubble
+    chain = _chain()
+    next(l for l in chain if l.kind == "llm_layer").deepstack_bytes = 5.0
+    two = separate_costs(chain, StagePartition(2, 1, [2, 2]), Hardware(), links=LINKS).costs
+    assert two.deepstack_p2p_s == [1.0 + 5.0, 0.0]
 
 
 def test_the_lookahead_waits_for_the_llm_without_a_message():
