@@ -6,14 +6,23 @@ a PNG, print iteration time, busy and idle time per rank and the bubble fraction
         --png-out t.png
 
 Costs are per micro-batch, in any unit: an LLM chunk's forward and backward (every chunk
-alike), and the whole encoder's forward and backward. ``megatron`` puts the encoder inside
-chunk 0; ``coarse`` splits it evenly over the ranks as its own pipeline; ``bubble``
+alike), and each encoder's forward and backward, whole (one value per encoder, in chain
+order, e.g. vision then audio: ``--encoder-forward 2 1 --encoder-backward 4 0``, a
+backward of 0 a frozen encoder). ``megatron`` puts the encoders inside
+chunk 0; ``coarse`` splits each evenly over the ranks as its own pipeline; ``bubble``
 (Optimus) cuts each encoder stage into ``--encoder-pieces`` pieces and schedules them into
 the LLM's idle time (``--encoder-placement reverse``: the encoder ends on the LLM's first
 rank). The hidden column is the share of encoder work that does not lengthen the iteration.
-``--encoder-data-parallel-size E`` adds ``separate``: the whole encoder on E encoder ranks
-of their own (its forward and backward costs per encoder rank), next to the PP LLM ranks
-(``--llm-data-parallel-size`` replicas of them), the encoder ranks listed last.
+``--encoder-data-parallel-size E`` adds ``separate``: the encoders whole on E encoder ranks
+of their own, shared (their forward and backward costs per encoder rank), or one E per
+encoder (each on replicas of its own), next to the PP LLM ranks
+(``--llm-data-parallel-size`` replicas of them), the encoder ranks listed last. Each
+encoder's message to the LLM (``--encoder-message``: one copy's time, its DeepStack
+outputs included; default ``--p2p``) goes from the encoder rank to each of the LLM first
+stage's ``--tensor-model-parallel-size`` x ``--context-parallel-size`` ranks, its gradient
+back to each of the ``--encoder-tensor-model-parallel-size`` ranks of the encoder replica,
+as the run sends them: the copies leave one rank, so a direction costs its copies times
+one (these sizes change nothing else: the costs given are per rank).
 """
 
 from __future__ import annotations
@@ -40,53 +49,84 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--num-microbatches", type=int, default=8)
     p.add_argument("--llm-forward", type=float, default=1.0, help="per chunk")
     p.add_argument("--llm-backward", type=float, default=2.0, help="per chunk")
-    p.add_argument("--encoder-forward", type=float, default=0.0, help="whole encoder")
-    p.add_argument("--encoder-backward", type=float, default=0.0,
-                   help="whole encoder; 0: frozen")
+    p.add_argument("--encoder-forward", type=float, nargs="+", default=[0.0],
+                   help="each encoder, whole")
+    p.add_argument("--encoder-backward", type=float, nargs="+", default=None,
+                   help="each encoder, whole; 0: frozen (default: every one 0)")
     p.add_argument("--p2p", type=float, default=0.0, help="per transfer between ranks")
     p.add_argument("--encoder-pieces", type=int, default=2,
                    help="bubble schedule: pieces per encoder stage")
     p.add_argument("--encoder-placement", choices=["forward", "reverse"], default="reverse",
                    help="bubble schedule: encoder stage 0 on rank 0 or on the last rank")
-    p.add_argument("--encoder-data-parallel-size", type=int, default=None,
-                   help="add the separate placement: the encoder on this many ranks of its "
-                        "own")
+    p.add_argument("--encoder-data-parallel-size", type=int, nargs="+", default=None,
+                   help="add the separate placement: the encoders on this many ranks of "
+                        "their own, or one count per encoder (each on replicas of its own)")
     p.add_argument("--llm-data-parallel-size", type=int, default=1,
                    help="separate placement: LLM replicas the encoder ranks serve (each "
                         "its --num-microbatches)")
+    p.add_argument("--encoder-message", type=float, nargs="+", default=None,
+                   help="separate placement: each encoder's output message to one LLM rank "
+                        "(DeepStack outputs included), and its gradient's (default: --p2p)")
+    p.add_argument("--tensor-model-parallel-size", type=int, default=1,
+                   help="separate placement: with --context-parallel-size, the LLM ranks "
+                        "each encoder output is sent to")
+    p.add_argument("--context-parallel-size", type=int, default=1,
+                   help="separate placement: see --tensor-model-parallel-size")
+    p.add_argument("--encoder-tensor-model-parallel-size", type=int, default=1,
+                   help="separate placement: the encoder ranks each gradient is sent to")
     p.add_argument("--trace-out", default=None, help="Chrome trace (JSON) of every schedule")
     p.add_argument("--png-out", default=None, help="timeline PNG of every schedule")
     args = p.parse_args(argv)
     pp, vpp, m = (args.pipeline_model_parallel_size,
                   args.virtual_pipeline_model_parallel_size, args.num_microbatches)
     chunks = pp * vpp
-    trainable = args.encoder_backward > 0
+    forward = args.encoder_forward
+    n = len(forward)
+    backward = [0.0] * n if args.encoder_backward is None else args.encoder_backward
+    message = [args.p2p] * n if args.encoder_message is None else args.encoder_message
+    if len(backward) != n or len(message) != n:
+        p.error(f"--encoder-backward and --encoder-message take one value per encoder, as "
+                f"--encoder-forward ({n})")
+    frozen = [e for e, b in enumerate(backward) if b <= 0]
+    trainable = len(frozen) < n
+    encoders = dict(encoders=n, frozen_encoders=frozen)
+
+    def per_piece(costs, k):  # each encoder cut into k equal pieces, one after the other
+        return [c / k for c in costs for _ in range(k)]
+
     try:
         baseline = megatron(pp, vpp, m)
-        first = ActionCosts([args.llm_forward + args.encoder_forward * (c == 0)
+        first = ActionCosts([args.llm_forward + sum(forward) * (c == 0)
                              for c in range(chunks)],
-                            [args.llm_backward + args.encoder_backward * (c == 0)
+                            [args.llm_backward + sum(backward) * (c == 0)
                              for c in range(chunks)], p2p_s=args.p2p)
-        spread = coarse(pp, vpp, m, trainable)
+        spread = coarse(pp, vpp, m, trainable, **encoders)
         split = ActionCosts([args.llm_forward] * chunks, [args.llm_backward] * chunks,
-                            [args.encoder_forward / pp] * pp,
-                            [args.encoder_backward / pp] * pp, p2p_s=args.p2p)
+                            per_piece(forward, pp), per_piece(backward, pp), p2p_s=args.p2p)
         k = args.encoder_pieces
         if k < 1:
             raise PlanError(f"--encoder-pieces must be at least 1 (got {k})")
         pieces = ActionCosts([args.llm_forward] * chunks, [args.llm_backward] * chunks,
-                             [args.encoder_forward / (pp * k)] * (pp * k),
-                             [args.encoder_backward / (pp * k)] * (pp * k), p2p_s=args.p2p)
+                             per_piece(forward, pp * k), per_piece(backward, pp * k),
+                             p2p_s=args.p2p)
         filled = bubble(pp, vpp, m, trainable, pieces, pp, k,
-                        args.encoder_placement == "reverse")
+                        args.encoder_placement == "reverse", **encoders)
         plans = [(baseline, first), (spread, split), (filled, pieces)]
         if args.encoder_data_parallel_size is not None:
+            sizes = args.encoder_data_parallel_size
+            if len(sizes) not in (1, n):
+                raise PlanError(f"--encoder-data-parallel-size takes one count, or one per "
+                                f"encoder ({n}); got {len(sizes)}")
+            copies = args.tensor_model_parallel_size * args.context_parallel_size
             whole = ActionCosts([args.llm_forward] * chunks, [args.llm_backward] * chunks,
-                                [args.encoder_forward], [args.encoder_backward],
-                                p2p_s=args.p2p)
-            plans.append((separate(pp, vpp, m, args.llm_data_parallel_size,
-                                   args.encoder_data_parallel_size, trainable, costs=whole),
-                          whole))
+                                forward, backward, p2p_s=args.p2p,
+                                encoder_output_p2p_s=[copies * t for t in message],
+                                encoder_grad_p2p_s=[args.encoder_tensor_model_parallel_size
+                                                    * t for t in message])
+            own = sizes if len(sizes) > 1 else []
+            plans.append((separate(pp, vpp, m, args.llm_data_parallel_size, sum(sizes),
+                                   trainable, costs=whole, encoder_data_parallel_sizes=own,
+                                   **encoders), whole))
         runs = []
         for schedule, costs in plans:
             validate(schedule)
@@ -94,7 +134,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except PlanError as e:
         p.error(str(e))
     print(f"PP {pp} x VPP {vpp}, {m} micro-batches; LLM chunk F {args.llm_forward} "
-          f"B {args.llm_backward}; encoder F {args.encoder_forward} B {args.encoder_backward}")
+          f"B {args.llm_backward}; " + ", ".join(
+              f"encoder {e} F {f:g} B {b:g}" for e, (f, b) in enumerate(zip(forward, backward))))
     print("| schedule | iteration | bubble fraction | busy per rank | idle per rank | "
           "hidden |")
     print("| --- | --- | --- | --- | --- | --- |")

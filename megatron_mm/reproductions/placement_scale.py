@@ -22,8 +22,11 @@ Placements (each simulated by ``simulate.simulate`` on the cost model's ``Action
   Megatron-LM is the ratio of throughputs. LLM layouts must fit in memory with the
   encoder on their first stage (conservative: the encoder is not there); the encoder
   ranks' memory is not checked. Its costs: the LLM's chunks, the whole encoder at encoder
-  TP (``CostModel.encoder_pieces``), one message per transfer at the larger of the LLM's
-  activation and the encoder's output; the program has no collectives yet, so the LLM's
+  TP (``CostModel.encoder_pieces``), the LLM's stage sends as the colocated runs' (1 / TP
+  of the activation), each encoder output whole from the encoder replica's first rank to
+  each of the LLM first stage's TP ranks and its gradient from the stage's first rank to
+  each encoder TP rank (``TimeModel.fan_out_s``: TP and encoder TP copies on the sender's
+  link, as the runtime sends them); the program has no collectives yet, so the LLM's
   gradient reduce-scatter is charged after its last backward (``llm_end_s``: as exposed
   as Megatron's first stage's) and the encoder's over its data-parallel ranks, which starts
   with it, adds what it takes beyond that (``grad_sync_s``); the encoder's parameter
@@ -224,11 +227,10 @@ class SeparateChoice(Record):
                 f"{self.encoder_data_parallel_size} ranks (TP x DP)")
 
 
-def separate_s(spec: ModelSpec, llm_layout: LLMLayout, etp: int, edp: int, hw, links,
-               cell: bool = True) -> float:
-    """The separate placement's simulated iteration (module docstring): the LLM on
-    ``llm_layout``, ``edp`` encoder replicas of ``etp`` ranks; ``cell``: one cell of
-    ``gcd(D, E)`` replicas, else the whole world's program."""
+def separate_costs(spec: ModelSpec, llm_layout: LLMLayout, etp: int, edp: int, hw, links
+                   ) -> ActionCosts:
+    """The separate program's costs (module docstring): the LLM on ``llm_layout``, ``edp``
+    encoder replicas of ``etp`` ranks."""
     if len(spec.encoders) != 1:
         raise PlanError("the placement table's separate rows take one encoder")
     cm = CostModel(spec, llm_layout, hw, links)
@@ -237,12 +239,23 @@ def separate_s(spec: ModelSpec, llm_layout: LLMLayout, etp: int, edp: int, hw, l
     trains = not cm.frozen_encoders
     llm_reduce = max(cm.reduce_s())
     enc_reduce = cm.encoder_reduce_s(params, edp)[0] if trains else 0.0
-    out = cm.time.p2p_s(cm.encoders[0].act_bytes)
-    costs = ActionCosts(fwd, bwd, ef, eb if trains else [],
-                        p2p_s=max(cm.p2p_s(), out), llm_start_s=cm.dp_gather_s([]),
-                        llm_end_s=llm_reduce, grad_sync_s=max(0.0, enc_reduce - llm_reduce))
+    out = cm.encoders[0].act_bytes  # the encoder's output, whole (module docstring)
+    return ActionCosts(fwd, bwd, ef, eb if trains else [], p2p_s=cm.p2p_s(),
+                       llm_start_s=cm.dp_gather_s([]), llm_end_s=llm_reduce,
+                       grad_sync_s=max(0.0, enc_reduce - llm_reduce),
+                       encoder_output_p2p_s=[cm.time.fan_out_s(
+                           out, llm_layout.tensor_model_parallel_size)],
+                       encoder_grad_p2p_s=[cm.time.fan_out_s(out, etp)])
+
+
+def separate_s(spec: ModelSpec, llm_layout: LLMLayout, etp: int, edp: int, hw, links,
+               cell: bool = True) -> float:
+    """The separate placement's simulated iteration on ``separate_costs``; ``cell``: one
+    cell of ``gcd(D, E)`` replicas, else the whole world's program (module docstring)."""
+    costs = separate_costs(spec, llm_layout, etp, edp, hw, links)
     d = llm_layout.data_parallel_size
     g = math.gcd(d, edp) if cell else 1  # one cell (module docstring)
+    trains = bool(costs.encoder_backward_s)
     schedule = separate(llm_layout.pipeline_model_parallel_size, 1,
                         llm_layout.num_microbatches, d // g, edp // g, trains, costs=costs)
     return simulate(schedule, costs, False).iteration_s

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from megatron_mm.plan.costs.hardware import A100, A100_LINKS
+from megatron_mm.plan.schedules.action_costs import CostModel
 from megatron_mm.reproductions import placement_scale as ps
 
 SMALL = next(s for s in ps.SETUPS if s.gpus == 8)
@@ -74,3 +75,16 @@ def test_one_cell_is_the_whole_world():
     fewer = replace(lay, data_parallel_size=3, global_batch_size=48)
     assert cell > ps.separate_s(spec, fewer, 1, 4, A100, A100_LINKS, cell=False)
     assert cell == pytest.approx(world, rel=1e-9)
+
+
+def test_the_encoder_messages_fan_out_as_the_runtime_sends_them():
+    """The encoder output to each of the LLM first stage's TP ranks, its gradient to each
+    encoder TP rank, all from one rank; the LLM's stage sends as the colocated runs'."""
+    spec = SMALL.spec(SMALL.heavy, True)
+    lay = replace(SMALL.layout, virtual_pipeline_model_parallel_size=1)  # TP 2
+    cm = CostModel(spec, lay, A100, A100_LINKS)
+    out = cm.encoders[0].act_bytes
+    costs = ps.separate_costs(spec, lay, 4, 1, A100, A100_LINKS)
+    assert costs.p2p_s == cm.p2p_s()
+    assert costs.encoder_output_p2p_s == [A100_LINKS.p2p_seconds(2 * out)]
+    assert costs.encoder_grad_p2p_s == [A100_LINKS.p2p_seconds(4 * out)]

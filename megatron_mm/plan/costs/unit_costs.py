@@ -78,6 +78,12 @@ class TimeModel(Record):
         """One send of ``nbytes`` to the next (or previous) pipeline rank."""
         return 0.0 if self.links is None else self.links.p2p_seconds(nbytes)
 
+    def fan_out_s(self, nbytes: float, copies: int) -> float:
+        """One rank sending ``nbytes`` to each of ``copies`` ranks (the separate
+        placement's encoder messages, ``separate.Members``): the copies leave on the
+        sender's one link, so their bytes add; they go out together, one latency."""
+        return self.p2p_s(nbytes * copies)
+
     def chunk_s(self, layers) -> Tuple[float, float]:
         """(forward, backward) seconds of one micro-batch through consecutive chain
         ``layers`` (``pipeline.layers.Layer``: costs per rank, backward with recompute),

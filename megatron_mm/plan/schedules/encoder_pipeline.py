@@ -189,6 +189,14 @@ def layer_seconds(layer: Layer, time: TimeModel) -> float:
     return unit.forward_s + unit.backward_s
 
 
+def chunk_deepstack_bytes(chain: Sequence[Layer], chunks: Sequence[Sequence[Layer]]
+                          ) -> List[float]:
+    """DeepStack bytes beside each LLM chunk's output (``chunks``: the LLM's layers): after
+    its last LLM layer, or (chunk 0 without one) all the merged features."""
+    return [c[-1].deepstack_bytes if c[-1].kind != "llm_embed" else
+            sum(l.deepstack_bytes for l in chain if l.kind == "projector") for c in chunks]
+
+
 def schedule_costs(chain: Sequence[Layer], llm_partition: StagePartition,
                    pieces: Sequence[EncoderPieces], hardware: Hardware, p2p_s: float = 0.0,
                    *, links: Optional[Interconnect] = None, tensor_model_parallel_size: int = 1,
@@ -215,11 +223,7 @@ def schedule_costs(chain: Sequence[Layer], llm_partition: StagePartition,
         return [chain_unit(l, time, tp, at) for l in layers], scale
 
     chunks = [llm[s:e] for s, e in llm_partition.chunk_bounds()]
-    # DeepStack bytes beside each chunk's output: after its last LLM layer, or (chunk 0
-    # without one) all the merged features
-    deepstack = [c[-1].deepstack_bytes if c[-1].kind != "llm_embed" else
-                 sum(l.deepstack_bytes for l in chain if l.kind == "projector")
-                 for c in chunks]
+    deepstack = chunk_deepstack_bytes(chain, chunks)
     piece_deepstack = []
     per_piece, bcast, ranks_params = [], [], {}
     for enc in pieces:

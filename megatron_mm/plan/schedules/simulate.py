@@ -78,9 +78,12 @@ class ActionCosts(Record):
     # empty: none
     deepstack_p2p_s: List[float] = field(default_factory=list)
     encoder_deepstack_p2p_s: List[float] = field(default_factory=list)
-    # the separate placement: the seconds of an encoder's output message to the LLM (and
-    # of its gradient back), per encoder piece, beyond ``p2p_s``; empty: none
+    # the separate placement (one piece per encoder), per encoder, in place of ``p2p_s``
+    # and the DeepStack term: the seconds of its output's message to the LLM (``EF`` to
+    # ``F(g, 0)``, its DeepStack features included, every copy the sender fans out) and of
+    # the gradient's back (``B(g, 0)`` to ``EB``; empty: the output's); empty: none
     encoder_output_p2p_s: List[float] = field(default_factory=list)
+    encoder_grad_p2p_s: List[float] = field(default_factory=list)
     all_to_all_s: List[float] = field(default_factory=list)
     backward_all_to_all_s: List[float] = field(default_factory=list)
     # Micro-batches of different work (real samples: tiles and tokens vary): micro-batch
@@ -89,8 +92,16 @@ class ActionCosts(Record):
 
     def transfer_s(self, dep: Tuple[str, int, int], consumer: Action) -> float:
         """Seconds of the message from action ``dep`` to ``consumer`` on another rank:
-        ``p2p_s``, plus what the DeepStack features it carries add."""
+        ``p2p_s``, plus what the DeepStack features it carries add; the separate
+        placement's messages between an encoder and the LLM their own, and its control
+        input (``EF`` after an earlier ``F``, ``SeparateSchedule.control_inputs``) nothing."""
         kind, _, c = dep
+        if kind == Kind.F and consumer.kind == Kind.EF:
+            return 0.0
+        if self.encoder_output_p2p_s and kind == Kind.EF:
+            return self.encoder_output_p2p_s[c]
+        if self.encoder_output_p2p_s and kind == Kind.B and c == 0:
+            return (self.encoder_grad_p2p_s or self.encoder_output_p2p_s)[consumer.chunk]
         chunk = piece = None
         if kind == Kind.F:
             chunk = c
@@ -106,8 +117,6 @@ class ActionCosts(Record):
         elif piece is not None:
             if self.encoder_deepstack_p2p_s:
                 extra = self.encoder_deepstack_p2p_s[piece]
-            if self.encoder_output_p2p_s:
-                extra += self.encoder_output_p2p_s[piece]
         return self.p2p_s + extra
 
     def encoder_comm(self, kind: str, piece: int) -> float:

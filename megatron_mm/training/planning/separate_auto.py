@@ -77,6 +77,7 @@ def separate_iteration(run: RunConfig, chain) -> float:
                            encoder_tensor_model_parallel_size=(
                                schedule.encoder_tensor_model_parallel_size),
                            encoder_data_parallel_size=schedule.encoder_data_parallel_size,
+                           context_parallel_size=parallel.context_parallel_size,
                            **time_inputs(run))
     trainable = encoder_trainable(chain)
     program = separate(parallel.pipeline_model_parallel_size,
