@@ -20,6 +20,7 @@ from ..plan.schedules.separate import separate
 from ..runtime.separate_executor import SeparateExecutor
 from ..runtime.separate_placement import SeparateRanks
 from .encoder_executor import local_length
+from .planning.separate_auto import separate_program_costs
 from .separate_world import world_ranks
 from .step import batch_to_device
 
@@ -70,13 +71,17 @@ def build_separate_run(config, plan, attention=None) -> SeparateRun:
 
 def separate_program(config, plan, sizes):
     """The run's program for ``n`` micro-batches over all LLM replicas (``sizes``: the
-    placement's ``SeparateSizes``); the simulator replays the same one."""
+    placement's ``SeparateSizes``), its encoder replicas' orders chosen on the costs that
+    ``--encoder-schedule auto`` simulated it with; the simulator replays the same one."""
     parallel = config.parallel
     pp, vpp = parallel.pipeline_model_parallel_size, (
         parallel.virtual_pipeline_model_parallel_size or 1)
     d, e = sizes.llm_data_parallel_size, sizes.encoder_data_parallel_size
     trainable = plan.separate_trainable
+    costs = separate_program_costs(config, plan.chain, plan.partition,
+                                   sizes.encoder_tensor_model_parallel_size, e).costs
     return lambda n: separate(pp, vpp, n // d, d, e, any(trainable),
                               encoders=len(plan.separate.pieces),
                               frozen_encoders=[i for i, t in enumerate(trainable) if not t],
-                              encoder_data_parallel_sizes=sizes.encoder_data_parallel_sizes)
+                              encoder_data_parallel_sizes=sizes.encoder_data_parallel_sizes,
+                              costs=costs)

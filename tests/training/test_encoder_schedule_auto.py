@@ -172,3 +172,36 @@ def test_auto_chooses_separate_where_it_simulates_fastest(tmp_path):
     _, plan = plan_of(argv + light, 2)
     assert plan.schedule.encoder_schedule != "separate"
     assert separate_alternatives(plan) == {(1, 1, 1, 1)}
+
+
+def test_the_run_orders_its_encoder_actions_as_auto_simulated(tmp_path):
+    """Vision and audio sharing one encoder rank, the audio layers 30x the rest: the run's
+    program (``separate_run.separate_program``) orders the encoder rank's actions on the
+    same costs as the simulation ``auto`` compares (unit costs would order them otherwise),
+    so its simulated iteration is the one ``auto`` saw."""
+    from audio_data import AUDIO_MODEL
+
+    from megatron_mm.plan.pipeline.profile import LayerProfile, LayerTime
+    from megatron_mm.plan.schedules.separate import separate
+    from megatron_mm.plan.schedules.separate_costs import separate_iteration_s
+    from megatron_mm.training.planning.separate_auto import (separate_iteration,
+                                                             separate_program_costs)
+    from megatron_mm.training.separate_run import separate_program
+    from megatron_mm.training.separate_world import separate_ranks
+
+    argv = TINY_MODEL + AUDIO_MODEL + ["--encoder-schedule", "separate", "--micro-batch-size",
+                                       "2", "--global-batch-size", "16"]
+    config, plan = plan_of(argv, 2)
+    ms = lambda l: 30 if l.kind == "audio_layer" else 1  # noqa: E731
+    LayerProfile("test", 2, config.model.seq_length, 1, [], [
+        LayerTime(l.module, ms(l) * 1e-3, 2 * ms(l) * 1e-3 if l.runs_backward else 0.0)
+        for l in plan.chain]).save(str(tmp_path / "p.json"))
+    config, plan = plan_of(argv + ["--pipeline-profile", str(tmp_path / "p.json")], 2)
+    sizes = separate_ranks(config.parallel, config.encoder_schedule, 2).sizes
+    n = config.training.num_microbatches
+    program = separate_program(config, plan, sizes)(n)
+    costs = separate_program_costs(config, plan.chain, plan.partition, 1, 1)
+    assert separate_iteration_s(program, costs) == pytest.approx(
+        separate_iteration(config, plan.chain))
+    unit = separate(1, 1, n, 1, 1, True, encoders=2)
+    assert program.ranks[:-1] == unit.ranks[:-1] and program.ranks[-1] != unit.ranks[-1]

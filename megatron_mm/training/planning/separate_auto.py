@@ -23,7 +23,8 @@ from ...plan import PlanError, partition
 from ...plan.pipeline.partition import parse_partition_flag
 from ...plan.schedules.encoder_pipeline import split_chain
 from ...plan.schedules.separate import separate
-from ...plan.schedules.separate_costs import separate_costs, separate_iteration_s
+from ...plan.schedules.separate_costs import (SeparateCosts, separate_costs,
+                                               separate_iteration_s)
 from ..arguments import validate_args
 from ..run_config import RunConfig
 from .time_inputs import hardware, time_inputs
@@ -69,16 +70,25 @@ def llm_pipeline_sizes(config, llm_ranks: int) -> List[int]:
     return [d for d in range(pp - 1, 0, -1) if (llm_ranks // model) % d == 0]
 
 
+def separate_program_costs(run: RunConfig, chain, part, encoder_tp: int,
+                           encoder_dp: int) -> SeparateCosts:
+    """What each action of the separate run ``run`` costs (``part``: the LLM's partition;
+    the encoders at ``encoder_tp`` x ``encoder_dp``): ``auto`` simulates the program on
+    them, and the run orders its encoder replicas' actions by them
+    (``separate_run.separate_program``), so what was simulated is what runs."""
+    return separate_costs(chain, part, hardware(run.pipeline),
+                          encoder_tensor_model_parallel_size=encoder_tp,
+                          encoder_data_parallel_size=encoder_dp,
+                          context_parallel_size=run.parallel.context_parallel_size,
+                          **time_inputs(run))
+
+
 def separate_iteration(run: RunConfig, chain) -> float:
     """The simulated iteration of the separate run ``run`` on ``chain``'s costs."""
     parallel, schedule = run.parallel, run.encoder_schedule
-    part = separate_partition(run, chain)
-    costs = separate_costs(chain, part, hardware(run.pipeline),
-                           encoder_tensor_model_parallel_size=(
-                               schedule.encoder_tensor_model_parallel_size),
-                           encoder_data_parallel_size=schedule.encoder_data_parallel_size,
-                           context_parallel_size=parallel.context_parallel_size,
-                           **time_inputs(run))
+    costs = separate_program_costs(run, chain, separate_partition(run, chain),
+                                   schedule.encoder_tensor_model_parallel_size,
+                                   schedule.encoder_data_parallel_size)
     trainable = encoder_trainable(chain)
     program = separate(parallel.pipeline_model_parallel_size,
                        parallel.virtual_pipeline_model_parallel_size or 1,
