@@ -29,6 +29,7 @@ def run_as_main(rank: int, path: str, argv: list, cwd: str, env: dict) -> dict:
     os.environ.update(env)
     os.chdir(cwd)
     sys.argv = [path, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # as the interpreter does
     code = 0
     with captured_output() as out:
         try:
