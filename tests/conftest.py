@@ -4,6 +4,7 @@ import subprocess
 import traceback
 
 import pytest
+from dist_harness import use_harness_fork_server
 
 from megatron_mm.startup import prepare_megatron_core
 
@@ -11,6 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # This process is an entry point: the CPU patches go in before any test imports
 # Megatron-Core (a subprocess a test starts calls it itself).
 prepare_megatron_core()
+# compare's ranks (megatron_mm.hf.compare) fork from the harness's preloaded server too
+use_harness_fork_server()
 
 _TOOLCHAIN_FRAMES = tuple(os.sep + os.path.join(*p.split("/")) + os.sep for p in (
     "torch/_inductor", "triton", "transformer_engine", "ctypes"))

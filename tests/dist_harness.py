@@ -52,7 +52,9 @@ def _entry(rank, fn, world_size, port, out_dir, args, env):
 # tests.inductor_isa: Inductor's CPU probe once for every rank; Python 3.11's fork server
 # imports from its working directory, the repository root under ``make test`` (from
 # elsewhere the import fails quietly there, and each rank probes for itself).
-PRELOAD = ["megatron_mm.prepared", "megatron_mm.training.pretrain", "tests.inductor_isa"]
+# megatron_mm.hf.compare: compare's ranks fork from the same server (tests/conftest.py).
+PRELOAD = ["megatron_mm.prepared", "megatron_mm.training.pretrain", "megatron_mm.hf.compare",
+           "tests.inductor_isa"]
 # The fork server imports PRELOAD and forks every rank: nothing there may initialise CUDA
 # (a forked child's CUDA then fails). Megatron-Core asks torch.cuda.is_available() at
 # import (dist_checkpointing), which initialises the driver unless torch asks NVML instead
@@ -64,12 +66,18 @@ FORKSERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 NCCL_COALESCING = {"MEGATRON_MM_STRICT_P2P": "0", "MEGATRON_MM_EMULATE_NCCL_COALESCING": "1"}
 
 
-def run_distributed(fn, world_size: int, *args, env: Optional[Dict[str, str]] = None):
-    """``fn(rank, *args)`` on ``world_size`` ranks, with ``env`` set in each; returns the
-    list of results by rank."""
+def use_harness_fork_server() -> None:
+    """Every forkserver process this one starts (``run_distributed``'s, ``compare``'s ranks)
+    forks from one server that preloads ``PRELOAD``, whichever starts it first."""
     for name, value in FORKSERVER_ENV.items():  # inherited by the fork server it starts
         os.environ.setdefault(name, value)
     mp.set_forkserver_preload(PRELOAD)
+
+
+def run_distributed(fn, world_size: int, *args, env: Optional[Dict[str, str]] = None):
+    """``fn(rank, *args)`` on ``world_size`` ranks, with ``env`` set in each; returns the
+    list of results by rank."""
+    use_harness_fork_server()
     with tempfile.TemporaryDirectory() as out_dir:
         try:
             mp.start_processes(_entry, args=(fn, world_size, free_port(), out_dir, args,

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
 
 def _compare(args) -> int:
     import torch
-    from megatron_mm.hf.compare import compare
+    from megatron_mm.hf.compare import RANK_PRELOAD, compare
     from megatron_mm.training.errors import USER_ERRORS
 
     try:
@@ -83,6 +83,7 @@ def _compare(args) -> int:
         except Exception as e:
             raise ConversionError(f"--inputs {args.inputs}: not a torch.save'd dict of "
                                   f"tensors ({e.__class__.__name__})") from None
+        torch.multiprocessing.set_forkserver_preload(RANK_PRELOAD)
         diff, shape = compare(args.hf_dir, args.load, inputs,
                               args.tensor_model_parallel_size,
                               args.pipeline_model_parallel_size,

@@ -227,6 +227,12 @@ def rank_logits(ckpt: str, tp: int, pp: int, tokens, media,
             torch.distributed.destroy_process_group()
 
 
+# What an entry point has its fork server import (``multiprocessing.set_forkserver_preload``,
+# before the first rank starts): Megatron-Core, prepared, and this module, once for every
+# rank. Nothing in it initialises CUDA (the package asks NVML), so forked ranks can use it.
+RANK_PRELOAD = ["megatron_mm.prepared", __name__]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -249,7 +255,7 @@ def _rank_entry(rank: int, world: int, port: int, out_dir: str, job: tuple) -> N
 def megatron_logits(ckpt: str, tokens: torch.Tensor, media, tp: int = 1,
                     pp: int = 1, positions: Optional[torch.Tensor] = None,
                     ep: int = 1) -> torch.Tensor:
-    """The megatron_mm model's full logits, from TP * PP * EP processes started here (this
+    """The megatron_mm model's full logits, from TP * PP * EP processes forked here (this
     process alone when all are 1)."""
     world = world_size(tp, pp, ep)
     job = (ckpt, tp, pp, tokens, media, positions, ep)
@@ -259,11 +265,12 @@ def megatron_logits(ckpt: str, tokens: torch.Tensor, media, tp: int = 1,
 
     from ..startup import spawned
 
+    # The ranks fork from this process's fork server, which imports RANK_PRELOAD once when
+    # the entry point asked for it (a rank imports what the server lacks: seconds of CPU)
     with tempfile.TemporaryDirectory() as out_dir:
-        # a spawned process: an entry point of its own, prepared before it imports this
         mp.start_processes(spawned, args=(f"{__name__}:_rank_entry", world, _free_port(),
                                           out_dir, job),
-                           nprocs=world, start_method="spawn", join=True)
+                           nprocs=world, start_method="forkserver", join=True)
         results = [torch.load(os.path.join(out_dir, f"{r}.pt"), weights_only=False)
                    for r in range(world)]
     for r in results:

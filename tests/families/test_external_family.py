@@ -55,11 +55,28 @@ def tiny_llava(vocab: int, image_token: int):
     return transformers.LlavaForConditionalGeneration(config).eval()
 
 
-def run(tmp_path, *argv):
+# The scripts one after another in one interpreter, each run as ``python SCRIPT ARGS`` runs
+# it (``__main__``, its own sys.argv; a non-zero exit stops there): one start-up and import
+# for all of them. The pretrain script's checkpoint-saving helpers are started from here.
+STEPS = """
+import json, runpy, sys
+for argv in json.loads(sys.argv[1]):
+    print("step:", *argv, flush=True)
+    sys.argv = argv
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        if e.code:
+            raise
+"""
+
+
+def run(tmp_path, *steps):
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
     env["MEGATRON_MM_FAMILIES"] = "toyvit"
-    return subprocess.run([sys.executable, *map(str, argv)], cwd=ROOT, env=env,
+    steps = json.dumps([[str(a) for a in step] for step in steps])
+    return subprocess.run([sys.executable, "-c", STEPS, steps], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -85,25 +102,23 @@ def test_a_family_from_a_folder_converts_and_trains(tmp_path):
     with pytest.raises(ConversionError, match=re.escape(f"unsupported architecture ['{ARCH}']")):
         family_for(SimpleNamespace(architectures=[ARCH], model_type="llava"))
 
-    done = run(tmp_path, convert, "import", "--hf-dir", hf_dir, "--save", ckpt)
-    assert done.returncode == 0, done.stderr[-3000:]
-    done = run(tmp_path, convert, "export", "--load", ckpt, "--hf-dir", tmp_path / "back")
-    assert done.returncode == 0, done.stderr[-3000:]
+    prepare_digits(tmp_path / "digits")
+    done = run(tmp_path,
+               [convert, "import", "--hf-dir", hf_dir, "--save", ckpt],
+               [convert, "export", "--load", ckpt, "--hf-dir", tmp_path / "back"],
+               [ROOT / "examples" / "pretrain_mllm.py", "--load", ckpt, "--save", ckpt,
+                "--data-path", tmp_path / "digits", "--micro-batch-size", "2",
+                "--train-iters", "2", "--lr", "1e-3", "--log-interval", "1",
+                "--eval-iters", "1", "--skip-final-eval"],
+               [convert, "export", "--load", ckpt, "--hf-dir", tmp_path / "out"])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     back = transformers.LlavaForConditionalGeneration.from_pretrained(tmp_path / "back")
     assert back.config.architectures == [ARCH]
     before, after = model.state_dict(), back.state_dict()
     assert before.keys() == after.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
 
-    prepare_digits(tmp_path / "digits")
-    done = run(tmp_path, ROOT / "examples" / "pretrain_mllm.py", "--load", ckpt,
-               "--save", ckpt, "--data-path", tmp_path / "digits",
-               "--micro-batch-size", "2", "--train-iters", "2", "--lr", "1e-3",
-               "--log-interval", "1", "--eval-iters", "1", "--skip-final-eval")
-    assert done.returncode == 0, done.stderr[-3000:]
     saved = dist_checkpointing.load_common_state_dict(iteration_dir(str(ckpt), 2))["args"]
     assert saved["vision_model_type"] == "toyclip"
-    done = run(tmp_path, convert, "export", "--load", ckpt, "--hf-dir", tmp_path / "out")
-    assert done.returncode == 0, done.stderr[-3000:]
     out = transformers.LlavaForConditionalGeneration.from_pretrained(tmp_path / "out")
     assert not torch.equal(out.state_dict()["lm_head.weight"], before["lm_head.weight"])

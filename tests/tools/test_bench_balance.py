@@ -5,12 +5,10 @@ in order, each with its baseline and ratios;
 the CP rows train on the same micro-batches (only the token assignment differs). Speed is
 never asserted."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tool_runs import run_tool
 
 pytestmark = pytest.mark.processes
 
@@ -23,13 +21,11 @@ CP_ROWS = [("cp2-zigzag", "cp2-zigzag"), ("cp2-balanced", "cp2-zigzag")]
 # of both in one run each would double the suite's time here for no other path).
 @pytest.mark.parametrize("family,expected", [("qwen2_5_vl", DP_ROWS), ("qwen3_vl", CP_ROWS)])
 def test_native_resolution_rows(tmp_path, family, expected):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench_balance.py"), "--family", family,
+    proc = run_tool(
+        ROOT / "tools" / "bench_balance.py", "--family", family,
          "--samples", "24", "--steps", "2", "--warmup", "1", "--hidden-size", "64",
          "--seq-length", "256", "--max-side", "112", "--micro-batch-size", "2",
-         "--microbatches", "1", "--rows", expected[1][0]],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+         "--microbatches", "1", "--rows", expected[1][0], cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     header = next(line for line in lines if line.startswith("| row"))

@@ -1,13 +1,12 @@
 """tools/bench_cp_attention.py --calibrate (about 9 s: one process) and --memory (a process
 per row) run at tiny sizes; the 4-rank timing run spawns ranks and costs more, it is run by
-hand."""
+hand. Each runs as the command line runs it, on a forked rank (``tool_runs``)."""
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tool_runs import run_tool
 
 pytestmark = pytest.mark.processes
 
@@ -16,11 +15,9 @@ TOOL = ROOT / "tools" / "bench_cp_attention.py"
 
 
 def test_calibrate_prints_a_fit():
-    proc = subprocess.run(
-        [sys.executable, str(TOOL), "--calibrate", "--seq-length", "256",
-         "--context-parallel-block", "32", "--calibrate-tiles", "1", "2", "4",
-         "--heads", "2", "--head-dim", "8", "--iters", "2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = run_tool(TOOL, "--calibrate", "--seq-length", "256", "--context-parallel-block",
+                    "32", "--calibrate-tiles", "1", "2", "4", "--heads", "2", "--head-dim",
+                    "8", "--iters", "2", cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
     assert re.match(r"fit: -?[\d.]+ ms per tile \+ -?[\d.]+ ms per block -> block overhead "
@@ -30,11 +27,9 @@ def test_calibrate_prints_a_fit():
 def test_memory_table_ends_with_the_flex_over_einsum_ratio():
     """--memory at tiny sizes: a fresh process per row, a dense row over its budget not
     run, the last line the FlexAttention / einsum peak memory ratio."""
-    proc = subprocess.run(
-        [sys.executable, str(TOOL), "--memory", "--memory-lengths", "256", "1024",
-         "--context-parallel-block", "32", "--heads", "4", "--head-dim", "8", "--iters", "1",
-         "--max-dense-gib", "0.002"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = run_tool(TOOL, "--memory", "--memory-lengths", "256", "1024",
+                    "--context-parallel-block", "32", "--heads", "4", "--head-dim", "8",
+                    "--iters", "1", "--max-dense-gib", "0.002", cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert re.match(r"\s*256\s+\d+\s+[\d.]+\s+[\d.]+(\s+[\d.]+){4}$", lines[-3]), lines[-3]

@@ -1,10 +1,9 @@
 """Smoke test of tools/bench_data.py: a tiny synthetic file, both readers, the table."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tool_runs import run_tool
 
 pytestmark = pytest.mark.processes
 
@@ -12,10 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_data_tiny(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_data.py"),
-                           "--records", "300", "--micro-batch-size", "2",
-                           "--workdir", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = run_tool(ROOT / "tools" / "bench_data.py", "--records", "300",
+                    "--micro-batch-size", "2", "--workdir", tmp_path, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
             if line.startswith("| 300 ")]

@@ -4,12 +4,10 @@ separate row (the encoder on one rank, the LLM at PP=1 on the other) and the aut
 are simulated, and compared (timings on a shared machine mean nothing here; the tool's
 table is the benchmark)."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tool_runs import run_tool
 
 pytestmark = pytest.mark.processes
 
@@ -23,12 +21,11 @@ SMALL = ["--hidden-size", "64", "--ffn-hidden-size", "128", "--moe-ffn-hidden-si
 
 def test_bench_encoder_schedule_moe_tiny(tmp_path):
     png = tmp_path / "t.png"
-    proc = subprocess.run(
-        [sys.executable, str(TOOL), "--moe", "--workload", "light", "--schedules",
+    proc = run_tool(
+        TOOL, "--moe", "--workload", "light", "--schedules",
          "megatron-auto", "bubble", "separate", "auto", "--iters", "1", "--warmup", "0",
-         "--rounds", "1", "--png-out", str(png), *SMALL],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+         "--rounds", "1", "--png-out", png, *SMALL, cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT)})  # for the profiling processes it starts
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {line.split("|")[1].split(" (")[0].strip(): line
             for line in proc.stdout.splitlines() if line.startswith("| ")}

@@ -2,14 +2,16 @@
 steps), the Transformer Engine rows are skipped with the reason, and the columns agree
 with each other (tokens/s and MFU from the step time, the same loss from the same weights).
 
-Run as a subprocess: the benchmark sets up its own process group and Megatron-Core state.
+Run on forked ranks (``tool_runs``, ``dist_harness``): the benchmark sets up its own process
+group and Megatron-Core state.
 """
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from dist_harness import run_distributed
+from tool_runs import run_tool
 
 pytestmark = pytest.mark.processes
 
@@ -22,8 +24,7 @@ TINY = ("--steps 2 --warmup 1 --micro-batch-size 2 --seq-length 24 "
 
 
 def test_bench_gpu_local_rows_on_cpu():
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_gpu.py"), *TINY],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = run_tool(ROOT / "tools" / "bench_gpu.py", *TINY, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in proc.stdout.splitlines() if line.startswith("| ")}
@@ -40,23 +41,26 @@ def test_bench_gpu_local_rows_on_cpu():
     assert abs(float(ours[-1]) - float(llava[-1])) < 1e-3  # same weights, same tokens
 
 
-FP8_STEPS = """
-import sys
-sys.path.insert(0, "tools")
-import bench_gpu, bench_model as bm, torch
-args = bench_gpu.parse_args({argv!r})
-bm.init_distributed(args)
-cfg = bm.model_config(args)
-model = bench_gpu.build_rows(args, cfg, False, args.vocab_size - 1)["te-fp8"]
-(inputs, mask), _ = bm.make_batches(cfg, args.micro_batch_size, args.vocab_size - 1,
-                                    args.seed, torch.device("cpu"))
-trainee = bm.wrap("fp8", model, args.bf16, False, inputs, mask)
-for _ in range(3):
-    bm.train_step(trainee, False)
-linear = model.language_model.decoder.layers[0].mlp.linear_fc1
-print("casts", linear.fp8_emulation.weight_casts, model.language_model.config.fp8,
-      model.language_model.config.fp8_amax_history_len)
-"""
+def _fp8_steps(rank, argv):
+    """The FP8 row's model after 3 steps: its FP8 weight casts and FP8 settings."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_gpu
+    import bench_model as bm
+
+    args = bench_gpu.parse_args(argv)
+    bm.init_distributed(args)
+    cfg = bm.model_config(args)
+    model = bench_gpu.build_rows(args, cfg, False, args.vocab_size - 1)["te-fp8"]
+    (inputs, mask), _ = bm.make_batches(cfg, args.micro_batch_size, args.vocab_size - 1,
+                                        args.seed, torch.device("cpu"))
+    trainee = bm.wrap("fp8", model, args.bf16, False, inputs, mask)
+    for _ in range(3):
+        bm.train_step(trainee, False)
+    linear = model.language_model.decoder.layers[0].mlp.linear_fc1
+    config = model.language_model.config
+    return linear.fp8_emulation.weight_casts, config.fp8, config.fp8_amax_history_len
 
 
 def test_bench_gpu_fp8_row_from_the_fp8_flags_recast_each_step():
@@ -65,7 +69,4 @@ def test_bench_gpu_fp8_row_from_the_fp8_flags_recast_each_step():
     # micro-batch does), instead of reusing step 0's.
     argv = TINY + ("--rows te-fp8 --fp8-emulation --fp8-format e4m3 "
                    "--fp8-amax-history-len 16").split()
-    proc = subprocess.run([sys.executable, "-c", FP8_STEPS.format(argv=list(argv))],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "casts 3 e4m3 16" in proc.stdout
+    assert run_distributed(_fp8_steps, 1, argv) == [(3, "e4m3", 16)]

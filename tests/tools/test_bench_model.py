@@ -1,14 +1,14 @@
 """Smoke test of tools/bench_model.py: tiny sizes, 2 timed steps, one process.
 
-Run as a subprocess: the benchmark sets up its own process group and Megatron-Core parallel
-state, which must not leak into the pytest process.
+Run as ``python tools/bench_model.py`` on a forked rank (``tool_runs``): the benchmark sets
+up its own process group and Megatron-Core parallel state, which must not leak into the
+pytest process.
 """
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tool_runs import run_tool
 
 pytestmark = pytest.mark.processes
 
@@ -21,8 +21,7 @@ TINY = ("--steps 2 --warmup 1 --micro-batch-size 2 --seq-length 24 "
 
 
 def test_bench_model_tiny_single_process():
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_model.py"), *TINY],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = run_tool(ROOT / "tools" / "bench_model.py", *TINY, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in proc.stdout.splitlines() if line.startswith("| ")}

@@ -5,14 +5,12 @@ asserted. The statistics are a small file in OmniBal's format, written here."""
 
 import gzip
 import json
-import os
 import random
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tool_runs import run_tool
 
 pytestmark = pytest.mark.processes
 
@@ -35,14 +33,12 @@ def _stats(path: Path) -> Path:
 
 
 def test_bench_omnibal_tiny(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench_omnibal.py"), str(_stats(tmp_path)),
+    proc = run_tool(
+        ROOT / "tools" / "bench_omnibal.py", _stats(tmp_path),
          "--samples", "48", "--rounds", "1", "--iters", "1", "--warmup", "1",
          "--data-parallel-size", "1", "--hidden-size", "64", "--num-layers", "2",
          "--microbatches", "2", "--micro-batch-size", "2", "--search-candidates", "2",
-         "--search-iters", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+         "--search-iters", "1", cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     table = [[c.strip() for c in line.split("|")[1:-1]] for line in lines

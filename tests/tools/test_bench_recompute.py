@@ -1,12 +1,11 @@
 """tools/bench_recompute.py at tiny sizes (one process, about 15 s): four rows, the same
-loss for each, and the adaptive choice within the budget it was given."""
+loss for each, and the adaptive choice within the budget it was given (run as the command
+line runs it, on a forked rank: ``tool_runs``)."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tool_runs import run_tool
 
 pytestmark = pytest.mark.processes
 
@@ -15,15 +14,13 @@ TOOL = ROOT / "tools" / "bench_recompute.py"
 
 
 def test_bench_recompute_tiny():
-    proc = subprocess.run(
-        [sys.executable, str(TOOL), "--num-layers", "2", "--hidden-size", "64",
+    proc = run_tool(
+        TOOL, "--num-layers", "2", "--hidden-size", "64",
          "--num-attention-heads", "4", "--seq-length", "64", "--vision-hidden-size", "32",
          "--vision-num-layers", "2", "--vision-num-attention-heads", "2", "--img-h", "16",
          "--img-w", "16", "--patch-dim", "8", "--disable-vision-class-token",
          "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-4",
-         "--bench-iters", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+         "--bench-iters", "1", cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in proc.stdout.splitlines() if line.startswith("| ")

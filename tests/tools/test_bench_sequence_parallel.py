@@ -1,12 +1,11 @@
 """tools/bench_sequence_parallel.py at tiny sizes (two 2-rank runs): both rows, the same
-loss, and a lower activation peak with sequence parallelism."""
+loss, and a lower activation peak with sequence parallelism (run as the command line runs
+it, on a forked rank: ``tool_runs``)."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tool_runs import run_tool
 
 pytestmark = pytest.mark.processes
 
@@ -15,15 +14,13 @@ TOOL = ROOT / "tools" / "bench_sequence_parallel.py"
 
 
 def test_bench_sequence_parallel_tiny():
-    proc = subprocess.run(
-        [sys.executable, str(TOOL), "--num-layers", "2", "--hidden-size", "64",
+    proc = run_tool(
+        TOOL, "--num-layers", "2", "--hidden-size", "64",
          "--num-attention-heads", "4", "--seq-length", "64", "--vision-model-type", "siglip",
          "--vision-hidden-size", "32", "--vision-num-layers", "2",
          "--vision-num-attention-heads", "2", "--img-h", "16", "--img-w", "16",
          "--patch-dim", "4", "--micro-batch-size", "4", "--global-batch-size", "4",
-         "--lr", "1e-4", "--skip-final-eval", "--bench-iters", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+         "--lr", "1e-4", "--skip-final-eval", "--bench-iters", "1", cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in proc.stdout.splitlines() if line.startswith("| TP=2")}

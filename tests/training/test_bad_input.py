@@ -1,7 +1,7 @@
 """Bad flags and bad data stop with a clear message that names what to fix."""
 
 import pytest
-from bad_input_runs import conversation, good_records, run_script, write_data
+from bad_input_runs import conversation, good_records, run_entry, run_script, write_data
 from plans import tokenizer
 
 from megatron_mm.config import ConfigError
@@ -197,7 +197,7 @@ def test_placeholder_mismatch_names_the_record(tmp_path):
     from PIL import Image
 
     Image.new("L", (8, 8), 128).save(tmp_path / "a.png")  # ok-1 reads before bad-2
-    out = run_script("--data-path", data)
+    out = run_entry("--data-path", data)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "record 'bad-2'" in out.stderr and "line 2" in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
@@ -207,13 +207,15 @@ def test_placeholder_mismatch_names_the_record(tmp_path):
 def test_missing_image_file_names_path_and_record(tmp_path):
     data = write_data(tmp_path, [conversation("r1", "<image>\nWhat?", ["nope/missing.png"])]
                        + good_records(7))
-    out = run_script("--data-path", data)
+    out = run_entry("--data-path", data)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "missing.png" in out.stderr and "record 'r1'" in out.stderr, out.stderr[-2000:]
 
 
 @pytest.mark.processes
 def test_load_without_a_checkpoint(tmp_path):
+    """The script itself in a fresh interpreter (the other runs here: its entry on a forked
+    rank): exit status 2, the message, no traceback."""
     empty = tmp_path / "empty"
     empty.mkdir()
     out = run_script("--load", str(empty))
@@ -244,7 +246,7 @@ def test_mrope_flags_come_from_the_checkpoint(monkeypatch):
 def test_flex_attention_training_on_cpu_names_the_flag():
     """torch runs no FlexAttention backward on CPU: training there on it is refused in one
     line, before any process group; forward-only runs (--train-iters 0) may use it."""
-    out = run_script("--attention-backend", "flex", "--media-attention", "bidirectional")
+    out = run_entry("--attention-backend", "flex", "--media-attention", "bidirectional")
     assert out.returncode == 2, out.stderr[-2000:]
     assert "--attention-backend flex cannot train here: no CUDA device" in out.stderr, \
         out.stderr[-2000:]

@@ -3,7 +3,7 @@ the flag: a record whose images' tiles overflow --seq-length (with the --max-num
 would fit), a corrupt image, and a --max-num-tiles that no --seq-length image fits."""
 
 import pytest
-from bad_input_runs import conversation, good_records, run_script, write_data
+from bad_input_runs import conversation, good_records, run_entry, write_data
 from internvl_data import INTERNVL_MODEL
 from PIL import Image
 
@@ -17,7 +17,7 @@ def test_record_over_seq_length_names_it_and_the_tiles(tmp_path):
     Image.new("RGB", (64, 16), (10, 20, 30)).save(tmp_path / "wide.png")  # 4x1 + thumb
     data = write_data(tmp_path, [conversation("wide-2", "<image><image>\nSame?",
                                                 ["wide.png", "wide.png"])] + good_records(7))
-    out = run_script(*MODEL, "--data-path", data)
+    out = run_entry(*MODEL, "--data-path", data)
     assert out.returncode == 2, out.stderr[-2000:]
     err = out.stderr
     assert "record 'wide-2'" in err and "exceed max_seq_length=32" in err, err[-2000:]
@@ -31,7 +31,7 @@ def test_corrupt_image_names_the_record_and_file(tmp_path):
     (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
     data = write_data(tmp_path, [conversation("r1", "<image>\nWhat?", ["broken.png"])]
                        + good_records(7))
-    out = run_script(*MODEL, "--data-path", data)
+    out = run_entry(*MODEL, "--data-path", data)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "record 'r1'" in out.stderr and "broken.png" in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
