@@ -134,7 +134,7 @@ class Mailbox:
 
     def take(self, key: Key) -> None:
         """Wait until message ``key`` (received by an earlier exchange) has arrived: for
-        the works of its exchange's batch."""
+        the works that carry it (its batch's one on NCCL, its receive's on gloo)."""
         _wait_all(self.arriving.pop(key, []))
 
     def _wait(self, works: Sequence[dist.Work], names: Sequence[str]) -> None:
