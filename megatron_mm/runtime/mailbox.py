@@ -7,12 +7,17 @@ from its ``Spec``, which it knows from its own copy of the micro-batch: no heade
 sync. Its sends finish in the background (their buffers live until ``finish``); a
 received message is waited for when it is taken (``take``), just before the action that
 uses it: a receive posted early (the plan posts by the schedule's timeline) does not stall
-the rank while the message is still on its way. What is waited for is every ``Work`` of
-the message's batch: NCCL coalesces a batch into one (gloo gives one per op), and a
-received tensor holds its data only once that one is waited for. NCCL runs a rank's
-exchanges one after another on its own stream whatever the host waits for, so this
-changes no order. ``MEGATRON_MM_EMULATE_NCCL_COALESCING=1`` gives gloo NCCL's one
-``Work`` per batch (``nccl_coalescing.py``).
+the rank while the message is still on its way. What is waited for is the ``Work`` that
+carries the message: NCCL coalesces a batch into one, and a received tensor holds its data
+only once that one is waited for, so there it is the whole batch's, sends included; gloo
+gives one per op and fills each receive's tensor when its own ``Work`` completes, so there
+it is the receive's alone. Waiting there for the batch's sends too would wait, for a
+message that has arrived, until each send's receiver posts its receive (gloo moves a send's
+data only then, on its own thread): a send in a batch whose receive the peer posts an
+action later held the batch's receives back by that action. NCCL runs a rank's exchanges
+one after another on its own stream whatever the host waits for, so this changes no order.
+``MEGATRON_MM_EMULATE_NCCL_COALESCING=1`` gives gloo NCCL's one ``Work`` per batch
+(``nccl_coalescing.py``).
 
 ``MEGATRON_MM_STRICT_P2P=1`` (every multi-process test sets it): an exchange also waits for
 its sends. Gloo completes a send only once the receiver has posted the matching receive,
@@ -100,29 +105,36 @@ class Mailbox:
                 self.alive.append(payload)
                 names.append(f"send of {key} to pipeline rank {peer}")
         received: Dict[Key, Optional[torch.Tensor]] = {}
+        op_of: Dict[Key, int] = {}  # received key -> its op's place in the batch
         for peer, key, spec in recvs:
             tensor = allocate(spec, self.device)
             received[key] = tensor
             if tensor is not None and tensor.numel():
+                op_of[key] = len(ops)
                 ops.append(dist.P2POp(dist.irecv, tensor, self.ranks[peer], self.group))
                 names.append(f"receive of {key} from pipeline rank {peer}")
         works = batch_isend_irecv(ops) if ops else []
         if self.strict:
             self._wait(works, names)
             return received
-        # NCCL coalesces the batch into ONE Work, gloo gives one per op (torch's
-        # batch_isend_irecv): a received key waits for all of its batch's, whatever their
-        # number. One list per batch, shared by its keys, emptied once waited for.
-        batch = list(works)
-        self.batches.append(batch)
-        for peer, key, spec in recvs:
-            if received[key] is not None and received[key].numel():
-                self.arriving[key] = batch
+        # NCCL coalesces the batch into ONE Work: its received keys share it. Gloo gives
+        # one per op, in the ops' order: a received key waits for its receive's alone (the
+        # batch's sends for ``finish``). Each list is emptied once waited for: a gloo
+        # ``Work`` waited for twice waits for another message.
+        if len(works) == len(ops):  # (a batch of one op: the same either way)
+            own = {key: [works[i]] for key, i in op_of.items()}
+            rest = set(op_of.values())
+            self.batches += [[w for i, w in enumerate(works) if i not in rest], *own.values()]
+            self.arriving.update(own)
+        else:
+            batch = list(works)
+            self.batches.append(batch)
+            self.arriving.update((key, batch) for key in op_of)
         return received
 
     def take(self, key: Key) -> None:
         """Wait until message ``key`` (received by an earlier exchange) has arrived: for
-        the works of its exchange's batch."""
+        the works that carry it (its batch's one on NCCL, its receive's on gloo)."""
         _wait_all(self.arriving.pop(key, []))
 
     def _wait(self, works: Sequence[dist.Work], names: Sequence[str]) -> None:

@@ -1,8 +1,9 @@
 """The mailbox's strict mode (``MEGATRON_MM_STRICT_P2P=1``): sends wait for their receives
 as NCCL's do, so a send/send cycle that hangs on NCCL times out on gloo, while the same
 messages batched into one exchange (or without strict mode) go through. Without it, a
-received message is waited for when taken, for its batch's works: one per op on gloo,
-ONE per batch on NCCL (emulated: ``runtime/nccl_coalescing.py``)."""
+received message is waited for when taken, for the works that carry it: its receive's
+alone on gloo (one per op), the batch's ONE on NCCL (emulated:
+``runtime/nccl_coalescing.py``)."""
 
 import os
 
@@ -83,6 +84,40 @@ def _late_sender(rank):
 @pytest.mark.parametrize("env", [None, NCCL_COALESCING], ids=["gloo", "nccl-coalescing"])
 def test_a_receive_is_waited_for_when_it_is_taken(env):
     assert run_distributed(_late_sender, 2, env=env)[1] == 7.0
+
+
+def _send_received_later(rank):
+    """Rank 1 takes a message whose batch also carries a send that rank 0 receives only
+    once rank 1 has taken it (rank 0 posts that receive when the store says so, or when
+    waiting for that ran out): the take must not wait for the send."""
+    import datetime
+
+    os.environ["MEGATRON_MM_STRICT_P2P"] = "0"
+    dist.init_process_group("gloo")
+    store = dist.distributed_c10d._get_default_store()
+    box = Mailbox(dist.group.WORLD, torch.device("cpu"))
+    spec, key, back = Spec((1 << 18,), torch.float32), ("F", 0, 0), ("B", 0, 0)  # 1 MB
+    if rank == 1:
+        got = box.exchange([(0, back, torch.ones(spec.shape), spec)], [(0, key, spec)])[key]
+        box.take(key)
+        store.set("taken", "1")
+        value = float(got.mean())
+        box.finish()
+        return value
+    box.exchange([(1, key, torch.full(spec.shape, 7.0), spec)], [])
+    try:
+        store.wait(["taken"], datetime.timedelta(seconds=20))
+        taken = True
+    except Exception:  # the take waited for the send: let it finish
+        taken = False
+    box.exchange([], [(1, back, spec)])
+    box.finish()
+    return taken
+
+
+@pytest.mark.processes
+def test_a_take_does_not_wait_for_its_batchs_sends_on_gloo():
+    assert run_distributed(_send_received_later, 2) == [True, 7.0]
 
 
 class _CoalescedBatch(dist.Work):
