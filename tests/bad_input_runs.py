@@ -1,11 +1,10 @@
 """The training script run on bad data (each test's records in a temporary folder): what it
-prints and how it exits, as a script in a fresh interpreter or as its entry on a forked rank."""
+prints and how it exits, in a fresh interpreter or on a forked rank."""
 
 import json
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "examples", "pretrain_mllm.py")
@@ -19,20 +18,13 @@ def run_script(*argv):
 
 
 def run_entry(*argv):
-    """``run_script``'s result (``returncode``, ``stdout``, ``stderr``) from the script's
-    entry (``script_runs.run_as_script``: its except clause) on one rank forked from the
-    harness's preloaded server, without the interpreter's start-up and imports."""
-    from dist_harness import run_distributed
+    """``run_script``'s result (``returncode``, ``stdout``, ``stderr``): the script run as
+    ``__main__`` on one rank forked from the harness's preloaded server
+    (``tool_runs.run_tool``), without the interpreter's start-up and imports."""
+    from tool_runs import run_tool
 
-    out = run_distributed(_as_script, 1, ["--train-iters", "1", *argv])[0]
-    return SimpleNamespace(returncode=out["code"], stdout=out["stdout"], stderr=out["stderr"])
-
-
-def _as_script(rank, argv):
-    from script_runs import run_as_script
-
-    sys.argv = [SCRIPT]  # the program name its error lines start with
-    return run_as_script(rank, argv)
+    return run_tool(SCRIPT, "--train-iters", "1", *argv, cwd=ROOT,
+                    env={"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
 
 
 def write_data(tmp_path, train_records):
