@@ -132,11 +132,16 @@ print-demo-flags:
 
 # The whole suite, and its 15 slowest tests. Tests marked `processes` (ranks, subprocesses)
 # or `slow` (seconds in one process) are left out of test-fast (docs/testing.md).
+# TEST_WORKERS test files run at once (pytest-xdist, a file's tests in one worker): a rank
+# waiting on its peer or a one-process test leaves a core idle that the other file uses.
+TEST_WORKERS ?= 2
+PYTEST = HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 test: setup
-	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q --durations=15 tests
+	$(PYTEST) --durations=15 tests
 
 test-fast: setup
-	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q -m "not processes and not slow" tests
+	$(PYTEST) -m "not processes and not slow" tests
 
 # ruff with pyproject.toml's rules (tests/test_lint.py runs the same inside `make test`).
 lint: setup

@@ -4,7 +4,7 @@ import subprocess
 import traceback
 
 import pytest
-from dist_harness import use_harness_fork_server
+from dist_harness import start_harness_fork_server, use_harness_fork_server
 
 from megatron_mm.startup import prepare_megatron_core
 
@@ -27,6 +27,7 @@ def _processes_marked(request, monkeypatch):
     (Megatron-Core's fused activations) asking the C++ compiler once per process, Triton's
     and Transformer Engine's builds, ``ctypes.util.find_library``."""
     if request.node.get_closest_marker("processes") is not None:
+        start_harness_fork_server()
         return
 
     def guarded(real):

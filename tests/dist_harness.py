@@ -74,6 +74,16 @@ def use_harness_fork_server() -> None:
     mp.set_forkserver_preload(PRELOAD)
 
 
+def start_harness_fork_server() -> None:
+    """Start that server now, before a test's tool sets a shorter preload list of its own
+    (``convert_hf.py compare``'s ``RANK_PRELOAD``): the first list a server starts with
+    is the one every later rank gets."""
+    from multiprocessing import forkserver
+
+    use_harness_fork_server()
+    forkserver.ensure_running()
+
+
 def run_distributed(fn, world_size: int, *args, env: Optional[Dict[str, str]] = None):
     """``fn(rank, *args)`` on ``world_size`` ranks, with ``env`` set in each; returns the
     list of results by rank."""
