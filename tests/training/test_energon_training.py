@@ -1,11 +1,15 @@
 """Training on a Megatron-Energon dataset equals training on the same records as JSONL, in
 the same order on the same ranks (one process and DP=2), and a run resumed from a
-checkpoint continues mid-epoch with the samples the uninterrupted run read."""
+checkpoint continues mid-epoch with the samples the uninterrupted run read; so does the
+separate placement (--encoder-schedule separate), its encoder rank reading both LLM
+replicas' Energon loaders."""
 
 import json
 import os
+import shutil
 
 import pytest
+import torch
 from dist_harness import run_distributed
 from train_workers import TINY_MODEL, train
 
@@ -28,7 +32,7 @@ def energon_digits(digits_dir, tmp_path_factory):
     return out
 
 
-def energon_order(path, dp):
+def energon_order(path, dp, steps=STEPS, gbs=GBS):
     """Record ids of each rank's micro-batches as training reads them (Energon's order
     depends on the seed, the rank and the world size, not on how samples encode)."""
     from megatron_mm.data import ImageProcessorConfig, build_tokenizer
@@ -37,7 +41,7 @@ def energon_order(path, dp):
 
     encoding = EncodingSettings(build_tokenizer(), {"image": 1}, ImageProcessorConfig(16),
                                 None, None)
-    micro = STEPS * GBS // (MBS * dp)
+    micro = steps * gbs // (MBS * dp)
     order = []
     for rank in range(dp):
         batches = train_batches(path, encoding.task_encoder(),
@@ -46,23 +50,23 @@ def energon_order(path, dp):
     return order
 
 
-def jsonl_in_energon_order(digits_dir, order, out):
+def jsonl_in_energon_order(digits_dir, order, out, gbs=GBS):
     """A JSONL file the JSONL path reads in ``order``: the sampler's shuffle of file
     position p is known (MegatronPretrainingSampler, seed), so each record is written
     where that shuffle will take it from."""
     from megatron_mm.data.dataset import MegatronPretrainingSampler
 
     dp = len(order)
-    accum = GBS // (MBS * dp)
+    accum = gbs // (MBS * dp)
     by_position = {}
     for rank, micro_batches in enumerate(order):
         for m, ids in enumerate(micro_batches):
             step, c = divmod(m, accum)
             for j, rid in enumerate(ids):
-                by_position[step * GBS + c * MBS * dp + rank * MBS + j] = rid
+                by_position[step * gbs + c * MBS * dp + rank * MBS + j] = rid
     n = len(by_position)
     shuffle = MegatronPretrainingSampler(n, 0, MBS, 0, dp, seed=SEED,
-                                         global_batch_size=GBS).epoch_order(0)
+                                         global_batch_size=gbs).epoch_order(0)
     lines = {}
     with open(os.path.join(digits_dir, "train.jsonl")) as f:
         for line in f:
@@ -117,3 +121,41 @@ def test_energon_resume_continues_mid_epoch(dp2_energon, energon_digits):
     assert list(resumed["losses"]) == [3, 4]
     for it in (3, 4):
         assert resumed["losses"][it] == full["losses"][it], it
+
+
+def test_energon_separate_placement_equals_one_process_and_resumes(
+        energon_digits, digits_dir, one_process_reference, tmp_path):
+    """One encoder rank serving two LLM replicas on Energon data: it reads each replica's
+    loader as that replica does, so the run equals one process on the same records in the
+    replicas' order (JSONL); resumed from its iteration-2 checkpoint, every rank (the
+    encoder's from both replicas' saved loader states) continues with the samples of
+    iteration 3."""
+    from equivalence import REFERENCE_STEPS, assert_equal_runs
+
+    data = tmp_path / "ordered"
+    data.mkdir()
+    jsonl_in_energon_order(digits_dir, energon_order(energon_digits, 2, REFERENCE_STEPS, 8),
+                           data / "train.jsonl", gbs=8)
+    shutil.copy(os.path.join(digits_dir, "valid.jsonl"), data / "valid.jsonl")
+    argv, ref = one_process_reference(str(data))
+    argv = [energon_digits if a == str(data) else a for a in argv]
+    separate = ["--encoder-schedule", "separate"]
+    save = str(tmp_path / "ckpt")
+    ranks = run_distributed(train, 3, argv + separate + ["--save", save, "--save-interval",
+                                                          "2"], (1, REFERENCE_STEPS))
+    assert_equal_runs(ranks[:2], ref, REFERENCE_STEPS, holding="vision_model.")
+    # the LLM replicas' loader states only (the encoder rank saves none of its own)
+    assert sorted(f for f in os.listdir(os.path.join(save, "iter_0000002"))
+                  if f.startswith("train_dataloader")) == [
+        "train_dataloader_dprank000.pt", "train_dataloader_dprank001.pt"]
+    with open(os.path.join(save, TRACKER), "w") as f:
+        f.write("2")
+    at = argv.index("--load")
+    resume = argv[:at] + ["--load", save] + [a for a in argv[at + 2:] if a != "--no-load-optim"]
+    resumed = run_distributed(train, 3, resume + separate, (REFERENCE_STEPS,))
+    assert list(resumed[1]["losses"]) == [REFERENCE_STEPS]
+    assert resumed[1]["losses"][REFERENCE_STEPS] == pytest.approx(
+        ref["losses"][REFERENCE_STEPS], rel=1e-5)
+    for name, value in ranks[0]["grads"][REFERENCE_STEPS].items():  # the encoder's
+        torch.testing.assert_close(resumed[0]["grads"][REFERENCE_STEPS][name], value,
+                                   rtol=1e-4, atol=1e-6)
