@@ -163,7 +163,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     separate = isinstance(run.executor, SeparateRun)
     # an encoder rank of the separate placement encodes every LLM replica's micro-batches
     source = batch_iterator(run.config, run.train_ds, run.tokenizer, 0, shuffle=True,
-                            whole_batch=separate and run.executor.encoder)
+                            replicas=run.executor.replicas if separate else None)
     batches = [next(source) for _ in range(args.num_microbatches)]
     links = _communication_costs(run, args)
     executor = run.executor.executor if separate else run.executor

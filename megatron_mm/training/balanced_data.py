@@ -3,7 +3,9 @@
 Each sample's work is measured once up front (images and token count, no image decoding);
 the balance bounds are searched for this dataset at this data-parallel size (or taken from
 ``--data-balance-bounds``), with the packed length capped at ``--seq-length``; then every
-rank draws its share from the same deterministic ``BalancedSampler`` plan.
+rank draws its share from the same deterministic ``BalancedSampler`` plan (an encoder rank
+of ``--encoder-schedule separate`` draws every LLM replica's share, on the LLM's data-parallel
+size).
 ``--micro-batch-size`` is the target mean number of samples per packed micro-batch, so a
 global batch holds about ``--global-batch-size`` samples; resuming at iteration i skips
 i x (micro-batches per step) x (data-parallel size) packed micro-batches.
@@ -14,7 +16,6 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-from megatron.core import parallel_state
 from torch.utils.data import DataLoader
 
 from ..config import ConfigError
@@ -46,7 +47,9 @@ def vision_work(dataset, rec) -> int:
     return work
 
 
-def balanced_batch_iterator(config, dataset, tokenizer, consumed_samples: int):
+def balanced_batch_iterators(config, dataset, tokenizer, consumed_samples: int,
+                              shares: list) -> list:
+    """One iterator per ``DataShare`` (data_setup.py; all of the same size), on one plan."""
     data, train, seq_length = config.data, config.training, config.model.seq_length
     loads = sample_loads(dataset)
     for rec, load in zip(dataset.records, loads):
@@ -56,7 +59,7 @@ def balanced_batch_iterator(config, dataset, tokenizer, consumed_samples: int):
                              if hasattr(p, "overflow_advice"))  # InternVL: its tiles
             raise ConfigError(f"{rec.where()}: {load.tokens} tokens exceed --seq-length "
                               f"{seq_length} (the packed sequence length){advice}")
-    dp = parallel_state.get_data_parallel_world_size()
+    dp = shares[0].size
     bounds = parse_bounds(data.data_balance_bounds)
     if bounds is None:
         best = search_bounds(loads, dp, train.micro_batch_size, data.data_balance,
@@ -69,15 +72,18 @@ def balanced_batch_iterator(config, dataset, tokenizer, consumed_samples: int):
     elif bounds.max_tokens > seq_length:
         raise ConfigError(f"--data-balance-bounds: {bounds.max_tokens} tokens per packed "
                           f"sequence exceed --seq-length {seq_length}")
-    sampler = BalancedSampler(
-        loads, bounds, parallel_state.get_data_parallel_rank(), dp, train.num_microbatches,
-        seed=train.seed, consumed_microbatches=consumed_samples // train.micro_batch_size,
+    return [_loader(config, dataset, tokenizer, BalancedSampler(
+        loads, bounds, share.rank, dp, train.num_microbatches, seed=train.seed,
+        consumed_microbatches=consumed_samples // train.micro_batch_size,
         method=data.data_balance, iterations=data.data_balance_iters,
-        sample_names=[rec.where() for rec in dataset.records])
-    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=data.num_workers,
+        sample_names=[rec.where() for rec in dataset.records])) for share in shares]
+
+
+def _loader(config, dataset, tokenizer, sampler):
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=config.data.num_workers,
                         collate_fn=partial(collate_packed, pad_id=tokenizer.pad_id,
                                            pad_to_multiple_of=llm_sequence_multiple(
                                                config.fp8_settings, config.parallel)),
                         pin_memory=torch.cuda.is_available(),
-                        generator=torch.Generator().manual_seed(train.seed))
+                        generator=torch.Generator().manual_seed(config.training.seed))
     return iter(loader)

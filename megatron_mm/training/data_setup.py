@@ -5,6 +5,7 @@ schedules take (padded, balanced, or Energon's loader resumed from the checkpoin
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from functools import partial
 from typing import Optional
 
@@ -19,7 +20,7 @@ from ..data.loaders import (EncodingSettings, EnergonTrainData, build_train_vali
 from ..data.sources import resolve_sources
 from ..families import builtin_data_for, family_of, modalities_of, resolve
 from ..runtime.collective_device import collective_device
-from .balanced_data import balanced_batch_iterator
+from .balanced_data import balanced_batch_iterators
 from .build_settings import transformer_impl
 from .checkpointing import iteration_dir, locate_checkpoint
 from .fp8_args import llm_sequence_multiple
@@ -84,48 +85,87 @@ def build_datasets(config, tokenizer):
                                       global_batch_size=gbs)
 
 
-def energon_state(checkpoint, consumed_samples: int):
-    """This data-parallel rank's Energon loader state in the checkpoint resumed from."""
+def energon_state(checkpoint, consumed_samples: int, dp_rank: int):
+    """Data-parallel rank ``dp_rank``'s Energon loader state in the checkpoint resumed
+    from."""
     if not consumed_samples or not checkpoint.load:
         return None
     path = iteration_dir(checkpoint.load, locate_checkpoint(checkpoint))
-    return load_dataloader_state(path, parallel_state.get_data_parallel_rank(), print_rank_0)
+    return load_dataloader_state(path, dp_rank, print_rank_0)
+
+
+@dataclass(frozen=True)
+class DataShare:
+    """Whose micro-batches an iterator reads: data-parallel rank ``rank`` of ``size``
+    (``group``: their process group, Energon's, where this process is in it)."""
+
+    rank: int
+    size: int
+    group: object = None
 
 
 def batch_iterators(config, dataset, tokenizer, consumed_samples: int, shuffle: bool,
-                    whole_batch: bool = False):
+                    replicas: Optional[int] = None):
     """The iterator the schedule takes: one, or one per model chunk (virtual stages), each
-    yielding the same micro-batches; ``whole_batch``: every micro-batch of the global
-    batch, as data-parallel rank 0 of 1 (an encoder rank of ``--encoder-schedule
-    separate``, which encodes every LLM replica's)."""
+    yielding the same micro-batches. ``replicas``: the LLM's data-parallel size when this
+    rank reads every LLM replica's micro-batches (an encoder rank of ``--encoder-schedule
+    separate``, which encodes them all): each replica's, read as that replica reads them
+    (the same sampler, balanced plan or Energon loader state), in turn (replica d's m-th
+    micro-batch is the ``m * replicas + d``-th)."""
     make = partial(batch_iterator, config, dataset, tokenizer, consumed_samples, shuffle,
-                   whole_batch)
+                   replicas)
     vpp = config.parallel.virtual_pipeline_model_parallel_size
     return make() if vpp is None else [make() for _ in range(vpp)]
 
 
 def batch_iterator(config, dataset, tokenizer, consumed_samples: int, shuffle: bool,
-                   whole_batch: bool = False):
+                   replicas: Optional[int] = None):
+    if replicas is None:
+        shares = [DataShare(parallel_state.get_data_parallel_rank(),
+                            parallel_state.get_data_parallel_world_size(),
+                            parallel_state.get_data_parallel_group())]
+    else:  # not in the replicas' group: Energon takes none
+        shares = [DataShare(d, replicas) for d in range(replicas)]
+    iterators = share_iterators(config, dataset, tokenizer, consumed_samples, shuffle, shares)
+    # in turn: no save_state, so only the replicas' own ranks save their loaders' states
+    return iterators[0] if replicas is None else _in_turn(iterators)
+
+
+def _in_turn(iterators):
+    while True:
+        for it in iterators:
+            yield next(it)
+
+
+def share_iterators(config, dataset, tokenizer, consumed_samples: int, shuffle: bool,
+                    shares: list) -> list:
+    """One iterator per ``DataShare``: padded, balanced, or Energon's loader resumed from
+    the checkpoint."""
     data, train = config.data, config.training
     if isinstance(dataset, EnergonTrainData):  # resumes from the checkpoint's loader state
         if data.packing_buffer_size and transformer_impl(config.model) != "local":
             raise ConfigError("--packing-buffer-size packs samples into one sequence with a "
                               "block-diagonal mask, which only the local specs apply: pass "
                               "--transformer-impl local")
-        return dataset.batches(
-            train.micro_batch_size, parallel_state.get_data_parallel_rank(),
-            parallel_state.get_data_parallel_world_size(), data.num_workers, train.seed,
-            parallel_state.get_data_parallel_group(),
-            energon_state(config.checkpoint, consumed_samples),
+        return [dataset.batches(
+            train.micro_batch_size, share.rank, share.size, data.num_workers, train.seed,
+            share.group, energon_state(config.checkpoint, consumed_samples, share.rank),
             data.packing_buffer_size, data.packing_seq_length or config.model.seq_length)
+            for share in shares]
     if shuffle and data.data_balance != "none":  # training data; evaluation stays padded
-        return balanced_batch_iterator(config, dataset, tokenizer, consumed_samples)
+        return balanced_batch_iterators(config, dataset, tokenizer, consumed_samples, shares)
+    return [_padded_batch_iterator(config, dataset, tokenizer, consumed_samples, shuffle, share)
+            for share in shares]
+
+
+def _padded_batch_iterator(config, dataset, tokenizer, consumed_samples: int, shuffle: bool,
+                           share: DataShare):
+    data, train = config.data, config.training
     sampler = MegatronPretrainingSampler(
         total_samples=len(dataset), consumed_samples=consumed_samples,
-        micro_batch_size=train.micro_batch_size,
-        data_parallel_rank=0 if whole_batch else parallel_state.get_data_parallel_rank(),
-        data_parallel_size=1 if whole_batch else parallel_state.get_data_parallel_world_size(),
-        shuffle=shuffle, seed=train.seed, global_batch_size=train.global_batch_size)
+        micro_batch_size=train.micro_batch_size, data_parallel_rank=share.rank,
+        data_parallel_size=share.size, shuffle=shuffle, seed=train.seed,
+        global_batch_size=train.global_batch_size)
     # Its own generator: the loader must not draw from the global RNG, whose state a
     # checkpoint restores (resume would otherwise be one draw off).
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=data.num_workers,

@@ -89,15 +89,6 @@ def validate_separate(args: argparse.Namespace) -> None:
     if args.pipeline_partition == "search":
         raise ConfigError("--encoder-schedule separate does not run --pipeline-partition "
                           "search (its trials run Megatron-Core's schedules)")
-    from ..data.sources import resolve_sources
-
-    if args.data_path and resolve_sources(args.data_path, args.valid_data_path).kind == \
-            "energon":
-        raise ConfigError("--encoder-schedule separate reads JSONL data so far (--data-path "
-                          "names an Energon dataset)")
-    if args.data_balance != "none":
-        raise ConfigError("--encoder-schedule separate reads padded micro-batches so far: "
-                          "pass --data-balance none")
     evaluates = args.eval_iters > 0 and not (args.skip_final_eval
                                              and args.eval_interval >= args.train_iters)
     if evaluates and args.eval_max_new_tokens > 0:

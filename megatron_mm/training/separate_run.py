@@ -5,9 +5,9 @@ executor itself.
 The program numbers an iteration's micro-batches over the LLM's replicas (``d * M + m``:
 LLM replica d's micro-batch m). An LLM rank reads its own data-parallel share, as with
 Megatron-Core's schedules, and places it at its replica's numbers; an encoder rank encodes
-every replica's micro-batches, so it reads the whole global batch (the sampler at
-data-parallel rank 0 of 1, whose micro-batch ``m * D + d`` is replica d's m-th) and
-reorders it."""
+every replica's micro-batches, so it reads each replica's as that replica does (its sampler,
+balanced plan or Energon loader, ``data_setup.batch_iterators(replicas=D)``), in turn
+(micro-batch ``m * D + d`` is replica d's m-th), and reorders them."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ class SeparateRun:
     def __init__(self, executor: SeparateExecutor, ranks: SeparateRanks):
         self.executor, self.ranks = executor, ranks
         self.encoder = ranks.is_encoder(dist.get_rank())
+        # the LLM replicas whose data this rank reads (an encoder rank: all); None: its own
+        self.replicas = ranks.sizes.llm_data_parallel_size if self.encoder else None
 
     def __call__(self, *, data_iterator, num_microbatches: int, **kwargs):
         d, m = self.ranks.sizes.llm_data_parallel_size, num_microbatches

@@ -200,8 +200,8 @@ class Trainer:
     def batches(self, dataset, consumed_samples: int, shuffle: bool):
         """The iterator the schedule takes (one per model chunk with virtual stages)."""
         return batch_iterators(self.config, dataset, self.tokenizer, consumed_samples,
-                               shuffle, whole_batch=isinstance(self.executor, SeparateRun)
-                               and self.executor.encoder)
+                               shuffle, replicas=self.executor.replicas
+                               if isinstance(self.executor, SeparateRun) else None)
 
     # -- checkpoints -------------------------------------------------------------------------
     def run_state(self) -> dict:

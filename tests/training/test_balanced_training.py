@@ -1,13 +1,14 @@
 """--data-balance in the training loop: DP=2 trains on packed, balanced micro-batches and a
 run resumed mid-epoch from a checkpoint gives the same losses as the uninterrupted one; PP=2,
-CP=2 and PP=2 with the encoder in the bubbles (schedule executor) on packed micro-batches
-equal one process. (The DP=2 check against one process on both ranks' plans, which the
+CP=2, PP=2 with the encoder in the bubbles (schedule executor) and the encoder on a rank of
+its own serving two LLM replicas (--encoder-schedule separate) on packed micro-batches equal
+one process. (The DP=2 check against one process on both ranks' plans, which the
 encoder families' training tests use: balanced_runs.py.)"""
 
 import os
 
 import pytest
-from balanced_runs import small_digits
+from balanced_runs import small_digits, train_on_both_ranks_plans
 from dist_harness import run_distributed
 from train_workers import TINY_MODEL, train
 
@@ -17,15 +18,17 @@ def train_then_resume(rank, argv, save_dir):
 
     import megatron_mm.training.data_setup as data_setup
 
-    seen, real = [], data_setup.balanced_batch_iterator
+    seen, real = [], data_setup.balanced_batch_iterators
 
     def watched(*args, **kwargs):
-        it = real(*args, **kwargs)
-        first = next(it)
-        seen.append((tuple(first["tokens"].shape), "cu_seqlens" in first))
-        return _chain(first, it)
+        out = []
+        for it in real(*args, **kwargs):
+            first = next(it)
+            seen.append((tuple(first["tokens"].shape), "cu_seqlens" in first))
+            out.append(_chain(first, it))
+        return out
 
-    data_setup.balanced_batch_iterator = watched
+    data_setup.balanced_batch_iterators = watched
     common = argv + ["--train-iters", "4"]
     full = train(rank, common + ["--save", save_dir, "--save-interval", "2"])
     with open(os.path.join(save_dir, "latest_checkpointed_iteration.txt"), "w") as f:
@@ -122,3 +125,22 @@ def test_balanced_parallel_equals_one_process(balanced_reference, layout):
                 # updates of single weights: compare each tensor as a whole
                 error = (ours[name] - value).norm() / value.norm().clamp(min=1e-12)
                 assert error < 1e-3, (name, error.item())
+
+
+@pytest.mark.processes
+def test_balanced_separate_placement_equals_one_process(balanced_reference):
+    """--encoder-schedule separate on packed, balanced micro-batches, one encoder rank
+    serving two LLM replicas: it encodes each replica's packed micro-batches of the plan
+    (at the LLM's data-parallel size), so the run equals one process trained on both
+    replicas' micro-batches (``train_on_both_ranks_plans``)."""
+    import torch
+    from equivalence import assert_equal_runs
+
+    # the bounds DP=2 searches (one process searches for DP=1)
+    argv = balanced_reference[0] + ["--data-balance-bounds", "3,80"]
+    ref = run_distributed(train_on_both_ranks_plans, 1, argv, (1, 2))[0]
+    ranks = run_distributed(train, 3, argv + ["--encoder-schedule", "separate"], (1, 2))
+    assert any(n.startswith("vision_model.") for n in ranks[0]["params"])
+    assert_equal_runs(ranks[:2], ref, 2, holding="vision_model.")
+    for name, value in ranks[1]["params"].items():  # the LLM replicas stay identical
+        assert torch.equal(ranks[2]["params"][name], value), name
