@@ -4,8 +4,9 @@ initial checkpoint, equal one process (losses, gradients of the first and last s
 parameters) with a trainable and a frozen ViT, with vision + audio sharing two encoder
 ranks or each on ranks of its own (a frozen ViT on one, the audio encoder on two, the LLM
 on one), with one encoder rank serving two LLM replicas, and as ``--encoder-schedule
-auto``'s pick; its checkpoint loads colocated (the colocated keys); with 1 encoder rank its
-validation (forward only) equals one process too."""
+auto``'s pick; its checkpoint loads colocated (the colocated keys), also at encoder TP 2
+(the continued step equal one process's); with 1 encoder rank its validation (forward
+only) equals one process too."""
 
 import math
 
