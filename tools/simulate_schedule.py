@@ -22,7 +22,10 @@ outputs included; default ``--p2p``) goes from the encoder rank to each of the L
 stage's ``--tensor-model-parallel-size`` x ``--context-parallel-size`` ranks, its gradient
 back to each of the ``--encoder-tensor-model-parallel-size`` ranks of the encoder replica,
 as the run sends them: the copies leave one rank, so a direction costs its copies times
-one (these sizes change nothing else: the costs given are per rank).
+one (these sizes change nothing else: the costs given are per rank). With a
+``--context-parallel-size`` above 1 the first stage's ``B(g, 0)`` all-reduces each trained
+encoder's gradient over the CP ranks before sending it (``--encoder-grad-allreduce``:
+its time per encoder; default the ring's 2 (CP - 1) / CP copies of the message).
 """
 
 from __future__ import annotations
@@ -72,6 +75,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "each encoder output is sent to")
     p.add_argument("--context-parallel-size", type=int, default=1,
                    help="separate placement: see --tensor-model-parallel-size")
+    p.add_argument("--encoder-grad-allreduce", type=float, nargs="+", default=None,
+                   help="separate placement: each encoder's gradient all-reduce over the "
+                        "--context-parallel-size ranks in the first stage's backward "
+                        "(default: 2 (CP - 1) / CP x --encoder-message)")
     p.add_argument("--encoder-tensor-model-parallel-size", type=int, default=1,
                    help="separate placement: the encoder ranks each gradient is sent to")
     p.add_argument("--trace-out", default=None, help="Chrome trace (JSON) of every schedule")
@@ -84,9 +91,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     n = len(forward)
     backward = [0.0] * n if args.encoder_backward is None else args.encoder_backward
     message = [args.p2p] * n if args.encoder_message is None else args.encoder_message
-    if len(backward) != n or len(message) != n:
-        p.error(f"--encoder-backward and --encoder-message take one value per encoder, as "
-                f"--encoder-forward ({n})")
+    cp = args.context_parallel_size
+    allreduce = ([2 * (cp - 1) / cp * t for t in message] if args.encoder_grad_allreduce is None
+                 else args.encoder_grad_allreduce)
+    if len(backward) != n or len(message) != n or len(allreduce) != n:
+        p.error(f"--encoder-backward, --encoder-message and --encoder-grad-allreduce take one "
+                f"value per encoder, as --encoder-forward ({n})")
     frozen = [e for e, b in enumerate(backward) if b <= 0]
     trainable = len(frozen) < n
     encoders = dict(encoders=n, frozen_encoders=frozen)
@@ -117,8 +127,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if len(sizes) not in (1, n):
                 raise PlanError(f"--encoder-data-parallel-size takes one count, or one per "
                                 f"encoder ({n}); got {len(sizes)}")
-            copies = args.tensor_model_parallel_size * args.context_parallel_size
-            whole = ActionCosts([args.llm_forward] * chunks, [args.llm_backward] * chunks,
+            copies = args.tensor_model_parallel_size * cp
+            # B(g, 0) sums each trained encoder's gradient over the CP ranks
+            summed = sum(t for t, b in zip(allreduce, backward) if b > 0) if cp > 1 else 0.0
+            whole = ActionCosts([args.llm_forward] * chunks,
+                                [args.llm_backward + summed * (c == 0) for c in range(chunks)],
                                 forward, backward, p2p_s=args.p2p,
                                 encoder_output_p2p_s=[copies * t for t in message],
                                 encoder_grad_p2p_s=[args.encoder_tensor_model_parallel_size

@@ -423,7 +423,7 @@ class MultimodalModel(MegatronModule):
             for name in self.encoder_names:
                 if self.placement.encoder(name).projector:
                     if self.encoder_kept.get(name):  # bound after its batch (which clears)
-                        self.encoder(name).kept.update(self.encoder_kept[name])
+                        self.encoder(name).kept.update(self._received_kept(name))
                     text = self.merge(name, self._whole(text, tokens), layout,
                                       self._received(name))
             return text, None
@@ -446,9 +446,20 @@ class MultimodalModel(MegatronModule):
         gathers the gradient whole again, the same on every TP rank); from an encoder
         pipeline on the LLM's ranks it is already this rank's shard."""
         hidden = self.encoder_inputs.get(name)
-        if hidden is None or not (self.sequence_parallel and self.placement.encoder_ranks_own):
+        if hidden is None or not self._shards_received():
             return hidden
         return self.encoder(name).to_sequence_parallel(hidden)
+
+    def _received_kept(self, name: str) -> Dict[int, torch.Tensor]:
+        """Encoder ``name``'s DeepStack layer outputs as another rank sent them, sharded
+        as ``_received`` shards its output (the mergers run on this rank's shard)."""
+        kept = self.encoder_kept[name]
+        if not self._shards_received():
+            return kept
+        return {i: self.encoder(name).to_sequence_parallel(h) for i, h in kept.items()}
+
+    def _shards_received(self) -> bool:
+        return self.sequence_parallel and self.placement.encoder_ranks_own
 
     def needs_media(self) -> bool:
         """Whether this chunk reads the media themselves (it embeds an encoder's input);

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import ConfigError
-from ..families import SLOTS, family_of
+from ..families import SLOTS
 from ..plan.errors import PlanError
 from ..plan.schedules.separate import placement_sizes
 
@@ -70,13 +70,6 @@ def own_encoder_sizes(args) -> list:
 
 def validate_separate(args: argparse.Namespace) -> None:
     """The run within what it covers."""
-    for name, enc in args.model_config.encoders.items():
-        if (args.sequence_parallel and args.tensor_model_parallel_size > 1
-                and family_of(enc).hidden_shape is not None):
-            raise ConfigError(
-                f"--encoder-schedule separate with --sequence-parallel: the {name} encoder "
-                f"({enc.model_type}) pads its sequence by batch, which the LLM's ranks do not "
-                "shard yet; drop --sequence-parallel")
     if not args.model_config.encoders:
         raise ConfigError("--encoder-schedule separate needs an encoder (--vision-model-type "
                           "or --audio-model-type)")

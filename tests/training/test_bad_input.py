@@ -143,10 +143,6 @@ from megatron_mm.training.user_errors import exit_with_user_error
      "--vision-encoder-data-parallel-size puts each encoder on replicas of its own, "
      "--encoder-data-parallel-size all encoders on shared ones: pass one of them"),
     # what the separate placement's training run does not cover yet
-    (["--encoder-schedule", "separate", "--tensor-model-parallel-size", "2",
-      "--sequence-parallel", "--vision-model-type", "qwen2_5_vl", "--eval-iters", "0"], 3,
-     "--encoder-schedule separate with --sequence-parallel: the vision encoder (qwen2_5_vl) "
-     "pads its sequence by batch"),
     # it evaluates the loss only: greedy decoding is refused, --eval-iters 0 not needed
     (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate"], 3,
      "--encoder-schedule separate evaluates the validation loss only (no val answer "

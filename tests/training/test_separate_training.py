@@ -4,8 +4,9 @@ initial checkpoint, equal one process (losses, gradients of the first and last s
 parameters) with a trainable and a frozen ViT, with vision + audio sharing two encoder
 ranks or each on ranks of its own (a frozen ViT on one, the audio encoder on two, the LLM
 on one), with one encoder rank serving two LLM replicas, and as ``--encoder-schedule
-auto``'s pick; its checkpoint loads colocated (the colocated keys); with 1 encoder rank its
-validation (forward only) equals one process too."""
+auto``'s pick; its checkpoint loads colocated (the colocated keys), also at encoder TP 2
+(the continued step equal one process's); with 1 encoder rank its validation (forward
+only) equals one process too."""
 
 import math
 
@@ -143,3 +144,28 @@ def test_separate_placement_with_tensor_and_context_parallelism_equals_one_proce
     for step in range(1, STEPS + 1):
         assert ranks[-1]["grad_norms"][step] == pytest.approx(ref["grad_norms"][step],
                                                               rel=2e-5), step
+
+
+def test_checkpoint_of_encoder_tp2_loads_colocated_and_continues(
+        one_process_reference, digits_dir, tmp_path):
+    """The encoder's TP 2 shards (2 encoder ranks, the LLM on the third) save under the
+    colocated keys: a one-process run loads the separate run's checkpoint of step 2,
+    model and optimizer, and its third step is the one-process reference's (loss and
+    parameters)."""
+    argv, ref = one_process_reference(digits_dir)
+    at = argv.index("--load")
+    common = argv[:at] + [a for a in argv[at + 2:] if a != "--no-load-optim"]
+    steps = argv.index("--train-iters") + 1
+    first = argv[:steps] + [str(STEPS - 1)] + argv[steps + 1:]
+    ranks = run_distributed(train, 3, first + ["--encoder-schedule", "separate",
+                                               "--encoder-tensor-model-parallel-size", "2",
+                                               "--save", str(tmp_path)])
+    assert ranks[-1]["losses"] == pytest.approx(
+        {s: ref["losses"][s] for s in range(1, STEPS)}, rel=1e-5)
+    loaded = run_distributed(train, 1, common + ["--load", str(tmp_path)])[0]
+    assert list(loaded["losses"]) == [STEPS]
+    assert loaded["losses"][STEPS] == pytest.approx(ref["losses"][STEPS], rel=1e-5)
+    assert loaded["params"].keys() == ref["params"].keys()
+    for name, value in ref["params"].items():
+        torch.testing.assert_close(loaded["params"][name], value, rtol=0, atol=1e-5,
+                                   msg=name)

@@ -152,11 +152,13 @@ class Qwen2_5VLEncoder(EncoderParts, MegatronModule):
             raise ValueError(f"{pixels.shape[0]} patch rows; the batch's grids need "
                              f"{batch.layout.num_patches}")
         x = self.patch_embed(pixels.to(self.patch_embed.weight.dtype))
-        return self._layer_input(self._units(x, batch.window_index).unsqueeze(1))
+        return self.to_sequence_parallel(self._units(x, batch.window_index).unsqueeze(1))
 
-    def _layer_input(self, x: torch.Tensor) -> torch.Tensor:
-        """The layers' input from the embedded patches [patches, 1, hidden]: under sequence
-        parallelism padded (``layer_length``) and this rank's shard."""
+    def to_sequence_parallel(self, x: torch.Tensor) -> torch.Tensor:
+        """The packed patches [patches, 1, hidden] as the layers run them (the embedded
+        patches; the tower's output the separate placement's LLM receives whole): under
+        sequence parallelism padded with whole merge units (``layer_length``) and this
+        rank's shard, as ``merge_units`` takes it."""
         if self.sp_ranks == 1:
             return x
         pad = self.layer_length(x.shape[0]) - x.shape[0]

@@ -129,7 +129,7 @@ class Qwen3VLEncoder(Qwen2_5VLEncoder):
         positions = (self.pos_embed(index) * weight[:, :, None]).sum(1)
         x = x + positions.to(x.dtype)
         # the identity permutation; under sequence parallelism padded and this rank's shard
-        return self._layer_input(self._units(x, batch.window_index).unsqueeze(1))
+        return self.to_sequence_parallel(self._units(x, batch.window_index).unsqueeze(1))
 
     def deepstack_features(self, projector: "Qwen3VLMergers") -> List[torch.Tensor]:
         """Each DeepStack layer's output through its merger: [LLM tokens, out] per layer,

@@ -11,7 +11,11 @@ An encoder's message is its output whole, with every DeepStack layer's output st
 after it (``runtime/deepstack_carry.py``); the replica's first rank sends it to each of
 the LLM first stage's TP x CP ranks, and the stage's first rank the gradient back to each
 of the replica's encoder-TP ranks: each direction's copies leave one rank, their bytes
-adding on its link (``TimeModel.fan_out_s``)."""
+adding on its link (``TimeModel.fan_out_s``). Under context parallelism each CP rank's
+gradient of a trained encoder's message covers its share of the sequence: ``B(g, 0)``
+all-reduces it over the CP group before it is sent back
+(``SeparateExecutor.encoder_output_grads``), the message's bytes per encoder, inside the
+stage's chunk-0 backward."""
 
 from __future__ import annotations
 
@@ -56,9 +60,13 @@ def separate_costs(chain: Sequence[Layer], llm_partition: StagePartition, hardwa
     trained = sum(l.params * tp / etp for layers in whole for l in layers if l.trainable)
     # the chain's bytes are per rank at TP: the message is the output whole
     message = [(layers[-1].out_bytes + layers[-1].deepstack_bytes) * tp for layers in whole]
+    backward_s = [sum(u.backward_s for u in c) for c in per_chunk]
+    backward_s[0] += sum(time.allreduce_s(b, context_parallel_size)
+                         for b, layers in zip(message, whole)
+                         if any(l.trainable for l in layers))
     costs = ActionCosts(
         forward_s=[sum(u.forward_s for u in c) for c in per_chunk],
-        backward_s=[sum(u.backward_s for u in c) for c in per_chunk],
+        backward_s=backward_s,
         encoder_forward_s=[sum(u.forward_s for u in e) for e in per_encoder],
         encoder_backward_s=[sum(u.backward_s for u in e) for e in per_encoder],
         encoder_output_p2p_s=[time.fan_out_s(b, tp * context_parallel_size)

@@ -4,7 +4,8 @@ gradients, parameters) under TP=2, PP=2 with the ViT cut between its two layers,
 the ViT in the LLM's bubbles (also at encoder TP 1 in TP 2) or coarse, CP=2 (also with
 each CP rank encoding its share of the items, --vision-dp-when-cp), full recompute, a frozen
 ViT over PP=2 x VPP=2 (and over CP=2 with --vision-dp-when-cp), TP=2 with sequence
-parallelism (also across a ViT cut), and on packed micro-batches balanced on patches
+parallelism (also across a ViT cut, and with the ViT on an encoder rank of its own,
+--encoder-schedule separate), and on packed micro-batches balanced on patches
 (--data-balance) at PP=2 and at DP=2 (one process on both ranks' plans); the model reads no
 device value."""
 
@@ -112,9 +113,14 @@ def _assert_equal_runs(stages, ref):
     (4, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
          "--transformer-impl", "local", "--pipeline-model-parallel-size", "2",
          "--pipeline-partition", "3,5"]),
+    # the tower on an encoder rank of its own (rank 0), the LLM at TP 2 with sequence
+    # parallelism on ranks 1-2: each LLM rank pads the tower's output it receives whole
+    # with merge units and takes its shard, as the tower's layers would run it
+    (3, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+         "--transformer-impl", "local", "--encoder-schedule", "separate"]),
 ], ids=["tp2", "pp2-split-vit", "pp2-bubble", "pp2-coarse", "cp2", "cp2-vision-dp", "recompute",
         "pp2-bubble-recompute",
-        "tp2-pp2-bubble-etp1", "tp2-sp", "tp2-sp-pp2-split-vit"])
+        "tp2-pp2-bubble-etp1", "tp2-sp", "tp2-sp-pp2-split-vit", "separate-tp2-sp"])
 def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layout, request):
     common, ref = reference
     host_syncs = request.node.callspec.id in HOST_SYNC_FREE
@@ -127,7 +133,9 @@ def test_parallel_layouts_equal_one_process(qwen_vl_dir, reference, world, layou
     if split:
         _assert_items_split(ranks)
     # TP / CP ranks hold the same (gathered) tensors; pipeline stages their own pieces
-    stages = ranks[::world // 2] if "--pipeline-model-parallel-size" in layout else ranks[:1]
+    stages = (ranks[:2] if "separate" in layout  # the encoder rank, the LLM's first
+              else ranks[::world // 2] if "--pipeline-model-parallel-size" in layout
+              else ranks[:1])
     _assert_equal_runs(stages, ref)
     # encoder replicas (encoder TP 1) split the micro-batches: count over all of them
     replicas = "--encoder-tensor-model-parallel-size" in layout

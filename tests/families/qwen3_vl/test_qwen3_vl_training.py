@@ -5,7 +5,8 @@ LLM's layers (whose DeepStack hooks then run again in the backward), PP=2 with t
 between two LLM layers that add DeepStack features (also PP=2 x VPP=2), cuts inside the
 tower before a DeepStack layer (its kept outputs carried to the mergers), CP=2 (ours and
 zigzag, with --vision-dp-when-cp, and PP=2 x CP=2: each CP rank adds the features at its
-share of the sequence), TP=2 with sequence parallelism (also across a tower cut), DP=2;
+share of the sequence), TP=2 with sequence parallelism (also across a tower cut, and with
+the tower on an encoder rank of its own), DP=2;
 on packed, balanced micro-batches (--data-balance) at CP=2, PP=2 and DP=2; and with a
 frozen tower; and the schedule executor's coarse / bubble schedules (trainable and frozen
 tower, recompute, PP=2 x VPP=2, CP=2, --data-balance, encoder replicas at encoder TP 1
@@ -97,11 +98,15 @@ def reference(qwen3_vl_dir, tmp_path_factory):
     (2, SP),
     # ... also across a cut inside the tower (the carried outputs are shards too)
     (4, SP + ["--pipeline-model-parallel-size", "2", "--pipeline-partition", "3,7"]),
+    # ... and with the tower on an encoder rank of its own (rank 0): each LLM TP rank
+    # takes its shard of the output and of the DeepStack outputs it receives whole
+    (3, SP + ["--encoder-schedule", "separate"]),
     # data parallelism: two micro-batches per step, one on each rank
     (2, []),
 ], ids=["tp2", "recompute", "pp2-cut-between-deepstack-layers-recompute", "pp2-vpp2",
         "pp2-cut-inside-tower", "pp2-vpp2-mergers-alone", "cp2-recompute", "cp2-zigzag",
-        "cp2-vision-dp", "pp2-cp2", "tp2-sp", "tp2-sp-pp2-cut-inside-tower", "dp2"])
+        "cp2-vision-dp", "pp2-cp2", "tp2-sp", "tp2-sp-pp2-cut-inside-tower",
+        "separate-tp2-sp", "dp2"])
 def test_parallel_layouts_equal_one_process(qwen3_vl_dir, reference, world, layout):
     common, ref = reference
     split = "--vision-dp-when-cp" in layout
@@ -123,7 +128,9 @@ def _assert_equal_runs(ranks, layout, ref):
     TP / CP / DP ranks hold the same (reduced) tensors, pipeline stages their own pieces
     (frozen parameters: none)."""
     world = len(ranks)
-    stages = ranks[::world // 2] if "--pipeline-model-parallel-size" in layout else ranks[:1]
+    stages = (ranks[::world // 2] if "--pipeline-model-parallel-size" in layout
+              else ranks[:2] if "separate" in layout  # the encoder rank, the LLM's first
+              else ranks[:1])
     for it in range(1, STEPS + 1):
         assert stages[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
     # After an Adam step a parameter whose gradient was fp32 rounding moves by about lr,

@@ -190,7 +190,8 @@ def test_simulate_schedule_tool_prints_a_separate_row(tmp_path):
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
     # vision (trained) + audio (frozen) on encoder ranks of their own, next to one LLM rank
     # of TP 2 x CP 2: the ViT's output (0.5 a copy) reaches it at 4 copies x 0.5 = 2 after
-    # its forward (F 1, B 2), the gradient the ViT's 2 TP ranks at 2 x 0.5 after the B
+    # its forward (F 1, B 2), the gradient the ViT's 2 TP ranks at 2 x 0.5 after the B, which
+    # first sums it over the CP ranks (by default the ring's 2 (2 - 1) / 2 x 0.5)
     proc = subprocess.run([sys.executable, str(tool), "--pipeline-model-parallel-size", "1",
                            "--num-microbatches", "1", "--encoder-forward", "2", "1",
                            "--encoder-backward", "4", "0", "--encoder-data-parallel-size", "1",
@@ -199,7 +200,7 @@ def test_simulate_schedule_tool_prints_a_separate_row(tmp_path):
                            "--encoder-tensor-model-parallel-size", "2"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1].startswith("| separate | 12.00 | 0.722 | 3.0, 6.0, 1.0 |")
+    assert proc.stdout.splitlines()[-1].startswith("| separate | 12.50 | 0.720 | 3.5, 6.0, 1.0 |")
 
 
 def test_the_encoder_output_send_and_the_replicas_gradient_sum_are_charged():

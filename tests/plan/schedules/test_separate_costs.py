@@ -2,7 +2,10 @@
 runtime sends: the encoder output from the encoder replica's first rank to each of the LLM
 first stage's TP x CP ranks, the gradient from the stage's first rank to each encoder-TP
 rank (the copies' bytes adding on the sender's link), and the DeepStack layers' outputs
-stacked in the tower's message."""
+stacked in the tower's message; under context parallelism the CP all-reduce of a trained
+encoder's gradient inside the LLM first stage's ``B(g, 0)``."""
+
+import pytest
 
 from megatron_mm.plan import StagePartition
 from megatron_mm.plan.costs.hardware import Hardware, Interconnect
@@ -62,6 +65,36 @@ def test_the_deepstack_outputs_ride_the_towers_message():
     next(l for l in chain if l.kind == "llm_layer").deepstack_bytes = 5.0
     two = separate_costs(chain, StagePartition(2, 1, [2, 2]), Hardware(), links=LINKS).costs
     assert two.deepstack_p2p_s == [1.0 + 5.0, 0.0]
+
+
+def test_the_gradient_is_summed_over_the_cp_ranks_before_it_goes_back():
+    # B(g, 0) all-reduces the gradient of the whole message (3 bytes per rank x TP 2, its
+    # DeepStack 6 bytes stacked after it) over CP 2: 2 s of latency + 2 (2 - 1) / 2 x 18
+    # bytes at 1 byte/s, in chunk 0's backward; none without CP or for a frozen encoder
+    links = Interconnect(p2p_bandwidth=1.0, p2p_latency_s=1.0, tp_bandwidth=1.0,
+                         tp_latency_s=2.0)
+
+    def backward(cp, freeze=False):
+        chain = _chain(deepstack=6.0)
+        if freeze:
+            for l in chain:
+                if l.kind.startswith("vision_"):
+                    l.trainable = False
+        return separate_costs(chain, StagePartition(1, 1, [4]), Hardware(), links=links,
+                              tensor_model_parallel_size=2, context_parallel_size=cp,
+                              encoder_tensor_model_parallel_size=2).costs.backward_s
+
+    assert backward(2)[0] == backward(1)[0] + 2.0 + 18.0
+    assert backward(2, freeze=True) == backward(1, freeze=True)
+    # and the simulator's gradient leaves that much later
+    chain = _chain(deepstack=6.0)
+    costs = separate_costs(chain, StagePartition(1, 1, [4]), Hardware(), links=links,
+                           tensor_model_parallel_size=2, context_parallel_size=2,
+                           encoder_tensor_model_parallel_size=2).costs
+    program = separate(1, 1, 1, 1, 1, True, costs=costs)
+    at = {(t.kind, t.microbatch): t for t in simulate(program, costs).timeline}
+    assert at[(Kind.EB, 0)].start_s == pytest.approx(
+        at[(Kind.F, 0)].end_s + backward(1)[0] + 20.0 + costs.encoder_grad_p2p_s[0])
 
 
 def test_the_lookahead_waits_for_the_llm_without_a_message():
