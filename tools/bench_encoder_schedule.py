@@ -119,6 +119,7 @@ PARTITION = {"megatron": "uniform", "megatron-auto": "auto", "megatron-auto-vpp2
              "coarse": "auto", "bubble": "auto", "bubble-vpp2": "auto", "separate": "auto",
              "auto": "auto"}
 VPP = {"megatron-auto-vpp2": 2, "bubble-vpp2": 2}
+COMPUTE = ("F", "B", "EF", "EB")  # a timeline's compute actions (the rest: transfers)
 PP = {"separate": 1}  # the rest: 2 (the world's two ranks; separate: 1 encoder rank + 1)
 
 
@@ -362,7 +363,7 @@ def action_ratios(measured, simulated) -> str:
     def idle(timeline):  # to the timeline's end (no gradient sync, no optimizer step)
         end = max(t.end_s for t in timeline)
         return [end - sum(t.end_s - t.start_s for t in timeline
-                          if t.rank == r and t.kind in ("F", "B", "EF", "EB"))
+                          if t.rank == r and t.kind in COMPUTE)
                 for r in sorted({t.rank for t in timeline})]
     idles = ", ".join(f"rank {r} {m * 1e3:.0f} vs {s * 1e3:.0f} ms" for r, (m, s) in
                       enumerate(zip(idle(measured.timeline), idle(simulated.timeline))))
@@ -409,7 +410,7 @@ def report(results: dict, profile: str, args) -> None:
     print(f"| schedule | iteration s | vs {args.schedules[0]} | of which forward-backward s | "
           "simulated s | sim vs forward-backward | sim vs iteration |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    iteration, errors, timelines, overheads = {}, {}, [], []
+    iteration, errors, sims, timelines, overheads = {}, {}, {}, [], []
     p2p = statistics.median(r["p2p_s"] for runs in results.values() for r in runs)
     sync = statistics.median(r["grad_sync_s"] for runs in results.values() for r in runs)
     step = statistics.median(r["optimizer_s"] for runs in results.values() for r in runs)
@@ -425,6 +426,7 @@ def report(results: dict, profile: str, args) -> None:
               f"{sim.iteration_s:.3f} | {sim.iteration_s / fwd_bwd - 1:+.1%} | "
               f"{sim.iteration_s / iteration[schedule] - 1:+.1%} |")
         errors[schedule] = sim.iteration_s / iteration[schedule] - 1
+        sims[schedule] = sim
         timelines.append(sim)
         if results[schedule][-1]["timeline"]:
             timelines.append(measured_timeline(schedule, results[schedule][-1]["timeline"]))
@@ -453,13 +455,15 @@ def report(results: dict, profile: str, args) -> None:
     if args.trace_out:
         write_chrome_trace(timelines, args.trace_out)
         print(f"wrote {args.trace_out}")
-    for line in ratios(iteration, errors, results):
+    for line in ratios(iteration, errors, results, sims, step):
         print(line)
 
 
-def ratios(iteration: dict, errors: dict, results: dict) -> List[str]:
+def ratios(iteration: dict, errors: dict, results: dict, sims: dict,
+           optimizer_s: float) -> List[str]:
     """The last lines: the planner's pick against the fixed placements, the encoder
-    schedules' best against Megatron-Core's, the simulator against every row."""
+    schedules' best against Megatron-Core's and how far below it any placement of the same
+    work on these ranks could go, the simulator against every row."""
     lines = []
     fixed = [s for s in iteration if s != "auto"]
     if "auto" in iteration and fixed:
@@ -473,6 +477,14 @@ def ratios(iteration: dict, errors: dict, results: dict) -> List[str]:
         strongest, best = min(mcore, key=iteration.get), min(placements, key=iteration.get)
         lines.append(f"best placement ({best}) / fastest Megatron-Core row ({strongest}) "
                      f"iteration time: {iteration[best] / iteration[strongest]:.3f}")
+        # Every placement runs the same forward and backward work: no rank idle, it ends
+        # after its even share of it, then the optimizer step
+        sim = sims[strongest]
+        work = sum(t.end_s - t.start_s for t in sim.timeline if t.kind in COMPUTE)
+        bound = work / len(sim.busy_s) + optimizer_s
+        lines.append(f"no-idle bound ({strongest}'s simulated forward-backward work split "
+                     f"evenly over its {len(sim.busy_s)} ranks, then the optimizer step) / "
+                     f"its simulated iteration time: {bound / sim.iteration_s:.3f}")
     worst = max(errors, key=lambda s: abs(errors[s]))
     lines.append("simulated vs measured iteration time: " + ", ".join(
         f"{s} {e:+.1%}" for s, e in errors.items()) + f"; largest |error| {abs(errors[worst]):.1%}"
