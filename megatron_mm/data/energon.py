@@ -252,6 +252,15 @@ class EnergonBatches:
     def restore_state(self, state) -> None:
         self.loader.restore_state_rank(state)
 
+    def close(self) -> None:
+        """Stop the loader's worker processes now. Merely dropped, the loader is freed by the
+        cycle collector, which runs its queues' finalizers (closing them) before its
+        iterator's ``__del__`` puts each worker's stop on them: no worker gets it, and each
+        is killed after torch's 5 s join timeout."""
+        iterator = getattr(self.loader, "_iterator", None)  # persistent workers keep it
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+
 
 def train_batches(path: str, encoder: RecordTaskEncoder, config: WorkerConfig,
                   micro_batch_size: int, state: Optional[dict] = None,

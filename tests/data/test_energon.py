@@ -2,9 +2,9 @@
 path's, data-parallel shards, exact resume from the saved loader state, bad records named
 (skip vs fail), and a metadataset blend's mix following its weights."""
 import base64
-import gc
 import io
 import json
+import multiprocessing
 import os
 import tarfile
 
@@ -157,11 +157,14 @@ def test_resume_from_saved_state_continues_with_the_same_samples(dataset, encodi
     _ids(run, 3)  # mid-epoch: 6 of the rank's 12 samples
     state = run.save_state()
     expected = _ids(run, 8)  # into the next epoch
-    assert _ids(make(state), 8) == expected
-    if not num_workers:  # (each loader with workers takes seconds to shut down)
-        assert _ids(make(), 3) != expected[:3]  # a fresh loader starts over
-    del run
-    gc.collect()  # stop the worker processes here, not in a later test
+    resumed, fresh = make(state), make()
+    assert _ids(resumed, 8) == expected
+    assert _ids(fresh, 3) != expected[:3]  # a fresh loader starts over
+    workers = multiprocessing.active_children()
+    assert len(workers) >= 3 * num_workers
+    for batches in (run, resumed, fresh):
+        batches.close()  # stops its worker processes here, not in a later test
+    assert not set(workers) & set(multiprocessing.active_children())
 
 
 def _corrupt(out, member_suffix, data):
