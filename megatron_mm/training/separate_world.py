@@ -25,7 +25,8 @@ def separate_ranks(parallel, encoder_schedule, world_size: int) -> SeparateRanks
                             encoder_schedule.encoder_data_parallel_size or 1,
                             list(own.values()), list(own)),
             parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size,
-            parallel.context_parallel_size)
+            parallel.context_parallel_size,
+            parallel.expert_model_parallel_size, parallel.expert_tensor_parallel_size)
     except PlanError as e:
         prefix = "--encoder-schedule separate: "
         raise ConfigError(("" if str(e).startswith(prefix) else prefix) + str(e)) from None
