@@ -29,8 +29,7 @@ from megatron.core import parallel_state
 
 from ..plan.schedules.actions import Action
 from ..plan.schedules.p2p import Exchange, message_inputs, p2p_program
-from ..plan.schedules.separate import (Members, SeparateSchedule, SeparateSizes,
-                                       check_members, expert_replicas)
+from ..plan.schedules.separate import Members, SeparateSchedule, SeparateSizes, check_members
 from .mailbox import Mailbox, Spec
 
 Key = Tuple[str, int, int]
@@ -48,6 +47,7 @@ class SeparateRanks:
     # an MoE LLM's experts: Megatron-Core's expert grid over the LLM's ranks only
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: Optional[int] = None  # None: the LLM's TP
+    lockstep_replicas: int = 1  # ``Members.lockstep_replicas``
 
     @property
     def members(self) -> Members:
@@ -56,9 +56,7 @@ class SeparateRanks:
                        llm_ranks=self.sizes.llm_data_parallel_size
                        * self.pipeline_model_parallel_size,
                        llm_stages=self.pipeline_model_parallel_size,
-                       expert_replicas=expert_replicas(
-                           self.tensor_model_parallel_size, self.context_parallel_size,
-                           self.expert_model_parallel_size, self.expert_tensor_parallel_size))
+                       lockstep_replicas=self.lockstep_replicas)
 
     def global_rank(self, ir: int, member: int = 0) -> int:
         pp, dp = self.pipeline_model_parallel_size, self.sizes.llm_data_parallel_size

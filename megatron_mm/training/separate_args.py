@@ -82,8 +82,6 @@ def validate_separate(args: argparse.Namespace) -> None:
                           "or --audio-model-type)")
     # What the training run covers so far (what is tested through it): one clear error
     # naming the flag for the rest.
-    if args.fp8 is not None:
-        raise ConfigError("--encoder-schedule separate does not run --fp8-format yet")
     if args.pipeline_partition == "search":
         raise ConfigError("--encoder-schedule separate does not run --pipeline-partition "
                           "search (its trials run Megatron-Core's schedules)")

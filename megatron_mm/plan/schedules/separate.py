@@ -122,12 +122,12 @@ class SeparateSchedule(Schedule):
     microbatches_per_replica: int = 0
     lookahead: int = 2
     encoder_data_parallel_sizes: List[int] = field(default_factory=list)
-    # an MoE LLM's replicas whose stages meet in the experts' all-to-alls (``separate``)
-    expert_replicas: int = 1
+    # the LLM replicas whose stages meet in collectives inside their actions (``separate``)
+    lockstep_replicas: int = 1
 
     def walks_with(self, rank: int) -> List[int]:
-        """An LLM rank: its stage on the ``expert_replicas`` replicas of its group."""
-        pp, together = self.pipeline_model_parallel_size, self.expert_replicas
+        """An LLM rank: its stage on the ``lockstep_replicas`` replicas of its group."""
+        pp, together = self.pipeline_model_parallel_size, self.lockstep_replicas
         if rank >= self.llm_data_parallel_size * pp or together == 1:
             return [rank]
         first = rank // pp // together * together
@@ -206,14 +206,15 @@ class Members(Record):
     inside its actions. A message between an encoder and the LLM goes from the sender's
     member 0 to every member of the receiver (each needs the encoder output, or its
     gradient, whole; the sender's members hold the same); a message between LLM ranks from
-    each member to the same member (Megatron-Core's p2p). An MoE LLM's stage ranks of
-    ``expert_replicas`` consecutive LLM replicas meet in the experts' all-to-alls
-    (``expert_replicas()``): they walk their (alike) lists together."""
+    each member to the same member (Megatron-Core's p2p). The stage ranks of
+    ``lockstep_replicas`` consecutive LLM replicas meet in collectives inside their actions
+    too (an MoE LLM's expert all-to-alls: ``expert_replicas()``; FP8's amax reductions):
+    they walk their (alike) lists together."""
 
     llm: int = 1
     encoder: int = 1
     llm_ranks: int = 1
-    expert_replicas: int = 1
+    lockstep_replicas: int = 1
     llm_stages: int = 1  # the LLM's PP: IR rank d * PP + r
 
 
@@ -254,14 +255,14 @@ def check_members(s: SeparateSchedule, ranks: Sequence[Sequence[Action]],
     """Raise ``PlanError`` if ``program`` (the exchanges of ``s``'s action lists ``ranks``)
     can hang once each rank is run by its ``members``: the messages fanned out and gathered as
     ``Members`` says, and every member of a rank meeting the others in each of its actions
-    (their TP / CP collectives, and an MoE LLM's expert all-to-alls with the same stage
-    of the other replicas of ``Members.expert_replicas``)."""
-    if (members.llm, members.encoder, members.expert_replicas) == (1, 1, 1):
+    (their TP / CP collectives, and with the same stage of the other replicas of
+    ``Members.lockstep_replicas``)."""
+    if (members.llm, members.encoder, members.lockstep_replicas) == (1, 1, 1):
         return
     base = [0]
     for ir in range(len(ranks)):
         base.append(base[-1] + members.of(ir))
-    pp, together = members.llm_stages, members.expert_replicas
+    pp, together = members.llm_stages, members.lockstep_replicas
     programs, actions, groups = [], [], []
     for ir, exchanges in enumerate(program):
         group = list(range(base[ir], base[ir + 1]))
@@ -298,15 +299,15 @@ def separate(pp: int, vpp: int, microbatches_per_replica: int, llm_data_parallel
              frozen_encoders: Sequence[int] = (), lookahead: Optional[int] = None,
              costs: Optional[ActionCosts] = None,
              encoder_data_parallel_sizes: Sequence[int] = (),
-             expert_replicas: int = 1) -> SeparateSchedule:
+             lockstep_replicas: int = 1) -> SeparateSchedule:
     """The separate placement's program (module docstring). ``costs``: seconds per action
     (``forward_s`` / ``backward_s`` per LLM chunk, ``encoder_forward_s`` /
     ``encoder_backward_s`` per encoder on one encoder replica, ``p2p_s`` per message), by
     which the encoder replicas' orders are chosen; ``lookahead`` defaults to PP + 1
     micro-batches (enough to cover the LLM's 1F1B warm-up on each replica);
     ``encoder_data_parallel_sizes``: each encoder on replicas of its own, so many each
-    (``encoder_data_parallel_size`` must be their sum); ``expert_replicas``: an MoE LLM's
-    replicas whose stages meet in the experts' all-to-alls (``expert_replicas()``), which
+    (``encoder_data_parallel_size`` must be their sum); ``lockstep_replicas``: the LLM
+    replicas whose stages meet in collectives inside their actions (``Members``), which
     the encoders' orders must not hold apart."""
     if encoders < 1:
         raise PlanError(f"the separate placement needs at least one encoder (got {encoders})")
@@ -334,12 +335,12 @@ def separate(pp: int, vpp: int, microbatches_per_replica: int, llm_data_parallel
         frozen_encoders=sorted(frozen_encoders), llm_data_parallel_size=d,
         encoder_data_parallel_size=encoder_data_parallel_size,
         microbatches_per_replica=m, lookahead=lookahead, encoder_data_parallel_sizes=own,
-        expert_replicas=expert_replicas)
+        lockstep_replicas=lockstep_replicas)
     llm = [[Action(a.kind, r // pp * m + a.microbatch, a.chunk)
             for a in llm_order(pp, vpp, m, r % pp)] for r in range(d * pp)]
-    if d % expert_replicas:
-        raise PlanError(f"{d} LLM replicas do not split into groups of {expert_replicas} "
-                        "meeting in the experts' all-to-alls")
+    if d % lockstep_replicas:
+        raise PlanError(f"{d} LLM replicas do not split into groups of {lockstep_replicas} "
+                        "meeting in collectives")
     schedule.ranks = llm + _encoder_orders(schedule, llm, costs)
     return schedule
 
@@ -352,7 +353,8 @@ def _encoder_orders(s: SeparateSchedule, llm: List[List[Action]],
     are each encoder's first forward left (they go in need order) and the backwards whose
     inputs are done (counted down as they finish), so a step costs the ranks plus the few
     ready actions, not every action left. The LLM ranks that walk together
-    (``SeparateSchedule.walks_with``: an MoE LLM's, meeting in the experts' all-to-alls)
+    (``SeparateSchedule.walks_with``: meeting in the experts' all-to-alls or FP8's amax
+    reductions)
     start each action together, once all of them can: an encoder order that waits on one
     replica's backward before feeding its partner's forward would hang them."""
     def cost(a: Action) -> float:

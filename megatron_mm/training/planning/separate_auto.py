@@ -22,11 +22,12 @@ from ...config import ConfigError
 from ...plan import PlanError, partition
 from ...plan.pipeline.partition import parse_partition_flag
 from ...plan.schedules.encoder_pipeline import split_chain
-from ...plan.schedules.separate import expert_replicas, separate
+from ...plan.schedules.separate import separate
 from ...plan.schedules.separate_costs import (SeparateCosts, separate_costs,
                                                separate_iteration_s)
 from ..arguments import validate_args
 from ..run_config import RunConfig
+from ..separate_world import llm_lockstep_replicas
 from .time_inputs import hardware, time_inputs
 
 
@@ -96,17 +97,8 @@ def separate_iteration(run: RunConfig, chain) -> float:
                        schedule.encoder_data_parallel_size, any(trainable),
                        encoders=len(trainable),
                        frozen_encoders=[i for i, t in enumerate(trainable) if not t],
-                       costs=costs.costs, expert_replicas=llm_expert_replicas(parallel))
+                       costs=costs.costs, lockstep_replicas=llm_lockstep_replicas(run))
     return separate_iteration_s(program, costs)
-
-
-def llm_expert_replicas(parallel) -> int:
-    """The LLM replicas whose stages meet in an MoE LLM's expert all-to-alls (``parallel``:
-    the RunConfig's group; 1 for a dense LLM): the program keeps them in step."""
-    return expert_replicas(parallel.tensor_model_parallel_size,
-                           parallel.context_parallel_size,
-                           parallel.expert_model_parallel_size,
-                           parallel.expert_tensor_parallel_size)
 
 
 def separate_alternatives(config, chain, make) -> list:

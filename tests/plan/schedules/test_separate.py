@@ -38,9 +38,9 @@ def test_every_separate_program_is_valid_and_rendezvous_safe(pp, vpp, m, d, e, t
     # replica meet in the experts' all-to-alls
     together = expert_replicas(2, 1, d, 2)
     moe = separate(pp, vpp, m, d, e, trainable, encoders=encoders,
-                   frozen_encoders=[1] if encoders > 1 else [], expert_replicas=together)
+                   frozen_encoders=[1] if encoders > 1 else [], lockstep_replicas=together)
     check_members(moe, moe.ranks, p2p_program(moe, moe.ranks), Members(
-        llm=2, llm_ranks=d * pp, llm_stages=pp, expert_replicas=together))
+        llm=2, llm_ranks=d * pp, llm_stages=pp, lockstep_replicas=together))
     forward_only = [[a for a in r if a.kind in (Kind.F, Kind.EF)] for r in s.ranks]
     check_rendezvous(p2p_program(s, forward_only))
 
@@ -72,7 +72,7 @@ def test_expert_parallel_replicas_walk_together_and_the_check_sees_an_order_that
     replica 1's first micro-batch hangs them (replica 0's backward waits for replica 1's),
     though without experts the same order runs."""
     s = separate(1, 1, 2, 2, 1, True)  # PP 1, 2 micro-batches on each of 2 LLM replicas
-    members = Members(llm_ranks=2, expert_replicas=expert_replicas(1, 1, 2, None))
+    members = Members(llm_ranks=2, lockstep_replicas=expert_replicas(1, 1, 2, None))
     # EP 2 pairs two replicas at TP 1, or TP 2 with ETP 2; at TP 2 with ETP 1, or CP 2,
     # its groups stay inside one replica
     assert [expert_replicas(*sizes) for sizes in [(1, 1, 2, None), (2, 1, 2, 1),
