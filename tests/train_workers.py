@@ -114,19 +114,21 @@ def norm_squares(chunks) -> dict:
     a TP duplicate, Megatron's own tests). Summed over a run's ranks it equals one
     process's when each parameter is counted exactly once; like Megatron's norm (over the
     model-parallel group), only data-parallel rank 0 counts: its replicas hold the same
-    reduced gradients."""
+    reduced gradients (an MoE LLM's experts, not all-reduced over data-parallel ranks:
+    expert-data-parallel rank 0, its EP ranks holding different experts)."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
     from megatron.core.transformer.module import param_is_not_shared
 
     tp_group = parallel_state.get_tensor_model_parallel_group()
     out = {}
-    if parallel_state.get_data_parallel_rank() != 0:
-        return out
+    counts = {True: parallel_state.get_data_parallel_rank() == 0,  # by param.allreduce
+              False: parallel_state.get_expert_data_parallel_rank() == 0}
     for chunk in chunks:
         for name, param in chunk.named_parameters():
             grad = getattr(param, "main_grad", None)
-            if (grad is not None and param_is_not_shared(param)
+            if (grad is not None and counts[getattr(param, "allreduce", True)]
+                    and param_is_not_shared(param)
                     and param_is_not_tensor_parallel_duplicate(param, tp_group=tp_group)):
                 top = name.split(".")[0]
                 out[top] = out.get(top, 0.0) + float(grad.double().pow(2).sum())

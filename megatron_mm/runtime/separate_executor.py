@@ -104,12 +104,17 @@ def global_grad_norm(optimizer) -> None:
     distributed optimizer's ranks each add the squares of their own shard (its
     ``grad_stats_parallel_group``, the instance's ranks, becomes the world); otherwise only
     data-parallel and context-parallel rank 0 of each side adds its squares (its replicas
-    hold the same reduced gradients)."""
+    hold the same reduced gradients), and of an MoE LLM's experts (an optimizer of their
+    own) expert-data-parallel rank 0 (the EP ranks hold different experts)."""
     from megatron.core.optimizer import DistributedOptimizer
 
     counted = (parallel_state.get_data_parallel_rank() == 0
                and parallel_state.get_context_parallel_rank() == 0)
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
         opt.grad_stats_parallel_group = dist.group.WORLD
-        if not counted and not isinstance(opt, DistributedOptimizer):
+        if any(g["is_expert_parallel"] for g in opt.param_groups):
+            mine = parallel_state.get_expert_data_parallel_rank() == 0
+        else:
+            mine = counted
+        if not mine and not isinstance(opt, DistributedOptimizer):
             opt.get_grads_for_grad_norm = lambda *args, **kwargs: []

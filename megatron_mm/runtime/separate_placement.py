@@ -44,13 +44,19 @@ class SeparateRanks:
     tensor_model_parallel_size: int
     pipeline_model_parallel_size: int
     context_parallel_size: int
+    # an MoE LLM's experts: Megatron-Core's expert grid over the LLM's ranks only
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: Optional[int] = None  # None: the LLM's TP
+    lockstep_replicas: int = 1  # ``Members.lockstep_replicas``
 
     @property
     def members(self) -> Members:
         return Members(llm=self.tensor_model_parallel_size * self.context_parallel_size,
                        encoder=self.sizes.encoder_tensor_model_parallel_size,
                        llm_ranks=self.sizes.llm_data_parallel_size
-                       * self.pipeline_model_parallel_size)
+                       * self.pipeline_model_parallel_size,
+                       llm_stages=self.pipeline_model_parallel_size,
+                       lockstep_replicas=self.lockstep_replicas)
 
     def global_rank(self, ir: int, member: int = 0) -> int:
         pp, dp = self.pipeline_model_parallel_size, self.sizes.llm_data_parallel_size
@@ -103,7 +109,8 @@ def initialize_separate_parallel(ranks: SeparateRanks,
                                  virtual_pipeline_model_parallel_size: Optional[int] = None
                                  ) -> SeparateGroups:
     """Megatron-Core's groups on every rank: the LLM's grid at the encoders' rank offset
-    (``initialize_model_parallel(rank_offset=, local_world_size=)``) on the LLM's ranks,
+    (``initialize_model_parallel(rank_offset=, local_world_size=)``, its experts' grid with
+it) on the LLM's ranks,
     and on the encoder ranks a grid of their own (TP = the encoder's, PP = CP = 1, DP = the
     encoder replicas; one grid per encoder with replicas of its own, so each encoder's
     gradients are summed over its own replicas), so the model, DDP, the optimizer and
@@ -127,6 +134,10 @@ def initialize_separate_parallel(ranks: SeparateRanks,
         context_parallel_size=ranks.context_parallel_size,
         # the LLM's model chunks per rank (interleaved 1F1B); the encoders' grid has none
         virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
+        # the experts' grid (ETP x EP x expert DP x PP) over the LLM's ranks too: the
+        # all-to-alls and the experts' gradient reduction never reach an encoder rank
+        expert_model_parallel_size=ranks.expert_model_parallel_size,
+        expert_tensor_parallel_size=ranks.expert_tensor_parallel_size,
         rank_offset=encoder_ranks, local_world_size=world - encoder_ranks)
     if encoders is None:  # an LLM rank
         return SeparateGroups(encoder_data_parallel_group=None)

@@ -205,14 +205,19 @@ def _validate_media_alignment(args: argparse.Namespace, modules) -> None:
     """An FP8 encoder's GEMMs take its tokens per item as the leading dimension: they must
     come in multiples of the FP8 alignment for every batch size. An FP8 encoder or projector
     also cannot run as encoder replicas (an encoder TP below the LLM's): the replicas run
-    different micro-batch counts, while the amax reduction group spans them."""
+    different micro-batch counts, while the amax reduction group spans them; nor, with
+    ``--encoder-schedule separate``, an FP8 encoder with delayed scaling on several
+    replicas (``_separate_encoder_replicas``)."""
     align = fp8_align_size(args.fp8_recipe)
     etp = args.encoder_tensor_model_parallel_size
+    separate = args.encoder_schedule == "separate"
     for name, enc in args.model_config.encoders.items():
         fp8_parts = [m for m in (name, f"{name}-projector") if m in modules]
         if not fp8_parts:
             continue
-        if etp is not None and etp < args.tensor_model_parallel_size:
+        if separate and name in modules:
+            _separate_encoder_replicas(args, name)
+        elif not separate and etp is not None and etp < args.tensor_model_parallel_size:
             raise ConfigError(f"--fp8-modules {','.join(fp8_parts)} with "
                               f"--encoder-tensor-model-parallel-size ({etp}) below "
                               f"--tensor-model-parallel-size: encoder replicas run different "
@@ -226,6 +231,26 @@ def _validate_media_alignment(args: argparse.Namespace, modules) -> None:
                                   f"not a multiple of the FP8 alignment {align} "
                                   f"(--fp8-recipe {args.fp8_recipe}); change the sizes or "
                                   f"keep {part} out of --fp8-modules")
+
+
+def _separate_encoder_replicas(args: argparse.Namespace, name: str) -> None:
+    """Delayed scaling max-reduces an FP8 encoder's amaxes over its replicas (Megatron-Core's
+    amax group on the encoder ranks' grid: encoder TP x DP) at every autocast exit and
+    backward, inside each ``EF`` / ``EB``; the separate program orders each replica's
+    actions on its own (its share of the micro-batches, list-scheduled), so the replicas'
+    reductions would not pair up."""
+    replicas = (getattr(args, f"{name}_encoder_data_parallel_size", None)
+                or args.encoder_data_parallel_size or 1)
+    if replicas > 1 and args.fp8_recipe == "delayed" and not args.tp_only_amax_red:
+        flag = (f"--{name}-encoder-data-parallel-size"
+                if getattr(args, f"{name}_encoder_data_parallel_size", None) is not None
+                else "--encoder-data-parallel-size")
+        raise ConfigError(f"--fp8-modules {name} (--fp8-recipe delayed) with {flag} "
+                          f"{replicas} under --encoder-schedule separate: the encoder "
+                          "replicas reduce amaxes at every FP8 autocast exit and backward, "
+                          "which their separately ordered actions would not pair up; run it "
+                          "on one replica, with --fp8-recipe tensorwise or "
+                          "--tp-only-amax-red, or keep it in BF16")
 
 
 def llm_sequence_multiple(fp8: Optional[Fp8Settings], parallel) -> int:

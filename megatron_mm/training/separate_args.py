@@ -75,10 +75,6 @@ def validate_separate(args: argparse.Namespace) -> None:
                           "or --audio-model-type)")
     # What the training run covers so far (what is tested through it): one clear error
     # naming the flag for the rest.
-    for flag, off in (("expert_model_parallel_size", 1), ("fp8", None)):
-        if getattr(args, flag) != off:
-            name = "fp8-format" if flag == "fp8" else flag.replace("_", "-")
-            raise ConfigError(f"--encoder-schedule separate does not run --{name} yet")
     if args.pipeline_partition == "search":
         raise ConfigError("--encoder-schedule separate does not run --pipeline-partition "
                           "search (its trials run Megatron-Core's schedules)")

@@ -21,7 +21,7 @@ from ..runtime.separate_executor import SeparateExecutor
 from ..runtime.separate_placement import SeparateRanks
 from .encoder_executor import local_length
 from .planning.separate_auto import separate_program_costs
-from .separate_world import world_ranks
+from .separate_world import llm_lockstep_replicas, world_ranks
 from .step import batch_to_device
 
 
@@ -86,4 +86,4 @@ def separate_program(config, plan, sizes):
                               encoders=len(plan.separate.pieces),
                               frozen_encoders=[i for i, t in enumerate(trainable) if not t],
                               encoder_data_parallel_sizes=sizes.encoder_data_parallel_sizes,
-                              costs=costs)
+                              costs=costs, lockstep_replicas=llm_lockstep_replicas(config))

@@ -3,12 +3,14 @@ the LLM (``runtime/separate_placement.py``'s ``SeparateRanks`` for the run's fla
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch.distributed as dist
 
 from ..config import ConfigError
 from ..families import SLOTS
 from ..plan.errors import PlanError
-from ..plan.schedules.separate import placement_sizes
+from ..plan.schedules.separate import expert_replicas, placement_sizes
 from ..runtime.separate_placement import SeparateRanks
 
 
@@ -25,7 +27,8 @@ def separate_ranks(parallel, encoder_schedule, world_size: int) -> SeparateRanks
                             encoder_schedule.encoder_data_parallel_size or 1,
                             list(own.values()), list(own)),
             parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size,
-            parallel.context_parallel_size)
+            parallel.context_parallel_size,
+            parallel.expert_model_parallel_size, parallel.expert_tensor_parallel_size)
     except PlanError as e:
         prefix = "--encoder-schedule separate: "
         raise ConfigError(("" if str(e).startswith(prefix) else prefix) + str(e)) from None
@@ -42,7 +45,26 @@ def own_encoders(encoder_schedule) -> dict:
 
 def world_ranks(config) -> SeparateRanks:
     """This run's placement, in the running world."""
-    return separate_ranks(config.parallel, config.encoder_schedule, dist.get_world_size())
+    return dataclasses.replace(
+        separate_ranks(config.parallel, config.encoder_schedule, dist.get_world_size()),
+        lockstep_replicas=llm_lockstep_replicas(config))
+
+
+def llm_lockstep_replicas(config) -> int:
+    """The LLM replicas whose stages meet in collectives inside their actions, which the
+    program keeps in step (``config``: the RunConfig): all of them when FP8's delayed
+    scaling reduces an LLM-side module's amaxes (the LLM's or a projector's) over the
+    data-parallel ranks (Megatron-Core's amax group, TP x DP x CP unless
+    ``--tp-only-amax-red``) at every autocast exit and backward; else an MoE LLM's
+    expert groups' (``expert_replicas``); 1 for neither."""
+    parallel, fp8 = config.parallel, config.fp8_settings
+    if (fp8 is not None and fp8.recipe == "delayed" and not fp8.tp_only_amax_red
+            and any(m == "llm" or m.endswith("-projector") for m in fp8.modules)):
+        return parallel.data_parallel_size  # the LLM's: its ranks are the parallel world
+    return expert_replicas(parallel.tensor_model_parallel_size,
+                           parallel.context_parallel_size,
+                           parallel.expert_model_parallel_size,
+                           parallel.expert_tensor_parallel_size)
 
 
 def on_encoder_rank(config) -> bool:

@@ -7,7 +7,7 @@ saved init (the checkpoint reshards the experts)."""
 import pytest
 from dist_harness import run_distributed
 from equivalence import REFERENCE_STEPS as STEPS
-from equivalence import assert_equal_runs
+from equivalence import assert_equal_runs, assert_norm_counted_once
 from train_workers import train
 
 pytestmark = pytest.mark.processes
@@ -61,6 +61,51 @@ def test_expert_parallel_equals_one_process(one_process_reference, digits_dir, t
             want["load_balancing_loss"], rel=1e-5)
         for e, count in enumerate(want["tokens_per_expert"]):
             assert scalars[f"moe/tokens_per_expert_{e}"][it] == count
+
+
+def test_separate_placement_with_expert_parallelism_equals_one_process(
+        one_process_reference, digits_dir, tmp_path):
+    """``--encoder-schedule separate``: the ViT on rank 0, the MoE LLM's two replicas on
+    ranks 1-2 at EP=2 (Megatron-Core's expert groups over the LLM's ranks only): losses,
+    gradients (every parameter counted once in the norm, each EP rank's experts too),
+    parameters, the load-balancing loss and the tokens per expert on the LLM's ranks and
+    in TensorBoard (written by the last rank, an LLM rank)."""
+    argv, ref = one_process_reference(digits_dir, MOE_MODEL)
+    tb = str(tmp_path / "tb")
+    ranks = run_distributed(train, 3, argv + EP2 + [
+        "--encoder-schedule", "separate", "--tensorboard-dir", tb], (1, STEPS),
+        expert_group_ranks)
+    assert [out["observed"]["expert_group"] for out in ranks] == [[0], [1, 2], [1, 2]]
+    encoder, llm = ranks[0], ranks[1:]
+    assert {n.split(".")[0] for n in encoder["params"]} == {"vision_model"}
+    assert_equal_runs([encoder, llm[0]], ref, STEPS, holding="language_model.decoder."
+                      "layers.2.mlp.experts.local_experts.3")
+    assert_norm_counted_once(ranks, ref, STEPS)
+    for it in range(1, STEPS + 1):  # the norm clipping uses, reduced over the world
+        assert ranks[-1]["grad_norms"][it] == pytest.approx(ref["grad_norms"][it],
+                                                            rel=2e-5), it
+    scalars = tensorboard_scalars(tb)
+    for it in range(1, STEPS + 1):
+        want = ref["moe_losses"][it]
+        assert want["load_balancing_loss"] > 0
+        for rank in llm:
+            got = rank["moe_losses"][it]
+            assert got["load_balancing_loss"] == pytest.approx(
+                want["load_balancing_loss"], rel=1e-5), it
+            assert got["tokens_per_expert"] == want["tokens_per_expert"], it
+        assert scalars["load_balancing_loss"][it] == pytest.approx(
+            want["load_balancing_loss"], rel=1e-5)
+        for e, count in enumerate(want["tokens_per_expert"]):
+            assert scalars[f"moe/tokens_per_expert_{e}"][it] == count
+
+
+def expert_group_ranks(model, optimizer, holder) -> None:
+    """The global ranks of this rank's expert-model-parallel group."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    holder["expert_group"] = dist.get_process_group_ranks(
+        parallel_state.get_expert_model_parallel_group())
 
 
 def tensorboard_scalars(directory) -> dict:

@@ -130,6 +130,44 @@ def test_fp8_with_encoder_replicas_is_refused(capsys):
             in capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("extra, refused", [
+    (["--encoder-data-parallel-size", "2"], True),
+    (["--encoder-data-parallel-size", "2", "--fp8-recipe", "tensorwise"], False),
+    (["--encoder-data-parallel-size", "2", "--tp-only-amax-red"], False),
+    # an FP8 projector with one encoder replica of TP 1 below the LLM's TP 2: no encoder
+    # replicas inside the LLM's TP group here (the colocated schedules' refusal)
+    (["--tensor-model-parallel-size", "2", "--fp8-modules", "vision-projector"], False)])
+def test_fp8_encoder_on_separate_replicas(capsys, extra, refused):
+    """--encoder-schedule separate: a delayed-scaling FP8 encoder's amaxes are reduced over
+    its replicas, whose separately ordered actions would not pair the reductions up."""
+    argv = EMU + ["--fp8-modules", "vision,vision-projector,llm", "--encoder-schedule",
+                  "separate", "--eval-max-new-tokens", "0"] + ALIGNED + extra
+    if not refused:
+        parse_args(argv, world_size=3)
+        return
+    with pytest.raises(SystemExit):
+        parse_args(argv, world_size=3)
+    assert ("--fp8-modules vision (--fp8-recipe delayed) with --encoder-data-parallel-size 2 "
+            "under --encoder-schedule separate" in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("extra, lockstep", [
+    ([], 2),  # delayed: the LLM's and projector's amaxes reduced over both LLM replicas
+    (["--fp8-recipe", "tensorwise"], 1), (["--tp-only-amax-red"], 1),
+    (["--fp8-modules", "vision"], 1)])  # only the encoder FP8, on its own rank
+def test_separate_llm_replicas_walk_together_under_fp8_delayed_scaling(extra, lockstep):
+    """1 encoder rank and 2 LLM replicas: the program keeps the replicas' actions in step
+    when collectives inside them span the replicas (``separate_world.llm_lockstep_replicas``)."""
+    from megatron_mm.training.run_config import parse_run_config
+    from megatron_mm.training.separate_world import llm_lockstep_replicas
+
+    config = parse_run_config(EMU + ["--fp8-modules", "llm,vision-projector",
+                                     "--encoder-schedule", "separate",
+                                     "--eval-max-new-tokens", "0"] + ALIGNED + extra,
+                              world_size=3)
+    assert llm_lockstep_replicas(config) == lockstep
+
+
 def test_megatron_defaults_and_settings():
     args = parse_args(EMU + ["--fp8-modules", "all", "--fp8-recipe", "tensorwise",
                              "--fp8-margin", "1", "--first-last-layers-bf16",

@@ -5,6 +5,8 @@ FP8 values as one process, up to fp32 summation order in the GEMMs."""
 import pytest
 import torch
 from dist_harness import run_distributed
+from equivalence import assert_equal_runs
+from test_fp8_collectives import watch_fp8
 from train_workers import TINY_MODEL, train
 
 pytestmark = pytest.mark.processes
@@ -31,3 +33,54 @@ def test_fp8_emulation_tensor_parallel_2_equals_1(digits_dir):
             if g is not None:
                 torch.testing.assert_close(ours["grads"][it][name], g, rtol=1e-4, atol=1e-6,
                                            msg=lambda m: f"grad {name} at step {it}: {m}")
+
+
+def _init(argv, tmp_path) -> list:
+    """``argv`` loading one saved initial checkpoint of its model."""
+    init = str(tmp_path / "init")
+    run_distributed(train, 1, argv + ["--train-iters", "0", "--save", init])
+    return argv + ["--train-iters", "2", "--load", init, "--no-load-optim"]
+
+
+def test_fp8_emulation_separate_placement_equals_one_process(digits_dir, tmp_path):
+    """``--encoder-schedule separate``: the FP8 ViT on rank 0, its FP8 projector and the
+    FP8 LLM on ranks 1-2 (PP=2): each side's modules reduce their amaxes over their own
+    grid's amax group (Megatron-Core's TP x DP x CP there), at their own autocast exits,
+    and equal one process, whose FP8 modules reduce and update at the same points of
+    each module's own micro-batch order (delayed scaling, two steps: the scales carried
+    over)."""
+    argv = TINY_MODEL + FP8[:3] + ["--fp8-modules", "vision,vision-projector,llm",
+                                    "--fp8-amax-history-len", "2",
+                                    "--fp8-amax-compute-algo", "max",
+                                    "--vision-model-type", "siglip",  # 16 tokens an image
+                                    "--data-path", digits_dir, "--micro-batch-size", "2",
+                                    "--global-batch-size", "4"]
+    argv = _init(argv, tmp_path)
+    ref = run_distributed(train, 1, argv, (1, 2), watch_fp8)[0]
+    ranks = run_distributed(train, 3, argv + ["--encoder-schedule", "separate",
+                                              "--pipeline-model-parallel-size", "2"], (1, 2),
+                            watch_fp8)
+    assert_equal_runs(ranks, ref, 2, holding="vision_model.")
+    # not vacuous: FP8 linears on every rank (the ViT's on rank 0, the projector's and the
+    # LLM's on the LLM's stages), each weight cast once a step, every input scale updated
+    names = set()
+    for out in ranks:
+        casts, scales = (out["observed"][k] for k in ("fp8_weight_casts", "fp8_input_scales"))
+        assert casts and set(casts.values()) == {2} and 1.0 not in scales.values(), out
+        names |= set(scales)
+    assert {n.split(".")[0] for n in names} >= {"vision_model", "vision_projection",
+                                                 "language_model"}
+
+
+def test_fp8_emulation_separate_placement_llm_dp2_equals_colocated(digits_dir, tmp_path):
+    """An FP8 LLM and projector (delayed scaling) on 2 LLM replicas next to 1 encoder rank:
+    their amax reductions span both replicas (Megatron-Core's TP x DP x CP group) inside
+    every forward and backward, so the program keeps the replicas' actions in step
+    (``SeparateSchedule.walks_with``), and the run equals the colocated one at DP=2 (the
+    same reductions over the same pairs of micro-batches; one process, reducing each
+    micro-batch alone, is not the reference here)."""
+    argv = _init(TINY_MODEL + FP8 + ["--data-path", digits_dir, "--micro-batch-size", "2",
+                                     "--global-batch-size", "8"], tmp_path)
+    colocated = run_distributed(train, 2, argv, (1, 2))[0]
+    ranks = run_distributed(train, 3, argv + ["--encoder-schedule", "separate"], (1, 2))
+    assert_equal_runs(ranks[:2], colocated, 2, holding="vision_model.")

@@ -189,6 +189,12 @@ class Schedule(Record):
         the p2p program's timeline honours: none here (``separate.SeparateSchedule``)."""
         return []
 
+    def walks_with(self, rank: int) -> List[int]:
+        """The ranks (``rank`` among them) that start each action of their alike lists
+        together, meeting in collectives inside it, which the p2p program's timeline
+        honours: each rank alone here (``separate.SeparateSchedule``)."""
+        return [rank]
+
     def encoder_spans(self) -> List[Tuple[int, int]]:
         """Each encoder's pieces ``[first, end)``."""
         counts = self.encoder_pieces or ([self.encoder_stages] if self.encoder_stages else [])

@@ -145,23 +145,35 @@ def p2p_program(s: Schedule, ranks: Sequence[Sequence[Action]],
 
 def _timeline(s: Schedule, ranks, where, cost: Cost):
     """(start, finish) per rank and action, each rank in its order, an action once its
-    inputs are finished."""
+    inputs are finished (and those of the ranks it walks with, ``Schedule.walks_with``:
+    they start it together)."""
     start = [[0.0] * len(actions) for actions in ranks]
     finish = [[0.0] * len(actions) for actions in ranks]
     at, clock = [0] * len(ranks), [0.0] * len(ranks)
+
+    def ready(r: int) -> Optional[float]:
+        a = ranks[r][at[r]]
+        inputs = [where[p.key] for _, p in message_inputs(s, a) if p.key in where]
+        inputs += [where[k] for k in s.control_inputs(a) if k in where]
+        if any(q != r and j >= at[q] for q, j in inputs):
+            return None
+        return max([clock[r]] + [finish[q][j] for q, j in inputs])
+
     while any(at[r] < len(actions) for r, actions in enumerate(ranks)):
         progressed = False
         for r, actions in enumerate(ranks):
             while at[r] < len(actions):
-                a = actions[at[r]]
-                inputs = [where[p.key] for _, p in message_inputs(s, a) if p.key in where]
-                inputs += [where[k] for k in s.control_inputs(a) if k in where]
-                if any(q != r and j >= at[q] for q, j in inputs):
+                group = s.walks_with(r)
+                if any(at[q] != at[r] for q in group):
                     break
-                t = max([clock[r]] + [finish[q][j] for q, j in inputs])
-                start[r][at[r]] = t
-                clock[r] = finish[r][at[r]] = t + max(cost(actions[at[r]]), 1e-9)
-                at[r] += 1
+                times = [ready(q) for q in group]
+                if None in times:
+                    break
+                t = max(times)
+                for q in group:
+                    start[q][at[q]] = t
+                    clock[q] = finish[q][at[q]] = t + max(cost(ranks[q][at[q]]), 1e-9)
+                    at[q] += 1
                 progressed = True
         if not progressed:
             raise PlanError("the schedule deadlocks: no rank can start its next action")

@@ -42,6 +42,7 @@ laid out and checked for NCCL safety by ``p2p.p2p_program``, and replayed by
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -121,6 +122,16 @@ class SeparateSchedule(Schedule):
     microbatches_per_replica: int = 0
     lookahead: int = 2
     encoder_data_parallel_sizes: List[int] = field(default_factory=list)
+    # the LLM replicas whose stages meet in collectives inside their actions (``separate``)
+    lockstep_replicas: int = 1
+
+    def walks_with(self, rank: int) -> List[int]:
+        """An LLM rank: its stage on the ``lockstep_replicas`` replicas of its group."""
+        pp, together = self.pipeline_model_parallel_size, self.lockstep_replicas
+        if rank >= self.llm_data_parallel_size * pp or together == 1:
+            return [rank]
+        first = rank // pp // together * together
+        return [d * pp + rank % pp for d in range(first, first + together)]
 
     def replica_set(self, p: int) -> Tuple[int, int]:
         """Encoder ``p``'s replicas: (the first one's number, how many)."""
@@ -195,11 +206,17 @@ class Members(Record):
     inside its actions. A message between an encoder and the LLM goes from the sender's
     member 0 to every member of the receiver (each needs the encoder output, or its
     gradient, whole; the sender's members hold the same); a message between LLM ranks from
-    each member to the same member (Megatron-Core's p2p)."""
+    each member to the same member (Megatron-Core's p2p). The stage ranks of
+    ``lockstep_replicas`` consecutive LLM replicas meet in collectives inside their actions
+    too (an MoE LLM's expert all-to-alls: ``expert_replicas()``; FP8's amax reductions):
+    they walk their (alike) lists together."""
 
     llm: int = 1
     encoder: int = 1
     llm_ranks: int = 1
+    lockstep_replicas: int = 1
+    llm_stages: int = 1  # the LLM's PP: IR rank d * PP + r
+
 
     def of(self, ir: int) -> int:
         return self.encoder if ir >= self.llm_ranks else self.llm
@@ -220,21 +237,40 @@ class Members(Record):
         return (peer, 0) if self.crosses(ir, peer) else (peer, k)
 
 
+def expert_replicas(tensor_model_parallel_size: int, context_parallel_size: int,
+                    expert_model_parallel_size: int,
+                    expert_tensor_parallel_size: Optional[int]) -> int:
+    """The LLM replicas whose ranks of a stage meet in an MoE LLM's expert collectives (1: a
+    dense LLM): Megatron-Core numbers a stage's ranks tp + TP * cp + TP * CP * d, and its
+    experts' groups are ETP x EP consecutive ones of them, so groups of both kinds close
+    over lcm(TP x CP, ETP x EP) ranks."""
+    llm = tensor_model_parallel_size * context_parallel_size
+    experts = expert_model_parallel_size * (expert_tensor_parallel_size
+                                            or tensor_model_parallel_size)
+    return math.lcm(llm, experts) // llm
+
+
 def check_members(s: SeparateSchedule, ranks: Sequence[Sequence[Action]],
                   program: List[List[Exchange]], members: Members) -> None:
     """Raise ``PlanError`` if ``program`` (the exchanges of ``s``'s action lists ``ranks``)
     can hang once each rank is run by its ``members``: the messages fanned out and gathered as
     ``Members`` says, and every member of a rank meeting the others in each of its actions
-    (their TP / CP collectives)."""
-    if (members.llm, members.encoder) == (1, 1):
+    (their TP / CP collectives, and with the same stage of the other replicas of
+    ``Members.lockstep_replicas``)."""
+    if (members.llm, members.encoder, members.lockstep_replicas) == (1, 1, 1):
         return
     base = [0]
     for ir in range(len(ranks)):
         base.append(base[-1] + members.of(ir))
+    pp, together = members.llm_stages, members.lockstep_replicas
     programs, actions, groups = [], [], []
     for ir, exchanges in enumerate(program):
         group = list(range(base[ir], base[ir + 1]))
-        for k in range(len(group)):
+        if ir < members.llm_ranks and together > 1:
+            first = ir // pp // together * together
+            group = [base[d * pp + ir % pp] + k for d in range(first, first + together)
+                     for k in range(members.llm)]
+        for k in range(base[ir + 1] - base[ir]):
             programs.append([Exchange(
                 [Transfer(base[p] + j, t.key) for t in ex.sends
                  for p, j in members.targets(ir, k, t.peer)],
@@ -262,14 +298,17 @@ def separate(pp: int, vpp: int, microbatches_per_replica: int, llm_data_parallel
              encoder_data_parallel_size: int, encoder_trainable: bool, encoders: int = 1,
              frozen_encoders: Sequence[int] = (), lookahead: Optional[int] = None,
              costs: Optional[ActionCosts] = None,
-             encoder_data_parallel_sizes: Sequence[int] = ()) -> SeparateSchedule:
+             encoder_data_parallel_sizes: Sequence[int] = (),
+             lockstep_replicas: int = 1) -> SeparateSchedule:
     """The separate placement's program (module docstring). ``costs``: seconds per action
     (``forward_s`` / ``backward_s`` per LLM chunk, ``encoder_forward_s`` /
     ``encoder_backward_s`` per encoder on one encoder replica, ``p2p_s`` per message), by
     which the encoder replicas' orders are chosen; ``lookahead`` defaults to PP + 1
     micro-batches (enough to cover the LLM's 1F1B warm-up on each replica);
     ``encoder_data_parallel_sizes``: each encoder on replicas of its own, so many each
-    (``encoder_data_parallel_size`` must be their sum)."""
+    (``encoder_data_parallel_size`` must be their sum); ``lockstep_replicas``: the LLM
+    replicas whose stages meet in collectives inside their actions (``Members``), which
+    the encoders' orders must not hold apart."""
     if encoders < 1:
         raise PlanError(f"the separate placement needs at least one encoder (got {encoders})")
     own = list(encoder_data_parallel_sizes)
@@ -295,9 +334,13 @@ def separate(pp: int, vpp: int, microbatches_per_replica: int, llm_data_parallel
         encoder_pieces=[1] * encoders if encoders > 1 else [],
         frozen_encoders=sorted(frozen_encoders), llm_data_parallel_size=d,
         encoder_data_parallel_size=encoder_data_parallel_size,
-        microbatches_per_replica=m, lookahead=lookahead, encoder_data_parallel_sizes=own)
+        microbatches_per_replica=m, lookahead=lookahead, encoder_data_parallel_sizes=own,
+        lockstep_replicas=lockstep_replicas)
     llm = [[Action(a.kind, r // pp * m + a.microbatch, a.chunk)
             for a in llm_order(pp, vpp, m, r % pp)] for r in range(d * pp)]
+    if d % lockstep_replicas:
+        raise PlanError(f"{d} LLM replicas do not split into groups of {lockstep_replicas} "
+                        "meeting in collectives")
     schedule.ranks = llm + _encoder_orders(schedule, llm, costs)
     return schedule
 
@@ -309,7 +352,11 @@ def _encoder_orders(s: SeparateSchedule, llm: List[List[Action]],
     precedes an action that could have started before it. An encoder replica's candidates
     are each encoder's first forward left (they go in need order) and the backwards whose
     inputs are done (counted down as they finish), so a step costs the ranks plus the few
-    ready actions, not every action left."""
+    ready actions, not every action left. The LLM ranks that walk together
+    (``SeparateSchedule.walks_with``: meeting in the experts' all-to-alls or FP8's amax
+    reductions)
+    start each action together, once all of them can: an encoder order that waits on one
+    replica's backward before feeding its partner's forward would hang them."""
     def cost(a: Action) -> float:
         if costs is None:
             return 2.0 if a.kind in (Kind.B, Kind.EB) else 1.0
@@ -347,13 +394,17 @@ def _encoder_orders(s: SeparateSchedule, llm: List[List[Action]],
                                                  if costs is not None and owner[k] != rank
                                                  else 0.0) for k in deps[a.key]])
 
+    group = {}  # each group of LLM ranks walking together, by its first rank
+    for r in range(llm_ranks):
+        group.setdefault(s.walks_with(r)[0], s.walks_with(r))
     left = sum(len(r) for r in llm) + sum(len(f) for fs in forwards for f in fs.values()) \
         + len(unmet)
-    for _ in range(left):
+    while left:
         best = None  # (start, preference, rank, action)
-        for r in range(llm_ranks):
+        for r, ranks in group.items():
             if at[r] < len(llm[r]):
-                t = start(r, llm[r][at[r]])
+                times = [start(q, llm[q][at[q]]) for q in ranks]
+                t = None if None in times else max(times)
                 if t is not None and (best is None or t < best[0]):
                     best = (t, (0, 0), r, llm[r][at[r]])
         for e, fs in enumerate(forwards):
@@ -371,15 +422,18 @@ def _encoder_orders(s: SeparateSchedule, llm: List[List[Action]],
             raise PlanError("the separate placement's program deadlocks (no rank can start "
                             "its next action)")
         t, _, rank, a = best
-        finish[a.key], owner[a.key] = t + cost(a), rank
-        clock[rank] = finish[a.key]
-        for e, place, waiter in waiting.pop(a.key, ()):
-            unmet[waiter.key] -= 1
-            if not unmet[waiter.key]:
-                ready[e][place] = waiter
-        if rank < llm_ranks:
-            at[rank] += 1
-        else:
+        for rank, a in ([(q, llm[q][at[q]]) for q in group[rank]] if rank < llm_ranks
+                        else [(rank, a)]):
+            finish[a.key], owner[a.key] = t + cost(a), rank
+            clock[rank] = finish[a.key]
+            left -= 1
+            for e, place, waiter in waiting.pop(a.key, ()):
+                unmet[waiter.key] -= 1
+                if not unmet[waiter.key]:
+                    ready[e][place] = waiter
+            if rank < llm_ranks:
+                at[rank] += 1
+        if rank >= llm_ranks:
             e = rank - llm_ranks
             if a.kind == Kind.EF:
                 forwards[e][a.chunk].pop()

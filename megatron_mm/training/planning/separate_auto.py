@@ -27,6 +27,7 @@ from ...plan.schedules.separate_costs import (SeparateCosts, separate_costs,
                                                separate_iteration_s)
 from ..arguments import validate_args
 from ..run_config import RunConfig
+from ..separate_world import llm_lockstep_replicas
 from .time_inputs import hardware, time_inputs
 
 
@@ -96,7 +97,7 @@ def separate_iteration(run: RunConfig, chain) -> float:
                        schedule.encoder_data_parallel_size, any(trainable),
                        encoders=len(trainable),
                        frozen_encoders=[i for i, t in enumerate(trainable) if not t],
-                       costs=costs.costs)
+                       costs=costs.costs, lockstep_replicas=llm_lockstep_replicas(run))
     return separate_iteration_s(program, costs)
 
 

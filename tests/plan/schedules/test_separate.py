@@ -1,6 +1,7 @@
 """The separate (non-colocated) placement's program (plan/schedules/separate.py): valid,
 NCCL-safe over a grid of sizes (each rank run by several processes too: the LLM's TP x CP
-ranks, an encoder replica's TP ranks), the encoder replicas sharing the micro-batches whatever
+ranks, an encoder replica's TP ranks, an MoE LLM's replicas meeting in the experts'
+all-to-alls), the encoder replicas sharing the micro-batches whatever
 the two data-parallel sizes, a bounded lookahead, and the world's sizes checked up front."""
 
 import itertools
@@ -10,8 +11,8 @@ import pytest
 from megatron_mm.plan.errors import PlanError
 from megatron_mm.plan.schedules.actions import Kind, validate
 from megatron_mm.plan.schedules.p2p import check_rendezvous, p2p_program
-from megatron_mm.plan.schedules.separate import (Members, check_members, placement_sizes,
-                                                 separate)
+from megatron_mm.plan.schedules.separate import (Members, check_members, expert_replicas,
+                                                 placement_sizes, separate)
 from megatron_mm.plan.schedules.simulate import ActionCosts, simulate
 
 
@@ -33,6 +34,13 @@ def test_every_separate_program_is_valid_and_rendezvous_safe(pp, vpp, m, d, e, t
     check_rendezvous(program)
     # LLM TP 2 x CP 2 and encoder TP 2: the encoder messages fanned out to every member
     check_members(s, s.ranks, program, Members(llm=4, encoder=2, llm_ranks=d * pp))
+    # an MoE LLM at TP 2 with its experts over ETP 2 x EP d: each stage's ranks of every
+    # replica meet in the experts' all-to-alls
+    together = expert_replicas(2, 1, d, 2)
+    moe = separate(pp, vpp, m, d, e, trainable, encoders=encoders,
+                   frozen_encoders=[1] if encoders > 1 else [], lockstep_replicas=together)
+    check_members(moe, moe.ranks, p2p_program(moe, moe.ranks), Members(
+        llm=2, llm_ranks=d * pp, llm_stages=pp, lockstep_replicas=together))
     forward_only = [[a for a in r if a.kind in (Kind.F, Kind.EF)] for r in s.ranks]
     check_rendezvous(p2p_program(s, forward_only))
 
@@ -56,6 +64,27 @@ def test_encoder_messages_fan_out_to_every_member_and_the_check_sees_a_missing_o
     program = p2p_program(s, s.ranks)
     with pytest.raises(PlanError, match=r"deadlock.*rank 1 in exchange 0"):
         check_members(s, s.ranks, program, LeadOnly(llm=2, encoder=1, llm_ranks=2))
+
+
+def test_expert_parallel_replicas_walk_together_and_the_check_sees_an_order_that_hangs():
+    """With EP over the LLM's two replicas, their forwards and backwards pair up in the
+    experts' all-to-alls: an encoder that waits for replica 0's gradient before encoding
+    replica 1's first micro-batch hangs them (replica 0's backward waits for replica 1's),
+    though without experts the same order runs."""
+    s = separate(1, 1, 2, 2, 1, True)  # PP 1, 2 micro-batches on each of 2 LLM replicas
+    members = Members(llm_ranks=2, lockstep_replicas=expert_replicas(1, 1, 2, None))
+    # EP 2 pairs two replicas at TP 1, or TP 2 with ETP 2; at TP 2 with ETP 1, or CP 2,
+    # its groups stay inside one replica
+    assert [expert_replicas(*sizes) for sizes in [(1, 1, 2, None), (2, 1, 2, 1),
+                                                  (2, 1, 2, 2), (1, 2, 2, None)]] == [2, 1, 2, 1]
+    check_members(s, s.ranks, p2p_program(s, s.ranks), members)
+    encoder = s.ranks[2]  # EF 0, EF 2, EF 1, EF 3, EB 0, ...: replica 1's 0 is 2
+    assert [(a.kind, a.microbatch) for a in encoder[:2]] == [(Kind.EF, 0), (Kind.EF, 2)]
+    lists = s.ranks[:2] + [[encoder[0], encoder[4]] + encoder[1:4] + encoder[5:]]
+    program = p2p_program(s, lists)
+    check_members(s, lists, program, Members(llm_ranks=2))
+    with pytest.raises(PlanError, match=r"deadlock.*rank 0 in F\(micro-batch 0"):
+        check_members(s, lists, program, members)
 
 
 @pytest.mark.parametrize("pp,vpp,m,d,sizes,trainable,frozen", [
