@@ -237,3 +237,37 @@ def count_encoded_rows(chunks, optimizer, holder):
         vit = getattr(chunk, "vision_model", None)
         if vit is not None and getattr(vit, "has_embed", False):
             vit.embed = counted(vit)
+
+
+def record_answers(chunks, optimizer, holder):
+    """A ``train`` hook: per evaluation's ``val answer accuracy`` the greedy answers (new
+    token ids per prompt, in decoding order) and the last position of each row of every
+    decoding forward's output (the logits on the last stage), one list each per
+    evaluation."""
+    from megatron_mm.training import evaluation, trainer
+
+    answers, rows = holder["answers"], holder["answer_logits"] = [], []
+    accuracy, generate = trainer.answer_accuracy, evaluation.greedy_generate
+    decoding = []
+
+    def each_evaluation(*args, **kwargs):
+        answers.append([])
+        rows.append([])
+        return accuracy(*args, **kwargs)
+
+    def each_batch(*args, **kwargs):
+        decoding.append(True)
+        try:
+            out = generate(*args, **kwargs)
+        finally:
+            decoding.pop()
+        answers[-1] += out
+        return out
+
+    def record(module, inputs, output):
+        if decoding:
+            rows[-1] += list(output[:, -1].detach().float().clone())  # argmax masks it
+
+    for chunk in chunks:
+        chunk.register_forward_hook(record)
+    trainer.answer_accuracy, evaluation.greedy_generate = each_evaluation, each_batch

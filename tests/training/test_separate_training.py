@@ -16,7 +16,7 @@ from audio_data import AUDIO_MODEL
 from dist_harness import run_distributed
 from equivalence import REFERENCE_STEPS as STEPS
 from equivalence import assert_equal_runs, assert_norm_counted_once, merge_stages
-from train_workers import train
+from train_workers import record_answers, train
 
 pytestmark = pytest.mark.processes
 
@@ -25,6 +25,7 @@ SEPARATE = ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separa
 OWN = ["--pipeline-model-parallel-size", "1", "--encoder-schedule", "separate",
        "--vision-encoder-data-parallel-size", "1", "--audio-encoder-data-parallel-size", "2"]
 EVALUATE = ["--eval-interval", "1", "--eval-max-new-tokens", "0"]
+ANSWER = ["--eval-max-new-tokens", "2"]  # the val answer accuracy, by greedy decoding
 
 
 @pytest.mark.parametrize("encoder_ranks, llm_dp, model, auto", [
@@ -48,8 +49,11 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
     # the first case evaluates too (the loss only), as the reference does after steps 1
     # and 2, and at the end, as the colocated run loading its checkpoint does
     evaluate = EVALUATE if encoder_ranks == 1 and llm_dp == 1 and not model else []
+    # ... and its answers equal the colocated run's, also with two LLM replicas
+    answers = encoder_ranks == 1 and not model
     argv, ref = one_process_reference(data, model + evaluate)
-    run_argv = [a for a in argv if not (evaluate and a == "--skip-final-eval")]
+    run_argv = [a for a in argv if not (answers and a == "--skip-final-eval")]
+    run_argv += ANSWER if answers else []
     own = isinstance(encoder_ranks, dict)
     saved = tmp_path_factory.mktemp("separate")
     if auto:
@@ -65,7 +69,8 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
         pp = 1 if own else 2
     encoder_ranks = sum(encoder_ranks.values()) if own else encoder_ranks
     ranks = run_distributed(train, encoder_ranks + pp * llm_dp,
-                            run_argv + layout + ["--save", str(saved)], (1, STEPS))
+                            run_argv + layout + ["--save", str(saved)], (1, STEPS),
+                            record_answers if answers else None)
     # the LLM's ranks in Megatron-Core's order: replica d's stage r at d + llm_dp * r
     encoders, stages = ranks[:encoder_ranks], ranks[encoder_ranks::llm_dp]
     # the loss lives on the LLM's last stage
@@ -94,13 +99,28 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
     at = run_argv.index("--load")
     argv = run_argv[:at] + ["--load", str(saved)] + [a for a in run_argv[at + 2:]
                                                      if a != "--no-load-optim"]
-    loaded = run_distributed(train, 2, argv + SEPARATE[:2])
+    loaded = run_distributed(train, 2, argv + SEPARATE[:2], (), record_answers)
     assert all(out["iteration"] == STEPS for out in loaded)
     if evaluate:  # the validation losses, on the LLM's last stage only
         assert stages[-1]["val_losses"] == pytest.approx(
             {**ref["val_losses"], STEPS: loaded[-1]["val_loss"]}, rel=1e-5)
         assert all(math.isnan(out["val_loss"]) for out in encoders + stages[:-1])
-        assert stages[-1]["val_accuracy"] is None
+    if answers:  # the last evaluation's greedy answers: the colocated run's, each replica
+        # its share (the encoder rank encoded every replica's prompts once)
+        ours = sorted(ids for out in ranks[-llm_dp:] for ids in out["observed"]["answers"][-1])
+        theirs = loaded[-1]["observed"]["answers"]
+        assert len(theirs) == 1 and len(theirs[0]) == 8
+        assert ours == sorted(theirs[0])
+        # the tiny model's answers may all be EOS: the logits of every decoding step tell
+        # whether each prompt's image reached the LLM (its rows in any replica's order)
+        rows = [r for out in ranks[-llm_dp:] for r in out["observed"]["answer_logits"][-1]]
+        theirs = loaded[-1]["observed"]["answer_logits"][0]
+        assert len(rows) == len(theirs) >= 8
+        for row in theirs:
+            assert any(r.shape == row.shape and torch.allclose(r, row, rtol=1e-5, atol=1e-5)
+                       for r in rows), "a decoding step's logits differ"
+        assert ranks[-1]["val_accuracy"] == loaded[-1]["val_accuracy"]
+        assert all(math.isnan(out["val_accuracy"]) for out in encoders)
     ours = merge_stages(encoders + stages, "params")
     theirs = merge_stages(loaded, "params")
     assert ours.keys() == theirs.keys()
