@@ -85,15 +85,23 @@ def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
     return nxt
 
 
-def decoding_rows(model: List, prompts: List[Sample]) -> List[Sample]:
-    """The rows one decoding batch runs: interleaved 1F1B runs whole groups of PP equal
-    micro-batches, so ``prompts`` padded with repeats of the last to a multiple of PP."""
-    pieces = decoding_pieces(model)
+def decoding_rows(prompts: List[Sample], pieces: int) -> List[Sample]:
+    """The rows one decoding batch runs in ``pieces`` micro-batches (``decoding_pieces``):
+    ``prompts`` padded with repeats of the last to a multiple of it."""
     return list(prompts) + [prompts[-1]] * (-len(prompts) % pieces)
 
 
 def decoding_pieces(model: List) -> int:
+    """Interleaved 1F1B runs whole groups of PP equal micro-batches: a decoding batch is
+    split in PP with virtual stages, else run whole."""
     return parallel_state.get_pipeline_model_parallel_world_size() if len(model) > 1 else 1
+
+
+def llm_decoding_pieces(parallel) -> int:
+    """``decoding_pieces`` of the LLM's ranks from the parallel flags, on any rank (an
+    encoder rank of ``--encoder-schedule separate`` has a grid and one chunk of its own)."""
+    vpp = parallel.virtual_pipeline_model_parallel_size or 1
+    return parallel.pipeline_model_parallel_size if vpp > 1 else 1
 
 
 def decoding_micro_batches(rows: List[Sample], pieces: int, pad_id: int,
@@ -114,7 +122,7 @@ def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tok
     per micro-batch the encoder outputs its first stage received (``separate_generation``),
     taken at every step (the media do not change while the answer grows)."""
     pieces = decoding_pieces(model)
-    rows = decoding_rows(model, prompts)
+    rows = decoding_rows(prompts, pieces)
     out = [[] for _ in prompts]
     done = [False] * len(prompts)
     for _ in range(max_new_tokens):
@@ -202,12 +210,12 @@ def answer_accuracy(config, model: List, dataset, tokenizer, indices: Sequence[i
     if isinstance(forward_backward, SeparateRun):
         run, forward_backward = forward_backward, None
         replicas = run.ranks.sizes.llm_data_parallel_size
+        pieces = llm_decoding_pieces(config.parallel)
         encoded = receive_encoder_outputs(
             run, model, [decoding_batches(config, dataset, list(indices)[d::replicas])
                          for d in range(replicas)],
-            lambda prompts: decoding_micro_batches(decoding_rows(model, prompts),
-                                                   decoding_pieces(model), tokenizer.pad_id,
-                                                   multiple),
+            lambda prompts: decoding_micro_batches(decoding_rows(prompts, pieces), pieces,
+                                                   tokenizer.pad_id, multiple),
             lambda prompts: greedy_step(tokenizer.base_vocab_size, attention,
                                         len(prompts[0].tokens) - 1))
         if run.encoder:

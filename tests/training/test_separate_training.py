@@ -15,7 +15,8 @@ import torch
 from audio_data import AUDIO_MODEL
 from dist_harness import run_distributed
 from equivalence import REFERENCE_STEPS as STEPS
-from equivalence import assert_equal_runs, assert_norm_counted_once, merge_stages
+from equivalence import (assert_equal_runs, assert_norm_counted_once, assert_same_answers,
+                         merge_stages)
 from train_workers import record_answers, train
 
 pytestmark = pytest.mark.processes
@@ -105,21 +106,9 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
         assert stages[-1]["val_losses"] == pytest.approx(
             {**ref["val_losses"], STEPS: loaded[-1]["val_loss"]}, rel=1e-5)
         assert all(math.isnan(out["val_loss"]) for out in encoders + stages[:-1])
-    if answers:  # the last evaluation's greedy answers: the colocated run's, each replica
-        # its share (the encoder rank encoded every replica's prompts once)
-        ours = sorted(ids for out in ranks[-llm_dp:] for ids in out["observed"]["answers"][-1])
-        theirs = loaded[-1]["observed"]["answers"]
-        assert len(theirs) == 1 and len(theirs[0]) == 8
-        assert ours == sorted(theirs[0])
-        # the tiny model's answers may all be EOS: the logits of every decoding step tell
-        # whether each prompt's image reached the LLM (its rows in any replica's order)
-        rows = [r for out in ranks[-llm_dp:] for r in out["observed"]["answer_logits"][-1]]
-        theirs = loaded[-1]["observed"]["answer_logits"][0]
-        assert len(rows) == len(theirs) >= 8
-        for row in theirs:
-            assert any(r.shape == row.shape and torch.allclose(r, row, rtol=1e-5, atol=1e-5)
-                       for r in rows), "a decoding step's logits differ"
-        assert ranks[-1]["val_accuracy"] == loaded[-1]["val_accuracy"]
+    if answers:  # the last evaluation's greedy decoding: the colocated run's, each
+        # replica its share (the encoder rank encoded every replica's prompts once)
+        assert_same_answers(ranks[-llm_dp:], loaded[-1], 8)
         assert all(math.isnan(out["val_accuracy"]) for out in encoders)
     ours = merge_stages(encoders + stages, "params")
     theirs = merge_stages(loaded, "params")
@@ -138,15 +127,25 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
             "--encoder-tensor-model-parallel-size", "2"])],
     ids=["llm-tp2-sp-distributed-optimizer", "llm-cp2-encoder-tp2"])
 def test_separate_placement_with_tensor_and_context_parallelism_equals_one_process(
-        one_process_reference, digits_dir, world, encoder_ranks, layout):
+        one_process_reference, digits_dir, tmp_path, world, encoder_ranks, layout):
     """LLM PP 1: every TP (and CP) rank of the LLM takes the encoder output, the gradient
     goes back from one (summed over the CP ranks); the encoder replica's TP ranks each
-    take it, in validation too. The gradient norm counts every parameter once (the
-    distributed optimizer's shards on both sides, the encoder's TP ranks)."""
+    take it, in validation too, and greedy decoding (each TP / CP rank decodes whole
+    prompts) answers as one process loading the run's checkpoint does. The gradient norm
+    counts every parameter once (the distributed optimizer's shards on both sides, the
+    encoder's TP ranks)."""
     argv, ref = one_process_reference(digits_dir, EVALUATE)  # evaluating after steps 1, 2
-    ranks = run_distributed(train, world, argv + ["--encoder-schedule", "separate"] + layout,
-                            (1, STEPS))
-    assert ranks[-1]["val_losses"] == pytest.approx(ref["val_losses"], rel=1e-5)
+    # ... and at the end, decoding too
+    run_argv = [a for a in argv if a != "--skip-final-eval"] + ANSWER
+    ranks = run_distributed(train, world, run_argv + ["--encoder-schedule", "separate"] + layout
+                            + ["--save", str(tmp_path)], (1, STEPS), record_answers)
+    at = run_argv.index("--load")
+    one = run_distributed(train, 1, run_argv[:at] + ["--load", str(tmp_path)]
+                          + run_argv[at + 2:], (), record_answers)[0]
+    assert one["iteration"] == STEPS
+    assert ranks[-1]["val_losses"] == pytest.approx({**ref["val_losses"], STEPS: one["val_loss"]},
+                                                    rel=1e-5)
+    assert_same_answers(ranks[-1:], one, 8, atol=1e-5)
     # the encoder replica's first rank and the LLM's first TP / CP rank, gathered to TP 1
     stages = [ranks[0], ranks[encoder_ranks]]
     if "--encoder-data-parallel-size" in layout:
