@@ -6,7 +6,8 @@ ranks or each on ranks of its own (a frozen ViT on one, the audio encoder on two
 on one), with one encoder rank serving two LLM replicas, and as ``--encoder-schedule
 auto``'s pick; its checkpoint loads colocated (the colocated keys), also at encoder TP 2
 (the continued step equal one process's); with 1 encoder rank its validation (forward
-only) equals one process too."""
+only) equals one process too, and its greedy decoding (the val answer accuracy) the
+colocated run's, also with two LLM replicas and at LLM TP 2 + SP and CP 2."""
 
 import math
 
