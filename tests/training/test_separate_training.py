@@ -6,8 +6,8 @@ ranks or each on ranks of its own (a frozen ViT on one, the audio encoder on two
 on one), with one encoder rank serving two LLM replicas, and as ``--encoder-schedule
 auto``'s pick; its checkpoint loads colocated (the colocated keys), also at encoder TP 2
 (the continued step equal one process's); with 1 encoder rank its validation (forward
-only) equals one process too, and its greedy decoding (the val answer accuracy) the
-colocated run's, also with two LLM replicas and at LLM TP 2 + SP and CP 2."""
+only) equals one process too; the greedy decoding of the val answer accuracy equals the
+colocated run's in every case (and one process's at LLM TP 2 + SP and CP 2)."""
 
 import math
 
@@ -51,8 +51,9 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
     # the first case evaluates too (the loss only), as the reference does after steps 1
     # and 2, and at the end, as the colocated run loading its checkpoint does
     evaluate = EVALUATE if encoder_ranks == 1 and llm_dp == 1 and not model else []
-    # ... and its answers equal the colocated run's, also with two LLM replicas
-    answers = encoder_ranks == 1 and not model
+    # ... and every case's greedy answers at the end the colocated run's (two LLM
+    # replicas, a frozen ViT, vision + audio on shared or their own encoder ranks)
+    answers = not auto
     argv, ref = one_process_reference(data, model + evaluate)
     run_argv = [a for a in argv if not (answers and a == "--skip-final-eval")]
     run_argv += ANSWER if answers else []
