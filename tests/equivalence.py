@@ -47,3 +47,25 @@ def assert_norm_counted_once(ranks, ref, steps):
             for top, value in out["norm_squares"][step].items():
                 squares[top] = squares.get(top, 0.0) + value
         assert squares == pytest.approx(ref["norm_squares"][step], rel=1e-4), step
+
+
+def assert_same_answers(last_stages, ref, prompts, atol=0.0):
+    """The last evaluation's greedy decoding (``train_workers.record_answers``) of the LLM
+    replicas' last stages ``last_stages`` equals ``ref``'s (one run's last stage, its only
+    evaluation): the same answers to its ``prompts`` prompts and the same logits at every
+    decoding step, each prompt on whichever replica (a tiny model's answers may all be
+    EOS: the logits tell whether each prompt's media reached the LLM; bit for bit unless
+    ``atol``, for layouts that sum in another order), and the same accuracy."""
+    ours = sorted(ids for out in last_stages for ids in out["observed"]["answers"][-1])
+    theirs = ref["observed"]["answers"]
+    assert len(theirs) == 1 and len(theirs[0]) == prompts
+    assert ours == sorted(theirs[0])
+    rows = [r for out in last_stages for r in out["observed"]["answer_logits"][-1]]
+    theirs = ref["observed"]["answer_logits"][0]
+    # interleaved 1F1B runs a batch padded with repeats of its last prompt to PP rows
+    assert len(rows) >= len(theirs) >= prompts, (len(rows), len(theirs))
+    for row in theirs:  # bit for bit: the same LLM forward on the same features (a tiny
+        # model's DeepStack features move its logits by 1e-7 only)
+        assert any(torch.allclose(r, row, rtol=0.0, atol=atol) if atol else torch.equal(r, row)
+                   for r in rows), "a decoding step's logits differ"
+    assert last_stages[-1]["val_accuracy"] == ref["val_accuracy"]

@@ -239,3 +239,46 @@ def count_encoded_rows(chunks, optimizer, holder):
         vit = getattr(chunk, "vision_model", None)
         if vit is not None and getattr(vit, "has_embed", False):
             vit.embed = counted(vit)
+
+
+def record_answers(chunks, optimizer, holder):
+    """A ``train`` hook: per evaluation's ``val answer accuracy`` the greedy answers (new
+    token ids per prompt, in decoding order) and, per row of every decoding forward, the
+    logits of its last real token (padding left out), one list each per evaluation."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    from megatron_mm.training import evaluation, trainer
+
+    answers, rows = holder["answers"], holder["answer_logits"] = [], []
+    accuracy, generate, step = (trainer.answer_accuracy, evaluation.greedy_generate,
+                                evaluation.greedy_step)
+    decoding, position = [], [-1]
+
+    def each_evaluation(*args, **kwargs):
+        answers.append([])
+        rows.append([])
+        return accuracy(*args, **kwargs)
+
+    def each_batch(*args, **kwargs):
+        decoding.append(True)
+        try:
+            out = generate(*args, **kwargs)
+        finally:
+            decoding.pop()
+        answers[-1] += out
+        return out
+
+    def each_step(vocab_size, attention=None, last=-1):
+        position[0] = last
+        return step(vocab_size, attention, last)
+
+    def record(module, inputs, output):
+        if decoding:  # the whole vocabulary (each TP rank holds a shard of it)
+            last = gather_from_tensor_model_parallel_region(output[:, position[0]].detach())
+            rows[-1] += list(last.float().clone())  # argmax masks it in place
+
+    if parallel_state.is_pipeline_last_stage(ignore_virtual=True):  # its last chunk's
+        chunks[-1].register_forward_hook(record)
+    trainer.answer_accuracy, evaluation.greedy_generate = each_evaluation, each_batch
+    evaluation.greedy_step = each_step

@@ -12,11 +12,14 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+from megatron.core.utils import get_attr_wrapped_model
 
 from ..data import Sample, collate
 from ..data.processing import sample_positions
 from ..runtime.collective_device import collective_device
 from .fp8_args import llm_sequence_multiple
+from .separate_generation import receive_encoder_outputs
+from .separate_run import SeparateRun
 from .step import prepare_batch, reduce_lm_loss, run_schedule
 
 
@@ -33,17 +36,21 @@ def evaluate_loss(config, model: List, batches, forward_backward=None, attention
     return reduce_lm_loss(losses)
 
 
-def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
-                attention=None, forward_backward=None, last: int = -1) -> torch.Tensor:
-    """Greedy next token of every row of ``micro_batches``, by one forward-only pass through
-    the pipeline (the schedule Megatron-Core picks for the layout); all pipeline ranks get
-    the result. ``attention`` (AttentionSettings) gives the training mask, whole-sequence:
-    with context parallelism every CP rank decodes the whole prompt. ``last``: the position
-    whose next token is wanted (the rows' last real token, before padding)."""
+def greedy_step(vocab_size: int, attention=None, last: int = -1):
+    """The forward step of one greedy decoding pass (``next_tokens``): the logits' argmax
+    at position ``last``, collected on the last stage. A micro-batch may carry the encoder
+    outputs its first stage received (``encoder_inputs``: ``set_encoder_inputs``'s
+    arguments, ``--encoder-schedule separate``), which that chunk then takes for them."""
     def forward_step(data_iterator, chunk):
-        b, mask, layout = prepare_batch(next(data_iterator), chunk, attention, split=False)
+        host = next(data_iterator)
+        received = host.get("encoder_inputs")
+        b, mask, layout = prepare_batch(host, chunk, attention, split=False)
+        if received is not None:
+            get_attr_wrapped_model(chunk, "set_encoder_inputs")(*received)
         logits = chunk(b["tokens"], b["position_ids"], b["media"], attention_mask=mask,
                        layout=layout)  # [B, S, V / TP] at the end
+        if received is not None:
+            get_attr_wrapped_model(chunk, "set_encoder_inputs")({})
 
         def argmax_last(output, non_loss_data=True):
             top = gather_from_tensor_model_parallel_region(output[:, last].contiguous()).float()
@@ -52,12 +59,21 @@ def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
         return logits, argmax_last
     # the schedule executor sizes its pipeline messages by it (runtime/message_specs.py)
     forward_step.whole_sequence = True
+    return forward_step
 
+
+def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
+                attention=None, forward_backward=None, last: int = -1) -> torch.Tensor:
+    """Greedy next token of every row of ``micro_batches``, by one forward-only pass through
+    the pipeline (the schedule Megatron-Core picks for the layout); all pipeline ranks get
+    the result. ``attention`` (AttentionSettings) gives the training mask, whole-sequence:
+    with context parallelism every CP rank decodes the whole prompt. ``last``: the position
+    whose next token is wanted (the rows' last real token, before padding)."""
     first = micro_batches[0]["tokens"]
     iterators = [iter(micro_batches) for _ in model] if len(model) > 1 else iter(micro_batches)
     collected = (forward_backward or get_forward_backward_func())(
-        forward_step_func=forward_step, data_iterator=iterators, model=model,
-        num_microbatches=len(micro_batches), seq_length=first.shape[1],
+        forward_step_func=greedy_step(vocab_size, attention, last), data_iterator=iterators,
+        model=model, num_microbatches=len(micro_batches), seq_length=first.shape[1],
         micro_batch_size=first.shape[0], forward_only=True, collect_non_loss_data=True)
     rows = sum(len(b["tokens"]) for b in micro_batches)
     nxt = (torch.cat(collected) if parallel_state.is_pipeline_last_stage()
@@ -69,23 +85,51 @@ def next_tokens(model: List, micro_batches: List[dict], vocab_size: int,
     return nxt
 
 
+def decoding_rows(prompts: List[Sample], pieces: int) -> List[Sample]:
+    """The rows one decoding batch runs in ``pieces`` micro-batches (``decoding_pieces``):
+    ``prompts`` padded with repeats of the last to a multiple of it."""
+    return list(prompts) + [prompts[-1]] * (-len(prompts) % pieces)
+
+
+def decoding_pieces(model: List) -> int:
+    """Interleaved 1F1B runs whole groups of PP equal micro-batches: a decoding batch is
+    split in PP with virtual stages, else run whole."""
+    return parallel_state.get_pipeline_model_parallel_world_size() if len(model) > 1 else 1
+
+
+def llm_decoding_pieces(parallel) -> int:
+    """``decoding_pieces`` of the LLM's ranks from the parallel flags, on any rank (an
+    encoder rank of ``--encoder-schedule separate`` has a grid and one chunk of its own)."""
+    vpp = parallel.virtual_pipeline_model_parallel_size or 1
+    return parallel.pipeline_model_parallel_size if vpp > 1 else 1
+
+
+def decoding_micro_batches(rows: List[Sample], pieces: int, pad_id: int,
+                           pad_to_multiple_of: int = 1) -> List[dict]:
+    size = len(rows) // pieces
+    return [collate(rows[i:i + size], pad_id=pad_id, pad_to_multiple_of=pad_to_multiple_of)
+            for i in range(0, len(rows), size)]
+
+
 @torch.no_grad()
 def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tokens: int,
                     eos_id: int, vocab_size: int, attention=None,
                     forward_backward=None, pad_to_multiple_of: int = 1,
-                    lockstep: bool = False) -> List[List[int]]:
+                    lockstep: bool = False, encoded=None) -> List[List[int]]:
     """Greedy continuation of prompts of equal length; returns new ids up to EOS. Rows are
     right-padded to a multiple of ``pad_to_multiple_of`` (SP, FP8: ``llm_sequence_multiple``).
-    ``lockstep``: every rank stops at the same step (the last one to finish)."""
-    # Interleaved 1F1B runs whole groups of PP equal micro-batches: pad with repeats.
-    pieces = parallel_state.get_pipeline_model_parallel_world_size() if len(model) > 1 else 1
-    rows = list(prompts) + [prompts[-1]] * (-len(prompts) % pieces)
+    ``lockstep``: every rank stops at the same step (the last one to finish). ``encoded``:
+    per micro-batch the encoder outputs its first stage received (``separate_generation``),
+    taken at every step (the media do not change while the answer grows)."""
+    pieces = decoding_pieces(model)
+    rows = decoding_rows(prompts, pieces)
     out = [[] for _ in prompts]
     done = [False] * len(prompts)
     for _ in range(max_new_tokens):
-        size = len(rows) // pieces
-        micro = [collate(rows[i:i + size], pad_id=pad_id, pad_to_multiple_of=pad_to_multiple_of)
-                 for i in range(0, len(rows), size)]
+        micro = decoding_micro_batches(rows, pieces, pad_id, pad_to_multiple_of)
+        for batch, received in zip(micro, encoded or ()):
+            if received is not None:
+                batch["encoder_inputs"] = received
         nxt = next_tokens(model, micro, vocab_size, attention, forward_backward,
                           last=len(rows[0].tokens) - 1).tolist()
         for i, t in enumerate(nxt[:len(prompts)]):
@@ -123,22 +167,11 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.lower().strip().rstrip(".").split())
 
 
-def answer_accuracy(config, model: List, dataset, tokenizer, indices: Sequence[int],
-                    forward_backward=None, attention=None) -> float:
-    """Share of ``indices`` whose greedy answer equals the reference answer.
-
-    Split over data-parallel ranks; prompts of equal length decode as one batch. With
-    expert parallelism the experts' all-to-alls pair each forward with other data-parallel
-    ranks' forwards, so every rank decodes every prompt, in lockstep.
-    """
-    dp_rank = parallel_state.get_data_parallel_rank()
-    dp_size = parallel_state.get_data_parallel_world_size()
-    lockstep = parallel_state.get_expert_model_parallel_world_size() > 1
-    mine = list(indices) if lockstep else list(indices)[dp_rank::dp_size]
-    for chunk in model:
-        chunk.eval()
+def decoding_batches(config, dataset, indices: Sequence[int]) -> List[List[Sample]]:
+    """The batches greedy decoding runs ``indices`` in: their prompts (the samples cut
+    before the answer), those of equal length together, micro-batch-size at a time."""
     prompts = []
-    for idx in mine:
+    for idx in indices:
         sample = dataset[idx]
         n = sample.prompt_len
         sample.tokens, sample.labels = sample.tokens[:n], sample.labels[:n]
@@ -147,19 +180,58 @@ def answer_accuracy(config, model: List, dataset, tokenizer, indices: Sequence[i
             sample.position_ids = sample.position_ids[:, :n]
         prompts.append(sample)
     prompts.sort(key=lambda s: len(s.tokens))
-    correct = 0
+    size = config.training.micro_batch_size
+    batches = []
     for _, group in itertools.groupby(prompts, key=lambda s: len(s.tokens)):
         group = list(group)
-        for start in range(0, len(group), config.training.micro_batch_size):
-            batch = group[start:start + config.training.micro_batch_size]
-            generated = greedy_generate(model, batch, tokenizer.pad_id,
-                                        config.validation.eval_max_new_tokens, tokenizer.eos_id,
-                                        tokenizer.base_vocab_size, attention,
-                                        forward_backward, llm_sequence_multiple(config.fp8_settings,
-                                                              config.parallel), lockstep)
-            for sample, ids in zip(batch, generated):
-                guess = normalize_answer(tokenizer.detokenize(ids))
-                correct += int(guess == normalize_answer(sample.answer))
+        batches += [group[start:start + size] for start in range(0, len(group), size)]
+    return batches
+
+
+def answer_accuracy(config, model: List, dataset, tokenizer, indices: Sequence[int],
+                    forward_backward=None, attention=None) -> float:
+    """Share of ``indices`` whose greedy answer equals the reference answer.
+
+    Split over data-parallel ranks; prompts of equal length decode as one batch. With
+    expert parallelism the experts' all-to-alls pair each forward with other data-parallel
+    ranks' forwards, so every rank decodes every prompt, in lockstep. Under
+    ``--encoder-schedule separate`` (``forward_backward`` a ``SeparateRun``) the encoder
+    ranks encode every LLM replica's batches once (``separate_generation``) and the LLM's
+    ranks decode theirs with what they received, through Megatron-Core's schedule; an
+    encoder rank returns NaN (the accuracy is the LLM's).
+    """
+    dp_rank = parallel_state.get_data_parallel_rank()
+    dp_size = parallel_state.get_data_parallel_world_size()
+    lockstep = parallel_state.get_expert_model_parallel_world_size() > 1
+    multiple = llm_sequence_multiple(config.fp8_settings, config.parallel)
+    for chunk in model:
+        chunk.eval()
+    encoded = None
+    if isinstance(forward_backward, SeparateRun):
+        run, forward_backward = forward_backward, None
+        replicas = run.ranks.sizes.llm_data_parallel_size
+        pieces = llm_decoding_pieces(config.parallel)
+        encoded = receive_encoder_outputs(
+            run, model, [decoding_batches(config, dataset, list(indices)[d::replicas])
+                         for d in range(replicas)],
+            lambda prompts: decoding_micro_batches(decoding_rows(prompts, pieces), pieces,
+                                                   tokenizer.pad_id, multiple),
+            lambda prompts: greedy_step(tokenizer.base_vocab_size, attention,
+                                        len(prompts[0].tokens) - 1))
+        if run.encoder:
+            for chunk in model:
+                chunk.train()
+            return math.nan
+    mine = list(indices) if lockstep else list(indices)[dp_rank::dp_size]
+    correct = 0
+    for k, batch in enumerate(decoding_batches(config, dataset, mine)):
+        generated = greedy_generate(model, batch, tokenizer.pad_id,
+                                    config.validation.eval_max_new_tokens, tokenizer.eos_id,
+                                    tokenizer.base_vocab_size, attention, forward_backward,
+                                    multiple, lockstep, None if encoded is None else encoded[k])
+        for sample, ids in zip(batch, generated):
+            guess = normalize_answer(tokenizer.detokenize(ids))
+            correct += int(guess == normalize_answer(sample.answer))
     for chunk in model:
         chunk.train()
     group = parallel_state.get_data_parallel_group()

@@ -78,11 +78,3 @@ def validate_separate(args: argparse.Namespace) -> None:
     if args.pipeline_partition == "search":
         raise ConfigError("--encoder-schedule separate does not run --pipeline-partition "
                           "search (its trials run Megatron-Core's schedules)")
-    evaluates = args.eval_iters > 0 and not (args.skip_final_eval
-                                             and args.eval_interval >= args.train_iters)
-    if evaluates and args.eval_max_new_tokens > 0:
-        # greedy decoding runs a forward-only schedule per generated token, each LLM
-        # replica on its own prompts until they end: the encoder ranks would have to
-        # encode every replica's prompts in lockstep with them
-        raise ConfigError("--encoder-schedule separate evaluates the validation loss only "
-                          "(no val answer accuracy yet): pass --eval-max-new-tokens 0")

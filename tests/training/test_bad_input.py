@@ -142,11 +142,6 @@ from megatron_mm.training.user_errors import exit_with_user_error
       "--encoder-data-parallel-size", "1", "--vision-encoder-data-parallel-size", "1"], 3,
      "--vision-encoder-data-parallel-size puts each encoder on replicas of its own, "
      "--encoder-data-parallel-size all encoders on shared ones: pass one of them"),
-    # what the separate placement's training run does not cover yet
-    # it evaluates the loss only: greedy decoding is refused, --eval-iters 0 not needed
-    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate"], 3,
-     "--encoder-schedule separate evaluates the validation loss only (no val answer "
-     "accuracy yet): pass --eval-max-new-tokens 0"),
     (["--eval-max-new-tokens", "-1"], 1,
      "--eval-max-new-tokens must not be negative (0: no answer accuracy)"),
 ])

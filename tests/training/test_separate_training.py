@@ -6,7 +6,8 @@ ranks or each on ranks of its own (a frozen ViT on one, the audio encoder on two
 on one), with one encoder rank serving two LLM replicas, and as ``--encoder-schedule
 auto``'s pick; its checkpoint loads colocated (the colocated keys), also at encoder TP 2
 (the continued step equal one process's); with 1 encoder rank its validation (forward
-only) equals one process too."""
+only) equals one process too; the greedy decoding of the val answer accuracy equals the
+colocated run's in every case (and one process's at LLM TP 2 + SP and CP 2)."""
 
 import math
 
@@ -15,8 +16,9 @@ import torch
 from audio_data import AUDIO_MODEL
 from dist_harness import run_distributed
 from equivalence import REFERENCE_STEPS as STEPS
-from equivalence import assert_equal_runs, assert_norm_counted_once, merge_stages
-from train_workers import train
+from equivalence import (assert_equal_runs, assert_norm_counted_once, assert_same_answers,
+                         merge_stages)
+from train_workers import record_answers, train
 
 pytestmark = pytest.mark.processes
 
@@ -25,6 +27,7 @@ SEPARATE = ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separa
 OWN = ["--pipeline-model-parallel-size", "1", "--encoder-schedule", "separate",
        "--vision-encoder-data-parallel-size", "1", "--audio-encoder-data-parallel-size", "2"]
 EVALUATE = ["--eval-interval", "1", "--eval-max-new-tokens", "0"]
+ANSWER = ["--eval-max-new-tokens", "2"]  # the val answer accuracy, by greedy decoding
 
 
 @pytest.mark.parametrize("encoder_ranks, llm_dp, model, auto", [
@@ -48,8 +51,12 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
     # the first case evaluates too (the loss only), as the reference does after steps 1
     # and 2, and at the end, as the colocated run loading its checkpoint does
     evaluate = EVALUATE if encoder_ranks == 1 and llm_dp == 1 and not model else []
+    # ... and every case's greedy answers at the end the colocated run's (two LLM
+    # replicas, a frozen ViT, vision + audio on shared or their own encoder ranks)
+    answers = not auto
     argv, ref = one_process_reference(data, model + evaluate)
-    run_argv = [a for a in argv if not (evaluate and a == "--skip-final-eval")]
+    run_argv = [a for a in argv if not (answers and a == "--skip-final-eval")]
+    run_argv += ANSWER if answers else []
     own = isinstance(encoder_ranks, dict)
     saved = tmp_path_factory.mktemp("separate")
     if auto:
@@ -65,7 +72,8 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
         pp = 1 if own else 2
     encoder_ranks = sum(encoder_ranks.values()) if own else encoder_ranks
     ranks = run_distributed(train, encoder_ranks + pp * llm_dp,
-                            run_argv + layout + ["--save", str(saved)], (1, STEPS))
+                            run_argv + layout + ["--save", str(saved)], (1, STEPS),
+                            record_answers if answers else None)
     # the LLM's ranks in Megatron-Core's order: replica d's stage r at d + llm_dp * r
     encoders, stages = ranks[:encoder_ranks], ranks[encoder_ranks::llm_dp]
     # the loss lives on the LLM's last stage
@@ -94,13 +102,16 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
     at = run_argv.index("--load")
     argv = run_argv[:at] + ["--load", str(saved)] + [a for a in run_argv[at + 2:]
                                                      if a != "--no-load-optim"]
-    loaded = run_distributed(train, 2, argv + SEPARATE[:2])
+    loaded = run_distributed(train, 2, argv + SEPARATE[:2], (), record_answers)
     assert all(out["iteration"] == STEPS for out in loaded)
     if evaluate:  # the validation losses, on the LLM's last stage only
         assert stages[-1]["val_losses"] == pytest.approx(
             {**ref["val_losses"], STEPS: loaded[-1]["val_loss"]}, rel=1e-5)
         assert all(math.isnan(out["val_loss"]) for out in encoders + stages[:-1])
-        assert stages[-1]["val_accuracy"] is None
+    if answers:  # the last evaluation's greedy decoding: the colocated run's, each
+        # replica its share (the encoder rank encoded every replica's prompts once)
+        assert_same_answers(ranks[-llm_dp:], loaded[-1], 8)
+        assert all(math.isnan(out["val_accuracy"]) for out in encoders)
     ours = merge_stages(encoders + stages, "params")
     theirs = merge_stages(loaded, "params")
     assert ours.keys() == theirs.keys()
@@ -118,15 +129,25 @@ def test_separate_placement_equals_one_process(one_process_reference, digits_dir
             "--encoder-tensor-model-parallel-size", "2"])],
     ids=["llm-tp2-sp-distributed-optimizer", "llm-cp2-encoder-tp2"])
 def test_separate_placement_with_tensor_and_context_parallelism_equals_one_process(
-        one_process_reference, digits_dir, world, encoder_ranks, layout):
+        one_process_reference, digits_dir, tmp_path, world, encoder_ranks, layout):
     """LLM PP 1: every TP (and CP) rank of the LLM takes the encoder output, the gradient
     goes back from one (summed over the CP ranks); the encoder replica's TP ranks each
-    take it, in validation too. The gradient norm counts every parameter once (the
-    distributed optimizer's shards on both sides, the encoder's TP ranks)."""
+    take it, in validation too, and greedy decoding (each TP / CP rank decodes whole
+    prompts) answers as one process loading the run's checkpoint does. The gradient norm
+    counts every parameter once (the distributed optimizer's shards on both sides, the
+    encoder's TP ranks)."""
     argv, ref = one_process_reference(digits_dir, EVALUATE)  # evaluating after steps 1, 2
-    ranks = run_distributed(train, world, argv + ["--encoder-schedule", "separate"] + layout,
-                            (1, STEPS))
-    assert ranks[-1]["val_losses"] == pytest.approx(ref["val_losses"], rel=1e-5)
+    # ... and at the end, decoding too
+    run_argv = [a for a in argv if a != "--skip-final-eval"] + ANSWER
+    ranks = run_distributed(train, world, run_argv + ["--encoder-schedule", "separate"] + layout
+                            + ["--save", str(tmp_path)], (1, STEPS), record_answers)
+    at = run_argv.index("--load")
+    one = run_distributed(train, 1, run_argv[:at] + ["--load", str(tmp_path)]
+                          + run_argv[at + 2:], (), record_answers)[0]
+    assert one["iteration"] == STEPS
+    assert ranks[-1]["val_losses"] == pytest.approx({**ref["val_losses"], STEPS: one["val_loss"]},
+                                                    rel=1e-5)
+    assert_same_answers(ranks[-1:], one, 8, atol=1e-5)
     # the encoder replica's first rank and the LLM's first TP / CP rank, gathered to TP 1
     stages = [ranks[0], ranks[encoder_ranks]]
     if "--encoder-data-parallel-size" in layout:

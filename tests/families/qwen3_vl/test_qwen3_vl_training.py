@@ -18,7 +18,8 @@ import torch
 from balanced_runs import assert_dp2_equals_both_ranks_plans
 from dist_harness import run_distributed
 from qwen_vl_data import write_qwen_vl_data
-from train_workers import count_encoded_rows, train
+from equivalence import assert_same_answers
+from train_workers import count_encoded_rows, record_answers, train
 
 STEPS = 2
 # A 3-layer tower whose layers 0 and 1 feed DeepStack (added after LLM layers 0 and 1 of
@@ -243,7 +244,8 @@ SCHEDULE_CASES = {
 
 @pytest.mark.processes
 @pytest.mark.parametrize("case", SCHEDULE_CASES)
-def test_encoder_schedules_carry_deepstack(qwen3_vl_dir, reference, request, case):
+def test_encoder_schedules_carry_deepstack(qwen3_vl_dir, reference, request,
+                                           tmp_path_factory, case):
     common, ref = reference
     flags = SCHEDULE_CASES[case]
     if "--freeze-ViT" in flags:
@@ -255,8 +257,28 @@ def test_encoder_schedules_carry_deepstack(qwen3_vl_dir, reference, request, cas
     world = 2 * _size(flags, "--tensor-model-parallel-size") * _size(
         flags, "--context-parallel-size") + ("separate" in flags)  # its encoder rank
     layout = flags + ["--pipeline-model-parallel-size", "2"]
-    ranks = run_distributed(train, world, _argv(qwen3_vl_dir, *common, *layout), (1, STEPS))
+    if "separate" in flags:  # its val answer accuracy too, saved for a one-process decoding
+        saved = str(tmp_path_factory.mktemp("separate"))
+        layout = layout + ANSWER + ["--save", saved]
+    ranks = run_distributed(train, world, _drop(_argv(qwen3_vl_dir, *common, *layout)),
+                            (1, STEPS), record_answers if "separate" in flags else None)
     _assert_equal_runs(ranks, layout, ref)
+    if "separate" in flags:  # the encoder rank sent each decoding batch's tower output
+        # and DeepStack features once; the one process decodes them, at every step, alike
+        at = common.index("--load")
+        argv = common[:at] + ["--load", saved] + ANSWER
+        one = run_distributed(train, 1, _drop(_argv(qwen3_vl_dir, *argv)), (),
+                              record_answers)[0]
+        assert_same_answers(ranks[-1:], one, 4)
+
+
+# the val answer accuracy at the end (greedy decoding), not only the loss
+ANSWER = ["--eval-max-new-tokens", "2"]
+
+
+def _drop(argv):
+    """``argv`` evaluating at the end when it decodes (``ANSWER``)."""
+    return [a for a in argv if not (ANSWER[0] in argv and a == "--skip-final-eval")]
 
 
 def _size(flags, flag):
