@@ -22,10 +22,36 @@ import torch.multiprocessing as mp
 from megatron_mm.startup import prepare_megatron_core
 
 
+# Store ports come from below the kernel's ephemeral range: a port bound to 0 and let go
+# (the old way) could be handed meanwhile to a socket bound to 0 elsewhere (gloo's pair
+# connections listen on such ports, in this test worker's ranks or another's) before the
+# store binds it. Each pytest-xdist worker takes its own block, in turn from an offset of
+# its process's own (two pytest runs side by side share the block).
+_PORT_BLOCK = 1000
+_next_port = [os.getpid()]
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    first = _ephemeral_low() - _PORT_BLOCK * (worker + 1)
+    for _ in range(_PORT_BLOCK):
+        port = first + _next_port[0] % _PORT_BLOCK
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # taken (or still closing): the next one
+                continue
+        return port
+    raise RuntimeError(f"no free port in {first}-{first + _PORT_BLOCK - 1}")
 
 
 def _entry(rank, fn, world_size, port, out_dir, args, env):
