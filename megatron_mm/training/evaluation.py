@@ -115,10 +115,12 @@ def decoding_micro_batches(rows: List[Sample], pieces: int, pad_id: int,
 def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tokens: int,
                     eos_id: int, vocab_size: int, attention=None,
                     forward_backward=None, pad_to_multiple_of: int = 1,
-                    lockstep: bool = False, encoded=None) -> List[List[int]]:
+                    lockstep: bool = False, encoded=None,
+                    lockstep_group=None) -> List[List[int]]:
     """Greedy continuation of prompts of equal length; returns new ids up to EOS. Rows are
     right-padded to a multiple of ``pad_to_multiple_of`` (SP, FP8: ``llm_sequence_multiple``).
-    ``lockstep``: every rank stops at the same step (the last one to finish). ``encoded``:
+    ``lockstep``: every rank of ``lockstep_group`` (default: the world) stops at the same
+    step (the last one to finish). ``encoded``:
     per micro-batch the encoder outputs its first stage received (``separate_generation``),
     taken at every step (the media do not change while the answer grows)."""
     pieces = decoding_pieces(model)
@@ -136,17 +138,17 @@ def greedy_generate(model: List, prompts: List[Sample], pad_id: int, max_new_tok
             if not done[i]:
                 out[i].append(t)
                 done[i] = t == eos_id
-        if _all_finished(all(done), lockstep):
+        if _all_finished(all(done), lockstep, lockstep_group):
             break
         rows = [_extend(row, t) for row, t in zip(rows, nxt)]
     return [ids[:-1] if ids and ids[-1] == eos_id else ids for ids in out]
 
 
-def _all_finished(finished: bool, lockstep: bool) -> bool:
+def _all_finished(finished: bool, lockstep: bool, group=None) -> bool:
     if not lockstep:
         return finished
-    flag = torch.tensor([int(finished)], device=collective_device(None))
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+    flag = torch.tensor([int(finished)], device=collective_device(group))
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=group)
     return bool(flag.item())
 
 
@@ -197,23 +199,30 @@ def answer_accuracy(config, model: List, dataset, tokenizer, indices: Sequence[i
     ranks' forwards, so every rank decodes every prompt, in lockstep. Under
     ``--encoder-schedule separate`` (``forward_backward`` a ``SeparateRun``) the encoder
     ranks encode every LLM replica's batches once (``separate_generation``) and the LLM's
-    ranks decode theirs with what they received, through Megatron-Core's schedule; an
-    encoder rank returns NaN (the accuracy is the LLM's).
+    ranks decode theirs with what they received, through Megatron-Core's schedule (with
+    expert parallelism every replica all of them, in lockstep); an encoder rank returns NaN
+    (the accuracy is the LLM's).
     """
     dp_rank = parallel_state.get_data_parallel_rank()
     dp_size = parallel_state.get_data_parallel_world_size()
-    lockstep = parallel_state.get_expert_model_parallel_world_size() > 1
+    # the LLM's flag, not this rank's grid: an encoder rank of the separate placement has
+    # no experts, yet encodes for replicas that decode in lockstep
+    lockstep = config.parallel.expert_model_parallel_size > 1
     multiple = llm_sequence_multiple(config.fp8_settings, config.parallel)
     for chunk in model:
         chunk.eval()
-    encoded = None
+    encoded = lockstep_group = None
     if isinstance(forward_backward, SeparateRun):
+        # the replicas whose experts' all-to-alls pair their forwards (the encoder ranks
+        # decode nothing)
+        lockstep_group = parallel_state.get_expert_model_parallel_group()
         run, forward_backward = forward_backward, None
         replicas = run.ranks.sizes.llm_data_parallel_size
         pieces = llm_decoding_pieces(config.parallel)
-        encoded = receive_encoder_outputs(
-            run, model, [decoding_batches(config, dataset, list(indices)[d::replicas])
-                         for d in range(replicas)],
+        encoded = receive_encoder_outputs(  # in lockstep every replica decodes them all
+            run, model, [decoding_batches(config, dataset, list(indices)[
+                slice(None) if lockstep else slice(d, None, replicas)])
+                for d in range(replicas)],
             lambda prompts: decoding_micro_batches(decoding_rows(prompts, pieces), pieces,
                                                    tokenizer.pad_id, multiple),
             lambda prompts: greedy_step(tokenizer.base_vocab_size, attention,
@@ -228,7 +237,8 @@ def answer_accuracy(config, model: List, dataset, tokenizer, indices: Sequence[i
         generated = greedy_generate(model, batch, tokenizer.pad_id,
                                     config.validation.eval_max_new_tokens, tokenizer.eos_id,
                                     tokenizer.base_vocab_size, attention, forward_backward,
-                                    multiple, lockstep, None if encoded is None else encoded[k])
+                                    multiple, lockstep, None if encoded is None else encoded[k],
+                                    lockstep_group)
         for sample, ids in zip(batch, generated):
             guess = normalize_answer(tokenizer.detokenize(ids))
             correct += int(guess == normalize_answer(sample.answer))

@@ -120,11 +120,15 @@ def tensorboard_scalars(directory) -> dict:
 def test_validation_with_expert_parallelism(one_process_reference, digits_dir):
     """The final validation (loss and greedy answers) at EP=2 equals one process's: every
     rank decodes every prompt in lockstep, as the experts' all-to-alls pair the ranks'
-    forwards (decoding each rank's own share, they would wait on each other forever)."""
+    forwards (decoding each rank's own share, they would wait on each other forever); so
+    does the separate placement's."""
     argv, _ = one_process_reference(digits_dir, MOE_MODEL)
     argv = [a for a in argv if a != "--skip-final-eval"] + ["--train-iters", "1"]
     one = run_distributed(train, 1, argv)[0]
     ranks = run_distributed(train, 2, argv + EP2)
-    for rank in ranks:
+    # the separate placement: the ViT on rank 0 encodes every prompt for both LLM replicas,
+    # which decode them all in lockstep
+    separate = run_distributed(train, 3, argv + EP2 + ["--encoder-schedule", "separate"])
+    for rank in ranks + separate[1:]:
         assert rank["val_loss"] == pytest.approx(one["val_loss"], rel=1e-5)
         assert rank["val_accuracy"] == one["val_accuracy"]
