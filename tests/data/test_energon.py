@@ -153,6 +153,7 @@ def test_resume_from_saved_state_continues_with_the_same_samples(dataset, encodi
     _, out = dataset
     make = lambda state=None: train_batches(out, encoding.task_encoder(),  # noqa: E731
                                             worker_config(1, 2, num_workers, 7), 2, state)
+    others = set(multiprocessing.active_children())  # started by earlier tests
     run = make()
     _ids(run, 3)  # mid-epoch: 6 of the rank's 12 samples
     state = run.save_state()
@@ -160,11 +161,11 @@ def test_resume_from_saved_state_continues_with_the_same_samples(dataset, encodi
     resumed, fresh = make(state), make()
     assert _ids(resumed, 8) == expected
     assert _ids(fresh, 3) != expected[:3]  # a fresh loader starts over
-    workers = multiprocessing.active_children()
+    workers = set(multiprocessing.active_children()) - others
     assert len(workers) >= 3 * num_workers
     for batches in (run, resumed, fresh):
         batches.close()  # stops its worker processes here, not in a later test
-    assert not set(workers) & set(multiprocessing.active_children())
+    assert not workers & set(multiprocessing.active_children())
 
 
 def _corrupt(out, member_suffix, data):
