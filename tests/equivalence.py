@@ -49,6 +49,25 @@ def assert_norm_counted_once(ranks, ref, steps):
         assert squares == pytest.approx(ref["norm_squares"][step], rel=1e-4), step
 
 
+def assert_same_moe_losses(ranks, ref, steps, scalars=None, where=()):
+    """The load-balancing loss (reduced over the ranks) and the tokens each expert got
+    (padding left out: the same whatever the split) on every rank of ``ranks`` equal
+    ``ref``'s at each step, and in TensorBoard's ``scalars`` (tag -> step -> value) if
+    given; ``where`` names the run in a failure."""
+    for it in range(1, steps + 1):
+        want = ref["moe_losses"][it]
+        for rank in ranks:
+            got = rank["moe_losses"][it]
+            assert got["load_balancing_loss"] == pytest.approx(
+                want["load_balancing_loss"], rel=1e-5), (*where, it)
+            assert got["tokens_per_expert"] == want["tokens_per_expert"], (*where, it)
+        if scalars is not None:
+            assert scalars["load_balancing_loss"][it] == pytest.approx(
+                want["load_balancing_loss"], rel=1e-5)
+            for e, count in enumerate(want["tokens_per_expert"]):
+                assert scalars[f"moe/tokens_per_expert_{e}"][it] == count
+
+
 def assert_same_answers(last_stages, ref, prompts, atol=0.0):
     """The last evaluation's greedy decoding (``train_workers.record_answers``) of the LLM
     replicas' last stages ``last_stages`` equals ``ref``'s (one run's last stage, its only

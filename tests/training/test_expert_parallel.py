@@ -7,7 +7,7 @@ saved init (the checkpoint reshards the experts)."""
 import pytest
 from dist_harness import run_distributed
 from equivalence import REFERENCE_STEPS as STEPS
-from equivalence import assert_equal_runs, assert_norm_counted_once
+from equivalence import assert_equal_runs, assert_norm_counted_once, assert_same_moe_losses
 from train_workers import train
 
 pytestmark = pytest.mark.processes
@@ -47,20 +47,8 @@ def test_expert_parallel_equals_one_process(one_process_reference, digits_dir, t
     stages = ranks[:: world // pp]  # TP rank 0 of each stage: full (TP-gathered) tensors
     assert_equal_runs(stages, ref, STEPS, holding="language_model.decoder.layers.2.mlp."
                       "experts.local_experts.3")
-    # The load-balancing loss (reduced over the ranks) and the tokens each expert got
-    # (padding left out: the same whatever the split), on every rank and in TensorBoard.
-    scalars = tensorboard_scalars(tb)
-    for it in range(1, STEPS + 1):
-        want = ref["moe_losses"][it]
-        for rank in ranks:
-            got = rank["moe_losses"][it]
-            assert got["load_balancing_loss"] == pytest.approx(
-                want["load_balancing_loss"], rel=1e-5), it
-            assert got["tokens_per_expert"] == want["tokens_per_expert"], it
-        assert scalars["load_balancing_loss"][it] == pytest.approx(
-            want["load_balancing_loss"], rel=1e-5)
-        for e, count in enumerate(want["tokens_per_expert"]):
-            assert scalars[f"moe/tokens_per_expert_{e}"][it] == count
+    # the MoE losses on every rank and in TensorBoard
+    assert_same_moe_losses(ranks, ref, STEPS, tensorboard_scalars(tb))
 
 
 def test_separate_placement_with_expert_parallelism_equals_one_process(
@@ -84,19 +72,8 @@ def test_separate_placement_with_expert_parallelism_equals_one_process(
     for it in range(1, STEPS + 1):  # the norm clipping uses, reduced over the world
         assert ranks[-1]["grad_norms"][it] == pytest.approx(ref["grad_norms"][it],
                                                             rel=2e-5), it
-    scalars = tensorboard_scalars(tb)
-    for it in range(1, STEPS + 1):
-        want = ref["moe_losses"][it]
-        assert want["load_balancing_loss"] > 0
-        for rank in llm:
-            got = rank["moe_losses"][it]
-            assert got["load_balancing_loss"] == pytest.approx(
-                want["load_balancing_loss"], rel=1e-5), it
-            assert got["tokens_per_expert"] == want["tokens_per_expert"], it
-        assert scalars["load_balancing_loss"][it] == pytest.approx(
-            want["load_balancing_loss"], rel=1e-5)
-        for e, count in enumerate(want["tokens_per_expert"]):
-            assert scalars[f"moe/tokens_per_expert_{e}"][it] == count
+    assert all(ref["moe_losses"][it]["load_balancing_loss"] > 0 for it in range(1, STEPS + 1))
+    assert_same_moe_losses(llm, ref, STEPS, tensorboard_scalars(tb))
 
 
 def expert_group_ranks(model, optimizer, holder) -> None:
