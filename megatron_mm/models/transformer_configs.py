@@ -108,8 +108,12 @@ class BuildSettings:
                 raise ValueError("pipeline parallelism needs BuildSettings.placements")
             layout, mirrored = stack_layout(self.placements, pp,
                                             None if stack == "llm" else stack)
-            if mirrored:  # an encoder placed from the last rank
-                layout = MirroredLayout(layout, pp)
+            interleaved = stack != "llm" and any(
+                p.encoder(stack) and p.encoder(stack).interleaved for p in self.placements)
+            if mirrored or interleaved:  # placed from the last rank, or its own rounds
+                layout = MirroredLayout(layout, pp, mirrored, interleaved)
+                vpp = layout.virtual_pipeline_model_parallel_size
+                vpp = vpp if vpp > 1 else None
         n = self.recompute_num_layers
         if isinstance(n, dict):
             n = n.get(stack, 0)

@@ -257,6 +257,13 @@ def _training_args(p: argparse.ArgumentParser) -> None:
                             "the encoders' replica sets come first in chain order (vision, "
                             "audio), the LLM after them (Megatron-Bridge MIMO's per-module "
                             "data_parallel_size and rank_offset)")
+    g.add_argument("--encoder-virtual-pipeline-model-parallel-size", type=int, default=None,
+                   help="with coarse|bubble: interleave the encoder over its pipeline as "
+                        "--virtual-pipeline-model-parallel-size interleaves the LLM: its "
+                        "layers run this many rounds over the encoder's stages, each rank "
+                        "holding one range per round, so the first micro-batch's first "
+                        "piece (which the other ranks wait for) and the last one's backward "
+                        "are this many times shorter (default 1: not interleaved)")
     g.add_argument("--encoder-pieces", type=int, default=1,
                    help="pieces per encoder stage with coarse|bubble: finer pieces fit "
                         "shorter bubbles")
@@ -514,19 +521,22 @@ def _validate_encoder_schedule(args: argparse.Namespace) -> None:
                           "runs each micro-batch's items whole on every CP rank)")
     if args.encoder_schedule == "auto":  # the plan picks, among the options these allow
         _validate_auto(args)
+        _validate_encoder_interleaving(args)
         return
     if args.encoder_schedule == "separate":
         validate_separate(args)
         return
     if args.encoder_schedule == "megatron":
         for flag in ("encoder_pipeline_model_parallel_size",
-                     "encoder_tensor_model_parallel_size"):
+                     "encoder_tensor_model_parallel_size",
+                     "encoder_virtual_pipeline_model_parallel_size"):
             if getattr(args, flag) is not None:
                 raise ConfigError(f"--{flag.replace('_', '-')} needs --encoder-schedule "
                                   "coarse or bubble")
         return
     if args.encoder_pipeline_model_parallel_size is None:
         args.encoder_pipeline_model_parallel_size = pp
+    _validate_encoder_interleaving(args)
     etp = args.encoder_tensor_model_parallel_size
     if etp is not None and (etp < 1 or tp % etp):
         raise ConfigError(f"--encoder-tensor-model-parallel-size ({etp}) must divide "
@@ -544,6 +554,23 @@ def _validate_encoder_schedule(args: argparse.Namespace) -> None:
         if blocked:
             raise ConfigError(f"--encoder-schedule {args.encoder_schedule} does not combine "
                               f"with {flag} yet: drop one of them")
+
+
+def _validate_encoder_interleaving(args: argparse.Namespace) -> None:
+    """``--encoder-virtual-pipeline-model-parallel-size``: at least 1; above 1 over an
+    encoder pipeline of at least 2 stages (one stage has nothing to interleave with)."""
+    v = args.encoder_virtual_pipeline_model_parallel_size
+    if v is None:
+        return
+    if v < 1:
+        raise ConfigError(f"--encoder-virtual-pipeline-model-parallel-size must be at least "
+                          f"1 (got {v})")
+    stages = args.encoder_pipeline_model_parallel_size or args.pipeline_model_parallel_size
+    if v > 1 and stages < 2:
+        raise ConfigError(f"--encoder-virtual-pipeline-model-parallel-size {v} interleaves "
+                          "the encoder over its pipeline stages: it needs "
+                          "--encoder-pipeline-model-parallel-size of at least 2 (it is "
+                          f"{stages})")
 
 
 def _validate_auto(args: argparse.Namespace) -> None:

@@ -41,6 +41,7 @@ BY_NAME = {
                  "pipeline_search_iters", "memory_limit_gb", "pipeline_profile"),
     "encoder_schedule": ("encoder_schedule", "encoder_pipeline_model_parallel_size",
                          "encoder_tensor_model_parallel_size",
+                         "encoder_virtual_pipeline_model_parallel_size",
                          "encoder_data_parallel_size", "encoder_pieces",
                          "encoder_placement")
     + tuple(f"{slot}_encoder_data_parallel_size" for slot in SLOTS),

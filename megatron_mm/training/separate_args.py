@@ -27,7 +27,8 @@ def validate_separate_sizes(args: argparse.Namespace, world_size: int) -> int:
     for flag in flags + [f"{slot}_encoder_data_parallel_size" for slot in own]:
         if getattr(args, flag) is None:
             setattr(args, flag, 1)
-    for flag in ("encoder_pipeline_model_parallel_size",):
+    for flag in ("encoder_pipeline_model_parallel_size",
+                 "encoder_virtual_pipeline_model_parallel_size"):
         if getattr(args, flag) is not None:
             raise ConfigError(f"--{flag.replace('_', '-')} does not apply to --encoder-schedule"
                               " separate (each encoder runs whole on an encoder replica)")

@@ -30,6 +30,9 @@ ETP1 = ["--encoder-tensor-model-parallel-size", "1"]
 AUTO = ["--encoder-schedule", "auto", "--pipeline-profile", "SLOW_VIT_PROFILE"]
 # ... at TP 2 on a profile whose TP links are slow: auto picks the ViT at TP 1 (replicas)
 AUTO_ETP = ["--tensor-model-parallel-size", "2"] + AUTO
+# the ViT interleaved over the two ranks: 4 layers in 4 ranges, 2 per rank (one per round)
+INTERLEAVED = ["--encoder-virtual-pipeline-model-parallel-size", "2"]
+FOUR_VIT_LAYERS = ["--vision-num-layers", "4"]
 RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "block",
              "--recompute-num-layers", "1"]
 
@@ -72,11 +75,18 @@ RECOMPUTE = ["--recompute-granularity", "full", "--recompute-method", "block",
     # the ViT placed from the last rank: [ViT 0 on rank 1 | ViT 1 on rank 0], its layers
     # laid out over mirrored ranks (global names, as from the first rank)
     (2, PP2 + BUBBLE + ["--encoder-placement", "last"], []),
+    # interleaved from the last rank: [ViT 0 on rank 1 | 1 on 0 | 2 on 1 | 3 on 0]
+    (2, PP2 + BUBBLE + INTERLEAVED + ["--encoder-placement", "last"], FOUR_VIT_LAYERS),
+    # ... with the LLM interleaved too, from the first rank
+    (2, PP2 + BUBBLE + INTERLEAVED + ["--virtual-pipeline-model-parallel-size", "2",
+                                      "--encoder-placement", "first"],
+     FOUR_VIT_LAYERS + FOUR_LAYERS),
 ], ids=["pp2", "pp2-split-vit", "tp2-pp2", "pp2-auto-frozen-vit", "pp2-search-frozen-vit",
         "pp2-vpp2-split-frozen-vit", "pp4-frozen-vit", "pp2-coarse", "tp2-pp2-bubble",
         "dp2-pp2-bubble-overlap", "pp2-bubble-recompute", "tp2-pp2-bubble-etp1",
         "pp2-vpp2-bubble-frozen-vit", "pp4-bubble-frozen-vit", "pp2-auto-slow-vit",
-        "tp2-pp2-auto-etp1", "pp2-bubble-placed-last"])
+        "tp2-pp2-auto-etp1", "pp2-bubble-placed-last", "pp2-bubble-encoder-vpp2-last",
+        "pp2-vpp2-bubble-encoder-vpp2"])
 def test_pipeline_parallel_equals_one_process(one_process_reference, digits_dir,
                                               tmp_path_factory, world, layout, model,
                                               env=None):
@@ -111,7 +121,7 @@ def test_pipeline_parallel_equals_one_process(one_process_reference, digits_dir,
                                        msg=lambda m: f"{what} {step} {name}: {m}")
     assert_norm_counted_once(ranks, ref, STEPS)
     calls = [out["observed"]["vit_calls"] for out in stages]
-    assert sum(c["layers"] for c in calls) == 2
+    assert sum(c["layers"] for c in calls) == (4 if FOUR_VIT_LAYERS[1] in model else 2)
     for c in calls:
         if c["layers"]:
             assert c["fwd"] > 0, calls

@@ -42,13 +42,12 @@ from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
-from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from ...config import ConfigError
-from ...models.encoder_parts import EncoderParts
+from ...models.encoder_parts import EncoderParts, encoder_block
 from ...models.te_names import with_te_checkpoint_names
 from .config import (PROJECTOR_NORM_EPSILON, QK_NORM_EPSILON,
                      InternViTConfig)
@@ -227,9 +226,7 @@ class InternViTParts(EncoderParts, MegatronModule):
             self.position_embeddings = torch.nn.Parameter(
                 torch.zeros(1, e.num_positions, e.hidden_size, dtype=dtype))
             config.init_method(self.position_embeddings)
-        self.decoder = (TransformerBlock(config=config, spec=layer_spec, pre_process=True,
-                                         post_process=False, vp_stage=vp_stage,
-                                         pg_collection=pg_collection)
+        self.decoder = (encoder_block(config, layer_spec, vp_stage, pg_collection)
                         if build_layers else None)
         for layer in self.decoder.layers if self.decoder is not None else ():
             with torch.no_grad():

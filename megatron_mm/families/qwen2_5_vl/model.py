@@ -18,11 +18,10 @@ from typing import Optional
 import torch
 from megatron.core.models.vision.multimodal_projector import MultimodalProjector
 from megatron.core.transformer.module import MegatronModule
-from megatron.core.transformer.transformer_block import TransformerBlock
 
 from ...config import ConfigError
 from ...models import sequence_parallel
-from ...models.encoder_parts import EncoderParts
+from ...models.encoder_parts import EncoderParts, encoder_block
 from ...models.norms import SequenceParallelNorm
 from .config import Qwen2_5VLVisionConfig
 from .encoder import IMAGE, IMAGE_GRID, SECONDS, VIDEO, VIDEO_GRID, item_grids
@@ -91,9 +90,7 @@ class Qwen2_5VLEncoder(EncoderParts, MegatronModule):
                                                bias=False, dtype=config.params_dtype)
             config.init_method(self.patch_embed.weight)
         self.rotary = Qwen2_5VisionRotaryEmbedding(encoder.head_dim, encoder.rope_theta)
-        self.decoder = (TransformerBlock(config=config, spec=layer_spec, pre_process=True,
-                                         post_process=False, vp_stage=vp_stage,
-                                         pg_collection=pg_collection)
+        self.decoder = (encoder_block(config, layer_spec, vp_stage, pg_collection)
                         if build_layers else None)
         # the TE spec's layers take THD segments, the local one's masks
         self.thd = self.decoder is not None and uses_thd_attention(self.decoder)

@@ -14,10 +14,9 @@ from typing import Optional
 import torch
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
-from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from ...models.encoder_parts import EncoderParts
+from ...models.encoder_parts import EncoderParts, encoder_block
 from ...models.te_attention_mask import padded_layer_spec
 from .config import VisionEncoderConfig
 from .transformer_config import vision_transformer_config
@@ -61,9 +60,7 @@ class VisionTransformer(EncoderParts, MegatronModule):
                     torch.randn(1, 1, hidden, dtype=config.params_dtype))
             self.ln_pre = (build_module(norm_impl, config=config, hidden_size=hidden,
                                         eps=config.layernorm_epsilon) if clip else None)
-        self.decoder = (TransformerBlock(config=config, spec=layer_spec, pre_process=True,
-                                         post_process=False, vp_stage=vp_stage,
-                                         pg_collection=pg_collection)
+        self.decoder = (encoder_block(config, layer_spec, vp_stage, pg_collection)
                         if build_layers else None)
         self.has_post = post
         self.ln_post = (build_module(norm_impl, config=config, hidden_size=hidden,

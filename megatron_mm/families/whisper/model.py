@@ -15,10 +15,9 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
-from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from ...models.encoder_parts import EncoderParts
+from ...models.encoder_parts import EncoderParts, encoder_block
 from .config import AudioEncoderConfig
 from .transformer_config import audio_transformer_config
 
@@ -56,9 +55,7 @@ class AudioEncoder(EncoderParts, MegatronModule):
             # since a checkpoint's table need not be exactly these sinusoids.
             self.register_buffer("position_embeddings",
                                  sinusoids(self.seq_length, hidden).to(dtype))
-        self.decoder = (TransformerBlock(config=config, spec=layer_spec, pre_process=True,
-                                         post_process=False, vp_stage=vp_stage,
-                                         pg_collection=pg_collection)
+        self.decoder = (encoder_block(config, layer_spec, vp_stage, pg_collection)
                         if build_layers else None)
         self.has_post = post
         self.ln_post = (build_module(norm_impl, config=config, hidden_size=hidden,

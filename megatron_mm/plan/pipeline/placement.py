@@ -19,16 +19,24 @@ from .partition import StagePartition
 
 @dataclass
 class EncoderPlacement(Record):
-    """The part of encoder ``name`` in one chunk; ``layers`` is [start, end)."""
+    """The part of encoder ``name`` in one chunk; ``layers`` is [start, end), and
+    ``interleaved`` the further ranges an interleaved encoder holds there (one per later
+    round: ``--encoder-virtual-pipeline-model-parallel-size``)."""
 
     name: str
     embed: bool = False
     layers: List[int] = field(default_factory=lambda: [0, 0])
     projector: bool = False
+    interleaved: List[List[int]] = field(default_factory=list)
+
+    @property
+    def ranges(self) -> List[List[int]]:
+        """Every [start, end) of its layers here, in layer order (empty ones left out)."""
+        return [r for r in [self.layers] + self.interleaved if r[1] > r[0]]
 
     @property
     def num_layers(self) -> int:
-        return self.layers[1] - self.layers[0]
+        return sum(end - start for start, end in self.ranges)
 
 
 @dataclass
@@ -97,23 +105,40 @@ def whole_model(chain: Sequence[Layer]) -> ChunkPlacement:
     return chunk_placements(chain, StagePartition(1, 1, [len(chain)], "uniform"))[0]
 
 
-def megatron_layout(placements: Sequence[ChunkPlacement], encoder: Optional[str] = None
-                    ) -> List[List[str]]:
+def megatron_layout(placements: Sequence[ChunkPlacement], encoder: Optional[str] = None,
+                    pp: Optional[int] = None) -> List[List[str]]:
     """Megatron-Core's ``pipeline_model_parallel_layout`` (chunk order) for the LLM, or for
     ``encoder``'s transformer layers: the decoder layers per chunk, with the embedding and
     loss markers Megatron requires on the first and last chunk (they only anchor the layout;
-    an encoder's own embedding and projector are placed by ``ChunkPlacement``)."""
-    layout = []
-    for place in placements:
-        if encoder is None:
-            n = place.num_llm_layers
-        else:
-            part = place.encoder(encoder)
-            n = part.num_layers if part else 0
-        layout.append(["decoder"] * n)
+    an encoder's own embedding and projector are placed by ``ChunkPlacement``). An
+    interleaved encoder (``EncoderPlacement.interleaved``, in each rank's first chunk, over
+    ``pp`` ranks) gets a layout of its own rounds: round v's range of rank r at v * PP + r."""
+    if encoder is not None and _rounds(placements, encoder) > 1:
+        layout = []
+        for v in range(_rounds(placements, encoder)):
+            for place in placements[:pp]:
+                part = place.encoder(encoder)
+                ranges = [part.layers] + part.interleaved if part else []
+                layout.append(["decoder"] * (ranges[v][1] - ranges[v][0]
+                                             if v < len(ranges) else 0))
+    else:
+        layout = []
+        for place in placements:
+            if encoder is None:
+                n = place.num_llm_layers
+            else:
+                part = place.encoder(encoder)
+                n = part.num_layers if part else 0
+            layout.append(["decoder"] * n)
     layout[0].insert(0, "embedding")
     layout[-1].append("loss")
     return layout
+
+
+def _rounds(placements: Sequence[ChunkPlacement], encoder: str) -> int:
+    """How many ranges of ``encoder``'s layers a rank holds at most (interleaving: > 1)."""
+    return 1 + max((len(p.encoder(encoder).interleaved) for p in placements
+                    if p.encoder(encoder)), default=0)
 
 
 def stack_layout(placements: Sequence[ChunkPlacement], pp: int,
@@ -123,17 +148,35 @@ def stack_layout(placements: Sequence[ChunkPlacement], pp: int,
     an encoder placed from the last rank (``encoder_placement(reverse=True)``: its first
     layers on the later rank) is laid out over mirrored ranks (rank r's layers at position
     PP - 1 - r), and its layers are built seeing rank PP - 1 - r (``mirrored``), so each
-    part still numbers its layers globally (checkpoints do not depend on the placement)."""
-    layout = megatron_layout(placements, encoder)
+    part still numbers its layers globally (checkpoints do not depend on the placement).
+    An interleaved encoder's layout has one stage per rank and round (``megatron_layout``)."""
+    layout = megatron_layout(placements, encoder, pp)
     if encoder is None:
         return layout, False
-    holders = [p for p in placements if p.encoder(encoder) and p.encoder(encoder).num_layers]
-    by_layer = [p.chunk for p in sorted(holders, key=lambda p: p.encoder(encoder).layers[0])]
+    holders = [(r, p.chunk) for p in placements if p.encoder(encoder)
+               for r in p.encoder(encoder).ranges]
+    by_layer = [c for _, c in sorted(holders)]
+    rounds = _rounds(placements, encoder)
+    if rounds > 1:
+        first_round = by_layer[:len(by_layer) // rounds]
+        if any(c >= pp for c in by_layer) or by_layer != first_round * rounds or not (
+                first_round == sorted(first_round) or first_round == sorted(first_round)[::-1]):
+            raise PlanError(f"encoder {encoder!r}: an interleaved encoder's layers must run "
+                            "over the pipeline ranks in order (or in reverse order), the same "
+                            f"each round, in each rank's first chunk (chunks {by_layer})")
+        if first_round == sorted(first_round):
+            return layout, False
+        return _mirror(layout, pp), True
     if by_layer == sorted(by_layer):
         return layout, False  # layer order is chunk order
     if any(c >= pp for c in by_layer) or by_layer != sorted(by_layer, reverse=True):
         raise PlanError(f"encoder {encoder!r}: its layers must run in pipeline order, or in "
                         f"reverse pipeline order in each rank's first chunk (chunks {by_layer})")
+    return _mirror(layout, pp), True
+
+
+def _mirror(layout: List[List[str]], pp: int) -> List[List[str]]:
+    """Rank r's stages at rank PP - 1 - r, in every virtual stage; the markers re-anchored."""
     mirrored = [list(layout[c - c % pp + pp - 1 - c % pp]) for c in range(len(layout))]
     for stage in mirrored:
         for marker in ("embedding", "loss"):
@@ -141,7 +184,7 @@ def stack_layout(placements: Sequence[ChunkPlacement], pp: int,
                 stage.remove(marker)
     mirrored[0].insert(0, "embedding")
     mirrored[-1].append("loss")
-    return mirrored, True
+    return mirrored
 
 
 def _add(place: ChunkPlacement, layer: Layer) -> None:

@@ -27,7 +27,7 @@ action, as for r = 1).
 from __future__ import annotations
 
 import math
-from itertools import accumulate
+from itertools import accumulate, groupby
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -70,14 +70,18 @@ def split_chain(chain: Sequence[Layer]) -> Tuple[List[Tuple[str, List[Layer]]], 
 def encoder_pieces(chain: Sequence[Layer], encoder_ranks: Sequence[int],
                    rank_load: Optional[Sequence[float]] = None,
                    hardware: Optional[Hardware] = None,
-                   name: Optional[str] = None, shift: Sequence[int] = ()) -> EncoderPieces:
+                   name: Optional[str] = None, shift: Sequence[int] = (),
+                   segments: Sequence[int] = ()) -> EncoderPieces:
     """Cut the encoder's transformer layers into ``len(encoder_ranks)`` pieces, each of at
-    least one layer. Without ``rank_load``: equal layer counts (the first ones one layer
+    least one layer. A segment is a run of consecutive pieces on one rank (a stage; an
+    interleaved encoder, ``encoder_placement(virtual=v)``, has v segments per stage, one
+    per round). Without ``rank_load``: equal layer counts (the first ones one layer
     longer). With it (seconds of other work per pipeline rank, timed on ``hardware``): the
-    encoder stages' layer ranges minimise the busiest rank's total, min-max over the chain
-    order; each stage's range is then cut into its pieces evenly. ``name``: which encoder
-    (needed when the model has several). ``shift[i]``: move the boundary after stage i by
-    that many layers (a neighbour of the balanced cut, for a search by simulation)."""
+    stages' layer counts minimise the busiest rank's total, min-max over the chain order,
+    each stage's count then cut evenly into its segments and pieces. ``name``: which encoder
+    (needed when the model has several). ``shift[i]``: move the boundary after segment i by
+    that many layers (a neighbour of the balanced cut, for a search by simulation);
+    ``segments``: each segment's layer count, given (the search's other candidates)."""
     encoders = dict(split_chain(chain)[0])
     if name is None:
         if len(encoders) != 1:
@@ -87,14 +91,30 @@ def encoder_pieces(chain: Sequence[Layer], encoder_ranks: Sequence[int],
     n = len(encoder_ranks)
     if n > len(layers):
         raise PlanError(f"{n} pieces of encoder {name!r} but it has {len(layers)} layers: lower "
-                        "--encoder-pieces or --encoder-pipeline-model-parallel-size")
-    if list(encoder_ranks) not in (sorted(encoder_ranks), sorted(encoder_ranks)[::-1]):
-        raise PlanError("encoder pieces must run on non-decreasing or non-increasing pipeline "
-                        "ranks (each rank holds one range of an encoder's layers)")
+                        "--encoder-pieces, --encoder-pipeline-model-parallel-size or "
+                        "--encoder-virtual-pipeline-model-parallel-size")
+    runs = [(r, len(list(g))) for r, g in groupby(encoder_ranks)]  # the segments
     stage_ranks = list(dict.fromkeys(encoder_ranks))  # in layer order
-    per_stage = [encoder_ranks.count(r) for r in stage_ranks]
-    if rank_load is None:
-        sizes = _even(len(layers), n)
+    virtual = len(runs) // len(stage_ranks)
+    if (stage_ranks not in (sorted(stage_ranks), sorted(stage_ranks)[::-1])
+            or [r for r, _ in runs] != stage_ranks * virtual
+            or len({k for _, k in runs}) != 1):
+        raise PlanError("encoder pieces must run on non-decreasing or non-increasing pipeline "
+                        "ranks, or on such a sequence repeated (an interleaved encoder), the "
+                        "same number on each: each rank holds one range of an encoder's "
+                        f"layers per round (got ranks {list(encoder_ranks)})")
+    per_segment = runs[0][1]
+    per_stage = [virtual * per_segment] * len(stage_ranks)
+    if segments:
+        if (len(segments) != len(runs) or sum(segments) != len(layers)
+                or min(segments) < per_segment):
+            raise PlanError(f"encoder {name!r}: segment sizes {list(segments)} do not cut its "
+                            f"{len(layers)} layers into {len(runs)} segments of at least "
+                            f"{per_segment}")
+        sizes = list(segments)
+    elif rank_load is None:
+        sizes = [sum(_even(len(layers), n)[i * per_segment:(i + 1) * per_segment])
+                 for i in range(len(runs))]
     else:
         time = TimeModel(hardware or Hardware())
         work = prefix_sums([layer_seconds(l, time) for l in layers])
@@ -104,15 +124,16 @@ def encoder_pieces(chain: Sequence[Layer], encoder_ranks: Sequence[int],
                              if j - i >= per_stage[g] else math.inf))[1]
         if stage_sizes is None:
             raise PlanError(f"the encoder's {len(layers)} layers cannot fill {n} pieces")
-        sizes = [s for size, k in zip(stage_sizes, per_stage) for s in _even(size, k)]
+        rounds = [_even(size, virtual) for size in stage_sizes]
+        sizes = [rounds[g][v] for v in range(virtual) for g in range(len(stage_ranks))]
     if any(shift):
-        ends = list(accumulate(per_stage))  # each stage's last piece + 1
-        cuts = [sum(sizes[:e]) + d for e, d in zip(ends[:-1], list(shift) + [0] * len(ends))]
-        stage_sizes = [b - a for a, b in zip([0] + cuts, cuts + [len(layers)])]
-        if any(size < k for size, k in zip(stage_sizes, per_stage)):
+        cuts = list(accumulate(sizes))[:-1]
+        cuts = [c + d for c, d in zip(cuts, list(shift) + [0] * len(cuts))]
+        sizes = [b - a for a, b in zip([0] + cuts, cuts + [len(layers)])]
+        if min(sizes) < per_segment:
             raise PlanError(f"shifting the encoder's stage boundaries by {list(shift)} leaves "
                             "a stage fewer layers than pieces")
-        sizes = [s for size, k in zip(stage_sizes, per_stage) for s in _even(size, k)]
+    sizes = [s for size in sizes for s in _even(size, per_segment)]
     bounds, start = [], 0
     for size in sizes:
         bounds.append([start, start + size])
@@ -139,17 +160,22 @@ def _even(total: int, parts: int) -> List[int]:
 def separate_placements(chain: Sequence[Layer], llm_partition: StagePartition,
                         pieces: Sequence[EncoderPieces]) -> List[ChunkPlacement]:
     """Every chunk's modules: the LLM by ``llm_partition`` (over the LLM's own chain), each
-    rank's pieces of each encoder in its first chunk, the encoders' output norms and
-    projectors in chunk 0."""
+    rank's pieces of each encoder in its first chunk (an interleaved encoder's as one
+    range per round), the encoders' output norms and projectors in chunk 0."""
     placements = chunk_placements(split_chain(chain)[1], llm_partition)
     for place in placements:
         place.encoder_separate = True
     for enc in pieces:
         for rank in sorted(set(enc.ranks)):
             mine = enc.of_rank(rank)
+            ranges = []  # consecutive pieces joined: one range per round (interleaving)
+            for p in mine:
+                if ranges and ranges[-1][1] == enc.layers[p][0]:
+                    ranges[-1][1] = enc.layers[p][1]
+                else:
+                    ranges.append(list(enc.layers[p]))
             placements[rank].encoders.append(EncoderPlacement(
-                name=enc.name, embed=0 in mine,
-                layers=[enc.layers[mine[0]][0], enc.layers[mine[-1]][1]]))
+                name=enc.name, embed=0 in mine, layers=ranges[0], interleaved=ranges[1:]))
         first = placements[0].encoder(enc.name)
         if first is None:
             first = EncoderPlacement(name=enc.name)
@@ -311,17 +337,19 @@ class EncoderPipelinePlan(Record):
 def plan_encoder_pipeline(chain: Sequence[Layer], pp: int, vpp: int, policy,
                           encoder_pp: Optional[int] = None, pieces_per_stage: int = 1,
                           num_microbatches: int = 1, hardware: Optional[Hardware] = None,
-                          reverse: bool = False, shift: Sequence[int] = ()
+                          reverse: bool = False, shift: Sequence[int] = (),
+                          virtual: int = 1, segments: Sequence[int] = ()
                           ) -> EncoderPipelinePlan:
     """The LLM partitioned over its own chain by ``policy`` (as ``--pipeline-partition``),
     each encoder over ``encoder_pp`` stages of ``pieces_per_stage`` pieces (``reverse``: the
-    first stage on the last rank, ``generate.encoder_placement``): equal layer counts with
-    ``uniform``, else balancing each rank's total work on ``hardware`` (the LLM's, the
-    encoders' placed before, this encoder's); ``shift`` moves each encoder's stage
-    boundaries off that balance (``encoder_pieces``)."""
+    first stage on the last rank; ``virtual`` rounds over the stages: interleaved;
+    ``generate.encoder_placement``): equal layer counts with ``uniform``, else balancing
+    each rank's total work on ``hardware`` (the LLM's, the encoders' placed before, this
+    encoder's); ``shift`` moves each encoder's segment boundaries off that balance, and
+    ``segments`` gives the first encoder's segment sizes outright (``encoder_pieces``)."""
     encoders, llm = split_chain(chain)
     part = partition(llm, pp, vpp, policy, num_microbatches=num_microbatches)
-    _, ranks = encoder_placement(pp, encoder_pp, pieces_per_stage, reverse)
+    _, ranks = encoder_placement(pp, encoder_pp, pieces_per_stage, reverse, virtual)
     hw = hardware or Hardware()
     time = TimeModel(hw)
     load = None
@@ -337,7 +365,8 @@ def plan_encoder_pipeline(chain: Sequence[Layer], pp: int, vpp: int, policy,
                 if layer.kind == "projector" or layer.kind.endswith("_embed"):
                     load[part.rank_of_chunk(0) if layer.kind == "projector" else ranks[0]] += \
                         layer_seconds(layer, time)
-        enc = encoder_pieces(chain, ranks, load, hw, name, shift)
+        enc = encoder_pieces(chain, ranks, load, hw, name, shift,
+                             segments if not pieces else ())
         pieces.append(enc)
         if load is not None:
             layers = [l for l in encoder if l.kind.endswith("_layer")]

@@ -31,10 +31,11 @@ class EncoderLayout(Record):
     encoder_pipeline_model_parallel_size: int
     pieces: int = 1
     reverse: bool = False
+    virtual: int = 1  # --encoder-virtual-pipeline-model-parallel-size
 
     def ranks(self, pp: int) -> List[int]:
         return encoder_placement(pp, self.encoder_pipeline_model_parallel_size, self.pieces,
-                                 self.reverse)[1]
+                                 self.reverse, self.virtual)[1]
 
 
 def llm_order(pp: int, vpp: int, m: int, rank: int, extra_warmup: int = 0) -> List[Action]:
@@ -78,18 +79,29 @@ def megatron(pp: int, vpp: int, num_microbatches: int, grad_sync: bool = False) 
 
 
 def encoder_placement(pp: int, encoder_stages: Optional[int] = None, pieces: int = 1,
-                      reverse: bool = False) -> Tuple[int, List[int]]:
+                      reverse: bool = False, virtual: int = 1) -> Tuple[int, List[int]]:
     """(encoder stages, the rank of each encoder piece): stage s on rank s * (PP / stages)
     (``reverse``: counted from the last rank, so the encoder ends on the rank the LLM
     starts on), cut into ``pieces`` consecutive pieces there; encoder PP must divide LLM
-    PP."""
+    PP. ``virtual`` > 1 (``--encoder-virtual-pipeline-model-parallel-size``) interleaves
+    the encoder as Megatron-Core interleaves the LLM: its layers run ``virtual`` times
+    over the stages, each rank holding ``virtual`` ranges of them, so the first
+    micro-batch's first piece (which every other rank waits for) and the last one's
+    backward (which ends the iteration) are ``virtual`` times shorter."""
     stages = encoder_stages or pp
     if stages < 1 or pp % stages:
         raise PlanError(f"--encoder-pipeline-model-parallel-size ({stages}) must divide "
                         f"--pipeline-model-parallel-size ({pp})")
     if pieces < 1:
         raise PlanError(f"--encoder-pieces must be at least 1 (got {pieces})")
-    ranks = [(p // pieces) * (pp // stages) for p in range(stages * pieces)]
+    if virtual < 1 or (virtual > 1 and stages < 2):
+        raise PlanError(f"--encoder-virtual-pipeline-model-parallel-size ({virtual}) needs "
+                        "an encoder pipeline of at least 2 stages "
+                        f"(--encoder-pipeline-model-parallel-size is {stages})"
+                        if virtual > 1 else
+                        f"--encoder-virtual-pipeline-model-parallel-size must be at least 1 "
+                        f"(got {virtual})")
+    ranks = [((p // pieces) % stages) * (pp // stages) for p in range(virtual * stages * pieces)]
     return stages, [pp - 1 - r for r in ranks] if reverse else ranks
 
 

@@ -15,13 +15,17 @@ cannot run fails at start-up.
 
 from __future__ import annotations
 
+import math
+from itertools import combinations
+from typing import List, Tuple
+
 from ...plan.schedules.bubble import bubble
 from ...plan.schedules.encoder_pipeline import (EncoderPipelinePlan, expert_chunks,
                                                 plan_encoder_pipeline, schedule_costs,
                                                 split_chain)
 from ...plan.errors import PlanError
 from ...plan.schedules.collectives import add_expert_all_to_alls
-from ...plan.schedules.generate import coarse
+from ...plan.schedules.generate import EncoderLayout, coarse
 from ...plan.pipeline.partition import parse_partition_flag
 from ...plan.schedules.simulate import simulate
 from .chain import training_chain
@@ -36,8 +40,11 @@ def encoder_pipeline_plan(config, chain=None, policy=None) -> EncoderPipelinePla
     """The plan for the flags (``config``: the RunConfig). For the bubble schedule on a
     balanced partition (not ``uniform`` or explicit counts) the encoder's stage boundaries
     are searched by simulation: the balanced cut and each boundary one layer either side
-    (what balances ranks' totals need not pack the bubbles best), from each end of the
-    pipeline that ``--encoder-placement`` allows (auto: both; coarse: the first)."""
+    (what balances ranks' totals need not pack the bubbles best); an interleaved encoder
+    (``--encoder-virtual-pipeline-model-parallel-size``) tries every cut of its layers into
+    its segments where they are few (``SEGMENT_CUTS``: a short first segment starts the
+    pipeline sooner and ends its backward sooner, which no balance sees), from each end of
+    the pipeline that ``--encoder-placement`` allows (auto: both; coarse: the first)."""
     parallel, schedule = config.parallel, config.encoder_schedule
     m = config.training.num_microbatches
     chain = chain if chain is not None else training_chain(config)
@@ -49,21 +56,29 @@ def encoder_pipeline_plan(config, chain=None, policy=None) -> EncoderPipelinePla
         placement = "auto" if bubble_search else "first"
     stages = (schedule.encoder_pipeline_model_parallel_size
               or parallel.pipeline_model_parallel_size)
+    virtual = encoder_virtual_stages(config)
+    pieces = schedule.encoder_pieces
+    searched = bubble_search and isinstance(policy, str) and policy != "uniform"
+    segments = virtual * stages
     shifts = [()]
-    if bubble_search and isinstance(policy, str) and policy != "uniform":
-        shifts += [tuple(d if i == b else 0 for i in range(stages - 1))
-                   for b in range(stages - 1) for d in (-1, 1)]
+    if searched:
+        shifts += [tuple(d if i == b else 0 for i in range(segments - 1))
+                   for b in range(segments - 1) for d in (-1, 1)]
+    cuts = [()]
+    if searched and virtual > 1:
+        cuts += segment_cuts(_encoder_layers(chain), segments, pieces)
     plans = []
     for reverse in {"first": [False], "last": [True], "auto": [False, True]}[placement]:
-        for shift in shifts:
+        trials = [(shift, ()) for shift in shifts] + [((), cut) for cut in cuts[1:]]
+        for shift, cut in trials:
             try:
                 plans.append(plan_encoder_pipeline(
                     chain, parallel.pipeline_model_parallel_size,
                     parallel.virtual_pipeline_model_parallel_size or 1, policy, stages,
-                    schedule.encoder_pieces, m, hardware(config.pipeline),
-                    reverse=reverse, shift=shift))
+                    pieces, m, hardware(config.pipeline), reverse=reverse, shift=shift,
+                    virtual=virtual, segments=cut))
             except PlanError:
-                if not shift:  # the balanced cut itself: the flags' error
+                if not shift and not cut:  # the balanced cut itself: the flags' error
                     raise
     if len(plans) == 1:
         return plans[0]
@@ -71,6 +86,31 @@ def encoder_pipeline_plan(config, chain=None, policy=None) -> EncoderPipelinePla
     return min(plans, key=lambda plan: simulate(
         make_schedule(config, plan, m, chain), plan_costs(config, plan, chain),
         timeline=False).iteration_s)
+
+
+# An interleaved encoder's cuts tried outright up to this many (else its shifts only).
+SEGMENT_CUTS = 200
+
+
+def segment_cuts(layers: int, segments: int, pieces: int) -> List[Tuple[int, ...]]:
+    """Every cut of ``layers`` layers into ``segments`` consecutive segments of at least
+    ``pieces`` layers, when there are at most ``SEGMENT_CUTS`` of them (else none)."""
+    spare = layers - segments * pieces
+    if spare < 0 or math.comb(spare + segments - 1, segments - 1) > SEGMENT_CUTS:
+        return []
+    return [tuple(pieces + b - a - 1 for a, b in zip((-1,) + bars, bars + (spare + segments - 1,)))
+            for bars in combinations(range(spare + segments - 1), segments - 1)]
+
+
+def _encoder_layers(chain) -> int:
+    """The first encoder's transformer layers (the one the segment search cuts)."""
+    name, layers = split_chain(chain)[0][0]
+    return sum(1 for l in layers if l.kind.endswith("_layer"))
+
+
+def encoder_virtual_stages(config) -> int:
+    """``--encoder-virtual-pipeline-model-parallel-size`` (1: not interleaved)."""
+    return config.encoder_schedule.encoder_virtual_pipeline_model_parallel_size or 1
 
 
 def plan_costs(config, plan: EncoderPipelinePlan, chain=None):
@@ -97,17 +137,16 @@ def _compute_schedule(config, plan: EncoderPipelinePlan, num_microbatches: int, 
     parallel, schedule = config.parallel, config.encoder_schedule
     pp = parallel.pipeline_model_parallel_size
     vpp = parallel.virtual_pipeline_model_parallel_size or 1
-    stages, pieces = schedule.encoder_pipeline_model_parallel_size, schedule.encoder_pieces
-    encoders = dict(reverse=plan.reverse, encoders=len(plan.pieces),
-                    frozen_encoders=plan.frozen_encoders,
+    stages = schedule.encoder_pipeline_model_parallel_size or pp
+    layouts = [EncoderLayout(stages, schedule.encoder_pieces, plan.reverse,
+                             encoder_virtual_stages(config))] * len(plan.pieces)
+    encoders = dict(layouts=layouts, frozen_encoders=plan.frozen_encoders,
                     encoder_replicas=encoder_replicas(config), grad_sync=True)
     if schedule.encoder_schedule == "coarse":
-        return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, stages, pieces,
-                      **encoders)
+        return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, **encoders)
     return bubble(pp, vpp, num_microbatches, plan.encoder_trainable,
-                  plan_costs(config, plan, chain).all_to_alls_folded(), stages, pieces,
-                  extra_warmup="auto",
-                  **encoders)
+                  plan_costs(config, plan, chain).all_to_alls_folded(),
+                  extra_warmup="auto", **encoders)
 
 
 def encoder_replicas(config) -> int:

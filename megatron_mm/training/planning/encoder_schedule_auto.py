@@ -63,6 +63,7 @@ class Alternative(Record):
     encoder_data_parallel_size: Optional[int] = None
     pipeline_model_parallel_size: Optional[int] = None
     data_parallel_size: Optional[int] = None
+    encoder_virtual_pipeline_model_parallel_size: int = 1  # coarse | bubble: interleaving
 
     def describe(self) -> str:
         if self.schedule == "megatron":
@@ -75,8 +76,10 @@ class Alternative(Record):
                     f"{self.data_parallel_size}")
         tp = (f" TP {self.encoder_tensor_model_parallel_size}"
               if self.tensor_model_parallel_size > 1 else "")
+        v = self.encoder_virtual_pipeline_model_parallel_size
         return (f"{self.schedule}, encoder PP {self.encoder_pipeline_model_parallel_size}"
-                f"{tp}, {self.encoder_pieces} piece(s) per stage")
+                f"{tp}{f' VPP {v}' if v > 1 else ''}, {self.encoder_pieces} piece(s) per "
+                "stage")
 
 
 @dataclass
@@ -106,12 +109,15 @@ class EncoderScheduleChoice(Record):
     # auto chose separate: its encoder replicas and the LLM's PP (None: the flags')
     encoder_data_parallel_size: Optional[int] = None
     pipeline_model_parallel_size: Optional[int] = None
+    encoder_virtual_pipeline_model_parallel_size: Optional[int] = None
 
     @classmethod
     def from_flags(cls, schedule) -> "EncoderScheduleChoice":
         """The flags' schedule (``schedule``: the encoder-schedule group)."""
         return cls(schedule.encoder_schedule, schedule.encoder_pipeline_model_parallel_size,
-                   schedule.encoder_tensor_model_parallel_size, schedule.encoder_pieces)
+                   schedule.encoder_tensor_model_parallel_size, schedule.encoder_pieces,
+                   encoder_virtual_pipeline_model_parallel_size=(
+                       schedule.encoder_virtual_pipeline_model_parallel_size))
 
     def applied(self, config):
         """``config`` (the RunConfig) with this schedule as its encoder-schedule group
@@ -124,19 +130,21 @@ class EncoderScheduleChoice(Record):
                 self.encoder_data_parallel_size, self.pipeline_model_parallel_size))
         return with_schedule(config, self.encoder_schedule,
                              self.encoder_pipeline_model_parallel_size,
-                             self.encoder_tensor_model_parallel_size, self.encoder_pieces)
+                             self.encoder_tensor_model_parallel_size, self.encoder_pieces,
+                             self.encoder_virtual_pipeline_model_parallel_size)
 
     def lines(self) -> List[str]:
         return self.auto.lines() if self.auto is not None else []
 
 
 def with_schedule(config, encoder_schedule: str, stages: Optional[int], etp: Optional[int],
-                  pieces: int):
+                  pieces: int, virtual: Optional[int] = None):
     """``config`` with these encoder-schedule flags (the flags given stay as typed)."""
     return dataclasses.replace(config, encoder_schedule=dataclasses.replace(
         config.encoder_schedule, encoder_schedule=encoder_schedule,
         encoder_pipeline_model_parallel_size=stages,
-        encoder_tensor_model_parallel_size=etp, encoder_pieces=pieces))
+        encoder_tensor_model_parallel_size=etp, encoder_pieces=pieces,
+        encoder_virtual_pipeline_model_parallel_size=virtual))
 
 
 def encoder_tp_options(config) -> List[int]:
@@ -183,21 +191,24 @@ def choose_encoder_schedule(config, chain) -> AutoChoice:
                                         tensor_model_parallel_size=tp))
     separate = (config.pipeline.pipeline_partition != "search"
                 and config.recompute.recompute_memory_budget is None)
+    given = config.encoder_schedule.encoder_virtual_pipeline_model_parallel_size
     for etp in etps if separate else []:
         for stages in [d for d in range(1, pp + 1) if pp % d == 0]:
-            for pieces in (1, 2, 4):
-                for kind in ("coarse", "bubble"):
-                    # the run's own planning with these flags (placement and stage
-                    # boundaries searched for bubble), so the choice is what runs
-                    flags = with_schedule(config, kind, stages, etp, pieces)
-                    try:
-                        plan = encoder_pipeline_plan(flags, chain)
-                    except PlanError:  # an encoder too short for these pieces
-                        break
-                    sim = simulate(make_schedule(flags, plan, m, chain),
-                                   plan_costs(flags, plan, chain), False)
-                    alternatives.append(Alternative(kind, stages, pieces, sim.iteration_s,
-                                                    etp, tp))
+            for virtual in [given] if given else ([1, 2] if stages > 1 else [1]):
+                for pieces in (1, 2, 4):
+                    for kind in ("coarse", "bubble"):
+                        # the run's own planning with these flags (placement and stage
+                        # boundaries searched for bubble), so the choice is what runs
+                        flags = with_schedule(config, kind, stages, etp, pieces, virtual)
+                        try:
+                            plan = encoder_pipeline_plan(flags, chain)
+                        except PlanError:  # an encoder too short for these pieces
+                            break
+                        sim = simulate(make_schedule(flags, plan, m, chain),
+                                       plan_costs(flags, plan, chain), False)
+                        alternatives.append(Alternative(
+                            kind, stages, pieces, sim.iteration_s, etp, tp,
+                            encoder_virtual_pipeline_model_parallel_size=virtual))
     alternatives += separate_alternatives(config, chain, lambda etp, edp, llm_pp, dp, t: (
         Alternative("separate", None, 1, t, etp, tp, edp, llm_pp, dp)))
     if not alternatives:
@@ -223,4 +234,6 @@ def encoder_schedule_choice(config, chain) -> EncoderScheduleChoice:
                                      encoder_data_parallel_size=c.encoder_data_parallel_size,
                                      pipeline_model_parallel_size=c.pipeline_model_parallel_size)
     return EncoderScheduleChoice(c.schedule, c.encoder_pipeline_model_parallel_size,
-                                 c.encoder_tensor_model_parallel_size, c.encoder_pieces, auto)
+                                 c.encoder_tensor_model_parallel_size, c.encoder_pieces, auto,
+                                 encoder_virtual_pipeline_model_parallel_size=(
+                                     c.encoder_virtual_pipeline_model_parallel_size))
