@@ -30,7 +30,8 @@ Steps:
    strongest baseline without the encoder schedules), and with the encoder as its own
    pipeline over both ranks (``coarse``, ``bubble`` with ``--pipeline-partition auto``:
    LLM chunks and encoder pieces balanced per rank on the measured profile, the bubble
-   schedule generated on it; ``bubble-vpp2`` with the LLM interleaved), with the encoder
+   schedule generated on it; ``bubble-vpp2`` with the LLM interleaved, ``bubble-evpp2``
+   with the encoder interleaved over its two stages, two rounds), with the encoder
    on a rank of its own and the whole LLM on the other (``separate``:
    ``--encoder-schedule separate``, LLM PP=1), and with ``--encoder-schedule auto`` (the
    planner's pick on the profile, read from the run's log), alternating, ``--rounds``
@@ -110,25 +111,31 @@ AUDIO = ["--audio-model-type", "whisper", "--audio-hidden-size", "256",
 # encoder work balanced on the measured profile), the bubble schedule also with the LLM
 # interleaved; the encoder on a rank of its own and the LLM whole on the other
 # (``separate``: LLM PP=1); and ``--encoder-schedule auto`` (the planner's pick).
+# ``bubble-evpp2``: the encoder interleaved over its stages, two rounds
+# (--encoder-virtual-pipeline-model-parallel-size 2; left out for an encoder of fewer than
+# 4 layers).
 SCHEDULES = ("megatron", "megatron-auto", "megatron-auto-vpp2", "coarse", "bubble",
-             "bubble-vpp2", "separate", "auto")
+             "bubble-vpp2", "bubble-evpp2", "separate", "auto")
 ENCODER_SCHEDULE = {"megatron": "megatron", "megatron-auto": "megatron",
                     "megatron-auto-vpp2": "megatron", "coarse": "coarse", "bubble": "bubble",
-                    "bubble-vpp2": "bubble", "separate": "separate", "auto": "auto"}
+                    "bubble-vpp2": "bubble", "bubble-evpp2": "bubble", "separate": "separate",
+                    "auto": "auto"}
 PARTITION = {"megatron": "uniform", "megatron-auto": "auto", "megatron-auto-vpp2": "auto",
-             "coarse": "auto", "bubble": "auto", "bubble-vpp2": "auto", "separate": "auto",
-             "auto": "auto"}
+             "coarse": "auto", "bubble": "auto", "bubble-vpp2": "auto", "bubble-evpp2": "auto",
+             "separate": "auto", "auto": "auto"}
 VPP = {"megatron-auto-vpp2": 2, "bubble-vpp2": 2}
+ENCODER_VPP = {"bubble-evpp2": 2}
 COMPUTE = ("F", "B", "EF", "EB")  # a timeline's compute actions (the rest: transfers)
 PP = {"separate": 1}  # the rest: 2 (the world's two ranks; separate: 1 encoder rank + 1)
 
 
 def schedule_flags(schedule: str) -> List[str]:
     """The flags of a row, beside the model's."""
-    vpp = VPP.get(schedule)
+    vpp, evpp = VPP.get(schedule), ENCODER_VPP.get(schedule)
     return ["--pipeline-model-parallel-size", str(PP.get(schedule, 2)), "--encoder-schedule",
             ENCODER_SCHEDULE[schedule], "--pipeline-partition", PARTITION[schedule]] + (
-        ["--virtual-pipeline-model-parallel-size", str(vpp)] if vpp else [])
+        ["--virtual-pipeline-model-parallel-size", str(vpp)] if vpp else []) + (
+        ["--encoder-virtual-pipeline-model-parallel-size", str(evpp)] if evpp else [])
 
 
 
@@ -392,6 +399,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.model = (MODEL + WORKLOADS.get(args.workload, []) + (AUDIO if args.audio else [])
                   + (MOE if args.moe else []) + rest)
     args.schedules = [s for s in SCHEDULES if s in args.schedules]
+    vit_layers = _vit_layers(args.model)
+    short = [s for s in args.schedules if ENCODER_VPP.get(s, 1) * 2 > vit_layers]
+    if short:
+        print(f"left out {', '.join(short)}: the ViT's {vit_layers} layers are too few to "
+              "interleave over 2 ranks")
+        args.schedules = [s for s in args.schedules if s not in short]
     with tempfile.TemporaryDirectory() as workdir:
         profile = co_run_profile(workdir, args.model)
         results = {s: [] for s in args.schedules}
@@ -490,6 +503,11 @@ def ratios(iteration: dict, errors: dict, results: dict, sims: dict,
         f"{s} {e:+.1%}" for s, e in errors.items()) + f"; largest |error| {abs(errors[worst]):.1%}"
         f" ({worst})")
     return lines
+
+
+def _vit_layers(model: Sequence[str]) -> int:
+    """The ViT's layer count among ``model``'s flags (the last one given)."""
+    return int([b for a, b in zip(model, model[1:]) if a == "--vision-num-layers"][-1])
 
 
 def describe(args) -> str:

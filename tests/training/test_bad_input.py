@@ -110,6 +110,26 @@ from megatron_mm.training.user_errors import exit_with_user_error
      "--encoder-tensor-model-parallel-size needs --encoder-schedule coarse or bubble"),
     (["--pipeline-model-parallel-size", "2", "--encoder-pipeline-model-parallel-size", "2"],
      2, "--encoder-pipeline-model-parallel-size needs --encoder-schedule coarse or bubble"),
+    # the encoder interleaved over its own pipeline
+    (["--pipeline-model-parallel-size", "2", "--encoder-virtual-pipeline-model-parallel-size",
+      "2"], 2, "--encoder-virtual-pipeline-model-parallel-size needs --encoder-schedule "
+               "coarse or bubble"),
+    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble",
+      "--encoder-pipeline-model-parallel-size", "1",
+      "--encoder-virtual-pipeline-model-parallel-size", "2"], 2,
+     "--encoder-virtual-pipeline-model-parallel-size 2 interleaves the encoder over its "
+     "pipeline stages: it needs --encoder-pipeline-model-parallel-size of at least 2 (it is 1)"),
+    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble",
+      "--encoder-virtual-pipeline-model-parallel-size", "0"], 2,
+     "--encoder-virtual-pipeline-model-parallel-size must be at least 1 (got 0)"),
+    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble",
+      "--encoder-virtual-pipeline-model-parallel-size", "2"], 2,
+     "4 pieces of encoder 'vision' but it has 2 layers: lower --encoder-pieces, "
+     "--encoder-pipeline-model-parallel-size or --encoder-virtual-pipeline-model-parallel-size"),
+    (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "separate",
+      "--encoder-virtual-pipeline-model-parallel-size", "2"], 3,
+     "--encoder-virtual-pipeline-model-parallel-size does not apply to --encoder-schedule "
+     "separate"),
     (["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble",
       "--tensor-model-parallel-size", "2", "--encoder-tensor-model-parallel-size", "1",
       "--context-parallel-size", "2"], 8, "--encoder-schedule bubble does not combine with "

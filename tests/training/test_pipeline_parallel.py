@@ -95,7 +95,10 @@ def test_pipeline_parallel_equals_one_process(one_process_reference, digits_dir,
     if AUTO[-1] in layout:
         layout = _with_slow_vit_profile(argv, layout, tmp_path_factory)
     extra = []
-    if layout[-2:] == ETP1:  # save, and evaluate (forward-only runs skip other replicas)
+    replicas = layout[-2:] == ETP1
+    # save, and evaluate (forward-only runs skip other replicas; interleaved ranges load
+    # under one block's keys)
+    if replicas or (INTERLEAVED[0] in layout and "--encoder-placement" in layout[-2:]):
         saved = tmp_path_factory.mktemp("etp1")
         extra = ["--save", str(saved)]
         argv = [a for a in argv if a != "--skip-final-eval"] + ["--eval-max-new-tokens", "2"]
@@ -129,10 +132,11 @@ def test_pipeline_parallel_equals_one_process(one_process_reference, digits_dir,
             assert (c["bwd"] == 0) == ("--freeze-ViT" in model), calls
             if RECOMPUTE[1] in layout:  # one ViT layer per rank, recomputed: twice per
                 assert c["fwd"] == 2 * 4 * STEPS, calls  # micro-batch (4 per step)
-    if extra:  # both encoder replicas of the first stage did encoder work
+    if replicas:  # both encoder replicas of the first stage did encoder work
         for out in ranks[:2]:
             c = out["observed"]["vit_calls"]
             assert c["fwd"] > 0 and c["bwd"] > 0, c
+    if extra:
         _check_etp1_checkpoint(argv, saved, stages)
 
 
@@ -183,8 +187,8 @@ def _with_slow_vit_profile(argv, layout, tmp_path_factory):
 
 
 def _check_etp1_checkpoint(argv, saved, stages):
-    """The TP=2 / ETP=1 checkpoint (model and optimizer) loads in one process: the same
-    parameters, and the same validation loss and answers."""
+    """The TP=2 / ETP=1 (or interleaved encoder's) checkpoint (model and optimizer) loads in
+    one process: the same parameters, and the same validation loss and answers."""
     at = argv.index("--load")
     argv = argv[:at] + ["--load", str(saved)] + [a for a in argv[at + 2:]
                                                  if a != "--no-load-optim"]

@@ -22,6 +22,8 @@ are placed by list scheduling on the per-action costs:
   TP-bubble filling; small pieces, e.g. attention / MLP kernels, fit best); their own TP
   all-reduces (``costs.encoder_*_comm_s``) slow the LLM's on the same links, so they
   lengthen the rank's time too;
+- ``extra_warmup="quick"``: Megatron-Core's order and one dataflow order only, the faster
+  (to rank many candidate plans before the full search on the best);
 - ``extra_warmup="auto"`` also tries one and two more LLM warm-up forwards per rank
   (Optimus' adjusted warm-up: the backwards come later, which can open room for encoder
   work, at the cost of activations in flight), and the ``dataflow`` schedule (no fixed LLM
@@ -62,6 +64,16 @@ def bubble(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
     """The bubble-filling schedule for these per-action costs (``costs.encoder_*_s`` per
     encoder piece: ``encoder_stages * pieces`` entries per encoder, ``encoders`` of them
     one after the other; or each encoder's own ``layouts``)."""
+    if extra_warmup == "quick":  # 1F1B's order and one dataflow order: to rank many plans
+        return min([bubble(pp, vpp, num_microbatches, encoder_trainable, costs, encoder_stages,
+                           pieces, reverse, 0, encoders, frozen_encoders, encoder_replicas,
+                           grad_sync, encoder_grad_sync, layouts, tp_bubbles),
+                    dataflow(pp, vpp, num_microbatches, encoder_trainable, costs,
+                             encoder_stages, pieces, reverse, encoders, frozen_encoders,
+                             encoder_replicas, grad_sync, encoder_grad_sync, layouts,
+                             max_in_flight=pp + 1, max_encoder_ahead=2 * pp,
+                             longest_chain_first=True)],
+                   key=lambda s: simulate(s, costs, timeline=False).iteration_s)
     if extra_warmup == "auto":
         options = [bubble(pp, vpp, num_microbatches, encoder_trainable, costs, encoder_stages,
                           pieces, reverse, extra, encoders, frozen_encoders,
@@ -72,9 +84,10 @@ def bubble(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
             options += [dataflow(pp, vpp, num_microbatches, encoder_trainable, costs,
                                  encoder_stages, pieces, reverse, encoders, frozen_encoders,
                                  encoder_replicas, grad_sync, encoder_grad_sync, layouts,
-                                 max_in_flight=in_flight, max_encoder_ahead=ahead)
+                                 max_in_flight=in_flight, max_encoder_ahead=ahead,
+                                 longest_chain_first=chain)
                         for in_flight in sorted({pp, pp + 1, pp + 2, pp * vpp})
-                        for ahead in (pp, 2 * pp)]
+                        for ahead in (pp, 2 * pp) for chain in (False, True)]
         return min(options, key=lambda s: simulate(s, costs, timeline=False).iteration_s)
     schedule = separate_encoders("bubble", pp, vpp, num_microbatches, encoder_trainable,
                                  encoder_stages, pieces, reverse, encoders, frozen_encoders,

@@ -13,6 +13,10 @@ of a list-scheduling replay on the per-action costs:
 - among actions that could start at the same moment: LLM backward, LLM forward, encoder
   forward, encoder backward, then the lower micro-batch (what frees memory and feeds the
   LLM first; encoder backwards are the work with the most slack, so they fill what is left);
+  ``longest_chain_first``: among encoder backwards, the one with the most encoder backward
+  work still behind it (its micro-batch's pieces before it) first: the last micro-batch's
+  backward, which passes from rank to rank piece by piece (an interleaved encoder's most of
+  all), starts as soon as it can and the earlier micro-batches' pieces fill its waits;
 - ``max_in_flight``: at most that many micro-batches between their first LLM forward
   ``F(m, 0)`` and the end of their ``B(m, 0)``: the LLM activations a rank holds, as in
   1F1B where the first rank holds PP of them;
@@ -48,7 +52,8 @@ def dataflow(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
              encoder_grad_sync: bool = False,
              layouts: Optional[Sequence[EncoderLayout]] = None,
              max_in_flight: Optional[int] = None,
-             max_encoder_ahead: Optional[int] = None) -> Schedule:
+             max_encoder_ahead: Optional[int] = None,
+             longest_chain_first: bool = False) -> Schedule:
     """The dataflow schedule for these per-action costs (module docstring); the bounds
     default to PP micro-batches each."""
     schedule = separate_encoders("dataflow", pp, vpp, num_microbatches, encoder_trainable,
@@ -59,15 +64,17 @@ def dataflow(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
     if in_flight < 1 or ahead < 1:
         raise PlanError(f"the dataflow schedule needs room for one micro-batch in flight "
                         f"(got max_in_flight={in_flight}, max_encoder_ahead={ahead})")
-    schedule.ranks = _Order(schedule, costs, in_flight, ahead).run()
+    schedule.ranks = _Order(schedule, costs, in_flight, ahead, longest_chain_first).run()
     return add_collectives(schedule, encoder_replicas, grad_sync, encoder_grad_sync)
 
 
 class _Order:
     """The list scheduling that gives the order (module docstring)."""
 
-    def __init__(self, schedule: Schedule, costs: ActionCosts, in_flight: int, ahead: int):
+    def __init__(self, schedule: Schedule, costs: ActionCosts, in_flight: int, ahead: int,
+                 longest_chain_first: bool = False):
         self.s, self.costs, self.in_flight, self.ahead = schedule, costs, in_flight, ahead
+        self.longest_chain_first = longest_chain_first
         m, n = schedule.num_microbatches, schedule.encoder_stages
         todo = [Action(Kind.F, mb, c) for mb in range(m) for c in range(schedule.num_chunks)]
         todo += [Action(Kind.B, mb, c) for mb in range(m) for c in range(schedule.num_chunks)]
@@ -98,6 +105,14 @@ class _Order:
     def cost(self, a: Action) -> float:
         return self.costs.of(a.kind, a.chunk, a.microbatch)
 
+    def chain(self, a: Action) -> float:
+        """With ``longest_chain_first``, an encoder backward's work still to follow in its
+        micro-batch (its own and its encoder's earlier pieces'); else 0."""
+        if not (self.longest_chain_first and a.kind == Kind.EB):
+            return 0.0
+        first, _ = self.s.encoder_span(a.chunk)
+        return sum(self.costs.of(Kind.EB, p, a.microbatch) for p in range(first, a.chunk + 1))
+
     def arrival(self, a: Action, rank: int) -> float:
         t = self.costs.llm_start_s if a.kind.llm else 0.0
         for d in self.s.dependencies(a):
@@ -122,13 +137,13 @@ class _Order:
                     if not self.allowed(a):
                         continue
                     key = (max(self.clock[r], self.arrival(a, r)), _URGENCY[a.kind],
-                           a.microbatch, r)
+                           -self.chain(a), a.microbatch, r)
                     if best is None or key < best[0]:
                         best = (key, a)
             if best is None:
                 raise PlanError("the dataflow schedule is stuck: no ready action fits the "
                                 "memory bounds (max_in_flight / max_encoder_ahead)")
-            (start, _, mb, r), a = best
+            (start, _, _, mb, r), a = best
             self.commit(a, r, start)
             done += 1
         return self.orders

@@ -97,24 +97,24 @@ def encoder_pieces(chain: Sequence[Layer], encoder_ranks: Sequence[int],
     stage_ranks = list(dict.fromkeys(encoder_ranks))  # in layer order
     virtual = len(runs) // len(stage_ranks)
     if (stage_ranks not in (sorted(stage_ranks), sorted(stage_ranks)[::-1])
-            or [r for r, _ in runs] != stage_ranks * virtual
-            or len({k for _, k in runs}) != 1):
+            or runs != runs[:len(stage_ranks)] * virtual):
         raise PlanError("encoder pieces must run on non-decreasing or non-increasing pipeline "
-                        "ranks, or on such a sequence repeated (an interleaved encoder), the "
-                        "same number on each: each rank holds one range of an encoder's "
-                        f"layers per round (got ranks {list(encoder_ranks)})")
-    per_segment = runs[0][1]
-    per_stage = [virtual * per_segment] * len(stage_ranks)
+                        "ranks, or on such a sequence repeated (an interleaved encoder, as "
+                        "many pieces per rank each round): each rank holds one range of an "
+                        f"encoder's layers per round (got ranks {list(encoder_ranks)})")
+    per_segment = [k for _, k in runs]  # pieces per segment
+    per_stage = [virtual * k for _, k in runs[:len(stage_ranks)]]
     if segments:
         if (len(segments) != len(runs) or sum(segments) != len(layers)
-                or min(segments) < per_segment):
+                or any(size < k for size, k in zip(segments, per_segment))):
             raise PlanError(f"encoder {name!r}: segment sizes {list(segments)} do not cut its "
                             f"{len(layers)} layers into {len(runs)} segments of at least "
-                            f"{per_segment}")
+                            "their pieces each")
         sizes = list(segments)
     elif rank_load is None:
-        sizes = [sum(_even(len(layers), n)[i * per_segment:(i + 1) * per_segment])
-                 for i in range(len(runs))]
+        ends = list(accumulate(per_segment))
+        even = _even(len(layers), n)
+        sizes = [sum(even[e - k:e]) for e, k in zip(ends, per_segment)]
     else:
         time = TimeModel(hardware or Hardware())
         work = prefix_sums([layer_seconds(l, time) for l in layers])
@@ -130,10 +130,10 @@ def encoder_pieces(chain: Sequence[Layer], encoder_ranks: Sequence[int],
         cuts = list(accumulate(sizes))[:-1]
         cuts = [c + d for c, d in zip(cuts, list(shift) + [0] * len(cuts))]
         sizes = [b - a for a, b in zip([0] + cuts, cuts + [len(layers)])]
-        if min(sizes) < per_segment:
+        if any(size < k for size, k in zip(sizes, per_segment)):
             raise PlanError(f"shifting the encoder's stage boundaries by {list(shift)} leaves "
                             "a stage fewer layers than pieces")
-    sizes = [s for size in sizes for s in _even(size, per_segment)]
+    sizes = [s for size, k in zip(sizes, per_segment) for s in _even(size, k)]
     bounds, start = [], 0
     for size in sizes:
         bounds.append([start, start + size])

@@ -82,10 +82,20 @@ def encoder_pipeline_plan(config, chain=None, policy=None) -> EncoderPipelinePla
                     raise
     if len(plans) == 1:
         return plans[0]
+
+    def iteration_s(plan, quick=False) -> float:
+        return simulate(make_schedule(config, plan, m, chain, quick),
+                        plan_costs(config, plan, chain), timeline=False).iteration_s
+
+    if len(plans) > FULL_TRIALS:  # many cuts: the quick schedules pick whom to try fully
+        plans = sorted(plans, key=lambda plan: iteration_s(plan, True))[:FULL_TRIALS]
     # the first of equals: the balanced cut, the usual placement
-    return min(plans, key=lambda plan: simulate(
-        make_schedule(config, plan, m, chain), plan_costs(config, plan, chain),
-        timeline=False).iteration_s)
+    return min(plans, key=iteration_s)
+
+
+# More candidate plans than this: each ranked on the bubble generator's two quickest
+# orders first, the best this many planned in full.
+FULL_TRIALS = 12
 
 
 # An interleaved encoder's cuts tried outright up to this many (else its shifts only).
@@ -123,17 +133,20 @@ def plan_costs(config, plan: EncoderPipelinePlan, chain=None):
                           **time_inputs(config))
 
 
-def make_schedule(config, plan: EncoderPipelinePlan, num_microbatches: int, chain=None):
+def make_schedule(config, plan: EncoderPipelinePlan, num_microbatches: int, chain=None,
+                  quick: bool = False):
     """The run's coarse or bubble schedule, its expert all-to-alls (an MoE LLM at expert
-    parallelism) as actions after the LLM actions that run them."""
+    parallelism) as actions after the LLM actions that run them. ``quick``: the bubble
+    generator's two quickest orders only (``bubble(extra_warmup="quick")``), to rank plans."""
     chain = chain if chain is not None else training_chain(config)
     llm = split_chain(chain)[1]
     moe = expert_chunks([llm[s:e] for s, e in plan.llm_partition.chunk_bounds()])
-    return add_expert_all_to_alls(_compute_schedule(config, plan, num_microbatches, chain),
-                                  moe)
+    return add_expert_all_to_alls(_compute_schedule(config, plan, num_microbatches, chain,
+                                                    quick), moe)
 
 
-def _compute_schedule(config, plan: EncoderPipelinePlan, num_microbatches: int, chain):
+def _compute_schedule(config, plan: EncoderPipelinePlan, num_microbatches: int, chain,
+                      quick: bool = False):
     parallel, schedule = config.parallel, config.encoder_schedule
     pp = parallel.pipeline_model_parallel_size
     vpp = parallel.virtual_pipeline_model_parallel_size or 1
@@ -146,7 +159,7 @@ def _compute_schedule(config, plan: EncoderPipelinePlan, num_microbatches: int, 
         return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, **encoders)
     return bubble(pp, vpp, num_microbatches, plan.encoder_trainable,
                   plan_costs(config, plan, chain).all_to_alls_folded(),
-                  extra_warmup="auto", **encoders)
+                  extra_warmup="quick" if quick else "auto", **encoders)
 
 
 def encoder_replicas(config) -> int:

@@ -145,3 +145,69 @@ def test_an_encoder_placed_from_the_last_rank_is_laid_out_over_mirrored_ranks():
     layout, mirrored = stack_layout(last.placements, 2, "vision")
     assert mirrored and layout == [["embedding"] + ["decoder"] * rank1,
                                    ["decoder"] * rank0 + ["loss"]]
+
+
+def test_an_interleaved_encoder_runs_its_rounds_over_the_stages():
+    from megatron_mm.plan.schedules.generate import encoder_placement
+
+    assert encoder_placement(2, 2, 1, False, 2) == (2, [0, 1, 0, 1])
+    assert encoder_placement(2, 2, 1, True, 2) == (2, [1, 0, 1, 0])
+    assert encoder_placement(2, 2, 2, False, 2)[1] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert encoder_placement(4, 2, 1, False, 3)[1] == [0, 2] * 3
+    with pytest.raises(PlanError, match="--encoder-virtual-pipeline-model-parallel-size "
+                                        r"\(2\) needs an encoder pipeline of at least 2"):
+        encoder_placement(2, 1, 1, False, 2)
+    with pytest.raises(PlanError, match="must be at least 1"):
+        encoder_placement(2, 2, 1, False, 0)
+    # even cuts: one range per rank and round; pieces cut each range
+    chain = vlm_chain(6, 4)
+    assert encoder_pieces(chain, [0, 1, 0, 1]).layers == [[0, 2], [2, 4], [4, 5], [5, 6]]
+    assert encoder_pieces(chain, [1, 0, 1, 0], segments=[1, 2, 2, 1]).layers == [
+        [0, 1], [1, 3], [3, 5], [5, 6]]
+    with pytest.raises(PlanError, match=r"segment sizes \[1, 1, 1, 1\] do not cut its 6"):
+        encoder_pieces(chain, [0, 1, 0, 1], segments=[1, 1, 1, 1])
+    with pytest.raises(PlanError, match="as many pieces per rank each round"):
+        encoder_pieces(chain, [0, 0, 1, 0, 1])
+    with pytest.raises(PlanError, match="--encoder-virtual-pipeline-model-parallel-size"):
+        encoder_pieces(vlm_chain(3, 4), [0, 1, 0, 1])
+
+
+def test_an_interleaved_encoder_balances_each_rank_then_cuts_its_rounds():
+    # as test_auto_gives_the_encoder_to_the_less_loaded_ranks: rank 0 takes 2 ViT layers,
+    # rank 1 four; two rounds split each rank's share evenly
+    chain = vlm_chain(6, 2, freeze_vit=False, freeze_llm=False)
+    plan = plan_encoder_pipeline(chain, 2, 1, "auto", hardware=UNIT, virtual=2)
+    assert plan.pieces[0].ranks == [0, 1, 0, 1]
+    assert plan.pieces[0].layers == [[0, 1], [1, 3], [3, 4], [4, 6]]
+    # each rank's first chunk holds one range per round; the embedding with layer 0
+    vit0, vit1 = (plan.placements[r].encoder("vision") for r in (0, 1))
+    assert (vit0.embed, vit0.layers, vit0.interleaved, vit0.projector) == (
+        True, [0, 1], [[3, 4]], True)
+    assert (vit1.embed, vit1.layers, vit1.interleaved) == (False, [1, 3], [[4, 6]])
+    assert (vit0.num_layers, vit1.num_layers) == (2, 4)
+    shifted = plan_encoder_pipeline(chain, 2, 1, "auto", hardware=UNIT, virtual=2,
+                                    shift=(1, 0, 1))
+    assert shifted.pieces[0].layers == [[0, 2], [2, 3], [3, 5], [5, 6]]
+
+
+def test_an_interleaved_encoder_is_laid_out_round_by_round():
+    from megatron_mm.plan.pipeline.placement import stack_layout
+
+    chain = vlm_chain(6, 4)
+    first = plan_encoder_pipeline(chain, 2, 1, "uniform", 2, 1, virtual=2)
+    # Megatron-Core's interleaved layout: [round 0: rank 0, rank 1, round 1: rank 0, rank 1]
+    assert stack_layout(first.placements, 2, "vision") == ([
+        ["embedding", "decoder", "decoder"], ["decoder", "decoder"], ["decoder"],
+        ["decoder", "loss"]], False)
+    last = plan_encoder_pipeline(chain, 2, 1, "uniform", 2, 1, reverse=True, virtual=2)
+    assert last.pieces[0].ranks == [1, 0, 1, 0]
+    # mirrored: position PP - 1 - r of each round holds rank r's range of that round
+    assert stack_layout(last.placements, 2, "vision") == ([
+        ["embedding", "decoder", "decoder"], ["decoder", "decoder"], ["decoder"],
+        ["decoder", "loss"]], True)
+    # a range out of the rounds' order cannot be numbered by Megatron-Core's layout
+    last.placements[0].encoder("vision").interleaved, last.placements[0].encoder(
+        "vision").layers = [[0, 1]], [5, 6]
+    with pytest.raises(PlanError, match="the same each round"):
+        stack_layout(last.placements, 2, "vision")
+
