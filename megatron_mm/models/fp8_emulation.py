@@ -47,6 +47,7 @@ from megatron.core.transformer.transformer_block import TransformerBlock
 
 from ..plan.fp8 import EMULATED_RECIPES, FP8_MAX, fp8_dtypes
 from . import fp8_state
+from .interleaved_blocks import InterleavedBlocks
 from .fp8_scaling import FP32_MAX
 
 TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -300,14 +301,15 @@ def attach_autocast(module: torch.nn.Module) -> None:
 
 def emulate_fp8(model: torch.nn.Module) -> List[str]:
     """Give every linear layer that TE would run in FP8 the emulated casts: the layers of a
-    ``TransformerBlock`` whose config has ``fp8`` (except Megatron-Core's first/last BF16
+    ``TransformerBlock`` (or an interleaved encoder's ``InterleavedBlocks``, whose blocks
+    are no submodules) whose config has ``fp8`` (except Megatron-Core's first/last BF16
     layers) and the linears of an FP8 ``MultimodalProjector`` (both enter
     ``get_fp8_context`` on their own config, here the emulated autocast). Embeddings and
     the output layer stay in high precision, as with TE. Starts a fresh FP8 state (the
     buffers of earlier models dropped). Returns a line per converted module, for the log."""
     done: List[str] = []
     for name, module in model.named_modules():
-        if isinstance(module, TransformerBlock) and module.config.fp8:
+        if isinstance(module, (TransformerBlock, InterleavedBlocks)) and module.config.fp8:
             fp8_layers = [layer for layer in module.layers
                           if not is_first_last_bf16_layer(module.config,
                                                           layer.layer_number - 1)]

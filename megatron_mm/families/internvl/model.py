@@ -47,7 +47,8 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, Transf
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from ...config import ConfigError
-from ...models.encoder_parts import EncoderParts, encoder_block
+from ...models.encoder_parts import EncoderParts
+from ...models.interleaved_blocks import encoder_block
 from ...models.te_names import with_te_checkpoint_names
 from .config import (PROJECTOR_NORM_EPSILON, QK_NORM_EPSILON,
                      InternViTConfig)

@@ -21,7 +21,8 @@ from megatron.core.transformer.module import MegatronModule
 
 from ...config import ConfigError
 from ...models import sequence_parallel
-from ...models.encoder_parts import EncoderParts, encoder_block
+from ...models.encoder_parts import EncoderParts
+from ...models.interleaved_blocks import encoder_block
 from ...models.norms import SequenceParallelNorm
 from .config import Qwen2_5VLVisionConfig
 from .encoder import IMAGE, IMAGE_GRID, SECONDS, VIDEO, VIDEO_GRID, item_grids

@@ -16,7 +16,8 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from ...models.encoder_parts import EncoderParts, encoder_block
+from ...models.encoder_parts import EncoderParts
+from ...models.interleaved_blocks import encoder_block
 from ...models.te_attention_mask import padded_layer_spec
 from .config import VisionEncoderConfig
 from .transformer_config import vision_transformer_config

@@ -17,7 +17,8 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from ...models.encoder_parts import EncoderParts, encoder_block
+from ...models.encoder_parts import EncoderParts
+from ...models.interleaved_blocks import encoder_block
 from .config import AudioEncoderConfig
 from .transformer_config import audio_transformer_config
 

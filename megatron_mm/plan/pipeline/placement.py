@@ -114,6 +114,9 @@ def megatron_layout(placements: Sequence[ChunkPlacement], encoder: Optional[str]
     interleaved encoder (``EncoderPlacement.interleaved``, in each rank's first chunk, over
     ``pp`` ranks) gets a layout of its own rounds: round v's range of rank r at v * PP + r."""
     if encoder is not None and _rounds(placements, encoder) > 1:
+        if pp is None:
+            raise PlanError(f"encoder {encoder!r} is interleaved: its layout needs the "
+                            "pipeline size")
         layout = []
         for v in range(_rounds(placements, encoder)):
             for place in placements[:pp]:

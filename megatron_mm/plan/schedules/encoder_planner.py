@@ -37,7 +37,10 @@ encoder pieces (``bubble(tp_bubbles=True)``), as Optimus does at kernel level.
 Not modelled (see ``action_costs``): encoder pipelines on disjoint rank
 sets when PP_enc < PP (the IR has one encoder pipeline per LLM pipeline: PP_enc < PP puts
 the encoder's stages on PP_enc of the ranks), and uneven micro-batch compositions among the
-co-located encoder pipelines (identical pipelines: the even split is taken).
+co-located encoder pipelines (identical pipelines: the even split is taken); nor the
+encoder interleaved over its stages (``--encoder-virtual-pipeline-model-parallel-size``,
+which the training run's ``auto`` tries): Optimus does not interleave its encoder, and the
+figures this planner reproduces are Optimus'.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ encoder PP, encoder TP and pieces, or with ``auto`` the fastest simulated altern
 - ``megatron``: Megatron-Core's schedule, the encoders inside the chunks
   ``--pipeline-partition`` gives them, at the LLM's TP;
 - ``coarse`` and ``bubble``: every encoder as its own pipeline over each encoder PP that
-  divides PP, at 1, 2 or 4 pieces per stage (where the encoder has the layers), at each
+  divides PP, at 1, 2 or 4 pieces per stage (where the encoder has the layers), not
+  interleaved and (encoder PP of at least 2) interleaved over 2 rounds
+  (``--encoder-virtual-pipeline-model-parallel-size``: the flag's only, when given), at each
   encoder TP dividing TP that the run's other flags allow (encoder replicas = TP /
   encoder TP; ``--encoder-tensor-model-parallel-size`` given: that one only), each planned
   as the run would plan it with those flags (``encoder_schedule.encoder_pipeline_plan``:
