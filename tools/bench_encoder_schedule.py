@@ -45,7 +45,9 @@ Steps:
    simulated ones as a PNG and a Chrome trace (separate's rows by the program's ranks:
    rank 0 the LLM, rank 1 the encoder). The last lines: auto over the fastest fixed
    placement, the best encoder placement (coarse, bubble, separate) over the fastest
-   Megatron-Core row, and the simulator's error on every row.
+   Megatron-Core row (the fastest rows by their medians; each ratio the median over the
+   rounds of that round's ratio, so the machine's drift over the run cancels), and the
+   simulator's error on every row.
 
 Where each should win on 2 ranks. E and L are the encoder's and the LLM's forward and
 backward time per micro-batch, M the micro-batches. ``separate`` is a two-stage pipeline
@@ -458,11 +460,11 @@ def report(results: dict, profile: str, args) -> None:
     for other in ("megatron", "megatron-auto"):
         if "bubble" in iteration and other in iteration:
             print(f"bubble / {other} iteration time: "
-                  f"{iteration['bubble'] / iteration[other]:.3f}")
+                  f"{paired(results, 'bubble', other):.3f}")
     if mcore and bubbles:
         strongest, ours = min(mcore, key=iteration.get), min(bubbles, key=iteration.get)
         print(f"{ours} / {strongest} (the fastest of each) iteration time: "
-              f"{iteration[ours] / iteration[strongest]:.3f}")
+              f"{paired(results, ours, strongest):.3f}")
     write_png(timelines, args.png_out)
     print(f"wrote {args.png_out}")
     if args.trace_out:
@@ -476,20 +478,21 @@ def ratios(iteration: dict, errors: dict, results: dict, sims: dict,
            optimizer_s: float) -> List[str]:
     """The last lines: the planner's pick against the fixed placements, the encoder
     schedules' best against Megatron-Core's and how far below it any placement of the same
-    work on these ranks could go, the simulator against every row."""
+    work on these ranks could go, the simulator against every row. The rows compared are
+    the fastest by their medians; their ratio is ``paired``."""
     lines = []
     fixed = [s for s in iteration if s != "auto"]
     if "auto" in iteration and fixed:
         fastest = min(fixed, key=iteration.get)
         chose = " / ".join(sorted({r["chose"] or "?" for r in results["auto"]}))
         lines.append(f"auto (chose {chose}) / fastest fixed placement ({fastest}) iteration "
-                     f"time: {iteration['auto'] / iteration[fastest]:.3f}")
+                     f"time: {paired(results, 'auto', fastest):.3f}")
     mcore = [s for s in fixed if ENCODER_SCHEDULE[s] == "megatron"]
     placements = [s for s in fixed if ENCODER_SCHEDULE[s] != "megatron"]
     if mcore and placements:
         strongest, best = min(mcore, key=iteration.get), min(placements, key=iteration.get)
         lines.append(f"best placement ({best}) / fastest Megatron-Core row ({strongest}) "
-                     f"iteration time: {iteration[best] / iteration[strongest]:.3f}")
+                     f"iteration time: {paired(results, best, strongest):.3f}")
         # Every placement runs the same forward and backward work: no rank idle, it ends
         # after its even share of it, then the optimizer step
         sim = sims[strongest]
@@ -508,6 +511,15 @@ def ratios(iteration: dict, errors: dict, results: dict, sims: dict,
 def _vit_layers(model: Sequence[str]) -> int:
     """The ViT's layer count among ``model``'s flags (the last one given)."""
     return int([b for a, b in zip(model, model[1:]) if a == "--vision-num-layers"][-1])
+
+
+def paired(results: dict, a: str, b: str) -> float:
+    """Row ``a``'s iteration time over row ``b``'s: the median over the rounds of each
+    round's ratio of their medians. The rows alternate, so one round's runs are minutes apart
+    and the machine's drift over the whole run (several percent here) cancels."""
+    return statistics.median(
+        statistics.median(ra["walls"]) / statistics.median(rb["walls"])
+        for ra, rb in zip(results[a], results[b]))
 
 
 def describe(args) -> str:
