@@ -402,7 +402,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   + (MOE if args.moe else []) + rest)
     args.schedules = [s for s in SCHEDULES if s in args.schedules]
     vit_layers = _vit_layers(args.model)
-    short = [s for s in args.schedules if ENCODER_VPP.get(s, 1) * 2 > vit_layers]
+    short = [s for s in args.schedules if s in ENCODER_VPP and ENCODER_VPP[s] * 2 > vit_layers]
     if short:
         print(f"left out {', '.join(short)}: the ViT's {vit_layers} layers are too few to "
               "interleave over 2 ranks")
