@@ -147,4 +147,3 @@ def _run_layers(layers, inputs: dict, per_layer_fp8: bool = False):
                 hidden, _ = layer(hidden_states=hidden, **inputs)
         return hidden
     return run
-

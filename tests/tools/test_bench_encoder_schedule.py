@@ -1,8 +1,9 @@
 """tools/bench_encoder_schedule.py at tiny sizes with an MoE LLM (--moe: a dense layer,
 then experts), the light workload with a 4-layer ViT: the balanced Megatron-Core row, the
-bubble row, the bubble row with the ViT interleaved over the two ranks, the separate row (the encoder on one rank, the LLM at PP=1 on the other) and the auto row run,
-are simulated, and compared (timings on a shared machine mean nothing here; the tool's
-table is the benchmark)."""
+bubble row, the bubble row with the ViT interleaved over the two ranks, the separate row
+(the encoder on one rank, the LLM at PP=1 on the other) and the auto row run, are
+simulated, and compared (timings on a shared machine mean nothing here; the tool's table
+is the benchmark)."""
 
 from pathlib import Path
 
@@ -23,7 +24,8 @@ def test_bench_encoder_schedule_moe_tiny(tmp_path):
     png = tmp_path / "t.png"
     proc = run_tool(
         TOOL, "--moe", "--workload", "light", "--schedules",
-         "megatron-auto", "bubble", "bubble-evpp2", "separate", "auto", "--iters", "1", "--warmup", "0",
+         "megatron-auto", "bubble", "bubble-evpp2", "separate", "auto", "--iters", "1",
+         "--warmup", "0",
          "--rounds", "1", "--png-out", png, *SMALL, cwd=ROOT,
         env={"PYTHONPATH": str(ROOT)})  # for the profiling processes it starts
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -113,11 +113,11 @@ def megatron_layout(placements: Sequence[ChunkPlacement], encoder: Optional[str]
     an encoder's own embedding and projector are placed by ``ChunkPlacement``). An
     interleaved encoder (``EncoderPlacement.interleaved``, in each rank's first chunk, over
     ``pp`` ranks) gets a layout of its own rounds: round v's range of rank r at v * PP + r."""
+    layout = []
     if encoder is not None and _rounds(placements, encoder) > 1:
         if pp is None:
             raise PlanError(f"encoder {encoder!r} is interleaved: its layout needs the "
                             "pipeline size")
-        layout = []
         for v in range(_rounds(placements, encoder)):
             for place in placements[:pp]:
                 part = place.encoder(encoder)
@@ -125,7 +125,6 @@ def megatron_layout(placements: Sequence[ChunkPlacement], encoder: Optional[str]
                 layout.append(["decoder"] * (ranges[v][1] - ranges[v][0]
                                              if v < len(ranges) else 0))
     else:
-        layout = []
         for place in placements:
             if encoder is None:
                 n = place.num_llm_layers

@@ -64,12 +64,11 @@ def encoder_pipeline_plan(config, chain=None, policy=None) -> EncoderPipelinePla
     if searched:
         shifts += [tuple(d if i == b else 0 for i in range(segments - 1))
                    for b in range(segments - 1) for d in (-1, 1)]
-    cuts = [()]
-    if searched and virtual > 1:
-        cuts += segment_cuts(_encoder_layers(chain), segments, pieces)
+    cuts = (segment_cuts(_encoder_layers(chain), segments, pieces)
+            if searched and virtual > 1 else [])
+    trials = [(shift, ()) for shift in shifts] + [((), cut) for cut in cuts]
     plans = []
     for reverse in {"first": [False], "last": [True], "auto": [False, True]}[placement]:
-        trials = [(shift, ()) for shift in shifts] + [((), cut) for cut in cuts[1:]]
         for shift, cut in trials:
             try:
                 plans.append(plan_encoder_pipeline(
