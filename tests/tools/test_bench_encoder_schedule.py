@@ -5,6 +5,7 @@ bubble row, the bubble row with the ViT interleaved over the two ranks, the sepa
 simulated, and compared (timings on a shared machine mean nothing here; the tool's table
 is the benchmark)."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,9 @@ def test_bench_encoder_schedule_moe_tiny(tmp_path):
     assert "| auto (chose " in rows["auto"]  # the planner's pick, from the run's log
     assert "light workload" in proc.stdout
     assert "MoE: layer 0 dense, layers 1-3 8 experts top-2" in proc.stdout
-    assert "bubble / megatron-auto (the fastest of each) iteration time:" in proc.stdout
+    # the faster bubble row (plain or interleaved: timings here are noise) against it
+    assert re.search(r"^bubble(-evpp2)? / megatron-auto \(the fastest of each\) iteration "
+                     r"time: ", proc.stdout, re.M), proc.stdout
     last = proc.stdout.splitlines()[-4:]  # the ratios the issue asks for, every row simulated
     assert last[0].startswith("auto (chose "), last
     assert " / fastest fixed placement (" in last[0], last

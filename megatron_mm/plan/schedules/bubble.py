@@ -28,7 +28,8 @@ are placed by list scheduling on the per-action costs:
   (Optimus' adjusted warm-up: the backwards come later, which can open room for encoder
   work, at the cost of activations in flight), and the ``dataflow`` schedule (no fixed LLM
   order: every rank runs the most urgent ready action, with PP, PP + 1, PP + 2 or PP x VPP
-  micro-batches in flight and PP or 2 PP micro-batches' encoder work ahead of the LLM),
+  micro-batches in flight and PP or 2 PP micro-batches' encoder work ahead of the LLM;
+  for an interleaved encoder each also ``longest_chain_first``),
   and keeps the fastest by simulation.
 
 The collectives (``collectives.add_collectives``) are placed once the compute is ordered.
@@ -80,6 +81,10 @@ def bubble(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
                           encoder_replicas, grad_sync, encoder_grad_sync, layouts,
                           tp_bubbles)
                    for extra in (0, 1, 2)]
+        # longest chain first pays where a micro-batch's backward crosses ranks piece by
+        # piece: an interleaved encoder
+        interleaved = any(layout.virtual > 1 for layout in layouts or ())
+        chains = (False, True) if interleaved else (False,)
         if not tp_bubbles:  # the dataflow order within these memory bounds
             options += [dataflow(pp, vpp, num_microbatches, encoder_trainable, costs,
                                  encoder_stages, pieces, reverse, encoders, frozen_encoders,
@@ -87,7 +92,7 @@ def bubble(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
                                  max_in_flight=in_flight, max_encoder_ahead=ahead,
                                  longest_chain_first=chain)
                         for in_flight in sorted({pp, pp + 1, pp + 2, pp * vpp})
-                        for ahead in (pp, 2 * pp) for chain in (False, True)]
+                        for ahead in (pp, 2 * pp) for chain in chains]
         return min(options, key=lambda s: simulate(s, costs, timeline=False).iteration_s)
     schedule = separate_encoders("bubble", pp, vpp, num_microbatches, encoder_trainable,
                                  encoder_stages, pieces, reverse, encoders, frozen_encoders,
