@@ -1,4 +1,3 @@
-from collections import Counter
 import multiprocessing.process
 import os
 import subprocess
@@ -113,13 +112,3 @@ def te_placeholder_specs(monkeypatch):
     monkeypatch.setattr(gpt_layer_specs, "TESpecProvider", TESpecProvider)
     monkeypatch.setattr(specs, "transformer_engine_available", lambda: True)
     return specs.get_layer_specs
-
-
-def pytest_collection_modifyitems(config, items):
-    """Files with the most process-starting tests first, each file's tests in their order:
-    with ``--dist loadfile`` a file is one unit of work, handed out in collection order, and
-    the longest units going first keep each worker's last ones short (the longest-first
-    rule), so no worker runs on alone at the end while the other idles."""
-    weight = Counter(item.path for item in items if item.get_closest_marker("processes"))
-    first_seen = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
-    items.sort(key=lambda item: (-weight[item.path], first_seen[item.path]))
