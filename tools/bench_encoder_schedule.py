@@ -509,8 +509,11 @@ def ratios(iteration: dict, errors: dict, results: dict, sims: dict,
 
 
 def _vit_layers(model: Sequence[str]) -> int:
-    """The ViT's layer count among ``model``'s flags (the last one given)."""
-    return int([b for a, b in zip(model, model[1:]) if a == "--vision-num-layers"][-1])
+    """The ViT's layer count among ``model``'s flags (the last one given, as argparse takes
+    it; read here because the launching process imports no Megatron-Core)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--vision-num-layers", type=int)
+    return parser.parse_known_args(list(map(str, model)))[0].vision_num_layers
 
 
 def paired(results: dict, a: str, b: str) -> float:

@@ -5,7 +5,6 @@ rank, used as one block."""
 from __future__ import annotations
 
 import torch
-from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
 from megatron.core.transformer.transformer_block import TransformerBlock
 
 
@@ -59,11 +58,10 @@ class InterleavedBlocks(torch.nn.Module):
         """Each block's: checkpoint keys by global layer number, as one block's at
         ``prefix``; local keys by this module's own layer index."""
         out, before = {}, 0
-        for block in self._blocks:
-            mine = block.sharded_state_dict(f"{prefix}@.", sharded_offsets, metadata)
-            replace_prefix_for_sharding(mine, f"{prefix}@.", prefix)
-            for key, value in mine.items():
-                index, rest = key[len(f"{prefix}@.layers."):].split(".", 1)
+        for block in self._blocks:  # a block's local keys count its own layers from 0
+            for key, value in block.sharded_state_dict(prefix, sharded_offsets,
+                                                       metadata).items():
+                index, rest = key[len(f"{prefix}layers."):].split(".", 1)
                 out[f"{prefix}layers.{int(index) + before}.{rest}"] = value
             before += len(block.layers)
         return out

@@ -207,18 +207,6 @@ def test_the_run_orders_its_encoder_actions_as_auto_simulated(tmp_path):
     assert program.ranks[:-1] == unit.ranks[:-1] and program.ranks[-1] != unit.ranks[-1]
 
 
-def test_the_segment_search_tries_every_cut_where_they_are_few():
-    from megatron_mm.training.planning.encoder_schedule import SEGMENT_CUTS, segment_cuts
-
-    cuts = segment_cuts(6, 4, 1)
-    assert len(cuts) == 10 and len(set(cuts)) == 10  # C(5, 3)
-    assert all(sum(c) == 6 and min(c) >= 1 for c in cuts)
-    assert (3, 1, 1, 1) in cuts and (1, 1, 1, 3) in cuts
-    assert segment_cuts(8, 4, 2) == [(2, 2, 2, 2)]
-    assert segment_cuts(3, 4, 1) == []  # too few layers
-    assert segment_cuts(40, 8, 1) == [] and len(segment_cuts(12, 4, 1)) <= SEGMENT_CUTS
-
-
 def test_auto_offers_the_encoder_interleaved_where_it_has_the_layers():
     config, plan = plan_of(TINY_MODEL + PP2 + AUTO + ["--vision-num-layers", "4"], 2)
     interleaved = [a for a in plan.schedule.auto.alternatives

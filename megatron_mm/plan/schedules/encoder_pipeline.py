@@ -27,7 +27,7 @@ action, as for r = 1).
 from __future__ import annotations
 
 import math
-from itertools import accumulate, groupby
+from itertools import accumulate, combinations, groupby
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -139,6 +139,20 @@ def encoder_pieces(chain: Sequence[Layer], encoder_ranks: Sequence[int],
         bounds.append([start, start + size])
         start += size
     return EncoderPieces(name=name, layers=bounds, ranks=list(encoder_ranks))
+
+
+# An interleaved encoder's cuts tried outright up to this many (else its shifts only).
+SEGMENT_CUTS = 200
+
+
+def segment_cuts(layers: int, segments: int, pieces: int) -> List[Tuple[int, ...]]:
+    """Every cut of ``layers`` layers into ``segments`` consecutive segments of at least
+    ``pieces`` layers, when there are at most ``SEGMENT_CUTS`` of them (else none)."""
+    spare = layers - segments * pieces
+    if spare < 0 or math.comb(spare + segments - 1, segments - 1) > SEGMENT_CUTS:
+        return []
+    return [tuple(pieces + b - a - 1 for a, b in zip((-1,) + bars, bars + (spare + segments - 1,)))
+            for bars in combinations(range(spare + segments - 1), segments - 1)]
 
 
 def encoder_replica_of(microbatch: int, replicas: int) -> int:

@@ -15,14 +15,10 @@ cannot run fails at start-up.
 
 from __future__ import annotations
 
-import math
-from itertools import combinations
-from typing import List, Tuple
-
 from ...plan.schedules.bubble import bubble
 from ...plan.schedules.encoder_pipeline import (EncoderPipelinePlan, expert_chunks,
                                                 plan_encoder_pipeline, schedule_costs,
-                                                split_chain)
+                                                segment_cuts, split_chain)
 from ...plan.errors import PlanError
 from ...plan.schedules.collectives import add_expert_all_to_alls
 from ...plan.schedules.generate import EncoderLayout, coarse
@@ -42,9 +38,10 @@ def encoder_pipeline_plan(config, chain=None, policy=None) -> EncoderPipelinePla
     are searched by simulation: the balanced cut and each boundary one layer either side
     (what balances ranks' totals need not pack the bubbles best); an interleaved encoder
     (``--encoder-virtual-pipeline-model-parallel-size``) tries every cut of its layers into
-    its segments where they are few (``SEGMENT_CUTS``: a short first segment starts the
-    pipeline sooner and ends its backward sooner, which no balance sees), from each end of
-    the pipeline that ``--encoder-placement`` allows (auto: both; coarse: the first)."""
+    its segments where they are few (``encoder_pipeline.segment_cuts``: a short first
+    segment starts the pipeline sooner and ends its backward sooner, which no balance
+    sees), from each end of the pipeline that ``--encoder-placement`` allows (auto: both;
+    coarse: the first)."""
     parallel, schedule = config.parallel, config.encoder_schedule
     m = config.training.num_microbatches
     chain = chain if chain is not None else training_chain(config)
@@ -95,20 +92,6 @@ def encoder_pipeline_plan(config, chain=None, policy=None) -> EncoderPipelinePla
 # More candidate plans than this: each ranked on the bubble generator's two quickest
 # orders first, the best this many planned in full.
 FULL_TRIALS = 12
-
-
-# An interleaved encoder's cuts tried outright up to this many (else its shifts only).
-SEGMENT_CUTS = 200
-
-
-def segment_cuts(layers: int, segments: int, pieces: int) -> List[Tuple[int, ...]]:
-    """Every cut of ``layers`` layers into ``segments`` consecutive segments of at least
-    ``pieces`` layers, when there are at most ``SEGMENT_CUTS`` of them (else none)."""
-    spare = layers - segments * pieces
-    if spare < 0 or math.comb(spare + segments - 1, segments - 1) > SEGMENT_CUTS:
-        return []
-    return [tuple(pieces + b - a - 1 for a, b in zip((-1,) + bars, bars + (spare + segments - 1,)))
-            for bars in combinations(range(spare + segments - 1), segments - 1)]
 
 
 def _encoder_layers(chain) -> int:

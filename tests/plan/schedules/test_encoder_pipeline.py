@@ -211,3 +211,14 @@ def test_an_interleaved_encoder_is_laid_out_round_by_round():
     with pytest.raises(PlanError, match="the same each round"):
         stack_layout(last.placements, 2, "vision")
 
+
+def test_the_segment_search_tries_every_cut_where_they_are_few():
+    from megatron_mm.plan.schedules.encoder_pipeline import SEGMENT_CUTS, segment_cuts
+
+    cuts = segment_cuts(6, 4, 1)
+    assert len(cuts) == 10 and len(set(cuts)) == 10  # C(5, 3)
+    assert all(sum(c) == 6 and min(c) >= 1 for c in cuts)
+    assert (3, 1, 1, 1) in cuts and (1, 1, 1, 3) in cuts
+    assert segment_cuts(8, 4, 2) == [(2, 2, 2, 2)]
+    assert segment_cuts(3, 4, 1) == []  # too few layers
+    assert segment_cuts(40, 8, 1) == [] and len(segment_cuts(12, 4, 1)) <= SEGMENT_CUTS
