@@ -109,6 +109,46 @@ class MoEConfig:
 
 
 @dataclass
+class LinearAttentionConfig:
+    """The Gated DeltaNet layers of a hybrid LLM (Qwen3.5), Megatron-Core's ``GatedDeltaNet``
+    by Megatron-LM's flag names (``--experimental-attention-variant gated_delta_net``).
+    ``linear_attention_freq``: ``--linear-attention-freq``, an int N (layer i is full
+    attention when (i + 1) % N == 0, linear otherwise: Megatron-LM's rule) or one 0/1 per
+    layer (1: linear attention, 0: full attention)."""
+
+    linear_attention_freq: Union[int, Tuple[int, ...]] = 4
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
+    # The chunk length of the chunked delta rule (Megatron-Core's and FLA's: 64).
+    chunk_size: int = 64
+
+    def __post_init__(self):
+        if not isinstance(self.linear_attention_freq, int):
+            self.linear_attention_freq = tuple(int(v) for v in self.linear_attention_freq)
+        for name in ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+                     "linear_num_key_heads", "linear_num_value_heads", "chunk_size"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and value > 0,
+                     f"--{name.replace('_', '-')} must be a positive int, got {value!r}")
+        require(self.linear_num_value_heads % self.linear_num_key_heads == 0,
+                 f"--linear-num-value-heads ({self.linear_num_value_heads}) must be a "
+                 f"multiple of --linear-num-key-heads ({self.linear_num_key_heads})")
+
+    def pattern(self, num_layers: int) -> Tuple[int, ...]:
+        freq = self.linear_attention_freq
+        if isinstance(freq, int):
+            require(freq >= 1, f"--linear-attention-freq must be >= 1, got {freq}")
+            return tuple(0 if (i + 1) % freq == 0 else 1 for i in range(num_layers))
+        require(len(freq) == num_layers and set(freq) <= {0, 1},
+                 f"--linear-attention-freq as a list takes one 0/1 per layer "
+                 f"(--num-layers {num_layers}), got {list(freq)}")
+        return freq
+
+
+@dataclass
 class LanguageModelConfig:
     """A Llama / Qwen2 style decoder on Megatron-Core's GPTModel."""
 
@@ -142,6 +182,13 @@ class LanguageModelConfig:
     # Set to keep a checkpoint's padded vocabulary when loading it at another TP size.
     padded_vocab_size: Optional[int] = None
     moe: Optional[MoEConfig] = None  # None: every layer's MLP dense
+    # Partial rotary (Qwen3.5's full-attention layers rotate a quarter of each head):
+    # Megatron-LM's --rotary-percent.
+    rotary_percent: float = 1.0
+    # Gated attention (Qwen3.5): a sigmoid output gate per head, Megatron-Core's
+    # ``attention_output_gate`` (--attention-output-gate).
+    attention_output_gate: bool = False
+    linear_attention: Optional[LinearAttentionConfig] = None  # None: every layer full attention
 
     def __post_init__(self):
         if self.num_query_groups is None:
@@ -164,6 +211,17 @@ class LanguageModelConfig:
         self._validate_position_embedding()
         if self.moe is not None:
             self.moe.pattern(self.num_layers)
+        require(0.0 < self.rotary_percent <= 1.0,
+                 f"--rotary-percent must be in (0, 1], got {self.rotary_percent}")
+        if self.linear_attention is not None:
+            self.linear_attention.pattern(self.num_layers)
+
+    def linear_attention_pattern(self) -> Tuple[int, ...]:
+        """One entry per layer: 1 a Gated DeltaNet (linear attention) layer, 0 full
+        attention; all 0 without ``linear_attention``."""
+        if self.linear_attention is None:
+            return (0,) * self.num_layers
+        return self.linear_attention.pattern(self.num_layers)
 
     def _validate_position_embedding(self) -> None:
         kind, section = self.position_embedding_type, self.mrope_section
