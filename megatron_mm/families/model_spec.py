@@ -4,7 +4,7 @@ so the planner imports no family registry."""
 
 from __future__ import annotations
 
-from ..plan.model import ModelSpec, TransformerSpec
+from ..plan.model import LinearAttentionSpec, ModelSpec, TransformerSpec
 from .registry import family_of
 
 
@@ -27,10 +27,24 @@ def model_spec(config, images_per_sample: int = 1, clips_per_sample: int = 1,
     llm = TransformerSpec(
         hidden_size=lm.hidden_size, num_layers=lm.num_layers,
         ffn_hidden_size=lm.ffn_hidden_size, num_attention_heads=lm.num_attention_heads,
-        num_query_groups=lm.num_query_groups, gated_linear_unit=True,
-        vocab_size=lm.vocab_size_padded(1) if lm.vocab_size > 0 else 0, **moe)
+        num_query_groups=lm.num_query_groups, kv_channels=lm.kv_channels,
+        gated_linear_unit=True, attention_output_gate=lm.attention_output_gate,
+        vocab_size=lm.vocab_size_padded(1) if lm.vocab_size > 0 else 0, **moe,
+        **linear_attention(lm))
     return ModelSpec(name=name, encoders=encoders, llm=llm,
                      frozen_encoders=sorted(config.freeze.encoders),
                      frozen_projectors=sorted(config.freeze.projectors),
                      freeze_llm=config.freeze.language_model,
                      tied_embeddings=not lm.untie_embeddings_and_output_weights)
+
+
+def linear_attention(lm) -> dict:
+    """A hybrid LLM's Gated DeltaNet sizes and per-layer pattern (``LinearAttentionConfig``
+    by its Megatron-LM names), as ``TransformerSpec`` fields; none without."""
+    la = lm.linear_attention
+    if la is None:
+        return {}
+    spec = LinearAttentionSpec(**{name: getattr(la, name) for name in (
+        "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+        "linear_num_key_heads", "linear_num_value_heads", "chunk_size")})
+    return dict(linear_attention=spec, linear_attention_freq=list(lm.linear_attention_pattern()))

@@ -16,6 +16,53 @@ from .record import Record
 
 
 @dataclass
+class LinearAttentionSpec(Record):
+    """A Gated DeltaNet (linear attention) layer's sizes: Megatron-Core's ``GatedDeltaNet``
+    by Megatron-LM's flag names (``--linear-key-head-dim`` ...). Query / key heads are
+    repeated up to the value heads (grouped, as GQA); the chunked delta rule runs
+    ``chunk_size`` tokens at a time."""
+
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
+    chunk_size: int = 64
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) <= 0:
+                raise PlanError(f"--{f.name.replace('_', '-')} must be positive, "
+                                f"got {getattr(self, f.name)}")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise PlanError(f"--linear-num-value-heads ({self.linear_num_value_heads}) must "
+                            f"be a multiple of --linear-num-key-heads "
+                            f"({self.linear_num_key_heads})")
+
+    @property
+    def qk_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def v_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+
+def linear_attention_pattern(linear_attention_freq, num_layers: int) -> List[int]:
+    """Megatron-LM's ``--linear-attention-freq``: an int N (layer i full attention when
+    (i + 1) % N == 0, Gated DeltaNet otherwise) or one 0/1 per layer (1: linear)."""
+    if isinstance(linear_attention_freq, int):
+        if linear_attention_freq < 1:
+            raise PlanError(f"--linear-attention-freq must be >= 1, got {linear_attention_freq}")
+        return [0 if (i + 1) % linear_attention_freq == 0 else 1 for i in range(num_layers)]
+    pattern = [int(v) for v in linear_attention_freq]
+    if len(pattern) != num_layers or set(pattern) - {0, 1}:
+        raise PlanError(f"--linear-attention-freq as a list takes one 0/1 per layer "
+                        f"(--num-layers {num_layers}), got {pattern}")
+    return pattern
+
+
+@dataclass
 class TransformerSpec(Record):
     """One transformer stack; names follow Megatron's TransformerConfig."""
 
@@ -35,6 +82,12 @@ class TransformerSpec(Record):
     # One 0/1 per layer (1: MoE; Megatron's --moe-layer-freq list, Hugging Face's
     # decoder_sparse_step / mlp_only_layers); empty: every layer MoE with num_experts > 1.
     moe_layer_freq: List[int] = field(default_factory=list)
+    # Gated attention (Qwen3.5): the query projection also yields a per-channel output gate
+    attention_output_gate: bool = False
+    # A hybrid stack (Qwen3.5, Qwen3-Next): the Gated DeltaNet layers' sizes, and one 0/1
+    # per layer (1: Gated DeltaNet, 0: full attention; ``linear_attention_pattern``)
+    linear_attention: Optional[LinearAttentionSpec] = None
+    linear_attention_freq: List[int] = field(default_factory=list)
 
     def __post_init__(self):
         if self.num_query_groups is None:
@@ -56,6 +109,17 @@ class TransformerSpec(Record):
         if self.moe_layer_freq and len(self.moe_layer_freq) != self.num_layers:
             raise PlanError(f"moe_layer_freq lists {len(self.moe_layer_freq)} layers; the "
                             f"stack has {self.num_layers}")
+        if (self.linear_attention is None) != (not self.linear_attention_freq):
+            raise PlanError("a hybrid stack needs both the Gated DeltaNet sizes "
+                            "(linear_attention) and the per-layer pattern "
+                            "(linear_attention_freq)")
+        if self.linear_attention_freq:
+            self.linear_attention_freq = linear_attention_pattern(
+                list(self.linear_attention_freq), self.num_layers)
+
+    def is_linear(self, layer: int) -> bool:
+        """Whether layer ``layer`` is a Gated DeltaNet layer (else full attention)."""
+        return bool(self.linear_attention_freq) and bool(self.linear_attention_freq[layer])
 
     def is_moe(self, layer: int) -> bool:
         """Whether layer ``layer``'s MLP is the experts (else the dense ``ffn_hidden_size``)."""

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 from ..plan.errors import PlanError
-from ..plan.model import (EncoderSpec, ModelSpec, TransformerSpec, patch_embed_flops,
-                          whisper_stem_flops)
+from ..plan.model import (EncoderSpec, LinearAttentionSpec, ModelSpec, TransformerSpec,
+                          linear_attention_pattern, patch_embed_flops, whisper_stem_flops)
 
 
 def _llm(hidden, layers, ffn, heads, groups, vocab, **kw) -> TransformerSpec:
@@ -49,6 +49,13 @@ LLMS: Dict[str, TransformerSpec] = {
     "internlm2.5-20b": _llm(6144, 48, 16384, 48, 8, 92544),
     # microsoft/Phi-3-small-8k-instruct config.json (GeGLU)
     "phi-3-small": _llm(4096, 32, 14336, 32, 8, 100352),
+    # Qwen/Qwen3.5-27B (Megatron-Bridge's Qwen35VLModelProvider, qwen35_vl_provider.py):
+    # 64 layers, 3 Gated DeltaNet (16 key / 48 value heads of 128, conv 4) then 1 gated
+    # full attention (24 heads, 4 KV groups of 256) in turn, MLP 17408, vocabulary 248320
+    "qwen3.5-27b": _llm(5120, 64, 17408, 24, 4, 248320, kv_channels=256,
+                        attention_output_gate=True,
+                        linear_attention=LinearAttentionSpec(linear_num_value_heads=48),
+                        linear_attention_freq=linear_attention_pattern(4, 64)),
     # Optimus (ATC'25) Table 9 / DESIGN.md: LLaMA-70B 8192/80/64 heads; FFN, GQA and vocab
     # of meta-llama/Llama-2-70b
     "llama-2-70b": _llm(8192, 80, 28672, 64, 8, 32000),
@@ -92,6 +99,11 @@ VISION: Dict[str, VisionEntry] = {
                                            source="OpenGVLab/InternViT-6B-448px-V1-5"),
     "qwen2-vl-vision-675m": VisionEntry(_vit(1280, 32, 5120, 16), 14, 0, False, "qwen2vl",
                                         source="Qwen/Qwen2-VL-7B-Instruct vision_config"),
+    # Qwen3-VL's ViT without DeepStack (Megatron-Bridge's Qwen35VLModelProvider: depth
+    # 27, hidden 1152; transformers' Qwen3_5VisionConfig: MLP 4304, 16 heads, patch 16
+    # over 2 frames, 2 x 2 patches merged per LLM token)
+    "qwen3.5-vision": VisionEntry(_vit(1152, 27, 4304, 16), 16, 0, False, "qwen2vl",
+                                  source="Qwen/Qwen3.5-27B vision_config"),
     "pixtral-400m": VisionEntry(_vit(1024, 24, 4096, 16, bias=False, gated=True), 16, 1024,
                                 False, "pixtral", source="mistral-community/pixtral-12b "
                                                          "vision_config"),
@@ -157,7 +169,9 @@ OPTIMUS_PAIRS: Dict[str, Tuple[str, List[str]]] = {
 }
 
 PAIRS = {**CORNSTARCH_PAIRS, **OPTIMUS_PAIRS,
-         "LLaVA-1.5-7B-like": ("qwen2.5-7b", ["clip-vit-l-14-336"])}
+         "LLaVA-1.5-7B-like": ("qwen2.5-7b", ["clip-vit-l-14-336"]),
+         # hybrid: Gated DeltaNet layers linear in the sequence, every 4th full attention
+         "Qwen3.5-27B": ("qwen3.5-27b", ["qwen3.5-vision"])}
 
 
 def vision_encoder(name: str, img_h: int = 720, img_w: int = 1280) -> EncoderSpec:
@@ -171,9 +185,9 @@ def vision_encoder(name: str, img_h: int = 720, img_w: int = 1280) -> EncoderSpe
         scale = min(1.0, e.image / max(img_h, img_w))
         items = 1
         tokens = math.ceil(img_h * scale / p) * math.ceil(img_w * scale / p)
-    else:  # qwen2vl: sides rounded to multiples of 28, 2x2 patches merged per LLM token
+    else:  # qwen2vl: sides rounded to multiples of 2 patches, 2x2 merged per LLM token
         items, frames, merge = 1, 2, 4
-        tokens = (round(img_h / 28) * 2) * (round(img_w / 28) * 2)
+        tokens = (round(img_h / (2 * p)) * 2) * (round(img_w / (2 * p)) * 2)
     h = t.hidden_size
     return EncoderSpec(
         name="vision", modality="vision", transformer=t, tokens_per_item=tokens,

@@ -148,19 +148,31 @@ class MicrobatchChains:
                                                     tensor_model_parallel_size=tp))
 
     @lru_cache(maxsize=None)
-    def _llm_layer(self, length: int) -> flops.Cost:
-        return flops.transformer_layer(self.model.llm, 1, length, causal=True).split(self.tp)
+    def _llm_layer(self, layer: int, length: int) -> flops.Cost:
+        """LLM layer ``layer`` on one sample of ``length`` tokens (its own kind: a hybrid's
+        Gated DeltaNet layers are linear in the length, full attention quadratic)."""
+        llm = self.model.llm
+        kind = (llm.is_moe(layer), llm.is_linear(layer))
+        return self._llm_kind(kind, length)
+
+    @lru_cache(maxsize=None)
+    def _llm_kind(self, kind, length: int) -> flops.Cost:
+        moe, linear = kind
+        return flops.transformer_layer(self.model.llm, 1, length, True, moe,
+                                       linear=linear).split(self.tp)
 
     def chain(self, tiles: int, lengths: Sequence[int], padded: bool) -> List[Layer]:
         seqs = [max(lengths)] * len(lengths) if padded else list(lengths)
         tokens = sum(seqs)
         llm = self.model.llm
-        out = []
+        out, index = [], 0
         for layer in self.template:
             if layer.branch != LLM:
                 cost = _scaled(layer, tiles)
             elif layer.kind == "llm_layer":
-                cost = flops.Cost(*(sum(v) for v in zip(*(self._llm_layer(s) for s in seqs))))
+                cost = flops.Cost(*(sum(v) for v in zip(
+                    *(self._llm_layer(index, s) for s in seqs))))
+                index += 1
             elif layer.kind == "llm_embed":
                 cost = flops.llm_embed(llm, tokens).split(self.tp)
             else:

@@ -9,6 +9,7 @@ and the resumable sampler the training loop draws from.
 
 from .baselines import length_sorted_batches, random_batches, steps_of
 from .isf import Bounds, Grouping, isf, random_groups
+from .llm_work import LLMWork
 from .loads import SampleLoad, read_all, read_length_stats, stats_files
 from .metrics import BalanceMetrics, imbalance, measure, padding_ratio
 from .rounds import ROUNDS, random_rounds, sorted_rounds, split_to_multiple
@@ -19,7 +20,7 @@ METHODS = tuple(ROUNDS)  # the --data-balance choices besides "none"
 
 __all__ = [
     "METHODS", "ROUNDS", "BalanceMetrics", "BalancedSampler", "Bounds", "Candidate",
-    "Grouping", "SampleLoad", "imbalance", "isf", "length_sorted_batches", "measure",
+    "Grouping", "LLMWork", "SampleLoad", "imbalance", "isf", "length_sorted_batches", "measure",
     "padding_ratio", "random_batches", "random_groups", "random_rounds", "read_all",
     "parse_bounds", "read_length_stats", "search_bounds", "sorted_rounds", "split_to_multiple",
     "stats_files",

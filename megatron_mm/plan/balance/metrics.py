@@ -8,14 +8,15 @@ N micro-batches, each a list of sample indices.
   it is the mean over ranks.
 - imbalance across the N ranks of a step: ``sum_r (T_max - T_r) / (T_max * N)``, with T_r
   a rank's total vision tiles (vision imbalance) or the LLM tokens it computes (LLM
-  imbalance): t_max * B for a padded micro-batch, the sum of lengths for a packed one. 0 means every
+  imbalance): t_max * B for a padded micro-batch, the sum of lengths for a packed one;
+  or, given the model (``llm_work``), the LLM FLOPs of those sequences. 0 means every
   rank has the same work; it is the mean idle share of the ranks while the slowest finishes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from .loads import SampleLoad
 
@@ -40,8 +41,12 @@ class BalanceMetrics:
 
 
 def measure(steps: Sequence[Sequence[Sequence[int]]], loads: Sequence[SampleLoad],
-            packed: bool) -> BalanceMetrics:
-    """Metrics of ``steps`` (each: one list of sample indices per rank)."""
+            packed: bool, llm_work: Optional[Callable[[int], float]] = None
+            ) -> BalanceMetrics:
+    """Metrics of ``steps`` (each: one list of sample indices per rank). ``llm_work``: a
+    sample's LLM work from its tokens (``llm_work.LLMWork``: the model's layer FLOPs);
+    default the tokens themselves."""
+    work = llm_work or (lambda t: t)
     if not steps:
         raise ValueError("no complete step to measure")
     pad = vis = llm = 0.0
@@ -51,7 +56,8 @@ def measure(steps: Sequence[Sequence[Sequence[int]]], loads: Sequence[SampleLoad
         if not packed:
             pad += sum(padding_ratio(t) for t in tokens) / len(step)
         vis += imbalance([sum(loads[i].vision for i in mb) for mb in step])
-        llm += imbalance([sum(t) if packed else max(t) * len(t) for t in tokens])
+        llm += imbalance([sum(work(x) for x in t) if packed else work(max(t)) * len(t)
+                          for t in tokens])
         samples += sum(len(mb) for mb in step)
         microbatches += len(step)
     n = len(steps)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from ..errors import PlanError
 from .isf import Bounds, isf
@@ -36,20 +36,23 @@ class Candidate:
 
 
 def evaluate(loads: Sequence[SampleLoad], bounds: Bounds, dp: int, method: str,
-             iterations: int, seed: int) -> BalanceMetrics:
+             iterations: int, seed: int,
+             llm_work: Optional[Callable[[int], float]] = None) -> BalanceMetrics:
     rng = random.Random(f"{seed}:search")
     grouping = isf(range(len(loads)), loads, bounds, iterations, rng)
     rounds = ROUNDS[method](grouping.groups, loads, dp, rng)
     if not rounds:
         raise PlanError(f"{bounds}: fewer packed groups than data-parallel ranks ({dp})")
-    return measure(rounds, loads, packed=True)
+    return measure(rounds, loads, packed=True, llm_work=llm_work)
 
 
 def search_bounds(loads: Sequence[SampleLoad], dp: int, samples_per_group: float,
                   method: str = "isf-sorted", iterations: int = 10, seed: int = 0,
-                  max_tokens: Optional[int] = None) -> Candidate:
+                  max_tokens: Optional[int] = None,
+                  llm_work: Optional[Callable[[int], float]] = None) -> Candidate:
     """The best bounds for ``loads`` at ``dp`` ranks and the target samples per group.
-    ``max_tokens`` caps Q_t (the packed sequence length, e.g. --seq-length)."""
+    ``max_tokens`` caps Q_t (the packed sequence length, e.g. --seq-length); ``llm_work``
+    scores the LLM imbalance by the model's work (``llm_work.LLMWork``), not tokens."""
     if not loads:
         raise PlanError("no samples to balance")
     top_v = max(1, max(l.vision for l in loads))
@@ -69,7 +72,7 @@ def search_bounds(loads: Sequence[SampleLoad], dp: int, samples_per_group: float
             bounds = Bounds(q_v, q_t, q_v, q_t - min(128, q_t // 8))
             try:
                 tried[q_v, q_t] = Candidate(bounds, evaluate(loads, bounds, dp, method,
-                                                             iterations, seed))
+                                                             iterations, seed, llm_work))
             except PlanError:  # fewer groups than ranks
                 tried[q_v, q_t] = None
         return tried[q_v, q_t]

@@ -8,6 +8,10 @@ attention-core forward A: F = P + A, dgrad = P + 2A, wgrad = P, and a trainable 
 exactly 3F; a frozen layer that passes gradients costs 2F + A (A is a few % of F at the
 sequence lengths here).
 
+A Gated DeltaNet layer of a hybrid stack (``TransformerSpec.is_linear``, Qwen3.5) replaces
+attention by ``gated_delta_net``'s mixer: linear in the sequence length (its chunked delta
+rule's core has no weights either: dgrad = P + 2R, wgrad = P, still 3F trained).
+
 An MoE layer (``TransformerSpec.is_moe``) charges its active parameters: the router, the
 top-k experts of ``moe_ffn_hidden_size`` and the shared experts per token; it holds every
 expert's parameters. Its expert all-to-alls (``all_to_all_bytes``) are bytes, not FLOPs.
@@ -22,6 +26,7 @@ from typing import NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import PlanError
 from ..model import EncoderSpec, TransformerSpec
+from .gated_delta_net import gated_delta_net
 
 BF16 = 2  # bytes
 FP32 = 4
@@ -95,24 +100,60 @@ def all_to_all_bytes(t: TransformerSpec, tokens: float, expert_parallel: int) ->
             * (expert_parallel - 1) / expert_parallel)
 
 
-def transformer_layer(t: TransformerSpec, sequences: int, seq_len: int, causal: bool,
-                      moe: Optional[bool] = None, spans: Sequence[int] = ()) -> Cost:
-    """One layer; ``moe`` (default: the stack has experts) whether its MLP is the experts;
-    ``spans``: the segments its tokens attend within (``attention_pairs``)."""
+class _Mixer(NamedTuple):
+    """A layer's token mixer: its weights (multiply-adds per token), weightless core
+    FLOPs, parameters with its norm and biases, activation elements per token."""
+
+    weights: float
+    core: float
+    params: float
+    act: float
+
+
+def _mixer(t: TransformerSpec, sequences: int, seq_len: int, causal: bool,
+           spans: Sequence[int], linear: bool) -> _Mixer:
+    """Self-attention (QKV, core, output projection; with ``attention_output_gate`` the
+    query projection also yields the gate) or, ``linear``, the Gated DeltaNet
+    (``gated_delta_net``); each with its pre-norm."""
     h, q, kv = t.hidden_size, t.q_dim, t.kv_dim
-    tokens = sequences * seq_len
-    attn_weights = h * q + 2 * h * kv + q * h  # QKV and output projections
-    ffn = mlp_weights(t, t.num_experts > 1 if moe is None else moe)
-    linear = 2.0 * tokens * (attn_weights + ffn.active)
+    norm = h * (2 if t.add_bias_linear else 1)
+    if linear:
+        if t.linear_attention is None:
+            raise PlanError("a Gated DeltaNet layer needs the stack's linear_attention sizes")
+        g = gated_delta_net(t.linear_attention, h, sequences, seq_len, t.add_bias_linear)
+        return _Mixer(g.weights, g.core, g.params + norm, g.act)
+    gate = q if t.attention_output_gate else 0
+    weights = h * (q + gate) + 2 * h * kv + q * h  # QKV (and gate) and output projections
     # QK^T and PV: 2 matmuls of 2*S*S*q each per sequence; causal skips half
     core = 4.0 * sequences * attention_pairs(seq_len, spans) * q * (0.5 if causal else 1.0)
-    norms = 2 * h * (2 if t.add_bias_linear else 1)
-    biases = q + 2 * kv + h if t.add_bias_linear else 0
-    params = attn_weights + ffn.params + norms + biases
-    act = BF16 * tokens * (4 * h + 2 * q + 2 * kv + ffn.act)
+    biases = q + gate + 2 * kv + h if t.add_bias_linear else 0
+    return _Mixer(weights, core, weights + norm + biases, 2 * h + 2 * q + 2 * kv + 2 * gate)
+
+
+def llm_layer(t: TransformerSpec, layer: int, sequences: int, seq_len: int) -> Cost:
+    """LLM layer ``layer`` (causal): MoE or dense, Gated DeltaNet or full attention, as
+    the stack's patterns say."""
+    return transformer_layer(t, sequences, seq_len, True, t.is_moe(layer),
+                             linear=t.is_linear(layer))
+
+
+def transformer_layer(t: TransformerSpec, sequences: int, seq_len: int, causal: bool,
+                      moe: Optional[bool] = None, spans: Sequence[int] = (),
+                      linear: bool = False) -> Cost:
+    """One layer; ``moe`` (default: the stack has experts) whether its MLP is the experts;
+    ``spans``: the segments its tokens attend within (``attention_pairs``); ``linear``: a
+    Gated DeltaNet layer (O(S): no attention pairs)."""
+    h = t.hidden_size
+    tokens = sequences * seq_len
+    mix = _mixer(t, sequences, seq_len, causal, spans, linear)
+    ffn = mlp_weights(t, t.num_experts > 1 if moe is None else moe)
+    linear_flops = 2.0 * tokens * (mix.weights + ffn.active)
+    core = mix.core
+    params = mix.params + ffn.params + h * (2 if t.add_bias_linear else 1)
+    act = BF16 * tokens * (mix.act + 2 * h + ffn.act)
     hidden = BF16 * tokens * h
-    return Cost(fwd=linear + core, dgrad=linear + 2 * core, wgrad=linear, params=params,
-                act=act, recompute_act=hidden, out=hidden)
+    return Cost(fwd=linear_flops + core, dgrad=linear_flops + 2 * core, wgrad=linear_flops,
+                params=params, act=act, recompute_act=hidden, out=hidden)
 
 
 def attention_pair_share(t: TransformerSpec) -> float:
@@ -125,24 +166,22 @@ def attention_pair_share(t: TransformerSpec) -> float:
 
 
 def transformer_sublayers(t: TransformerSpec, sequences: int, seq_len: int, causal: bool,
-                          moe: Optional[bool] = None, spans: Sequence[int] = ()
-                          ) -> Tuple[Cost, Cost]:
+                          moe: Optional[bool] = None, spans: Sequence[int] = (),
+                          linear: bool = False) -> Tuple[Cost, Cost]:
     """The layer's two kernels Optimus schedules apart: (attention: its norm, QKV, core and
-    output projection; MLP: its norm and FFN), which add up to ``transformer_layer``."""
-    h, q, kv = t.hidden_size, t.q_dim, t.kv_dim
+    output projection, or the Gated DeltaNet; MLP: its norm and FFN), which add up to
+    ``transformer_layer``."""
+    h = t.hidden_size
     tokens = sequences * seq_len
-    attn_weights = h * q + 2 * h * kv + q * h
+    mix = _mixer(t, sequences, seq_len, causal, spans, linear)
     ffn = mlp_weights(t, t.num_experts > 1 if moe is None else moe)
-    attn_linear = 2.0 * tokens * attn_weights
+    attn_linear = 2.0 * tokens * mix.weights
     mlp_linear = 2.0 * tokens * ffn.active
-    core = 4.0 * sequences * attention_pairs(seq_len, spans) * q * (0.5 if causal else 1.0)
     norm = h * (2 if t.add_bias_linear else 1)
-    attn_biases = q + 2 * kv + h if t.add_bias_linear else 0
     hidden = BF16 * tokens * h
-    attention = Cost(fwd=attn_linear + core, dgrad=attn_linear + 2 * core, wgrad=attn_linear,
-                     params=attn_weights + norm + attn_biases,
-                     act=BF16 * tokens * (2 * h + 2 * q + 2 * kv), recompute_act=hidden,
-                     out=hidden)
+    attention = Cost(fwd=attn_linear + mix.core, dgrad=attn_linear + 2 * mix.core,
+                     wgrad=attn_linear, params=mix.params, act=BF16 * tokens * mix.act,
+                     recompute_act=hidden, out=hidden)
     mlp = Cost(fwd=mlp_linear, dgrad=mlp_linear, wgrad=mlp_linear,
                params=ffn.params + norm, act=BF16 * tokens * (2 * h + ffn.act),
                recompute_act=hidden, out=hidden)

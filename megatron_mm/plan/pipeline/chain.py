@@ -64,9 +64,9 @@ def build_chain(model: ModelSpec, workload: Workload) -> List[Layer]:
     a2a = flops.all_to_all_bytes(model.llm, tokens, ep) / tp  # sequence parallel: 1 / TP
     for i in range(model.llm.num_layers):
         moe = model.llm.is_moe(i)
-        add("llm_layer", f"language_model.decoder.layers.{i}", LLM,
-            flops.transformer_layer(model.llm, b, workload.seq_length, True, moe),
-            llm_trainable, workload.recompute)
+        add("llm_layer", f"language_model.decoder.layers.{i}", LLM,  # its own kind's cost
+            flops.llm_layer(model.llm, i, b, workload.seq_length), llm_trainable,
+            workload.recompute)
         if moe and a2a:
             chain[-1].a2a_bytes, chain[-1].a2a_span = a2a, tp * ep
         if deepstack:  # the merged features of the LLM layers after it that add them

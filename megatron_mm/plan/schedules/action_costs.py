@@ -170,7 +170,7 @@ class CostModel:
         llm = model.llm
         self.llm_layer = flops.transformer_layer(llm, b, s, causal=True)
         # per LLM layer: its costs (MoE or dense) and one expert all-to-all's seconds
-        self.llm_layers = [flops.transformer_layer(llm, b, s, True, llm.is_moe(i))
+        self.llm_layers = [flops.llm_layer(llm, i, b, s)  # a hybrid's layers differ
                            for i in range(llm.num_layers)]
         tp, ep = layout.tensor_model_parallel_size, layout.expert_model_parallel_size
         span = layout.expert_tensor_parallel_size * ep
@@ -438,10 +438,14 @@ class CostModel:
 
         llm_p = self.llm_params_per_gpu()
         total = states(llm_p, lay.data_parallel_size, not self.model.freeze_llm)
-        per_chunk = max(e - s for s, e in self.chunk_spans)
         held = sum(inflight_microbatches(pp, vpp, 0, m))
-        kept = (self.llm_act_bytes / tp if lay.recompute else self.llm_layer.act / tp)
-        total += held * per_chunk * kept + self.llm_layer.act / tp  # + one layer's working set
+        # per chunk what its layers keep (a hybrid's Gated DeltaNet and attention layers
+        # keep different bytes); the fullest chunk's, and one layer's working set
+        kept = max((e - s) * self.llm_act_bytes if lay.recompute
+                   else sum(layer.act for layer in self.llm_layers[s:e])
+                   for s, e in self.chunk_spans)
+        working = max(layer.act for layer in self.llm_layers)
+        total += held * kept / tp + working / tp
         for enc in self.encoders:  # every encoder at the plan's layout: a GPU may hold all
             layers = enc.spec.transformer.num_layers
             if plan is None:  # baseline: the encoder on rank 0 at the LLM's TP, in chunk 0
