@@ -81,3 +81,30 @@ def test_tied_output_weight_counted_once_where_the_embedding_is():
     halves = StagePartition(2, 1, [5, len(tied) - 5]).chunk_bounds()
     assert static_bytes(tied, halves, 2, MemoryModel()) == static_bytes(untied, halves, 2,
                                                                        MemoryModel())
+
+
+def test_hybrid_llm_reads_linear_attention():
+    """Qwen3.5's LLM: the Gated DeltaNet sizes and Megatron-LM's layer pattern reach the
+    planner by their names, with the gate and the head dimension of the attention layers."""
+    from megatron_mm.config import LinearAttentionConfig
+    from megatron_mm.plan.costs import flops
+
+    la = LinearAttentionConfig(linear_attention_freq=2, linear_key_head_dim=16,
+                               linear_value_head_dim=8, linear_num_key_heads=2,
+                               linear_num_value_heads=4, linear_conv_kernel_dim=3,
+                               chunk_size=32)
+    config = MultimodalModelConfig(
+        encoders={"vision": VisionEncoderConfig(hidden_size=64, num_layers=1, img_h=16,
+                                                img_w=16, patch_dim=4)},
+        language=LanguageModelConfig(vocab_size=1000, hidden_size=128, num_layers=4,
+                                     num_attention_heads=4, kv_channels=64,
+                                     attention_output_gate=True, linear_attention=la))
+    llm = model_spec(config).llm
+    assert llm.linear_attention_freq == [1, 0, 1, 0] and llm.kv_channels == 64
+    assert llm.attention_output_gate and llm.linear_attention.linear_conv_kernel_dim == 3
+    assert (llm.linear_attention.chunk_size, llm.linear_attention.v_dim) == (32, 32)
+    chain = build_chain(model_spec(config), Workload(seq_length=64))
+    layers = [l for l in chain if l.kind == "llm_layer"]
+    assert [l.fwd_flops for l in layers] == [flops.llm_layer(llm, i, 1, 64).fwd
+                                             for i in range(4)]
+    assert layers[0].fwd_flops == layers[2].fwd_flops != layers[1].fwd_flops

@@ -21,6 +21,7 @@ def total_params(spec):
     ("qwen2.5-14b", 14.7e9), ("mixtral-8x7b", 46.7e9),
     ("gemma-2-27b", 27.2e9 + 256000 * 4608),  # tied: a pipeline keeps a second copy
     ("mistral-7b-v0.3", 7.25e9), ("gpt-175b", 175e9),
+    ("qwen3.5-27b", 27e9),  # the hybrid: 48 Gated DeltaNet + 16 gated attention layers
 ])
 def test_llm_parameter_counts(name, published):
     assert total_params(zoo.LLMS[name]) == pytest.approx(published, rel=0.02)
@@ -46,6 +47,8 @@ def test_media_tokens_follow_the_harness():
     qwen = zoo.vision_encoder("qwen2-vl-vision-675m")  # 1288x728 at 14 px, 2x2 merge
     assert (qwen.tokens_per_item, qwen.llm_tokens_per_item) == (92 * 52, 92 * 52 // 4)
     assert qwen.projector_input_size == 4 * 1280
+    qwen35 = zoo.vision_encoder("qwen3.5-vision")  # 1280x704 at 16 px, 2x2 merge
+    assert (qwen35.tokens_per_item, qwen35.llm_tokens_per_item) == (80 * 44, 80 * 44 // 4)
     assert zoo.audio_encoder("qwen2-audio-encoder").llm_tokens_per_item == 750
     assert zoo.audio_encoder("whisper-small", seconds=45).items_per_sample == 2
     model = zoo.model_pair("VALM-S")

@@ -68,3 +68,22 @@ def test_gpu_days_follow_the_throughput(ablation):
 def test_too_few_samples_is_an_error():
     with pytest.raises(PlanError, match="fill no step|no bounds|fewer"):
         run_ablation(_loads(20), ScaleSetup(global_batch_size=1024))
+
+
+def test_microbatch_chains_cost_each_hybrid_layer_by_its_kind():
+    """A hybrid LLM (Qwen3.5): each packed sample's Gated DeltaNet layers grow linearly
+    with its length, its full-attention layers quadratically."""
+    from megatron_mm.plan.costs import flops
+    from megatron_mm.plan.model import ModelSpec
+    from megatron_mm.reproductions import model_zoo as zoo
+    from megatron_mm.reproductions.omnibal_scale import MicrobatchChains
+
+    model = zoo.model_pair("Qwen3.5-27B")
+    model = ModelSpec(model.name, model.encoders, model.llm)
+    chains = MicrobatchChains(model, tp=8)
+    llm = [l for l in chains.chain(1, [4096, 2048], padded=False) if l.kind == "llm_layer"]
+    assert len(llm) == 64
+    for i, layer in enumerate(llm):
+        want = sum(flops.llm_layer(model.llm, i, 1, s).split(8).fwd for s in (4096, 2048))
+        assert layer.fwd_flops == pytest.approx(want)
+    assert llm[0].fwd_flops == llm[1].fwd_flops != llm[3].fwd_flops  # layer 3: attention
