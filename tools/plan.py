@@ -18,6 +18,10 @@ frozen-aware one. Pure Python: no torch, runs anywhere.
     python tools/plan.py --omnibal-table STATS_DIR  # OmniBal's ablation at its scale
     python tools/plan.py --qwen3-vl-moe-table  # Qwen3-VL-MoE: Megatron-Bridge vs the planner
     python tools/plan.py --placement-table  # colocated / bubble / separate encoder placements
+    python tools/plan.py --qwen35-table  # Qwen3.5-27B's hybrid LLM: partitions that know
+                                         # its Gated DeltaNet layers are O(S), and not
+    python tools/plan.py --model-pair Qwen3.5-27B --pipeline-model-parallel-size 4 \
+        --tensor-model-parallel-size 4 --seq-length 32768 --num-microbatches 32
 
 The estimate's formula, the cost model and its assumptions are in megatron_mm/plan
 (estimate.py, flops.py, layers.py). ``--json PATH`` writes the plan(s) as data.
@@ -36,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from megatron_mm.plan import (  # noqa: E402
     EncoderSpec, Hardware, MemoryModel, ModelSpec, PlanError, TransformerSpec, Workload,
     build_chain, describe_chunk, parse_partition_flag, plan_pipeline)
-from megatron_mm.plan.model import patch_embed_flops  # noqa: E402
+from megatron_mm.plan.model import (  # noqa: E402
+    LinearAttentionSpec, linear_attention_pattern, patch_embed_flops)
 from megatron_mm.plan.pipeline.profile import MEASURED, LayerProfile, apply_profile  # noqa: E402
 from megatron_mm.reproductions import model_zoo  # noqa: E402
 from megatron_mm.reproductions.comparison import (  # noqa: E402
@@ -63,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "Bridge's published layouts with Megatron's schedule against the "
                         "layout and encoder schedule the planner picks (expert all-to-alls "
                         "charged), simulated tokens/s and the encoder share hidden")
+    g.add_argument("--qwen35-table", action="store_true",
+                   help="Qwen3.5-27B (hybrid Gated DeltaNet LLM) on 16 H100s: Megatron's "
+                        "uniform partition, one blind to linear attention, the planner's")
     g.add_argument("--placement-table", action="store_true",
                    help="Optimus' models and Qwen3-VL-32B, light and heavy media, encoder "
                         "trained and frozen: Megatron-LM (encoder in the first stage), the "
@@ -100,6 +108,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--vocab-size", type=int)
     g.add_argument("--num-experts", type=int, default=1)
     g.add_argument("--moe-router-topk", type=int, default=1)
+    g.add_argument("--attention-output-gate", action="store_true",
+                   help="gated attention (Qwen3.5): the query projection also yields a gate")
+    g.add_argument("--experimental-attention-variant", choices=["gated_delta_net"],
+                   default=None, help="a hybrid LLM: Gated DeltaNet (linear attention) "
+                                      "layers by --linear-attention-freq")
+    g.add_argument("--linear-attention-freq", default="4",
+                   help="N (every Nth layer full attention) or a 0/1 list per layer "
+                        "(1: Gated DeltaNet), e.g. 1,1,1,0")
+    la = LinearAttentionSpec()
+    for name in ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+                 "linear_num_key_heads", "linear_num_value_heads"):
+        g.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(la, name))
+    g.add_argument("--linear-attention-chunk-size", type=int, default=la.chunk_size,
+                   help="the chunked delta rule's chunk (Megatron-Core's and FLA's: 64)")
     g.add_argument("--vision-num-layers", type=int, help="adds a ViT (with --vision-*)")
     g.add_argument("--vision-hidden-size", type=int)
     g.add_argument("--vision-ffn-hidden-size", type=int, help="default 4 x hidden")
@@ -175,6 +197,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   " says what is assumed): Megatron-Bridge's layouts against the planner's")
             print("\n".join(moe_table()))
             return 0
+        if args.qwen35_table:
+            from megatron_mm.reproductions.qwen3_5_scale import table as qwen35_table
+            print("Qwen3.5-27B on 16 H100s (TP 4, PP 4), simulated (reproductions/"
+                  "qwen3_5_scale.py says what is assumed): partitions of the hybrid LLM")
+            print("\n".join(qwen35_table()))
+            return 0
         if args.placement_table:
             return print_placement_table(args)
         if args.cornstarch_table or args.optimus_table:
@@ -205,10 +233,33 @@ def model_from_args(args) -> ModelSpec:
             num_query_groups=(args.num_query_groups if args.group_query_attention else None),
             kv_channels=args.kv_channels, gated_linear_unit=args.swiglu,
             num_experts=args.num_experts, moe_router_topk=args.moe_router_topk,
-            vocab_size=args.vocab_size)
+            vocab_size=args.vocab_size, attention_output_gate=args.attention_output_gate,
+            **linear_attention_from_args(args))
         encoders = [vit_from_args(args)] if args.vision_num_layers else []
         model = ModelSpec(name="command-line model", encoders=encoders, llm=llm)
     return model.with_freeze(args.freeze_ViT, args.freeze_projector, args.freeze_LM)
+
+
+def linear_attention_from_args(args) -> dict:
+    """Megatron-LM's Gated DeltaNet flags as TransformerSpec fields (none without
+    --experimental-attention-variant)."""
+    if args.experimental_attention_variant is None:
+        return {}
+    freq = args.linear_attention_freq
+    try:
+        freq = int(freq) if "," not in freq else [int(v) for v in freq.split(",")]
+    except ValueError:
+        raise PlanError(f"--linear-attention-freq must be an int or a 0/1 list, got "
+                        f"{args.linear_attention_freq!r}") from None
+    spec = LinearAttentionSpec(
+        linear_conv_kernel_dim=args.linear_conv_kernel_dim,
+        linear_key_head_dim=args.linear_key_head_dim,
+        linear_value_head_dim=args.linear_value_head_dim,
+        linear_num_key_heads=args.linear_num_key_heads,
+        linear_num_value_heads=args.linear_num_value_heads,
+        chunk_size=args.linear_attention_chunk_size)
+    return dict(linear_attention=spec,
+                linear_attention_freq=linear_attention_pattern(freq, args.num_layers))
 
 
 def vit_from_args(args) -> EncoderSpec:
