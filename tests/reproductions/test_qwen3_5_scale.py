@@ -3,7 +3,6 @@ partition that knows the Gated DeltaNet layers are O(S) beats Megatron's uniform
 
 import pytest
 
-from megatron_mm.plan.pipeline.partition import partition
 from megatron_mm.reproductions.qwen3_5_scale import MICROBATCHES, attention_only, model, rows
 
 
@@ -26,4 +25,3 @@ def test_the_attention_only_twin_differs_only_in_its_mixers():
     assert sum(spec.llm.linear_attention_freq) == 48 and not twin.llm.linear_attention_freq
     assert twin.encoders == spec.encoders and twin.llm.num_layers == spec.llm.num_layers
     assert not spec.tied_embeddings
-    assert partition  # imported for the reader: rows() partitions both
