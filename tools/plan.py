@@ -324,6 +324,16 @@ def print_omnibal_table(args) -> int:
     return 0
 
 
+def print_hybrid_layers(llm: TransformerSpec, chain) -> None:
+    """A hybrid LLM's two layer kinds: how many, and each one's forward per micro-batch."""
+    layers = [l for l in chain if l.kind == "llm_layer"]
+    for linear, name in ((1, "Gated DeltaNet"), (0, "full attention")):
+        mine = [l for i, l in enumerate(layers) if llm.is_linear(i) == bool(linear)]
+        if mine:
+            print(f"    {name:<15} x{len(mine):<3} {mine[0].fwd_flops / 1e12:.3f} TFLOP "
+                  f"forward each (per TP rank)")
+
+
 def print_plan(args, hardware: Hardware, memory: MemoryModel, limit) -> int:
     model = model_from_args(args)
     media = model.media_tokens_per_sample
@@ -353,6 +363,8 @@ def print_plan(args, hardware: Hardware, memory: MemoryModel, limit) -> int:
         print(f"  {kind:<13} x{sum(l.kind == kind for l in chain):<3} "
               f"{first.total_flops / first.fwd_flops if first.fwd_flops else 0:.2f} F  "
               f"({why(first)})")
+    if model.llm.linear_attention_freq and not args.pipeline_profile:
+        print_hybrid_layers(model.llm, chain)
     plan = plan_pipeline(chain, pp, vpp, chosen, m, hardware, memory, limit)
     print()
     print_stages(plan)

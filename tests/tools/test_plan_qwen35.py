@@ -44,7 +44,9 @@ def test_qwen35_table_and_pair(tool, capsys):
                                                   "auto"]
     assert tool.main(["--model-pair", "Qwen3.5-27B", "--pipeline-model-parallel-size", "2",
                       "--num-microbatches", "4"]) == 0
-    assert "qwen3.5-27b" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "qwen3.5-27b" in out
+    assert "Gated DeltaNet  x48" in out and "full attention  x16" in out
 
 
 def test_bad_linear_attention_freq_is_one_line(tool, capsys):

@@ -168,6 +168,7 @@ class CostModel:
         self.frozen_encoders = [i for i, e in enumerate(self.encoders) if not e.trainable]
         b, s = layout.micro_batch_size, layout.seq_length
         llm = model.llm
+        # one layer's all-reduce bytes (the TP bubbles; every layer kind has two)
         self.llm_layer = flops.transformer_layer(llm, b, s, causal=True)
         # per LLM layer: its costs (MoE or dense) and one expert all-to-all's seconds
         self.llm_layers = [flops.llm_layer(llm, i, b, s)  # a hybrid's layers differ
