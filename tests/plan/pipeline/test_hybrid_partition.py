@@ -101,3 +101,19 @@ def test_action_costs_weigh_chunks_by_their_layers():
     h, f = costs["hybrid"], costs["full"]
     assert h.memory_bytes(None) - f.memory_bytes(None) == pytest.approx(
         llm_bytes(h, HYBRID) - llm_bytes(f, FULL))
+
+
+def test_adaptive_recompute_frees_each_layers_own_bytes():
+    """OmniBal's chooser recomputes the first N LLM layers of a chunk: on a hybrid the
+    bytes it frees are those layers' own (three Gated DeltaNet layers, then attention)."""
+    from megatron_mm.plan.pipeline.recompute_budget import chunk_activations
+
+    chain = chain_of(HYBRID, seq=1024)
+    (chunk,) = chunk_activations(chain, [[0, len(chain)]], 1, 1, 1)
+    kept = [flops.llm_layer(HYBRID, i, 1, 1024) for i in range(12)]
+    assert [l.act_bytes for l in chunk.layers] == [c.act for c in kept]
+    full = chunk.bytes_with(0)
+    for n in (3, 4):  # recomputing layer 3 (attention) frees its bytes, not a DeltaNet's
+        freed = sum(c.act - c.recompute_act for c in kept[:n])
+        peak = max(c.act for c in kept[:n])  # the layer being recomputed lives again
+        assert chunk.bytes_with(n) == pytest.approx(full - freed + peak)
