@@ -223,7 +223,7 @@ def _validate_media_alignment(args: argparse.Namespace, modules) -> None:
                               f"--tensor-model-parallel-size: encoder replicas run different "
                               "micro-batch counts, and FP8's amax reduction spans them; "
                               "keep that encoder in BF16")
-        sizes = family_of(enc).fp8_token_counts(name, enc)
+        sizes = _fp8_token_counts(args, name, enc)
         for part in fp8_parts:
             n, source = sizes[part]
             if n % align:
@@ -231,6 +231,22 @@ def _validate_media_alignment(args: argparse.Namespace, modules) -> None:
                                   f"not a multiple of the FP8 alignment {align} "
                                   f"(--fp8-recipe {args.fp8_recipe}); change the sizes or "
                                   f"keep {part} out of --fp8-modules")
+
+
+def _fp8_token_counts(args: argparse.Namespace, name: str, enc) -> dict:
+    """The family's FP8 token counts per item; under --sequence-parallel those of each TP
+    rank's shard, where the encoder's and its projector's GEMMs run (TE checks the local
+    rows before its all-gather)."""
+    family = family_of(enc)
+    sizes = family.fp8_token_counts(name, enc)
+    tp = (args.encoder_tensor_model_parallel_size or args.tensor_model_parallel_size)
+    if not args.sequence_parallel or tp == 1:
+        return sizes
+    if family.fp8_shard_token_counts is not None:
+        return family.fp8_shard_token_counts(name, enc, tp, args.fp8_recipe)
+    return {part: (n // tp if n % tp == 0 else n / tp,
+                   f"{source} over --tensor-model-parallel-size {tp} (sequence parallel)")
+            for part, (n, source) in sizes.items()}
 
 
 def _separate_encoder_replicas(args: argparse.Namespace, name: str) -> None:
