@@ -34,7 +34,8 @@ def fp8_align_size(recipe: str) -> int:
 
 
 def sequence_multiple(fp8_recipe: Optional[str] = None, tensor_model_parallel_size: int = 1,
-                      sequence_parallel: bool = False, context_parallel_size: int = 1) -> int:
+                      sequence_parallel: bool = False, context_parallel_size: int = 1,
+                      context_parallel_block: Optional[int] = None) -> int:
     """The multiple every LLM sequence is padded to: TP when sequence parallelism splits
     the sequence over TP ranks, 2 x CP (the zigzag split's 2 CP chunks per rank), and with
     FP8 (``fp8_recipe`` None: no FP8 anywhere in the LLM) the FP8 alignment for *each
@@ -44,6 +45,9 @@ def sequence_multiple(fp8_recipe: Optional[str] = None, tensor_model_parallel_si
     checks the local input before its sequence-parallel all-gather (``module/linear.py``:
     ``assert_dim_for_fp8_exec(inputmat, weight)`` ahead of ``gather_along_first_dim``),
     and MXFP8 quantises that local shard, so the alignment multiplies the split factors.
+    Our CP split hands each rank whole blocks of ``context_parallel_block`` tokens (the
+    last one short unless the length is a multiple of the block): with FP8 the length is
+    one (``cp_block_error`` checks the block itself).
     """
     factors = [1]
     if sequence_parallel:
@@ -53,7 +57,23 @@ def sequence_multiple(fp8_recipe: Optional[str] = None, tensor_model_parallel_si
     if fp8_recipe is not None:
         split = context_parallel_size * (tensor_model_parallel_size if sequence_parallel else 1)
         factors.append(fp8_align_size(fp8_recipe) * split)
+        if context_parallel_size > 1 and context_parallel_block:
+            factors.append(context_parallel_block)
     return math.lcm(*factors)
+
+
+def cp_block_error(fp8_recipe: str, tensor_model_parallel_size: int,
+                   sequence_parallel: bool, context_parallel_block: int) -> Optional[str]:
+    """An FP8 LLM under our CP split: each CP rank's tokens are whole blocks, split again
+    over the TP ranks under SP, and TE's FP8 GEMMs take them as rows, so a block must hold
+    the FP8 alignment on every TP rank. None when it does."""
+    need = fp8_align_size(fp8_recipe) * (tensor_model_parallel_size if sequence_parallel else 1)
+    if context_parallel_block % need:
+        return (f"--context-parallel-block ({context_parallel_block}) must be a multiple of "
+                f"{need} with an FP8 LLM (--fp8-recipe {fp8_recipe}): each CP rank's tokens "
+                "are whole blocks, which its FP8 GEMMs take as rows"
+                + (" after the sequence-parallel split" if sequence_parallel else ""))
+    return None
 
 
 def encoder_sequence_multiple(fp8_recipe: Optional[str], tensor_model_parallel_size: int,

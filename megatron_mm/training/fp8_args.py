@@ -20,6 +20,7 @@ from ..plan.fp8 import (
     FP8_FORMATS,
     FP8_RECIPES,
     Fp8Settings,
+    cp_block_error,
     fp8_align_size,
     parse_fp8_modules,
     sequence_multiple,
@@ -111,6 +112,11 @@ def validate_fp8_args(args: argparse.Namespace) -> None:
     else:
         _validate_transformer_engine(args)
     args.fp8_settings = fp8_settings(args, modules)
+    if "llm" in modules and args.context_parallel_size > 1:
+        error = cp_block_error(args.fp8_recipe, args.tensor_model_parallel_size,
+                               args.sequence_parallel, args.context_parallel_block)
+        if error:
+            raise ConfigError(error)
     multiple = llm_sequence_multiple(args.fp8_settings, args)
     if args.seq_length % multiple:
         raise ConfigError(f"--seq-length ({args.seq_length}) must be a multiple of {multiple}: "
@@ -278,4 +284,5 @@ def llm_sequence_multiple(fp8: Optional[Fp8Settings], parallel) -> int:
     fp8_llm = fp8 is not None and fp8.applies_to("llm")
     return sequence_multiple(fp8.recipe if fp8_llm else None,
                              parallel.tensor_model_parallel_size, parallel.sequence_parallel,
-                             parallel.context_parallel_size if fp8_llm else 1)
+                             parallel.context_parallel_size if fp8_llm else 1,
+                             getattr(parallel, "context_parallel_block", None))

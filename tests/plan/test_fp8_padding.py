@@ -20,6 +20,19 @@ def test_align_size_is_megatron_cores():
     assert fp8_align_size("mxfp8") == 32
 
 
+def test_cp_blocks_with_fp8():
+    """Our CP split deals whole blocks: with FP8 the length is whole blocks and a block
+    holds the alignment on every TP rank."""
+    from megatron_mm.plan.fp8 import cp_block_error
+
+    assert sequence_multiple("delayed", 2, True, 2, context_parallel_block=128) == 128
+    assert sequence_multiple("delayed", 1, False, 2, context_parallel_block=48) == 96
+    assert sequence_multiple(None, 2, True, 2, context_parallel_block=48) == 4  # no FP8
+    assert cp_block_error("delayed", 2, True, 16) is not None  # 8 rows a TP rank
+    assert cp_block_error("delayed", 2, True, 32) is None
+    assert cp_block_error("mxfp8", 1, False, 16) is not None
+
+
 @pytest.mark.parametrize("recipe, tp, sp, cp, multiple", [
     (None, 4, False, 1, 1),          # nothing to align
     ("delayed", 1, False, 1, 16),
