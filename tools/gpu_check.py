@@ -11,10 +11,11 @@ under its time budget (the budgets add up to at most 9 minutes on one H100), in 
   isolation: the node's torch stays), then every module the checks import;
 - ``smoke``: a bf16 matmul, an NCCL world of one, the patches a CUDA machine needs
   (``tools/gpu_smoke.py``);
-- ``sync-free-step``: one training step of the default model, the Qwen2.5-VL tower and an
-  FP8-emulated LLM: every action of the schedule counted by ``tests/host_syncs.py``, which
-  on CUDA records each ``torch.cuda.set_sync_debug_mode`` warning (all of them listed, not
-  the first raised) (``tests/training/test_host_syncs.py``);
+- ``sync-free-step``: one training step of the default model, the Qwen2.5-VL tower, the
+  Qwen3-VL model (interleaved M-RoPE, DeepStack) and an FP8-emulated LLM: every action of
+  the schedule counted by ``tests/host_syncs.py``, which on CUDA records each
+  ``torch.cuda.set_sync_debug_mode`` warning (all of them listed, not the first raised)
+  (``tests/training/test_host_syncs.py``);
 - ``demo``: ``make demo``'s run on the GPU (bf16), to its held-out answer accuracy;
 - ``profile-layers``: ``tools/profile_layers.py`` at hidden sizes 4096 and 8192 (768
   samples a micro-batch): the LLM layers' forward time must scale with their FLOPs
@@ -23,7 +24,8 @@ under its time budget (the budgets add up to at most 9 minutes on one H100), in 
   against Megatron-Core's ``LLaVAModel``: tokens/s, MFU, peak memory, the same loss;
 - ``flex-attention``: a few training steps of a tiny model with ``--media-attention
   bidirectional`` and with packed samples on FlexAttention (one GPU, CP=1) against the
-  local path: the same losses and gradients (``tests/gpu/test_flex_training.py``);
+  local path: the same losses and gradients (``tests/gpu/test_flex_training.py``), and
+  the kernels compiled for flex_attention in that process, of Dynamo's recompile limit;
 - ``transformer-engine``: ``tests/gpu`` and ``bench_gpu``'s TE rows where TE imports;
   reported ABSENT, not failed, where it does not.
 
@@ -160,7 +162,7 @@ def judge_smoke(ctx: Context, procs) -> Result:
 def sync_free_commands(ctx: Context) -> List[List[str]]:
     return [ctx.py("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
                    "tests/training/test_host_syncs.py", "-k",
-                   "default or qwen2_5_vl or fp8_emulated or dense-mask")]
+                   "default or qwen2_5_vl or qwen3_vl or fp8_emulated or dense-mask")]
 
 
 def judge_pytest(ctx: Context, procs) -> Result:
@@ -263,6 +265,21 @@ def judge_bench(ctx: Context, procs) -> Result:
                   "same weights and batch")
 
 
+FLEX_COMPILES = re.compile(r"flex_attention kernels compiled: (\d+) \(recompile limit (\d+)\)")
+
+
+def judge_flex(ctx: Context, procs) -> Result:
+    """judge_pytest, with the most kernels compiled for flex_attention in the process (of
+    Dynamo's recompile limit) the training test printed."""
+    result = judge_pytest(ctx, procs)
+    counts = [(int(n), int(limit)) for n, limit in FLEX_COMPILES.findall(procs[0].stdout)]
+    if counts:
+        result.figures["flex_compiles"], result.figures["recompile_limit"] = max(counts)
+    elif result.status == PASS:
+        return Result(FAIL, result.figures, "no flex_attention compile count in the output")
+    return result
+
+
 def flex_commands(ctx: Context) -> List[List[str]]:
     return [ctx.py("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
                    "tests/gpu/test_flex_training.py")]
@@ -292,10 +309,10 @@ CHECKS = [
           install_commands, judge_install),
     Check("smoke", 25, "bf16 matmul, NCCL world of one, the CUDA machine's patches",
           lambda ctx: [ctx.py("tools/gpu_smoke.py")], judge_smoke),
-    Check("sync-free-step", 80, "one training step of the default model, the Qwen2.5-VL "
-          "tower and an FP8-emulated LLM, every CUDA sync-debug warning recorded",
-          sync_free_commands, judge_pytest),
-    Check("demo", 150, f"the demo on the GPU to its held-out accuracy (>= {DEMO_ACCURACY})",
+    Check("sync-free-step", 95, "one training step of the default model, the Qwen2.5-VL "
+          "and Qwen3-VL models and an FP8-emulated LLM, every CUDA sync-debug warning "
+          "recorded", sync_free_commands, judge_pytest),
+    Check("demo", 130, f"the demo on the GPU to its held-out accuracy (>= {DEMO_ACCURACY})",
           demo_commands, judge_demo),
     Check("profile-layers", 85, "layer profile at hidden 4096 and 8192: forward time "
           f"scales with FLOPs (ratio in {list(FLOP_SCALING)})", profile_commands,
@@ -303,9 +320,10 @@ CHECKS = [
     Check("bench-gpu", 55, "bench_gpu at hidden 2048: ours (local bf16) vs Megatron-Core's "
           "LLaVAModel, tokens/s, MFU, peak memory", bench_commands, judge_bench),
     # compiles flex_attention's forward and backward Triton kernels first
-    Check("flex-attention", 40, "a few training steps with bidirectional media and with "
+    Check("flex-attention", 45, "a few training steps with bidirectional media and with "
           "packed samples on FlexAttention against the local path: the same losses and "
-          "gradients", flex_commands, judge_pytest),
+          "gradients; the kernels compiled for flex_attention, of Dynamo's recompile limit",
+          flex_commands, judge_flex),
     Check("transformer-engine", 65, "tests/gpu and bench_gpu's TE rows (bf16, FP8), where "
           "Transformer Engine imports", te_commands, judge_te, needs_te=True),
 ]

@@ -79,7 +79,10 @@ class EncoderFamily:
       every item's features are padded to ``num_output_tokens`` rows (the model drops each
       item's padding before the merge).
     - ``fp8_token_counts(name, config)``: {FP8 module: (tokens per item, the flags that set
-      it)} for the FP8 alignment check; ``check_sequence_parallel(name, config, tp, impl)``
+      it)} for the FP8 alignment check; ``fp8_shard_token_counts(name, config, tp,
+      recipe)``: the same per TP rank under ``--sequence-parallel`` (the encoder and its
+      projector run on each rank's shard; None: those counts / TP);
+      ``check_sequence_parallel(name, config, tp, impl)``
       raises a ``ConfigError`` for a layout the family cannot shard (None: none).
     - ``select_items``: ``select(config, media, items) -> media`` of only the items
       numbered ``items`` (sorted, in the features' order) of a batch's host media, for
@@ -103,6 +106,7 @@ class EncoderFamily:
     feature_tokens: Callable
     fp8_token_counts: Callable
     check_sequence_parallel: Optional[Callable] = None  # None: every layout shards
+    fp8_shard_token_counts: Optional[Callable] = None
     padded_features: bool = False
     add_arguments: Optional[Callable] = None
     checkpoint_flags: Tuple[str, ...] = ()

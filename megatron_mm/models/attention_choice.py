@@ -23,9 +23,9 @@ from typing import List, Optional
 
 from ..config import ConfigError
 from .specs import CPAttentionChoice, choose_cp_attention
+from .te_attention_rules import KERNEL_NAMES, TE_KERNELS, te_kernels
 
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto", "flex")
-TE_KERNELS = ("flash", "fused", "unfused")
 FLEX = "FlexAttention (torch.nn.attention.flex_attention; block masks from the mask codes)"
 
 
@@ -43,11 +43,13 @@ def _flex_blockers(cuda: bool, training: bool, attention_dropout: float) -> List
 def choose_attention(backend: str, cp_size: int, transformer_impl: str, te_importable: bool,
                      cuda: bool, media_attention: str = "causal", packed: bool = False,
                      assignment: str = "ours", cp_comm_type: Optional[str] = None,
-                     training: bool = True, attention_dropout: float = 0.0
-                     ) -> CPAttentionChoice:
+                     training: bool = True, attention_dropout: float = 0.0,
+                     half_precision: bool = True) -> CPAttentionChoice:
     """The LLM's core attention (``CPAttentionChoice``: kind ``flex``, or
     ``choose_cp_attention``'s ``transformer_engine`` / ``ours`` under CP and ``none``, the
-    layers' own, without) and why, for the start-up log."""
+    layers' own, without) and why, for the start-up log. ``half_precision``: --bf16 (or
+    --fp16); a pinned TE kernel must be one TE enables for the LLM's mask and for the
+    encoders' (``te_attention_rules``), else an error naming the flag."""
     if backend not in ATTENTION_BACKENDS:
         raise ConfigError(f"--attention-backend must be one of {ATTENTION_BACKENDS}, "
                           f"got {backend!r}")
@@ -68,6 +70,9 @@ def choose_attention(backend: str, cp_size: int, transformer_impl: str, te_impor
         return CPAttentionChoice("flex", f"{FLEX}, as --attention-backend flex asks")
     base = choose_cp_attention(cp_size, transformer_impl, te_importable, cuda,
                                media_attention, packed, assignment, cp_comm_type)
+    if backend in TE_KERNELS:
+        _check_pinned_kernel(backend, _llm_te_mask_type(base.kind, cp_size, media_attention,
+                                                        packed), half_precision)
     mask = ("packed samples" if packed else "") + (
         (" with " if packed else "") + "bidirectional media items"
         if media_attention != "causal" else "")
@@ -90,3 +95,35 @@ def choose_attention(backend: str, cp_size: int, transformer_impl: str, te_impor
               "transformer_engine" else "Megatron-Core's DotProductAttention")
     return CPAttentionChoice("none", f"{kernel} with the dense mask of {mask}; not "
                              f"FlexAttention: {why}")
+
+
+def _llm_te_mask_type(kind: str, cp_size: int, media_attention: str,
+                      packed: bool) -> Optional[str]:
+    """The mask type the LLM's TE attention declares (``te_attention_mask``,
+    ``packed_sequences``), None where the LLM runs no TE attention (our CP attention)."""
+    if kind == "transformer_engine":
+        return "causal"  # TE's CP: plain causal masks only
+    if cp_size > 1:
+        return None
+    if media_attention != "causal":
+        return "arbitrary"  # the dense [B, 1, S, S] mask
+    return "padding_causal" if packed else "causal"  # packed samples: THD
+
+
+def _check_pinned_kernel(backend: str, llm_mask: Optional[str], half_precision: bool) -> None:
+    """A pinned TE kernel (Megatron-Core sets ``NVTE_*_ATTN`` process-wide) that TE
+    disables for one of the process's TE attentions leaves it no backend: TE's first
+    forward would fail. Stop up front instead."""
+    name = KERNEL_NAMES[backend]
+    if not half_precision and backend not in te_kernels("causal", False):
+        raise ConfigError(f"--attention-backend {backend} pins Transformer Engine's {name}, "
+                          "which TE runs on bf16 / fp16 inputs only: pass --bf16, or "
+                          "--attention-backend unfused or auto")
+    if llm_mask is not None and backend not in te_kernels(llm_mask, half_precision):
+        raise ConfigError(f"--attention-backend {backend} pins Transformer Engine's {name}, "
+                          f"which TE disables for the LLM's '{llm_mask}' mask (the dense mask "
+                          "of --media-attention bidirectional; TE runs only "
+                          "UnfusedDotProductAttention there): pass --attention-backend "
+                          "unfused, flex or auto")
+    # The pin reaches the encoders' TE attention too (ENCODER_MASK_TYPES): TE takes their
+    # masks on every kernel, so only the dtype rule above can leave them without one.

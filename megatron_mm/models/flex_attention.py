@@ -37,6 +37,38 @@ FLEX_BLOCK = 128
 _compiled = torch.compile(flex_attention, dynamic=True)
 
 
+def compile_count() -> int:
+    """Kernels Dynamo holds for ``flex_attention`` in this process (its cache entries on
+    the function's code: one per guard set, e.g. per dtype, GQA or not, grad or not). Past
+    ``torch._dynamo.config.recompile_limit`` Dynamo would stop compiling it and run it
+    eagerly, which materialises the S x S scores: ``_run_compiled`` refuses that."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(flex_attention))
+
+
+class FlexRecompileLimit(RuntimeError):
+    pass
+
+
+def _run_compiled(*args, **kwargs):
+    """``_compiled``, with Dynamo's recompile limit a hard error instead of its silent
+    eager fallback (``fail_on_recompile_limit_hit``)."""
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    try:
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            return _compiled(*args, **kwargs)
+    except FailOnRecompileLimitHit as e:
+        limit = torch._dynamo.config.recompile_limit
+        raise FlexRecompileLimit(
+            f"FlexAttention needs another compiled kernel, past Dynamo's recompile limit "
+            f"({compile_count()} compiled, torch._dynamo.config.recompile_limit = {limit}): "
+            "flex_attention would run eagerly, materialising the attention scores. Raise "
+            "torch._dynamo.config.recompile_limit, or keep fewer input variants (dtypes, "
+            "grad modes, masks) in one process") from e
+
+
 @dataclass
 class MaskCodes:
     """The [B, S] int64 mask codes of a whole (unsplit) micro-batch, on the device: what
@@ -125,7 +157,11 @@ class _LastBlockMask:
 
     @classmethod
     def get(cls, mask, build) -> BlockMask:
-        if mask is None or cls.key is not mask:
+        """``mask``: the mask object, or for the causal mask (no mask object) a tuple of
+        what its block mask depends on (batch, length, device): equal tuples share one."""
+        same = (cls.key == mask) if isinstance(mask, tuple) and isinstance(cls.key, tuple) \
+            else cls.key is mask
+        if cls.value is None or not same:
             cls.key, cls.value = mask, build()
         return cls.value
 
@@ -134,15 +170,32 @@ class FlexAttention(ContextParallelAttention):
     """Core attention (Megatron-Core's signature) on ``flex_attention``: takes a
     ``ContextParallelMask`` (this rank's queries against the all-gathered keys, gathered
     as ``ContextParallelAttention`` does), ``MaskCodes`` (a whole micro-batch) or None
-    (causal). No attention dropout (``attention_choice`` refuses it)."""
+    (causal). No attention dropout (``attention_choice`` refuses it).
+
+    One kernel over every head (GQA inside it) where no K/V all-gather runs; only a CP
+    split runs per group of KV heads (``KV_HEADS_PER_STEP``), each group's gather in flight
+    under the previous group's kernel."""
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None,
+                attention_bias=None, packed_seq_params=None):
+        cpm = attention_mask if isinstance(attention_mask, ContextParallelMask) else None
+        if cpm is not None and not cpm.replicated:
+            return super().forward(query, key, value, attention_mask, attn_mask_type,
+                                   attention_bias, packed_seq_params)
+        assert attention_bias is None and packed_seq_params is None, (
+            "FlexAttention takes its mask as MaskCodes or a ContextParallelMask")
+        per_group = self.heads // self.groups
+        out = (self._runs(query, key, value, cpm, per_group) if cpm is not None
+               else self._dense(query, key, value, attention_mask, per_group))
+        return out.reshape(out.shape[0], out.shape[1], -1)
 
     def _flex(self, q, k, v, mask: BlockMask):
         """q [sq, b, hq, d], k/v [s, b, hk, d] -> [sq, b, hq, d]."""
         if k.shape[0] == 1:  # one token attends itself (a length-1 recompile breaks
             return v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)  # the CPU kernel)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (q, k, v))
-        out = _compiled(q, k, v, block_mask=mask, scale=self.softmax_scale,
-                        enable_gqa=q.shape[1] != k.shape[1])
+        out = _run_compiled(q, k, v, block_mask=mask, scale=self.softmax_scale,
+                            enable_gqa=q.shape[1] != k.shape[1])
         return out.permute(2, 0, 1, 3)
 
     def _runs(self, q, k, v, cpm: ContextParallelMask, per_group):
@@ -150,12 +203,15 @@ class FlexAttention(ContextParallelAttention):
             cpm, lambda: block_mask(cpm.codes, cpm.local)))
 
     def _dense(self, q, k, v, attention_mask, per_group):
-        if attention_mask is None:  # causal: one text document
-            codes = torch.zeros(q.shape[1], q.shape[0], dtype=torch.int64, device=q.device)
+        key = attention_mask
+        if attention_mask is None:  # causal: one text document, the same for every layer
+            b, s, dev = q.shape[1], q.shape[0], q.device
+            key = ("causal", b, s, dev)
+            build = lambda: block_mask(torch.zeros(b, s, dtype=torch.int64,  # noqa: E731
+                                                   device=dev))
         elif isinstance(attention_mask, MaskCodes):
-            codes = attention_mask.codes
+            build = lambda: block_mask(attention_mask.codes)  # noqa: E731
         else:
             raise TypeError("FlexAttention takes MaskCodes or a ContextParallelMask, not a "
                             f"{type(attention_mask).__name__} mask")
-        return self._flex(q, k, v, _LastBlockMask.get(attention_mask,
-                                                      lambda: block_mask(codes)))
+        return self._flex(q, k, v, _LastBlockMask.get(key, build))

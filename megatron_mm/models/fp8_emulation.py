@@ -29,7 +29,11 @@ tests/pytorch/references/quantize_scale_calc.py):
   margin); amax 0 gives scale 1. Amaxes are local, except the input of a column-parallel
   and the output gradient of a row-parallel layer under sequence parallelism, which are
   max-reduced over the TP group (TE quantises them before its all-gather);
-- bias gradients from the unquantised output gradient (TE fuses them into its cast).
+- bias gradients from the unquantised output gradient (TE fuses them into its cast);
+- TE's shape check of each FP8 GEMM (``plan.fp8.fp8_gemm_dims_error``) on the input as
+  this rank holds it (under sequence parallelism a column-parallel layer's local shard,
+  before the all-gather, as TE's ``_Linear`` checks it) and on the weight shard: a
+  ``ValueError`` with TE's message where TE would raise one.
 
 GEMMs accumulate in the model's precision, not in tensor cores' FP32 accumulators.
 """
@@ -45,7 +49,7 @@ from megatron.core.models.vision.multimodal_projector import MultimodalProjector
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.transformer_block import TransformerBlock
 
-from ..plan.fp8 import EMULATED_RECIPES, FP8_MAX, fp8_dtypes
+from ..plan.fp8 import EMULATED_RECIPES, FP8_MAX, fp8_dtypes, fp8_gemm_dims_error
 from . import fp8_state
 from .interleaved_blocks import InterleavedBlocks
 from .fp8_scaling import FP32_MAX
@@ -220,6 +224,10 @@ class _EmulatedFp8Linear:
     def _forward_impl(self, input, weight, bias=None, **kwargs):
         if not fp8_state.fp8_enabled():  # TE runs its modules in high precision there
             return super()._forward_impl(input=input, weight=weight, bias=bias, **kwargs)
+        for operand in (input, weight):  # TE's _Linear: assert_dim_for_fp8_exec(inputmat, weight)
+            error = fp8_gemm_dims_error(tuple(operand.shape), self.fp8_emulation.recipe)
+            if error is not None:
+                raise ValueError(error)
         first, self.is_first_microbatch = self.is_first_microbatch, False
         x, w = self.fp8_emulation.quantize_forward(input, weight, first)
         if torch.is_grad_enabled() and (w.requires_grad or x.requires_grad):

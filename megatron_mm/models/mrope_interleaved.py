@@ -18,9 +18,10 @@ from megatron.core.models.common.embeddings.rotary_pos_embedding import (
 )
 
 
-def interleaved_axes(half: int, mrope_section) -> torch.Tensor:
-    """[half] long: the position axis (0 T, 1 H, 2 W) of each rotary frequency."""
-    axes = torch.zeros(half, dtype=torch.long)
+def interleaved_axes(half: int, mrope_section, device=None) -> torch.Tensor:
+    """[half] long: the position axis (0 T, 1 H, 2 W) of each rotary frequency, made on
+    ``device`` (filled there: no host data to copy)."""
+    axes = torch.zeros(half, dtype=torch.long, device=device)
     for axis in (1, 2):
         axes[axis:3 * mrope_section[axis]:3] = axis
     return axes
@@ -28,7 +29,18 @@ def interleaved_axes(half: int, mrope_section) -> torch.Tensor:
 
 class InterleavedMultimodalRotaryEmbedding(MultimodalRotaryEmbedding):
     """``MultimodalRotaryEmbedding`` with the frequencies interleaved over T, H, W; the same
-    call and output ([S, B, 1, kv_channels], non-interleaved rotation halves)."""
+    call and output ([S, B, 1, kv_channels], non-interleaved rotation halves).
+
+    The frequencies' axes are made once per section and device, on the device: made on the
+    host and copied in each forward, they cost a blocking host-to-device copy per LLM
+    forward on CUDA."""
+
+    def _axes(self, half: int, mrope_section, device) -> torch.Tensor:
+        cache = self.__dict__.setdefault("_interleaved_axes", {})
+        key = (half, tuple(int(s) for s in mrope_section), device)
+        if key not in cache:
+            cache[key] = interleaved_axes(half, mrope_section, device)
+        return cache[key]
 
     def forward(self, position_ids: torch.Tensor, mrope_section: List[int],
                 cp_group: Optional[torch.distributed.ProcessGroup] = None) -> torch.Tensor:
@@ -37,7 +49,7 @@ class InterleavedMultimodalRotaryEmbedding(MultimodalRotaryEmbedding):
                              "seq_len_interpolation_factor")
         seq = position_ids.to(device=self.inv_freq.device, dtype=self.inv_freq.dtype)
         freqs = seq[..., None] * self.inv_freq  # [3, B, S, half]
-        axes = interleaved_axes(freqs.shape[-1], mrope_section).to(freqs.device)
+        axes = self._axes(freqs.shape[-1], mrope_section, freqs.device)
         freqs = freqs.gather(0, axes.expand(1, *freqs.shape[1:])).squeeze(0)  # [B, S, half]
         emb = torch.cat((freqs, freqs), dim=-1)[..., None, :].transpose(0, 1).contiguous()
         if cp_group is None:

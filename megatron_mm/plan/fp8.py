@@ -34,19 +34,77 @@ def fp8_align_size(recipe: str) -> int:
 
 
 def sequence_multiple(fp8_recipe: Optional[str] = None, tensor_model_parallel_size: int = 1,
-                      sequence_parallel: bool = False, context_parallel_size: int = 1) -> int:
-    """The multiple every LLM sequence is padded to: the FP8 alignment (``fp8_recipe``
-    None: no FP8 anywhere in the LLM), TP when sequence parallelism splits the sequence
-    over TP ranks, 2 x CP (the zigzag split's 2 CP chunks per rank), combined by least
-    common multiple so each one holds at once."""
+                      sequence_parallel: bool = False, context_parallel_size: int = 1,
+                      context_parallel_block: Optional[int] = None) -> int:
+    """The multiple every LLM sequence is padded to: TP when sequence parallelism splits
+    the sequence over TP ranks, 2 x CP (the zigzag split's 2 CP chunks per rank), and with
+    FP8 (``fp8_recipe`` None: no FP8 anywhere in the LLM) the FP8 alignment for *each
+    rank's* tokens, combined by least common multiple so each one holds at once.
+
+    Each rank's linears see only its shard, S / (CP x TP under SP) rows per sample: TE
+    checks the local input before its sequence-parallel all-gather (``module/linear.py``:
+    ``assert_dim_for_fp8_exec(inputmat, weight)`` ahead of ``gather_along_first_dim``),
+    and MXFP8 quantises that local shard, so the alignment multiplies the split factors.
+    Our CP split hands each rank whole blocks of ``context_parallel_block`` tokens (the
+    last one short unless the length is a multiple of the block): with FP8 the length is
+    one (``cp_block_error`` checks the block itself).
+    """
     factors = [1]
-    if fp8_recipe is not None:
-        factors.append(fp8_align_size(fp8_recipe))
     if sequence_parallel:
         factors.append(tensor_model_parallel_size)
     if context_parallel_size > 1:
         factors.append(2 * context_parallel_size)
+    if fp8_recipe is not None:
+        split = context_parallel_size * (tensor_model_parallel_size if sequence_parallel else 1)
+        factors.append(fp8_align_size(fp8_recipe) * split)
+        if context_parallel_size > 1 and context_parallel_block:
+            factors.append(context_parallel_block)
     return math.lcm(*factors)
+
+
+def cp_block_error(fp8_recipe: str, tensor_model_parallel_size: int,
+                   sequence_parallel: bool, context_parallel_block: int) -> Optional[str]:
+    """An FP8 LLM under our CP split: each CP rank's tokens are whole blocks, split again
+    over the TP ranks under SP, and TE's FP8 GEMMs take them as rows, so a block must hold
+    the FP8 alignment on every TP rank. None when it does."""
+    need = fp8_align_size(fp8_recipe) * (tensor_model_parallel_size if sequence_parallel else 1)
+    if context_parallel_block % need:
+        return (f"--context-parallel-block ({context_parallel_block}) must be a multiple of "
+                f"{need} with an FP8 LLM (--fp8-recipe {fp8_recipe}): each CP rank's tokens "
+                "are whole blocks, which its FP8 GEMMs take as rows"
+                + (" after the sequence-parallel split" if sequence_parallel else ""))
+    return None
+
+
+def encoder_sequence_multiple(fp8_recipe: Optional[str], tensor_model_parallel_size: int,
+                              sequence_parallel: bool) -> int:
+    """What an encoder that pads its sequence under sequence parallelism (the ViT: patches
+    and class token) pads it to: TP, times the FP8 alignment when the encoder or its
+    projector runs FP8 (``fp8_recipe``; None: neither), since both run on each rank's
+    shard, (tokens + padding) / TP rows per item; 1 without SP."""
+    if not sequence_parallel:
+        return 1
+    align = fp8_align_size(fp8_recipe) if fp8_recipe is not None else 1
+    return tensor_model_parallel_size * align
+
+
+def fp8_gemm_dims_error(shape: Tuple[int, ...], recipe: str) -> Optional[str]:
+    """Transformer Engine's check of one FP8 GEMM operand (an input as this rank holds it,
+    or a weight shard), or None when it passes. Per-tensor recipes:
+    ``pytorch/utils.py: assert_dim_for_fp8_exec``, the product of the leading dims
+    divisible by 8 and the last dim by 16 (TE's own message); MXFP8: both by its block of
+    32 (``csrc/quantizer.cpp: MXFP8Quantizer::create_tensor``)."""
+    rows, cols = math.prod(shape[:-1]), shape[-1]
+    if recipe == "mxfp8":
+        if rows % 32 or cols % 32:
+            return f"MXFP8 requires tensor dims that are divisible by 32 (got shape={list(shape)})"
+        return None
+    if rows % 8 or cols % 16:
+        return ("FP8 execution requires the product of all dimensions except the last to be "
+                "divisible by 8 and the last dimension to be divisible by 16, but got tensor "
+                f"with dims={list(shape)} (product of leading dims = {rows}, last dim = "
+                f"{cols})")
+    return None
 
 
 def fp8_dtypes(fp8_format: str) -> Tuple[str, str]:

@@ -29,7 +29,7 @@ rules fails with an error that names the message, not with a hang or a wrong res
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from megatron.core.utils import get_attr_wrapped_model, get_model_config
 
@@ -52,6 +52,9 @@ class MessageSpecs:
         self.local_from = next((c for c, p in enumerate(placements) if p.runs_llm),
                                len(placements))
         self.local_length = local_length
+        # this CP rank's token count per micro-batch (planned from its host tokens): once
+        # per micro-batch of the iteration, not per message key
+        self._local_lengths: Dict[int, Tuple[dict, int]] = {}
         self.placements = list(placements)
         # the separate placement sends an encoder's output whole (no sequence-parallel
         # shard or padding): the encoder ranks' TP and the LLM's differ
@@ -106,7 +109,7 @@ class MessageSpecs:
     def chunk_output(self, chunk: int, batch: dict) -> Spec:
         b, s = batch["tokens"].shape
         if self.local_length is not None and chunk >= self.local_from:
-            s = self.local_length(batch)
+            s = self.local_tokens(batch)
         if self.config.sequence_parallel:
             s //= self.config.tensor_model_parallel_size
         dtype = self.config.pipeline_dtype or self.config.params_dtype
@@ -115,6 +118,14 @@ class MessageSpecs:
         if features:  # the merged DeepStack features of later chunks' layers, flat after it
             return Spec((s * b * h + features * h, 1, 1), dtype)
         return Spec((s, b, h), dtype)
+
+    def local_tokens(self, batch: dict) -> int:
+        """``local_length(batch)``, computed once per micro-batch (the batch is held with
+        its count, so its id stays its own for the iteration these specs serve)."""
+        hit = self._local_lengths.get(id(batch))
+        if hit is None:
+            hit = self._local_lengths[id(batch)] = (batch, self.local_length(batch))
+        return hit[1]
 
     def deepstack_rows(self, chunk: int, batch: dict) -> int:
         """Rows of merged DeepStack features chunk ``chunk`` sends on with its output: one

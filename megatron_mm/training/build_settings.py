@@ -50,7 +50,8 @@ def cp_attention_choice(config) -> CPAttentionChoice:
         packed=config.data.data_balance != "none",
         assignment=parallel.context_parallel_assignment, cp_comm_type=parallel.cp_comm_type,
         training=config.training.train_iters > 0,
-        attention_dropout=config.model.attention_dropout)
+        attention_dropout=config.model.attention_dropout,
+        half_precision=config.training.bf16)
 
 
 def build_settings(config, placements=None, replicas=None) -> BuildSettings:

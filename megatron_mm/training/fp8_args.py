@@ -20,6 +20,7 @@ from ..plan.fp8 import (
     FP8_FORMATS,
     FP8_RECIPES,
     Fp8Settings,
+    cp_block_error,
     fp8_align_size,
     parse_fp8_modules,
     sequence_multiple,
@@ -111,6 +112,11 @@ def validate_fp8_args(args: argparse.Namespace) -> None:
     else:
         _validate_transformer_engine(args)
     args.fp8_settings = fp8_settings(args, modules)
+    if "llm" in modules and args.context_parallel_size > 1:
+        error = cp_block_error(args.fp8_recipe, args.tensor_model_parallel_size,
+                               args.sequence_parallel, args.context_parallel_block)
+        if error:
+            raise ConfigError(error)
     multiple = llm_sequence_multiple(args.fp8_settings, args)
     if args.seq_length % multiple:
         raise ConfigError(f"--seq-length ({args.seq_length}) must be a multiple of {multiple}: "
@@ -223,7 +229,7 @@ def _validate_media_alignment(args: argparse.Namespace, modules) -> None:
                               f"--tensor-model-parallel-size: encoder replicas run different "
                               "micro-batch counts, and FP8's amax reduction spans them; "
                               "keep that encoder in BF16")
-        sizes = family_of(enc).fp8_token_counts(name, enc)
+        sizes = _fp8_token_counts(args, name, enc)
         for part in fp8_parts:
             n, source = sizes[part]
             if n % align:
@@ -231,6 +237,22 @@ def _validate_media_alignment(args: argparse.Namespace, modules) -> None:
                                   f"not a multiple of the FP8 alignment {align} "
                                   f"(--fp8-recipe {args.fp8_recipe}); change the sizes or "
                                   f"keep {part} out of --fp8-modules")
+
+
+def _fp8_token_counts(args: argparse.Namespace, name: str, enc) -> dict:
+    """The family's FP8 token counts per item; under --sequence-parallel those of each TP
+    rank's shard, where the encoder's and its projector's GEMMs run (TE checks the local
+    rows before its all-gather)."""
+    family = family_of(enc)
+    sizes = family.fp8_token_counts(name, enc)
+    tp = (args.encoder_tensor_model_parallel_size or args.tensor_model_parallel_size)
+    if not args.sequence_parallel or tp == 1:
+        return sizes
+    if family.fp8_shard_token_counts is not None:
+        return family.fp8_shard_token_counts(name, enc, tp, args.fp8_recipe)
+    return {part: (n // tp if n % tp == 0 else n / tp,
+                   f"{source} over --tensor-model-parallel-size {tp} (sequence parallel)")
+            for part, (n, source) in sizes.items()}
 
 
 def _separate_encoder_replicas(args: argparse.Namespace, name: str) -> None:
@@ -262,4 +284,5 @@ def llm_sequence_multiple(fp8: Optional[Fp8Settings], parallel) -> int:
     fp8_llm = fp8 is not None and fp8.applies_to("llm")
     return sequence_multiple(fp8.recipe if fp8_llm else None,
                              parallel.tensor_model_parallel_size, parallel.sequence_parallel,
-                             parallel.context_parallel_size if fp8_llm else 1)
+                             parallel.context_parallel_size if fp8_llm else 1,
+                             getattr(parallel, "context_parallel_block", None))

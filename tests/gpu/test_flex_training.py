@@ -4,7 +4,8 @@ sample blocks, media bidirectional inside), on FlexAttention (one GPU, CP=1, its
 mask from the codes) and on the local path (Megatron-Core's ``DotProductAttention`` with
 the dense mask) from the same weights: the same losses and gradients at every step, fp32.
 Without CUDA the same comparison runs forward only (torch runs no FlexAttention backward
-on CPU), which checks this test's own set-up."""
+on CPU), which checks this test's own set-up. Both count the kernels compiled for
+flex_attention against Dynamo's recompile limit."""
 
 import numpy as np
 import pytest
@@ -73,7 +74,7 @@ def _batch(packed: bool, device):
 @pytest.mark.parametrize("packed", [False, True], ids=["bidirectional", "packed"])
 def test_flex_trains_like_the_local_path(world, fp32_matmuls, packed):
     from megatron_mm.models.context_parallel import dense_mask
-    from megatron_mm.models.flex_attention import FlexAttention, MaskCodes
+    from megatron_mm.models.flex_attention import FlexAttention, MaskCodes, compile_count
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -103,3 +104,10 @@ def test_flex_trains_like_the_local_path(world, fp32_matmuls, packed):
         for n, ref in grads.get("local", {}).items():
             err, scale = (grads["flex"][n] - ref).norm(), ref.norm()
             assert err <= 1e-3 * scale + 1e-6, f"step {step} {n}: {err:.3g} vs {scale:.3g}"
+    # Kernels compiled for flex_attention in this process so far (both masks, forward and
+    # backward, every step): past Dynamo's recompile limit flex would run eagerly (here a
+    # FlexRecompileLimit error); gpu-check reports the count
+    limit = torch._dynamo.config.recompile_limit
+    held = compile_count()
+    print(f"flex_attention kernels compiled: {held} (recompile limit {limit})")
+    assert 1 <= held <= limit // 2, (held, limit)

@@ -9,7 +9,7 @@ def _linear(cls, config, full_weight, tp_rank, tp, dim):
 
     kw = dict(gather_output=False) if dim == 0 else dict(input_is_parallel=True,
                                                          skip_bias_add=False)
-    linear = cls(16, 16, config=config, init_method=torch.nn.init.zeros_, bias=False, **kw)
+    linear = cls(32, 32, config=config, init_method=torch.nn.init.zeros_, bias=False, **kw)
     with torch.no_grad():
         linear.weight.copy_(full_weight.chunk(tp, dim=dim)[tp_rank])
     emulate_linears(linear)
@@ -37,8 +37,8 @@ def amax_groups(rank):
     torch.distributed.init_process_group("gloo")
     out = {}
     gen = torch.Generator().manual_seed(0)
-    w = torch.randn(16, 16, generator=gen)
-    x = torch.randn(4, 1, 16, generator=gen)
+    w = torch.randn(32, 32, generator=gen)  # TE: a weight shard 16 wide
+    x = torch.randn(8, 1, 32, generator=gen)  # TE: rows a multiple of 8
 
     def config(tp, recipe="delayed", **kw):
         return TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2,
@@ -64,6 +64,15 @@ def amax_groups(rank):
     ref = F.linear(quantize_dequantize(x, current_scale(x.abs().amax(), "e4m3"), "e4m3"),
                    quantize_dequantize(shard, current_scale(shard.abs().amax(), "e4m3"), "e4m3"))
     out["tensorwise_local"] = torch.equal(y, ref)
+    # Sequence parallelism: TE checks each rank's shard before its all-gather (8 rows
+    # gathered from 4 here fail; 16 from 8 pass)
+    sp = _linear(ColumnParallelLinear, config(2, sequence_parallel=True), w, rank, 2, 0)
+    try:
+        _run(sp, x[:4].clone())
+        out["sp_shard_error"] = None
+    except ValueError as e:
+        out["sp_shard_error"] = str(e)
+    out["sp_rows"] = _run(sp, x.clone()).shape[0]
     parallel_state.destroy_model_parallel()
 
     parallel_state.initialize_model_parallel(1, 1)  # DP = 2: ranks see different inputs

@@ -66,3 +66,67 @@ def test_flex_specs_at_any_cp_size():
                                 media_attention="bidirectional")
         core = specs.language_layer.submodules.self_attention.submodules.core_attention
         assert core is FlexAttention
+
+
+# Transformer Engine's get_attention_backend (dot_product_attention/utils.py, TE 2.9-2.18),
+# copied from its comment table "attn_mask_type | attention_mask | supported backends"
+# (self-attention rows) and the lines after it: `if attn_mask_type == "arbitrary": ...
+# use_flash_attention = False ... use_fused_attention = False`; and its dtype filter
+# `if qkv_dtype not in [torch.bfloat16, torch.float16]` (FlashAttention; FusedAttention
+# likewise, plus FP8).
+TE_SOURCE_TABLE = {
+    "no_mask": "All", "padding": "All", "causal": "All", "padding_causal": "All",
+    "causal_bottom_right": "All", "padding_causal_bottom_right": "All",
+    "arbitrary": "UnfusedDotProductAttention",
+}
+
+
+def test_te_rules_as_tes_source_states_them():
+    from megatron_mm.models.te_attention_rules import KERNEL_NAMES, TE_KERNELS, te_kernels
+
+    for mask, supported in TE_SOURCE_TABLE.items():
+        names = {KERNEL_NAMES[k] for k in te_kernels(mask, half_precision=True)}
+        assert names == ({KERNEL_NAMES[k] for k in TE_KERNELS} if supported == "All"
+                         else {supported}), mask
+        assert te_kernels(mask, half_precision=False) == ("unfused",), mask  # fp32
+
+
+@pytest.mark.parametrize("backend", ["flash", "fused", "unfused"])
+def test_a_pinned_te_kernel_is_one_te_enables_for_the_mask(backend):
+    """Every layout a pinned TE kernel is accepted for declares a mask (the LLM's layer
+    spec: ``te_attention_mask``, THD for packed causal samples) that TE enables that
+    kernel for; the others are one error naming the flag. --attention-backend flash with
+    bidirectional media once gave TE's 'arbitrary' mask, for which TE has no flash or
+    fused kernel: the first forward failed with no backend."""
+    from megatron_mm.models.specs import uses_thd
+    from megatron_mm.models.te_attention_mask import language_attn_mask_type
+    from megatron_mm.models.te_attention_rules import te_kernels
+
+    accepted = refused = 0
+    for media in ("causal", "bidirectional"):
+        for packed in (False, True):
+            for cp, assignment in ((1, "ours"), (2, "ours"), (2, "zigzag")):
+                for half in (True, False):
+                    try:
+                        choice = choose_attention(backend, cp, **GPU, media_attention=media,
+                                                  packed=packed, assignment=assignment,
+                                                  half_precision=half)
+                    except ConfigError as e:
+                        assert f"--attention-backend {backend}" in str(e)
+                        refused += 1
+                        continue
+                    accepted += 1
+                    assert backend in te_kernels("no_mask", half)  # the encoders' masks
+                    if choice.kind == "ours":  # our CP attention: no TE kernel in the LLM
+                        continue
+                    context_parallel = cp > 1 and choice.kind != "none"
+                    mask = ("padding_causal" if uses_thd("transformer_engine", media, packed,
+                                                         context_parallel)
+                            else language_attn_mask_type("transformer_engine", media,
+                                                         context_parallel).name)
+                    assert backend in te_kernels(mask, half), (media, packed, cp, mask)
+    assert accepted and (refused > 0) == (backend != "unfused")
+    with pytest.raises(ConfigError, match="disables for the LLM's 'arbitrary' mask"):
+        kind(backend if backend != "unfused" else "flash", media_attention="bidirectional")
+    with pytest.raises(ConfigError, match="bf16 / fp16 inputs only: pass --bf16"):
+        choose_attention("fused", 1, **GPU, half_precision=False)

@@ -95,3 +95,53 @@ def test_block_mask_reads_nothing_back_to_the_host():
     for args in ((codes,), (codes, rows)):
         mask, counter = count_during(lambda: block_mask(*args))
         assert counter.found == [] and mask.kv_num_blocks.shape[:2] == (2, 1)
+
+
+def test_one_kernel_over_all_heads_and_one_causal_block_mask(gloo_world, monkeypatch):
+    """Without CP every head runs in one kernel (KV heads grouped only to overlap a CP
+    gather: 4 KV groups once ran 2 kernels and a cat per layer), and the causal mask (no
+    mask object) builds its BlockMask once for every layer of the batch; the result is
+    the dense causal attention's. Dynamo's recompile limit is a clear error, not its eager
+    fallback (which would materialise the scores)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megatron_mm.models import flex_attention as fa
+
+    from megatron_mm.models import cp_attention
+
+    heads, groups = HEADS, GROUPS  # the compiled kernel's shapes (inductor's CPU template
+    # fails on some others); one KV head a step: 2 kernels a layer before
+    monkeypatch.setattr(cp_attention, "KV_HEADS_PER_STEP", 1)
+    config = TransformerConfig(num_layers=1, hidden_size=heads * DIM, num_attention_heads=heads,
+                               num_query_groups=groups, kv_channels=DIM, attention_dropout=0.0)
+    attention = fa.FlexAttention(config, 1, None, "self")
+    kernels, builds = [], []
+    compiled, build = fa._compiled, fa.block_mask
+    monkeypatch.setattr(fa, "_compiled", lambda *a, **k: kernels.append(a[0].shape[1])
+                        or compiled(*a, **k))
+    monkeypatch.setattr(fa, "block_mask", lambda *a, **k: builds.append(1) or build(*a, **k))
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(S, 2, heads, DIM, generator=g)
+    k, v = (torch.randn(S, 2, groups, DIM, generator=g) for _ in range(2))
+    with torch.no_grad():
+        layers = [attention(q, k, v, None) for _ in range(2)]  # two layers, one batch
+    assert kernels == [heads, heads], kernels  # one kernel a layer, every head in it
+    assert len(builds) == 1, builds
+    ref = _dense_heads(q, k, v, np.zeros((2, S), dtype=np.int64), heads // groups)
+    for out in layers:
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # the limit: one kernel more than Dynamo may hold (float64: another guard set)
+    held = fa.compile_count()
+    assert 1 <= held <= torch._dynamo.config.recompile_limit
+    with torch._dynamo.config.patch(recompile_limit=held), torch.no_grad():
+        with pytest.raises(fa.FlexRecompileLimit, match="past Dynamo's recompile limit"):
+            attention(q.double(), k.double(), v.double(), None)
+    assert fa.compile_count() == held
+
+
+def _dense_heads(q, k, v, codes, per_group):
+    allow = torch.from_numpy(dense_allowed(codes))
+    kk, vv = (x.repeat_interleave(per_group, 2) for x in (k, v))
+    scores = torch.einsum("qbhd,kbhd->bhqk", q, kk) / DIM ** 0.5
+    probs = torch.softmax(scores.masked_fill(~allow[:, None], float("-inf")), -1)
+    return torch.einsum("bhqk,kbhd->qbhd", probs, vv).reshape(q.shape[0], q.shape[1], -1)

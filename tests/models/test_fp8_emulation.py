@@ -189,7 +189,7 @@ def test_e4m3_format_quantises_gradients_to_e4m3(gloo_world):
     linear = _linear(gloo_world, fp8="e4m3", history=1, algo="most_recent", margin=0)
     bwd = delayed_meta(linear, forward=False)
     assert bwd.fmt == "e4m3"
-    x = torch.ones(4, 1, 16, requires_grad=True)
+    x = torch.ones(8, 1, 16, requires_grad=True)
     y = _run(linear, x)
     y.backward(torch.full_like(y, 2.0))
     assert bwd.scale.item() == 448.0 / 2  # E4M3's max, not E5M2's
@@ -201,9 +201,9 @@ def test_no_grad_forward_records_without_update(gloo_world):
     linear = _linear(gloo_world, history=2, algo="most_recent", margin=0)
     fwd = delayed_meta(linear)
     with torch.no_grad():
-        _run(linear, torch.full((2, 1, 16), 4.0))
+        _run(linear, torch.full((8, 1, 16), 4.0))
     assert fwd.amax_history[0, 0].item() == 4.0 and fwd.scale[0].item() == 1.0
-    _run(linear, torch.full((2, 1, 16), 1.0, requires_grad=True))
+    _run(linear, torch.full((8, 1, 16), 1.0, requires_grad=True))
     assert fwd.scale[0].item() == 448.0 / 4.0
 
 
@@ -212,13 +212,13 @@ def test_tensorwise_scales_each_tensor_now(gloo_world):
     with torch.no_grad():
         linear.weight.copy_(torch.linspace(-3, 3, 256).view(16, 16))
         linear.bias.fill_(0.1)
-    x = torch.linspace(-1, 0.5, 32).view(2, 1, 16).requires_grad_()
+    x = torch.linspace(-1, 0.5, 128).view(8, 1, 16).requires_grad_()
     y = _run(linear, x)
     qx = quantize_dequantize(x.detach(), current_scale(torch.tensor(1.0), "e4m3"), "e4m3")
     qw = quantize_dequantize(linear.weight.detach(), current_scale(torch.tensor(3.0), "e4m3"),
                              "e4m3")
     torch.testing.assert_close(y, F.linear(qx, qw) + 0.1, rtol=0, atol=0)
-    dy = torch.linspace(-5, 5, 32).view(2, 1, 16)
+    dy = torch.linspace(-5, 5, 128).view(8, 1, 16)
     y.backward(dy)
     # The bias gradient comes from the unquantised output gradient (TE's fused bgrad).
     torch.testing.assert_close(linear.bias.grad, dy.sum((0, 1)))
@@ -296,6 +296,9 @@ def test_amax_reduced_over_megatron_cores_group():
         assert r[rank]["column_grad"] == [2.0]
         assert r[rank]["row"] == [x_amax, w_amax]
         assert r[rank]["tensorwise_local"]
+        # TE's dims check on the local shard under SP (module/linear.py: before the gather)
+        assert "dims=[4, 1, 32] (product of leading dims = 4" in r[rank]["sp_shard_error"]
+        assert r[rank]["sp_rows"] == 16
         # DP=2: reduced over data-parallel ranks (inputs x and 2x) unless tp_only_amax_red.
         assert r[rank]["dp_input_tp_only=False"] == pytest.approx(2 * x_amax)
         assert r[rank]["dp_input_tp_only=True"] == pytest.approx((rank + 1) * x_amax)
@@ -328,7 +331,7 @@ def test_bf16_model_casts_in_bf16(gloo_world):
     linear = _linear(gloo_world, recipe="tensorwise").to(torch.bfloat16)
     with torch.no_grad():
         linear.weight.copy_(torch.linspace(-1, 1, 256).view(16, 16))
-    x = torch.linspace(-2, 2, 32, dtype=torch.bfloat16).view(2, 1, 16)
+    x = torch.linspace(-2, 2, 128, dtype=torch.bfloat16).view(8, 1, 16)
     y = _run(linear, x)
     assert y.dtype == torch.bfloat16
     qx = quantize_dequantize(x, current_scale(torch.tensor(2.0), "e4m3"), "e4m3")
@@ -343,7 +346,7 @@ def test_outside_an_autocast_the_linear_runs_in_high_precision(gloo_world):
     linear = _linear(gloo_world)
     with torch.no_grad():
         linear.weight.copy_(torch.linspace(-1, 1, 256).view(16, 16))
-    x = torch.linspace(-1, 1, 32).view(2, 1, 16)
+    x = torch.linspace(-1, 1, 128).view(8, 1, 16)
     torch.testing.assert_close(linear(x)[0], F.linear(x, linear.weight), rtol=0, atol=0)
     assert delayed_meta(linear).amax_history.abs().sum() == 0  # nothing recorded
 
@@ -354,7 +357,7 @@ def test_fp8_weight_cached_until_is_first_microbatch(gloo_world):
     # the flag after each forward.
     linear = _linear(gloo_world, history=1, algo="most_recent", margin=0)
     emu = linear.fp8_emulation
-    x = torch.linspace(-2, 2, 32).view(2, 1, 16)
+    x = torch.linspace(-2, 2, 128).view(8, 1, 16)
     with torch.no_grad():
         linear.weight.fill_(0.3)
     first = _run(linear, x)  # is_first_microbatch starts True
@@ -394,7 +397,7 @@ def _record_reductions(monkeypatch):
 def test_one_amax_reduction_per_outermost_exit_whatever_ran(gloo_world, monkeypatch):
     a, b = _two_linears(gloo_world)
     seen = _record_reductions(monkeypatch)
-    x = torch.ones(2, 1, 16, requires_grad=True)
+    x = torch.ones(8, 1, 16, requires_grad=True)
     with emulated_autocast(a.config):  # nested regions reduce only at the outermost exit
         y = _run(a, x) + _run(b, x)
         assert seen == []
@@ -418,7 +421,7 @@ def test_one_amax_reduction_per_outermost_exit_whatever_ran(gloo_world, monkeypa
 def test_a_module_joins_the_buffer_on_its_first_fp8_forward(gloo_world, monkeypatch):
     a, b = _two_linears(gloo_world)
     seen = _record_reductions(monkeypatch)
-    x = torch.ones(2, 1, 16, requires_grad=True)
+    x = torch.ones(8, 1, 16, requires_grad=True)
     _run(a, x)
     _run(b, x)
     # A rank whose micro-batch skipped b would have reduced 2 amaxes where its peers
@@ -435,6 +438,6 @@ def test_frozen_module_updates_its_scales_when_training(gloo_world):
     fwd = delayed_meta(linear)
     for training in (False, True):
         with torch.no_grad(), fp8_region(linear.config, training):  # as a frozen encoder
-            linear(torch.full((2, 1, 16), 4.0))
+            linear(torch.full((8, 1, 16), 4.0))
         # TE reduces and updates only on leaving the region with gradients enabled
         assert fwd.scale[0].item() == (448.0 / 4.0 if training else 1.0)

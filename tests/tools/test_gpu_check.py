@@ -118,3 +118,16 @@ def test_replace_flag():
     assert gpu_check.replace_flag(flags, "--seq-length", "1024") == [
         "--save", "a", "--bf16", "--seq-length", "1024"]
     assert gpu_check.replace_flag(flags, "--save", None) == ["--seq-length", "64", "--bf16"]
+
+
+def test_flex_check_reports_the_compile_count():
+    """judge_flex reads tests/gpu/test_flex_training.py's line; a passing run without it
+    fails (the count is what the check is for)."""
+    out = ("flex_attention kernels compiled: 2 (recompile limit 8)\n"
+           "flex_attention kernels compiled: 3 (recompile limit 8)\n2 passed in 30.1s\n")
+    ctx = gpu_check.Context(python=sys.executable, out=ROOT, wheels=None, demo_flags=[])
+    result = gpu_check.judge_flex(ctx, [subprocess.CompletedProcess([], 0, out, "")])
+    assert result.status == "PASS"
+    assert (result.figures["flex_compiles"], result.figures["recompile_limit"]) == (3, 8)
+    silent = subprocess.CompletedProcess([], 0, "2 passed in 30.1s\n", "")
+    assert gpu_check.judge_flex(ctx, [silent]).status == "FAIL"

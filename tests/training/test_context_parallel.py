@@ -56,8 +56,27 @@ def _watch_masks_and_check_attention(model, optimizer, holder):
 
 
 def _watch_masks(model, optimizer, holder):
-    """Record each micro-batch's CP split (token counts per rank, replicated or not)."""
+    """Record each micro-batch's CP split (token counts per rank, replicated or not), and
+    how often the schedule executor plans a micro-batch's CP token count for its message
+    shapes (``holder["local_lengths"]``: per iteration, the most for one micro-batch)."""
     from megatron_mm.models.context_parallel import ContextParallelMask
+    from megatron_mm.runtime import message_specs
+
+    lengths = holder.setdefault("local_lengths", [])
+    specs_init = message_specs.MessageSpecs.__init__
+
+    def counting_init(self, *args, **kwargs):
+        specs_init(self, *args, **kwargs)
+        if self.local_length is None:
+            return
+        calls, plan = {}, self.local_length
+        lengths.append(calls)
+
+        def counted(batch):
+            calls[id(batch)] = calls.get(id(batch), 0) + 1
+            return plan(batch)
+        self.local_length = counted
+    message_specs.MessageSpecs.__init__ = counting_init
 
     seen = holder.setdefault("splits", [])
     for chunk in model:
@@ -124,6 +143,9 @@ def test_context_parallel_equals_one_process(reference, world, layout, some_unsp
         for name, value in ref["grads"][it].items():
             torch.testing.assert_close(ours[name], value, rtol=1e-4, atol=1e-6,
                                        msg=lambda m: f"grad {it} {name}: {m}")
+    if "bubble" in layout:  # the executor plans each micro-batch's CP tokens once
+        counts = [c for out in ranks for c in out["observed"]["local_lengths"] if c]
+        assert counts and max(max(c.values()) for c in counts) == 1, counts
     splits = [s for out in ranks for s in out["observed"]["splits"]]
     assert any(len(set(c)) > 1 for c, rep in splits if not rep), splits
     assert any(rep for _, rep in splits) == some_unsplit, splits

@@ -71,6 +71,23 @@ ALIGNED = ["--img-h", "16", "--img-w", "16", "--patch-dim", "4",
     (EMU + ["--fp8-modules", "vision-projector", "--fp8-recipe", "tensorwise"] + ALIGNED[:7],
      None),  # 16 tokens per image: fine at 16
     (EMU + ["--seq-length", "72"], "--seq-length (72) must be a multiple of 16"),
+    # under sequence parallelism each TP rank's shard of the sequence is what FP8 GEMMs
+    # take: the LLM's S / TP, the audio projector's pooled frames / TP (32 / 4 = 8 rows an
+    # item), while the ViT pads patches and class token to TP x 16 (17 -> 32: 16 a rank)
+    (EMU + ["--tensor-model-parallel-size", "4", "--sequence-parallel",
+            "--seq-length", "96"], "--seq-length (96) must be a multiple of 64"),
+    (EMU + ["--fp8-modules", "audio-projector", "--tensor-model-parallel-size", "4",
+            "--sequence-parallel", "--audio-model-type", "whisper", "--audio-hidden-size",
+            "64", "--audio-num-attention-heads", "4", "--audio-max-source-positions", "32",
+            "--audio-pool-stride", "1", "--seq-length", "128"],
+     "--fp8-modules audio-projector: 8 tokens per item"),
+    # our CP split: each CP rank holds whole blocks, its FP8 GEMMs' rows
+    (EMU + ["--context-parallel-size", "2", "--context-parallel-block", "8"],
+     "--context-parallel-block (8) must be a multiple of 16 with an FP8 LLM"),
+    (EMU + ["--context-parallel-size", "2", "--context-parallel-block", "16",
+            "--seq-length", "64"], None),
+    (EMU + ["--fp8-modules", "vision,vision-projector", "--tensor-model-parallel-size", "2",
+            "--sequence-parallel", "--vision-num-attention-heads", "2"] + ALIGNED[:7], None),
     # FP8 GEMM input widths (per TP shard)
     (EMU + ["--hidden-size", "72"], "--fp8-modules llm: --hidden-size (72) must be a "
                                     "multiple of 16 (FP8 GEMM input width"),
@@ -82,8 +99,9 @@ ALIGNED = ["--img-h", "16", "--img-w", "16", "--patch-dim", "4",
      "--fp8-modules vision-projector: --vision-hidden-size (40) must be a multiple of 16"),
 ])
 def test_fp8_flag_errors(capsys, argv, message):
-    tp = "--tensor-model-parallel-size"
-    world = int(argv[argv.index(tp) + 1]) if tp in argv else 1
+    world = 1
+    for flag in ("--tensor-model-parallel-size", "--context-parallel-size"):
+        world *= int(argv[argv.index(flag) + 1]) if flag in argv else 1
     if message is None:
         parse_args(argv, world_size=world)
         return

@@ -26,8 +26,29 @@ def _argv(data, tp):
 def test_fp8_emulation_tensor_parallel_2_equals_1(digits_dir):
     ref = run_distributed(train, 1, _argv(digits_dir, 1), (1, STEPS))[0]
     ours = run_distributed(train, 2, _argv(digits_dir, 2), (1, STEPS))[0]
+    _assert_same(ours, ref)
+    sp = run_distributed(train, 2, _argv(digits_dir, 2) + ["--sequence-parallel"],
+                         (1, STEPS), _projector_rows)
+    # Under SP the projector runs on each rank's ViT shard (TE checks those rows): the ViT
+    # pads its 17 tokens (16 patches, class token) to TP x 16 = 32, 16 rows an image a rank
+    rows = {r for out in sp for r in out["observed"]["projector_rows"]}
+    assert rows and all(r % 16 == 0 and r // 16 in (1, 2, 3, 4) for r in rows), rows
+    _assert_same(sp[0], ref, grads=False)
+
+
+def _projector_rows(model, optimizer, holder):
+    rows = holder["projector_rows"] = []
+    for chunk in model:
+        for name, module in chunk.named_modules():
+            if name.endswith("vision_projection"):
+                module.register_forward_pre_hook(lambda m, args: rows.append(args[0].shape[0]))
+
+
+def _assert_same(ours, ref, grads=True):
     for it in range(1, STEPS + 1):
         assert ours["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    if not grads:
+        return
     for it in (1, STEPS):
         for name, g in ref["grads"][it].items():
             if g is not None:

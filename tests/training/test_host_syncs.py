@@ -59,12 +59,39 @@ FP8_LLM = ["--fp8-format", "hybrid", "--fp8-emulation", "--fp8-modules", "llm",
            "--fp8-amax-history-len", "4"]
 
 
+# Qwen3-VL's tower (frame attention, DeepStack) and its LLM (q/k norms, interleaved
+# M-RoPE: its frequency axes once were host data copied in every LLM forward)
+QWEN3_VL = [
+    "--qk-layernorm", "--group-query-attention", "--num-query-groups", "2",
+    "--kv-channels", "16", "--vision-model-type", "qwen3_vl", "--vision-hidden-size", "32",
+    "--vision-num-layers", "2", "--vision-num-attention-heads", "2",
+    "--vision-ffn-hidden-size", "64", "--patch-dim", "16",
+    "--vision-deepstack-visual-indexes", "0", "--vision-num-position-embeddings", "16",
+    "--min-pixels", "1024", "--max-pixels", "9216", "--video-min-pixels", "1024",
+    "--video-max-pixels", "4096", "--position-embedding-type", "mrope",
+    "--mrope-section", "2", "3", "3", "--mrope-interleaved"]
+
+
 @pytest.mark.processes
-@pytest.mark.parametrize("model", ["qwen2_5_vl", "fp8_emulated"])
-def test_no_host_syncs_in_the_schedule_of_each_model(digits_dir, tmp_path, model):
-    if model == "qwen2_5_vl":
-        flags = QWEN_VL_MODEL + ["--data-path", write_qwen_vl_data(str(tmp_path)),
-                                 "--make-vocab-size-divisible-by", "64"]
+@pytest.mark.parametrize("model", ["qwen2_5_vl", "qwen3_vl", "internvl", "whisper",
+                                   "fp8_emulated"])
+def test_no_host_syncs_in_the_schedule_of_each_model(digits_dir, audio_digits_dir,
+                                                      tmp_path, model):
+    """Every encoder family's step (the default CLIP ViT is above): Qwen2.5-VL, Qwen3-VL,
+    InternViT's tiles, the Whisper-style audio encoder next to the ViT; and an FP8 LLM."""
+    if model in ("qwen2_5_vl", "qwen3_vl"):
+        unit = 28 if model == "qwen2_5_vl" else 32
+        flags = (QWEN_VL_MODEL if model == "qwen2_5_vl" else QWEN3_VL) + [
+            "--data-path", write_qwen_vl_data(str(tmp_path), unit=unit),
+            "--make-vocab-size-divisible-by", "64"]
+    elif model == "internvl":
+        from families.internvl.internvl_data import INTERNVL_MODEL, write_internvl_digits
+
+        flags = INTERNVL_MODEL + ["--data-path", write_internvl_digits(str(tmp_path))]
+    elif model == "whisper":
+        from audio_data import AUDIO_MODEL
+
+        flags = AUDIO_MODEL + ["--data-path", audio_digits_dir]
     else:
         flags = FP8_LLM + ["--data-path", digits_dir]
     (out,) = run_distributed(train, 1, TINY_MODEL + ONE_STEP + flags, (),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ...plan.fp8 import encoder_sequence_multiple
 from ...plan.model import EncoderSpec, patch_embed_flops
 from ..encoder import BuiltinData, EncoderFamily, encoder_transformer, fixed_feature_tokens
 from .config import VisionEncoderConfig
@@ -46,6 +47,16 @@ def fp8_token_counts(name: str, enc: VisionEncoderConfig) -> dict:
                                   "--disable-vision-class-token)")}
 
 
+def fp8_shard_token_counts(name: str, enc: VisionEncoderConfig, tp: int, recipe: str) -> dict:
+    """Under --sequence-parallel the layers and the projector run on each rank's shard of
+    the patches, class token and padding (``sequence_parallel.project_shard``); the ViT
+    pads them to TP x the FP8 alignment (``plan.fp8.encoder_sequence_multiple``)."""
+    t = enc.num_patches + int(enc.has_class_token)
+    t += -t % encoder_sequence_multiple(recipe, tp, True)
+    source = f"patches, class token and padding over --tensor-model-parallel-size {tp}"
+    return {name: (t // tp, source), f"{name}-projector": (t // tp, source)}
+
+
 CLIP = EncoderFamily(
     model_type="clip", slot="vision", modality="image", config_class=VisionEncoderConfig,
     from_model_args=from_model_args, planner_spec=planner_spec,
@@ -54,5 +65,6 @@ CLIP = EncoderFamily(
     # --sequence-parallel pads the patches (+ class token) to a multiple of TP; the layers
     # take it as padding (mask type ``padding``, either impl: families/vit/model.py)
     feature_tokens=fixed_feature_tokens("image"), fp8_token_counts=fp8_token_counts,
+    fp8_shard_token_counts=fp8_shard_token_counts,
     builtin_data=BuiltinData("digits", "megatron_mm.data.digits:prepare_digits", ("image",)))
 SIGLIP = dataclasses.replace(CLIP, model_type="siglip")

@@ -19,6 +19,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from ...models.encoder_parts import EncoderParts
 from ...models.interleaved_blocks import encoder_block
 from ...models.te_attention_mask import padded_layer_spec
+from ...plan.fp8 import encoder_sequence_multiple
 from .config import VisionEncoderConfig
 from .transformer_config import vision_transformer_config
 
@@ -35,7 +36,8 @@ class VisionTransformer(EncoderParts, MegatronModule):
                  sequence_multiple: Optional[int] = None):
         """``sequence_multiple``: pad the sequence (patches and class token) to a multiple
         of it; default: the TP size under sequence parallelism (a class token makes the
-        length odd), else 1."""
+        length odd), else 1 (``build_vit``: TP x the FP8 alignment when the ViT or its
+        projector runs FP8, whose GEMMs take each rank's shard)."""
         super().__init__(config=config)
         self.use_encoder_groups(pg_collection, checkpoint_dp_group)
         self.encoder_config = encoder
@@ -106,8 +108,14 @@ def build_vit(enc: VisionEncoderConfig, settings, specs, part, name: str, vp_sta
               pg_collection=None, checkpoint_dp_group=None) -> VisionTransformer:
     """The CLIP / SigLIP family's builder (``families/vit/encoder.py``): the part of the ViT the
     chunk's ``part`` (an ``EncoderPart`` of its placement) holds."""
+    config = vision_transformer_config(enc, settings, name)
+    fp8 = getattr(settings, "fp8", None)
+    fp8_here = fp8 is not None and (fp8.applies_to(name) or fp8.applies_to(f"{name}-projector"))
     return VisionTransformer(
-        vision_transformer_config(enc, settings, name), enc, specs.vision_layer,
+        config, enc, specs.vision_layer,
         specs.vision_norm, embed=part.embed, build_layers=part.num_layers > 0,
         post=part.projector, vp_stage=vp_stage, pg_collection=pg_collection,
-        checkpoint_dp_group=checkpoint_dp_group)
+        checkpoint_dp_group=checkpoint_dp_group,
+        sequence_multiple=encoder_sequence_multiple(
+            fp8.recipe if fp8_here else None, config.tensor_model_parallel_size,
+            config.sequence_parallel))
