@@ -15,6 +15,14 @@ ALWAYS = (
     r"MimoModelConfig is experimental",
     r"full scope is deprecated",
 )
+# Megatron-Core's distributed checkpoints: each rank reads its own shards with
+# torch.distributed.checkpoint's ``no_dist=True`` (by design, also under torchrun), which
+# warns at every load; their tensors are torch's ShardedTensor, deprecated in favour of
+# DTensor (Megatron-Core's to move), which warns at every save and load.
+CHECKPOINT_WARNINGS = (
+    (r"torch\.distributed is disabled, unavailable or uninitialized", UserWarning),
+    (r"Please use DTensor instead and we are deprecating ShardedTensor", FutureWarning),
+)
 WITHOUT_CUDA = (
     r"Apex is not installed",
     r"Transformer Engine and Apex are not installed",
@@ -30,6 +38,8 @@ def silence_expected_warnings() -> None:
     patterns = ALWAYS + (() if torch.cuda.device_count() > 0 else WITHOUT_CUDA)
     for pattern in patterns:
         warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
+    for pattern, category in CHECKPOINT_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern, category=category)
     logging.getLogger("megatron.core.models.gpt.gpt_model").addFilter(_NotGPTDeprecation())
 
 

@@ -26,7 +26,7 @@ from .mapping import MappingTable
 from .safetensors_io import read_weights, write_weights
 from .transforms import Context
 
-HF_SUBDIR = "hf"
+HF_SUBDIR = "hf"  # training.hf_sidecar.SIDECAR: a run carries it to its --save directory
 UNUSED = "unused.safetensors"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json", ".msgpack", ".h5")
 
@@ -178,8 +178,8 @@ def export_hf(load_dir: str, out_dir: str) -> str:
     hf_dir = os.path.join(load_dir, HF_SUBDIR)
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):
         raise ConversionError(f"--load {load_dir}: no {HF_SUBDIR}/config.json; export needs "
-                              f"a checkpoint written by `convert_hf.py import` (or a run "
-                              f"that --save'd into its directory)")
+                              f"a checkpoint written by `convert_hf.py import` (or by a "
+                              f"run that --load-ed one)")
     hf_config = _hf_config(hf_dir)
     family = family_for(hf_config)
     text = hf_config.get_text_config()

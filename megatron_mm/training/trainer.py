@@ -34,7 +34,7 @@ from ..families import family_of
 from ..models import model_chain
 from ..models.attention_backends import attention_backend_lines
 from .attention import AttentionSettings
-from .checkpointing import load_checkpoint, save_checkpoint, saved_args
+from .checkpointing import load_checkpoint, locate_checkpoint, save_checkpoint, saved_args
 from .encoder_executor import build_executor
 from .evaluation import answer_accuracy, evaluate_loss
 from ..runtime.collective_device import collective_device
@@ -220,9 +220,10 @@ class Trainer:
         load = self.config.checkpoint.load
         if not load:
             return 0
+        found = locate_checkpoint(self.config.checkpoint)  # None: a fresh auto-resume
         iteration = load_checkpoint(self.config, self.model, self.optimizer, self.scheduler,
                                     log=print_rank_0)
-        if iteration:
+        if found is not None:  # iteration 0 too (a converted checkpoint)
             print_rank_0(f" > loaded checkpoint from {load} at iteration {iteration}")
         return iteration
 
