@@ -74,12 +74,14 @@ def test_newcomer_path(gloo_world, tmp_path):
     losses, tokenizer_type, log, warned = run_distributed(train, 1, [
         "--load", str(imported), "--save", str(tuned),
         "--data-path", str(tmp_path / "digits"), "--micro-batch-size", "2",
-        "--train-iters", "20", "--lr", "1e-3", "--log-interval", "10", "--eval-iters", "1",
-        "--eval-interval", "1000", "--skip-final-eval"])[0]
+        "--train-iters", "20", "--lr", "1e-3", "--log-interval", "10", "--eval-iters", "2",
+        "--eval-interval", "1000", "--log-validation-samples", "4",
+        "--tensorboard-dir", str(tmp_path / "tb")])[0]
     assert tokenizer_type == "HuggingFaceTokenizer" and list(losses) == list(range(1, 21))
     assert all(torch.isfinite(torch.tensor(v)) for v in losses.values())
     assert f" > loaded checkpoint from {imported} at iteration 0" in log, log
     assert not [w for w in warned if "torch.distributed is disabled" in w], warned
+    _check_shown_answers(log, tmp_path)
     # The trained iteration exports from the new directory (its hf/ carried there)
     out = export_hf(str(tuned), str(tmp_path / "exported"))
     trained = transformers.LlavaForConditionalGeneration.from_pretrained(out)
@@ -92,3 +94,33 @@ def test_newcomer_path(gloo_world, tmp_path):
     tokens[:, 1:1 + tiny_models.image_tokens("llava_llama")] = image_id  # but these
     diff, shape = compare(out, str(tuned), {"input_ids": tokens, "pixel_values": pixels})
     assert list(shape) == [2, tokens.shape[1], vocab] and diff < 1e-4, diff
+
+
+def _check_shown_answers(log, tmp_path):
+    """--log-validation-samples 4 (of the evaluation's 4 samples): each validation record
+    with its reference answer, and the answers shown agree with the accuracy printed."""
+    import re
+
+    from megatron_mm.training.evaluation import normalize_answer
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    lines = log.splitlines()
+    start = next(i for i, line in enumerate(lines)
+                 if line.startswith(" validation samples at iteration 20"))
+    shown = [re.fullmatch(r"   \[(.+?)\] '(.*)' -> '(.*)' \(reference '(.*)'\)", line)
+             for line in lines[start + 1:start + 5]]
+    assert all(shown), lines[start:start + 5]
+    valid = [json.loads(line) for line in
+             (tmp_path / "digits" / "valid.jsonl").read_text().splitlines()[:4]]
+    want = {r["id"]: r["conversations"][-1]["value"] for r in valid}
+    assert {m[1]: m[4] for m in shown} == want
+    assert all(m[2].startswith("USER: <image> ") and m[2].endswith("? ASSISTANT:")
+               for m in shown), [m[2] for m in shown]  # each question with its image  # the question, its image
+    accuracy = float(re.search(r"val answer accuracy: ([0-9.]+) \(4 samples\)", log)[1])
+    right = sum(normalize_answer(m[3]) == normalize_answer(m[4]) for m in shown)
+    assert accuracy == right / 4
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
+    events.Reload()
+    (text,) = events.Tensors("validation samples/text_summary")
+    assert text.step == 20 and all(m[1] in text.tensor_proto.string_val[0].decode()
+                                   for m in shown)
