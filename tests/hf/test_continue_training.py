@@ -115,7 +115,7 @@ def _check_shown_answers(log, tmp_path):
     want = {r["id"]: r["conversations"][-1]["value"] for r in valid}
     assert {m[1]: m[4] for m in shown} == want
     assert all(m[2].startswith("USER: <image> ") and m[2].endswith("? ASSISTANT:")
-               for m in shown), [m[2] for m in shown]  # each question with its image  # the question, its image
+               for m in shown), [m[2] for m in shown]  # each question with its image
     accuracy = float(re.search(r"val answer accuracy: ([0-9.]+) \(4 samples\)", log)[1])
     right = sum(normalize_answer(m[3]) == normalize_answer(m[4]) for m in shown)
     assert accuracy == right / 4
