@@ -22,19 +22,23 @@ class BadDataError(DataRecordError):
     rank_local = False
 
 
-def check_before_training(paths: Sequence[str], flag: str = "--data-path") -> None:
+def check_before_training(paths: Sequence[str]) -> None:
     """Raise BadDataError naming the first bad record of ``paths`` (JSONL files) on every
     rank; the number of others and the tool that lists them follow it."""
     start = time.perf_counter()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    found = list(bad_records(paths, rank, world))
+    first, count = None, 0
+    for bad in bad_records(paths, rank, world):  # this rank's first, and how many
+        first, count = first or bad, count + 1
     everyone = [None] * world
-    torch.distributed.all_gather_object(everyone, found)
-    bad = sorted((b for part in everyone for b in part), key=lambda b: (b.file, b.index))
-    if bad:
-        more = (f" ({len(bad) - 1} more bad records: python tools/check_data.py "
-                f"{' '.join(paths)} lists them all)" if len(bad) > 1 else "")
-        raise BadDataError(f"{flag}: {paths[bad[0].file]}: {bad[0].reason}{more}")
+    torch.distributed.all_gather_object(everyone, (first, count))
+    firsts = [f for f, _ in everyone if f is not None]
+    if firsts:
+        first = min(firsts, key=lambda b: (b.file, b.index))
+        count = sum(c for _, c in everyone)
+        more = (f" ({count - 1} more bad records: python tools/check_data.py "
+                f"{' '.join(paths)} lists them all)" if count > 1 else "")
+        raise BadDataError(f"{paths[first.file]}: {first.reason}{more}")
     print_rank_0(f" > checked the {count_records(paths)} records of {', '.join(paths)} "
                  f"before training ({time.perf_counter() - start:.1f} s): none is malformed "
                  f"or names a missing file")
