@@ -76,3 +76,31 @@ def test_check_data_lists_every_bad_record(tmp_path, capsys):
     assert lines[3].startswith("3 bad of 7 records")
     code, lines = _check_data(capsys, tmp_path / "valid.jsonl")
     assert code == 0 and lines == [f"0 bad of 1 records in {tmp_path / 'valid.jsonl'}"]
+
+
+class _BadRecords:
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        from megatron_mm.data.records import DataRecordError
+
+        raise DataRecordError(f"record 'r{i}' (train.jsonl line {i + 1}): 'text' must be a "
+                              f"string")
+
+
+@pytest.mark.processes
+def test_a_bad_record_read_by_a_loader_worker_is_one_line(capsys):
+    """--num-workers 1: torch's DataLoader re-raises the worker's error with its traceback
+    as the message; the report is the record's line alone."""
+    from torch.utils.data import DataLoader
+
+    from megatron_mm.data.records import DataRecordError
+    from megatron_mm.training.user_errors import report_user_error
+
+    with pytest.raises(DataRecordError) as caught:
+        next(iter(DataLoader(_BadRecords(), num_workers=1, batch_size=None)))
+    assert "Traceback" in str(caught.value)
+    report_user_error(str(caught.value), "pretrain_mllm.py")
+    assert capsys.readouterr().err == ("pretrain_mllm.py: error: record 'r0' (train.jsonl "
+                                       "line 1): 'text' must be a string\n")
