@@ -80,7 +80,9 @@ def test_newcomer_path(gloo_world, tmp_path):
     assert tokenizer_type == "HuggingFaceTokenizer" and list(losses) == list(range(1, 21))
     assert all(torch.isfinite(torch.tensor(v)) for v in losses.values())
     assert f" > loaded checkpoint from {imported} at iteration 0" in log, log
-    assert not [w for w in warned if "torch.distributed is disabled" in w], warned
+    # torch's notices about Megatron-Core's checkpoint calls, silenced where they arise
+    assert not [w for w in warned if "torch.distributed is disabled" in w
+                or "deprecating ShardedTensor" in w or "argument order of load" in w], warned
     _check_shown_answers(log, tmp_path)
     # The trained iteration exports from the new directory (its hf/ carried there)
     out = export_hf(str(tuned), str(tmp_path / "exported"))
