@@ -9,12 +9,14 @@ handwritten + spoken digits, "Add the written and the spoken digit."). See --hel
 examples/slurm/ for several nodes.
 """
 
+import sys
+
 from megatron_mm.startup import prepare_megatron_core
 
 prepare_megatron_core()  # TE checked, CPU patches applied: before any megatron.core import
 
 from megatron_mm.training.initialize import shutdown_distributed  # noqa: E402
-from megatron_mm.training.errors import USER_ERRORS  # noqa: E402
+from megatron_mm.training.errors import USER_ERRORS, peer_stopped  # noqa: E402
 from megatron_mm.training.pretrain import pretrain  # noqa: E402
 from megatron_mm.training.run_config import parse_run_config  # noqa: E402
 from megatron_mm.training.user_errors import exit_with_user_error  # noqa: E402
@@ -26,4 +28,9 @@ if __name__ == "__main__":  # required: checkpoint saving spawns helper processe
     except USER_ERRORS as e:  # bad input: say what to fix, once per job, no traceback
         shutdown_distributed(barrier=False)
         exit_with_user_error(e)
+    except RuntimeError as e:  # another rank stopped (and said why): stop without a word
+        if not peer_stopped(e):
+            raise
+        shutdown_distributed(barrier=False)
+        sys.exit(1)
     shutdown_distributed()

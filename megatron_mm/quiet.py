@@ -15,10 +15,28 @@ ALWAYS = (
     r"MimoModelConfig is experimental",
     r"full scope is deprecated",
 )
+# Megatron-Core's distributed checkpoints: each rank reads its own shards with
+# torch.distributed.checkpoint's ``no_dist=True`` (by design, also under torchrun), which
+# warns at every load; their tensors are torch's ShardedTensor, deprecated in favour of
+# DTensor (Megatron-Core's to move), which warns at every save and load.
+CHECKPOINT_WARNINGS = (
+    (r"torch\.distributed is disabled, unavailable or uninitialized", UserWarning),
+    (r"Please use DTensor instead and we are deprecating ShardedTensor", FutureWarning),
+    (r"The argument order of load has been changed", UserWarning),  # its positional call
+    # Megatron-Core's gathers (its call to make, not the user's)
+    (r"`torch\.distributed\.all_gather_into_tensor` is deprecated", FutureWarning),
+)
+# Megatron-Core's notices through logging, about choices that are not the user's: the
+# async save strategy it uses for every checkpoint (logger, message start).
+LOG_NOTICES = (
+    ("megatron.core.dist_checkpointing.strategies.torch", "MCore's async save is deprecated"),
+)
 WITHOUT_CUDA = (
     r"Apex is not installed",
     r"Transformer Engine and Apex are not installed",
     r"'pin_memory' argument is set as true but no accelerator",  # Energon's loader pins
+    r"When using async grad allreduce it is recommended to set the environment variable "
+    r"CUDA_DEVICE_MAX_CONNECTIONS",  # a CUDA setting
 )
 
 
@@ -30,9 +48,22 @@ def silence_expected_warnings() -> None:
     patterns = ALWAYS + (() if torch.cuda.device_count() > 0 else WITHOUT_CUDA)
     for pattern in patterns:
         warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
+    for pattern, category in CHECKPOINT_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern, category=category)
     logging.getLogger("megatron.core.models.gpt.gpt_model").addFilter(_NotGPTDeprecation())
+    for name, start in LOG_NOTICES:
+        logging.getLogger(name).addFilter(_Without(start))
 
 
 class _NotGPTDeprecation(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "GPTModel IS DEPRECATED" not in record.getMessage()
+
+
+class _Without(logging.Filter):
+    def __init__(self, start: str):
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.start)

@@ -46,3 +46,19 @@ def conversation(rid, prompt, images):
 
 def good_records(n):  # records are checked when read: fill the first global batch (8)
     return [conversation(f"ok-{i}", "What digit?", []) for i in range(n)]
+
+
+def script_rank(rank, argv):
+    """The training script run as ``__main__`` on this harness rank, in its world (the
+    launcher's environment kept): ``returncode``, ``stdout``, ``stderr``."""
+    from tool_runs import HARNESS_ENV, run_as_main
+
+    kept = {k: os.environ[k] for k in HARNESS_ENV if k in os.environ}
+    return run_as_main(rank, SCRIPT, ["--train-iters", "1", *argv], ROOT, kept)
+
+
+def run_ranks(world, *argv):
+    """``script_rank``'s results on ``world`` ranks."""
+    from dist_harness import run_distributed
+
+    return run_distributed(script_rank, world, [str(a) for a in argv])

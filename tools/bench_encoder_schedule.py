@@ -465,7 +465,7 @@ def report(results: dict, profile: str, args) -> None:
         strongest, ours = min(mcore, key=iteration.get), min(bubbles, key=iteration.get)
         print(f"{ours} / {strongest} (the fastest of each) iteration time: "
               f"{paired(results, ours, strongest):.3f}")
-    write_png(timelines, args.png_out)
+    write_png(timelines, args.png_out, unit="s")
     print(f"wrote {args.png_out}")
     if args.trace_out:
         write_chrome_trace(timelines, args.trace_out)

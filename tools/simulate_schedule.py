@@ -5,10 +5,13 @@ a PNG, print iteration time, busy and idle time per rank and the bubble fraction
         --num-microbatches 8 --encoder-forward 2 --encoder-backward 4 --trace-out t.json \
         --png-out t.png
 
-Costs are per micro-batch, in any unit: an LLM chunk's forward and backward (every chunk
-alike), and each encoder's forward and backward, whole (one value per encoder, in chain
-order, e.g. vision then audio: ``--encoder-forward 2 1 --encoder-backward 4 0``, a
-backward of 0 a frozen encoder). ``megatron`` puts the encoders inside
+Costs are times per micro-batch, in one time unit of your choice (ms, s, or "an LLM chunk's
+forward" as the defaults: every cost, the table and the PNG's axis are in it): an LLM
+chunk's forward and backward (every chunk alike), and each encoder's forward and
+backward, whole (one value per encoder, in chain order, e.g. vision then audio:
+``--encoder-forward 2 1 --encoder-backward 4 0``, a backward of 0 a frozen encoder). The
+defaults (an encoder of twice an LLM chunk's forward, trained) show what each schedule
+does with it. ``megatron`` puts the encoders inside
 chunk 0; ``coarse`` splits each evenly over the ranks as its own pipeline; ``bubble``
 (Optimus) cuts each encoder stage into ``--encoder-pieces`` pieces and schedules them into
 the LLM's idle time (``--encoder-placement reverse``: the encoder ends on the LLM's first
@@ -50,13 +53,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--pipeline-model-parallel-size", type=int, default=4)
     p.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=1)
     p.add_argument("--num-microbatches", type=int, default=8)
-    p.add_argument("--llm-forward", type=float, default=1.0, help="per chunk")
-    p.add_argument("--llm-backward", type=float, default=2.0, help="per chunk")
-    p.add_argument("--encoder-forward", type=float, nargs="+", default=[0.0],
-                   help="each encoder, whole")
+    p.add_argument("--llm-forward", type=float, default=1.0,
+                   help="time per chunk and micro-batch, in time units (the table's)")
+    p.add_argument("--llm-backward", type=float, default=2.0,
+                   help="time per chunk and micro-batch, in time units")
+    p.add_argument("--encoder-forward", type=float, nargs="+", default=[2.0],
+                   help="time per micro-batch of each encoder, whole, in time units "
+                        "(default: one encoder of 2)")
     p.add_argument("--encoder-backward", type=float, nargs="+", default=None,
-                   help="each encoder, whole; 0: frozen (default: every one 0)")
-    p.add_argument("--p2p", type=float, default=0.0, help="per transfer between ranks")
+                   help="time per micro-batch of each encoder, whole, in time units; 0: "
+                        "frozen (default: twice each forward)")
+    p.add_argument("--p2p", type=float, default=0.0,
+                   help="time per transfer between ranks, in time units")
     p.add_argument("--encoder-pieces", type=int, default=2,
                    help="bubble schedule: pieces per encoder stage")
     p.add_argument("--encoder-placement", choices=["forward", "reverse"], default="reverse",
@@ -82,14 +90,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--encoder-tensor-model-parallel-size", type=int, default=1,
                    help="separate placement: the encoder ranks each gradient is sent to")
     p.add_argument("--trace-out", default=None, help="Chrome trace (JSON) of every schedule")
-    p.add_argument("--png-out", default=None, help="timeline PNG of every schedule")
+    p.add_argument("--png-out", default=None,
+                   help="timeline PNG of every schedule (a time axis, a legend)")
+    p.add_argument("--unit", default="time units",
+                   help="the costs' time unit, as the PNG's axis names it (e.g. ms)")
     args = p.parse_args(argv)
     pp, vpp, m = (args.pipeline_model_parallel_size,
                   args.virtual_pipeline_model_parallel_size, args.num_microbatches)
     chunks = pp * vpp
     forward = args.encoder_forward
     n = len(forward)
-    backward = [0.0] * n if args.encoder_backward is None else args.encoder_backward
+    backward = [2 * f for f in forward] if args.encoder_backward is None else args.encoder_backward
     message = [args.p2p] * n if args.encoder_message is None else args.encoder_message
     cp = args.context_parallel_size
     allreduce = ([2 * (cp - 1) / cp * t for t in message] if args.encoder_grad_allreduce is None
@@ -146,8 +157,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             runs.append(simulate(schedule, costs))
     except PlanError as e:
         p.error(str(e))
-    print(f"PP {pp} x VPP {vpp}, {m} micro-batches; LLM chunk F {args.llm_forward} "
-          f"B {args.llm_backward}; " + ", ".join(
+    print(f"PP {pp} x VPP {vpp}, {m} micro-batches; times in {args.unit}: LLM chunk "
+          f"F {args.llm_forward} B {args.llm_backward}; " + ", ".join(
               f"encoder {e} F {f:g} B {b:g}" for e, (f, b) in enumerate(zip(forward, backward))))
     print("| schedule | iteration | bubble fraction | busy per rank | idle per rank | "
           "hidden |")
@@ -161,7 +172,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.trace_out:
         write_chrome_trace(runs, args.trace_out)
     if args.png_out:
-        write_png(runs, args.png_out)
+        write_png(runs, args.png_out, unit=args.unit)
     return 0
 
 

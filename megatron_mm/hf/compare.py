@@ -99,8 +99,9 @@ def checkpoint_run_config(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1):
     from ..training.flag_values import flags_of_values
     from ..training.run_config import RunConfig
 
+    # the model's weights only: a trained checkpoint's optimizer state and RNG stay unread
     flags = {"load": ckpt, "tensor_model_parallel_size": tp,
-             "pipeline_model_parallel_size": pp}
+             "pipeline_model_parallel_size": pp, "no_load_optim": True, "no_load_rng": True}
     if ep != 1:  # a dense checkpoint refuses it, naming the flag
         flags["expert_model_parallel_size"] = ep
     args = flags_of_values(flags)

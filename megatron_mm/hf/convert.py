@@ -13,6 +13,7 @@ Transformer Engine's tensor names (``models/te_names.py``), so the import trains
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from typing import Dict, List
@@ -26,8 +27,10 @@ from .mapping import MappingTable
 from .safetensors_io import read_weights, write_weights
 from .transforms import Context
 
-HF_SUBDIR = "hf"
+HF_SUBDIR = "hf"  # training.hf_sidecar.SIDECAR: a run carries it to its --save directory
 UNUSED = "unused.safetensors"
+# What import noted of the files' layout (Layout.recorded), for export; not copied out.
+RECORDED = "converted_layout.json"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json", ".msgpack", ".h5")
 
 
@@ -146,7 +149,10 @@ def import_hf(hf_dir: str, save_dir: str, tensor_model_parallel_size: int = 1,
     if family.file_flags is not None:
         flags.update(family.file_flags(hf_dir, hf_config))
     longest = flags["max_position_embeddings"]  # sliding window
-    hf = family.layout.normalise(read_weights(hf_dir))
+    on_disk = read_weights(hf_dir)
+    recorded = family.layout.recorded(on_disk)
+    hf = family.layout.normalise(on_disk)
+    del on_disk
     carried = _carry_files(hf_dir, os.path.join(save_dir, HF_SUBDIR))
     run = _run_config({**flags, **_data_flags(carried),
                        "make_vocab_size_divisible_by": make_vocab_size_divisible_by,
@@ -165,8 +171,12 @@ def import_hf(hf_dir: str, save_dir: str, tensor_model_parallel_size: int = 1,
     model.load_state_dict({**model.state_dict(), **mapped}, strict=True)
     path = save_checkpoint(run, 0, [model], None, None,
                            run_state={"padded_vocab_size": lm.padded_vocab_size})
-    if unused and torch.distributed.get_rank() == 0:
-        write_weights(unused, os.path.join(save_dir, HF_SUBDIR), UNUSED)
+    if torch.distributed.get_rank() == 0:
+        if unused:
+            write_weights(unused, os.path.join(save_dir, HF_SUBDIR), UNUSED)
+        if recorded:
+            with open(os.path.join(save_dir, HF_SUBDIR, RECORDED), "w") as f:
+                json.dump(recorded, f, indent=1)
     return path
 
 
@@ -178,8 +188,8 @@ def export_hf(load_dir: str, out_dir: str) -> str:
     hf_dir = os.path.join(load_dir, HF_SUBDIR)
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):
         raise ConversionError(f"--load {load_dir}: no {HF_SUBDIR}/config.json; export needs "
-                              f"a checkpoint written by `convert_hf.py import` (or a run "
-                              f"that --save'd into its directory)")
+                              f"a checkpoint written by `convert_hf.py import` (or by a "
+                              f"run that --load-ed one)")
     hf_config = _hf_config(hf_dir)
     family = family_for(hf_config)
     text = hf_config.get_text_config()
@@ -196,10 +206,12 @@ def export_hf(load_dir: str, out_dir: str) -> str:
         hf.update(read_weights_file(unused))
     dtype = getattr(hf_config, "dtype", None) or torch.float32
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    on_disk = family.layout.written({k: v.to(dtype) for k, v in hf.items()})
+    record = os.path.join(hf_dir, RECORDED)
+    recorded = json.load(open(record)) if os.path.isfile(record) else None
+    on_disk = family.layout.written({k: v.to(dtype) for k, v in hf.items()}, recorded)
     os.makedirs(out_dir, exist_ok=True)
     for name in os.listdir(hf_dir):
-        if name != UNUSED:
+        if name not in (UNUSED, RECORDED):
             shutil.copy2(os.path.join(hf_dir, name), os.path.join(out_dir, name))
     write_weights(on_disk, out_dir)
     return out_dir

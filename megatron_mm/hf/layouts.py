@@ -32,8 +32,14 @@ class Layout:
             out[new] = t
         return out
 
-    def written(self, tensors: Mapping) -> Dict:
-        """The tensors export writes, by their on-disk names (``normalise`` undone)."""
+    def recorded(self, tensors: Mapping) -> Dict:
+        """What import remembers of the on-disk tensors (saved in the checkpoint's
+        ``hf/``) for export to write them the same way: nothing here."""
+        return {}
+
+    def written(self, tensors: Mapping, recorded: Mapping = None) -> Dict:
+        """The tensors export writes, by their on-disk names (``normalise`` undone);
+        ``recorded``: what ``recorded`` kept at import (None: unknown)."""
         return {self.on_disk(name): t for name, t in tensors.items()}
 
 

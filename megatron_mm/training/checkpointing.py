@@ -44,6 +44,7 @@ from ..families import SLOTS
 from ..models.te_names import is_module_state
 
 from ..data.loaders import save_dataloader_state
+from .hf_sidecar import carry_sidecar
 from .checkpoint_integrity import (
     checkpoint_files, damaged_files, file_entries, write_manifest)
 
@@ -248,7 +249,8 @@ def save_checkpoint(config, iteration: int, chunks, optimizer, scheduler,
                 f"checkpoints in {root} and its {TRACKER} are as they were (free space or "
                 f"fix the permission, then resume with --load {root})")
 
-    agree(_attempt(_prepare_staging, root, staging)[1] if rank == 0 else None)
+    agree(_attempt(_prepare_staging, root, staging, config.checkpoint.load)[1]
+          if rank == 0 else None)
     # --no-save-optim / --no-save-rng: weights only (converted checkpoints are).
     state = _state_dict(chunks, optimizer, scheduler, config, iteration,
                         with_optim=not config.checkpoint.no_save_optim,
@@ -321,10 +323,11 @@ def _writer_errors():
         logger.removeFilter(keep)
 
 
-def _prepare_staging(root: str, staging: str) -> None:
+def _prepare_staging(root: str, staging: str, load: Optional[str] = None) -> None:
     os.makedirs(root, exist_ok=True)
     shutil.rmtree(staging, ignore_errors=True)  # leftovers of a crashed save
     os.makedirs(staging)
+    carry_sidecar(load, root)  # --load A --save B: export reads B's hf/ too
 
 
 def _complete_staging(staging: str, model_config) -> List[str]:
@@ -499,7 +502,9 @@ def load_checkpoint(config, chunks, optimizer, scheduler, log=print) -> int:
                       ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                        "world_size")) and _encoder_ranks(saved) == _encoder_ranks(
                           config.flags())
-    with_optim = not (ckpt.no_load_optim or ckpt.finetune or saved.get("no_save_optim"))
+    # no optimizer (compare, export): the model's weights alone, whatever the checkpoint holds
+    with_optim = optimizer is not None and not (
+        ckpt.no_load_optim or ckpt.finetune or saved.get("no_save_optim"))
     if with_optim and not holds_optimizer_state(path):
         with_optim = False
         log(f" > {path} holds no optimizer state (saved before the first optimizer step, "

@@ -23,6 +23,7 @@ from ..runtime.collective_device import collective_device
 from .balanced_data import balanced_batch_iterators
 from .build_settings import transformer_impl
 from .checkpointing import iteration_dir, locate_checkpoint
+from .data_check import check_before_training
 from .fp8_args import llm_sequence_multiple
 from .rank_print import print_rank_0
 
@@ -71,6 +72,9 @@ def build_datasets(config, tokenizer):
     builtin = data_paths(config)
     sources = (resolve_sources([builtin[0]], builtin[1]) if builtin
                else resolve_sources(config.data.data_path, config.data.valid_data_path))
+    if sources.kind == "jsonl" and config.data.bad_record_policy == "fail":
+        check_before_training(sources.train + (sources.valid if sources.valid_kind == "jsonl"
+                                               else []))
     procs = media_processors(config)
     image = procs.get("image")
     audio = procs.get("audio")

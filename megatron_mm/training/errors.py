@@ -11,3 +11,14 @@ from .nan_check import NonFiniteError
 # once, without a traceback.
 USER_ERRORS = (ConfigError, DataRecordError, CheckpointError, MediaMismatchError,
                FileNotFoundError, NonFiniteError)
+
+# What a collective raises on a rank whose peer has stopped: gloo's closed connection,
+# NCCL's remote error. The peer that stopped says why (a user error's one line, or its
+# own traceback); the ranks left waiting add nothing.
+_PEER_STOPPED = ("Connection closed by peer", "Connection reset by peer", "ncclRemoteError",
+                 "remote process exited")
+
+
+def peer_stopped(error: BaseException) -> bool:
+    """Whether ``error`` is a collective failing because another rank stopped."""
+    return isinstance(error, RuntimeError) and any(s in str(error) for s in _PEER_STOPPED)

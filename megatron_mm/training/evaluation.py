@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 from megatron.core import parallel_state
@@ -21,6 +21,7 @@ from .fp8_args import llm_sequence_multiple
 from .separate_generation import receive_encoder_outputs
 from .separate_run import SeparateRun
 from .step import prepare_batch, reduce_lm_loss, run_schedule
+from .validation_samples import ShownAnswer, shown_answer
 
 
 def evaluate_loss(config, model: List, batches, forward_backward=None, attention=None) -> float:
@@ -191,7 +192,8 @@ def decoding_batches(config, dataset, indices: Sequence[int]) -> List[List[Sampl
 
 
 def answer_accuracy(config, model: List, dataset, tokenizer, indices: Sequence[int],
-                    forward_backward=None, attention=None) -> float:
+                    forward_backward=None, attention=None,
+                    shown: Optional[List[ShownAnswer]] = None) -> float:
     """Share of ``indices`` whose greedy answer equals the reference answer.
 
     Split over data-parallel ranks; prompts of equal length decode as one batch. With
@@ -202,6 +204,9 @@ def answer_accuracy(config, model: List, dataset, tokenizer, indices: Sequence[i
     ranks decode theirs with what they received, through Megatron-Core's schedule (with
     expert parallelism every replica all of them, in lockstep); an encoder rank returns NaN
     (the accuracy is the LLM's).
+
+    ``shown``: filled with up to ``--log-validation-samples`` decoded samples (every data-
+    parallel rank's, the same on each), the questions with the answers and references.
     """
     dp_rank = parallel_state.get_data_parallel_rank()
     dp_size = parallel_state.get_data_parallel_world_size()
@@ -232,7 +237,7 @@ def answer_accuracy(config, model: List, dataset, tokenizer, indices: Sequence[i
                 chunk.train()
             return math.nan
     mine = list(indices) if lockstep else list(indices)[dp_rank::dp_size]
-    correct = 0
+    correct, mine_shown = 0, []
     for k, batch in enumerate(decoding_batches(config, dataset, mine)):
         generated = greedy_generate(model, batch, tokenizer.pad_id,
                                     config.validation.eval_max_new_tokens, tokenizer.eos_id,
@@ -240,12 +245,21 @@ def answer_accuracy(config, model: List, dataset, tokenizer, indices: Sequence[i
                                     multiple, lockstep, None if encoded is None else encoded[k],
                                     lockstep_group)
         for sample, ids in zip(batch, generated):
-            guess = normalize_answer(tokenizer.detokenize(ids))
+            answer = tokenizer.detokenize(ids)
+            guess = normalize_answer(answer)
             correct += int(guess == normalize_answer(sample.answer))
+            if shown is not None and len(mine_shown) < config.logging.log_validation_samples:
+                mine_shown.append(shown_answer(tokenizer, sample, answer))
     for chunk in model:
         chunk.train()
     group = parallel_state.get_data_parallel_group()
     counts = torch.tensor([correct, len(mine)], dtype=torch.float64,
                           device=collective_device(group))
     torch.distributed.all_reduce(counts, group=group)
+    if shown is not None:  # every replica's (in lockstep each decoded them all: one's)
+        parts = [mine_shown]
+        if not lockstep and dp_size > 1:
+            parts = [None] * dp_size
+            torch.distributed.all_gather_object(parts, mine_shown, group=group)
+        shown += [s for part in parts for s in part][:config.logging.log_validation_samples]
     return (counts[0] / counts[1].clamp(min=1)).item()

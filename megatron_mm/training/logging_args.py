@@ -61,6 +61,10 @@ def logging_args(p: argparse.ArgumentParser) -> None:
                    dest="log_loss_scale_to_tensorboard")
     g.add_argument("--log-validation-ppl-to-tensorboard", action="store_true",
                    help="write the validation perplexity to TensorBoard")
+    g.add_argument("--log-validation-samples", type=int, default=0, metavar="N",
+                   help="at each evaluation, N validation questions with the model's greedy "
+                        "answer and the reference, in the log and as TensorBoard / wandb text "
+                        "(needs --eval-max-new-tokens above 0)")
     g.add_argument("--log-memory-to-tensorboard", action="store_true",
                    help="write the device memory statistics to TensorBoard")
     g.add_argument("--log-world-size-to-tensorboard", action="store_true")
@@ -85,6 +89,11 @@ def validate_logging_args(args: argparse.Namespace) -> None:
         if args.wandb_save_dir is None and args.save is None:
             raise ConfigError("--wandb-project needs --wandb-save-dir or --save (wandb "
                               "writes to <--save>/wandb)")
+    if args.log_validation_samples < 0:
+        raise ConfigError("--log-validation-samples must not be negative")
+    if args.log_validation_samples and not args.eval_max_new_tokens:
+        raise ConfigError("--log-validation-samples shows greedy answers: it needs "
+                          "--eval-max-new-tokens above 0")
     if args.exit_signal_handler and not hasattr(signal, args.exit_signal):
         raise ConfigError(f"--exit-signal {args.exit_signal} does not exist on this system")
 

@@ -29,6 +29,12 @@ class MetricWriters:
         if self.wandb_run is not None and not name.endswith(" vs samples"):
             self.wandb_run.log({name: value}, step=step)
 
+    def add_text(self, name: str, text: str, step: int) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.add_text(name, text, step)
+        if self.wandb_run is not None:
+            self.wandb_run.log({name: text}, step=step)
+
     def close(self) -> None:
         if self.tensorboard is not None:
             self.tensorboard.close()

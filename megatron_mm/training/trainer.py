@@ -34,9 +34,10 @@ from ..families import family_of
 from ..models import model_chain
 from ..models.attention_backends import attention_backend_lines
 from .attention import AttentionSettings
-from .checkpointing import load_checkpoint, save_checkpoint, saved_args
+from .checkpointing import load_checkpoint, locate_checkpoint, save_checkpoint, saved_args
 from .encoder_executor import build_executor
 from .evaluation import answer_accuracy, evaluate_loss
+from .validation_samples import samples_lines, samples_text
 from ..runtime.collective_device import collective_device
 from .initialize import initialize_distributed, set_random_seed
 from .logging_args import validation_enabled
@@ -220,9 +221,10 @@ class Trainer:
         load = self.config.checkpoint.load
         if not load:
             return 0
+        found = locate_checkpoint(self.config.checkpoint)  # None: a fresh auto-resume
         iteration = load_checkpoint(self.config, self.model, self.optimizer, self.scheduler,
                                     log=print_rank_0)
-        if iteration:
+        if found is not None:  # iteration 0 too (a converted checkpoint)
             print_rank_0(f" > loaded checkpoint from {load} at iteration {iteration}")
         return iteration
 
@@ -234,12 +236,17 @@ class Trainer:
         n = min(len(self.valid_ds), config.validation.eval_iters * gbs)
         line = (f" validation loss at iteration {iteration}{label} | lm loss value: "
                 f"{loss:.6E} | lm loss PPL: {math.exp(min(20.0, loss)):.6E} |")
-        accuracy = None
+        accuracy, shown = None, []
         if config.validation.eval_max_new_tokens > 0:  # 0: no greedy decoding
             accuracy = answer_accuracy(config, self.model_chunks, self.valid_ds,
-                                       self.tokenizer, range(n), self.executor, self.attention)
+                                       self.tokenizer, range(n), self.executor, self.attention,
+                                       shown)
             line += f" val answer accuracy: {accuracy:.4f} ({n} samples) |"
         print_rank_last("-" * len(line) + "\n" + line + "\n" + "-" * len(line))
+        if shown:  # --log-validation-samples
+            print_rank_last(samples_lines(shown, iteration, label))
+            if self.writers is not None:
+                self.writers.add_text("validation samples", samples_text(shown), iteration)
         validation_scalars(self.writers, iteration, iteration * gbs, loss, accuracy,
                            config.logging.log_validation_ppl_to_tensorboard)
         self.summary.setdefault("val_losses", {})[iteration] = loss  # every evaluation's

@@ -22,11 +22,22 @@ def job_rank() -> int:
     return 0
 
 
+def original_message(message: str) -> str:
+    """The error's own message out of torch's DataLoader wrapper ("Caught X in DataLoader
+    worker process 0. Original Traceback ...", the worker's traceback as text, re-raised
+    as X in the main process): its last line, after the exception's name."""
+    if not message.startswith("Caught ") or "Original Traceback" not in message:
+        return message
+    last = message.rstrip().splitlines()[-1]
+    return last.split(": ", 1)[1] if ": " in last else last
+
+
 def report_user_error(message: str, prog: str = None, rank_local: bool = False) -> None:
     """Print ``prog: error: message`` on rank 0 only (every rank raises the same error on
     the same flags). ``rank_local``: an error only this rank can see (a record it alone
     reads) is printed by that rank, naming it."""
     prog = prog or os.path.basename(sys.argv[0])
+    message = original_message(message)
     rank = job_rank()
     if rank == 0:
         print(f"{prog}: error: {message}", file=sys.stderr, flush=True)

@@ -23,6 +23,8 @@ from megatron_mm.training.user_errors import exit_with_user_error
      "world size 3 is not divisible by --tensor-model-parallel-size (2)"),
     (["--micro-batch-size", "4", "--global-batch-size", "6"], 1,
      "--global-batch-size (6) must be a multiple of --micro-batch-size (4)"),
+    (["--log-validation-samples", "2", "--eval-max-new-tokens", "0"], 1,
+     "--log-validation-samples shows greedy answers: it needs --eval-max-new-tokens above 0"),
     (["--img-h", "30", "--patch-dim", "7"], 1, "--img-h (30) must be divisible by --patch-dim"),
     # pipeline partitions (the default model's chain: embedding, ViT embed, 2 ViT layers,
     # projector, 2 LLM layers, output = 8 layers)

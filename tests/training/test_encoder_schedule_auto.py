@@ -51,7 +51,15 @@ def test_auto_takes_the_fastest_simulated_alternative():
     assert got.iteration_s == pytest.approx(expected.iteration_s)
     lines = choice.lines()
     assert lines[0].startswith(f"> --encoder-schedule auto chose {choice.chosen.describe()}")
-    assert len(lines) == 1 + len(choice.alternatives)
+    assert len(lines) == 3 + len(choice.alternatives)
+    # what the times rest on (no profile: the cost model's hardware, named) and the ties
+    # (the tiny ViT costs next to nothing: schedules that only move it tie)
+    assert lines[1] == ("   times from the cost model's default hardware, H100 SXM, bf16 "
+                        "dense at 50% of 989 TFLOP/s, not this machine (no --pipeline-profile;"
+                        " tools/profile_layers.py measures one on it)")
+    ties = [a for a in choice.alternatives if a.iteration_s == choice.chosen.iteration_s]
+    assert len(ties) > 1 and f"tied with {len(ties) - 1} others" in lines[0]
+    assert sum(line.startswith("   = ") for line in lines) == len(ties)
     described = plan.describe(config).splitlines()
     assert described[:len(lines)] == lines  # printed with the plan, once
     saved = plan.to_checkpoint()["encoder_schedule"]
@@ -220,3 +228,11 @@ def test_auto_offers_the_encoder_interleaved_where_it_has_the_layers():
         "--vision-num-layers", "4", "--encoder-virtual-pipeline-model-parallel-size", "2"], 2)
     assert {a.encoder_virtual_pipeline_model_parallel_size for a in
             plan.schedule.auto.alternatives if a.schedule in ("coarse", "bubble")} == {2}
+
+
+def test_bubble_plan_names_each_llm_chunk():
+    """The LLM chunks by their contents, the embedding and output named, not counted."""
+    config, plan = plan_of(TINY_MODEL + PP2 + ["--encoder-schedule", "bubble"], 2)
+    first = plan.describe(config).splitlines()[0]
+    assert first.startswith("> encoder schedule bubble: LLM chunks embedding + 1 layer | "
+                            "1 layer + output (uniform); vision trainable, 2 pieces"), first

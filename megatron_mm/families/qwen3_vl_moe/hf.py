@@ -7,9 +7,10 @@ orientations: the hub's files hold ``mlp.experts.gate_up_proj`` [E, H, 2I] and
 ``down_proj`` [E, I, H], transformers 5 (in memory and in what it saves) [E, 2I, H] and
 [E, H, I]. Import takes either, as transformers does: a tensor already in transformers 5's
 shape is taken as it is (so also a square one), any other transposed; the hidden size H
-comes from the layer's router (``mlp.gate.weight`` [E, H]). Export writes the hub's
-orientation (what transformers 4.57, 5 and the serving engines read), except for a
-square tensor (2I = H, or I = H), which transformers 5 reads in its own orientation.
+comes from the layer's router (``mlp.gate.weight`` [E, H]). Import records which
+orientation the files used (``recorded``) and export writes that one (transformers 5's
+where unknown), so the files that went in come back; a square tensor (2I = H, or I = H)
+is always written in transformers 5's orientation, which is how transformers 5 reads it.
 """
 
 from __future__ import annotations
@@ -39,23 +40,39 @@ def model_flags(hf_config) -> Flags:
                            "text_config.")}
 
 
+HUB, TRANSFORMERS = "hub", "transformers"  # [E, H, 2I] / [E, I, H]; [E, 2I, H] / [E, H, I]
+ORIENTATION = "fused_experts"  # its key in what import records
+
+
+def _hub_oriented(tensors: Mapping) -> list:
+    """The fused expert tensors of ``tensors`` in the hub's orientation."""
+    out = []
+    for name, t in tensors.items():
+        head, fused, kind = name.rpartition(_EXPERTS)
+        if not fused or kind not in ("gate_up_proj", "down_proj"):
+            continue
+        router = tensors.get(head + ".mlp.gate.weight")  # none: the table says so
+        hidden = t.shape[2 if kind == "gate_up_proj" else 1]
+        if router is not None and hidden != router.shape[1]:
+            out.append(name)
+    return out
+
+
 class FusedExpertLayout(ExpertLayout):
-    """Either fused orientation in, per-expert tensors for the table; the hub's fused
-    tensors out."""
+    """Either fused orientation in, per-expert tensors for the table; fused tensors out,
+    in the orientation the imported files used."""
 
     def normalise(self, tensors: Mapping) -> Dict:
         tensors = dict(tensors)
-        for name, t in tensors.items():
-            head, fused, kind = name.rpartition(_EXPERTS)
-            if not fused or kind not in ("gate_up_proj", "down_proj"):
-                continue
-            router = tensors.get(head + ".mlp.gate.weight")  # none: the table says so
-            hidden = t.shape[2 if kind == "gate_up_proj" else 1]
-            if router is not None and hidden != router.shape[1]:  # the hub's
-                tensors[name] = t.transpose(1, 2)
+        for name in _hub_oriented(tensors):
+            tensors[name] = tensors[name].transpose(1, 2)
         return super().normalise(tensors)
 
-    def written(self, tensors: Mapping) -> Dict:
+    def recorded(self, tensors: Mapping) -> Dict:
+        return {ORIENTATION: HUB if _hub_oriented(tensors) else TRANSFORMERS}
+
+    def written(self, tensors: Mapping, recorded: Mapping = None) -> Dict:
+        hub_files = (recorded or {}).get(ORIENTATION, TRANSFORMERS) == HUB
         out, experts = {}, {}
         for name, t in tensors.items():
             head, fused, rest = name.rpartition(_EXPERTS)
@@ -70,8 +87,8 @@ class FusedExpertLayout(ExpertLayout):
             fused = {"gate_up_proj": torch.cat([stacked("gate_proj.weight"),
                                                 stacked("up_proj.weight")], dim=1),
                      "down_proj": stacked("down_proj.weight")}
-            for kind, t in fused.items():  # [E, 2I, H], [E, H, I]: the hub's unless square
-                hub = t.shape[1] != t.shape[2]
+            for kind, t in fused.items():  # [E, 2I, H], [E, H, I]: transposed for the hub's
+                hub = hub_files and t.shape[1] != t.shape[2]
                 out[head + _EXPERTS + kind] = t.transpose(1, 2).contiguous() if hub else t
         return super().written(out)
 

@@ -37,3 +37,25 @@ def describe_chunk(chain: Sequence[Layer], start: int, end: int) -> str:
             run.append(int(layer.module.rsplit(".", 1)[1]))
     flush_branch()
     return " ".join(parts)
+
+
+def describe_contents(chain: Sequence[Layer], start: int, end: int) -> str:
+    """One branch's chunk in words, e.g. ``embedding + 2 layers`` or ``2 layers +
+    output``: the transformer layers counted, the other entries named."""
+    items: List[str] = []
+    layers = 0
+
+    def flush():
+        nonlocal layers
+        if layers:
+            items.append(f"{layers} layer{'s' if layers > 1 else ''}")
+            layers = 0
+
+    for layer in chain[start:end]:
+        if layer.kind in _SHORT:
+            flush()
+            items.append(_SHORT[layer.kind])
+        else:
+            layers += 1
+    flush()
+    return " + ".join(items) or "nothing"

@@ -50,7 +50,7 @@ from ..fp8_args import validate_fp8_args
 from ..sequence_parallel import validate_sequence_parallel
 from .encoder_schedule import encoder_pipeline_plan, make_schedule, plan_costs
 from .separate_auto import separate_alternatives, separate_run_config, with_separate
-from .time_inputs import hardware, time_inputs
+from .time_inputs import hardware, time_basis, time_inputs
 
 
 @dataclass
@@ -89,12 +89,24 @@ class AutoChoice(Record):
     chosen: Alternative
     alternatives: List[Alternative] = field(default_factory=list)  # as simulated
     measured: bool = False  # seconds of --pipeline-profile, else cost-model units
+    basis: str = ""  # what the times rest on, in words (time_inputs.time_basis)
+
+    def tied(self, a: Alternative) -> bool:
+        """Whether ``a`` simulates as fast as the choice (to float precision)."""
+        best = self.chosen.iteration_s
+        return abs(a.iteration_s - best) <= 1e-9 * max(abs(best), 1e-300)
 
     def lines(self) -> List[str]:
         unit = " s (measured profile)" if self.measured else " s (cost model)"
+        ties = sum(self.tied(a) for a in self.alternatives) - 1
+        tie = (f", tied with {ties} other{'s' if ties > 1 else ''} (a tie goes to the "
+               f"simpler schedule)" if ties > 0 else "")
         out = [f"> --encoder-schedule auto chose {self.chosen.describe()}: simulated "
-               f"iteration {self.chosen.iteration_s:.4g}{unit}; the alternatives:"]
-        out += [f"   {a.describe()}: {a.iteration_s:.4g}"
+               f"iteration {self.chosen.iteration_s:.4g}{unit}{tie}"]
+        if self.basis:
+            out.append(f"   times from {self.basis}")
+        out.append("   the alternatives, fastest first (= ties with the choice):")
+        out += [f"   {'=' if self.tied(a) else ' '} {a.describe()}: {a.iteration_s:.4g}"
                 for a in sorted(self.alternatives, key=lambda a: a.iteration_s)]
         return out
 
@@ -219,7 +231,8 @@ def choose_encoder_schedule(config, chain) -> AutoChoice:
                         "size needs the encoder as its own pipeline, which "
                         "--pipeline-partition search / --recompute-memory-budget exclude")
     best = min(alternatives, key=lambda a: a.iteration_s)  # first of equals: simpler
-    return AutoChoice(chosen=best, alternatives=alternatives, measured=hw is MEASURED)
+    return AutoChoice(chosen=best, alternatives=alternatives, measured=hw is MEASURED,
+                      basis=time_basis(config.pipeline))
 
 
 def encoder_schedule_choice(config, chain) -> EncoderScheduleChoice:

@@ -24,3 +24,17 @@ def time_inputs(config) -> dict:
 def hardware(pipeline) -> Hardware:
     """What the chain's costs are in: measured seconds, or FLOPs of the cost model."""
     return MEASURED if pipeline.pipeline_profile else Hardware()
+
+
+def time_basis(pipeline) -> str:
+    """What the simulated times rest on, for a person: the measured profile (its file and
+    device) or the cost model's default hardware, named."""
+    if pipeline.pipeline_profile:
+        profile = LayerProfile.load(pipeline.pipeline_profile)
+        return (f"the layer times measured in --pipeline-profile {pipeline.pipeline_profile} "
+                f"(device {profile.device}, micro-batch {profile.micro_batch_size}, "
+                f"sequence {profile.seq_length})")
+    hw = Hardware()
+    return (f"the cost model's default hardware, {hw.name} at {hw.efficiency:.0%} of "
+            f"{hw.peak_flops / 1e12:g} TFLOP/s, not this machine (no --pipeline-profile; "
+            f"tools/profile_layers.py measures one on it)")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
 from ...plan import StagePartition, partition
-from ...plan.pipeline.describe import describe_chunk
+from ...plan.pipeline.describe import describe_chunk, describe_contents
 from ...plan.schedules.encoder_pipeline import EncoderPipelinePlan, split_chain
 from ...plan.schedules.separate_placements import SeparatePlacements, separate_model_placements
 from ...plan.pipeline.partition import parse_partition_flag
@@ -53,11 +53,13 @@ class TrainingPlan:
         config = self.run_config(config)
         lines = self.schedule.lines() if self.schedule is not None else []
         if self.encoder_plan is not None:
-            return "\n".join(lines + [describe_encoder_plan(config, self.encoder_plan)])
+            return "\n".join(lines + [describe_encoder_plan(config, self.encoder_plan,
+                                                             self.chain)])
         part = self.partition
         if part.pipeline_model_parallel_size > 1:
             lines.append(f"> pipeline partition ({self.policy}): layers per stage "
-                         f"{part.layers_per_chunk}")
+                         f"{part.layers_per_chunk} (an embedding, projector or output "
+                         f"counts as one)")
             # separate: the partition is over the LLM's own chain (the encoders on their ranks)
             chain = self.chain if self.separate is None else split_chain(self.chain)[1]
             for c, (start, end) in enumerate(part.chunk_bounds()):
@@ -80,11 +82,13 @@ class TrainingPlan:
         return out
 
 
-def describe_encoder_plan(config, plan) -> str:
-    """The LLM chunks and the encoder pieces of ``--encoder-schedule coarse|bubble``."""
-    part = plan.llm_partition
-    lines = [f"> encoder schedule {config.encoder_schedule.encoder_schedule}: LLM layers per "
-             f"chunk {part.layers_per_chunk} ({part.policy}); " + ", ".join(
+def describe_encoder_plan(config, plan, chain) -> str:
+    """The LLM chunks (``chain``: the training chain) and the encoder pieces of
+    ``--encoder-schedule coarse|bubble``."""
+    part, llm = plan.llm_partition, split_chain(chain)[1]
+    chunks = " | ".join(describe_contents(llm, s, e) for s, e in part.chunk_bounds())
+    lines = [f"> encoder schedule {config.encoder_schedule.encoder_schedule}: LLM chunks "
+             f"{chunks} ({part.policy}); " + ", ".join(
                  f"{pieces.name} {'trainable' if trainable else 'frozen'}, "
                  f"{len(pieces.ranks)} pieces"
                  for pieces, trainable in zip(plan.pieces, plan.trainable))]

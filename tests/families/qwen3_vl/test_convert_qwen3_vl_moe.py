@@ -80,7 +80,8 @@ def test_checkpoint_saved_at_ep2_exports_the_same_tensors(converted, gloo_world,
 
 def test_both_fused_orientations_import(converted):
     """The hub's [E, H, 2I] / [E, I, H] experts split into the same per-expert tensors as
-    transformers 5's [E, 2I, H] / [E, H, I]; export writes the hub's."""
+    transformers 5's [E, 2I, H] / [E, H, I]; export writes the orientation recorded at
+    import (transformers 5's where none was)."""
     from megatron_mm.hf.families import family_for
 
     original, _, _ = converted
@@ -92,9 +93,35 @@ def test_both_fused_orientations_import(converted):
     assert got.keys() == want.keys()
     assert "model.language_model.layers.0.mlp.experts.3.up_proj.weight" in got
     assert all(torch.equal(got[k], v) for k, v in want.items())
-    written = layout.written(want)
-    assert written.keys() == hub.keys()
-    assert all(torch.equal(written[k], v) for k, v in hub.items())
+    for files, recorded in ((hub, layout.recorded(hub)), (memory, layout.recorded(memory)),
+                            (memory, None)):
+        written = layout.written(want, recorded)
+        assert written.keys() == files.keys()
+        assert all(torch.equal(written[k], v) for k, v in files.items())
+
+
+@pytest.mark.parametrize("hub", [False, True])
+def test_export_writes_the_files_imported(tmp_path, gloo_world, hub):
+    """Files saved by transformers 5 ([E, 2I, H] / [E, H, I]), or the hub's transposed
+    ones, come back from import + export as they went in: every tensor equal, same
+    shapes."""
+    from safetensors.torch import load_file, save_file
+
+    from megatron_mm.hf.convert import export_hf, import_hf
+
+    hf_dir = tmp_path / "hf"
+    tiny(_config()).save_pretrained(str(hf_dir))
+    files = load_file(str(hf_dir / "model.safetensors"))
+    if hub:
+        files = {k: (v.transpose(1, 2).contiguous()
+                     if k.endswith(("gate_up_proj", "down_proj")) else v)
+                 for k, v in files.items()}
+        save_file(files, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
+    import_hf(str(hf_dir), str(tmp_path / "ckpt"))
+    out = load_file(export_hf(str(tmp_path / "ckpt"), str(tmp_path / "out"))
+                    + "/model.safetensors")
+    assert out.keys() == files.keys()
+    assert all(torch.equal(out[k], v) for k, v in files.items())
 
 
 @pytest.mark.parametrize("text,vision,field", [
@@ -121,7 +148,7 @@ def test_a_square_fused_tensor_keeps_transformers_5_orientation():
               layer + "experts.gate_up_proj": torch.randn(4, 8, 8),  # [E, 2I, H]
               layer + "experts.down_proj": torch.randn(4, 8, 4)}  # [E, H, I]
     experts = layout.normalise(memory)
-    written = layout.written(experts)
+    written = layout.written(experts, {"fused_experts": "hub"})
     assert torch.equal(written[layer + "experts.gate_up_proj"],
                        memory[layer + "experts.gate_up_proj"])
     assert torch.equal(written[layer + "experts.down_proj"],

@@ -187,3 +187,36 @@ def test_simulate_schedule_tool(tmp_path):
     assert "| 12% |" in proc.stdout.splitlines()[-1]
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _simulate_tool():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "tools" / "simulate_schedule.py"
+    spec = importlib.util.spec_from_file_location("simulate_schedule", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def test_simulate_schedule_defaults_show_the_encoder(tmp_path, capsys):
+    """The defaults (a trained encoder of twice an LLM chunk's forward) tell the schedules
+    apart; --help gives the costs' units; the PNG has a legend (each kind's colour, top
+    left) and a time axis under each schedule."""
+    from PIL import Image
+
+    from megatron_mm.plan.schedules.timeline import COLOURS
+
+    tool = _simulate_tool()
+    assert tool.main(["--png-out", str(tmp_path / "t.png")]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("| megatron", "| coarse", "| bubble"))]
+    assert len({row.split("|")[2] for row in rows}) == 3, rows  # three iteration times
+    with pytest.raises(SystemExit):
+        tool.main(["--help"])
+    assert "in time units" in capsys.readouterr().out
+    image = Image.open(tmp_path / "t.png").convert("RGB")
+    assert image.getpixel((10, 12)) == COLOURS["F"]  # the legend's first swatch
+    black = [y for y in range(image.height) if image.getpixel((300, y)) == (0, 0, 0)]
+    assert len(black) >= 3  # one axis per schedule
