@@ -17,6 +17,7 @@ from megatron.core.utils import get_attr_wrapped_model
 from ..data import Sample, collate
 from ..data.processing import sample_positions
 from ..runtime.collective_device import collective_device
+from ..runtime.host_barrier import host_barrier
 from .fp8_args import llm_sequence_multiple
 from .separate_generation import encoder_rounds
 from .separate_run import SeparateRun
@@ -255,6 +256,8 @@ def answer_accuracy(config, model: List, dataset, tokenizer, indices: Sequence[i
         mine = list(indices) if lockstep else list(indices)[dp_rank::dp_size]
         correct = sum(decode(batch, forward_backward)
                       for batch in decoding_batches(config, dataset, mine))
+        # the replicas decode at their own pace: the all-reduce below waits for none
+        host_barrier()
     for chunk in model:
         chunk.train()
     group = parallel_state.get_data_parallel_group()
