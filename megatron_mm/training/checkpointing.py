@@ -51,7 +51,7 @@ TRACKER = "latest_checkpointed_iteration.txt"
 MODEL_CONFIG = "model_config.json"
 CHECKPOINT_VERSION = 3.0
 # What a checkpoint without content metadata (saved before the flags) holds.
-SAVED_BEFORE_FLAGS = {"distrib_optim_sharding_type": "fully_reshardable"}
+OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 _ITERATION = re.compile(r"iter_(\d{7})")
 
 
@@ -225,7 +225,8 @@ def _state_dict(chunks, optimizer, scheduler, config, iteration: int, with_optim
     state = {**model_sd, "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration}
     if with_optim:
         state["optimizer"] = optimizer.sharded_state_dict(
-            model_sd, is_loading=loading, metadata=metadata)
+            model_sd, is_loading=loading,
+            metadata=OPTIM_METADATA if metadata is None else metadata)
         state["opt_param_scheduler"] = scheduler.state_dict()
         if not loading:
             _share_common_step(state["optimizer"])
@@ -559,7 +560,7 @@ def load_checkpoint(config, chunks, optimizer, scheduler, log=print) -> int:
     with_rng = (not (ckpt.no_load_rng or ckpt.finetune or saved.get("no_save_rng"))
                 and same_layout)
     # the optimizer state as it was saved (Megatron-LM reads the content metadata too)
-    metadata = dist_checkpointing.load_content_metadata(path) or SAVED_BEFORE_FLAGS
+    metadata = dist_checkpointing.load_content_metadata(path) or OPTIM_METADATA
     if with_optim:
         _check_optim_layout(root, iteration, saved, metadata, config)
     template = _state_dict(chunks, optimizer, scheduler, config, iteration, with_optim,
