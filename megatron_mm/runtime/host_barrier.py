@@ -7,19 +7,27 @@ left unfinished for the whole computation, which NCCL's watchdog aborts past
 
 from __future__ import annotations
 
+import datetime
 import itertools
-import time
 
 import torch.distributed as dist
 
-# every rank calls the barriers in the same order: the n-th barrier's key is the same
+# every rank calls the barriers in the same order: the n-th barrier's keys are the same
 _BARRIERS = itertools.count()
+# one store wait; the barrier waits on past it (a wait that times out logs a line)
+_WAIT = datetime.timedelta(minutes=10)
 
 
-def host_barrier(poll_s: float = 0.005) -> None:
-    """Return once every rank of the world has called its this-many-th ``host_barrier``."""
+def host_barrier() -> None:
+    """Return once every rank of the world has called its this-many-th ``host_barrier``:
+    the last to arrive sets a key the others wait for in the store (no polling)."""
     store = dist.distributed_c10d._get_default_store()
     key = f"megatron_mm/host_barrier/{next(_BARRIERS)}"
-    store.add(key, 1)
-    while store.add(key, 0) < dist.get_world_size():  # add 0: read the count
-        time.sleep(poll_s)
+    if store.add(key, 1) == dist.get_world_size():
+        store.set(key + "/all", "1")
+    while True:
+        try:
+            store.wait([key + "/all"], _WAIT)
+            return
+        except dist.DistStoreError:  # a long decode: wait on
+            continue
