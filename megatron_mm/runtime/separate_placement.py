@@ -127,7 +127,7 @@ it) on the LLM's ranks,
                                                  rank_offset=first, local_world_size=n)
         if first <= rank < first + n:
             encoders = _grid_state()
-        parallel_state.destroy_model_parallel()  # forgets the groups, destroys none
+        _forget_grid()
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=ranks.tensor_model_parallel_size,
         pipeline_model_parallel_size=ranks.pipeline_model_parallel_size,
@@ -143,6 +143,17 @@ it) on the LLM's ranks,
         return SeparateGroups(encoder_data_parallel_group=None)
     vars(parallel_state).update(encoders)
     return SeparateGroups(encoder_data_parallel_group=parallel_state.get_data_parallel_group())
+
+
+def _forget_grid() -> None:
+    """Megatron-Core's ``destroy_model_parallel`` without destroying a group: it forgets
+    every group but destroys the gloo ones (``_DATA_PARALLEL_GROUP_GLOO`` and the
+    experts'), which an encoder rank puts back and its distributed optimizer uses as
+    ``data_parallel_group_gloo``; forgotten first, they stay live."""
+    for name in _grid_state():
+        if name.endswith("_GLOO"):
+            setattr(parallel_state, name, None)
+    parallel_state.destroy_model_parallel()
 
 
 def _grid_state() -> Dict[str, object]:

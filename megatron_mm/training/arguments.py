@@ -321,6 +321,16 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-load-rng", action="store_true")
     g.add_argument("--no-save-optim", action="store_true")
     g.add_argument("--no-save-rng", action="store_true")
+    # Megatron-LM's: the distributed optimizer saves dp_reshardable (each rank its own
+    # shard, no gather) unless asked for the state resharded across TP/PP/EP too
+    g.add_argument("--dist-ckpt-optim-fully-reshardable", action="store_true",
+                   help="save the distributed optimizer's state reshardable across TP/PP "
+                        "(gathered over the data-parallel ranks at each save); default "
+                        "dp_reshardable: it loads at another data-parallel size only")
+    g.add_argument("--distrib-optim-fully-reshardable-mem-efficient", action="store_true",
+                   help="with --dist-ckpt-optim-fully-reshardable: gather over gloo to the "
+                        "first data-parallel rank only (less host and device memory, "
+                        "a serial save)")
     g.add_argument("--ckpt-step", type=int, default=None,
                    help="load iteration N of --load instead of the one its "
                         "latest_checkpointed_iteration.txt names (Megatron-LM's; 0: that "

@@ -51,7 +51,7 @@ from .checkpoint_integrity import (
 TRACKER = "latest_checkpointed_iteration.txt"
 MODEL_CONFIG = "model_config.json"
 CHECKPOINT_VERSION = 3.0
-# Reshardable across TP/DP changes (the deprecated default cannot be loaded at all).
+# What a checkpoint without content metadata (saved before the flags) holds.
 OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 _ITERATION = re.compile(r"iter_(\d{7})")
 
@@ -170,14 +170,64 @@ def _model_keys(chunks) -> list:
     return ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
 
 
+def optim_metadata(config) -> dict:
+    """Megatron-LM's ``_build_sharded_state_dict_metadata`` for the distributed optimizer
+    (``config``: the RunConfig): ``dp_reshardable`` (each rank writes its own shard: no
+    gather, no host copy of the whole state) unless ``--dist-ckpt-optim-fully-reshardable``
+    (gathered over the data-parallel ranks, on every rank unless
+    ``--distrib-optim-fully-reshardable-mem-efficient``); saved as the checkpoint's content
+    metadata, which the load reads back."""
+    if not config.parallel.use_distributed_optimizer:
+        return {}
+    ckpt = config.checkpoint
+    if ckpt.dist_ckpt_optim_fully_reshardable:
+        return {"distrib_optim_sharding_type": "fully_reshardable",
+                "distrib_optim_fully_reshardable_mem_efficient":
+                    ckpt.distrib_optim_fully_reshardable_mem_efficient}
+    return {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def _parallel_layout(flags: dict) -> tuple:
+    """What a dp_reshardable optimizer state is tied to (Megatron-LM checks TP and PP; the
+    encoder ranks of --encoder-schedule separate hold state of their own)."""
+    return (flags.get("tensor_model_parallel_size") or 1,
+            flags.get("pipeline_model_parallel_size") or 1, _encoder_ranks(flags),
+            flags.get("encoder_tensor_model_parallel_size") or 1
+            if _encoder_ranks(flags) else None)
+
+
+def _check_optim_layout(root: str, iteration: int, saved: dict, metadata: dict,
+                        config) -> None:
+    """A dp_reshardable optimizer state loads at another data-parallel size only (as in
+    Megatron-LM's ``load_checkpoint``): elsewhere one error naming the ways out."""
+    kind = metadata.get("distrib_optim_sharding_type")
+    if kind != "dp_reshardable":
+        return
+    then, now = _parallel_layout(saved), _parallel_layout(config.flags())
+    if then == now and config.parallel.use_distributed_optimizer:
+        return
+    here = (f"(TP, PP) = {now[:2]}" + (f" with {now[2]} encoder ranks" if now[2] else "")
+            + ("" if config.parallel.use_distributed_optimizer
+               else " without --use-distributed-optimizer"))
+    raise CheckpointError(
+        f"--load {root}: iteration {iteration}'s distributed-optimizer state is "
+        f"dp_reshardable, saved at (TP, PP) = {then[:2]}"
+        + (f" with {then[2]} encoder ranks" if then[2] else "")
+        + f"; this run has {here}: it loads at another data-parallel size only. Load the "
+        f"model alone with --no-load-optim, or save with --dist-ckpt-optim-fully-reshardable "
+        f"to reshard the optimizer across TP/PP")
+
+
 def _state_dict(chunks, optimizer, scheduler, config, iteration: int, with_optim: bool,
-                with_rng: bool, loading: bool, run_state: Optional[dict] = None) -> dict:
+                with_rng: bool, loading: bool, run_state: Optional[dict] = None,
+                metadata: Optional[dict] = None) -> dict:
     model_sd = {key: chunk.sharded_state_dict()
                 for key, chunk in zip(_model_keys(chunks), chunks)}
     state = {**model_sd, "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration}
     if with_optim:
         state["optimizer"] = optimizer.sharded_state_dict(
-            model_sd, is_loading=loading, metadata=OPTIM_METADATA)
+            model_sd, is_loading=loading,
+            metadata=OPTIM_METADATA if metadata is None else metadata)
         state["opt_param_scheduler"] = scheduler.state_dict()
         if not loading:
             _share_common_step(state["optimizer"])
@@ -252,12 +302,14 @@ def save_checkpoint(config, iteration: int, chunks, optimizer, scheduler,
     agree(_attempt(_prepare_staging, root, staging, config.checkpoint.load)[1]
           if rank == 0 else None)
     # --no-save-optim / --no-save-rng: weights only (converted checkpoints are).
+    metadata = optim_metadata(config)
     state = _state_dict(chunks, optimizer, scheduler, config, iteration,
                         with_optim=not config.checkpoint.no_save_optim,
                         with_rng=not config.checkpoint.no_save_rng, loading=False,
-                        run_state=run_state)
+                        run_state=run_state, metadata=metadata)
     with _writer_errors() as logged:
-        error = _attempt(dist_checkpointing.save, state, staging, async_sharded_save=False)[1]
+        error = _attempt(dist_checkpointing.save, state, staging, async_sharded_save=False,
+                         content_metadata=metadata)[1]
     # A rank whose own writer failed names the error; the others only learn that one did.
     specific = bool(error and logged)
     if specific:
@@ -512,8 +564,12 @@ def load_checkpoint(config, chunks, optimizer, scheduler, log=print) -> int:
             f"learning-rate schedule start fresh")
     with_rng = (not (ckpt.no_load_rng or ckpt.finetune or saved.get("no_save_rng"))
                 and same_layout)
+    # the optimizer state as it was saved (Megatron-LM reads the content metadata too)
+    metadata = dist_checkpointing.load_content_metadata(path) or OPTIM_METADATA
+    if with_optim:
+        _check_optim_layout(root, iteration, saved, metadata, config)
     template = _state_dict(chunks, optimizer, scheduler, config, iteration, with_optim,
-                           with_rng, loading=True)
+                           with_rng, loading=True, metadata=metadata)
     mismatches = _agreed(_model_mismatches(template, _model_keys(chunks), path))
     if mismatches:
         raise CheckpointError(_another_model(root, iteration, mismatches))

@@ -17,8 +17,9 @@ from megatron.core.utils import get_attr_wrapped_model
 from ..data import Sample, collate
 from ..data.processing import sample_positions
 from ..runtime.collective_device import collective_device
+from ..runtime.host_barrier import host_barrier
 from .fp8_args import llm_sequence_multiple
-from .separate_generation import receive_encoder_outputs
+from .separate_generation import encoder_rounds
 from .separate_run import SeparateRun
 from .step import prepare_batch, reduce_lm_loss, run_schedule
 from .validation_samples import ShownAnswer, shown_answer
@@ -191,6 +192,26 @@ def decoding_batches(config, dataset, indices: Sequence[int]) -> List[List[Sampl
     return batches
 
 
+def _decoder(config, model, tokenizer, attention, multiple: int, lockstep: bool,
+             shown: Optional[List[ShownAnswer]]):
+    """``decode(batch, forward_backward, encoded, lockstep_group)``: greedy decoding of one
+    batch of prompts, the number of them answered right; the first
+    ``--log-validation-samples`` answers appended to ``shown`` (when given)."""
+    def decode(batch, forward_backward=None, encoded=None, lockstep_group=None) -> int:
+        generated = greedy_generate(model, batch, tokenizer.pad_id,
+                                    config.validation.eval_max_new_tokens, tokenizer.eos_id,
+                                    tokenizer.base_vocab_size, attention, forward_backward,
+                                    multiple, lockstep, encoded, lockstep_group)
+        correct = 0
+        for sample, ids in zip(batch, generated):
+            answer = tokenizer.detokenize(ids)
+            correct += int(normalize_answer(answer) == normalize_answer(sample.answer))
+            if shown is not None and len(shown) < config.logging.log_validation_samples:
+                shown.append(shown_answer(tokenizer, sample, answer))
+        return correct
+    return decode
+
+
 def answer_accuracy(config, model: List, dataset, tokenizer, indices: Sequence[int],
                     forward_backward=None, attention=None,
                     shown: Optional[List[ShownAnswer]] = None) -> float:
@@ -216,40 +237,39 @@ def answer_accuracy(config, model: List, dataset, tokenizer, indices: Sequence[i
     multiple = llm_sequence_multiple(config.fp8_settings, config.parallel)
     for chunk in model:
         chunk.eval()
-    encoded = lockstep_group = None
+    mine_shown: Optional[List[ShownAnswer]] = None if shown is None else []
+    decode = _decoder(config, model, tokenizer, attention, multiple, lockstep, mine_shown)
     if isinstance(forward_backward, SeparateRun):
         # the replicas whose experts' all-to-alls pair their forwards (the encoder ranks
         # decode nothing)
         lockstep_group = parallel_state.get_expert_model_parallel_group()
-        run, forward_backward = forward_backward, None
+        run = forward_backward
         replicas = run.ranks.sizes.llm_data_parallel_size
         pieces = llm_decoding_pieces(config.parallel)
-        encoded = receive_encoder_outputs(  # in lockstep every replica decodes them all
-            run, model, [decoding_batches(config, dataset, list(indices)[
-                slice(None) if lockstep else slice(d, None, replicas)])
-                for d in range(replicas)],
+        shares = [decoding_batches(config, dataset, list(indices)[  # in lockstep every
+            slice(None) if lockstep else slice(d, None, replicas)])  # replica decodes all
+            for d in range(replicas)]
+        rounds = encoder_rounds(
+            run, model, shares,
             lambda prompts: decoding_micro_batches(decoding_rows(prompts, pieces), pieces,
                                                    tokenizer.pad_id, multiple),
             lambda prompts: greedy_step(tokenizer.base_vocab_size, attention,
                                         len(prompts[0].tokens) - 1))
+        # one batch decoded per round, with the encoder outputs it received
+        mine = [] if run.encoder else shares[dp_rank]
+        correct = sum(decode(mine[k], None, received, lockstep_group)
+                      for k, received in enumerate(rounds) if k < len(mine))
         if run.encoder:
             for chunk in model:
                 chunk.train()
             return math.nan
-    mine = list(indices) if lockstep else list(indices)[dp_rank::dp_size]
-    correct, mine_shown = 0, []
-    for k, batch in enumerate(decoding_batches(config, dataset, mine)):
-        generated = greedy_generate(model, batch, tokenizer.pad_id,
-                                    config.validation.eval_max_new_tokens, tokenizer.eos_id,
-                                    tokenizer.base_vocab_size, attention, forward_backward,
-                                    multiple, lockstep, None if encoded is None else encoded[k],
-                                    lockstep_group)
-        for sample, ids in zip(batch, generated):
-            answer = tokenizer.detokenize(ids)
-            guess = normalize_answer(answer)
-            correct += int(guess == normalize_answer(sample.answer))
-            if shown is not None and len(mine_shown) < config.logging.log_validation_samples:
-                mine_shown.append(shown_answer(tokenizer, sample, answer))
+        mine = [s for batch in mine for s in batch]
+    else:
+        mine = list(indices) if lockstep else list(indices)[dp_rank::dp_size]
+        correct = sum(decode(batch, forward_backward)
+                      for batch in decoding_batches(config, dataset, mine))
+        # the replicas decode at their own pace: the all-reduce below waits for none
+        host_barrier()
     for chunk in model:
         chunk.train()
     group = parallel_state.get_data_parallel_group()

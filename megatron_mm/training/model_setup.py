@@ -71,6 +71,17 @@ def ddp_config(config) -> DistributedDataParallelConfig:
         fp8_param_gather=config.fp8.fp8_param_gather)
 
 
+def _encoder_optimizer_keys(optimizer, config) -> None:
+    """An encoder rank's distributed optimizer saves its dp_reshardable state under keys of
+    its own: Megatron-Core names them by ``data_parallel_group_idx`` (the rank in the
+    model-parallel group), which the encoders' own grid numbers from 0 as the LLM's does,
+    so both would claim ``optimizer.distributed.dp_group_idx_0...`` with other shapes."""
+    own = world_ranks(config).own_encoder(torch.distributed.get_rank())
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if hasattr(opt, "data_parallel_group_idx"):
+            opt.data_parallel_group_idx = f"encoder{own or 0}_{opt.data_parallel_group_idx}"
+
+
 def setup_model_and_optimizer(config, chunks: List[MultimodalModel], timers=None):
     """DDP-wrapped chunks, Megatron-Core's optimizer and LR scheduler (``config``: the
     RunConfig); ``timers`` (Megatron-Core's) go where the schedules and the optimizer
@@ -101,6 +112,9 @@ def setup_model_and_optimizer(config, chunks: List[MultimodalModel], timers=None
     model_config.finalize_model_grads_func = finalize_model_grads
     model_config.timers = timers
     model_config.barrier_with_L1_time = log.barrier_with_L1_time
+    if (config.encoder_schedule.encoder_schedule == "separate" and on_encoder_rank(config)
+            and config.parallel.use_distributed_optimizer):
+        _encoder_optimizer_keys(optimizer, config)
     if config.parallel.overlap_grad_reduce:
         no_sync = [chunk.no_sync for chunk in ddp]
         model_config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync

@@ -31,6 +31,7 @@ def _walk(rank, world, pp, edp, m, trainable):
     sizes = placement_sizes(world, 1, pp, 1, 1, edp)
     ranks = SeparateRanks(sizes, 1, pp, 1)
     groups = initialize_separate_parallel(ranks)
+    live = _live_groups(parallel_state)
     if ranks.is_encoder(rank):
         # a grid of their own: one stage, data-parallel over the encoder replicas
         assert parallel_state.get_pipeline_model_parallel_world_size() == 1
@@ -57,7 +58,30 @@ def _walk(rank, world, pp, edp, m, trainable):
         return {key: _payload(key) for key in produced.get(a.key, [])}
 
     walk.run(step)
-    return seen, sorted(checked)
+    return seen, sorted(checked), live
+
+
+def _live_groups(parallel_state):
+    """Each group of this rank's grid, the gloo ones among them (the distributed
+    optimizer's ``data_parallel_group_gloo``), used as the optimizer uses it: its ranks
+    from torch's registry, a gather to its first rank (``get_parameter_state_dp_zero``)
+    and an all-reduce of ones; {name: (the sum, its size)}. A group
+    ``destroy_process_group`` unregistered fails: torch looks its ranks up."""
+    import torch.distributed as dist
+
+    groups = {k: v for k, v in vars(parallel_state).items()
+              if k.startswith("_") and k[1:2].isupper() and isinstance(v, dist.ProcessGroup)}
+    ones, works = {k: torch.ones(1) for k in groups}, []
+    for k, g in sorted(groups.items()):  # async: no group's collective waits on another's
+        first = dist.get_process_group_ranks(g)[0]
+        mine = dist.get_rank() == first
+        works.append(dist.gather(torch.ones(1), [torch.empty(1) for _ in range(g.size())]
+                                 if mine else None, dst=first, group=g, async_op=True))
+        works.append(dist.all_reduce(ones[k], group=g, async_op=True))
+    for w in works:
+        w.wait()
+    assert "_DATA_PARALLEL_GROUP_GLOO" in groups
+    return {k: (int(ones[k].item()), g.size()) for k, g in groups.items()}
 
 
 @pytest.mark.processes
@@ -70,13 +94,14 @@ def test_the_program_runs_between_encoder_and_llm_ranks(world, pp, edp, trainabl
     out = run_distributed(_walk, world, world, pp, edp, m, trainable)
     llm_dp = (world - edp) // pp
     # the groups: encoder ranks first, the LLM's pipelines at the rank offset
-    for rank, (group, _) in enumerate(out):
+    for rank, (group, _, live) in enumerate(out):
+        assert all(got == size for got, size in live.values()), (rank, live)
         if rank < edp:
             assert group == list(range(edp))
         else:
             d = (rank - edp) % llm_dp
             assert group == [edp + d + llm_dp * r for r in range(pp)]
-    got = sorted(k for _, keys in out for k in keys)
+    got = sorted(k for _, keys, _ in out for k in keys)
     g = range(llm_dp * m)
     expected = ([("EF", i, p) for i in g for p in (0, 1)]  # both encoders' outputs
                 + [("F", i, 0) for i in g] + [("B", i, 1) for i in g]
