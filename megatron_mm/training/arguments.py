@@ -22,6 +22,7 @@ from .fp8_args import fp8_args, validate_fp8_args
 from .fusion_args import add_fusion_args
 from .logging_args import logging_args, validate_logging_args
 from .model_config import build_model_config
+from .module_lr_args import add_module_lr_args, validate_module_lr_args
 from .moe_args import (add_expert_parallel_args, add_moe_args,
                        refuse_moe_flags_given_to_dense, validate_moe_args)
 from .separate_args import validate_separate, validate_separate_sizes
@@ -306,6 +307,7 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lr-warmup-iters", type=int, default=0)
     g.add_argument("--lr-warmup-init", type=float, default=0.0)
     g.add_argument("--weight-decay", type=float, default=0.01)
+    add_module_lr_args(g)  # --vision-lr, --projector-lr ...
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.999)
     g.add_argument("--adam-eps", type=float, default=1e-8)
@@ -507,6 +509,7 @@ def validate_args(args: argparse.Namespace,
     _validate_encoder_schedule(args)
     validate_sequence_parallel(args)
     validate_moe_args(args)
+    validate_module_lr_args(args)
     args.model_config.validate_parallel(tp, args.encoder_tensor_model_parallel_size)
     validate_fp8_args(args)
     # The pipeline plan needs the vocabulary: the Trainer plans once the tokenizer loads.
