@@ -22,6 +22,7 @@ from .fp8_args import fp8_args, validate_fp8_args
 from .fusion_args import add_fusion_args
 from .logging_args import logging_args, validate_logging_args
 from .model_config import build_model_config
+from .lora_args import add_lora_args, lora_config
 from .module_lr_args import add_module_lr_args, validate_module_lr_args
 from .moe_args import (add_expert_parallel_args, add_moe_args,
                        refuse_moe_flags_given_to_dense, validate_moe_args)
@@ -160,6 +161,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--freeze-audio", action="store_true",
                    help="freeze the audio encoder (its projector: --freeze-projector)")
     g.add_argument("--freeze-projector", action="store_true")
+    add_lora_args(g)  # --lora-rank ...: adapters, their modules' base weights frozen
 
 
 def _training_args(p: argparse.ArgumentParser) -> None:
@@ -509,7 +511,9 @@ def validate_args(args: argparse.Namespace,
     _validate_encoder_schedule(args)
     validate_sequence_parallel(args)
     validate_moe_args(args)
-    validate_module_lr_args(args)
+    args.model_config.lora = lora_config(args)
+    validate_module_lr_args(args, [m for m, _ in args.model_config.lora.targets]
+                            if args.model_config.lora else ())
     args.model_config.validate_parallel(tp, args.encoder_tensor_model_parallel_size)
     validate_fp8_args(args)
     # The pipeline plan needs the vocabulary: the Trainer plans once the tokenizer loads.

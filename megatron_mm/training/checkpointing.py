@@ -46,6 +46,7 @@ from ..models.te_names import is_module_state
 from ..data.loaders import save_dataloader_state
 from .checkpoint_integrity import (
     checkpoint_files, damaged_files, file_entries, write_manifest)
+from .lora_checkpoint import adapters_from
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MODEL_CONFIG = "model_config.json"
@@ -507,6 +508,7 @@ def load_checkpoint(config, chunks, optimizer, scheduler, log=print) -> int:
             f"learning-rate schedule start fresh")
     with_rng = (not (ckpt.no_load_rng or ckpt.finetune or saved.get("no_save_rng"))
                 and same_layout)
+    adapters_from(path, chunks, with_optim, log)  # LoRA adapters it lacks start fresh
     template = _state_dict(chunks, optimizer, scheduler, config, iteration, with_optim,
                            with_rng, loading=True)
     mismatches = _agreed(_model_mismatches(template, _model_keys(chunks), path))

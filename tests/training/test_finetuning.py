@@ -1,8 +1,10 @@
-"""Per-module learning rates and weight decay (``--vision-lr``, ``--projector-lr`` ...):
-each group's parameters move by its own rate in the first Adam step (a hand computation),
-each group's rate follows the schedule between its own peak and minimum (in TensorBoard
-too), TP=2 + SP / PP=2 / DP=2 with the distributed optimizer equal one process, and a
-resumed run continues bit for bit."""
+"""Fine-tuning: LoRA adapters on the LLM (its base weights frozen) next to a ViT and a
+projector trained at rates of their own (``--vision-lr``, ``--projector-lr`` ...). Each
+group's parameters move by its own rate in the first Adam step (a hand computation); each
+group's rate follows the schedule between its own peak and minimum (in TensorBoard too);
+TP=2 + SP, PP=2 with interleaving and the bubble schedule, and DP=2 with the distributed
+optimizer equal one process (losses, adapter gradients, parameters), the LLM's base
+weights unchanged bit for bit; a resumed run continues bit for bit."""
 
 import math
 import os
@@ -24,6 +26,8 @@ RATES = ["--lr", str(LR), "--min-lr", str(MIN_LR), "--weight-decay", str(WD),
          "--lr-decay-style", "cosine", "--clip-grad", "1e6",
          "--vision-lr", str(VISION["lr"]), "--vision-min-lr", str(VISION["min_lr"]),
          "--vision-weight-decay", str(VISION["wd"]), "--projector-lr", str(PROJECTOR["lr"])]
+# adapters on every linear of the LLM's attention and MLP (the default targets)
+LORA = ["--lora-rank", "4", "--lora-alpha", "8", "--num-layers", "4"]
 
 
 # Adam turns fp32 noise in a near-zero gradient into an update of up to its rate: 1% of
@@ -32,13 +36,24 @@ PARAMS_ATOL = 1e-2 * PROJECTOR["lr"]
 
 
 def _argv(data, *extra):
-    return TINY_MODEL + RATES + ["--data-path", data, "--train-iters", str(STEPS), *extra]
+    return TINY_MODEL + RATES + LORA + ["--data-path", data, "--train-iters", str(STEPS), *extra]
 
 
 def _module(name):
     top = name.split(".")[0]
     return {"vision_model": VISION, "vision_projection": PROJECTOR}.get(
         top, dict(lr=LR, min_lr=MIN_LR, wd=WD))
+
+
+def _assert_base_unchanged(stages):
+    # the LLM's own weights, frozen, are bit for bit the initial ones; its adapters moved
+    before = {k: v for out in stages for k, v in out["params_at"][0].items()}
+    after = {k: v for out in stages for k, v in out["params"].items()}
+    llm = [n for n in after if n.startswith("language_model.")]
+    adapters = [n for n in llm if ".lora_" in n]
+    assert adapters and len(adapters) < len(llm)
+    for name in llm:
+        assert after[name].equal(before[name]) == (".lora_" not in name), name
 
 
 def _cosine(settings, iteration):
@@ -77,6 +92,7 @@ def test_each_group_moves_by_its_own_rate(runs):
         torch.testing.assert_close(p1[name], want, rtol=0, atol=2e-7,
                                    msg=lambda m: f"{name}: {m}")
     assert seen == {LR, VISION["lr"], PROJECTOR["lr"]}
+    _assert_base_unchanged([ref])
 
 
 def test_each_group_follows_the_schedule_and_is_logged(runs):
@@ -98,8 +114,10 @@ def test_each_group_follows_the_schedule_and_is_logged(runs):
 
 @pytest.mark.parametrize("world, layout", [
     (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
-    (2, ["--pipeline-model-parallel-size", "2"]),
-], ids=["tp2-sp", "pp2"])
+    (2, ["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "2",
+         "--encoder-schedule", "bubble", "--encoder-pipeline-model-parallel-size", "1",
+         "--encoder-pieces", "2"]),
+], ids=["tp2-sp", "pp2-vpp2-bubble"])
 def test_parallel_runs_equal_one_process(digits_dir, runs, world, layout):
     tp = 2 if "--tensor-model-parallel-size" in layout else 1
     ranks = run_distributed(train_finetune, world, _argv(
@@ -108,6 +126,7 @@ def test_parallel_runs_equal_one_process(digits_dir, runs, world, layout):
     stages = ranks if tp == 1 else ranks[:1]
     assert_equal_runs(stages, runs["ref"], STEPS, params_atol=PARAMS_ATOL)
     assert stages[0]["rates"] == runs["ref"]["rates"]
+    _assert_base_unchanged(stages)
 
 
 def test_dp2_distributed_optimizer_equals_one_process_and_resumes_exactly(
@@ -125,6 +144,7 @@ def test_dp2_distributed_optimizer_equals_one_process_and_resumes_exactly(
         torch.testing.assert_close(full[0]["params"][name], value, rtol=1e-4,
                                    atol=PARAMS_ATOL, msg=lambda m: f"{name}: {m}")
     assert full[0]["rates"] == ref["rates"]
+    _assert_base_unchanged(full[:1])
     with open(os.path.join(tmp_path, "latest_checkpointed_iteration.txt"), "w") as f:
         f.write("2")
     resumed = run_distributed(train_finetune, 2, common + ["--load", str(tmp_path)])
