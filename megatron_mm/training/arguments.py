@@ -22,7 +22,7 @@ from .fp8_args import fp8_args, validate_fp8_args
 from .fusion_args import add_fusion_args
 from .logging_args import logging_args, validate_logging_args
 from .model_config import build_model_config
-from .lora_args import add_lora_args, lora_config
+from .lora_args import add_lora_args, lora_config, lora_flags_from_checkpoint
 from .module_lr_args import add_module_lr_args, validate_module_lr_args
 from .moe_args import (add_expert_parallel_args, add_moe_args,
                        refuse_moe_flags_given_to_dense, validate_moe_args)
@@ -690,6 +690,7 @@ def apply_checkpoint_args(args: argparse.Namespace, given: set) -> None:
                               f"--load {args.load} ({value}); drop the flag to use the "
                               f"checkpoint's value")
         setattr(args, dest, value)
+    lora_flags_from_checkpoint(args, saved, given)  # its adapters, as it was saved
 
 
 def _validate_data_balance(args: argparse.Namespace) -> None:

@@ -94,3 +94,17 @@ def lora_config(args: argparse.Namespace):
                           f"attention only: --lora-target-modules q_proj k_proj v_proj o_proj")
     return LoraConfig(targets=tuple(targets.items()), rank=args.lora_rank,
                       alpha=args.lora_alpha, dropout=args.lora_dropout)
+
+
+LORA_FLAGS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules")
+
+
+def lora_flags_from_checkpoint(args: argparse.Namespace, saved: dict, given: set) -> None:
+    """A checkpoint with LoRA adapters (``saved``: its flags) is loaded with its adapters:
+    its LoRA flags unless ``--lora-rank`` is given (compare, export and a resumed run
+    build the same adapters)."""
+    if saved.get("lora_rank") is None or "lora_rank" in given:
+        return
+    for dest in LORA_FLAGS:
+        if dest in saved:
+            setattr(args, dest, saved[dest])
