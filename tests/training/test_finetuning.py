@@ -1,10 +1,10 @@
-"""Fine-tuning: LoRA adapters on the LLM (its base weights frozen) next to a ViT and a
-projector trained at rates of their own (``--vision-lr``, ``--projector-lr`` ...). Each
+"""Fine-tuning: LoRA adapters on the LLM and the ViT (their base weights frozen) next to
+a projector trained whole, at rates of their own (``--vision-lr``, ``--projector-lr``). Each
 group's parameters move by its own rate in the first Adam step (a hand computation); each
 group's rate follows the schedule between its own peak and minimum (in TensorBoard too);
-TP=2 + SP, PP=2 with interleaving and the bubble schedule, and DP=2 with the distributed
-optimizer equal one process (losses, adapter gradients, parameters), the LLM's base
-weights unchanged bit for bit; a resumed run continues bit for bit."""
+TP=2 + SP, PP=2 with interleaving and the bubble schedule, CP=2 and DP=2 with the
+distributed optimizer equal one process (losses, adapter gradients, parameters), the LLM's
+and the ViT's base weights unchanged bit for bit; a resumed run continues bit for bit."""
 
 import math
 import os
@@ -26,8 +26,10 @@ RATES = ["--lr", str(LR), "--min-lr", str(MIN_LR), "--weight-decay", str(WD),
          "--lr-decay-style", "cosine", "--clip-grad", "1e6",
          "--vision-lr", str(VISION["lr"]), "--vision-min-lr", str(VISION["min_lr"]),
          "--vision-weight-decay", str(VISION["wd"]), "--projector-lr", str(PROJECTOR["lr"])]
-# adapters on every linear of the LLM's attention and MLP (the default targets)
-LORA = ["--lora-rank", "4", "--lora-alpha", "8", "--num-layers", "4"]
+# adapters on every linear of the LLM's attention and MLP and of the ViT (both bases
+# frozen; the ViT's adapters at --vision-lr), the projector trained whole
+LORA = ["--lora-rank", "4", "--lora-alpha", "8", "--num-layers", "4",
+        "--lora-target-modules", "all-linear", "vision_model.all-linear"]
 
 
 # Adam turns fp32 noise in a near-zero gradient into an update of up to its rate: 1% of
@@ -49,10 +51,10 @@ def _assert_base_unchanged(stages):
     # the LLM's own weights, frozen, are bit for bit the initial ones; its adapters moved
     before = {k: v for out in stages for k, v in out["params_at"][0].items()}
     after = {k: v for out in stages for k, v in out["params"].items()}
-    llm = [n for n in after if n.startswith("language_model.")]
-    adapters = [n for n in llm if ".lora_" in n]
-    assert adapters and len(adapters) < len(llm)
-    for name in llm:
+    for top in ("language_model.", "vision_model."):
+        adapters = [n for n in after if n.startswith(top) and ".lora_" in n]
+        assert adapters and len(adapters) < len([n for n in after if n.startswith(top)])
+    for name in (n for n in after if n.startswith(("language_model.", "vision_model."))):
         assert after[name].equal(before[name]) == (".lora_" not in name), name
 
 
@@ -117,13 +119,13 @@ def test_each_group_follows_the_schedule_and_is_logged(runs):
     (2, ["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "2",
          "--encoder-schedule", "bubble", "--encoder-pipeline-model-parallel-size", "1",
          "--encoder-pieces", "2"]),
-], ids=["tp2-sp", "pp2-vpp2-bubble"])
+    (2, ["--context-parallel-size", "2", "--context-parallel-block", "8"]),
+], ids=["tp2-sp", "pp2-vpp2-bubble", "cp2"])
 def test_parallel_runs_equal_one_process(digits_dir, runs, world, layout):
-    tp = 2 if "--tensor-model-parallel-size" in layout else 1
     ranks = run_distributed(train_finetune, world, _argv(
         digits_dir, "--micro-batch-size", "4", "--global-batch-size", "8",
         "--load", runs["init"], *layout))
-    stages = ranks if tp == 1 else ranks[:1]
+    stages = ranks if "--pipeline-model-parallel-size" in layout else ranks[:1]
     assert_equal_runs(stages, runs["ref"], STEPS, params_atol=PARAMS_ATOL)
     assert stages[0]["rates"] == runs["ref"]["rates"]
     _assert_base_unchanged(stages)
