@@ -6,7 +6,8 @@ machinery (DDP + get_megatron_optimizer Adam): one with every weight trainable, 
 LoRA adapters of ``--lora-rank`` on every linear of the LLM's attention and MLP (the
 package's default targets) and everything else frozen. Bytes are counted exactly from the
 tensors: the DDP gradient buffers, and the optimizer's state (Adam's two moments, plus
-the fp32 master copies with --bf16); "per param" divides by all the model's parameters.
+the fp32 master copies with --bf16); "per param" divides by all the model's parameters
+(under TP, "trainable" and the bytes are rank 0's share, the parameters the whole model's).
 The 7B row projects both onto Llama-2-7B's shapes (32 layers, hidden 4096, MLP 11008,
 32 heads, vocabulary 32000, untied): the bytes each trainable parameter costs here, times
 its trainable parameters (all of them; or r x (in + out) per adapted projection). Timed
