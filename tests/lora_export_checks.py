@@ -11,7 +11,8 @@ RANK, ALPHA = 4, 8.0
 
 def _lora_checkpoint(ckpt: str, targets) -> None:
     """Iteration 1 of ``ckpt`` (an imported base): LoRA adapters on ``targets``, their A
-    and B drawn at random (B starts zero: a trained adapter's is not)."""
+    and B drawn at random (B starts zero: a trained adapter's is not), and the modules
+    that train whole (neither frozen nor adapted: the projector) moved at random."""
     from megatron_mm.hf.convert import _build, _run_config
     from megatron_mm.models.lora import lora_adapters
     from megatron_mm.training.checkpointing import load_checkpoint, save_checkpoint, saved_args
@@ -32,6 +33,9 @@ def _lora_checkpoint(ckpt: str, targets) -> None:
             for p in adapter.parameters():  # the trained ones (a fused linear's other
                 if p.requires_grad:  # projections stay zero, as in training)
                     p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+        for name, p in model.named_parameters():  # what trains whole (the projector)
+            if p.requires_grad and ".lora_" not in name:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
     save_checkpoint(run, 1, [model], None, None, run_state={"padded_vocab_size": padded})
 
 

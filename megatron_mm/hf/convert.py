@@ -203,7 +203,7 @@ def export_hf(load_dir: str, out_dir: str, lora: str = None) -> str:
                                   f"--lora-adapter (a PEFT adapter for its base model) or "
                                   f"--merge-lora (the merged weights)")
         if lora == "adapter":
-            return write_peft_adapter(model, table, config.lora,
+            return write_peft_adapter(model, table, config, _context(config, text.vocab_size),
                                       hf_config._name_or_path or hf_dir, out_dir)
         merge_adapters(model)
     hf = table.to_hf({k: v for k, v in _tensors(model).items() if not is_lora_parameter(k)},

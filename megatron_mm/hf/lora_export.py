@@ -64,16 +64,46 @@ def peft_tensors(model, table: MappingTable, lora) -> Tuple[Dict[str, torch.Tens
     return tensors, targets, ranks, alphas
 
 
-def write_peft_adapter(model, table: MappingTable, lora, base: str, out_dir: str) -> str:
+def fully_trained(config) -> List[str]:
+    """The model's modules (``MultimodalModel`` attributes) that trained whole: neither
+    frozen nor adapted (``config``: the MultimodalModelConfig)."""
+    adapted, freeze = config.lora.modules(), config.freeze
+    tops = [] if freeze.language_model else ["language_model"]
+    for name in config.encoders:
+        tops += [] if name in freeze.encoders else [f"{name}_model"]
+        tops += [] if name in freeze.projectors else [f"{name}_projection"]
+    return [t for t in tops if t not in adapted]
+
+
+def saved_modules(model, table: MappingTable, ctx, tops) -> Dict[str, torch.Tensor]:
+    """PEFT's ``modules_to_save`` tensors of the modules ``tops``: their Hugging Face
+    tensors under ``base_model.model.``."""
+    mine = {k: v for k, v in model.state_dict().items() if torch.is_tensor(v)
+            and k.split(".")[0] in tops and ".lora_" not in k}
+    return {f"base_model.model.{k}": v.detach().float().clone()
+            for k, v in table.to_hf(mine, ctx).items()}
+
+
+def write_peft_adapter(model, table: MappingTable, config, ctx, base: str,
+                       out_dir: str) -> str:
     """``out_dir`` with the PEFT adapter of ``model``'s adapters for the Hugging Face model
-    ``base`` (its name or directory, as ``base_model_name_or_path``)."""
+    ``base`` (its name or directory, as ``base_model_name_or_path``); modules that trained
+    whole (a projector next to the LLM's adapters) as PEFT's ``modules_to_save``
+    (``config``: the MultimodalModelConfig, ``ctx``: the export's transform context)."""
+    lora = config.lora
     tensors, targets, ranks, alphas = peft_tensors(model, table, lora)
+    whole = saved_modules(model, table, ctx, fully_trained(config))
+    tensors.update(whole)
+    owners = {k[len("base_model.model."):].rpartition(".")[0] for k in whole}
+    # the outermost owners only: PEFT copies a module whole (an embeddings module holding
+    # a tensor of its own and child modules is one entry)
+    to_save = sorted(m for m in owners if not any(m.startswith(o + ".") for o in owners))
     config = {"peft_type": "LORA", "task_type": None, "base_model_name_or_path": base,
               "r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
               "target_modules": sorted(targets), "rank_pattern": ranks,
               "alpha_pattern": alphas, "bias": "none", "fan_in_fan_out": False,
               "use_rslora": False, "use_dora": False, "init_lora_weights": True,
-              "modules_to_save": None, "inference_mode": True}
+              "modules_to_save": to_save or None, "inference_mode": True}
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, ADAPTER_CONFIG), "w") as f:
         json.dump(config, f, indent=2)
