@@ -4,7 +4,8 @@ group's parameters move by its own rate in the first Adam step (a hand computati
 group's rate follows the schedule between its own peak and minimum (in TensorBoard too);
 TP=2 + SP, PP=2 with interleaving and the bubble schedule, CP=2 and DP=2 with the
 distributed optimizer equal one process (losses, adapter gradients, parameters), the LLM's
-and the ViT's base weights unchanged bit for bit; a resumed run continues bit for bit."""
+and the ViT's base weights unchanged bit for bit; the TP=2 checkpoint loads at TP=1 (the
+adapters resharded) and a resumed run continues bit for bit."""
 
 import math
 import os
@@ -121,14 +122,21 @@ def test_each_group_follows_the_schedule_and_is_logged(runs):
          "--encoder-pieces", "2"]),
     (2, ["--context-parallel-size", "2", "--context-parallel-block", "8"]),
 ], ids=["tp2-sp", "pp2-vpp2-bubble", "cp2"])
-def test_parallel_runs_equal_one_process(digits_dir, runs, world, layout):
+def test_parallel_runs_equal_one_process(digits_dir, runs, world, layout, tmp_path):
+    tp2 = "--tensor-model-parallel-size" in layout
     ranks = run_distributed(train_finetune, world, _argv(
         digits_dir, "--micro-batch-size", "4", "--global-batch-size", "8",
-        "--load", runs["init"], *layout))
+        "--load", runs["init"], *layout, *(["--save", str(tmp_path)] if tp2 else [])))
     stages = ranks if "--pipeline-model-parallel-size" in layout else ranks[:1]
     assert_equal_runs(stages, runs["ref"], STEPS, params_atol=PARAMS_ATOL)
     assert stages[0]["rates"] == runs["ref"]["rates"]
     _assert_base_unchanged(stages)
+    if tp2:  # its checkpoint, adapters split over TP=2, loads at TP=1 (resharded)
+        loaded = run_distributed(train_finetune, 1, _argv(digits_dir, "--load",
+                                                          str(tmp_path)))[0]
+        assert loaded["params_at"][0].keys() == stages[0]["params"].keys()
+        for name, value in stages[0]["params"].items():
+            assert loaded["params_at"][0][name].equal(value), name
 
 
 def test_dp2_distributed_optimizer_equals_one_process_and_resumes_exactly(
