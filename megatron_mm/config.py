@@ -286,6 +286,25 @@ class FreezeConfig:
         self.projectors = frozenset(self.projectors)
 
 
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters (``models/lora.py``): ``targets`` maps a module of the model
+    (``language_model``, ``vision_model``, ``vision_projection`` ...) to the Hugging Face
+    projections adapted there (q_proj ... down_proj); its other weights are frozen."""
+
+    targets: Tuple[Tuple[str, Tuple[str, ...]], ...]
+    rank: int
+    alpha: float
+    dropout: float = 0.0
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank  # PEFT's (not rsLoRA's)
+
+    def modules(self) -> Dict[str, Tuple[str, ...]]:
+        return dict(self.targets)
+
+
 @dataclass
 class MultimodalModelConfig:
     """Named encoders (each with its projector) feeding one language model."""
@@ -295,6 +314,7 @@ class MultimodalModelConfig:
     projectors: Dict[str, ProjectorConfig] = field(default_factory=dict)
     language: LanguageModelConfig = field(default_factory=LanguageModelConfig)
     freeze: FreezeConfig = field(default_factory=FreezeConfig)
+    lora: Optional[LoraConfig] = None  # --lora-rank: adapters, their modules' base frozen
 
     def __post_init__(self):
         for name in self.encoders:

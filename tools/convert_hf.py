@@ -4,6 +4,7 @@
         --tensor-model-parallel-size 4
     torchrun ... examples/pretrain_mllm.py --load ckpts/llava --save ckpts/llava ...
     python tools/convert_hf.py export --load ckpts/llava --hf-dir llava-finetuned-hf
+    python tools/convert_hf.py export --load ckpts/llava-lora --hf-dir adapter --lora-adapter
     python tools/convert_hf.py compare --hf-dir llava-1.5-7b-hf --load ckpts/llava \\
         --inputs inputs.pt --tensor-model-parallel-size 2
 
@@ -39,6 +40,12 @@ def main(argv=None) -> int:
     exp = sub.add_parser("export", help="megatron_mm checkpoint -> Hugging Face directory")
     exp.add_argument("--load", required=True)
     exp.add_argument("--hf-dir", required=True)
+    lora = exp.add_mutually_exclusive_group()
+    lora.add_argument("--lora-adapter", action="store_true",
+                      help="a LoRA checkpoint as a PEFT adapter (adapter_config.json, "
+                           "adapter_model.safetensors) for the model it was imported from")
+    lora.add_argument("--merge-lora", action="store_true",
+                      help="a LoRA checkpoint as the Hugging Face model, adapters merged")
     cmp = sub.add_parser("compare", help="max |logit difference| of a checkpoint and its "
                                          "Hugging Face model on given inputs")
     cmp.add_argument("--hf-dir", required=True)
@@ -64,7 +71,8 @@ def main(argv=None) -> int:
                 out = import_hf(args.hf_dir, args.save, args.tensor_model_parallel_size,
                                 args.make_vocab_size_divisible_by)
             else:
-                out = export_hf(args.load, args.hf_dir)
+                out = export_hf(args.load, args.hf_dir, "adapter" if args.lora_adapter
+                                else "merge" if args.merge_lora else None)
     except (ConversionError, *USER_ERRORS) as e:
         print(f"{sys.argv[0]}: error: {e}", file=sys.stderr, flush=True)
         return 2

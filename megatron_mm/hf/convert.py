@@ -21,8 +21,10 @@ from typing import Dict, List
 import torch
 
 from ..config import ConfigError, MultimodalModelConfig
+from ..models.lora import is_lora_parameter
 from .errors import ConversionError
 from .families import Family, Flags, family_for, model_flags
+from .lora_export import merge_adapters, write_peft_adapter
 from .mapping import MappingTable
 from .safetensors_io import read_weights, write_weights
 from .transforms import Context
@@ -180,9 +182,11 @@ def import_hf(hf_dir: str, save_dir: str, tensor_model_parallel_size: int = 1,
     return path
 
 
-def export_hf(load_dir: str, out_dir: str) -> str:
+def export_hf(load_dir: str, out_dir: str, lora: str = None) -> str:
     """Write the checkpoint under ``load_dir`` (its latest iteration) as a Hugging Face
-    directory ``out_dir``. Runs in a Megatron world with TP = PP = 1."""
+    directory ``out_dir``; one with LoRA adapters as a PEFT adapter for its base
+    (``lora="adapter"``) or merged into the weights (``lora="merge"``). Runs in a Megatron
+    world with TP = PP = 1."""
     from ..training.checkpointing import load_checkpoint, saved_args
 
     hf_dir = os.path.join(load_dir, HF_SUBDIR)
@@ -200,7 +204,20 @@ def export_hf(load_dir: str, out_dir: str) -> str:
     model = _build(config, run.model)
     load_checkpoint(run, [model], None, None)
     table = MappingTable(family.table(hf_config))
-    hf = table.to_hf(_tensors(model), _context(config, text.vocab_size))
+    if config.lora is None and lora is not None:
+        raise ConversionError(f"--load {load_dir} holds no LoRA adapters (trained without "
+                              f"--lora-rank): export it without --lora-adapter / --merge-lora")
+    if config.lora is not None:
+        if lora is None:
+            raise ConversionError(f"--load {load_dir} holds LoRA adapters: pass "
+                                  f"--lora-adapter (a PEFT adapter for its base model) or "
+                                  f"--merge-lora (the merged weights)")
+        if lora == "adapter":
+            return write_peft_adapter(model, table, config, _context(config, text.vocab_size),
+                                      hf_config._name_or_path or hf_dir, out_dir)
+        merge_adapters(model)
+    hf = table.to_hf({k: v for k, v in _tensors(model).items() if not is_lora_parameter(k)},
+                     _context(config, text.vocab_size))
     unused = os.path.join(hf_dir, UNUSED)
     if os.path.isfile(unused):
         hf.update(read_weights_file(unused))

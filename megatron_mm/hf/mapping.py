@@ -57,6 +57,10 @@ class MappingTable:
         self.rules = in_transformer_impl(rules, transformer_impl)
         self._compiled = [(r, r.regex()) for r in self.rules]
 
+    def rule_for(self, name: str):
+        """The rule for the Megatron tensor ``name`` and its pattern's groups ({i}, {e})."""
+        return self._rule_for(name)
+
     def _rule_for(self, name: str):
         for rule, regex in self._compiled:
             m = regex.fullmatch(name)

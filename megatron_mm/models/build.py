@@ -23,6 +23,7 @@ from ..plan import Workload, build_chain
 from ..plan.pipeline.placement import ChunkPlacement, whole_model
 from .affine_projector import affine_projector_submodules
 from .fp8_emulation import emulate_fp8
+from .lora import apply_lora
 from .mrope_interleaved import InterleavedMultimodalRotaryEmbedding
 from .multimodal import MultimodalModel
 from .norms import SequenceParallelNorm
@@ -98,6 +99,8 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
     model = MultimodalModel(config, language_model, encoders, projectors, media_token_ids,
                             placement)
     model.freeze()
+    if config.lora is not None:  # adapters; their modules' base weights frozen
+        apply_lora(model, config.lora)
     if settings.fp8 is not None and settings.fp8.emulation:
         emulate_fp8(model)  # quantise-dequantise in the FP8 modules' local linears
     return model

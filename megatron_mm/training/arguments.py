@@ -22,6 +22,8 @@ from .fp8_args import fp8_args, validate_fp8_args
 from .fusion_args import add_fusion_args
 from .logging_args import logging_args, validate_logging_args
 from .model_config import build_model_config
+from .lora_args import add_lora_args, lora_config, lora_flags_from_checkpoint
+from .module_lr_args import add_module_lr_args, validate_module_lr_args
 from .moe_args import (add_expert_parallel_args, add_moe_args,
                        refuse_moe_flags_given_to_dense, validate_moe_args)
 from .separate_args import validate_separate, validate_separate_sizes
@@ -159,6 +161,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--freeze-audio", action="store_true",
                    help="freeze the audio encoder (its projector: --freeze-projector)")
     g.add_argument("--freeze-projector", action="store_true")
+    add_lora_args(g)  # --lora-rank ...: adapters, their modules' base weights frozen
 
 
 def _training_args(p: argparse.ArgumentParser) -> None:
@@ -306,6 +309,7 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lr-warmup-iters", type=int, default=0)
     g.add_argument("--lr-warmup-init", type=float, default=0.0)
     g.add_argument("--weight-decay", type=float, default=0.01)
+    add_module_lr_args(g)  # --vision-lr, --projector-lr ...
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.999)
     g.add_argument("--adam-eps", type=float, default=1e-8)
@@ -517,6 +521,9 @@ def validate_args(args: argparse.Namespace,
     _validate_encoder_schedule(args)
     validate_sequence_parallel(args)
     validate_moe_args(args)
+    args.model_config.lora = lora_config(args)
+    validate_module_lr_args(args, [m for m, _ in args.model_config.lora.targets]
+                            if args.model_config.lora else ())
     args.model_config.validate_parallel(tp, args.encoder_tensor_model_parallel_size)
     validate_fp8_args(args)
     # The pipeline plan needs the vocabulary: the Trainer plans once the tokenizer loads.
@@ -693,6 +700,7 @@ def apply_checkpoint_args(args: argparse.Namespace, given: set) -> None:
                               f"--load {args.load} ({value}); drop the flag to use the "
                               f"checkpoint's value")
         setattr(args, dest, value)
+    lora_flags_from_checkpoint(args, saved, given)  # its adapters, as it was saved
 
 
 def _validate_data_balance(args: argparse.Namespace) -> None:

@@ -47,6 +47,7 @@ from ..data.loaders import save_dataloader_state
 from .hf_sidecar import carry_sidecar
 from .checkpoint_integrity import (
     checkpoint_files, damaged_files, file_entries, write_manifest)
+from .lora_checkpoint import adapters_from
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MODEL_CONFIG = "model_config.json"
@@ -568,6 +569,7 @@ def load_checkpoint(config, chunks, optimizer, scheduler, log=print) -> int:
     metadata = dist_checkpointing.load_content_metadata(path) or OPTIM_METADATA
     if with_optim:
         _check_optim_layout(root, iteration, saved, metadata, config)
+    adapters_from(path, chunks, with_optim, log)  # LoRA adapters it lacks start fresh
     template = _state_dict(chunks, optimizer, scheduler, config, iteration, with_optim,
                            with_rng, loading=True, metadata=metadata)
     mismatches = _agreed(_model_mismatches(template, _model_keys(chunks), path))

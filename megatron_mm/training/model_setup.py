@@ -17,6 +17,8 @@ from ..families import modalities_of
 from ..models import MultimodalModel, build_model
 from ..models.wrappers import DistributedDataParallel, Float16Module
 from .build_settings import build_settings
+from .module_lr import config_overrides
+from .module_lr_args import module_rates
 from .separate_world import on_encoder_rank, world_ranks
 
 
@@ -92,14 +94,16 @@ def setup_model_and_optimizer(config, chunks: List[MultimodalModel], timers=None
                                    module=Float16Module(chunk.config, chunk) if train.bf16
                                    else chunk)
            for chunk in chunks]
-    optimizer = get_megatron_optimizer(OptimizerConfig(
+    optimizer_config = OptimizerConfig(
         optimizer="adam", lr=train.lr, min_lr=train.min_lr, weight_decay=train.weight_decay,
         adam_beta1=train.adam_beta1, adam_beta2=train.adam_beta2, adam_eps=train.adam_eps,
         clip_grad=train.clip_grad, bf16=train.bf16, params_dtype=model_config.params_dtype,
         use_distributed_optimizer=config.parallel.use_distributed_optimizer,
         log_num_zeros_in_grad=log.log_num_zeros_in_grad,
-        barrier_with_L1_time=log.barrier_with_L1_time, timers=timers),
-        ddp)
+        barrier_with_L1_time=log.barrier_with_L1_time, timers=timers)
+    optimizer = get_megatron_optimizer(  # --vision-lr ...: per-module groups
+        optimizer_config, ddp,
+        config_overrides(optimizer_config, module_rates(train), train))
     gbs = train.global_batch_size
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=train.lr_warmup_init, max_lr=train.lr, min_lr=train.min_lr,

@@ -48,6 +48,8 @@ from ..data.loaders import savable
 from .build_settings import cp_attention_choice, fusions, transformer_impl
 from .data_setup import batch_iterators, build_datasets
 from .model_setup import build_model_chunks, setup_model_and_optimizer
+from .module_lr import module_learning_rates
+from .module_lr_args import module_rates
 from .moe_metrics import moe_metrics, read_moe
 from .rank_print import print_rank_0, print_rank_last
 from .run_config import RunConfig
@@ -309,6 +311,7 @@ class Trainer:
         if moe is not None:
             summary["moe_losses"] = {}
         validate = validation_enabled(config.validation)
+        rates = module_rates(config.training)  # --vision-lr ...: logged with --lr's
         handler = (DistributedSignalHandler(getattr(signal, config.exits.exit_signal))
                    if config.exits.exit_signal_handler else None)
         start, first, last_saved, stop = self.started, iteration + 1, None, None
@@ -326,7 +329,8 @@ class Trainer:
                     summary["moe_losses"][iteration] = moe_step
                 read = log.record(
                     iteration, result, self.scheduler.get_lr(self.optimizer.param_groups[0]),
-                    self.optimizer.get_loss_scale, self.model_chunks, moe_step)
+                    self.optimizer.get_loss_scale, self.model_chunks, moe_step,
+                    module_learning_rates(self.optimizer, rates, config.training))
                 self.take_read(read)
                 if read and moe is not None:  # a log interval: read on the host now
                     summary["moe_losses"] = read_moe(summary["moe_losses"])

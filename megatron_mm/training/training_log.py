@@ -110,10 +110,12 @@ class TrainingLog:
 
     def record(self, iteration: int, result: StepResult, learning_rate: float,
                loss_scale: Callable[[], torch.Tensor], model_chunks,
-               moe: Optional[Dict[str, torch.Tensor]] = None) -> Dict[int, Tuple]:
+               moe: Optional[Dict[str, torch.Tensor]] = None,
+               module_lrs: Optional[Dict[str, float]] = None) -> Dict[int, Tuple]:
         """One iteration; at a log interval, the line. Returns what it read on the host:
         {iteration: (lm loss, grad norm)} of the interval at a log interval, else {}.
-        ``moe``: an MoE LLM's metrics of the step (``moe_metrics.MoEMetrics.report``)."""
+        ``moe``: an MoE LLM's metrics of the step (``moe_metrics.MoEMetrics.report``);
+        ``module_lrs``: module -> its group's learning rate (``--vision-lr`` ...)."""
         log, train = self.config.logging, self.config.training
         self.pending[iteration] = result
         for key, value in (moe or {}).items():  # device tensors: summed there
@@ -133,7 +135,8 @@ class TrainingLog:
                 [result.lm_loss, result.grad_norm])
             self._write(iteration, consumed, loss, None if result.grad_norm is None
                         else grad_norm, result.num_zeros_in_grad, params_norm,
-                        learning_rate, float(loss_scale()))  # a TensorBoard interval
+                        learning_rate, float(loss_scale()),  # a TensorBoard interval
+                        module_lrs or {})
         if not logging:
             return read
         grad_norm, num_zeros = read[iteration][1], result.num_zeros_in_grad
@@ -152,6 +155,8 @@ class TrainingLog:
             line += f" throughput per GPU (TFLOP/s/GPU): {throughput:.1f} |"
         line += f" tokens per second: {tokens / elapsed:.1f} |"
         line += f" learning rate: {learning_rate:.6E} |"
+        for module, lr in (module_lrs or {}).items():  # as Megatron-LM's decoupled rate
+            line += f" {module} learning rate: {lr:.6E} |"
         line += f" global batch size: {train.global_batch_size:5d} |"
         if self.advanced and parallel_state.is_pipeline_last_stage():
             line += f" lm loss: {self.loss_sum / self.advanced:.6E} |"
@@ -188,10 +193,12 @@ class TrainingLog:
         return read
 
     def _write(self, iteration, consumed, loss, grad_norm, num_zeros, params_norm,
-               learning_rate, loss_scale) -> None:
-        """Megatron-LM's TensorBoard scalars: each by iteration and '... vs samples'."""
+               learning_rate, loss_scale, module_lrs) -> None:
+        """Megatron-LM's TensorBoard scalars: each by iteration and '... vs samples'
+        (a module's own rate as 'vision-learning-rate', like 'decoupled-learning-rate')."""
         log, train, w = self.config.logging, self.config.training, self.writers
         scalars = {"learning-rate": learning_rate,
+                   **{f"{m}-learning-rate": lr for m, lr in module_lrs.items()},
                    "batch-size": train.global_batch_size}
         if not math.isnan(loss):
             scalars["lm loss"] = loss
