@@ -189,6 +189,9 @@ class LanguageModelConfig:
     # ``attention_output_gate`` (--attention-output-gate).
     attention_output_gate: bool = False
     linear_attention: Optional[LinearAttentionConfig] = None  # None: every layer full attention
+    # Norms scaling by 1 + weight (Qwen3.5): Megatron-LM's --apply-layernorm-1p
+    # (Megatron-Core's layernorm_zero_centered_gamma).
+    apply_layernorm_1p: bool = False
 
     def __post_init__(self):
         if self.num_query_groups is None:
@@ -248,10 +251,12 @@ class LanguageModelConfig:
         require(len(section) == 3 and min(section) >= 0,
                  f"--mrope-section takes three non-negative ints (temporal, height, width),"
                  f" got {list(section)}")
-        require(sum(section) == self.kv_channels // 2,
+        rotary = int(self.kv_channels * self.rotary_percent) // 2
+        of = "--kv-channels / 2" if self.rotary_percent == 1.0 else \
+            "--kv-channels x --rotary-percent / 2"
+        require(sum(section) == rotary,
                  f"--mrope-section {' '.join(map(str, section))} sums to {sum(section)}; it "
-                 f"must equal --kv-channels / 2 ({self.kv_channels // 2}: one entry per "
-                 f"rotary frequency of a head)")
+                 f"must equal {of} ({rotary}: one entry per rotary frequency of a head)")
 
     @property
     def mrope(self) -> bool:
@@ -342,6 +347,10 @@ class MultimodalModelConfig:
         for name, proj in self.projectors.items():
             size = proj.ffn_hidden_size or lm.hidden_size
             checks.append((size, "--projector-ffn-hidden-size", tp, tp_flag))
+        if lm.linear_attention is not None:  # GDN splits its heads over TP
+            la = lm.linear_attention
+            checks += [(la.linear_num_key_heads, "--linear-num-key-heads", tp, tp_flag),
+                       (la.linear_num_value_heads, "--linear-num-value-heads", tp, tp_flag)]
         for value, flag, size, size_flag in checks:
             require(value % size == 0,
                      f"{flag} ({value}) is not divisible by {size_flag} ({size}); change one "
