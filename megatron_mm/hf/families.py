@@ -69,12 +69,16 @@ class TextModel:
     ``mrope_section``: M-RoPE, with this split of the rotary frequencies into temporal,
     height and width when the config names none (None: 1-D RoPE), ``mrope_interleaved``:
     those frequencies dealt to T, H, W in turn (Qwen3-VL, whatever the config says), and
-    ``windows_every_layer``: a ``sliding_window`` applies to every layer."""
+    ``windows_every_layer``: a ``sliding_window`` applies to every layer,
+    ``partial_rotary``: RoPE on a ``partial_rotary_factor`` of each head (the family maps
+    it onto --rotary-percent)."""
 
     flags: Tuple[str, ...] = ()
     mrope_section: Optional[Tuple[int, ...]] = None
     mrope_interleaved: bool = False
     windows_every_layer: bool = False
+    # rope_parameters.partial_rotary_factor (--rotary-percent) taken (Qwen3.5)
+    partial_rotary: bool = False
 
 
 def family_for(hf_config) -> Family:
