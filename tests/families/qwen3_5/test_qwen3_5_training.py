@@ -1,0 +1,135 @@
+"""Qwen3.5 training (Qwen3-VL's tower without DeepStack, the hybrid LLM: Gated DeltaNet
+layers 0 and 2, gated full attention with a quarter-head interleaved M-RoPE at 1 and 3,
+zero-centred norms) equals the single-process run from the same initial checkpoint
+(losses, gradients) under TP=2 with sequence parallelism (GDN's key / value heads split
+over the ranks, its in_proj per rank [q k v z b a]), PP=2 cut between a linear and a
+full-attention layer, PP=2 x VPP=2, DP=2; on packed micro-batches (--data-balance: the
+GDN state restarts at every sample) at PP=2; the schedule executor's coarse schedule and
+the bubble schedule with a frozen tower."""
+
+import pytest
+import torch
+from dist_harness import run_distributed
+from qwen_vl_data import write_qwen_vl_data
+from train_workers import train
+
+STEPS = 2
+KEY, VALUE = 2 * 16, 4 * 16  # GDN's q / k and v / z widths (2 key, 4 value heads of 16)
+QWEN3_5_MODEL = [
+    "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "128",
+    "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2",
+    "--kv-channels", "32", "--qk-layernorm", "--untie-embeddings-and-output-weights",
+    "--seq-length", "96", "--vision-model-type", "qwen3_vl", "--vision-hidden-size", "32",
+    "--vision-num-layers", "2", "--vision-num-attention-heads", "2",
+    "--vision-ffn-hidden-size", "64", "--patch-dim", "16", "--vision-deepstack-visual-indexes",
+    "--vision-num-position-embeddings", "16",
+    "--min-pixels", "1024", "--max-pixels", "9216", "--video-min-pixels", "1024",
+    "--video-max-pixels", "4096", "--position-embedding-type", "mrope",
+    "--mrope-section", "2", "1", "1", "--mrope-interleaved", "--rotary-percent", "0.25",
+    "--attention-output-gate", "--apply-layernorm-1p",
+    "--experimental-attention-variant", "gated_delta_net", "--linear-attention-freq", "2",
+    "--linear-key-head-dim", "16", "--linear-value-head-dim", "16",
+    "--linear-num-key-heads", "2", "--linear-num-value-heads", "4",
+    "--lr", "1e-3", "--lr-decay-style", "constant", "--weight-decay", "0.0",
+    "--log-interval", "1", "--eval-iters", "1", "--skip-final-eval",
+]
+SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--transformer-impl", "local"]
+BALANCE = ["--data-balance", "isf-sorted", "--seq-length", "160"]
+PP2 = ["--pipeline-model-parallel-size", "2"]
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_dir(tmp_path_factory):
+    return write_qwen_vl_data(str(tmp_path_factory.mktemp("qwen3_5")), unit=32)
+
+
+def _argv(data, *extra):
+    return QWEN3_5_MODEL + ["--data-path", data, "--micro-batch-size", "2",
+                            "--global-batch-size", "4", "--make-vocab-size-divisible-by",
+                            "64", *extra]
+
+
+@pytest.fixture(scope="module")
+def reference(qwen3_5_dir, tmp_path_factory):
+    init = str(tmp_path_factory.mktemp("init"))
+    run_distributed(train, 1, _argv(qwen3_5_dir, "--train-iters", "0", "--save", init))
+    common = ["--train-iters", str(STEPS), "--load", init, "--no-load-optim"]
+    return common, run_distributed(train, 1, _argv(qwen3_5_dir, *common), (1, STEPS))[0]
+
+
+def _tp_canonical(name: str, value, tp: int):
+    """A GDN tensor gathered from ``tp`` ranks (each holds its heads' [q k v z b a] rows of
+    in_proj, [q k v] channels of conv1d) in the one process's order."""
+    if tp == 1 or value is None:
+        return value
+    if name.endswith("self_attention.in_proj.weight"):
+        sizes = (KEY, KEY, VALUE, VALUE, 4, 4)
+    elif name.endswith("self_attention.conv1d.weight"):
+        sizes = (KEY, KEY, VALUE)
+    else:
+        return value
+    ranks = [r.split([s // tp for s in sizes]) for r in value.chunk(tp)]
+    return torch.cat([ranks[r][k] for k in range(len(sizes)) for r in range(tp)])
+
+
+def _assert_equal_runs(ranks, layout, ref):
+    world = len(ranks)
+    pp = "--pipeline-model-parallel-size" in layout
+    stages = ranks[::world // 2] if pp else ranks[:1]
+    tp = 2 if "--tensor-model-parallel-size" in layout else 1
+    for it in range(1, STEPS + 1):
+        assert stages[-1]["losses"][it] == pytest.approx(ref["losses"][it], rel=1e-5), it
+    for step, atol in ((1, 1e-6), (STEPS, 1e-5)):
+        grads = {k: _tp_canonical(k, v, tp) for out in stages
+                 for k, v in out["grads"][step].items()}
+        assert grads.keys() == ref["grads"][step].keys()
+        for name, value in ref["grads"][step].items():
+            if value is None:
+                assert grads[name] is None, name
+                continue
+            torch.testing.assert_close(grads[name], value, rtol=1e-4, atol=atol,
+                                       msg=lambda m: f"grads {step} {name}: {m}")
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("layout", [
+    SP,
+    # [LLM embedding, tower embedding, tower 0-1, merger, LLM 0 (GDN)] [LLM 1 (full),
+    # LLM 2 (GDN), LLM 3 (full), head]
+    PP2 + ["--pipeline-partition", "6,4"],
+    # [.., merger] [LLM 0, 1] [LLM 2] [LLM 3, head]
+    PP2 + ["--virtual-pipeline-model-parallel-size", "2", "--pipeline-partition", "5,2,1,2"],
+    [],  # DP=2
+    # the tower as its own pipeline run by the schedule executor, all in the big bubbles;
+    # the LLM as [embedding, LLM 0] [LLM 1-3, head]
+    PP2 + ["--encoder-schedule", "coarse", "--pipeline-partition", "2,4"],
+], ids=["tp2-sp", "pp2-cut-linear-full", "pp2-vpp2", "dp2", "coarse"])
+def test_parallel_layouts_equal_one_process(qwen3_5_dir, reference, layout):
+    common, ref = reference
+    ranks = run_distributed(train, 2, _argv(qwen3_5_dir, *common, *layout), (1, STEPS))
+    _assert_equal_runs(ranks, layout, ref)
+    gdn = [n for n in ref["grads"][1] if n.endswith("self_attention.A_log")]
+    assert len(gdn) == 2 and all(ref["grads"][1][n].abs().sum() > 0 for n in gdn)
+
+
+@pytest.mark.processes
+def test_packed_rows_equal_one_process(qwen3_5_dir, reference):
+    """--data-balance packs several samples in a row; PP=2 (cut linear | full) on them
+    equals one process on them."""
+    common, _ = reference
+    argv = _argv(qwen3_5_dir, *common, *BALANCE)
+    ref = run_distributed(train, 1, argv, (1, STEPS))[0]
+    layout = PP2 + ["--pipeline-partition", "6,4"]
+    _assert_equal_runs(run_distributed(train, 2, argv + layout, (1, STEPS)), layout, ref)
+
+
+@pytest.mark.processes
+def test_bubble_schedule_frozen_tower_equals_one_process(qwen3_5_dir, reference):
+    """The bubble schedule with the tower frozen (--freeze-ViT: forward only, its merger
+    trains) equals one process with the tower frozen."""
+    common, _ = reference
+    frozen = _argv(qwen3_5_dir, *common, "--freeze-ViT")
+    ref = run_distributed(train, 1, frozen, (1, STEPS))[0]
+    layout = PP2 + ["--encoder-schedule", "bubble", "--pipeline-partition", "2,4"]
+    _assert_equal_runs(run_distributed(train, 2, frozen + layout, (1, STEPS)), layout, ref)
+    assert all(v is None for n, v in ref["grads"][1].items() if n.startswith("vision_model."))
