@@ -1,12 +1,13 @@
 """CPU stand-ins for flash-linear-attention (FLA) in Megatron-Core's Gated DeltaNet.
 
-Replaces, in megatron-core 0.19.2, ``megatron.core.ssm.gated_delta_net.common``'s
-``HAVE_FLA``, ``causal_conv1d``, ``l2norm`` and ``chunk_gated_delta_rule`` (and the two
-``gdn.py`` binds by name at import), and runs ``_GDNBase``'s three ``jit_fuser`` methods
-eagerly. Upstream's ``GatedDeltaNet.__init__`` raises without FLA, and FLA's kernels are
-Triton (CUDA only); its own torch rule (``torch_chunk_gated_delta_rule``, the
-``deterministic_mode`` path) takes no ``cu_seqlens``, so packed samples would carry one
-sample's recurrent and convolution state into the next.
+Replaces, in megatron-core 0.19.2, ``megatron.core.ssm.gated_delta_net``'s
+``common.HAVE_FLA``, ``common.causal_conv1d``, ``common.l2norm`` and
+``common.chunk_gated_delta_rule`` (and the two ``gdn.py`` binds by name at import), and
+runs ``_GDNBase``'s three ``jit_fuser`` methods eagerly. Upstream's
+``GatedDeltaNet.__init__`` raises without FLA, and FLA's kernels are Triton (CUDA only);
+its own torch rule (``torch_chunk_gated_delta_rule``, the ``deterministic_mode`` path)
+takes no ``cu_seqlens``, so packed samples would carry one sample's recurrent and
+convolution state into the next.
 
 The stand-ins take FLA's arguments and ``cu_seqlens``: each packed sample runs on its own
 (upstream's torch rule per sample, a zero state at each start; the causal convolution
