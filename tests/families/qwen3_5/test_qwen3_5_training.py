@@ -11,28 +11,11 @@ import pytest
 import torch
 from dist_harness import run_distributed
 from qwen_vl_data import write_qwen_vl_data
+from qwen3_5_model import QWEN3_5_MODEL
 from train_workers import train
 
 STEPS = 2
 KEY, VALUE = 2 * 16, 4 * 16  # GDN's q / k and v / z widths (2 key, 4 value heads of 16)
-QWEN3_5_MODEL = [
-    "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "128",
-    "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2",
-    "--kv-channels", "32", "--qk-layernorm", "--untie-embeddings-and-output-weights",
-    "--seq-length", "96", "--vision-model-type", "qwen3_vl", "--vision-hidden-size", "32",
-    "--vision-num-layers", "2", "--vision-num-attention-heads", "2",
-    "--vision-ffn-hidden-size", "64", "--patch-dim", "16", "--vision-deepstack-visual-indexes",
-    "--vision-num-position-embeddings", "16",
-    "--min-pixels", "1024", "--max-pixels", "9216", "--video-min-pixels", "1024",
-    "--video-max-pixels", "4096", "--position-embedding-type", "mrope",
-    "--mrope-section", "2", "1", "1", "--mrope-interleaved", "--rotary-percent", "0.25",
-    "--attention-output-gate", "--apply-layernorm-1p",
-    "--experimental-attention-variant", "gated_delta_net", "--linear-attention-freq", "2",
-    "--linear-key-head-dim", "16", "--linear-value-head-dim", "16",
-    "--linear-num-key-heads", "2", "--linear-num-value-heads", "4",
-    "--lr", "1e-3", "--lr-decay-style", "constant", "--weight-decay", "0.0",
-    "--log-interval", "1", "--eval-iters", "1", "--skip-final-eval",
-]
 SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--transformer-impl", "local"]
 BALANCE = ["--data-balance", "isf-sorted", "--seq-length", "160"]
 PP2 = ["--pipeline-model-parallel-size", "2"]
