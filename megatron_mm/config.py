@@ -81,6 +81,11 @@ class MoEConfig:
     layer_freq: Union[int, Tuple[int, ...]] = 1
     token_dispatcher_type: str = "allgather"
     grouped_gemm: bool = False
+    # A shared expert beside the routed ones (Qwen3.5-MoE): its hidden size
+    # (--moe-shared-expert-intermediate-size; None: none) and its sigmoid gate
+    # (--moe-shared-expert-gate).
+    shared_expert_intermediate_size: Optional[int] = None
+    shared_expert_gate: bool = False
 
     def __post_init__(self):
         require(self.num_experts >= 1, f"--num-experts must be positive, got {self.num_experts}")
@@ -95,6 +100,11 @@ class MoEConfig:
                  f"--moe-aux-loss-coeff must be >= 0, got {self.aux_loss_coeff}")
         if not isinstance(self.layer_freq, int):
             self.layer_freq = tuple(int(v) for v in self.layer_freq)
+        require(self.shared_expert_intermediate_size is None
+                or self.shared_expert_intermediate_size > 0,
+                 "--moe-shared-expert-intermediate-size must be positive")
+        require(not self.shared_expert_gate or self.shared_expert_intermediate_size,
+                 "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size")
 
     def pattern(self, num_layers: int) -> Tuple[int, ...]:
         """One entry per LLM layer: 1 an MoE layer, 0 a dense one."""

@@ -101,7 +101,7 @@ def language_flags(text, where: str = "",
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     flags = {"num_layers": text.num_hidden_layers, "hidden_size": text.hidden_size,
-             "ffn_hidden_size": text.intermediate_size, "num_attention_heads": heads,
+             "num_attention_heads": heads,
              "group_query_attention": True,
              "num_query_groups": text.num_key_value_heads or heads,
              "kv_channels": head_dim,
@@ -109,6 +109,8 @@ def language_flags(text, where: str = "",
              "max_position_embeddings": longest_exact_sequence(text),
              "rotary_base": rope.get("rope_theta", 10000.0),
              "norm_epsilon": text.rms_norm_eps}
+    if getattr(text, "intermediate_size", None) is not None:  # none: MoE layers only
+        flags["ffn_hidden_size"] = text.intermediate_size
     flags.update({dest: True for dest in model.flags})
     flags.update(rope_scaling_flags(text, where))
     if model.mrope_section is not None:  # M-RoPE: the config's split, else the model's

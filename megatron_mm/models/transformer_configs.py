@@ -215,6 +215,8 @@ def moe_fields(lm: LanguageModelConfig, s: BuildSettings) -> dict:
         moe_aux_loss_coeff=moe.aux_loss_coeff,
         moe_token_dispatcher_type=moe.token_dispatcher_type,
         moe_grouped_gemm=moe.grouped_gemm,
+        moe_shared_expert_intermediate_size=moe.shared_expert_intermediate_size,
+        moe_shared_expert_gate=moe.shared_expert_gate,
         expert_model_parallel_size=s.expert_model_parallel_size,
         expert_tensor_parallel_size=(s.expert_tensor_parallel_size
                                      or s.tensor_model_parallel_size),

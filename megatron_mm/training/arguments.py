@@ -645,7 +645,8 @@ CHECKPOINT_FLAGS = (
     "audio_pool_stride", "audio_norm_epsilon", "audio_projector_type", "audio_token_id",
     "image_token_id", "tokenizer_type", "tokenizer_model", "image_processor_config",
     "num_experts", "moe_ffn_hidden_size", "moe_layer_freq", "moe_router_topk",
-    "moe_router_pre_softmax", *LINEAR_ATTENTION_FLAGS,
+    "moe_router_pre_softmax", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
+    *LINEAR_ATTENTION_FLAGS,
 ) + tuple(dest for f in FAMILIES.values() for dest in f.checkpoint_flags)
 # Saved relative to the checkpoint directory (files the converter put there).
 CHECKPOINT_PATH_FLAGS = ("tokenizer_model", "image_processor_config")

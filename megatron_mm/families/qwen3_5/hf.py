@@ -18,6 +18,7 @@ from ..qwen3_vl.hf_table import qwen3_vl_vision_rules
 from .hf_table import hybrid_language_rules
 
 ARCH = "Qwen3_5ForConditionalGeneration"
+INPUTS = qwen3_vl.INPUTS
 LAYER_TYPES = {"linear_attention": 1, "full_attention": 0}
 
 # The hybrid decoder's own fields (the shared LLM fields: config_fields.language_fields).
@@ -91,6 +92,6 @@ TEXT_MODELS = {"qwen3_5_text": TextModel(
     mrope_section=(11, 11, 10), mrope_interleaved=True, partial_rotary=True)}
 
 ARCHITECTURES = {ARCH: Family(
-    ARCH, CAUSAL_LM, rules, True, inputs=qwen3_vl.INPUTS, flags=model_flags,
+    ARCH, CAUSAL_LM, rules, True, inputs=INPUTS, flags=model_flags,
     config_rules=True, media=qwen3_vl.megatron_media, positions=qwen3_vl.position_ids,
     hf_inputs=qwen3_vl.hf_inputs, file_flags=qwen3_vl.processor_flags)}

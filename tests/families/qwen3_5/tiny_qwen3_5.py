@@ -18,14 +18,23 @@ inputs = _vl.inputs
 LAYER_TYPES = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
 
 
-def config(text=None, **vision):
-    """``transformers.Qwen3_5Config``: a 2-layer tower (no DeepStack), a 4-layer hybrid LLM
-    (head 32, a quarter rotated: M-RoPE sections 2 1 1, interleaved; GDN with 2 key and 4
-    value heads of 16); ``text`` / ``vision`` override fields."""
+# Qwen3.5-MoE's text fields: 4 experts of 24 (top 2) and a shared expert of 40 per layer.
+MOE_TEXT = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                shared_expert_intermediate_size=40)
+
+
+def config(text=None, moe: bool = False, **vision):
+    """``transformers.Qwen3_5Config`` (``moe``: ``Qwen3_5MoeConfig``): a 2-layer tower (no
+    DeepStack), a 4-layer hybrid LLM (head 32, a quarter rotated: M-RoPE sections 2 1 1,
+    interleaved; GDN with 2 key and 4 value heads of 16); ``text`` / ``vision`` override
+    fields."""
     import transformers
 
-    cfg = transformers.Qwen3_5Config(
-        text_config={**dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+    kind = "Qwen3_5Moe" if moe else "Qwen3_5"
+    text = {**(MOE_TEXT if moe else {}), **(text or {})}
+    cfg = getattr(transformers, f"{kind}Config")(
+        text_config={**dict(vocab_size=VOCAB, hidden_size=64,
+                            **({} if moe else dict(intermediate_size=128)),
                             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                             head_dim=32, max_position_embeddings=256, rms_norm_eps=1e-5,
                             linear_conv_kernel_dim=4, linear_key_head_dim=16,
@@ -41,7 +50,7 @@ def config(text=None, **vision):
                               num_position_embeddings=16), **vision},
         image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START,
         vision_end_token_id=END, tie_word_embeddings=False)
-    cfg.architectures = ["Qwen3_5ForConditionalGeneration"]
+    cfg.architectures = [f"{kind}ForConditionalGeneration"]
     return cfg
 
 
