@@ -116,3 +116,30 @@ def test_bubble_schedule_frozen_tower_equals_one_process(qwen3_5_dir, reference)
     layout = PP2 + ["--encoder-schedule", "bubble", "--pipeline-partition", "2,4"]
     _assert_equal_runs(run_distributed(train, 2, frozen + layout, (1, STEPS)), layout, ref)
     assert all(v is None for n, v in ref["grads"][1].items() if n.startswith("vision_model."))
+
+
+MOE = ["--num-experts", "4", "--moe-ffn-hidden-size", "24", "--moe-router-topk", "2",
+       "--moe-shared-expert-intermediate-size", "40", "--moe-shared-expert-gate",
+       "--moe-aux-loss-coeff", "0.01", "--moe-token-dispatcher-type", "alltoall",
+       "--adam-eps", "1e-6"]
+
+
+@pytest.mark.processes
+def test_moe_expert_parallel_equals_one_process(qwen3_5_dir, tmp_path):
+    """Qwen3.5-MoE (every layer MoE with a gated shared expert, GDN and full attention
+    alike) at EP=2 equals one process: losses, gradients, parameters, the load-balancing
+    loss and the tokens per expert."""
+    from equivalence import assert_equal_runs, assert_same_moe_losses
+
+    argv = _argv(qwen3_5_dir, *MOE)
+    init = str(tmp_path / "init")
+    run_distributed(train, 1, argv + ["--train-iters", "0", "--save", init])
+    argv += ["--train-iters", str(STEPS), "--load", init, "--no-load-optim"]
+    ref = run_distributed(train, 1, argv, (1, STEPS))[0]
+    ranks = run_distributed(train, 2, argv + ["--expert-model-parallel-size", "2"],
+                            (1, STEPS))
+    assert_equal_runs(ranks[:1], ref, STEPS,
+                      holding="language_model.decoder.layers.0.mlp.experts.local_experts.3")
+    assert_same_moe_losses(ranks, ref, STEPS)
+    shared = [n for n in ref["grads"][1] if n.endswith("shared_experts.gate_weight")]
+    assert len(shared) == 4 and all(ref["grads"][1][n].abs().sum() > 0 for n in shared)
