@@ -39,3 +39,26 @@ def test_pattern_needs_the_variant(capsys):
         validate_and_plan(argv, 1)
     assert ("--linear-attention-freq needs --experimental-attention-variant gated_delta_net"
             in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("extra, message", [
+    # in_proj: 2 x (2 x 16 + 4 x 16 + 4) = 200, not a multiple of 16
+    ([], "--fp8-modules llm: the Gated DeltaNet in_proj's output width 2 x (key heads x "
+         "dim + value heads x dim + --linear-num-value-heads) = 200 must be a multiple of 16"),
+    # in_proj 2 x (32 + 72 + 8) = 224 fits; out_proj's input 8 x 9 = 72 does not
+    (["--linear-value-head-dim", "9", "--linear-num-value-heads", "8"],
+     "--fp8-modules llm: --linear-value-head-dim x --linear-num-value-heads / TP (72) must "
+     "be a multiple of 16"),
+    (["--linear-num-value-heads", "8"], None),  # 2 x (32 + 128 + 8) = 336; 128
+])
+def test_fp8_shape_rules_of_the_gdn_layers(capsys, extra, message):
+    from megatron_mm.training.arguments import parse_args
+
+    argv = QWEN3_5_MODEL + ["--fp8-format", "hybrid", "--fp8-emulation",
+                            "--seq-length", "96"] + extra
+    if message is None:
+        parse_args(argv, world_size=1)
+        return
+    with pytest.raises(SystemExit):
+        parse_args(argv, world_size=1)
+    assert message in capsys.readouterr().err
