@@ -5,6 +5,8 @@ TP=2 (GDN's heads split) and PP=2 cut between a linear and a full-attention laye
 (max |diff| <= 1e-4, fp32); export gives back the same tensors; config fields the model
 does not reproduce are refused by name."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -108,3 +110,19 @@ def test_moe_without_shared_expert_is_refused():
 
     with pytest.raises(ConversionError, match="text_config.shared_expert_intermediate_size=0"):
         model_flags(config(dict(shared_expert_intermediate_size=0), moe=True))
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_processor_is_qwen3_vls(model_type):
+    """transformers processes Qwen3.5's media with Qwen3-VL's processor, image and video
+    processors (which tests/families/qwen3_vl compares ours with): the family reuses them,
+    and its M-RoPE positions are Qwen3-VL's (get_rope_index splits clips into frames)."""
+    from transformers.models.auto import (image_processing_auto, processing_auto,
+                                          video_processing_auto)
+
+    assert processing_auto.PROCESSOR_MAPPING_NAMES[model_type] == "Qwen3VLProcessor"
+    assert image_processing_auto.IMAGE_PROCESSOR_MAPPING_NAMES[model_type]["pil"] == \
+        "Qwen2VLImageProcessorPil"
+    # the video table keeps its torchvision entries only where torchvision is installed
+    source = inspect.getsource(video_processing_auto)
+    assert f'("{model_type}", {{"torchvision": "Qwen3VLVideoProcessor"}})' in source
