@@ -88,11 +88,13 @@ class AttentionSettings:
         if cp == 1:
             dev = tokens.device if device is None else device
             if self.cp_attention == "flex":  # the codes alone: its block mask comes from them
-                return MaskCodes(to_device(torch.from_numpy(codes), dev))
-            if self.linear_attention and "cu_seqlens" in batch:
+                mask = MaskCodes(to_device(torch.from_numpy(codes), dev))
+            else:
+                mask = dense_mask(codes, dev)
+            if self.linear_attention and "cu_seqlens" in batch:  # the GDN layers' samples
                 return dataclasses.replace(packed_sequences(batch["cu_seqlens"]).to(dev),
-                                           mask=dense_mask(codes, dev))
-            return dense_mask(codes, dev)
+                                           mask=mask)
+            return mask
         cpm = context_parallel_mask(
             codes, self.context_parallel_size, parallel_state.get_context_parallel_rank(),
             self.assignment, self.block, parallel_state.get_context_parallel_group(),
