@@ -72,3 +72,38 @@ def test_gpu_without_fla_is_refused(monkeypatch):
                                           "flash-linear-attention"):
         require_fla(cuda=True)
     require_fla(cuda=False)  # the CPU stand-ins run
+
+
+def test_packed_row_through_the_model_equals_separate_samples(gloo_world):
+    """The whole path: ``AttentionSettings.mask_for`` of a packed batch (the local impl)
+    gives the model a carrier with the dense mask; the hybrid LLM's logits on the packed
+    row equal each sample's alone (GDN layer 0, full attention layer 1, GDN layer 2).
+    Without the carrier the GDN state crosses the boundary: 65% of the logits move."""
+    from megatron_mm.config import (LanguageModelConfig, LinearAttentionConfig,
+                                    MultimodalModelConfig)
+    from megatron_mm.models import BuildSettings, build_model
+    from megatron_mm.models.packed_sequences import PackedSequences
+    from megatron_mm.training.attention import AttentionSettings
+
+    lm = LanguageModelConfig(
+        vocab_size=128, hidden_size=HIDDEN, num_layers=3, num_attention_heads=4,
+        kv_channels=16, ffn_hidden_size=64, seq_length=128, qk_layernorm=True,
+        rotary_percent=0.25, attention_output_gate=True, apply_layernorm_1p=True,
+        linear_attention=LinearAttentionConfig(
+            linear_attention_freq=(1, 0, 1), linear_key_head_dim=8, linear_value_head_dim=8,
+            linear_num_key_heads=2, linear_num_value_heads=4))
+    torch.manual_seed(0)
+    model = build_model(MultimodalModelConfig(encoders={}, projectors={}, language=lm),
+                        BuildSettings(), {}).eval()
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 128, (1, sum(LENGTHS)), generator=gen)
+    positions = torch.cat([torch.arange(n) for n in LENGTHS])[None]
+    cu = torch.tensor([0, LENGTHS[0], sum(LENGTHS)], dtype=torch.int32)
+    mask = AttentionSettings({}, linear_attention=True).mask_for(
+        {"tokens": tokens, "cu_seqlens": cu})
+    assert isinstance(mask, PackedSequences) and mask.mask is not None
+    with torch.no_grad():
+        packed = model(tokens, positions, attention_mask=mask)
+        alone = [model(t, p) for t, p in zip(tokens.split(LENGTHS, 1),
+                                              positions.split(LENGTHS, 1))]
+    torch.testing.assert_close(packed, torch.cat(alone, 1), rtol=1e-4, atol=1e-5)
