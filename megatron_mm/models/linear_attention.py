@@ -170,6 +170,18 @@ def hybrid_layers(pattern, dense_full: ModuleSpec, moe_full: Optional[ModuleSpec
     return out
 
 
+def describe_linear_attention(lm) -> str:
+    """The startup log's line: which layers are GDN and which kernels run them."""
+    from megatron.core.ssm.gated_delta_net import common
+
+    pattern = lm.linear_attention_pattern()
+    stand_in = common.chunk_gated_delta_rule.__module__.startswith("megatron_mm")
+    kernels = ("CPU stand-ins for flash-linear-attention (patches/gated_delta_net.py)"
+               if stand_in else "flash-linear-attention's kernels")
+    return (f"LLM layers: {sum(pattern)} Gated DeltaNet, {len(pattern) - sum(pattern)} full "
+            f"attention (pattern {''.join(map(str, pattern))}: 1 linear); GDN on {kernels}")
+
+
 def gdn_transformer_fields(lm) -> dict:
     """Megatron-Core's ``TransformerConfig`` fields of the GDN layers (Megatron-LM's flag
     names), none without linear attention."""
