@@ -43,6 +43,34 @@ def test_logits_equal_transformers(converted, tp, pp):
     assert diff <= TOLERANCE
 
 
+# (the round trips come after every in-process compare: a compare at world 1 tears down
+# the Megatron world that gloo_world holds for the module)
+@pytest.fixture(scope="module")
+def converted_moe(tmp_path_factory):
+    from megatron_mm.hf.convert import import_hf
+    from megatron_mm.hf.world import single_rank_world
+
+    root = tmp_path_factory.mktemp("qwen3_5_moe")
+    model = tiny(config(moe=True))
+    model.save_pretrained(str(root / "hf"))
+    with single_rank_world():
+        import_hf(str(root / "hf"), str(root / "ckpt"))
+    return model, str(root / "hf"), str(root / "ckpt")
+
+
+@pytest.mark.parametrize("tp,pp,ep", [(1, 1, 1),
+                                      pytest.param(1, 1, 2, marks=pytest.mark.processes)])
+def test_moe_logits_equal_transformers(converted_moe, tp, pp, ep):
+    """Qwen3.5-MoE: every layer's routed experts and gated shared expert, at EP=1 and 2."""
+    from megatron_mm.hf.compare import compare
+
+    _, hf_dir, ckpt = converted_moe
+    diff, shape = compare(hf_dir, ckpt, inputs(), tp=tp, pp=pp, ep=ep)
+    print(f"qwen3.5-moe TP={tp} PP={pp} EP={ep}: max abs logit difference {diff:.3g}")
+    assert tuple(shape) == (2, SEQ, VOCAB)
+    assert diff <= TOLERANCE
+
+
 def test_round_trip_is_bit_identical(converted, gloo_world, tmp_path):
     from megatron_mm.hf.convert import export_hf
 
@@ -73,32 +101,6 @@ def test_unsupported_config_fields_are_refused(text, field):
 
     with pytest.raises(ConversionError, match=field):
         model_flags(config(text))
-
-
-@pytest.fixture(scope="module")
-def converted_moe(tmp_path_factory):
-    from megatron_mm.hf.convert import import_hf
-    from megatron_mm.hf.world import single_rank_world
-
-    root = tmp_path_factory.mktemp("qwen3_5_moe")
-    model = tiny(config(moe=True))
-    model.save_pretrained(str(root / "hf"))
-    with single_rank_world():
-        import_hf(str(root / "hf"), str(root / "ckpt"))
-    return model, str(root / "hf"), str(root / "ckpt")
-
-
-@pytest.mark.parametrize("tp,pp,ep", [(1, 1, 1),
-                                      pytest.param(1, 1, 2, marks=pytest.mark.processes)])
-def test_moe_logits_equal_transformers(converted_moe, tp, pp, ep):
-    """Qwen3.5-MoE: every layer's routed experts and gated shared expert, at EP=1 and 2."""
-    from megatron_mm.hf.compare import compare
-
-    _, hf_dir, ckpt = converted_moe
-    diff, shape = compare(hf_dir, ckpt, inputs(), tp=tp, pp=pp, ep=ep)
-    print(f"qwen3.5-moe TP={tp} PP={pp} EP={ep}: max abs logit difference {diff:.3g}")
-    assert tuple(shape) == (2, SEQ, VOCAB)
-    assert diff <= TOLERANCE
 
 
 def test_moe_round_trip_is_bit_identical(converted_moe, gloo_world, tmp_path):
