@@ -9,6 +9,8 @@
 #   make demo-qwen    digits at varying sizes, several per sample, and digit clips
 # and one for the Qwen3-VL family (DeepStack, interleaved M-RoPE, timestamped clips):
 #   make demo-qwen3   the same digits in 32 px cells, each clip's frames after their time
+# and one for Qwen3.5 (the hybrid Gated DeltaNet + gated-attention LLM):
+#   make demo-qwen35  the Qwen3-VL demo's data
 # Python 3.11 or newer, as pyproject.toml's requires-python says (tested: 3.11 on CPU, as CI
 # runs, and 3.12 on the GPU node); PYTHON=python3.12 picks another.
 PYTHON_MIN := 3.11
@@ -19,7 +21,7 @@ TORCH  ?= torch==2.13.0
 PIP    := $(VENV)/bin/python -m pip
 NPROC  ?= 2
 
-.PHONY: demo demo-audio demo-qwen demo-qwen3 test test-fast lint setup espeak-ng clean \
+.PHONY: demo demo-audio demo-qwen demo-qwen3 demo-qwen35 test test-fast lint setup espeak-ng clean \
 	print-demo-flags gpu-wheels gpu-check
 
 setup: $(VENV)/.installed espeak-ng
@@ -125,6 +127,30 @@ DEMO_QWEN3_FLAGS = \
 demo-qwen3: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
 		examples/pretrain_mllm.py $(DEMO_QWEN3_FLAGS)
+
+# The Qwen3.5 demo: Qwen3-VL's tower without DeepStack + a hybrid LLM (layer 0 Gated
+# DeltaNet, layer 1 gated full attention rotating a quarter of each head by interleaved
+# M-RoPE, zero-centred norms) on the Qwen3-VL demo's digits (docs/qwen3_5.md).
+DEMO_QWEN35_FLAGS = \
+	--num-layers 2 --hidden-size 128 --num-attention-heads 8 --group-query-attention \
+	--num-query-groups 4 --kv-channels 32 --qk-layernorm --seq-length 80 \
+	--position-embedding-type mrope --mrope-section 2 1 1 --mrope-interleaved \
+	--rotary-percent 0.25 --attention-output-gate --apply-layernorm-1p \
+	--experimental-attention-variant gated_delta_net --linear-attention-freq 2 \
+	--linear-key-head-dim 16 --linear-value-head-dim 16 --linear-num-key-heads 4 \
+	--linear-num-value-heads 8 \
+	--vision-model-type qwen3_vl --vision-hidden-size 64 --vision-num-layers 2 \
+	--vision-num-attention-heads 4 --patch-dim 16 --vision-deepstack-visual-indexes \
+	--vision-num-position-embeddings 64 --min-pixels 1024 --max-pixels 9216 \
+	--video-min-pixels 2048 --video-max-pixels 16384 \
+	--micro-batch-size 16 --global-batch-size 32 --train-iters 3000 \
+	$(DEMO_RECIPE) \
+	--log-interval 50 --eval-interval 1000 --eval-iters 10 \
+	--save runs/demo-qwen35/checkpoints --save-interval 3000
+
+demo-qwen35: setup
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
+		examples/pretrain_mllm.py $(DEMO_QWEN35_FLAGS)
 
 # The demo's flags, for the GPU checks of docs/gpu.md: DEMO="$(make -s print-demo-flags)".
 print-demo-flags:

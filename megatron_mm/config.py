@@ -81,6 +81,11 @@ class MoEConfig:
     layer_freq: Union[int, Tuple[int, ...]] = 1
     token_dispatcher_type: str = "allgather"
     grouped_gemm: bool = False
+    # A shared expert beside the routed ones (Qwen3.5-MoE): its hidden size
+    # (--moe-shared-expert-intermediate-size; None: none) and its sigmoid gate
+    # (--moe-shared-expert-gate).
+    shared_expert_intermediate_size: Optional[int] = None
+    shared_expert_gate: bool = False
 
     def __post_init__(self):
         require(self.num_experts >= 1, f"--num-experts must be positive, got {self.num_experts}")
@@ -95,6 +100,11 @@ class MoEConfig:
                  f"--moe-aux-loss-coeff must be >= 0, got {self.aux_loss_coeff}")
         if not isinstance(self.layer_freq, int):
             self.layer_freq = tuple(int(v) for v in self.layer_freq)
+        require(self.shared_expert_intermediate_size is None
+                or self.shared_expert_intermediate_size > 0,
+                 "--moe-shared-expert-intermediate-size must be positive")
+        require(not self.shared_expert_gate or self.shared_expert_intermediate_size,
+                 "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size")
 
     def pattern(self, num_layers: int) -> Tuple[int, ...]:
         """One entry per LLM layer: 1 an MoE layer, 0 a dense one."""
@@ -189,6 +199,9 @@ class LanguageModelConfig:
     # ``attention_output_gate`` (--attention-output-gate).
     attention_output_gate: bool = False
     linear_attention: Optional[LinearAttentionConfig] = None  # None: every layer full attention
+    # Norms scaling by 1 + weight (Qwen3.5): Megatron-LM's --apply-layernorm-1p
+    # (Megatron-Core's layernorm_zero_centered_gamma).
+    apply_layernorm_1p: bool = False
 
     def __post_init__(self):
         if self.num_query_groups is None:
@@ -248,10 +261,12 @@ class LanguageModelConfig:
         require(len(section) == 3 and min(section) >= 0,
                  f"--mrope-section takes three non-negative ints (temporal, height, width),"
                  f" got {list(section)}")
-        require(sum(section) == self.kv_channels // 2,
+        rotary = int(self.kv_channels * self.rotary_percent) // 2
+        of = "--kv-channels / 2" if self.rotary_percent == 1.0 else \
+            "--kv-channels x --rotary-percent / 2"
+        require(sum(section) == rotary,
                  f"--mrope-section {' '.join(map(str, section))} sums to {sum(section)}; it "
-                 f"must equal --kv-channels / 2 ({self.kv_channels // 2}: one entry per "
-                 f"rotary frequency of a head)")
+                 f"must equal {of} ({rotary}: one entry per rotary frequency of a head)")
 
     @property
     def mrope(self) -> bool:
@@ -362,6 +377,10 @@ class MultimodalModelConfig:
         for name, proj in self.projectors.items():
             size = proj.ffn_hidden_size or lm.hidden_size
             checks.append((size, "--projector-ffn-hidden-size", tp, tp_flag))
+        if lm.linear_attention is not None:  # GDN splits its heads over TP
+            la = lm.linear_attention
+            checks += [(la.linear_num_key_heads, "--linear-num-key-heads", tp, tp_flag),
+                       (la.linear_num_value_heads, "--linear-num-value-heads", tp, tp_flag)]
         for value, flag, size, size_flag in checks:
             require(value % size == 0,
                      f"{flag} ({value}) is not divisible by {size_flag} ({size}); change one "

@@ -30,6 +30,8 @@ BUILTIN = (
     "megatron_mm.families.qwen2_5_vl",
     "megatron_mm.families.qwen3_vl",
     "megatron_mm.families.qwen3_vl_moe",
+    "megatron_mm.families.qwen3_5",
+    "megatron_mm.families.qwen3_5_moe",
 )
 # Comma-separated modules of further families (each with a ``FAMILY``), importable from
 # ``sys.path`` (``PYTHONPATH``).

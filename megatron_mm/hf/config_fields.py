@@ -99,8 +99,11 @@ def language_fields() -> Tuple[Field, ...]:
               lambda v, c: v is None or c.model_type in mrope,
               "M-RoPE (an mrope_section) is implemented for the Qwen2-VL / Qwen2.5-VL text "
               f"models ({', '.join(mrope)}) only"),
-        Field("rope_parameters.partial_rotary_factor", one_of(1, 1.0),
-              "rotary embedding on part of each head is not implemented", 1.0),
+        Field("rope_parameters.partial_rotary_factor",
+              lambda v, c: v in (1, 1.0) or (text_model(c.model_type).partial_rotary
+                                             and 0 < v <= 1),
+              "rotary embedding on part of each head is implemented for the Qwen3.5 text "
+              "model only", 1.0),
         Field("hidden_act", one_of("silu"), "the language model's MLP is SwiGLU ('silu')"),
         Field("mlp_bias", one_of(False), "the language model's MLP has no biases", False),
         # Qwen2's q/k/v biases are its architecture (--add-qkv-bias); attention_bias

@@ -69,12 +69,16 @@ class TextModel:
     ``mrope_section``: M-RoPE, with this split of the rotary frequencies into temporal,
     height and width when the config names none (None: 1-D RoPE), ``mrope_interleaved``:
     those frequencies dealt to T, H, W in turn (Qwen3-VL, whatever the config says), and
-    ``windows_every_layer``: a ``sliding_window`` applies to every layer."""
+    ``windows_every_layer``: a ``sliding_window`` applies to every layer,
+    ``partial_rotary``: RoPE on a ``partial_rotary_factor`` of each head (the family maps
+    it onto --rotary-percent)."""
 
     flags: Tuple[str, ...] = ()
     mrope_section: Optional[Tuple[int, ...]] = None
     mrope_interleaved: bool = False
     windows_every_layer: bool = False
+    # rope_parameters.partial_rotary_factor (--rotary-percent) taken (Qwen3.5)
+    partial_rotary: bool = False
 
 
 def family_for(hf_config) -> Family:
@@ -97,7 +101,7 @@ def language_flags(text, where: str = "",
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     flags = {"num_layers": text.num_hidden_layers, "hidden_size": text.hidden_size,
-             "ffn_hidden_size": text.intermediate_size, "num_attention_heads": heads,
+             "num_attention_heads": heads,
              "group_query_attention": True,
              "num_query_groups": text.num_key_value_heads or heads,
              "kv_channels": head_dim,
@@ -105,6 +109,8 @@ def language_flags(text, where: str = "",
              "max_position_embeddings": longest_exact_sequence(text),
              "rotary_base": rope.get("rope_theta", 10000.0),
              "norm_epsilon": text.rms_norm_eps}
+    if getattr(text, "intermediate_size", None) is not None:  # none: MoE layers only
+        flags["ffn_hidden_size"] = text.intermediate_size
     flags.update({dest: True for dest in model.flags})
     flags.update(rope_scaling_flags(text, where))
     if model.mrope_section is not None:  # M-RoPE: the config's split, else the model's

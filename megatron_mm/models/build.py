@@ -6,6 +6,8 @@ import dataclasses
 
 from typing import Mapping, Optional
 
+import torch
+
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.vision.multimodal_projector import MultimodalProjector
 from megatron.core.process_groups_config import ProcessGroupCollection
@@ -24,6 +26,7 @@ from ..plan.pipeline.placement import ChunkPlacement, whole_model
 from .affine_projector import affine_projector_submodules
 from .fp8_emulation import emulate_fp8
 from .lora import apply_lora
+from .linear_attention import hybrid_layers, require_fla
 from .mrope_interleaved import InterleavedMultimodalRotaryEmbedding
 from .multimodal import MultimodalModel
 from .norms import SequenceParallelNorm
@@ -49,6 +52,8 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
     if placement is None:
         placement = whole_model_placement(config)
     lm = config.language
+    if lm.linear_attention is not None:
+        require_fla(torch.cuda.is_available())
     specs = get_layer_specs(settings.transformer_impl, qk_layernorm=lm.qk_layernorm,
                             context_parallel=settings.context_parallel_size > 1,
                             cp_attention=settings.cp_attention,
@@ -72,6 +77,7 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
         rotary_base=lm.rotary_base,
         rope_scaling=lm.rope_scaling,  # Llama 3.x's; YaRN's settings: lm_config's
         rope_scaling_factor=lm.rope_scaling_factor,
+        rotary_percent=lm.rotary_percent,  # Qwen3.5: a quarter of each head rotates
         pre_process=placement.llm_embed,
         post_process=placement.llm_head,
         vp_stage=vp_stage,
@@ -81,7 +87,8 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
     )
     if lm.mrope_interleaved:
         language_model.rotary_pos_emb = InterleavedMultimodalRotaryEmbedding(
-            kv_channels=lm_config.kv_channels, rotary_percent=1.0, rotary_base=lm.rotary_base)
+            kv_channels=lm_config.kv_channels, rotary_percent=lm.rotary_percent,
+            rotary_base=lm.rotary_base)
     encoders, projectors = {}, {}
     encoder_groups = encoder_process_groups(settings)
     for part in placement.encoders:
@@ -112,10 +119,16 @@ def language_block(specs: LayerSpecs, config, vp_stage: Optional[int]):
     ``moe_layer_freq`` pattern, at the layers' global numbers) and the final norm (the
     specs' own with the local impl: Megatron-Core's torch norm refuses sequence
     parallelism)."""
-    if specs.impl != "local" and specs.language_moe_layer is None:
+    hybrid = config.experimental_attention_variant == "gated_delta_net"
+    if specs.impl != "local" and specs.language_moe_layer is None and not hybrid:
         return specs.language_layer
     layers = [specs.language_layer] * config.num_layers
-    if specs.language_moe_layer is not None:
+    if hybrid:  # Gated DeltaNet layers where the pattern says 1 (linear_attention.py)
+        layers = hybrid_layers(config.linear_attention_freq, specs.language_layer,
+                               specs.language_moe_layer,
+                               config.moe_layer_freq if config.num_moe_experts else None,
+                               specs.impl)
+    elif specs.language_moe_layer is not None:
         layers = [specs.language_moe_layer if sparse else specs.language_layer
                   for sparse in config.moe_layer_freq]
     return TransformerBlockSubmodules(

@@ -562,8 +562,8 @@ class MultimodalModel(MegatronModule):
         """
         cpm = attention_mask if isinstance(attention_mask, ContextParallelMask) else None
         packed = None  # packed samples on TE's THD attention: no mask, their cu_seqlens
-        if isinstance(attention_mask, PackedSequences):
-            packed, attention_mask = attention_mask, None
+        if isinstance(attention_mask, PackedSequences):  # (a hybrid's local mask with it)
+            packed, attention_mask = attention_mask, attention_mask.mask
         media = media or {}
         if layout is None:
             local_mask = loss_mask if cpm is None else cpm.take_loss_mask(loss_mask)

@@ -15,6 +15,19 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 NORMS = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": torch.nn.RMSNorm}
 
 
+class ZeroCenteredRMSNorm(torch.nn.RMSNorm):
+    """RMSNorm scaling by 1 + weight (weight starts at 0): Megatron-Core's
+    ``layernorm_zero_centered_gamma`` (Megatron-LM's --apply-layernorm-1p), Qwen3.5's norms."""
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            torch.nn.init.zeros_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.rms_norm(x.float(), self.normalized_shape, None, self.eps)
+        return (y * (1.0 + self.weight.float())).to(x.dtype)
+
+
 class SequenceParallelNorm:
     """Builds ``torch.nn.LayerNorm`` or ``torch.nn.RMSNorm`` (``config.normalization``), its
     parameters marked ``sequence_parallel = config.sequence_parallel`` (called like
@@ -23,14 +36,19 @@ class SequenceParallelNorm:
     def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5,
                 persist_layer_norm: bool = False, zero_centered_gamma: bool = False,
                 normalization: str = "LayerNorm") -> torch.nn.Module:
-        for flag in ("layernorm_zero_centered_gamma", "persist_layer_norm",
-                     "memory_efficient_layer_norm"):
+        for flag in ("persist_layer_norm", "memory_efficient_layer_norm"):
             if getattr(config, flag, False):
                 raise ValueError(f"{flag} is not supported by the torch norm")
         if config.normalization not in NORMS:
             raise ValueError(f"normalization {config.normalization!r}: the torch norm knows "
                              f"{sorted(NORMS)}")
-        norm = NORMS[config.normalization](hidden_size, eps=eps)
+        kind = NORMS[config.normalization]
+        if getattr(config, "layernorm_zero_centered_gamma", False):
+            if config.normalization != "RMSNorm":
+                raise ValueError("layernorm_zero_centered_gamma: the torch norm has it for "
+                                 "RMSNorm only")
+            kind = ZeroCenteredRMSNorm
+        norm = kind(hidden_size, eps=eps)
         for param in norm.parameters():
             param.sequence_parallel = config.sequence_parallel
         return norm

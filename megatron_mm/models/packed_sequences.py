@@ -42,6 +42,9 @@ class PackedSequences(PackedSeqParams):
     attention keep it on the unpacked [S, 1, ...] layout (module docstring)."""
 
     thd: Optional[PackedSeqParams] = None
+    # The dense block-diagonal mask of the local full-attention layers of a hybrid LLM,
+    # whose Gated DeltaNet layers take ``thd`` (models/linear_attention.py); None: TE's THD.
+    mask: Optional[torch.Tensor] = None
 
     def to(self, device) -> "PackedSequences":
         cu = to_device(self.thd.cu_seqlens_q, device)

@@ -20,6 +20,7 @@ from ..config import LanguageModelConfig, ProjectorConfig
 from ..plan.fp8 import Fp8Settings
 from ..plan.pipeline.placement import ChunkPlacement, stack_layout
 from .fusions import Fusions
+from .linear_attention import gdn_transformer_fields
 from .mirrored_layout import MirroredLayout
 
 
@@ -175,6 +176,9 @@ def language_transformer_config(lm: LanguageModelConfig, s: BuildSettings) -> Tr
         add_qkv_bias=lm.add_qkv_bias,
         qk_layernorm=lm.qk_layernorm,
         mrope_section=list(lm.mrope_section) if lm.mrope else None,
+        attention_output_gate=lm.attention_output_gate,
+        layernorm_zero_centered_gamma=lm.apply_layernorm_1p,
+        **gdn_transformer_fields(lm),
         **common,
         **s.fp8_fields("llm"),
         **_te_context_parallel(s),
@@ -211,6 +215,8 @@ def moe_fields(lm: LanguageModelConfig, s: BuildSettings) -> dict:
         moe_aux_loss_coeff=moe.aux_loss_coeff,
         moe_token_dispatcher_type=moe.token_dispatcher_type,
         moe_grouped_gemm=moe.grouped_gemm,
+        moe_shared_expert_intermediate_size=moe.shared_expert_intermediate_size,
+        moe_shared_expert_gate=moe.shared_expert_gate,
         expert_model_parallel_size=s.expert_model_parallel_size,
         expert_tensor_parallel_size=(s.expert_tensor_parallel_size
                                      or s.tensor_model_parallel_size),

@@ -61,6 +61,11 @@ PATCHES: tuple[Patch, ...] = (
     Patch("destroy_resets_embedding_ranks",
           "megatron.core.parallel_state.destroy_model_parallel", "destroy_resets_embedding_ranks",
           needed_when=ALWAYS),
+    Patch("gated_delta_net", "megatron.core.ssm.gated_delta_net.common.HAVE_FLA, causal_conv1d,"
+          " l2norm, chunk_gated_delta_rule (and gdn.py's bindings), _GDNBase's jit_fuser"
+          " methods", "gated_delta_net"),
+    Patch("output_gate_eager", "megatron.core.transformer.attention.Attention._apply_output_gate"
+          " (jit_fuser)", "output_gate_eager"),
 )
 
 _applied: list[str] = []

@@ -20,6 +20,8 @@ from ..plan.context_parallel.cp_assignment import BLOCK_OVERHEAD
 from ..plan.pipeline.partition import parse_partition_flag
 from .fp8_args import fp8_args, validate_fp8_args
 from .fusion_args import add_fusion_args
+from .linear_attention_args import CHECKPOINT_FLAGS as LINEAR_ATTENTION_FLAGS
+from .linear_attention_args import GDN_CP_REFUSAL, add_linear_attention_args
 from .logging_args import logging_args, validate_logging_args
 from .model_config import build_model_config
 from .lora_args import add_lora_args, lora_config, lora_flags_from_checkpoint
@@ -84,6 +86,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="Do not round YaRN correction range endpoints to integers")
     g.add_argument("--add-qkv-bias", action="store_true")
     g.add_argument("--qk-layernorm", action="store_true")
+    add_linear_attention_args(g)  # Qwen3.5's hybrid LLM (linear_attention_args.py)
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     g.add_argument("--norm-epsilon", type=float, default=1e-6)
     g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
@@ -451,6 +454,8 @@ def validate_args(args: argparse.Namespace,
     cp = args.context_parallel_size
     if cp < 1:
         raise ConfigError("--context-parallel-size must be >= 1")
+    if cp > 1 and args.experimental_attention_variant is not None:
+        raise ConfigError(GDN_CP_REFUSAL.format(cp=cp))
     if args.context_parallel_block < 1:
         raise ConfigError("--context-parallel-block must be >= 1")
     if args.context_parallel_block_overhead < 0:
@@ -657,7 +662,8 @@ CHECKPOINT_FLAGS = (
     "audio_pool_stride", "audio_norm_epsilon", "audio_projector_type", "audio_token_id",
     "image_token_id", "tokenizer_type", "tokenizer_model", "image_processor_config",
     "num_experts", "moe_ffn_hidden_size", "moe_layer_freq", "moe_router_topk",
-    "moe_router_pre_softmax",
+    "moe_router_pre_softmax", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
+    *LINEAR_ATTENTION_FLAGS,
 ) + tuple(dest for f in FAMILIES.values() for dest in f.checkpoint_flags)
 # Saved relative to the checkpoint directory (files the converter put there).
 CHECKPOINT_PATH_FLAGS = ("tokenizer_model", "image_processor_config")

@@ -3,6 +3,7 @@ with ``--context-parallel-size`` > 1, this CP rank's share of the tokens."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Mapping, Optional, Union
 
@@ -32,6 +33,8 @@ class AttentionSettings:
     cp_attention: str = "ours"  # CPAttentionChoice.kind (models/attention_choice.py)
     vision_dp_when_cp: bool = False  # each CP rank encodes a share of the items
     packed_thd: bool = False  # packed rows go to TE's THD attention (specs.uses_thd)
+    # Gated DeltaNet layers: packed rows carry their cu_seqlens to them on either path
+    linear_attention: bool = False
 
     @classmethod
     def from_config(cls, config, tokenizer, cp_attention: str = "ours") -> "AttentionSettings":
@@ -52,7 +55,8 @@ class AttentionSettings:
         return cls(media, parallel.media_attention, parallel.context_parallel_size,
                    parallel.context_parallel_assignment, parallel.context_parallel_block,
                    parallel.context_parallel_block_overhead, cp_attention,
-                   parallel.vision_dp_when_cp, thd)
+                   parallel.vision_dp_when_cp, thd,
+                   config.model_config.language.linear_attention is not None)
 
     def encoder_cp(self, split: bool = True) -> Optional[EncoderCP]:
         """The CP group the encoders' items are split over (``--vision-dp-when-cp``), or
@@ -84,8 +88,13 @@ class AttentionSettings:
         if cp == 1:
             dev = tokens.device if device is None else device
             if self.cp_attention == "flex":  # the codes alone: its block mask comes from them
-                return MaskCodes(to_device(torch.from_numpy(codes), dev))
-            return dense_mask(codes, dev)
+                mask = MaskCodes(to_device(torch.from_numpy(codes), dev))
+            else:
+                mask = dense_mask(codes, dev)
+            if self.linear_attention and "cu_seqlens" in batch:  # the GDN layers' samples
+                return dataclasses.replace(packed_sequences(batch["cu_seqlens"]).to(dev),
+                                           mask=mask)
+            return mask
         cpm = context_parallel_mask(
             codes, self.context_parallel_size, parallel_state.get_context_parallel_rank(),
             self.assignment, self.block, parallel_state.get_context_parallel_group(),

@@ -199,12 +199,30 @@ def _validate_gemm_dims(args: argparse.Namespace, modules) -> None:
             if proj.projector_type == "mlp":
                 checks.append((f"{name}-projector", (proj.ffn_hidden_size or lm.hidden_size)
                                // tp, "--projector-ffn-hidden-size / TP"))
+    if "llm" in modules and lm.linear_attention is not None:
+        checks += _gdn_gemm_dims(lm.linear_attention, tp, align)
     for module, width, what in checks:
         if width % align:
             raise ConfigError(f"--fp8-modules {module}: {what} ({width}) must be a multiple of "
                               f"{align} (FP8 GEMM input width, --fp8-recipe "
                               f"{args.fp8_recipe}); change it or keep {module} out of "
                               "--fp8-modules")
+
+
+def _gdn_gemm_dims(la, tp: int, align: int) -> list:
+    """The Gated DeltaNet layers' FP8 shapes: ``out_proj``'s input (the value heads' width
+    per TP shard) as every FP8 GEMM's, and Megatron-Core's own rule on ``in_proj``'s output
+    (q, k, v, gate, beta, alpha together; ``_GDNBase.__init__`` asserts it)."""
+    key = la.linear_key_head_dim * la.linear_num_key_heads
+    value = la.linear_value_head_dim * la.linear_num_value_heads
+    in_proj = 2 * key + 2 * value + 2 * la.linear_num_value_heads
+    if in_proj % align:
+        raise ConfigError(
+            f"--fp8-modules llm: the Gated DeltaNet in_proj's output width 2 x (key heads x "
+            f"dim + value heads x dim + --linear-num-value-heads) = {in_proj} must be a "
+            f"multiple of {align} (Megatron-Core's GDN FP8 rule); change the --linear-* "
+            "sizes or keep llm out of --fp8-modules")
+    return [("llm", value // tp, "--linear-value-head-dim x --linear-num-value-heads / TP")]
 
 
 def _validate_media_alignment(args: argparse.Namespace, modules) -> None:

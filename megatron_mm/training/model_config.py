@@ -15,6 +15,7 @@ from ..config import (
     YarnConfig,
 )
 from ..families import SLOTS, family
+from .linear_attention_args import linear_attention_config
 from .moe_args import moe_config
 
 
@@ -45,6 +46,10 @@ def build_model_config(model, moe=None) -> MultimodalModelConfig:
         norm_epsilon=model.norm_epsilon,
         make_vocab_size_divisible_by=model.make_vocab_size_divisible_by,
         moe=moe_config(moe, model),
+        rotary_percent=model.rotary_percent,
+        attention_output_gate=model.attention_output_gate,
+        apply_layernorm_1p=model.apply_layernorm_1p,
+        linear_attention=linear_attention_config(model),
     )
     encoders, projectors = {}, {}
     for slot in SLOTS:  # vision first: the chain's (and checkpoints') encoder order

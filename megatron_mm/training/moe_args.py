@@ -82,6 +82,11 @@ def add_moe_args(p: argparse.ArgumentParser) -> None:
                    help="all local experts in one grouped GEMM (Transformer Engine's "
                         "TEGroupedMLP: --transformer-impl transformer_engine on CUDA); "
                         "default: one MLP per expert (SequentialMLP)")
+    g.add_argument("--moe-shared-expert-intermediate-size", type=int, default=None,
+                   help="a shared expert of this hidden size beside the routed ones, run "
+                        "for every token (Qwen3.5-MoE); default: none")
+    g.add_argument("--moe-shared-expert-gate", action="store_true",
+                   help="scale the shared expert's output by a sigmoid gate of the token")
     g.add_argument("--moe-per-layer-logging", action="store_true",
                    help="also write each MoE layer's load-balancing loss to TensorBoard "
                         "(moe/load_balancing_loss_layer_<i>)")
@@ -112,7 +117,9 @@ def moe_config(moe, model) -> Optional[MoEConfig]:
         aux_loss_coeff=moe.moe_aux_loss_coeff,
         layer_freq=freq if isinstance(freq, int) else tuple(freq),
         token_dispatcher_type=moe.moe_token_dispatcher_type,
-        grouped_gemm=moe.moe_grouped_gemm)
+        grouped_gemm=moe.moe_grouped_gemm,
+        shared_expert_intermediate_size=moe.moe_shared_expert_intermediate_size,
+        shared_expert_gate=moe.moe_shared_expert_gate)
 
 
 # Flags that only mean something with --num-experts: their parser defaults.
@@ -120,6 +127,7 @@ MOE_ONLY = {"moe_ffn_hidden_size": None, "moe_layer_freq": 1, "moe_router_topk":
             "moe_router_pre_softmax": False, "moe_router_load_balancing_type": "aux_loss",
             "moe_aux_loss_coeff": 0.0, "moe_token_dispatcher_type": "allgather",
             "moe_grouped_gemm": False, "moe_per_layer_logging": False,
+            "moe_shared_expert_intermediate_size": None, "moe_shared_expert_gate": False,
             "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None}
 
 

@@ -33,6 +33,7 @@ from ..data.item_tags import MissingTagToken, describe as describe_tags, tag_req
 from ..families import family_of
 from ..models import model_chain
 from ..models.attention_backends import attention_backend_lines
+from ..models.linear_attention import describe_linear_attention
 from .attention import AttentionSettings
 from .checkpointing import load_checkpoint, locate_checkpoint, save_checkpoint, saved_args
 from .encoder_executor import build_executor
@@ -153,6 +154,8 @@ class Trainer:
         train_ds, valid_ds = build_datasets(config, tokenizer)
         attention = AttentionSettings.from_config(config, tokenizer, cp.kind)
         print_rank_0(f"> LLM attention: {cp.reason}")
+        if model_config.language.linear_attention is not None:
+            print_rank_0(f"> {describe_linear_attention(model_config.language)}")
         if config.fp8_settings is not None:
             print_rank_0(f"> {config.fp8_settings.describe()}")
         print_rank_0(f"> building multimodal model ({transformer_impl(config.model)} "

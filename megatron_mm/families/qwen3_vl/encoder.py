@@ -25,10 +25,11 @@ DEEPSTACK_VISUAL_INDEXES = (8, 16, 24)
 def add_arguments(g) -> None:
     # The shared native-resolution flags (merge, temporal patch, rope theta, pixel bounds,
     # video token) are the qwen2_5_vl family's.
-    g.add_argument("--vision-deepstack-visual-indexes", type=int, nargs="+", default=None,
+    g.add_argument("--vision-deepstack-visual-indexes", type=int, nargs="*", default=None,
                    help="qwen3_vl: 0-based tower layers whose outputs, each through its own "
                         "merger, are added to the LLM's hidden state after its first layers "
-                        "(one LLM layer each; default 8 16 24, those below the last layer)")
+                        "(one LLM layer each; default 8 16 24, those below the last layer; "
+                        "the flag with no value: no DeepStack, Qwen3.5's tower)")
     g.add_argument("--vision-num-position-embeddings", type=int, default=2304,
                    help="qwen3_vl: rows of the learned position table (a square), resized "
                         "to each image's grid")
