@@ -22,7 +22,10 @@ What each replaces, and why it cannot matter on a CPU:
 * ``megatron.core.rerun_state_machine`` (which only Megatron-LM's ``train_step`` runs):
   ``_save_state`` / ``_restore_state``'s CUDA RNG state, as in ``checkpointing.py``.
 * ``utils/common_utils.py``: ``device='cuda'`` factories (grad norms, the loss report);
-  ``report_memory``'s ``torch.cuda.memory_*``: 0 bytes.
+  ``report_memory``'s ``torch.cuda.memory_*``: 0 bytes; ``get_device_arch_version`` (also
+  bound in ``arguments.py``, where ``validate_args`` asks it at TP or CP > 1 whether the
+  GPU needs ``CUDA_DEVICE_MAX_CONNECTIONS=1``): a CPU has no kernel queues to order, so it
+  answers as a device without that need (10, Blackwell's).
 """
 
 from __future__ import annotations
@@ -84,12 +87,19 @@ CUDA = {
 }
 
 
+def _no_queue_ordering_arch() -> int:
+    return 10
+
+
 def _patch(module) -> None:
-    module.torch = _torch_with(_Namespace(**CUDA[module.__name__]))
+    if module.__name__ in CUDA:
+        module.torch = _torch_with(_Namespace(**CUDA[module.__name__]))
     if module.__name__ == "megatron.training.training":
         module.set_jit_fusion_options = _nothing
+    if hasattr(module, "get_device_arch_version"):
+        module.get_device_arch_version = _no_queue_ordering_arch
 
 
 def apply() -> None:
-    for name in CUDA:
+    for name in (*CUDA, "megatron.training.arguments", "megatron.training.utils"):
         after_import(name, _patch)
