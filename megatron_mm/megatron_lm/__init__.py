@@ -21,7 +21,8 @@ from .arguments import add_args, run_config_from_args, shared_flags  # noqa: E40
 from .context import RunContext, run_context  # noqa: E402
 from .datasets import train_valid_test_datasets_provider  # noqa: E402
 from .forward_step import forward_step  # noqa: E402
-from .model_provider import model_provider_for  # noqa: E402
+from .model_provider import language_layer_spec, model_provider_for  # noqa: E402
 
-__all__ = ["RunContext", "add_args", "forward_step", "model_provider_for", "run_config_from_args",
-           "run_context", "shared_flags", "train_valid_test_datasets_provider"]
+__all__ = ["RunContext", "add_args", "forward_step", "language_layer_spec", "model_provider_for",
+           "run_config_from_args", "run_context", "shared_flags",
+           "train_valid_test_datasets_provider"]

@@ -54,6 +54,13 @@ def _tokenizer(value):
                       "--tokenizer-model")
 
 
+def _cp_comm_type(value):
+    """Megatron-LM's default ``['p2p']`` is its TE attention's default, given or not: the
+    package's CP attention (which takes none) then runs where TE's cannot."""
+    value = _one("cp-comm-type")(value)
+    return None if value == "p2p" else value
+
+
 def _list_or_none(value):
     return list(value) if value else None
 
@@ -61,7 +68,7 @@ def _list_or_none(value):
 CONVERSIONS: Dict[str, Callable[[Any], Any]] = {
     "attention_backend": _name,
     "exit_signal": _name,
-    "cp_comm_type": _one("cp-comm-type"),
+    "cp_comm_type": _cp_comm_type,
     "moe_aux_loss_coeff": _one("moe-aux-loss-coeff"),
     "moe_router_load_balancing_type": _one("moe-router-load-balancing-type"),
     "valid_data_path": _one("valid-data-path"),

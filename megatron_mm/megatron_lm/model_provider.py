@@ -25,7 +25,10 @@ from megatron.core import parallel_state
 from ..config import ConfigError
 from ..families import modalities_of
 from ..models.build import chunk_layer_ids, layer_specs, wrap_language_model
+from ..models.cp_attention import ContextParallelAttention
+from ..models.flex_attention import FlexAttention
 from ..models.multimodal import MultimodalModel
+from ..models.specs import language_layer_for
 from ..training.build_settings import build_settings
 from .context import run_context
 
@@ -57,6 +60,7 @@ def model_provider_for(language_model_provider: Callable) -> Callable:
                                pg_collection=pg_collection)
         _check_language_model(language_model, placement, vp_stage, index)
         settings = build_settings(run.config, run.plan.placements)
+        _check_core_attention(language_model, settings)
         if pp > 1:  # micro-batches are padded to their own longest sample
             language_model.config.variable_seq_lengths = True
         media_ids = {m: run.tokenizer.media_token_id(m)
@@ -87,3 +91,40 @@ def _check_language_model(language_model, placement, vp_stage, index: int) -> No
             f"post_process ({language_model.pre_process}, {language_model.post_process}) "
             f"differ from the plan's ({placement.llm_embed}, {placement.llm_head}): build "
             "the GPT with the pre_process and post_process Megatron-LM passes")
+
+
+def language_layer_spec(spec):
+    """The user's GPT layer spec (a ``ModuleSpec`` of one layer, or a block spec's
+    ``TransformerBlockSubmodules``, as ``get_gpt_decoder_block_spec`` gives for MoE) with
+    the core attention and mask type this run needs (``models/specs.py:
+    language_layer_for``): the package's CP attention under --context-parallel-size > 1
+    (any mask, any token assignment), FlexAttention, TE's THD attention over packed rows;
+    the spec unchanged where the run needs none of them. Call it inside the language
+    model provider, once Megatron-LM has parsed the flags."""
+    settings = build_settings(run_context().config)
+    adapt = lambda layer: language_layer_for(  # noqa: E731
+        layer, settings.transformer_impl, settings.context_parallel_size > 1,
+        settings.cp_attention, settings.media_attention, settings.packed)
+    if hasattr(spec, "layer_specs"):  # a block spec: each of its layers
+        import dataclasses
+
+        return dataclasses.replace(spec, layer_specs=[adapt(s) for s in spec.layer_specs])
+    return adapt(spec)
+
+
+def _check_core_attention(language_model, settings) -> None:
+    """The GPT's layers hold the core attention the run needs (its spec went through
+    ``language_layer_spec``): one error naming the fix, never a silent other attention."""
+    needed = (FlexAttention if settings.cp_attention == "flex" else
+              ContextParallelAttention if settings.context_parallel_size > 1
+              and settings.cp_attention == "ours" else None)
+    if needed is None:
+        return
+    for layer in getattr(language_model.decoder, "layers", ()):
+        core = type(layer.self_attention.core_attention)
+        if not issubclass(core, needed):
+            raise ConfigError(
+                f"the language model's layer {layer.layer_number} attends with "
+                f"{core.__name__}, this run needs {needed.__name__} (--context-parallel-size "
+                f"{settings.context_parallel_size}, attention {settings.cp_attention}): build "
+                "the GPT's layer spec with megatron_mm.megatron_lm.language_layer_spec(spec)")
