@@ -108,7 +108,7 @@ def run_ours(argv: list) -> dict:
 
 def run_steps(rank: int, steps: list) -> list:
     """Each ``(kind, argv)`` in turn ("ours" or "megatron_lm"), its output captured."""
-    from tests.script_runs import captured_output
+    from script_runs import captured_output
 
     import time
 

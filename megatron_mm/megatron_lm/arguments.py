@@ -5,8 +5,7 @@ A flag Megatron-LM already has (the same option string, or the same attribute na
 Megatron-LM's: the package adds only its own, and reads the shared ones with Megatron-LM's
 meaning, converted where Megatron-LM stores the same value in another form (a one-element
 list, an enum member: ``CONVERSIONS``) or under another attribute (``ATTRIBUTES``).
-``tests/megatron_lm/test_arguments.py`` fails on any shared flag whose meaning differs.
-No torch import."""
+``tests/megatron_lm/test_arguments.py`` fails on any shared flag whose meaning differs."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ import copy
 from typing import Any, Callable, Dict, Optional
 
 from ..config import ConfigError
+from ..data.tokenizer import MEGATRON_LM_TOKENIZERS
 from ..training.arguments import build_parser, validate_args
 from ..training.run_config import RunConfig
 
@@ -41,9 +41,7 @@ def _name(value):  # Megatron-LM's enum members (AttnBackend, signal.Signals): t
 
 
 # Megatron-LM's tokenizers -> the package's: the one the data are encoded with
-TOKENIZERS = {"HuggingFaceTokenizer": "HuggingFaceTokenizer",
-              "SentencePieceTokenizer": "SentencePiece",
-              "GPTSentencePieceTokenizer": "SentencePiece"}
+TOKENIZERS = MEGATRON_LM_TOKENIZERS
 
 
 def _tokenizer(value):
