@@ -57,6 +57,7 @@ def language_model_provider(pre_process=True, post_process=True, vp_stage=None, 
 
 def main() -> None:
     args = parse_and_validate_args(extra_args_provider=mm.add_args)
+    mm.check_args(args)  # the package's flags: a bad one exits with one line from rank 0
     pretrain(pretrain_cfg_container_from_args(args), mm.train_valid_test_datasets_provider,
              ModelType.encoder_or_decoder, mm.forward_step,
              mm.model_provider_for(language_model_provider))

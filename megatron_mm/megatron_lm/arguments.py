@@ -17,6 +17,7 @@ from ..config import ConfigError
 from ..data.tokenizer import MEGATRON_LM_TOKENIZERS
 from ..training.arguments import build_parser, validate_args
 from ..training.run_config import RunConfig
+from ..training.user_errors import exit_with_user_error
 
 GROUP_TITLE = "megatron_mm (multimodal: encoders, projectors, data, schedules)"
 
@@ -62,6 +63,14 @@ def _cp_comm_type(value):
 def _list_or_none(value):
     return list(value) if value else None
 
+
+# The package's choices Megatron-LM's flag of the same name cannot give (its parser refuses
+# them): what the package cannot do under Megatron-LM's loop, and why
+NOT_REACHABLE = {
+    "attention_backend": {"flex": "Megatron-LM's --attention-backend is its AttnBackend enum"},
+    "tokenizer_type": {"MistralV1SentencePiece": "pass --tokenizer-type "
+                       "SentencePieceTokenizer --tokenizer-model FILE"},
+}
 
 CONVERSIONS: Dict[str, Callable[[Any], Any]] = {
     "attention_backend": _name,
@@ -131,3 +140,18 @@ def run_config_from_args(args: argparse.Namespace,
         values["eval_interval"] = max(values.get("train_iters") or 1, 1)
     world = world_size if world_size is not None else getattr(args, "world_size", None)
     return RunConfig.from_flags(validate_args(argparse.Namespace(**values), world))
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """After Megatron-LM's ``parse_and_validate_args``, before ``pretrain``: the package's
+    flags checked together with Megatron-LM's; a bad one exits every rank with one line
+    from rank 0 (status 2), before any process group exists."""
+    try:
+        if args.dataloader_type != "external":
+            raise ConfigError(
+                f"--dataloader-type {args.dataloader_type}: the package's data are batched "
+                "by its own collate, balancer or Energon loader: pass --dataloader-type "
+                "external")
+        run_config_from_args(args)
+    except ConfigError as e:
+        exit_with_user_error(e)
