@@ -62,11 +62,14 @@ PATCHES: tuple[Patch, ...] = (
     Patch("destroy_resets_embedding_ranks",
           "megatron.core.parallel_state.destroy_model_parallel", "destroy_resets_embedding_ranks",
           needed_when=ALWAYS),
-    Patch("typing_override", "typing.override (Python 3.12), imported by megatron.training."
-          "models.gpt / hybrid", "typing_override", needed_when=PY311),
-    Patch("training_cuda", "module-global `torch` of megatron.training.initialize, training,"
-          " checkpointing, utils.common_utils (CUDA asserts, device_count gates, streams,"
-          " device='cuda' factories); training.set_jit_fusion_options", "training_cuda"),
+    Patch("typing_override", "typing.override (Python 3.12), imported by"
+          " megatron.training.models.gpt, megatron.training.models.hybrid", "typing_override",
+          needed_when=PY311),
+    Patch("training_cuda", "module-global `torch` of megatron.training.initialize,"
+          " megatron.training.training, megatron.training.checkpointing,"
+          " megatron.training.utils.common_utils, megatron.core.rerun_state_machine;"
+          " megatron.training.training.set_jit_fusion_options,"
+          " megatron.training.utils.common_utils.get_device_arch_version", "training_cuda"),
     Patch("prebuilt_helpers", "megatron.core.datasets.utils.compile_helpers (the wheel's"
           " helpers_cpp is prebuilt, its Makefile absent)", "prebuilt_helpers",
           needed_when=ALWAYS),

@@ -1,5 +1,7 @@
 """Megatron-LM's training loop (``megatron.training``, megatron-core 0.19.2's wheel) on a
-machine without CUDA: the CUDA calls of its modules, each module's own name ``torch``
+machine without CUDA: the CUDA calls of ``megatron.training.initialize``,
+``megatron.training.training``, ``megatron.training.checkpointing``,
+``megatron.training.utils.common_utils`` and ``megatron.core.rerun_state_machine``, each module's own name ``torch``
 replaced by a proxy (as ``cuda_literals`` does for Megatron-Core's), applied when the
 module is imported (``after_import``).
 
@@ -14,7 +16,7 @@ What each replaces, and why it cannot matter on a CPU:
   dicts, the exit-duration and data-flag broadcasts): CPU tensors; ``get_model``'s
   ``torch.cuda.Stream()`` / ``torch.cuda.stream(...)`` around the DDP wrap: a do-nothing
   stream and context (CPU work has one order); ``empty_cache``: nothing to free;
-  ``set_jit_fusion_options``: its warm-up only pre-compiles the GPU fusions, so it is
+  ``megatron.training.training.set_jit_fusion_options``: its warm-up only pre-compiles the GPU fusions, so it is
   skipped (the fusions compile on their first use, as without the warm-up).
 * ``checkpointing.py``: ``torch.cuda.get_rng_state`` / ``set_rng_state`` in the saved RNG
   state: there is no CUDA generator (the CPU's, saved beside it, is the one in use);
@@ -22,7 +24,8 @@ What each replaces, and why it cannot matter on a CPU:
 * ``megatron.core.rerun_state_machine`` (which only Megatron-LM's ``train_step`` runs):
   ``_save_state`` / ``_restore_state``'s CUDA RNG state, as in ``checkpointing.py``.
 * ``utils/common_utils.py``: ``device='cuda'`` factories (grad norms, the loss report);
-  ``report_memory``'s ``torch.cuda.memory_*``: 0 bytes; ``get_device_arch_version`` (also
+  ``report_memory``'s ``torch.cuda.memory_*``: 0 bytes;
+  ``megatron.training.utils.common_utils.get_device_arch_version`` (also
   bound in ``arguments.py``, where ``validate_args`` asks it at TP or CP > 1 whether the
   GPU needs ``CUDA_DEVICE_MAX_CONNECTIONS=1``): a CPU has no kernel queues to order, so it
   answers as a device without that need (10, Blackwell's).

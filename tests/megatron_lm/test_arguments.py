@@ -81,7 +81,7 @@ def test_shared_flags_mean_the_same():
 def test_run_config_from_megatron_lm_args():
     parser = mm_args.add_args(megatron_lm_parser(vlm_flags=True))
     argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
-            "--seq-length", "64", "--norm-epsilon", "1e-6", "--vision-num-layers", "3",
+            "--seq-length", "64", "--norm-epsilon", "1e-4", "--vision-num-layers", "3",
             "--cp-comm-type", "p2p", "--tensor-model-parallel-size", "2", "--freeze-ViT",
             "--attention-backend", "unfused", "--tokenizer-type", "SentencePieceTokenizer",
             "--transformer-impl", "local", "--train-iters", "5", "--lr", "1e-3",
@@ -89,7 +89,7 @@ def test_run_config_from_megatron_lm_args():
     args = parser.parse_args(argv)
     args.world_size, args.micro_batch_size, args.global_batch_size = 2, 1, 1
     config = mm_args.run_config_from_args(args)
-    assert config.model.norm_epsilon == 1e-6  # Megatron-LM's layernorm_epsilon
+    assert config.model.norm_epsilon == 1e-4  # Megatron-LM's layernorm_epsilon
     assert config.model.attention_backend == "unfused"
     assert config.parallel.cp_comm_type is None  # Megatron-LM's default: not TE's here
     assert config.model_config.encoders["vision"].num_layers == 3
