@@ -46,7 +46,8 @@ def language_model_provider(pre_process=True, post_process=True, vp_stage=None, 
         spec = get_gpt_layer_local_spec(qk_layernorm=args.qk_layernorm,
                                         normalization=args.normalization)
     return GPTModel(
-        config=config, transformer_layer_spec=mm.language_layer_spec(spec), vocab_size=args.padded_vocab_size,
+        config=config, transformer_layer_spec=mm.language_layer_spec(spec),
+        vocab_size=args.padded_vocab_size,
         max_sequence_length=args.max_position_embeddings, pre_process=pre_process,
         post_process=post_process, parallel_output=True,
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,

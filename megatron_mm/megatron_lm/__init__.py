@@ -24,6 +24,7 @@ from .datasets import train_valid_test_datasets_provider  # noqa: E402
 from .forward_step import forward_step  # noqa: E402
 from .model_provider import language_layer_spec, model_provider_for  # noqa: E402
 
-__all__ = ["RunContext", "add_args", "check_args", "forward_step", "language_layer_spec", "model_provider_for",
+__all__ = ["RunContext", "add_args", "check_args", "forward_step", "language_layer_spec",
+           "model_provider_for",
            "run_config_from_args", "run_context", "shared_flags",
            "train_valid_test_datasets_provider"]

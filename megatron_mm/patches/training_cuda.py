@@ -1,7 +1,8 @@
 """Megatron-LM's training loop (``megatron.training``, megatron-core 0.19.2's wheel) on a
 machine without CUDA: the CUDA calls of ``megatron.training.initialize``,
 ``megatron.training.training``, ``megatron.training.checkpointing``,
-``megatron.training.utils.common_utils`` and ``megatron.core.rerun_state_machine``, each module's own name ``torch``
+``megatron.training.utils.common_utils`` and ``megatron.core.rerun_state_machine``, each
+module's own name ``torch``
 replaced by a proxy (as ``cuda_literals`` does for Megatron-Core's), applied when the
 module is imported (``after_import``).
 
@@ -16,7 +17,8 @@ What each replaces, and why it cannot matter on a CPU:
   dicts, the exit-duration and data-flag broadcasts): CPU tensors; ``get_model``'s
   ``torch.cuda.Stream()`` / ``torch.cuda.stream(...)`` around the DDP wrap: a do-nothing
   stream and context (CPU work has one order); ``empty_cache``: nothing to free;
-  ``megatron.training.training.set_jit_fusion_options``: its warm-up only pre-compiles the GPU fusions, so it is
+  ``megatron.training.training.set_jit_fusion_options``: its warm-up only pre-compiles
+  the GPU fusions, so it is
   skipped (the fusions compile on their first use, as without the warm-up).
 * ``checkpointing.py``: ``torch.cuda.get_rng_state`` / ``set_rng_state`` in the saved RNG
   state: there is no CUDA generator (the CPU's, saved beside it, is the one in use);

@@ -65,7 +65,8 @@ def test_shared_flags_mean_the_same():
             assert other.nargs == ours.nargs, flag
         default = other.default if other.default is not None else ours.default
         if other.type not in (ours.type, None, str) and default is not None:
-            text = str(getattr(default, "name", default))  # both parsers' types read the same text alike
+            # both parsers' types read the same text alike
+            text = str(getattr(default, "name", default))
             assert convert(other.type(text)) == (ours.type or str)(text), flag
         if ours.choices and other.choices:  # (None: their parser takes any value)
             reachable = set()

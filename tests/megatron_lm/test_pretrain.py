@@ -4,16 +4,15 @@ ranks equals ``examples/pretrain_mllm.py`` from the same initial checkpoint, los
 gradient norms: TP=2; PP=2 (Megatron-Core's schedule); CP=2 with bidirectional media;
 DP=2 with --data-balance. A user GPT that is not Llama-shaped (LayerNorm, GELU, biases)
 at TP=2 and an MoE GPT at EP=2 equal the same script at TP=1 / EP=1 from the state
-after one TP=1 iteration (examples/pretrain_mllm.py builds only its Llama-shaped LLM). A checkpoint goes both ways:
+after one TP=1 iteration (examples/pretrain_mllm.py builds only its Llama-shaped LLM).
+A checkpoint goes both ways:
 ours -> Megatron-LM -> ours resumes with the uninterrupted losses. All in one launch of
 two ranks (tests/megatron_lm_runs.py), run once for the module."""
-
-import os
 
 import pytest
 from balanced_runs import small_digits
 from dist_harness import run_distributed
-from megatron_lm_runs import megatron_lm_flags, ours_flags, run_steps
+from megatron_lm_runs import LLAMA, megatron_lm_flags, ours_flags, run_steps
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
@@ -42,8 +41,7 @@ def runs(digits_dir, tmp_path_factory):
         steps[f"{name}/megatron_lm"] = ("megatron_lm", megatron_lm_flags(
             *data, *ITERS, *from_init, *flags))
     for name, llm, flags in (("not_llama", NOT_LLAMA, PARALLEL["tp2"]),
-                             ("moe", ["--swiglu", "--disable-bias-linear", "--position-embedding-type", "rope", "--normalization",
-                                      "RMSNorm", *MOE], ["--expert-model-parallel-size", "2"])):
+                             ("moe", [*LLAMA, *MOE], ["--expert-model-parallel-size", "2"])):
         # its initial state: one iteration at TP=1 / EP=1 (Megatron-LM saves none before)
         start, four = str(root / name), [*data, "--train-iters", "4", "--no-load-rng"]
         steps[f"{name}/init"] = ("megatron_lm", megatron_lm_flags(
