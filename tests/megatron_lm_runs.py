@@ -45,11 +45,14 @@ def ours_flags(*extra: str) -> list:
     return TINY + list(extra)
 
 
-def megatron_lm_flags(*extra: str, llm=LLAMA) -> list:
+def megatron_lm_flags(*extra: str, llm=LLAMA, model=TINY) -> list:
+    """``model``'s flags (default the tiny model's) for the example script, the LLM's shape
+    as ``llm`` says, Megatron-LM's settings and the package's default tokenizer file (a
+    later ``--tokenizer-type`` / ``--tokenizer-model`` in ``extra`` wins)."""
     from megatron_mm.data.tokenizer import default_tokenizer_model
 
-    return TINY + list(llm) + MEGATRON_LM + ["--tokenizer-model", default_tokenizer_model()] \
-        + list(extra)
+    return list(model) + list(llm) + MEGATRON_LM + [
+        "--tokenizer-model", default_tokenizer_model()] + list(extra)
 
 
 def _script():

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
+import sys
 from typing import Any, Callable, Dict, Optional
 
 from ..config import ConfigError
@@ -48,6 +50,8 @@ TOKENIZERS = MEGATRON_LM_TOKENIZERS
 def _tokenizer(value):
     if value in TOKENIZERS:
         return TOKENIZERS[value]
+    if value in TOKENIZERS.values():  # the package's own name (its checkpoints save it)
+        return value
     raise ConfigError(f"--tokenizer-type {value}: the package encodes its samples (text with "
                       f"media placeholders) with one of {sorted(TOKENIZERS)} and "
                       "--tokenizer-model")
@@ -114,12 +118,15 @@ def shared_flags(parser: argparse.ArgumentParser) -> list:
     return _own_actions(parser)[1]
 
 
-def run_config_from_args(args: argparse.Namespace,
-                         world_size: Optional[int] = None) -> RunConfig:
+def run_config_from_args(args: argparse.Namespace, world_size: Optional[int] = None,
+                         argv: Optional[list] = None) -> RunConfig:
     """The package's validated RunConfig of Megatron-LM's parsed ``args`` (its own flags as
     ``add_args`` added them, the shared ones converted): a bad flag raises a ConfigError
     naming it. Megatron-LM's training loop runs the model, optimizer and schedule; the
-    RunConfig decides the encoders, projectors, data and attention."""
+    RunConfig decides the encoders, projectors, data and attention. With ``--load``, the
+    package's architecture flags not on the command line (``argv``, default
+    ``sys.argv[1:]``) come from the checkpoint, as in examples/pretrain_mllm.py (a
+    converted checkpoint names its encoders there)."""
     values = {}
     for action in build_parser()._actions:
         if not action.option_strings or "-h" in action.option_strings:
@@ -134,6 +141,8 @@ def run_config_from_args(args: argparse.Namespace,
         from ..training.moe_args import MOE_ONLY
 
         values.update(MOE_ONLY)
+    if values.get("load"):
+        _checkpoint_architecture(values, sys.argv[1:] if argv is None else argv)
     if values.get("virtual_pipeline_model_parallel_size") is not None:
         values["num_layers_per_virtual_pipeline_stage"] = None  # Megatron-LM derived it
     if values.get("eval_interval") is None:
@@ -155,3 +164,53 @@ def check_args(args: argparse.Namespace) -> None:
         run_config_from_args(args)
     except ConfigError as e:
         exit_with_user_error(e)
+
+
+def _given(argv: list) -> set:
+    """The package's flags written in ``argv`` (Megatron-LM's command line)."""
+    probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for action in build_parser()._actions:
+        if action.option_strings and "-h" not in action.option_strings:
+            action = copy.copy(action)
+            action.default, action.choices, action.type = argparse.SUPPRESS, None, None
+            probe._add_action(action)
+    return set(vars(probe.parse_known_args(argv)[0]))
+
+
+def _checkpoint_architecture(values: dict, argv: list) -> None:
+    """``training.arguments.apply_checkpoint_args`` on the converted values: flags left out
+    come from the checkpoint ``--load`` names (saved by either script, in either's form),
+    flags given must agree with it."""
+    from ..training.arguments import CHECKPOINT_FLAGS, CHECKPOINT_PATH_FLAGS
+    from ..training.checkpointing import CheckpointError, saved_args
+    from ..training.run_config import group_of_flags
+
+    try:
+        saved = saved_args(group_of_flags("checkpoint", argparse.Namespace(**values)))
+    except CheckpointError:
+        return  # reported with the other --load problems when Megatron-LM loads
+    given = _given(argv)
+    for dest in CHECKPOINT_FLAGS:
+        theirs = ATTRIBUTES.get(dest, dest)
+        if dest not in saved and theirs not in saved:
+            continue
+        value = saved[dest] if dest in saved else saved[theirs]
+        if value is None:  # the checkpoint's run left it to its default: nothing fixed
+            continue
+        try:
+            value = CONVERSIONS.get(dest, lambda v: v)(value)
+        except ConfigError:
+            continue
+        if dest in CHECKPOINT_PATH_FLAGS and value and not os.path.isabs(value):
+            value = os.path.join(values["load"], value)
+        if isinstance(value, list):
+            value = tuple(value)
+        mine = values.get(dest)
+        if isinstance(mine, list):
+            mine = tuple(mine)
+        if dest in given and mine != value:
+            raise ConfigError(f"--{dest.replace('_', '-')} {values.get(dest)} disagrees with "
+                              f"the checkpoint in --load {values['load']} ({value}); drop "
+                              "the flag to use the checkpoint's value")
+        if dest not in given:
+            values[dest] = value
