@@ -7,6 +7,7 @@ import typing
 import pytest
 
 
+@pytest.mark.slow  # imports Megatron-LM's training package
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12 has typing.override")
 def test_override_marks_the_method_and_megatron_training_imports():
     @typing.override
