@@ -101,3 +101,25 @@ def test_run_config_from_megatron_lm_args():
     args.tokenizer_type, args.cp_comm_type = "HuggingFaceTokenizer", ["a2a", "p2p"]
     with pytest.raises(ConfigError, match="--cp-comm-type takes one value"):
         mm_args.run_config_from_args(args)
+
+
+def test_check_args_reports_one_line_and_exits(capsys, monkeypatch):
+    parser = mm_args.add_args(megatron_lm_parser())
+    args = parser.parse_args(["--num-layers", "2", "--hidden-size", "64",
+                              "--num-attention-heads", "4", "--seq-length", "64",
+                              "--transformer-impl", "local", "--train-iters", "5", "--lr", "1e-3",
+                              "--position-embedding-type", "rope",
+                              "--tokenizer-type", "HuggingFaceTokenizer"])
+    args.world_size, args.micro_batch_size, args.global_batch_size = 1, 1, 1
+    args.dataloader_type = "single"  # Megatron-LM's validate_args' default
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as stop:
+            mm_args.check_args(args)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == (1 if rank == "0" else 0)  # once per job: rank 0
+        assert ("--dataloader-type single" in err) is (rank == "0")
+        assert "Traceback" not in err
+    args.dataloader_type = "external"
+    mm_args.check_args(args)  # valid: returns
