@@ -30,6 +30,9 @@ ALLOWED = {
     "hf": GROUND | {"startup", "plan", "data", "families", "models", "training"},
     "families/*": GROUND | {"startup", "plan", "data", "families", "models", "runtime",
                             "hf"},
+    # on top: Megatron-LM's training loop with the package's pieces
+    "megatron_lm": GROUND | {"startup", "plan", "data", "families", "models", "runtime",
+                             "training", "hf"},
 }
 
 

@@ -165,6 +165,13 @@ def _hf_added_tokens(model_path: str) -> dict[str, int]:
     return added
 
 
+# Megatron-LM's --tokenizer-type names of the same tokenizers (a checkpoint saved by
+# Megatron-LM's pretrain with the package's model names its tokenizer so)
+MEGATRON_LM_TOKENIZERS = {"SentencePieceTokenizer": "SentencePiece",
+                          "GPTSentencePieceTokenizer": "SentencePiece",
+                          "HuggingFaceTokenizer": "HuggingFaceTokenizer"}
+
+
 def build_tokenizer(tokenizer_type: str = "MistralV1SentencePiece",
                     tokenizer_model: str | os.PathLike | None = None,
                     image_token_id: int | None = None, audio_token_id: int | None = None,
@@ -173,7 +180,9 @@ def build_tokenizer(tokenizer_type: str = "MistralV1SentencePiece",
     "SentencePiece" (requires `tokenizer_model`, any SentencePiece .model file) or
     "HuggingFaceTokenizer" (a directory with tokenizer.json). `image_token_id` (audio,
     video) overrides the placeholder's id (converted checkpoints have their own);
-    `item_tags` (``item_tags.tag_request``): the tokens around each media item."""
+    `item_tags` (``item_tags.tag_request``): the tokens around each media item.
+    Megatron-LM's names (``MEGATRON_LM_TOKENIZERS``) name the same tokenizers."""
+    tokenizer_type = MEGATRON_LM_TOKENIZERS.get(tokenizer_type, tokenizer_type)
     if tokenizer_type == "MistralV1SentencePiece":
         return MultimodalTokenizer(tokenizer_model or default_tokenizer_model(), image_token_id,
                                    audio_token_id, video_token_id, item_tags)

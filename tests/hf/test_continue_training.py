@@ -10,26 +10,6 @@ from dist_harness import run_distributed
 
 pytestmark = pytest.mark.processes
 
-ENGLISH = ("zero one two three four five six seven eight nine digit number shown here "
-           "What is this It a USER ASSISTANT handwritten the")
-
-
-def _tokenizer(directory) -> int:
-    """A byte-level BPE trained on the digits prompts (tokenizers, offline); returns the
-    id of <image>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>", "<image>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([ENGLISH + " (0123456789)?.\n"] * 4, trainer)
-    tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
-    return tok.token_to_id("<image>"), tok.get_vocab_size()
-
 
 def train(rank, argv):
     import contextlib
@@ -63,7 +43,7 @@ def test_newcomer_path(gloo_world, tmp_path):
 
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
-    image_id, vocab = _tokenizer(hf_dir)
+    image_id, vocab = tiny_models.digits_tokenizer(hf_dir)
     model = tiny_models.build("llava_llama", vocab_size=vocab, image_token=image_id)
     model.save_pretrained(hf_dir)
     CLIPImageProcessorPil(size={"shortest_edge": 28},

@@ -132,3 +132,27 @@ def reference_logits(model, tokens, pixels) -> torch.Tensor:
     if pixels is not None:
         inputs["pixel_values"] = pixels
     return hf_logits(model, inputs)
+
+
+DIGITS_ENGLISH = ("zero one two three four five six seven eight nine digit number shown here "
+                  "What is this It a USER ASSISTANT handwritten the")
+
+
+def digits_tokenizer(directory) -> tuple:
+    """A byte-level BPE trained on the digits prompts (tokenizers, offline) saved into
+    ``directory`` (tokenizer.json, tokenizer_config.json); returns (the id of <image>,
+    the vocabulary size)."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>", "<image>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([DIGITS_ENGLISH + " (0123456789)?.\n"] * 4, trainer)
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    return tok.token_to_id("<image>"), tok.get_vocab_size()

@@ -13,7 +13,7 @@ ALL = [p.name for p in PATCHES]
 
 
 def test_fourteen_patches_all_applied_here():
-    assert len(ALL) == len(set(ALL)) == 17
+    assert len(ALL) == len(set(ALL)) == 20
     assert applied_patches() == ALL  # by conftest, in table order
     assert apply_cpu_patches() == ALL  # applying again changes nothing
     with pytest.raises(ValueError, match="unknown patches"):
@@ -26,24 +26,27 @@ def test_on_cuda_only_the_patches_whose_bug_is_not_about_cuda(registry_under_cud
     CLIPViTModel's norm without TE, the triton stub and the parallel_state reset go in."""
     got = registry_under_cuda
     expected = ["triton_stub", "distopt_load", "clip_vit_norm", "checkpoint_object_args",
-                "destroy_resets_embedding_ranks"]
+                "destroy_resets_embedding_ranks", "typing_override", "prebuilt_helpers"]
     assert got["returned"] == got["again"] == got["applied"] == expected
     assert got["stub_installed"]  # needed with CUDA too, when triton is missing
     assert all(got["torch_cuda_unchanged"].values()), got["torch_cuda_unchanged"]
     assert all(got["torch_tensor_unchanged"].values()), got["torch_tensor_unchanged"]
     # No other patch module was even imported, so none of their apply() ran.
     assert got["patch_modules_imported"] == sorted(
-        ["megatron_mm.patches.registry"] + [f"megatron_mm.patches.{n}" for n in expected])
+        ["megatron_mm.patches.registry", "megatron_mm.patches.after_import"]
+        + [f"megatron_mm.patches.{n}" for n in expected])
 
 
 @pytest.mark.parametrize("cuda,installed,expected", [
     (False, (), ALL),
     (True, (), ["triton_stub", "distopt_load", "clip_vit_norm", "checkpoint_object_args",
-                "destroy_resets_embedding_ranks"]),
+                "destroy_resets_embedding_ranks", "typing_override", "prebuilt_helpers"]),
     (True, ("apex",), ["triton_stub", "clip_vit_norm", "checkpoint_object_args",
-                       "destroy_resets_embedding_ranks"]),
+                       "destroy_resets_embedding_ranks", "typing_override",
+                       "prebuilt_helpers"]),
     (True, ("transformer_engine",), ["triton_stub", "checkpoint_object_args",
-                                     "destroy_resets_embedding_ranks"]),
+                                     "destroy_resets_embedding_ranks", "typing_override",
+                                     "prebuilt_helpers"]),
     (False, ("transformer_engine",),
      [n for n in ALL if n not in ("distopt_load", "clip_vit_norm")]),
 ])
