@@ -24,7 +24,8 @@ from ..training.user_errors import exit_with_user_error
 GROUP_TITLE = "megatron_mm (multimodal: encoders, projectors, data, schedules)"
 
 # The package's attribute -> Megatron-LM's, where Megatron-LM keeps the flag under another
-ATTRIBUTES = {"norm_epsilon": "layernorm_epsilon"}
+ATTRIBUTES = {"norm_epsilon": "layernorm_epsilon",
+              "apply_layernorm_1p": "layernorm_zero_centered_gamma"}
 
 
 def _one(flag: str) -> Callable[[Any], Any]:
