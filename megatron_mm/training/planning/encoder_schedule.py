@@ -21,7 +21,7 @@ from ...plan.schedules.encoder_pipeline import (EncoderPipelinePlan, expert_chun
                                                 segment_cuts, split_chain)
 from ...plan.errors import PlanError
 from ...plan.schedules.collectives import add_expert_all_to_alls
-from ...plan.schedules.generate import EncoderLayout, coarse
+from ...plan.schedules.generate import EncoderLayout, ScheduleProblem, coarse
 from ...plan.pipeline.partition import parse_partition_flag
 from ...plan.schedules.simulate import simulate
 from .chain import training_chain
@@ -135,13 +135,14 @@ def _compute_schedule(config, plan: EncoderPipelinePlan, num_microbatches: int, 
     stages = schedule.encoder_pipeline_model_parallel_size or pp
     layouts = [EncoderLayout(stages, schedule.encoder_pieces, plan.reverse,
                              encoder_virtual_stages(config))] * len(plan.pieces)
-    encoders = dict(layouts=layouts, frozen_encoders=plan.frozen_encoders,
-                    encoder_replicas=encoder_replicas(config), grad_sync=True)
+    problem = ScheduleProblem(pp, num_microbatches, virtual_pipeline_model_parallel_size=vpp,
+                              encoder_trainable=plan.encoder_trainable, layouts=layouts,
+                              frozen_encoders=plan.frozen_encoders,
+                              encoder_replicas=encoder_replicas(config), grad_sync=True)
     if schedule.encoder_schedule == "coarse":
-        return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, **encoders)
-    return bubble(pp, vpp, num_microbatches, plan.encoder_trainable,
-                  plan_costs(config, plan, chain).all_to_alls_folded(),
-                  extra_warmup="quick" if quick else "auto", **encoders)
+        return coarse(problem)
+    problem.costs = plan_costs(config, plan, chain).all_to_alls_folded()
+    return bubble(problem, extra_warmup="quick" if quick else "auto")
 
 
 def encoder_replicas(config) -> int:
