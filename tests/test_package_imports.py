@@ -28,6 +28,8 @@ ALLOWED = {
     "runtime": GROUND | {"startup", "plan", "families"},
     "training": GROUND | {"startup", "plan", "data", "families", "models", "runtime"},
     "hf": GROUND | {"startup", "plan", "data", "families", "models", "training"},
+    "megatron_lm": GROUND | {"startup", "plan", "data", "families", "models", "runtime",
+                             "training", "hf"},
     "families/*": GROUND | {"startup", "plan", "data", "families", "models", "runtime",
                             "hf"},
 }

@@ -1,0 +1,1 @@
+"""The package as a library inside someone else's Megatron-LM ``pretrain()``."""

@@ -1,0 +1,111 @@
+"""The encoder schedules as Megatron-LM's ``forward_backward_func``.
+
+Megatron-LM's ``train()`` and ``evaluate()`` (``megatron/training/training.py``) each take
+their schedule from ``get_forward_backward_func(schedule_pg_collection=...)``, a name the
+module imports from ``megatron.core.pipeline_parallel``, and hand it to ``train_step`` /
+call it with Megatron-Core's whole forward-backward signature. ``use_encoder_schedule``
+rebinds that name in ``megatron.training.training`` (nowhere else: Megatron-Core's own
+callers keep theirs), so both run the package's schedule executor (``--encoder-schedule
+coarse | bubble``: the encoders as their own pipelines, their work in the LLM's bubbles)
+on the model chunks Megatron-LM built, with every keyword honoured or refused
+(``runtime/schedule_call.py``) and ``None`` data iterators on the stages that read no data
+(``runtime/microbatches.py``)::
+
+    from megatron_mm.megatron_lm.schedules import use_encoder_schedule
+    from megatron_mm.training.encoder_executor import executor_for
+
+    use_encoder_schedule(lambda model: executor_for(plan, problem, model, "bubble"))
+    pretrain(...)
+
+The executor is built at the first call, from the model chunks it is called with (the
+plan's placements are what the model provider built them by). Megatron-LM's contract
+holds: every micro-batch is [``--micro-batch-size``, ``--seq-length``] tokens (the
+messages' shape on stages without data), checked where read. The separate placement
+(encoder ranks of their own) needs a world Megatron-LM's ``initialize_model_parallel``
+does not build: ``separate_run`` runs it, not this hook.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Union
+
+from megatron.core import parallel_state
+
+from ..runtime import ScheduleExecutor
+from ..runtime.schedule_call import ScheduleCallError
+
+ExecutorSource = Union[ScheduleExecutor, Callable[[List], ScheduleExecutor]]
+
+
+class EncoderSchedule:
+    """The hook ``use_encoder_schedule`` installs (``remove`` undoes it; a context
+    manager too)."""
+
+    def __init__(self, source: ExecutorSource):
+        self._source = source
+        self.executor: Optional[ScheduleExecutor] = (
+            source if isinstance(source, ScheduleExecutor) else None)
+        if self.executor is not None:
+            self.executor.fixed_shapes = True
+        self._original = None
+
+    # -- what Megatron-LM calls --------------------------------------------------------
+    def get_forward_backward_func(self, pp_size: Optional[int] = None,
+                                  vp_size: Optional[int] = None,
+                                  schedule_pg_collection=None):
+        """Megatron-Core's ``get_forward_backward_func`` signature: the sizes, when given,
+        must be the pipeline's; a MIMO grid collection is refused."""
+        if schedule_pg_collection is not None:
+            from megatron.core.process_groups_config import MultiModuleProcessGroupCollection
+            if isinstance(schedule_pg_collection, MultiModuleProcessGroupCollection):
+                raise ScheduleCallError(
+                    "get_forward_backward_func(schedule_pg_collection="
+                    "MultiModuleProcessGroupCollection): the encoder schedules run one grid; "
+                    "MIMO's per-module grids need --encoder-schedule megatron")
+        pp = parallel_state.get_pipeline_model_parallel_world_size()
+        vp = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
+        if (pp_size is not None and pp_size != pp) or (vp_size is not None
+                                                       and (vp_size or 1) != vp):
+            raise ScheduleCallError(
+                f"get_forward_backward_func(pp_size={pp_size}, vp_size={vp_size}): the "
+                f"encoder schedule is this run's pipeline (PP {pp}, VPP {vp})")
+        return self.forward_backward_func
+
+    def forward_backward_func(self, *, model, **kwargs) -> list:
+        """The schedule executor, called as Megatron-LM calls Megatron-Core's schedules."""
+        if self.executor is None:
+            chunks = model if isinstance(model, list) else [model]
+            self.executor = self._source(chunks)
+            self.executor.fixed_shapes = True
+        return self.executor(model=model, **kwargs)
+
+    # -- installing --------------------------------------------------------------------
+    def install(self) -> "EncoderSchedule":
+        import megatron.training.training as training
+        if isinstance(getattr(training.get_forward_backward_func, "__self__", None),
+                      EncoderSchedule):
+            raise RuntimeError("use_encoder_schedule was called twice: remove() the first")
+        self._original = training.get_forward_backward_func
+        training.get_forward_backward_func = self.get_forward_backward_func
+        return self
+
+    def remove(self) -> None:
+        """Megatron-LM's ``get_forward_backward_func`` back."""
+        if self._original is not None:
+            import megatron.training.training as training
+            training.get_forward_backward_func = self._original
+            self._original = None
+
+    def __enter__(self) -> "EncoderSchedule":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def use_encoder_schedule(source: ExecutorSource) -> EncoderSchedule:
+    """Make Megatron-LM's ``train_step`` and ``evaluate`` run the package's encoder
+    schedule (module docstring). ``source``: a ``ScheduleExecutor``, or a function of the
+    model chunks that builds one (``training.encoder_executor.executor_for``), called at
+    the first step."""
+    return EncoderSchedule(source).install()
