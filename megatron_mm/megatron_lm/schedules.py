@@ -18,9 +18,12 @@ on the model chunks Megatron-LM built, with every keyword honoured or refused
     pretrain(...)
 
 The executor is built at the first call, from the model chunks it is called with (the
-plan's placements are what the model provider built them by). Megatron-LM's contract
-holds: every micro-batch is [``--micro-batch-size``, ``--seq-length``] tokens (the
-messages' shape on stages without data), checked where read. The separate placement
+plan's placements are what the model provider built them by). Megatron-Core's contract
+holds: without ``variable_seq_lengths`` in the model's config every micro-batch is
+[``--micro-batch-size``, ``--seq-length``] tokens (the messages' shape on stages without
+data), checked where read; with it (the package's provider sets it: each micro-batch is
+padded to its own longest sample) every stage sizes its messages from its own copy of the
+micro-batch, so a stage without data is refused. The separate placement
 (encoder ranks of their own) needs a world Megatron-LM's ``initialize_model_parallel``
 does not build: ``separate_run`` runs it, not this hook.
 """
@@ -45,8 +48,6 @@ class EncoderSchedule:
         self._source = source
         self.executor: Optional[ScheduleExecutor] = (
             source if isinstance(source, ScheduleExecutor) else None)
-        if self.executor is not None:
-            self.executor.fixed_shapes = True
         self._original = None
 
     # -- what Megatron-LM calls --------------------------------------------------------
@@ -76,7 +77,6 @@ class EncoderSchedule:
         if self.executor is None:
             chunks = model if isinstance(model, list) else [model]
             self.executor = self._source(chunks)
-            self.executor.fixed_shapes = True
         return self.executor(model=model, **kwargs)
 
     # -- installing --------------------------------------------------------------------

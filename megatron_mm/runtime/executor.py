@@ -85,9 +85,6 @@ class ScheduleExecutor:
         self._programs: Dict[Tuple[int, bool], List[List[Exchange]]] = {}
         self.record_timeline = False
         self.timeline: List[TimedAction] = []  # the last iteration's, when recorded
-        # Megatron-LM's contract: every micro-batch is [micro_batch_size, seq_length] (the
-        # shape of the messages on stages without data); checked where read when set
-        self.fixed_shapes = False
 
     def schedule(self, num_microbatches: int) -> Schedule:
         """The iteration's schedule, validated before any rank runs it."""
@@ -288,13 +285,17 @@ class _Iteration:
         """Micro-batch ``m`` (``why``: what needs it); None on a stage without data where
         ``fixed_ok`` (Megatron-LM's fixed shapes do), else ``NoData`` saying what needed
         it."""
-        if not self.batches.has_data and fixed_ok:
+        fixed = not self.config.variable_seq_lengths
+        if not self.batches.has_data and fixed_ok and fixed:
             return None
         try:
             batch = self.batches[m]
         except NoData as e:
-            raise NoData(f"{e}: {why}") from None
-        if self.x.fixed_shapes and self.call.seq_length and self.call.micro_batch_size:
+            raise NoData(f"{e}: {why}" + ("" if fixed else " (the model's config has "
+                                            "variable_seq_lengths: each micro-batch is "
+                                            "padded to its own length)")) from None
+        if (fixed and self.s.num_ranks > 1 and self.call.seq_length
+                and self.call.micro_batch_size):
             shape = tuple(batch["tokens"].shape)
             if shape != (self.call.micro_batch_size, self.call.seq_length):
                 raise ValueError(f"micro-batch {m} has tokens of shape {list(shape)}; "

@@ -6,9 +6,11 @@ error that names it; none is dropped:
 - ``forward_step_func``, ``data_iterator`` (one, or one per model chunk; ``None`` on a
   stage that reads no data, ``microbatches.py``), ``model``, ``num_microbatches``,
   ``forward_only``, ``collect_non_loss_data``: as there;
-- ``seq_length``, ``micro_batch_size``: the shape [S, B, H] of the LLM's messages on a
-  stage without data (Megatron-Core's ``get_tensor_shapes``: S over the TP size under
-  sequence parallelism); a stage with data sizes each message from its micro-batch;
+- ``seq_length``, ``micro_batch_size``: as Megatron-Core's ``get_tensor_shapes``, the shape
+  [S, B, H] of the LLM's messages (S over the TP size under sequence parallelism) where
+  the model's config has no ``variable_seq_lengths``: a stage without data sizes its
+  messages so, and each micro-batch read must have that shape; with
+  ``variable_seq_lengths`` each stage sizes each message from its own micro-batch;
 - ``first_val_step``: as Megatron-Core's ``check_first_val_step`` (whether a forward-only
   call's first micro-batch re-casts FP8 weights);
 - ``pg_collection``: its pipeline group carries the messages (it must hold the ranks of

@@ -9,7 +9,7 @@ import torch
 from dist_harness import run_distributed
 from equivalence import REFERENCE_STEPS as STEPS
 from equivalence import merge_stages
-from megatron_lm_runs import train_through_megatron_lm
+from encoder_schedule_runs import train_through_megatron_lm
 
 pytestmark = pytest.mark.processes
 

@@ -120,6 +120,10 @@ def train_through_megatron_lm(rank: int, argv: list, grad_steps=(), without_data
         from megatron.core.utils import get_model_config
         log["chunks"] = chunks
         config = get_model_config(chunks[0])
+        # Megatron-Core's fixed shapes (the batches are padded to --seq-length): the stage
+        # without data sizes its messages from --seq-length / --micro-batch-size
+        for chunk in chunks:
+            get_model_config(chunk).variable_seq_lengths = False
         real = config.finalize_model_grads_func
 
         def finalize(*args, **kwargs):
