@@ -33,7 +33,8 @@ from .transformer_configs import (
     projector_transformer_config,
 )
 
-__all__ = ["BuildSettings", "build_model", "model_chain"]
+__all__ = ["BuildSettings", "build_language_model", "build_model", "layer_specs", "model_chain",
+           "wrap_language_model"]
 
 
 def build_model(config: MultimodalModelConfig, settings: BuildSettings,
@@ -47,14 +48,30 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
                              settings.encoder_tensor_model_parallel_size)
     if placement is None:
         placement = whole_model_placement(config)
+    specs = layer_specs(config, settings)
+    language_model = build_language_model(config, settings, specs, placement, vp_stage)
+    return wrap_language_model(config, settings, language_model, media_token_ids, placement,
+                               vp_stage, specs)
+
+
+def layer_specs(config: MultimodalModelConfig, settings: BuildSettings) -> LayerSpecs:
+    """Every module's layer specs for this run (``get_layer_specs``)."""
     lm = config.language
-    specs = get_layer_specs(settings.transformer_impl, qk_layernorm=lm.qk_layernorm,
-                            context_parallel=settings.context_parallel_size > 1,
-                            cp_attention=settings.cp_attention,
-                            media_attention=settings.media_attention,
-                            packed=settings.packed,
-                            num_experts=lm.moe and lm.moe.num_experts,
-                            moe_grouped_gemm=bool(lm.moe and lm.moe.grouped_gemm))
+    return get_layer_specs(settings.transformer_impl, qk_layernorm=lm.qk_layernorm,
+                           context_parallel=settings.context_parallel_size > 1,
+                           cp_attention=settings.cp_attention,
+                           media_attention=settings.media_attention,
+                           packed=settings.packed,
+                           num_experts=lm.moe and lm.moe.num_experts,
+                           moe_grouped_gemm=bool(lm.moe and lm.moe.grouped_gemm))
+
+
+def build_language_model(config: MultimodalModelConfig, settings: BuildSettings,
+                         specs: LayerSpecs, placement: ChunkPlacement,
+                         vp_stage: Optional[int] = None) -> GPTModel:
+    """The package's LLM (Llama-shaped: RMSNorm, SwiGLU, no linear biases) for the chunk
+    ``placement`` describes."""
+    lm = config.language
     lm_config = language_transformer_config(lm, settings)
     if not (placement.llm_embed or placement.runs_llm
             or lm_config.pipeline_model_parallel_layout):
@@ -81,6 +98,23 @@ def build_model(config: MultimodalModelConfig, settings: BuildSettings,
     if lm.mrope_interleaved:
         language_model.rotary_pos_emb = InterleavedMultimodalRotaryEmbedding(
             kv_channels=lm_config.kv_channels, rotary_percent=1.0, rotary_base=lm.rotary_base)
+    return language_model
+
+
+def wrap_language_model(config: MultimodalModelConfig, settings: BuildSettings,
+                        language_model: GPTModel, media_token_ids: Mapping[str, int],
+                        placement: Optional[ChunkPlacement] = None,
+                        vp_stage: Optional[int] = None,
+                        specs: Optional[LayerSpecs] = None) -> MultimodalModel:
+    """``language_model`` (any Megatron-Core GPTModel of this chunk: the package's, or a
+    user's own, built from their TransformerConfig and layer spec) with the encoders and
+    projectors ``placement`` gives the chunk, built from their families: the chunk's
+    MultimodalModel, frozen as the config says."""
+    if placement is None:
+        placement = whole_model_placement(config)
+    if specs is None:
+        specs = layer_specs(config, settings)
+    lm = config.language
     encoders, projectors = {}, {}
     encoder_groups = encoder_process_groups(settings)
     for part in placement.encoders:

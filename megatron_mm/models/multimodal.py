@@ -74,6 +74,8 @@ class MultimodalModel(MegatronModule):
         self.post_process = language_model.post_process
         self.share_embeddings_and_output_weights = (
             language_model.share_embeddings_and_output_weights)
+        # Read by Megatron-LM's train() (the model's process groups, as GPTModel's)
+        self.pg_collection = getattr(language_model, "pg_collection", None)
         # With context parallelism a rank holds tokens from anywhere in the sequence: RoPE
         # must rotate each at its global position, not at its offset in the local chunk.
         # (positions [S_local] on the device, the whole sequence's length on the host)

@@ -169,6 +169,25 @@ def get_layer_specs(transformer_impl: str, qk_layernorm: bool = False,
             and transformer_impl != "transformer_engine":
         raise ConfigError("Megatron-Core's TE CP attention needs --transformer-impl "
                           "transformer_engine")
+
+    def language(layer):
+        return language_layer_for(layer, transformer_impl, context_parallel, cp_attention,
+                                  media_attention, packed)
+
+    return dataclasses.replace(specs, language_layer=language(specs.language_layer),
+                               language_moe_layer=language(specs.language_moe_layer))
+
+
+def language_layer_for(layer: Optional[ModuleSpec], transformer_impl: str,
+                       context_parallel: bool = False, cp_attention: str = "ours",
+                       media_attention: str = "causal", packed: bool = False
+                       ) -> Optional[ModuleSpec]:
+    """An LLM layer spec (the package's, or a user's own GPT layer spec) with the core
+    attention and mask type the run needs: FlexAttention (``cp_attention`` flex), TE's
+    THD attention over packed samples, the CP attention under ``context_parallel``, the
+    mask type of ``media_attention``; the spec itself where it needs none."""
+    if layer is None:
+        return None
     mask_type = language_attn_mask_type(transformer_impl, media_attention,
                                         context_parallel and cp_attention != "none")
     core = None
@@ -181,23 +200,16 @@ def get_layer_specs(transformer_impl: str, qk_layernorm: bool = False,
     elif context_parallel and cp_attention != "none":
         core = (_te_cp_attention() if cp_attention == "transformer_engine"
                 else ContextParallelAttention)
-
-    def language(layer):
-        if layer is None:
-            return None
-        if mask_type is not None \
-                and mask_type != layer.submodules.self_attention.params["attn_mask_type"]:
-            layer = with_attn_mask_type(layer, mask_type)
-        if core is not None:  # a copy along the path to the core attention only (the TE
-            attention = copy.copy(layer.submodules.self_attention)  # spec holds closures)
-            attention.submodules = dataclasses.replace(attention.submodules,
-                                                       core_attention=core)
-            layer = dataclasses.replace(layer, submodules=dataclasses.replace(
-                layer.submodules, self_attention=attention))
-        return layer
-
-    return dataclasses.replace(specs, language_layer=language(specs.language_layer),
-                               language_moe_layer=language(specs.language_moe_layer))
+    if mask_type is not None \
+            and mask_type != layer.submodules.self_attention.params["attn_mask_type"]:
+        layer = with_attn_mask_type(layer, mask_type)
+    if core is not None:  # a copy along the path to the core attention only (the TE
+        attention = copy.copy(layer.submodules.self_attention)  # spec holds closures)
+        attention.submodules = dataclasses.replace(attention.submodules,
+                                                   core_attention=core)
+        layer = dataclasses.replace(layer, submodules=dataclasses.replace(
+            layer.submodules, self_attention=attention))
+    return layer
 
 
 def _impl_specs(transformer_impl: str, qk_layernorm: bool, num_experts: Optional[int] = None,

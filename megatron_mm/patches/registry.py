@@ -16,7 +16,8 @@ NO_CUDA = "no CUDA"  # upstream hard-codes CUDA (device="cuda", torch.cuda calls
 NO_TE = "no Transformer Engine"  # upstream's fallback without TE is broken
 NO_APEX_OR_TE = "torch optimizers (no Apex, no Transformer Engine)"
 ALWAYS = "always"  # the bug does not depend on the machine (or the patch checks itself)
-CONDITIONS = (NO_CUDA, NO_TE, NO_APEX_OR_TE, ALWAYS)
+PY311 = "Python below 3.12"  # megatron-core 0.19 declares 3.12; the wheel runs on 3.11
+CONDITIONS = (NO_CUDA, NO_TE, NO_APEX_OR_TE, ALWAYS, PY311)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,14 @@ PATCHES: tuple[Patch, ...] = (
     Patch("destroy_resets_embedding_ranks",
           "megatron.core.parallel_state.destroy_model_parallel", "destroy_resets_embedding_ranks",
           needed_when=ALWAYS),
+    Patch("typing_override", "typing.override (Python 3.12), imported by megatron.training."
+          "models.gpt / hybrid", "typing_override", needed_when=PY311),
+    Patch("training_cuda", "module-global `torch` of megatron.training.initialize, training,"
+          " checkpointing, utils.common_utils (CUDA asserts, device_count gates, streams,"
+          " device='cuda' factories); training.set_jit_fusion_options", "training_cuda"),
+    Patch("prebuilt_helpers", "megatron.core.datasets.utils.compile_helpers (the wheel's"
+          " helpers_cpp is prebuilt, its Makefile absent)", "prebuilt_helpers",
+          needed_when=ALWAYS),
 )
 
 _applied: list[str] = []
@@ -83,6 +92,10 @@ def is_needed(patch: Patch, cuda: bool, installed: Callable[[str], bool]) -> boo
         return not cuda
     if patch.needed_when == NO_TE:
         return not installed("transformer_engine")
+    if patch.needed_when == PY311:
+        import sys
+
+        return sys.version_info < (3, 12)
     if patch.needed_when == NO_APEX_OR_TE:
         return not (installed("transformer_engine") or installed("apex"))
     return True

@@ -21,6 +21,7 @@ tensors, and the earlier iterations ``--ckpt-step`` can load instead.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -145,11 +146,17 @@ def saved_args(checkpoint) -> dict:
     if problems:
         raise CheckpointError(_damaged(root, iteration, problems))
     try:
-        return dist_checkpointing.load_common_state_dict(path).get("args", {})
+        return _flags_of(dist_checkpointing.load_common_state_dict(path).get("args", {}))
     except READ_ERRORS as e:  # the shard holding them: every file's size names it
         problems = damaged_files(path, checksums=False)
         raise CheckpointError(_damaged(root, iteration, problems) if problems else
                               _unreadable(root, iteration, _cause(e))) from None
+
+
+def _flags_of(saved) -> dict:
+    """A checkpoint's saved flags as a dict: an ``argparse.Namespace`` as Megatron-LM (and
+    this package) saves them, or a dict (older checkpoints of this package)."""
+    return vars(saved) if isinstance(saved, argparse.Namespace) else dict(saved)
 
 
 def _rng_state() -> ShardedObject:
@@ -183,12 +190,15 @@ def _state_dict(chunks, optimizer, scheduler, config, iteration: int, with_optim
     if with_rng:
         state["rng_state"] = _rng_state()
     if not loading:
-        state["args"] = {k: v for k, v in config.flags().items() if _plain(v)}
-        state["args"]["consumed_train_samples"] = (iteration
-                                                   * config.training.global_batch_size)
+        flags = {k: v for k, v in config.flags().items() if _plain(v)}
+        flags["consumed_train_samples"] = iteration * config.training.global_batch_size
         # What the run derived (the padded vocabulary, its pipeline plan), kept with the
         # flags as Megatron-LM keeps padded_vocab_size there.
-        state["args"].update(run_state or {})
+        flags.update(run_state or {})
+        # As Megatron-LM saves them (its load_checkpoint reads them as attributes:
+        # check_checkpoint_args, consumed_train_samples), so it loads these checkpoints
+        # without --finetune
+        state["args"] = argparse.Namespace(**flags)
     return state
 
 

@@ -1,0 +1,49 @@
+"""What the package derives once per Megatron-LM run from its parsed arguments: the
+RunConfig, the tokenizer the data are encoded with, the model config with its
+vocabulary, the pipeline plan (which modules each chunk holds) and the attention
+settings. The model provider, forward step and datasets provider read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..training.attention import AttentionSettings
+from ..training.build_settings import cp_attention_choice
+from ..training.planning.training_plan import TrainingPlan, plan_pipeline
+from ..training.run_config import RunConfig
+from ..training.trainer import model_config_for, tokenizer_from_config
+from .arguments import run_config_from_args
+
+
+@dataclass
+class RunContext:
+    args: object  # Megatron-LM's namespace this was derived from
+    config: RunConfig
+    tokenizer: object
+    model_config: object  # with the tokenizer's vocabulary
+    plan: TrainingPlan
+    attention: AttentionSettings
+
+
+_context: Optional[RunContext] = None
+
+
+def run_context(args=None) -> RunContext:
+    """The context of Megatron-LM's current arguments (``get_args()``), derived on first
+    use and again when the arguments are new (another run in the process)."""
+    global _context
+    if args is None:
+        from megatron.training import get_args
+
+        args = get_args()
+    if _context is None or _context.args is not args:
+        config = run_config_from_args(args)
+        tokenizer = tokenizer_from_config(config)
+        model_config = model_config_for(config, tokenizer)
+        plan = plan_pipeline(config, model_config)
+        config = plan.run_config(config)
+        attention = AttentionSettings.from_config(config, tokenizer,
+                                                  cp_attention_choice(config).kind)
+        _context = RunContext(args, config, tokenizer, model_config, plan, attention)
+    return _context
