@@ -4,13 +4,8 @@ rebound by ``megatron_lm.schedules.use_encoder_schedule``, and called with exact
 keywords Megatron-LM's ``train_step`` / ``evaluate`` pass (0.19.2)."""
 
 import functools
-import typing
 
 import torch
-
-if not hasattr(typing, "override"):  # TEMPORARY until h41a's runtime patch is merged
-    import typing_extensions
-    typing.override = typing_extensions.override
 
 from train_workers import train
 
@@ -194,3 +189,19 @@ def _refusals(adapter, without_data) -> dict:
         # any message (no peer is called)
         refused("no_data", lambda: func(**base, forward_only=True))
     return errors
+
+
+def pretrain_with_encoder_schedule(rank: int, steps: list) -> list:
+    """``megatron_lm_runs.run_steps`` with ``use_encoder_schedule()`` installed (as a
+    Megatron-LM script calls it before ``pretrain``); last: how many forward-backward calls
+    Megatron-LM's loop made through it, and on which executor."""
+    from megatron_lm_runs import run_steps
+
+    from megatron_mm.megatron_lm.schedules import use_encoder_schedule
+
+    hook = use_encoder_schedule()
+    try:
+        out = run_steps(rank, steps)
+    finally:
+        hook.remove()
+    return out + [{"calls": hook.calls, "executor": type(hook.executor).__name__}]

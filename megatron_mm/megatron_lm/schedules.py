@@ -12,10 +12,17 @@ on the model chunks Megatron-LM built, with every keyword honoured or refused
 (``runtime/microbatches.py``)::
 
     from megatron_mm.megatron_lm.schedules import use_encoder_schedule
-    from megatron_mm.training.encoder_executor import executor_for
+
+    use_encoder_schedule()  # the package's flags say which (--encoder-schedule)
+    pretrain(...)
+
+With no argument the schedule is the run's own (``megatron_lm.run_context``: the
+package's flags on Megatron-LM's parser, the plan the model provider built the chunks
+by): ``--encoder-schedule coarse | bubble`` (or ``auto``'s pick of them) runs the
+executor, ``megatron`` keeps Megatron-Core's function. A script with its own plan hands
+in an executor, or a function of the model chunks that builds one::
 
     use_encoder_schedule(lambda model: executor_for(plan, problem, model, "bubble"))
-    pretrain(...)
 
 The executor is built at the first call, from the model chunks it is called with (the
 plan's placements are what the model provider built them by). Megatron-Core's contract
@@ -40,12 +47,38 @@ from ..runtime.schedule_call import ScheduleCallError
 ExecutorSource = Union[ScheduleExecutor, Callable[[List], ScheduleExecutor]]
 
 
+def run_executor(model: List) -> Optional[ScheduleExecutor]:
+    """The run's own schedule executor (``use_encoder_schedule()``): None where the run
+    keeps Megatron-Core's schedules (``--encoder-schedule megatron``)."""
+    from ..training.encoder_executor import build_executor
+    from ..training.planning.encoder_schedule import encoder_replicas
+    from .context import run_context
+
+    run = run_context()
+    if run.plan.separate is not None:
+        raise ScheduleCallError(
+            "--encoder-schedule separate puts the encoders on ranks of their own, a world "
+            "Megatron-LM's initialize_model_parallel does not build: run it with "
+            "examples/pretrain_mllm.py")
+    if run.plan.encoder_plan is None:
+        return None
+    if encoder_replicas(run.config) > 1:
+        raise ScheduleCallError(
+            "--encoder-tensor-model-parallel-size below --tensor-model-parallel-size needs "
+            "the encoder replicas' process groups, which Megatron-LM's initialize does not "
+            "build: leave it unset under Megatron-LM's pretrain")
+    return build_executor(run.config, run.plan.encoder_plan, run.plan.chain, None,
+                          run.attention)
+
+
 class EncoderSchedule:
     """The hook ``use_encoder_schedule`` installs (``remove`` undoes it; a context
     manager too)."""
 
-    def __init__(self, source: ExecutorSource):
-        self._source = source
+    def __init__(self, source: Optional[ExecutorSource] = None):
+        self._source = source if source is not None else run_executor
+        self._built = False
+        self.calls = 0  # forward-backward calls run by the executor
         self.executor: Optional[ScheduleExecutor] = (
             source if isinstance(source, ScheduleExecutor) else None)
         self._original = None
@@ -70,6 +103,11 @@ class EncoderSchedule:
             raise ScheduleCallError(
                 f"get_forward_backward_func(pp_size={pp_size}, vp_size={vp_size}): the "
                 f"encoder schedule is this run's pipeline (PP {pp}, VPP {vp})")
+        if self._source is run_executor and not self._built:
+            from .context import run_context
+            if run_context().plan.encoder_plan is None and run_context().plan.separate is None:
+                # --encoder-schedule megatron: Megatron-Core's own
+                return self._original(pp_size, vp_size, schedule_pg_collection)
         return self.forward_backward_func
 
     def forward_backward_func(self, *, model, **kwargs) -> list:
@@ -77,6 +115,11 @@ class EncoderSchedule:
         if self.executor is None:
             chunks = model if isinstance(model, list) else [model]
             self.executor = self._source(chunks)
+            self._built = True
+            if self.executor is None:
+                raise ScheduleCallError("the run's --encoder-schedule runs Megatron-Core's "
+                                        "schedules: nothing for the encoder schedule hook")
+        self.calls += 1
         return self.executor(model=model, **kwargs)
 
     # -- installing --------------------------------------------------------------------
@@ -103,9 +146,9 @@ class EncoderSchedule:
         self.remove()
 
 
-def use_encoder_schedule(source: ExecutorSource) -> EncoderSchedule:
+def use_encoder_schedule(source: Optional[ExecutorSource] = None) -> EncoderSchedule:
     """Make Megatron-LM's ``train_step`` and ``evaluate`` run the package's encoder
     schedule (module docstring). ``source``: a ``ScheduleExecutor``, or a function of the
     model chunks that builds one (``training.encoder_executor.executor_for``), called at
-    the first step."""
+    the first step; None: the run's own (``run_executor``)."""
     return EncoderSchedule(source).install()

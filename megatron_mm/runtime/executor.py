@@ -36,7 +36,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from megatron.core import parallel_state
-from megatron.core.pipeline_parallel.schedules import backward_step, forward_step
+from megatron.core.pipeline_parallel.schedules import (backward_step,
+                                                      deallocate_output_tensor, forward_step)
 from megatron.core.utils import get_attr_wrapped_model, get_model_config
 
 from ..plan.schedules.actions import Action, Kind, Schedule, validate
@@ -445,6 +446,16 @@ class _Iteration:
             self.saved[("EF", m, p)] = (hidden, out if idle is None else idle)
             if idle is not None:  # its backward takes zeros (nothing downstream used it)
                 self.idle.add(("EF", m, p))
+            else:
+                self.deallocate(out)
+
+    def deallocate(self, output) -> None:
+        """Megatron-Core's ``deallocate_output_tensor`` once the output is sent (the
+        message keeps its data): with ``deallocate_pipeline_outputs`` (Megatron-LM's
+        default) only its graph stays for the backward, which ``backward_step`` then runs
+        as Megatron-Core's ``custom_backward``."""
+        if output is not None and output.requires_grad:
+            deallocate_output_tensor(output, self.config.deallocate_pipeline_outputs)
 
     def run_F(self, m: int, c: int) -> None:
         chunk = self.chunk(c)
@@ -483,6 +494,7 @@ class _Iteration:
         self.num_tokens += num_tokens
         if not last:
             self.send(self.rank_of("F", m, c + 1), ("F", m, c), output)
+            self.deallocate(output)
         if not self.forward_only:
             self.saved[("F", m, c)] = (inputs, output)
 
