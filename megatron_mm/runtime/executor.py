@@ -150,7 +150,7 @@ class ScheduleExecutor:
                  pg_collection=None, force_all_reduce: Optional[bool] = False) -> list:
         """Megatron-Core 0.19.2's forward-backward signature, every keyword honoured or
         refused (``schedule_call.py``)."""
-        call = check_call(self.exchange_group(), seq_length=seq_length,
+        call = check_call(self.exchange_group, seq_length=seq_length,
                           micro_batch_size=micro_batch_size,
                           decoder_seq_length=decoder_seq_length, forward_only=forward_only,
                           collect_non_loss_data=collect_non_loss_data,

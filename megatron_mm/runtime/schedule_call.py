@@ -61,12 +61,13 @@ def _ranks(group) -> list:
     return dist.get_process_group_ranks(group)
 
 
-def check_call(own_group, *, seq_length=None, micro_batch_size=None,
+def check_call(own_group: Callable, *, seq_length=None, micro_batch_size=None,
                decoder_seq_length=None, forward_only=False, collect_non_loss_data=False,
                first_val_step=None, adjust_tensor_shapes_fn: Optional[Callable] = None,
                p2p_communicator=None, pg_collection=None,
                force_all_reduce=False) -> ScheduleCall:
-    """The call's keywords checked against the executor's message group ``own_group``."""
+    """The call's keywords checked against the executor's message group (``own_group()``,
+    read only when a keyword names a group)."""
     if decoder_seq_length is not None:
         raise ScheduleCallError(
             f"forward_backward_func(decoder_seq_length={decoder_seq_length}): the encoder "
@@ -84,9 +85,10 @@ def check_call(own_group, *, seq_length=None, micro_batch_size=None,
                 "forward_backward_func(pg_collection=MultiModuleProcessGroupCollection): the "
                 "encoder schedules run one grid; MIMO's per-module grids need "
                 "--encoder-schedule megatron")
-        group = _same_ranks(pg_collection.pp, own_group, "pg_collection.pp")
+        group = _same_ranks(pg_collection.pp, own_group(), "pg_collection.pp")
     if p2p_communicator is not None:
-        theirs = _same_ranks(p2p_communicator.pp_group, own_group, "p2p_communicator.pp_group")
+        theirs = _same_ranks(p2p_communicator.pp_group, own_group(),
+                             "p2p_communicator.pp_group")
         group = group if group is not None else theirs
     return ScheduleCall(seq_length, micro_batch_size, bool(forward_only),
                         bool(collect_non_loss_data), first_val_step, pg_collection,
