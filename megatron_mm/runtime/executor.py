@@ -43,8 +43,8 @@ from megatron.core.utils import get_attr_wrapped_model, get_model_config
 from ..plan.schedules.actions import Action, Kind, Schedule, validate
 from ..plan.errors import PlanError
 from ..plan.schedules.encoder_pipeline import EncoderPieces
-from ..plan.schedules.p2p import (Exchange, carried_by, check_replicas, message_inputs,
-                                  output_grad_key, p2p_program)
+from ..plan.schedules.p2p import (Exchange, carried_by, check_replicas, forward_key,
+                                  message_inputs, output_grad_key, p2p_program)
 from ..plan.pipeline.placement import ChunkPlacement
 from ..plan.schedules.simulate import TimedAction
 from . import deepstack_carry
@@ -277,10 +277,27 @@ class _Iteration:
         """What message ``key`` carries (from micro-batch ``key[1]``, cached)."""
         if key not in self._specs:
             batch = self.batch(key[1], f"message {key} (its shape)", fixed_ok=True)
+            if batch is not None and forward_key(key)[0] != "EF":
+                self.check_fixed_shape(key, batch)
             self._specs[key] = (self.specs.of(key, batch) if batch is not None else
                                 self.specs.fixed(key, self.call.micro_batch_size,
                                                  self.call.seq_length))
         return self._specs[key]
+
+    def check_fixed_shape(self, key: Key, batch: dict) -> None:
+        """Without ``variable_seq_lengths`` an LLM message is [seq_length, micro_batch_size,
+        H] (Megatron-Core's fixed shapes, what a stage without data sizes it by): the
+        micro-batch must have that shape."""
+        call = self.call
+        if self.config.variable_seq_lengths or not (call.seq_length and call.micro_batch_size):
+            return
+        shape = tuple(batch["tokens"].shape)
+        if shape != (call.micro_batch_size, call.seq_length):
+            raise ValueError(f"micro-batch {key[1]} has tokens of shape {list(shape)}; "
+                             f"--micro-batch-size {call.micro_batch_size} and --seq-length "
+                             f"{call.seq_length} say [{call.micro_batch_size}, "
+                             f"{call.seq_length}] (message {key}: without variable_seq_lengths "
+                             "the pipeline's messages have that shape)")
 
     def batch(self, m: int, why: str, fixed_ok: bool = False) -> Optional[dict]:
         """Micro-batch ``m`` (``why``: what needs it); None on a stage without data where
@@ -295,15 +312,6 @@ class _Iteration:
             raise NoData(f"{e}: {why}" + ("" if fixed else " (the model's config has "
                                             "variable_seq_lengths: each micro-batch is "
                                             "padded to its own length)")) from None
-        if (fixed and self.s.num_ranks > 1 and self.call.seq_length
-                and self.call.micro_batch_size):
-            shape = tuple(batch["tokens"].shape)
-            if shape != (self.call.micro_batch_size, self.call.seq_length):
-                raise ValueError(f"micro-batch {m} has tokens of shape {list(shape)}; "
-                                 f"--micro-batch-size {self.call.micro_batch_size} and "
-                                 f"--seq-length {self.call.seq_length} say "
-                                 f"[{self.call.micro_batch_size}, {self.call.seq_length}], "
-                                 "the shape of the messages on stages without data")
         return batch
 
     def exchange(self, i: int) -> None:
