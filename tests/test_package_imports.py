@@ -28,11 +28,10 @@ ALLOWED = {
     "runtime": GROUND | {"startup", "plan", "families"},
     "training": GROUND | {"startup", "plan", "data", "families", "models", "runtime"},
     "hf": GROUND | {"startup", "plan", "data", "families", "models", "training"},
-    "families/*": GROUND | {"startup", "plan", "data", "families", "models", "runtime",
-                            "hf"},
-    # on top: Megatron-LM's training loop with the package's pieces
     "megatron_lm": GROUND | {"startup", "plan", "data", "families", "models", "runtime",
                              "training", "hf"},
+    "families/*": GROUND | {"startup", "plan", "data", "families", "models", "runtime",
+                            "hf"},
 }
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_mm.plan.schedules.bubble import bubble  # noqa: E402
-from megatron_mm.plan.schedules.generate import coarse, megatron  # noqa: E402
+from megatron_mm.plan.schedules.generate import ScheduleProblem, coarse, megatron  # noqa: E402
 from megatron_mm.plan.schedules.p2p import p2p_program  # noqa: E402
 from megatron_mm.plan.schedules.simulate import ActionCosts, simulate  # noqa: E402
 
@@ -97,8 +97,9 @@ def main(argv=None) -> None:
             def cost(a):
                 return costs.of(a.kind, a.chunk)
 
-            schedules = [coarse(pp, 1, m, True, encoders=enc),
-                         bubble(pp, 1, m, True, costs, extra_warmup="auto", encoders=enc)]
+            schedules = [coarse(ScheduleProblem(pp, m, encoders=enc)),
+                         bubble(ScheduleProblem(pp, m, encoders=enc, costs=costs),
+                                extra_warmup="auto")]
             for s in ([megatron(pp, 1, m)] if enc == 1 else []) + schedules:
                 c = ActionCosts(costs.forward_s, costs.backward_s) if not s.encoder_stages \
                     else costs

@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "--global-batch-size (1024), --micro-batch-size (4), "
                         "--memory-limit-gb (72)")
     g.add_argument("--json", default=None, help="write the plan(s) as JSON to this path")
+    g.add_argument("--megatron-lm-args", action="store_true",
+                   help="also print the flags that carry out the chosen partition in a stock "
+                        "Megatron-LM run (--pipeline-model-parallel-layout, or the first / "
+                        "last stage layer counts where they suffice, and the recompute "
+                        "flags); the encoders must be on the first stage "
+                        "(--pipeline-partition encoder-first-stage plans so)")
 
     g = p.add_argument_group("model: a zoo pair or sizes")
     g.add_argument("--model-pair", choices=sorted(model_zoo.PAIRS), default=None)
@@ -149,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tensor-model-parallel-size", type=int, default=None,
                    help="ideal division of FLOPs, weights and activations (default 1)")
     g.add_argument("--pipeline-partition", default="auto",
-                   help="auto | uniform | balanced | layers per stage, e.g. 4,8,8,8")
+                   help="auto | uniform | balanced | search | encoder-first-stage | layers "
+                        "per stage, e.g. 4,8,8,8")
     g.add_argument("--num-microbatches", type=int, default=None)
     g.add_argument("--global-batch-size", type=int, default=None)
     g.add_argument("--micro-batch-size", type=int, default=None, help="default 1")
@@ -386,10 +393,27 @@ def print_plan(args, hardware: Hardware, memory: MemoryModel, limit) -> int:
         speedup = f"{base.estimate.iteration_s / e.iteration_s:.2f}x" if base else "-"
         print(f"| {policy} | {counts(p)} | {e.iteration_s:.3f} | {speedup} | "
               f"{max(e.stage_memory_bytes) / GiB:.1f} |")
+    if args.megatron_lm_args:
+        print_megatron_lm_args(plan)
     if args.json:
         Path(args.json).write_text(plan.to_json(indent=1))
         print(f"\nwrote the {plan.partition.policy} plan to {args.json}")
     return 0
+
+
+def print_megatron_lm_args(plan) -> None:
+    from megatron_mm.plan.pipeline.megatron_lm_args import megatron_lm_args
+
+    out = megatron_lm_args(plan.chain, plan.partition)
+    print()
+    print(f"Megatron-LM flags for the {plan.partition.policy} partition (LLM decoder layers "
+          f"per chunk {out.decoder_layers_per_chunk}; encoders on the first stage):")
+    print("  " + " ".join(out.flags()))
+    if out.uneven_flags is not None:
+        print("or, as Megatron-Core's layout:")
+        print("  " + " ".join(out.layout_flags()))
+    for note in out.notes:
+        print(f"note: {note}")
 
 
 def print_stages(plan) -> None:

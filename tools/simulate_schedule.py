@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from typing import Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from megatron_mm.plan import PlanError  # noqa: E402
 from megatron_mm.plan.schedules.actions import validate  # noqa: E402
 from megatron_mm.plan.schedules.bubble import bubble  # noqa: E402
-from megatron_mm.plan.schedules.generate import coarse, megatron  # noqa: E402
+from megatron_mm.plan.schedules.generate import ScheduleProblem, coarse, megatron  # noqa: E402
 from megatron_mm.plan.schedules.separate import separate  # noqa: E402
 from megatron_mm.plan.schedules.simulate import ActionCosts, simulate  # noqa: E402
 from megatron_mm.plan.schedules.timeline import write_chrome_trace, write_png  # noqa: E402
@@ -121,7 +122,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              for c in range(chunks)],
                             [args.llm_backward + sum(backward) * (c == 0)
                              for c in range(chunks)], p2p_s=args.p2p)
-        spread = coarse(pp, vpp, m, trainable, **encoders)
+        problem = ScheduleProblem(pp, m, virtual_pipeline_model_parallel_size=vpp,
+                                  encoder_trainable=trainable, **encoders)
+        spread = coarse(problem)
         split = ActionCosts([args.llm_forward] * chunks, [args.llm_backward] * chunks,
                             per_piece(forward, pp), per_piece(backward, pp), p2p_s=args.p2p)
         k = args.encoder_pieces
@@ -130,8 +133,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         pieces = ActionCosts([args.llm_forward] * chunks, [args.llm_backward] * chunks,
                              per_piece(forward, pp * k), per_piece(backward, pp * k),
                              p2p_s=args.p2p)
-        filled = bubble(pp, vpp, m, trainable, pieces, pp, k,
-                        args.encoder_placement == "reverse", **encoders)
+        filled = bubble(replace(problem, costs=pieces, encoder_stages=pp, pieces=k,
+                                reverse=args.encoder_placement == "reverse"))
         plans = [(baseline, first), (spread, split), (filled, pieces)]
         if args.encoder_data_parallel_size is not None:
             sizes = args.encoder_data_parallel_size
@@ -148,9 +151,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 encoder_grad_p2p_s=[args.encoder_tensor_model_parallel_size
                                                     * t for t in message])
             own = sizes if len(sizes) > 1 else []
-            plans.append((separate(pp, vpp, m, args.llm_data_parallel_size, sum(sizes),
-                                   trainable, costs=whole, encoder_data_parallel_sizes=own,
-                                   **encoders), whole))
+            plans.append((separate(replace(
+                problem, costs=whole, llm_data_parallel_size=args.llm_data_parallel_size,
+                encoder_data_parallel_size=sum(sizes), encoder_data_parallel_sizes=own)),
+                whole))
         runs = []
         for schedule, costs in plans:
             validate(schedule)

@@ -38,8 +38,9 @@ def language_model_provider(pre_process=True, post_process=True, vp_stage=None, 
     config = config or core_transformer_config_from_args(args)
     use_te = args.transformer_impl == "transformer_engine"
     if args.num_experts:
-        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=use_te,
-                                          normalization=args.normalization, vp_stage=vp_stage)
+        spec = get_gpt_decoder_block_spec(
+            config, use_transformer_engine=use_te, normalization=args.normalization,
+            vp_stage=vp_stage)
     elif use_te:
         spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=args.qk_layernorm)
     else:
@@ -59,9 +60,12 @@ def language_model_provider(pre_process=True, post_process=True, vp_stage=None, 
 def main() -> None:
     args = parse_and_validate_args(extra_args_provider=mm.add_args)
     mm.check_args(args)  # the package's flags: a bad one exits with one line from rank 0
-    pretrain(pretrain_cfg_container_from_args(args), mm.train_valid_test_datasets_provider,
-             ModelType.encoder_or_decoder, mm.forward_step,
-             mm.model_provider_for(language_model_provider))
+    # --encoder-schedule coarse | bubble: the encoders' work in the LLM's pipeline bubbles,
+    # through Megatron-LM's own train_step and evaluate (megatron: Megatron-Core's schedule)
+    with mm.use_encoder_schedule():
+        pretrain(pretrain_cfg_container_from_args(args), mm.train_valid_test_datasets_provider,
+                 ModelType.encoder_or_decoder, mm.forward_step,
+                 mm.model_provider_for(language_model_provider))
 
 
 if __name__ == "__main__":  # required: checkpoint saving spawns helper processes

@@ -69,6 +69,7 @@ from ..plan.record import Record
 from ..plan.schedules.action_costs import CostModel, LLMLayout
 from ..plan.schedules.encoder_planner import EncoderSchedulePlan, plan_encoder_schedule
 from ..plan.schedules.generate import megatron
+from ..plan.schedules.problem import ScheduleProblem
 from ..plan.schedules.separate import separate
 from ..plan.schedules.simulate import ActionCosts, simulate
 from . import model_zoo
@@ -256,8 +257,10 @@ def separate_s(spec: ModelSpec, llm_layout: LLMLayout, etp: int, edp: int, hw, l
     d = llm_layout.data_parallel_size
     g = math.gcd(d, edp) if cell else 1  # one cell (module docstring)
     trains = bool(costs.encoder_backward_s)
-    schedule = separate(llm_layout.pipeline_model_parallel_size, 1,
-                        llm_layout.num_microbatches, d // g, edp // g, trains, costs=costs)
+    schedule = separate(ScheduleProblem(
+        llm_layout.pipeline_model_parallel_size, llm_layout.num_microbatches,
+        llm_data_parallel_size=d // g, encoder_data_parallel_size=edp // g,
+        encoder_trainable=trains, costs=costs))
     return simulate(schedule, costs, False).iteration_s
 
 

@@ -36,20 +36,23 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from megatron.core import parallel_state
-from megatron.core.pipeline_parallel.schedules import backward_step, forward_step
+from megatron.core.pipeline_parallel.schedules import (backward_step,
+                                                      deallocate_output_tensor, forward_step)
 from megatron.core.utils import get_attr_wrapped_model, get_model_config
 
 from ..plan.schedules.actions import Action, Kind, Schedule, validate
 from ..plan.errors import PlanError
 from ..plan.schedules.encoder_pipeline import EncoderPieces
-from ..plan.schedules.p2p import (Exchange, carried_by, check_replicas, message_inputs,
-                                  output_grad_key, p2p_program)
+from ..plan.schedules.p2p import (Exchange, carried_by, check_replicas, forward_key,
+                                  message_inputs, output_grad_key, p2p_program)
 from ..plan.pipeline.placement import ChunkPlacement
 from ..plan.schedules.simulate import TimedAction
 from . import deepstack_carry
 from .encoder_replicas import EncoderReplicas
 from .mailbox import Mailbox, Spec
 from .message_specs import MessageSpecs
+from .microbatches import Microbatches, NoData
+from .schedule_call import ScheduleCall, check_call
 from .timer import device_clock
 
 Key = Tuple[str, int, int]
@@ -140,18 +143,28 @@ class ScheduleExecutor:
         return self._programs[key]
 
     def __call__(self, *, forward_step_func, data_iterator, model, num_microbatches: int,
-                 seq_length=None, micro_batch_size=None, forward_only: bool = False,
-                 collect_non_loss_data: bool = False, **_) -> list:
+                 seq_length: Optional[int] = None, micro_batch_size: Optional[int] = None,
+                 decoder_seq_length: Optional[int] = None, forward_only: bool = False,
+                 collect_non_loss_data: bool = False, first_val_step: Optional[bool] = None,
+                 adjust_tensor_shapes_fn: Optional[Callable] = None, p2p_communicator=None,
+                 pg_collection=None, force_all_reduce: Optional[bool] = False) -> list:
+        """Megatron-Core 0.19.2's forward-backward signature, every keyword honoured or
+        refused (``schedule_call.py``)."""
+        call = check_call(self.exchange_group, seq_length=seq_length,
+                          micro_batch_size=micro_batch_size,
+                          decoder_seq_length=decoder_seq_length, forward_only=forward_only,
+                          collect_non_loss_data=collect_non_loss_data,
+                          first_val_step=first_val_step,
+                          adjust_tensor_shapes_fn=adjust_tensor_shapes_fn,
+                          p2p_communicator=p2p_communicator, pg_collection=pg_collection,
+                          force_all_reduce=force_all_reduce)
         schedule = self.schedule(num_microbatches)
         model = model if isinstance(model, list) else [model]
         iterators = data_iterator if isinstance(data_iterator, list) else [data_iterator]
-        batches = [next(iterators[0]) for _ in range(num_microbatches)]
-        for other in iterators[1:]:  # the per-chunk copies stay in step
-            for _ in range(num_microbatches):
-                next(other)
-        run = _Iteration(self, schedule, model, batches,
-                         forward_step_func, forward_only, collect_non_loss_data)
+        batches = Microbatches(iterators, num_microbatches, self.schedule_rank())
+        run = _Iteration(self, schedule, model, batches, forward_step_func, call)
         run.execute()
+        batches.finish()
         if self.record_timeline:
             self.timeline = run.timeline
         return run.forward_data_store
@@ -190,14 +203,14 @@ class ScheduleExecutor:
 
 class _Iteration:
     def __init__(self, executor: ScheduleExecutor, schedule: Schedule, model: List,
-                 batches: List[dict], forward_step_func, forward_only: bool,
-                 collect_non_loss_data: bool):
+                 batches: Microbatches, forward_step_func, call: ScheduleCall):
         self.x, self.s, self.model, self.batches = executor, schedule, model, batches
-        self.forward_step_func = forward_step_func
-        self.forward_only, self.collect = forward_only, collect_non_loss_data
+        self.forward_step_func, self.call = forward_step_func, call
+        self.forward_only, self.collect = call.forward_only, call.collect_non_loss_data
+        forward_only = call.forward_only
         self.config = get_model_config(model[0])
         self.rank = executor.schedule_rank()
-        self.mailbox = Mailbox(executor.exchange_group(), _device_of(model[0]))
+        self.mailbox = Mailbox(call.group or executor.exchange_group(), _device_of(model[0]))
         self.actions = executor.actions(schedule, self.rank, forward_only)
         # each chunk's first forward of the iteration (FP8 weight casts are made there);
         # a schedule need not run micro-batch 0 first
@@ -263,8 +276,43 @@ class _Iteration:
     def spec(self, key: Key) -> Optional[Spec]:
         """What message ``key`` carries (from micro-batch ``key[1]``, cached)."""
         if key not in self._specs:
-            self._specs[key] = self.specs.of(key, self.batches[key[1]])
+            batch = self.batch(key[1], f"message {key} (its shape)", fixed_ok=True)
+            if batch is not None and forward_key(key)[0] != "EF":
+                self.check_fixed_shape(key, batch)
+            self._specs[key] = (self.specs.of(key, batch) if batch is not None else
+                                self.specs.fixed(key, self.call.micro_batch_size,
+                                                 self.call.seq_length))
         return self._specs[key]
+
+    def check_fixed_shape(self, key: Key, batch: dict) -> None:
+        """Without ``variable_seq_lengths`` an LLM message is [seq_length, micro_batch_size,
+        H] (Megatron-Core's fixed shapes, what a stage without data sizes it by): the
+        micro-batch must have that shape."""
+        call = self.call
+        if self.config.variable_seq_lengths or not (call.seq_length and call.micro_batch_size):
+            return
+        shape = tuple(batch["tokens"].shape)
+        if shape != (call.micro_batch_size, call.seq_length):
+            raise ValueError(f"micro-batch {key[1]} has tokens of shape {list(shape)}; "
+                             f"--micro-batch-size {call.micro_batch_size} and --seq-length "
+                             f"{call.seq_length} say [{call.micro_batch_size}, "
+                             f"{call.seq_length}] (message {key}: without variable_seq_lengths "
+                             "the pipeline's messages have that shape)")
+
+    def batch(self, m: int, why: str, fixed_ok: bool = False) -> Optional[dict]:
+        """Micro-batch ``m`` (``why``: what needs it); None on a stage without data where
+        ``fixed_ok`` (Megatron-LM's fixed shapes do), else ``NoData`` saying what needed
+        it."""
+        fixed = not self.config.variable_seq_lengths
+        if not self.batches.has_data and fixed_ok and fixed:
+            return None
+        try:
+            batch = self.batches[m]
+        except NoData as e:
+            raise NoData(f"{e}: {why}" + ("" if fixed else " (the model's config has "
+                                            "variable_seq_lengths: each micro-batch is "
+                                            "padded to its own length)")) from None
+        return batch
 
     def exchange(self, i: int) -> None:
         """Exchange ``i`` of this rank's program: the sends of action ``i - 1`` and the
@@ -287,7 +335,7 @@ class _Iteration:
 
     def media_of(self, m: int) -> dict:
         if m not in self.media:
-            self.media[m] = self.x.to_device({**self.batches[m]})["media"]
+            self.media[m] = self.x.to_device({**self.batch(m, "encoder media")})["media"]
         return self.media[m]
 
     def encoder_batch(self, m: int, name: str):
@@ -295,7 +343,8 @@ class _Iteration:
         key = (m, name)
         if key not in self.encoder_batches:
             self.encoder_batches[key] = get_attr_wrapped_model(
-                self.model[0], "prepare_encoder_media")(name, self.batches[m]["media"])
+                self.model[0], "prepare_encoder_media")(
+                    name, self.batch(m, "encoder media")["media"])
         self.encoder_forwards_left[key] -= 1
         if self.encoder_forwards_left[key] > 0:
             return self.encoder_batches[key]
@@ -313,8 +362,25 @@ class _Iteration:
         return self.replicas is None or self.replicas.owns(m)
 
     # -- actions -----------------------------------------------------------------------
+    def check_without_data(self) -> None:
+        """On a stage without data, before any exchange: every action and message of
+        this rank's part can go without (``NoData`` naming the first that cannot)."""
+        for i, a in enumerate(self.actions):
+            if self.x.owns(a) and (a.kind in (Kind.EF, Kind.EB) or (
+                    a.kind == Kind.F and a.chunk == 0 and self.x.encoders)):
+                raise NoData(f"pipeline rank {self.rank} was given no data iterator (Megatron-"
+                             f"LM gives stages other than the first and last None), but the "
+                             f"plan runs {a} here, which reads micro-batch {a.microbatch}'s "
+                             "media: build the dataset on this rank too")
+        for ex in self.program:
+            for t in list(ex.sends) + list(ex.recvs):
+                if self.x.carries(tuple(t.key)):
+                    self.spec(tuple(t.key))
+
     def execute(self) -> None:
         actions = self.actions
+        if not self.batches.has_data:
+            self.check_without_data()
         if self.x.record_timeline:
             torch.distributed.barrier(group=self.x.exchange_group())
         overlap = _OverlappedGradSync(self, actions)
@@ -346,7 +412,9 @@ class _Iteration:
         if not self.forward_only and self.config.finalize_model_grads_func is not None:
             self.config.finalize_model_grads_func(
                 self.model, self.x.loss_tokens(self.num_tokens)
-                if self.config.calculate_per_token_loss else None)
+                if self.config.calculate_per_token_loss else None,
+                pg_collection=self.call.pg_collection,
+                force_all_reduce=self.call.force_all_reduce)
 
     def trains(self, p: int) -> bool:
         """Whether encoder piece ``p`` runs its backward in this iteration."""
@@ -367,7 +435,8 @@ class _Iteration:
         get_attr_wrapped_model(self.model[0], "bind_encoder_batch")(
             name, self.encoder_batch(m, name))
         # only the embedding piece reads the media; later ones their count (on the host)
-        media = self.media_of(m) if p == first else self.batches[m]["media"]
+        media = (self.media_of(m) if p == first
+                 else self.batch(m, f"encoder piece {p}'s media")["media"])
         with torch.set_grad_enabled(self.trains(p)):
             out = run_piece(name, media, received, layers)
             if out is not None and deepstack_carry.carried(enc, layers[1]):
@@ -385,6 +454,16 @@ class _Iteration:
             self.saved[("EF", m, p)] = (hidden, out if idle is None else idle)
             if idle is not None:  # its backward takes zeros (nothing downstream used it)
                 self.idle.add(("EF", m, p))
+            else:
+                self.deallocate(out)
+
+    def deallocate(self, output) -> None:
+        """Megatron-Core's ``deallocate_output_tensor`` once the output is sent (the
+        message keeps its data): with ``deallocate_pipeline_outputs`` (Megatron-LM's
+        default) only its graph stays for the backward, which ``backward_step`` then runs
+        as Megatron-Core's ``custom_backward``."""
+        if output is not None and output.requires_grad:
+            deallocate_output_tensor(output, self.config.deallocate_pipeline_outputs)
 
     def run_F(self, m: int, c: int) -> None:
         chunk = self.chunk(c)
@@ -408,10 +487,11 @@ class _Iteration:
         last = c == self.s.num_chunks - 1
         with torch.set_grad_enabled(not self.forward_only):
             output, num_tokens = forward_step(
-                self.forward_step_func, iter([self.batches[m]]), chunk,
+                self.forward_step_func, self.data_for(m, c), chunk,
                 self.s.num_microbatches, None if c == 0 else inputs, self.forward_data_store,
                 self.config, cp_group_size=1, collect_non_loss_data=self.collect,
-                is_first_microbatch=self.first_forward.get(c) == m,
+                is_first_microbatch=self.call.is_first_microbatch(
+                    self.first_forward.get(c) == m),
                 vp_stage=c // self.s.pipeline_model_parallel_size,
                 is_last_stage=last)
         if c == 0 and self.x.encoders:
@@ -422,8 +502,17 @@ class _Iteration:
         self.num_tokens += num_tokens
         if not last:
             self.send(self.rank_of("F", m, c + 1), ("F", m, c), output)
+            self.deallocate(output)
         if not self.forward_only:
             self.saved[("F", m, c)] = (inputs, output)
+
+    def data_for(self, m: int, c: int):
+        """What ``forward_step_func`` reads for ``F(m, c)``: micro-batch ``m`` where this
+        stage has data, else None (Megatron-LM's ``get_batch`` returns Nones there); the
+        first chunk with encoders merges their outputs into its tokens: it needs them."""
+        if not self.batches.has_data and not (c == 0 and self.x.encoders):
+            return None
+        return iter([self.batch(m, f"F({m}, {c}) merges the encoders' outputs")])
 
     def encoder_output(self, m: int, last: int) -> Optional[torch.Tensor]:
         """Encoder piece ``last``'s output (an encoder's last piece) for ``F(m, 0)``, a

@@ -38,6 +38,7 @@ from ..plan.schedules.p2p import Key, forward_key
 from ..plan.pipeline.placement import ChunkPlacement
 from .deepstack_carry import carried
 from .mailbox import Spec
+from .microbatches import NoData
 
 
 class MessageSpecs:
@@ -76,6 +77,32 @@ class MessageSpecs:
                 return spec
             return Spec((spec.shape[0] * (1 + k),) + spec.shape[1:], spec.dtype)
         return self.chunk_output(index, batch)
+
+    def fixed(self, key: Key, micro_batch_size: Optional[int],
+              seq_length: Optional[int]) -> Spec:
+        """Message ``key``'s spec on a stage without data: an LLM chunk's output
+        [S, B, H] from Megatron-LM's ``--seq-length`` and ``--micro-batch-size`` (as
+        Megatron-Core's ``get_tensor_shapes``); what varies by micro-batch needs it
+        (``NoData``)."""
+        kind, _, chunk = forward_key(key)
+        if kind == "EF":
+            raise NoData(f"message {key} is an encoder output, shaped by the micro-batch's "
+                         "media")
+        if self.local_length is not None and chunk >= self.local_from:
+            raise NoData(f"message {key}: this context-parallel rank's token count comes "
+                         "from the micro-batch")
+        if self.deepstack is not None and self.placements[chunk].deepstack_layers(
+                self.deepstack[0], self.deepstack[1], sent=True):
+            raise NoData(f"message {key} carries DeepStack features, counted from the "
+                         "micro-batch's media")
+        if not seq_length or not micro_batch_size:
+            raise NoData(f"message {key}: no seq_length / micro_batch_size given for its "
+                         "shape")
+        s = seq_length
+        if self.config.sequence_parallel:
+            s //= self.config.tensor_model_parallel_size
+        return Spec((s, micro_batch_size, self.config.hidden_size),
+                    self.config.pipeline_dtype or self.config.params_dtype)
 
     def encoder_output(self, name: str, batch: dict) -> Optional[Spec]:
         mm_config = get_attr_wrapped_model(self.model, "mm_config")

@@ -16,6 +16,7 @@ from functools import partial
 import torch.distributed as dist
 from megatron.core import parallel_state
 
+from ..plan.schedules.problem import ScheduleProblem
 from ..plan.schedules.separate import separate
 from ..runtime.separate_executor import SeparateExecutor
 from ..runtime.separate_placement import SeparateRanks
@@ -82,8 +83,10 @@ def separate_program(config, plan, sizes):
     trainable = plan.separate_trainable
     costs = separate_program_costs(config, plan.chain, plan.partition,
                                    sizes.encoder_tensor_model_parallel_size, e).costs
-    return lambda n: separate(pp, vpp, n // d, d, e, any(trainable),
-                              encoders=len(plan.separate.pieces),
-                              frozen_encoders=[i for i, t in enumerate(trainable) if not t],
-                              encoder_data_parallel_sizes=sizes.encoder_data_parallel_sizes,
-                              costs=costs, lockstep_replicas=llm_lockstep_replicas(config))
+    return lambda n: separate(ScheduleProblem(
+        pp, n // d, virtual_pipeline_model_parallel_size=vpp, llm_data_parallel_size=d,
+        encoder_data_parallel_size=e, encoder_trainable=any(trainable),
+        encoders=len(plan.separate.pieces),
+        frozen_encoders=[i for i, t in enumerate(trainable) if not t],
+        encoder_data_parallel_sizes=sizes.encoder_data_parallel_sizes,
+        costs=costs, lockstep_replicas=llm_lockstep_replicas(config)))

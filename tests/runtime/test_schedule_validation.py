@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from megatron_mm.plan import PlanError
+from megatron_mm.plan.schedules.problem import ScheduleProblem
 from megatron_mm.plan.schedules.actions import Action, Schedule
 from megatron_mm.plan.schedules.generate import coarse, megatron
 from megatron_mm.runtime.executor import ScheduleExecutor
@@ -43,7 +44,7 @@ def test_a_deadlocking_schedule_is_refused_before_any_action():
 
 
 def test_a_schedule_for_other_replicas_or_micro_batches_is_refused():
-    replicas = ScheduleExecutor(lambda m: coarse(2, 1, m, True, 2), [],
+    replicas = ScheduleExecutor(lambda m: coarse(ScheduleProblem(2, m, encoder_stages=2)), [],
                                 to_device=lambda b: b, replicas=SimpleNamespace(replicas=2))
     assert "for 1 encoder replicas per TP group; this run has 2" in _call(replicas, 4)
     stale = ScheduleExecutor(lambda m: megatron(2, 1, 8), [], to_device=lambda b: b)
@@ -53,8 +54,8 @@ def test_a_schedule_for_other_replicas_or_micro_batches_is_refused():
 def test_a_schedule_reducing_encoder_pieces_on_their_own_is_refused():
     """The runtime keeps the pieces in the first model chunk's gradient buffers: a
     schedule that says they reduce on their own would not be what runs."""
-    own = ScheduleExecutor(lambda m: coarse(2, 1, m, True, 2, grad_sync=True,
-                                            encoder_grad_sync=True),
+    own = ScheduleExecutor(lambda m: coarse(ScheduleProblem(2, m, encoder_stages=2, grad_sync=True,
+                                                            encoder_grad_sync=True)),
                            [], to_device=lambda b: b)
     assert "reduces the encoder pieces on their own (ENCODER_GRAD_SYNC)" in _call(own, 4)
 
@@ -65,6 +66,7 @@ def test_a_schedule_with_encoder_work_in_tp_bubbles_is_refused():
 
     costs = ActionCosts([1.0] * 2, [2.0] * 2, [0.25] * 8, [0.5] * 8, forward_comm_s=[0.4] * 2,
                         backward_comm_s=[0.8] * 2)
-    filled = ScheduleExecutor(lambda m: bubble(2, 1, m, True, costs, 2, 4, tp_bubbles=True),
+    filled = ScheduleExecutor(lambda m: bubble(ScheduleProblem(2, m, costs=costs, encoder_stages=2,
+                                                               pieces=4), tp_bubbles=True),
                               [], to_device=lambda b: b)
     assert "inside TP communication (in_tp_bubble)" in _call(filled, 4)

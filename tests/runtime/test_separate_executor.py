@@ -99,6 +99,7 @@ def _separate(rank, world, edp, frozen, weights, pp):
     from megatron_mm.models import BuildSettings, build_model
     from megatron_mm.models.build import model_chain
     from megatron_mm.plan import StagePartition
+    from megatron_mm.plan.schedules.problem import ScheduleProblem
     from megatron_mm.plan.schedules.separate import placement_sizes, separate
     from megatron_mm.plan.schedules.separate_placements import separate_model_placements
     from megatron_mm.runtime.separate_executor import SeparateExecutor, global_grad_norm
@@ -128,7 +129,9 @@ def _separate(rank, world, edp, frozen, weights, pp):
     ddp, optimizer = _stepped(chunk)
     global_grad_norm(optimizer)
     executor = SeparateExecutor(
-        ranks, lambda n: separate(pp, 1, n // dp, dp, edp, not frozen), places.pieces,
+        ranks, lambda n: separate(ScheduleProblem(pp, n // dp, llm_data_parallel_size=dp,
+                                                  encoder_data_parallel_size=edp,
+                                                  encoder_trainable=not frozen)), places.pieces,
         batch_to_device, placements=places.llm)
     losses = executor(forward_step_func=forward_step, data_iterator=iter(_batches()),
                       model=[ddp], num_microbatches=M)

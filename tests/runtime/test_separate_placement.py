@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dist_harness import run_distributed
+from megatron_mm.plan.schedules.problem import ScheduleProblem
 from megatron_mm.plan.schedules.p2p import message_inputs
 from megatron_mm.plan.schedules.separate import placement_sizes, separate
 from megatron_mm.runtime.mailbox import Spec
@@ -41,8 +42,9 @@ def _walk(rank, world, pp, edp, m, trainable):
     else:
         seen = dist.get_process_group_ranks(parallel_state.get_pipeline_model_parallel_group())
         assert parallel_state.get_data_parallel_world_size() == sizes.llm_data_parallel_size
-    s = separate(pp, 1, m, sizes.llm_data_parallel_size, edp, trainable, encoders=2,
-                 frozen_encoders=[1])
+    s = separate(ScheduleProblem(pp, m, llm_data_parallel_size=sizes.llm_data_parallel_size,
+                                 encoder_data_parallel_size=edp, encoder_trainable=trainable,
+                                 encoders=2, frozen_encoders=[1]))
     produced = {}  # action key -> the messages it sends
     for r, actions in enumerate(s.ranks):
         for a in actions:

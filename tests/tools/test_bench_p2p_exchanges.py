@@ -6,6 +6,7 @@ import importlib.util
 import math
 from pathlib import Path
 
+from megatron_mm.plan.schedules.problem import ScheduleProblem
 from megatron_mm.plan.schedules.generate import coarse, megatron
 from megatron_mm.plan.schedules.p2p import p2p_program, unit_cost
 
@@ -16,7 +17,7 @@ spec.loader.exec_module(bench)
 
 
 def test_the_model_hangs_on_late_receives_and_runs_timed_ones():
-    s = coarse(2, 1, 2, False, encoders=2)
+    s = coarse(ScheduleProblem(2, 2, encoder_trainable=False, encoders=2))
     assert bench.nccl_time(s.ranks, p2p_program(s, s.ranks, late=True), unit_cost) == math.inf
     assert bench.nccl_time(s.ranks, p2p_program(s, s.ranks), unit_cost) < math.inf
 

@@ -7,6 +7,7 @@ test_audio_training's ``pp2-auto`` and test_separate_training's ``auto-separate`
 
 import pytest
 
+from megatron_mm.plan.schedules.problem import ScheduleProblem
 from megatron_mm.plan.schedules.encoder_pipeline import megatron_costs
 from megatron_mm.plan.schedules.generate import megatron
 from megatron_mm.plan.costs.hardware import Hardware
@@ -211,7 +212,8 @@ def test_the_run_orders_its_encoder_actions_as_auto_simulated(tmp_path):
     costs = separate_program_costs(config, plan.chain, plan.partition, 1, 1)
     assert separate_iteration_s(program, costs) == pytest.approx(
         separate_iteration(config, plan.chain))
-    unit = separate(1, 1, n, 1, 1, True, encoders=2)
+    unit = separate(ScheduleProblem(1, n, llm_data_parallel_size=1, encoder_data_parallel_size=1,
+                                    encoders=2))
     assert program.ranks[:-1] == unit.ranks[:-1] and program.ranks[-1] != unit.ranks[-1]
 
 

@@ -11,6 +11,9 @@
 - ``search``: OmniBal's BMP (``partition_search``): candidates within +-r layers of a
   greedy anchor, ranked by rank-time variance and boundary bytes; here the best-ranked one,
   the training runtime times the top few on the real model and keeps the fastest;
+- ``encoder-first-stage``: ``auto``'s min-max with every encoder and projector (all that
+  comes before the first LLM decoder layer) on the first chunk, as stock Megatron-LM's
+  ``LLaVAModel`` and MIMO build them (``megatron_lm_args`` prints its flags);
 - a list ``4,8,8,8``: layers per chunk, in chunk order, counting every chain entry
   (embeddings, projectors and the output layer are layers here).
 
@@ -31,7 +34,7 @@ from .memory import ChunkMemory, stage_memory
 from .minmax import minmax_split, prefix_sums
 from .partition_search import candidates, layer_times
 
-POLICIES = ("auto", "uniform", "balanced", "search")
+POLICIES = ("auto", "uniform", "balanced", "search", "encoder-first-stage")
 GiB = 1024 ** 3
 
 
@@ -97,7 +100,8 @@ def parse_partition_flag(text: str) -> Union[str, List[int]]:
         counts = [int(part) for part in value.split(",")]
     except ValueError:
         raise PlanError(f"--pipeline-partition must be auto, uniform, balanced, search or a "
-                        f"comma-separated list of layers per stage such as 4,8,8,8; "
+                        f"comma-separated list of layers per stage such as 4,8,8,8 (or "
+                        f"encoder-first-stage: every encoder on the first stage); "
                         f"got {text!r}") from None
     if min(counts) < 1:
         raise PlanError(f"--pipeline-partition {text}: every stage needs at least one layer")
@@ -137,9 +141,11 @@ def partition(chain: Sequence[Layer], pp: int, vpp: int = 1,
         return result
     if isinstance(policy, str) and policy != "uniform":
         times = layer_times(chain, hardware)
-        weights = [t if policy == "auto" else (4.0 if l.recompute else 3.0) * l.fwd_flops
+        weights = [t if policy != "balanced" else (4.0 if l.recompute else 3.0) * l.fwd_flops
                    for t, l in zip(times, chain)]
-        counts = _minmax(chain, weights, pp, vpp, memory_limit_bytes, num_microbatches, memory)
+        counts = _minmax(chain, weights, pp, vpp, memory_limit_bytes, num_microbatches, memory,
+                         first_end=(first_llm_layer(chain) if policy == "encoder-first-stage"
+                                    else 0))
         return StagePartition(pp, vpp, counts, policy)
     if policy == "uniform":
         counts, name = uniform_counts(chain, chunks), "uniform"
@@ -188,22 +194,41 @@ def check_memory(chain: Sequence[Layer], part: StagePartition, limit: float,
                 "--recompute-granularity full")
 
 
-def _minmax(chain, weights, pp, vpp, limit, num_microbatches, memory) -> List[int]:
+def first_llm_layer(chain: Sequence[Layer]) -> int:
+    """The index of the first LLM decoder layer (everything before it: the LLM embedding,
+    the encoders, the projectors)."""
+    first = next((i for i, l in enumerate(chain) if l.kind == "llm_layer"), None)
+    if first is None:
+        raise PlanError("--pipeline-partition encoder-first-stage: the chain has no LLM "
+                        "decoder layer")
+    return first
+
+
+def _minmax(chain, weights, pp, vpp, limit, num_microbatches, memory,
+            first_end: int = 0) -> List[int]:
+    """``first_end``: the first chunk ends at that layer or later (``encoder-first-stage``:
+    the encoders and projectors all on it)."""
     chunks = pp * vpp
     time = prefix_sums(weights)
 
     def cost(start, end, _chunk):
         return time[end] - time[start]
 
-    feasible = None
-    if limit is not None:
-        mem = ChunkMemory(chain, pp, vpp, num_microbatches, memory)
-        per_chunk = limit / vpp
+    mem = ChunkMemory(chain, pp, vpp, num_microbatches, memory) if limit is not None else None
+    per_chunk = limit / vpp if limit is not None else None
 
-        def feasible(start, end, chunk):
-            return mem(start, end, chunk) <= per_chunk
+    def feasible(start, end, chunk):
+        if chunk == 0 and end < first_end:
+            return False
+        return mem is None or mem(start, end, chunk) <= per_chunk
 
+    if limit is None and not first_end:
+        feasible = None
     _, counts = minmax_split(len(chain), chunks, cost, feasible)
+    if counts is None and limit is None:
+        raise PlanError(f"--pipeline-partition encoder-first-stage: the {first_end} layers "
+                        f"before the first LLM decoder layer leave too few for PP x VPP = "
+                        f"{chunks} stages")
     if counts is None:
         best, _ = minmax_split(len(chain), chunks, mem)
         per = " per model chunk (limit / VPP)" if vpp > 1 else ""

@@ -41,75 +41,59 @@ from __future__ import annotations
 
 import heapq
 from itertools import accumulate
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 from ..errors import PlanError
 from .actions import Action, Kind, Schedule, validated
 from .collectives import add_collectives
 from .dataflow import dataflow
-from .generate import EncoderLayout, llm_order, separate_encoders
+from .generate import llm_order
+from .problem import ScheduleProblem
 from .simulate import ActionCosts, simulate
 
 Key = Tuple[str, int, int]
 
 
 @validated
-def bubble(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
-           costs: ActionCosts, encoder_stages: Optional[int] = None,
-           pieces: int = 1, reverse: bool = False,
-           extra_warmup: Union[int, str] = 0, encoders: int = 1,
-           frozen_encoders: Sequence[int] = (), encoder_replicas: int = 1,
-           grad_sync: bool = False, encoder_grad_sync: bool = False,
-           layouts: Optional[Sequence[EncoderLayout]] = None,
+def bubble(problem: ScheduleProblem, extra_warmup: Union[int, str] = 0,
            tp_bubbles: bool = False) -> Schedule:
-    """The bubble-filling schedule for these per-action costs (``costs.encoder_*_s`` per
-    encoder piece: ``encoder_stages * pieces`` entries per encoder, ``encoders`` of them
-    one after the other; or each encoder's own ``layouts``)."""
+    """The bubble-filling schedule for ``problem`` and its per-action costs
+    (``costs.encoder_*_s`` per encoder piece, the encoders' pieces one after the other)."""
+    costs = problem.costs_for("bubble")
+    pp, vpp = problem.pp, problem.vpp
     if extra_warmup == "quick":  # 1F1B's order and one dataflow order: to rank many plans
-        return min([bubble(pp, vpp, num_microbatches, encoder_trainable, costs, encoder_stages,
-                           pieces, reverse, 0, encoders, frozen_encoders, encoder_replicas,
-                           grad_sync, encoder_grad_sync, layouts, tp_bubbles),
-                    dataflow(pp, vpp, num_microbatches, encoder_trainable, costs,
-                             encoder_stages, pieces, reverse, encoders, frozen_encoders,
-                             encoder_replicas, grad_sync, encoder_grad_sync, layouts,
-                             max_in_flight=pp + 1, max_encoder_ahead=2 * pp,
+        return min([bubble(problem, 0, tp_bubbles),
+                    dataflow(problem, max_in_flight=pp + 1, max_encoder_ahead=2 * pp,
                              longest_chain_first=True)],
                    key=lambda s: simulate(s, costs, timeline=False).iteration_s)
     if extra_warmup == "auto":
-        options = [bubble(pp, vpp, num_microbatches, encoder_trainable, costs, encoder_stages,
-                          pieces, reverse, extra, encoders, frozen_encoders,
-                          encoder_replicas, grad_sync, encoder_grad_sync, layouts,
-                          tp_bubbles)
-                   for extra in (0, 1, 2)]
+        options = [bubble(problem, extra, tp_bubbles) for extra in (0, 1, 2)]
         # longest chain first pays where a micro-batch's backward crosses ranks piece by
         # piece: an interleaved encoder
-        interleaved = any(layout.virtual > 1 for layout in layouts or ())
+        interleaved = any(layout.virtual > 1 for layout in problem.layouts)
         chains = (False, True) if interleaved else (False,)
         if not tp_bubbles:  # the dataflow order within these memory bounds
-            options += [dataflow(pp, vpp, num_microbatches, encoder_trainable, costs,
-                                 encoder_stages, pieces, reverse, encoders, frozen_encoders,
-                                 encoder_replicas, grad_sync, encoder_grad_sync, layouts,
-                                 max_in_flight=in_flight, max_encoder_ahead=ahead,
+            options += [dataflow(problem, max_in_flight=in_flight, max_encoder_ahead=ahead,
                                  longest_chain_first=chain)
                         for in_flight in sorted({pp, pp + 1, pp + 2, pp * vpp})
                         for ahead in (pp, 2 * pp) for chain in chains]
         return min(options, key=lambda s: simulate(s, costs, timeline=False).iteration_s)
-    schedule = separate_encoders("bubble", pp, vpp, num_microbatches, encoder_trainable,
-                                 encoder_stages, pieces, reverse, encoders, frozen_encoders,
-                                 layouts)
+    schedule = problem.empty_schedule("bubble")
     ranks_of_piece, n = schedule.encoder_ranks, schedule.encoder_stages
-    if len(costs.encoder_forward_s) < n or (encoder_trainable
+    if len(costs.encoder_forward_s) < n or (problem.encoder_trainable
                                             and len(costs.encoder_backward_s) < n):
         raise PlanError(f"the bubble schedule needs encoder costs for all {n} encoder pieces")
-    llm = [llm_order(pp, vpp, num_microbatches, r, extra_warmup) for r in range(pp)]
-    forwards = [[Action(Kind.EF, mb, s) for mb in range(num_microbatches)
+    m = problem.num_microbatches
+    llm = [llm_order(pp, vpp, m, r, extra_warmup) for r in range(pp)]
+    forwards = [[Action(Kind.EF, mb, s) for mb in range(m)
                  for s in range(n) if ranks_of_piece[s] == r] for r in range(pp)]
-    backwards = [[Action(Kind.EB, mb, s) for mb in range(num_microbatches)
+    backwards = [[Action(Kind.EB, mb, s) for mb in range(m)
                   for s in reversed(range(n))
                   if ranks_of_piece[s] == r and schedule.encoder_backward(s)]
                  for r in range(pp)]
     _ListScheduler(schedule, costs, llm, forwards, backwards, tp_bubbles).run()
-    return add_collectives(schedule, encoder_replicas, grad_sync, encoder_grad_sync)
+    return add_collectives(schedule, problem.encoder_replicas, problem.grad_sync,
+                           problem.encoder_grad_sync)
 
 
 class _ListScheduler:

@@ -32,12 +32,12 @@ keeps whichever simulates faster. The result is plain data (``actions.Schedule``
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from ..errors import PlanError
 from .actions import Action, Kind, Schedule, validated
 from .collectives import add_collectives
-from .generate import EncoderLayout, separate_encoders
+from .problem import ScheduleProblem
 from .simulate import ActionCosts
 
 Key = Tuple[str, int, int]
@@ -45,27 +45,21 @@ _URGENCY = {Kind.B: 0, Kind.F: 1, Kind.EF: 2, Kind.EB: 3}
 
 
 @validated
-def dataflow(pp: int, vpp: int, num_microbatches: int, encoder_trainable: bool,
-             costs: ActionCosts, encoder_stages: Optional[int] = None, pieces: int = 1,
-             reverse: bool = False, encoders: int = 1, frozen_encoders: Sequence[int] = (),
-             encoder_replicas: int = 1, grad_sync: bool = False,
-             encoder_grad_sync: bool = False,
-             layouts: Optional[Sequence[EncoderLayout]] = None,
-             max_in_flight: Optional[int] = None,
+def dataflow(problem: ScheduleProblem, max_in_flight: Optional[int] = None,
              max_encoder_ahead: Optional[int] = None,
              longest_chain_first: bool = False) -> Schedule:
-    """The dataflow schedule for these per-action costs (module docstring); the bounds
-    default to PP micro-batches each."""
-    schedule = separate_encoders("dataflow", pp, vpp, num_microbatches, encoder_trainable,
-                                 encoder_stages, pieces, reverse, encoders, frozen_encoders,
-                                 layouts)
-    in_flight = max_in_flight or pp
-    ahead = max_encoder_ahead or pp
+    """The dataflow schedule for ``problem`` and its per-action costs (module docstring);
+    the bounds default to PP micro-batches each."""
+    costs = problem.costs_for("dataflow")
+    schedule = problem.empty_schedule("dataflow")
+    in_flight = max_in_flight or problem.pp
+    ahead = max_encoder_ahead or problem.pp
     if in_flight < 1 or ahead < 1:
         raise PlanError(f"the dataflow schedule needs room for one micro-batch in flight "
                         f"(got max_in_flight={in_flight}, max_encoder_ahead={ahead})")
     schedule.ranks = _Order(schedule, costs, in_flight, ahead, longest_chain_first).run()
-    return add_collectives(schedule, encoder_replicas, grad_sync, encoder_grad_sync)
+    return add_collectives(schedule, problem.encoder_replicas, problem.grad_sync,
+                           problem.encoder_grad_sync)
 
 
 class _Order:

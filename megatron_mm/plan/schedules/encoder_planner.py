@@ -56,7 +56,7 @@ from .action_costs import CostModel, EncoderPlan, LLMLayout
 from .actions import Schedule, validate
 from .bubble import bubble
 from .collectives import add_expert_all_to_alls
-from .generate import EncoderLayout, coarse, megatron
+from .generate import EncoderLayout, ScheduleProblem, coarse, megatron
 from .simulate import ActionCosts, simulate
 
 GB = 1e9
@@ -159,8 +159,10 @@ def _other_layouts(cm: CostModel, plan: EncoderPlan, num_microbatches: int,
                 for reverse in (False, True):
                     trial = chosen[:e - 1] + [EncoderLayout(stages, k, reverse)] + chosen[e:]
                     costs = cm.optimus(plan, 1, others=trial).all_to_alls_folded()
-                    s = bubble(pp, vpp, num_microbatches, cm.encoder_trainable, costs,
-                               layouts=[main] + trial, **settings)
+                    s = bubble(ScheduleProblem(
+                        pp, num_microbatches, virtual_pipeline_model_parallel_size=vpp,
+                        encoder_trainable=cm.encoder_trainable, costs=costs,
+                        layouts=[main] + trial, **settings))
                     t = simulate(s, costs, False).iteration_s
                     if best is None or t < best[0] - 1e-12:
                         best = (t, trial[e - 1])
@@ -247,11 +249,13 @@ def plan_encoder_schedule(model: ModelSpec, layout: LLMLayout, hardware: Hardwar
                 for kind in schedules:
                     if kind == "bubble" and hidden_all:
                         continue
+                    problem = ScheduleProblem(pp, n, virtual_pipeline_model_parallel_size=vpp,
+                                              encoder_trainable=cm.encoder_trainable,
+                                              layouts=layouts, **settings)
                     s = add_expert_all_to_alls(
-                        coarse(pp, vpp, n, cm.encoder_trainable, layouts=layouts, **settings)
-                        if kind == "coarse" else
-                        bubble(pp, vpp, n, cm.encoder_trainable, costs.all_to_alls_folded(),
-                               layouts=layouts, tp_bubbles=True, **settings),
+                        coarse(problem) if kind == "coarse" else
+                        bubble(replace(problem, costs=costs.all_to_alls_folded()),
+                               tp_bubbles=True),
                         cm.expert_chunks())
                     sim = simulate(s, costs, False)
                     c = Candidate(pp_enc, tp_enc, plan.encoder_data_parallel_size, k, reverse,

@@ -51,6 +51,7 @@ from ..record import Record
 from .actions import Action, Kind, Schedule, validated
 from .generate import llm_order
 from .p2p import Exchange, Transfer, check_group_rendezvous
+from .problem import ScheduleProblem
 from .simulate import ActionCosts
 
 Key = Tuple[str, int, int]
@@ -294,24 +295,35 @@ def _replica_lists(d: int, m: int, e: int) -> Tuple[Tuple[Tuple[int, ...], ...],
 
 
 @validated
-def separate(pp: int, vpp: int, microbatches_per_replica: int, llm_data_parallel_size: int,
-             encoder_data_parallel_size: int, encoder_trainable: bool, encoders: int = 1,
-             frozen_encoders: Sequence[int] = (), lookahead: Optional[int] = None,
-             costs: Optional[ActionCosts] = None,
-             encoder_data_parallel_sizes: Sequence[int] = (),
-             lockstep_replicas: int = 1) -> SeparateSchedule:
-    """The separate placement's program (module docstring). ``costs``: seconds per action
-    (``forward_s`` / ``backward_s`` per LLM chunk, ``encoder_forward_s`` /
-    ``encoder_backward_s`` per encoder on one encoder replica, ``p2p_s`` per message), by
-    which the encoder replicas' orders are chosen; ``lookahead`` defaults to PP + 1
-    micro-batches (enough to cover the LLM's 1F1B warm-up on each replica);
-    ``encoder_data_parallel_sizes``: each encoder on replicas of its own, so many each
-    (``encoder_data_parallel_size`` must be their sum); ``lockstep_replicas``: the LLM
-    replicas whose stages meet in collectives inside their actions (``Members``), which
-    the encoders' orders must not hold apart."""
+def separate(problem: ScheduleProblem) -> SeparateSchedule:
+    """The separate placement's program (module docstring) for ``problem``: its
+    ``num_microbatches`` per LLM replica (``llm_data_parallel_size`` of them), its
+    ``encoder_data_parallel_size`` encoder replicas (``encoder_data_parallel_sizes``: each
+    encoder on replicas of its own, so many each, summing to it), its ``costs`` (seconds
+    per action: ``forward_s`` / ``backward_s`` per LLM chunk, ``encoder_forward_s`` /
+    ``encoder_backward_s`` per encoder on one encoder replica, ``p2p_s`` per message; unit
+    costs without), by which the encoder replicas' orders are chosen; ``lookahead``
+    defaults to PP + 1 micro-batches (enough to cover the LLM's 1F1B warm-up on each
+    replica); ``lockstep_replicas``: the LLM replicas whose stages meet in collectives
+    inside their actions (``Members``), which the encoders' orders must not hold apart.
+    Each encoder runs whole on a replica: ``layouts`` / pieces do not apply."""
+    pp, vpp = problem.pp, problem.vpp
+    microbatches_per_replica = problem.num_microbatches
+    llm_data_parallel_size = problem.llm_data_parallel_size
+    encoder_data_parallel_size = problem.encoder_data_parallel_size
+    encoder_trainable, encoders = problem.encoder_trainable, problem.encoders
+    frozen_encoders, lookahead = problem.frozen_encoders, problem.lookahead
+    costs, lockstep_replicas = problem.costs, problem.lockstep_replicas
+    if (problem.layouts or problem.encoder_stages is not None or problem.pieces != 1
+            or problem.reverse or problem.encoder_replicas != 1 or problem.grad_sync
+            or problem.encoder_grad_sync):
+        raise PlanError("the separate placement runs each encoder whole on replicas of its "
+                        "own: layouts, encoder_stages, pieces, reverse, encoder_replicas, "
+                        "grad_sync and encoder_grad_sync are the colocated schedules' "
+                        "(coarse, bubble)")
     if encoders < 1:
         raise PlanError(f"the separate placement needs at least one encoder (got {encoders})")
-    own = list(encoder_data_parallel_sizes)
+    own = list(problem.encoder_data_parallel_sizes)
     if own and (len(own) != encoders or sum(own) != encoder_data_parallel_size
                 or min(own) < 1):
         raise PlanError(f"each of the {encoders} encoders needs its own data-parallel size, "

@@ -15,13 +15,12 @@ cannot run fails at start-up.
 
 from __future__ import annotations
 
-from ...plan.schedules.bubble import bubble
+from ...plan.schedules.by_name import encoder_schedule
 from ...plan.schedules.encoder_pipeline import (EncoderPipelinePlan, expert_chunks,
                                                 plan_encoder_pipeline, schedule_costs,
                                                 segment_cuts, split_chain)
 from ...plan.errors import PlanError
-from ...plan.schedules.collectives import add_expert_all_to_alls
-from ...plan.schedules.generate import EncoderLayout, coarse
+from ...plan.schedules.generate import EncoderLayout, ScheduleProblem
 from ...plan.pipeline.partition import parse_partition_flag
 from ...plan.schedules.simulate import simulate
 from .chain import training_chain
@@ -121,27 +120,32 @@ def make_schedule(config, plan: EncoderPipelinePlan, num_microbatches: int, chai
     parallelism) as actions after the LLM actions that run them. ``quick``: the bubble
     generator's two quickest orders only (``bubble(extra_warmup="quick")``), to rank plans."""
     chain = chain if chain is not None else training_chain(config)
+    return encoder_schedule(config.encoder_schedule.encoder_schedule,
+                            schedule_problem(config, plan, num_microbatches, chain),
+                            plan_expert_chunks(plan, chain), quick)
+
+
+def plan_expert_chunks(plan: EncoderPipelinePlan, chain):
+    """The plan's LLM chunks holding MoE layers (their F / B run expert all-to-alls)."""
     llm = split_chain(chain)[1]
-    moe = expert_chunks([llm[s:e] for s, e in plan.llm_partition.chunk_bounds()])
-    return add_expert_all_to_alls(_compute_schedule(config, plan, num_microbatches, chain,
-                                                    quick), moe)
+    return expert_chunks([llm[s:e] for s, e in plan.llm_partition.chunk_bounds()])
 
 
-def _compute_schedule(config, plan: EncoderPipelinePlan, num_microbatches: int, chain,
-                      quick: bool = False):
+def schedule_problem(config, plan: EncoderPipelinePlan, num_microbatches: int, chain=None
+                     ) -> ScheduleProblem:
+    """The run's schedule problem: the plan's encoders on the flags' layout, the encoder
+    replicas, the data-parallel reductions' start points, the plan's per-action costs."""
     parallel, schedule = config.parallel, config.encoder_schedule
     pp = parallel.pipeline_model_parallel_size
-    vpp = parallel.virtual_pipeline_model_parallel_size or 1
     stages = schedule.encoder_pipeline_model_parallel_size or pp
     layouts = [EncoderLayout(stages, schedule.encoder_pieces, plan.reverse,
                              encoder_virtual_stages(config))] * len(plan.pieces)
-    encoders = dict(layouts=layouts, frozen_encoders=plan.frozen_encoders,
-                    encoder_replicas=encoder_replicas(config), grad_sync=True)
-    if schedule.encoder_schedule == "coarse":
-        return coarse(pp, vpp, num_microbatches, plan.encoder_trainable, **encoders)
-    return bubble(pp, vpp, num_microbatches, plan.encoder_trainable,
-                  plan_costs(config, plan, chain).all_to_alls_folded(),
-                  extra_warmup="quick" if quick else "auto", **encoders)
+    return ScheduleProblem(
+        pp, num_microbatches,
+        virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size or 1,
+        encoder_trainable=plan.encoder_trainable, layouts=layouts,
+        frozen_encoders=plan.frozen_encoders, encoder_replicas=encoder_replicas(config),
+        grad_sync=True, costs=plan_costs(config, plan, chain))
 
 
 def encoder_replicas(config) -> int:

@@ -22,6 +22,7 @@ from ...config import ConfigError
 from ...plan import PlanError, partition
 from ...plan.pipeline.partition import parse_partition_flag
 from ...plan.schedules.encoder_pipeline import split_chain
+from ...plan.schedules.problem import ScheduleProblem
 from ...plan.schedules.separate import separate
 from ...plan.schedules.separate_costs import (SeparateCosts, separate_costs,
                                                separate_iteration_s)
@@ -91,13 +92,14 @@ def separate_iteration(run: RunConfig, chain) -> float:
                                    schedule.encoder_tensor_model_parallel_size,
                                    schedule.encoder_data_parallel_size)
     trainable = encoder_trainable(chain)
-    program = separate(parallel.pipeline_model_parallel_size,
-                       parallel.virtual_pipeline_model_parallel_size or 1,
-                       run.training.num_microbatches, parallel.data_parallel_size,
-                       schedule.encoder_data_parallel_size, any(trainable),
-                       encoders=len(trainable),
-                       frozen_encoders=[i for i, t in enumerate(trainable) if not t],
-                       costs=costs.costs, lockstep_replicas=llm_lockstep_replicas(run))
+    program = separate(ScheduleProblem(
+        parallel.pipeline_model_parallel_size, run.training.num_microbatches,
+        virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size or 1,
+        llm_data_parallel_size=parallel.data_parallel_size,
+        encoder_data_parallel_size=schedule.encoder_data_parallel_size,
+        encoder_trainable=any(trainable), encoders=len(trainable),
+        frozen_encoders=[i for i, t in enumerate(trainable) if not t],
+        costs=costs.costs, lockstep_replicas=llm_lockstep_replicas(run)))
     return separate_iteration_s(program, costs)
 
 

@@ -15,6 +15,7 @@ from megatron_mm.plan.model import EncoderSpec, ModelSpec, TransformerSpec, Work
 from megatron_mm.plan.pipeline.chain import build_chain
 from megatron_mm.plan.pipeline.partition import StagePartition, partition
 from megatron_mm.plan.pipeline.partition_search import score
+from megatron_mm.plan.schedules.problem import ScheduleProblem
 from megatron_mm.plan.schedules.encoder_pipeline import (megatron_costs, plan_encoder_pipeline,
                                                          schedule_costs)
 from megatron_mm.plan.schedules.generate import coarse
@@ -95,7 +96,7 @@ def test_deepstack_volume_lengthens_the_simulated_schedule():
     vit = [l for l in deep if l.kind == "vision_layer"]
     assert costs.encoder_deepstack_p2p_s == [
         time.p2p_s(vit[e - 1].deepstack_bytes) for _, e in plan.pieces[0].layers]
-    schedule = coarse(2, 1, 4, True, 2, 1)
+    schedule = coarse(ScheduleProblem(2, 4, encoder_stages=2, pieces=1))
     free = replace(costs, deepstack_p2p_s=[], encoder_deepstack_p2p_s=[])
     assert simulate(schedule, costs).iteration_s > simulate(schedule, free).iteration_s
 
@@ -114,7 +115,8 @@ def test_deepstack_volume_in_the_separate_program():
     llm0 = next(l for l in deep if l.kind == "llm_layer")
     assert costs.encoder_deepstack_p2p_s == [time.p2p_s(3 * vit[-1].out_bytes)]
     assert costs.deepstack_p2p_s == [time.p2p_s(llm0.deepstack_bytes), 0.0]
-    program = separate(2, 1, 4, 1, 1, True, costs=costs)
+    program = separate(ScheduleProblem(2, 4, llm_data_parallel_size=1,
+                                       encoder_data_parallel_size=1, costs=costs))
     free = replace(costs, deepstack_p2p_s=[], encoder_deepstack_p2p_s=[])
     assert simulate(program, costs).iteration_s > simulate(program, free).iteration_s
 

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from megatron_mm.plan import PlanError
+from megatron_mm.plan.schedules.problem import ScheduleProblem
 from megatron_mm.plan.schedules import generate
 from megatron_mm.plan.schedules.actions import Action, Kind, Schedule, validate, validated
 from megatron_mm.plan.schedules.bubble import bubble
@@ -39,9 +40,11 @@ def test_kinds_are_an_enum_that_reads_and_serialises_as_letters():
 def test_collectives_sit_where_the_runtime_runs_them(generator):
     pp, m = 2, 4
     costs = _costs(pp)
-    schedule = (coarse(pp, 1, m, True, pp, encoder_replicas=2, grad_sync=True)
+    schedule = (coarse(ScheduleProblem(pp, m, encoder_stages=pp, encoder_replicas=2,
+                                       grad_sync=True))
                 if generator == "coarse" else
-                bubble(pp, 1, m, True, costs, pp, encoder_replicas=2, grad_sync=True))
+                bubble(ScheduleProblem(pp, m, costs=costs, encoder_stages=pp, encoder_replicas=2,
+                                       grad_sync=True)))
     assert Schedule.from_dict(json.loads(json.dumps(schedule.to_dict()))) == schedule
     keys = [[a.key for a in r] for r in schedule.ranks]
     for mb in range(m):  # the broadcast of the encoder's last piece right before F(m, 0)
@@ -68,8 +71,8 @@ def test_grad_sync_of_each_chunk_follows_its_last_backward():
 
 def test_the_simulator_charges_the_collectives_and_overlaps_the_reductions():
     pp, m = 2, 4
-    plain = simulate(coarse(pp, 1, m, True, pp), _costs(pp))
-    schedule = coarse(pp, 1, m, True, pp, encoder_replicas=2, grad_sync=True)
+    plain = simulate(coarse(ScheduleProblem(pp, m, encoder_stages=pp)), _costs(pp))
+    schedule = coarse(ScheduleProblem(pp, m, encoder_stages=pp, encoder_replicas=2, grad_sync=True))
     free = simulate(schedule, _costs(pp))  # costs without collectives: they are free
     assert free.iteration_s == pytest.approx(plain.iteration_s)
     bcast = simulate(schedule, _costs(pp, broadcast_s=[0.0, 0.5]))
@@ -97,7 +100,7 @@ def test_the_simulator_charges_the_collectives_and_overlaps_the_reductions():
 
 
 def test_misplaced_or_missing_collectives_are_named():
-    good = coarse(2, 1, 2, True, 2, encoder_replicas=2, grad_sync=True)
+    good = coarse(ScheduleProblem(2, 2, encoder_stages=2, encoder_replicas=2, grad_sync=True))
     early = Schedule.from_dict(good.to_dict())
     sync = next(a for a in early.ranks[1] if a.kind == "GRAD_SYNC")
     early.ranks[1].remove(sync)
@@ -108,7 +111,7 @@ def test_misplaced_or_missing_collectives_are_named():
     missing.ranks[0] = [a for a in missing.ranks[0] if a.key != ("BCAST", 1, 1)]
     with pytest.raises(PlanError, match=r"never runs BCAST\(micro-batch 1, encoder piece 1\)"):
         validate(missing)
-    one_replica = coarse(2, 1, 2, True, 2)
+    one_replica = coarse(ScheduleProblem(2, 2, encoder_stages=2))
     one_replica.ranks[0].append(Action("ALLREDUCE", 0, 0))
     with pytest.raises(PlanError, match="ALLREDUCE need encoder replicas"):
         validate(one_replica)
@@ -129,7 +132,7 @@ def test_every_generator_validates_what_it_returns(monkeypatch):
     with pytest.raises(PlanError, match="deadlocks"):
         megatron(2, 1, 4)
     with pytest.raises(PlanError, match="deadlocks"):
-        coarse(2, 1, 4, True, 2)
+        coarse(ScheduleProblem(2, 4, encoder_stages=2))
     with pytest.raises(PlanError, match="never runs"):
         validated(lambda: Schedule("empty", 1, 1, 1, ranks=[[]]))()
 
@@ -140,8 +143,9 @@ def test_encoder_pieces_reducing_on_their_own_free_the_first_chunk():
     waits for the encoder; the runtime (pieces in the first chunk's buffers) reduces them
     with GRAD_SYNC, which the simulator charges there."""
     pp, m = 2, 4
-    own = coarse(pp, 1, m, True, pp, 2, grad_sync=True, encoder_grad_sync=True)
-    shared = coarse(pp, 1, m, True, pp, 2, grad_sync=True)
+    own = coarse(ScheduleProblem(pp, m, encoder_stages=pp, pieces=2, grad_sync=True,
+                                 encoder_grad_sync=True))
+    shared = coarse(ScheduleProblem(pp, m, encoder_stages=pp, pieces=2, grad_sync=True))
     for r in range(pp):
         assert own.dependencies(Action("GRAD_SYNC", 0, r)) == [("B", mb, r) for mb in range(m)]
     assert own.dependencies(Action("ENCODER_GRAD_SYNC", 0, 3)) == [
@@ -166,8 +170,9 @@ def test_encoder_work_in_tp_bubbles_is_free_where_it_fits():
     pp, m = 2, 4
     comm = dict(forward_comm_s=[0.4] * pp, backward_comm_s=[0.8] * pp)
     small = _costs(pp, 4, **comm)  # pieces of 0.25 / 0.5 s: they fit
-    plain = bubble(pp, 1, m, True, small, pp, 4)
-    filled = bubble(pp, 1, m, True, small, pp, 4, tp_bubbles=True)
+    plain = bubble(ScheduleProblem(pp, m, costs=small, encoder_stages=pp, pieces=4))
+    filled = bubble(ScheduleProblem(pp, m, costs=small, encoder_stages=pp, pieces=4),
+                    tp_bubbles=True)
     inside = [a for r in filled.ranks for a in r if a.in_tp_bubble]
     assert inside and all(a.kind in ("EF", "EB") for a in inside)
     assert "in a TP bubble" in str(inside[0])
@@ -182,7 +187,8 @@ def test_encoder_work_in_tp_bubbles_is_free_where_it_fits():
     assert sum(t_talking.busy_s) > sum(t_filled.busy_s)
     assert t_talking.iteration_s >= t_filled.iteration_s
     big = _costs(pp, 1, **comm)  # 1 s / 2 s pieces never fit
-    assert not any(a.in_tp_bubble for r in bubble(pp, 1, m, True, big, pp, 1,
+    assert not any(a.in_tp_bubble for r in bubble(ScheduleProblem(pp, m, costs=big,
+                                                                  encoder_stages=pp, pieces=1),
                                                   tp_bubbles=True).ranks for a in r)
     misplaced = Schedule.from_dict(filled.to_dict())
     first = misplaced.ranks[0][0]  # an encoder forward before any LLM action

@@ -4,6 +4,7 @@ what 1F1B leaves idle."""
 import pytest
 
 from megatron_mm.plan import PlanError
+from megatron_mm.plan.schedules.problem import ScheduleProblem
 from megatron_mm.plan.schedules.actions import Kind, validate
 from megatron_mm.plan.schedules.bubble import bubble
 from megatron_mm.plan.schedules.dataflow import dataflow
@@ -34,8 +35,8 @@ def _peak(sim, first, last):
 @pytest.mark.parametrize("in_flight", [1, 2, 3])
 def test_valid_and_within_its_memory_bounds(in_flight):
     costs = _costs()
-    s = dataflow(2, 1, 6, True, costs, 2, 1, reverse=True, grad_sync=True,
-                 max_in_flight=in_flight, max_encoder_ahead=1)
+    s = dataflow(ScheduleProblem(2, 6, costs=costs, encoder_stages=2, pieces=1, reverse=True,
+                                 grad_sync=True), max_in_flight=in_flight, max_encoder_ahead=1)
     validate(s)
     sim = simulate(s, costs)
     assert _peak(sim, (Kind.F, 0), (Kind.B, 0)) <= in_flight
@@ -51,16 +52,19 @@ def test_fills_the_warm_up_and_cool_down():
     possible, and with 3 micro-batches in flight the dataflow order reaches it; the fixed
     1F1B order of the bubble schedule does worse."""
     costs = _costs()
-    sim = simulate(dataflow(2, 1, 6, True, costs, 2, 1, reverse=True, max_in_flight=3), costs)
+    sim = simulate(dataflow(ScheduleProblem(2, 6, costs=costs, encoder_stages=2, pieces=1,
+                                            reverse=True), max_in_flight=3), costs)
     assert sim.iteration_s == pytest.approx(27 + 0.5 + 1.0)
-    fixed = min(simulate(bubble(2, 1, 6, True, costs, 2, 1, reverse=r, extra_warmup=e),
+    fixed = min(simulate(bubble(ScheduleProblem(2, 6, costs=costs, encoder_stages=2, pieces=1,
+                                                reverse=r), extra_warmup=e),
                          costs).iteration_s for r in (False, True) for e in (0, 1, 2))
     assert sim.iteration_s < fixed
 
 
 def test_frozen_and_several_encoders():
     costs = ActionCosts([1.0, 1.0], [2.0, 2.0], [0.5, 0.5, 0.3, 0.3], [1.0, 1.0, 0.6, 0.6])
-    s = dataflow(2, 1, 4, True, costs, 2, 1, encoders=2, frozen_encoders=[1])
+    s = dataflow(ScheduleProblem(2, 4, costs=costs, encoder_stages=2, pieces=1, encoders=2,
+                                 frozen_encoders=[1]))
     validate(s)
     kinds = [(a.kind, a.chunk) for r in s.ranks for a in r]
     assert (Kind.EB, 2) not in kinds and (Kind.EB, 3) not in kinds  # audio frozen
@@ -69,7 +73,8 @@ def test_frozen_and_several_encoders():
 
 def test_needs_room_for_a_micro_batch():
     with pytest.raises(PlanError, match="max_in_flight"):
-        dataflow(2, 1, 4, True, _costs(), 2, 1, max_in_flight=-1)
+        dataflow(ScheduleProblem(2, 4, costs=_costs(), encoder_stages=2, pieces=1),
+                 max_in_flight=-1)
 
 
 def test_longest_chain_first_starts_the_last_backward_of_an_interleaved_encoder_sooner():
@@ -82,15 +87,16 @@ def test_longest_chain_first_starts_the_last_backward_of_an_interleaved_encoder_
     layouts = [EncoderLayout(2, 1, True, 2)]
 
     def best(chain):
-        return min(simulate(dataflow(2, 1, 4, True, costs, layouts=layouts, max_in_flight=f,
-                                     max_encoder_ahead=a, longest_chain_first=chain),
+        return min(simulate(dataflow(ScheduleProblem(2, 4, costs=costs, layouts=layouts),
+                                     max_in_flight=f, max_encoder_ahead=a,
+                                     longest_chain_first=chain),
                             costs, timeline=False).iteration_s
                    for f in (2, 3, 4) for a in (2, 4))
 
     # the last micro-batch's backward passes rank to rank piece by piece: started first,
     # the earlier micro-batches' pieces fill its waits
     assert best(False) == 127.0 and best(True) == 123.0
-    s = dataflow(2, 1, 4, True, costs, layouts=layouts, max_in_flight=3, max_encoder_ahead=4,
-                 longest_chain_first=True)
+    s = dataflow(ScheduleProblem(2, 4, costs=costs, layouts=layouts),
+                 max_in_flight=3, max_encoder_ahead=4, longest_chain_first=True)
     validate(s)
     assert s.encoder_ranks == [1, 0, 1, 0]

@@ -7,6 +7,7 @@ import pytest
 
 from megatron_mm.plan import PlanError
 from megatron_mm.reproductions import model_zoo
+from megatron_mm.plan.schedules.problem import ScheduleProblem
 from megatron_mm.plan.schedules.action_costs import CostModel, EncoderPlan, LLMLayout
 from megatron_mm.plan.schedules.actions import validate
 from megatron_mm.plan.schedules.encoder_planner import EncoderSchedulePlan, plan_encoder_schedule
@@ -63,8 +64,9 @@ def test_coarse_hidden_share_follows_the_paper():
         model = model_zoo.model_pair(run.pair, img_h=224, img_w=448)
         cm = CostModel(model, run.layout, H100, H100_LINKS)
         costs = cm.optimus(EncoderPlan.of(run.layout, 8, 8), 1)
-        s = coarse(8, 12, run.layout.num_microbatches, True, 8, grad_sync=True,
-                   encoder_grad_sync=True)
+        s = coarse(ScheduleProblem(8, run.layout.num_microbatches,
+                                   virtual_pipeline_model_parallel_size=12, encoder_stages=8,
+                                   grad_sync=True, encoder_grad_sync=True))
         shares.append(simulate(s, costs, False).encoder_hidden_fraction)
     assert shares == sorted(shares)
     for share, run in zip(shares, RUNS[:3]):
@@ -99,7 +101,7 @@ def test_encoder_plan_divides_the_llm_plan():
 def test_simulation_reports_encoder_busy_time_and_hidden_share():
     pp, m = 4, 8
     costs = ActionCosts([1.0] * pp, [2.0] * pp, [0.5] * pp, [1.0] * pp)
-    sim = simulate(coarse(pp, 1, m, True), costs)
+    sim = simulate(coarse(ScheduleProblem(pp, m)), costs)
     assert sim.encoder_busy_s == [m * 1.5] * pp
     assert sim.llm_only_iteration_s == pytest.approx((m + pp - 1) * 3.0)
     expected = 1 - (sim.iteration_s - sim.llm_only_iteration_s) / (m * 1.5)
@@ -153,9 +155,9 @@ def test_vision_and_audio_are_planned_together_each_with_its_own_layout(vision_a
         for reverse in (False, True):
             other = EncoderLayout(stages, 1, reverse)
             costs = cm.optimus(plan, b.encoder_pieces, b.sublayer, b.reverse, [other])
-            sched = (bubble if b.schedule == "bubble" else
-                     lambda *a, **k: coarse(*a[:4], **k))(
-                4, 1, b.num_microbatches, True, costs, layouts=[vision, other], **settings)
+            problem = ScheduleProblem(4, b.num_microbatches, costs=costs,
+                                      layouts=[vision, other], **settings)
+            sched = (bubble if b.schedule == "bubble" else coarse)(problem)
             times[(stages, reverse)] = simulate(sched, costs, False).iteration_s
     assert b.iteration_s <= min(times.values()) + 1e-9
     assert (audio.encoder_pipeline_model_parallel_size, audio.reverse) in times

@@ -14,6 +14,7 @@ from megatron_mm.plan.costs.hardware import Hardware, Interconnect
 from megatron_mm.plan.model import ModelSpec, TransformerSpec, Workload
 from megatron_mm.plan.pipeline.chain import build_chain
 from megatron_mm.plan.pipeline.partition import partition
+from megatron_mm.plan.schedules.problem import ScheduleProblem
 from megatron_mm.plan.schedules.action_costs import CostModel, LLMLayout
 from megatron_mm.plan.schedules.actions import Kind, validate
 from megatron_mm.plan.schedules.bubble import bubble
@@ -40,9 +41,9 @@ def test_all_to_alls_follow_their_llm_actions_and_are_charged(generator):
     pp, m = 2, 4
     costs = _costs(pp, 0.25)
     make = {"megatron": lambda: megatron(pp, 1, m, grad_sync=True),
-            "coarse": lambda: coarse(pp, 1, m, True, grad_sync=True),
-            "bubble": lambda: bubble(pp, 1, m, True, costs.all_to_alls_folded(),
-                                     grad_sync=True)}[generator]
+            "coarse": lambda: coarse(ScheduleProblem(pp, m, grad_sync=True)),
+            "bubble": lambda: bubble(ScheduleProblem(pp, m, costs=costs.all_to_alls_folded(),
+                                                     grad_sync=True))}[generator]
     plain = make()
     s = add_expert_all_to_alls(make(), [1])  # MoE layers in chunk 1 only
     for r, order in enumerate(s.ranks):
@@ -85,8 +86,9 @@ def test_encoder_replicas_meet_in_the_all_to_alls():
     """The replicas of a stage (expert-parallel peers too) meet in every A2A: a replica
     that skips one (runs a shorter list) hangs the others, and the check says so."""
     pp, m = 2, 4
-    s = add_expert_all_to_alls(bubble(pp, 1, m, True, _costs(pp, 0.1).all_to_alls_folded(),
-                                      encoder_replicas=2), [0, 1])
+    s = add_expert_all_to_alls(bubble(ScheduleProblem(pp, m,
+                                                      costs=_costs(pp, 0.1).all_to_alls_folded(),
+                                                      encoder_replicas=2)), [0, 1])
     program = p2p_program(s, s.ranks)
     check_replicas(s, s.ranks, program)
     from megatron_mm.plan.schedules.p2p import check_replica_rendezvous, replica_program

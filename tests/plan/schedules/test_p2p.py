@@ -5,6 +5,7 @@ import itertools
 
 import pytest
 
+from megatron_mm.plan.schedules.problem import ScheduleProblem
 from megatron_mm.plan.schedules.actions import Action, Schedule, validate
 from megatron_mm.plan.schedules.bubble import bubble
 from megatron_mm.plan.errors import PlanError
@@ -66,7 +67,8 @@ def test_receives_posted_just_before_their_action_can_hang_timed_ones_cannot():
     # Two encoders, each [piece on rank 0 | piece on rank 1], all forwards first: rank 0
     # keeps sending encoder outputs that rank 1 needs only later, while rank 1's own send
     # waits for rank 0, which would receive it only at F(0, 0)
-    s = coarse(2, 1, 2, False, 2, 1, encoders=2)
+    s = coarse(ScheduleProblem(2, 2, encoder_trainable=False, encoder_stages=2, pieces=1,
+                               encoders=2))
     with pytest.raises(PlanError, match="deadlock"):
         check_rendezvous(p2p_program(s, s.ranks, late=True))
     check_rendezvous(p2p_program(s, s.ranks))
@@ -78,15 +80,18 @@ def _schedules():
         if vpp > 1 and m % pp:
             continue
         frozen = [1] if encoders == 2 and trainable else []
-        yield coarse(pp, vpp, m, trainable, pp // 2, pieces, encoders=encoders,
-                     frozen_encoders=frozen)
+        yield coarse(ScheduleProblem(pp, m, virtual_pipeline_model_parallel_size=vpp,
+                                     encoder_trainable=trainable, encoder_stages=pp // 2,
+                                     pieces=pieces, encoders=encoders, frozen_encoders=frozen))
         n = (pp // 2) * pieces * encoders
         costs = ActionCosts([1.0 + c % 3 for c in range(pp * vpp)],
                             [2.0 + c % 2 for c in range(pp * vpp)],
                             encoder_forward_s=[0.5 + p % 4 for p in range(n)],
                             encoder_backward_s=[1.0 + p % 3 for p in range(n)])
-        yield bubble(pp, vpp, m, trainable, costs, pp // 2, pieces, extra_warmup="auto",
-                     encoders=encoders, frozen_encoders=frozen)
+        yield bubble(ScheduleProblem(pp, m, virtual_pipeline_model_parallel_size=vpp,
+                                     encoder_trainable=trainable, costs=costs,
+                                     encoder_stages=pp // 2, pieces=pieces, encoders=encoders,
+                                     frozen_encoders=frozen), extra_warmup="auto")
 
 
 def test_every_generated_schedule_is_rendezvous_safe():
@@ -112,13 +117,14 @@ def test_encoder_replicas_exchange_at_the_same_points_or_they_can_hang():
     from megatron_mm.plan.schedules.p2p import check_replica_rendezvous, check_replicas
 
     costs = ActionCosts([1.0, 2.0], [2.0, 4.0], [3.0, 3.0, 0.5, 0.5], [6.0, 6.0, 1.0, 1.0])
-    s = bubble(2, 1, 4, True, costs, 2, 2, encoder_replicas=2, grad_sync=True)
+    s = bubble(ScheduleProblem(2, 4, costs=costs, encoder_stages=2, pieces=2, encoder_replicas=2,
+                               grad_sync=True))
     own = [[[a for a in s.ranks[r] if a.kind not in (Kind.EF, Kind.EB) or a.microbatch % 2 == j]
             for r in range(2)] for j in range(2)]
     with pytest.raises(PlanError, match="encoder replicas deadlock.*BCAST"):
         check_replica_rendezvous(s, [p2p_program(s, own[j]) for j in range(2)], own)
     check_replicas(s, s.ranks, p2p_program(s, s.ranks))
     for extra, m in itertools.product((0, 1, 2), (4, 6, 8)):  # and many more
-        s = bubble(2, 1, m, True, costs, 2, 2, extra_warmup=extra, encoder_replicas=2,
-                   grad_sync=True)
+        s = bubble(ScheduleProblem(2, m, costs=costs, encoder_stages=2, pieces=2,
+                                   encoder_replicas=2, grad_sync=True), extra_warmup=extra)
         check_replicas(s, s.ranks, p2p_program(s, s.ranks))

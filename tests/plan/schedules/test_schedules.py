@@ -6,6 +6,7 @@ import json
 import pytest
 
 from megatron_mm.plan import PlanError
+from megatron_mm.plan.schedules.problem import ScheduleProblem
 from megatron_mm.plan.schedules.actions import Action, Schedule, validate
 from megatron_mm.plan.schedules.bubble import bubble
 from megatron_mm.plan.schedules.dataflow import dataflow
@@ -21,7 +22,8 @@ def test_megatron_schedules_are_valid(pp, vpp, m):
 @pytest.mark.parametrize("pp, vpp, stages, trainable", [
     (2, 1, 2, True), (4, 1, 4, False), (4, 2, 2, True), (2, 2, 1, False)])
 def test_coarse_schedules_are_valid(pp, vpp, stages, trainable):
-    validate(coarse(pp, vpp, 2 * pp, trainable, stages))
+    validate(coarse(ScheduleProblem(pp, 2 * pp, virtual_pipeline_model_parallel_size=vpp,
+                                    encoder_trainable=trainable, encoder_stages=stages)))
 
 
 def _costs(pp, vpp, pieces, encoder_f, encoder_b):
@@ -46,7 +48,9 @@ def test_bubble_schedules_are_valid_and_beat_the_baseline(pp, vpp, pieces, train
                                                           reverse):
     m = 2 * pp
     costs = _costs(pp, vpp, pieces, 2.0 * pp, 4.0 * pp)  # an encoder-heavy model
-    schedule = bubble(pp, vpp, m, trainable, costs, pp, pieces, reverse)
+    schedule = bubble(ScheduleProblem(pp, m, virtual_pipeline_model_parallel_size=vpp,
+                                      encoder_trainable=trainable, costs=costs, encoder_stages=pp,
+                                      pieces=pieces, reverse=reverse))
     validate(schedule)  # bubble() validates too; keep the contract visible
     assert Schedule.from_dict(json.loads(json.dumps(schedule.to_dict()))) == schedule
     baseline = simulate(megatron(pp, vpp, m), _on_stage_0(costs, trainable)).iteration_s
@@ -62,9 +66,11 @@ def test_two_encoders_run_as_two_pipelines_into_the_first_chunk(generator, froze
     costs = _costs(pp, 1, 1, 2.0, 4.0)
     costs = ActionCosts(costs.forward_s, costs.backward_s, costs.encoder_forward_s * 2,
                         costs.encoder_backward_s * 2, p2p_s=costs.p2p_s)
-    schedule = (coarse(pp, 1, m, True, pp, encoders=2, frozen_encoders=frozen)
+    schedule = (coarse(ScheduleProblem(pp, m, encoder_stages=pp, encoders=2,
+                                       frozen_encoders=frozen))
                 if generator == "coarse" else
-                bubble(pp, 1, m, True, costs, pp, encoders=2, frozen_encoders=frozen))
+                bubble(ScheduleProblem(pp, m, costs=costs, encoder_stages=pp, encoders=2,
+                                       frozen_encoders=frozen)))
     validate(schedule)
     assert schedule.encoder_spans() == [(0, 2), (2, 4)]
     assert schedule.encoder_ranks == [0, 1, 0, 1]
@@ -80,11 +86,11 @@ def test_two_encoders_run_as_two_pipelines_into_the_first_chunk(generator, froze
 
 
 def test_encoder_pieces_that_do_not_add_up_are_named():
-    broken = coarse(2, 1, 2, True, encoders=2)
+    broken = coarse(ScheduleProblem(2, 2, encoders=2))
     broken.encoder_pieces = [1, 2]
     with pytest.raises(PlanError, match=r"encoder pieces \[1, 2\] do not add up"):
         validate(broken)
-    broken = coarse(2, 1, 2, True, encoders=2)
+    broken = coarse(ScheduleProblem(2, 2, encoders=2))
     broken.frozen_encoders = [2]
     with pytest.raises(PlanError, match=r"frozen encoders \[2\] are not among its 2"):
         validate(broken)
@@ -94,10 +100,12 @@ def test_bubble_hides_a_light_frozen_encoder_in_the_bubbles():
     pp, m = 4, 8
     costs = _costs(pp, 1, 2, 1.6, 0.0)
     llm_only = simulate(megatron(pp, 1, m), ActionCosts([1.0] * pp, [2.0] * pp)).iteration_s
-    sim = simulate(bubble(pp, 1, m, False, costs, pp, 2, reverse=True), costs)
+    sim = simulate(bubble(ScheduleProblem(pp, m, encoder_trainable=False, costs=costs,
+                                          encoder_stages=pp, pieces=2, reverse=True)), costs)
     # 8 micro-batches x 1.6 s of encoder work, of which only ~2 s shows
     assert sim.iteration_s < llm_only + 0.2 * m * 1.6
-    coarse_s = simulate(coarse(pp, 1, m, False, pp, 2, reverse=True), costs).iteration_s
+    coarse_s = simulate(coarse(ScheduleProblem(pp, m, encoder_trainable=False, encoder_stages=pp,
+                                               pieces=2, reverse=True)), costs).iteration_s
     assert sim.iteration_s < coarse_s
 
 
@@ -107,7 +115,9 @@ def test_extra_warmup_is_valid_and_auto_keeps_the_fastest(vpp):
     costs = _costs(pp, vpp, 2, 2.0 * pp, 4.0 * pp)
     times = []
     for extra in (0, 1, 2):
-        schedule = bubble(pp, vpp, m, True, costs, pp, 2, extra_warmup=extra)
+        schedule = bubble(ScheduleProblem(pp, m, virtual_pipeline_model_parallel_size=vpp,
+                                          costs=costs, encoder_stages=pp, pieces=2),
+                          extra_warmup=extra)
         times.append(simulate(schedule, costs).iteration_s)
     def forwards_before_first_backward(order):
         return [a.kind for a in order].index("B")
@@ -116,10 +126,12 @@ def test_extra_warmup_is_valid_and_auto_keeps_the_fastest(vpp):
         forwards_before_first_backward(llm_order(pp, vpp, m, 0)) + 2)
     for in_flight in sorted({pp, pp + 1, pp + 2, pp * vpp}):  # the dataflow orders
         for ahead in (pp, 2 * pp):
-            schedule = dataflow(pp, vpp, m, True, costs, pp, 2, max_in_flight=in_flight,
-                                max_encoder_ahead=ahead)
+            schedule = dataflow(ScheduleProblem(pp, m, virtual_pipeline_model_parallel_size=vpp,
+                                                costs=costs, encoder_stages=pp, pieces=2),
+                                max_in_flight=in_flight, max_encoder_ahead=ahead)
             times.append(simulate(schedule, costs).iteration_s)
-    auto = bubble(pp, vpp, m, True, costs, pp, 2, extra_warmup="auto")
+    auto = bubble(ScheduleProblem(pp, m, virtual_pipeline_model_parallel_size=vpp, costs=costs,
+                                  encoder_stages=pp, pieces=2), extra_warmup="auto")
     assert simulate(auto, costs).iteration_s == pytest.approx(min(times))
 
 
@@ -161,7 +173,7 @@ def test_broken_schedules_name_the_problem():
     missing.ranks[0] = missing.ranks[0][:-1]
     with pytest.raises(PlanError, match=r"never runs B\(micro-batch 1, chunk 0\)"):
         validate(missing)
-    frozen = coarse(2, 1, 2, encoder_trainable=False)
+    frozen = coarse(ScheduleProblem(2, 2, encoder_trainable=False))
     frozen.ranks[0].append(Action("EB", 0, 0))
     with pytest.raises(PlanError, match="a frozen encoder has no backward"):
         validate(frozen)

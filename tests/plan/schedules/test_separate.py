@@ -9,6 +9,7 @@ import itertools
 import pytest
 
 from megatron_mm.plan.errors import PlanError
+from megatron_mm.plan.schedules.problem import ScheduleProblem
 from megatron_mm.plan.schedules.actions import Kind, validate
 from megatron_mm.plan.schedules.p2p import check_rendezvous, p2p_program
 from megatron_mm.plan.schedules.separate import (Members, check_members, expert_replicas,
@@ -27,8 +28,10 @@ def _costs(pp, vpp=1, encoder_forward=(1.0,), encoder_backward=(2.0,), p2p=0.0):
     if not (c[1] > 1 and (c[0] == 1 or c[2] % c[0]))])
 def test_every_separate_program_is_valid_and_rendezvous_safe(pp, vpp, m, d, e, trainable,
                                                              encoders):
-    s = separate(pp, vpp, m, d, e, trainable, encoders=encoders,
-                 frozen_encoders=[1] if encoders > 1 else [])
+    s = separate(ScheduleProblem(pp, m, virtual_pipeline_model_parallel_size=vpp,
+                                 llm_data_parallel_size=d, encoder_data_parallel_size=e,
+                                 encoder_trainable=trainable, encoders=encoders,
+                                 frozen_encoders=[1] if encoders > 1 else []))
     assert len(s.ranks) == d * pp + e
     program = p2p_program(s, s.ranks)
     check_rendezvous(program)
@@ -37,8 +40,11 @@ def test_every_separate_program_is_valid_and_rendezvous_safe(pp, vpp, m, d, e, t
     # an MoE LLM at TP 2 with its experts over ETP 2 x EP d: each stage's ranks of every
     # replica meet in the experts' all-to-alls
     together = expert_replicas(2, 1, d, 2)
-    moe = separate(pp, vpp, m, d, e, trainable, encoders=encoders,
-                   frozen_encoders=[1] if encoders > 1 else [], lockstep_replicas=together)
+    moe = separate(ScheduleProblem(pp, m, virtual_pipeline_model_parallel_size=vpp,
+                                   llm_data_parallel_size=d, encoder_data_parallel_size=e,
+                                   encoder_trainable=trainable, encoders=encoders,
+                                   frozen_encoders=[1] if encoders > 1 else [],
+                                   lockstep_replicas=together))
     check_members(moe, moe.ranks, p2p_program(moe, moe.ranks), Members(
         llm=2, llm_ranks=d * pp, llm_stages=pp, lockstep_replicas=together))
     forward_only = [[a for a in r if a.kind in (Kind.F, Kind.EF)] for r in s.ranks]
@@ -60,7 +66,7 @@ def test_encoder_messages_fan_out_to_every_member_and_the_check_sees_a_missing_o
         def targets(self, ir, k, peer):
             return super().targets(ir, k, peer)[:1]
 
-    s = separate(2, 1, 4, 1, 1, True)
+    s = separate(ScheduleProblem(2, 4, llm_data_parallel_size=1, encoder_data_parallel_size=1))
     program = p2p_program(s, s.ranks)
     with pytest.raises(PlanError, match=r"deadlock.*rank 1 in exchange 0"):
         check_members(s, s.ranks, program, LeadOnly(llm=2, encoder=1, llm_ranks=2))
@@ -71,7 +77,8 @@ def test_expert_parallel_replicas_walk_together_and_the_check_sees_an_order_that
     experts' all-to-alls: an encoder that waits for replica 0's gradient before encoding
     replica 1's first micro-batch hangs them (replica 0's backward waits for replica 1's),
     though without experts the same order runs."""
-    s = separate(1, 1, 2, 2, 1, True)  # PP 1, 2 micro-batches on each of 2 LLM replicas
+    # PP 1, 2 micro-batches on each of 2 LLM replicas
+    s = separate(ScheduleProblem(1, 2, llm_data_parallel_size=2, encoder_data_parallel_size=1))
     members = Members(llm_ranks=2, lockstep_replicas=expert_replicas(1, 1, 2, None))
     # EP 2 pairs two replicas at TP 1, or TP 2 with ETP 2; at TP 2 with ETP 1, or CP 2,
     # its groups stay inside one replica
@@ -95,8 +102,10 @@ def test_each_encoder_on_replicas_of_its_own_is_valid_and_rendezvous_safe(
         pp, vpp, m, d, sizes, trainable, frozen):
     # vision and audio, each on its own replicas (the first sizes[0] ranks after the LLM's
     # the ViT's, then the audio encoder's); a frozen ViT beside a trainable audio encoder
-    s = separate(pp, vpp, m, d, sum(sizes), trainable, encoders=2, frozen_encoders=frozen,
-                 encoder_data_parallel_sizes=sizes)
+    s = separate(ScheduleProblem(pp, m, virtual_pipeline_model_parallel_size=vpp,
+                                 llm_data_parallel_size=d, encoder_data_parallel_size=sum(sizes),
+                                 encoder_trainable=trainable, encoders=2, frozen_encoders=frozen,
+                                 encoder_data_parallel_sizes=sizes))
     assert len(s.ranks) == d * pp + sum(sizes)
     for e in range(sum(sizes)):
         mine = s.ranks[s.encoder_rank(e)]
@@ -115,7 +124,7 @@ def test_each_encoder_on_replicas_of_its_own_is_valid_and_rendezvous_safe(
 def test_encoder_replicas_share_the_micro_batches_in_the_order_the_llm_needs_them():
     # 2 LLM replicas x 3 micro-batches over 3 encoder replicas: LLM replica 0's local
     # micro-batch m is g = m, replica 1's g = 3 + m; needed m-major: 0, 3, 1, 4, 2, 5
-    s = separate(2, 1, 3, 2, 3, True)
+    s = separate(ScheduleProblem(2, 3, llm_data_parallel_size=2, encoder_data_parallel_size=3))
     assert [s.replica_microbatches(e) for e in range(3)] == [[0, 4], [3, 2], [1, 5]]
     for e in range(3):
         rank = s.ranks[s.encoder_rank(e)]
@@ -129,8 +138,9 @@ def test_encoder_replicas_share_the_micro_batches_in_the_order_the_llm_needs_the
 def test_a_frozen_encoder_runs_at_most_lookahead_micro_batches_ahead():
     # a fast frozen encoder would encode every micro-batch up front; the lookahead holds
     # it to 2 outputs the LLM has not started on
-    s = separate(2, 1, 8, 1, 1, False, lookahead=2,
-                 costs=_costs(2, encoder_forward=[0.1], encoder_backward=[0.0]))
+    s = separate(ScheduleProblem(2, 8, llm_data_parallel_size=1, encoder_data_parallel_size=1,
+                                 encoder_trainable=False, lookahead=2,
+                                 costs=_costs(2, encoder_forward=[0.1], encoder_backward=[0.0])))
     sim = simulate(s, _costs(2, encoder_forward=[0.1], encoder_backward=[0.0]))
     started = {t.microbatch: t.start_s for t in sim.timeline if t.kind == Kind.F
                and t.chunk == 0}
@@ -139,7 +149,9 @@ def test_a_frozen_encoder_runs_at_most_lookahead_micro_batches_ahead():
             ahead = [g for g in range(8) if g < t.microbatch and started[g] > t.start_s]
             assert len(ahead) <= 2, (t, ahead)
     fast = _costs(2, encoder_forward=[0.1], encoder_backward=[0.0])
-    unbounded = separate(2, 1, 8, 1, 1, False, lookahead=8, costs=fast)
+    unbounded = separate(ScheduleProblem(2, 8, llm_data_parallel_size=1,
+                                         encoder_data_parallel_size=1, encoder_trainable=False,
+                                         lookahead=8, costs=fast))
     assert [a.microbatch for a in unbounded.ranks[2]] == list(range(8))
     assert max(t.end_s for t in simulate(unbounded, fast).timeline
                if t.kind == Kind.EF) == pytest.approx(0.8)
@@ -147,14 +159,17 @@ def test_a_frozen_encoder_runs_at_most_lookahead_micro_batches_ahead():
 
 def test_a_heavy_encoder_over_more_replicas_shortens_the_iteration():
     heavy = _costs(2, encoder_forward=[3.0], encoder_backward=[6.0])
-    times = [simulate(separate(2, 1, 8, 1, e, True, costs=heavy), heavy).iteration_s
+    times = [simulate(separate(ScheduleProblem(2, 8, llm_data_parallel_size=1,
+                                               encoder_data_parallel_size=e, costs=heavy)),
+                      heavy).iteration_s
              for e in (1, 2, 4)]
     assert times[0] > times[1] > times[2]
     assert times[0] >= 8 * 9.0  # one replica runs all of the encoder's work
 
 
 def test_the_lookahead_is_a_dependency_the_validator_checks():
-    s = separate(2, 1, 4, 1, 1, False, lookahead=1)
+    s = separate(ScheduleProblem(2, 4, llm_data_parallel_size=1, encoder_data_parallel_size=1,
+                                 encoder_trainable=False, lookahead=1))
     enc = s.ranks[2]
     assert s.dependencies(enc[1]) == [(Kind.F, 0, 0)]
     # the encoder's forward of micro-batch 1 moved before the LLM could start micro-batch
@@ -189,7 +204,8 @@ def test_the_llm_posts_an_encoder_outputs_receive_only_within_the_lookahead():
     # the p2p program's timeline honours the lookahead: LLM rank 0 receives the output of
     # micro-batch g (exchange k runs before its action k) only after it started F(g - 2, 0)
     fast = _costs(2, encoder_forward=[0.1], encoder_backward=[0.0])
-    s = separate(2, 1, 8, 1, 1, False, lookahead=2, costs=fast)
+    s = separate(ScheduleProblem(2, 8, llm_data_parallel_size=1, encoder_data_parallel_size=1,
+                                 encoder_trainable=False, lookahead=2, costs=fast))
     program = p2p_program(s, s.ranks)
     first = s.ranks[0]
     forward_at = {a.microbatch: i for i, a in enumerate(first) if a.kind == Kind.F}
@@ -239,7 +255,8 @@ def test_the_encoder_output_send_and_the_replicas_gradient_sum_are_charged():
     from megatron_mm.plan.schedules.separate_costs import SeparateCosts, separate_iteration_s
 
     costs = ActionCosts([1.0], [2.0], [3.0], [4.0], encoder_output_p2p_s=[0.5])
-    program = separate(1, 1, 2, 1, 2, True, costs=costs)
+    program = separate(ScheduleProblem(1, 2, llm_data_parallel_size=1,
+                                       encoder_data_parallel_size=2, costs=costs))
     sim = simulate(program, costs)
     at = {(t.kind, t.microbatch): t for t in sim.timeline}
     assert at[(Kind.F, 0)].start_s == at[(Kind.EF, 0)].end_s + 0.5

@@ -9,6 +9,7 @@ import pytest
 
 from megatron_mm.plan import StagePartition
 from megatron_mm.plan.costs.hardware import Hardware, Interconnect
+from megatron_mm.plan.schedules.problem import ScheduleProblem
 from megatron_mm.plan.schedules.actions import Kind
 from megatron_mm.plan.schedules.separate import separate
 from megatron_mm.plan.schedules.separate_costs import separate_costs
@@ -50,7 +51,8 @@ def test_the_output_fans_out_to_the_llm_stage_and_the_gradient_to_the_encoder_tp
     assert costs.encoder_grad_p2p_s == [1.0 + 2 * 6.0]
     assert _costs(_chain(), tp=2, cp=2, etp=1).encoder_grad_p2p_s == [1.0 + 6.0]
     # the simulator charges each direction its own
-    program = separate(1, 1, 1, 1, 1, True, costs=costs)
+    program = separate(ScheduleProblem(1, 1, llm_data_parallel_size=1,
+                                       encoder_data_parallel_size=1, costs=costs))
     at = {(t.kind, t.microbatch): t for t in simulate(program, costs).timeline}
     assert at[(Kind.F, 0)].start_s == at[(Kind.EF, 0)].end_s + 25.0
     assert at[(Kind.EB, 0)].start_s == at[(Kind.B, 0)].end_s + 13.0
@@ -91,7 +93,8 @@ def test_the_gradient_is_summed_over_the_cp_ranks_before_it_goes_back():
     costs = separate_costs(chain, StagePartition(1, 1, [4]), Hardware(), links=links,
                            tensor_model_parallel_size=2, context_parallel_size=2,
                            encoder_tensor_model_parallel_size=2).costs
-    program = separate(1, 1, 1, 1, 1, True, costs=costs)
+    program = separate(ScheduleProblem(1, 1, llm_data_parallel_size=1,
+                                       encoder_data_parallel_size=1, costs=costs))
     at = {(t.kind, t.microbatch): t for t in simulate(program, costs).timeline}
     assert at[(Kind.EB, 0)].start_s == pytest.approx(
         at[(Kind.F, 0)].end_s + backward(1)[0] + 20.0 + costs.encoder_grad_p2p_s[0])
@@ -100,6 +103,8 @@ def test_the_gradient_is_summed_over_the_cp_ranks_before_it_goes_back():
 def test_the_lookahead_waits_for_the_llm_without_a_message():
     # EF(1) waits for F(0, 0) (lookahead 1): a dependency without payload, no p2p_s
     costs = ActionCosts([1.0], [2.0], [1.0], [0.0], p2p_s=5.0)
-    program = separate(1, 1, 2, 1, 1, False, lookahead=1, costs=costs)
+    program = separate(ScheduleProblem(1, 2, llm_data_parallel_size=1,
+                                       encoder_data_parallel_size=1, encoder_trainable=False,
+                                       lookahead=1, costs=costs))
     at = {(t.kind, t.microbatch): t for t in simulate(program, costs).timeline}
     assert at[(Kind.EF, 1)].start_s == at[(Kind.F, 0)].end_s
