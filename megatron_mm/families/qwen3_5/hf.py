@@ -66,23 +66,9 @@ def model_flags(hf_config) -> Flags:
         raise ConversionError(f"config vision_config.out_hidden_size={vision.out_hidden_size}"
                               f" differs from text_config.hidden_size={text.hidden_size}: "
                               "the merger feeds the LLM")
-    rope = dict(getattr(vision, "rope_parameters", None) or {})
     return {**language_flags(text, "text_config.",
                              tie_word_embeddings=hf_config.tie_word_embeddings),
-            **hybrid_flags(text),
-            "vision_model_type": "qwen3_vl", "vision_hidden_size": vision.hidden_size,
-            "vision_num_layers": vision.depth,
-            "vision_num_attention_heads": vision.num_heads,
-            "vision_ffn_hidden_size": vision.intermediate_size,
-            "patch_dim": vision.patch_size,
-            "vision_temporal_patch_size": vision.temporal_patch_size,
-            "vision_spatial_merge_size": vision.spatial_merge_size,
-            "vision_num_position_embeddings": vision.num_position_embeddings,
-            "vision_deepstack_visual_indexes": [],
-            "vision_rope_theta": rope.get("rope_theta", 10000.0),
-            "vision_norm_epsilon": 1e-6,
-            "image_token_id": hf_config.image_token_id,
-            "video_token_id": hf_config.video_token_id}
+            **hybrid_flags(text), **qwen3_vl.vision_flags(hf_config, deepstack=())}
 
 
 # Qwen3.5's text model: q / k norms, gated attention, zero-centred norms, partial rotary by

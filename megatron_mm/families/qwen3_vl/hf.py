@@ -59,10 +59,17 @@ def model_flags(hf_config) -> Flags:
         raise ConversionError(f"config vision_config.deepstack_visual_indexes={deepstack} "
                               f"feeds {len(deepstack)} LLM layers; the LLM has "
                               f"{text.num_hidden_layers} (text_config.num_hidden_layers)")
-    rope = dict(getattr(vision, "rope_parameters", None) or {})
     return {**language_flags(text, "text_config.",
                              tie_word_embeddings=hf_config.tie_word_embeddings),
-            "vision_model_type": "qwen3_vl", "vision_hidden_size": vision.hidden_size,
+            **vision_flags(hf_config, deepstack)}
+
+
+def vision_flags(hf_config, deepstack) -> Flags:
+    """The tower's flags and the media tokens' ids (Qwen3.5's tower too, without
+    DeepStack: ``deepstack`` empty)."""
+    vision = hf_config.vision_config
+    rope = dict(getattr(vision, "rope_parameters", None) or {})
+    return {"vision_model_type": "qwen3_vl", "vision_hidden_size": vision.hidden_size,
             "vision_num_layers": vision.depth,
             "vision_num_attention_heads": vision.num_heads,
             "vision_ffn_hidden_size": vision.intermediate_size,
@@ -70,7 +77,7 @@ def model_flags(hf_config) -> Flags:
             "vision_temporal_patch_size": vision.temporal_patch_size,
             "vision_spatial_merge_size": vision.spatial_merge_size,
             "vision_num_position_embeddings": vision.num_position_embeddings,
-            "vision_deepstack_visual_indexes": deepstack,
+            "vision_deepstack_visual_indexes": list(deepstack),
             "vision_rope_theta": rope.get("rope_theta", 10000.0),
             "vision_norm_epsilon": 1e-6,  # the blocks' and the mergers' LayerNorm
             "image_token_id": hf_config.image_token_id,
