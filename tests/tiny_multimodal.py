@@ -10,7 +10,8 @@ import torch
 MEDIA_ID = 250
 
 
-def tiny_config(vit_layers: int = 2, llm_layers: int = 2, seq_length: Optional[int] = None):
+def tiny_config(vit_layers: int = 2, llm_layers: int = 2, seq_length: Optional[int] = None,
+                vit_type: str = "clip"):
     from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig
     from megatron_mm.families.vit.config import VisionEncoderConfig
 
@@ -19,7 +20,8 @@ def tiny_config(vit_layers: int = 2, llm_layers: int = 2, seq_length: Optional[i
     if seq_length is not None:
         language["seq_length"] = seq_length
     return MultimodalModelConfig(
-        encoders={"vision": VisionEncoderConfig(hidden_size=32, num_layers=vit_layers,
+        encoders={"vision": VisionEncoderConfig(model_type=vit_type, hidden_size=32,
+                                                num_layers=vit_layers,
                                                 num_attention_heads=2, img_h=16, img_w=16,
                                                 patch_dim=4, drop_class_token=True)},
         language=LanguageModelConfig(**language))
