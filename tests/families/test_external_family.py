@@ -119,6 +119,6 @@ def test_a_family_from_a_folder_converts_and_trains(tmp_path):
     assert all(torch.equal(before[k], after[k]) for k in before)
 
     saved = dist_checkpointing.load_common_state_dict(iteration_dir(str(ckpt), 2))["args"]
-    assert saved["vision_model_type"] == "toyclip"
+    assert saved.vision_model_type == "toyclip"  # Megatron-LM's form: a Namespace
     out = transformers.LlavaForConditionalGeneration.from_pretrained(tmp_path / "out")
     assert not torch.equal(out.state_dict()["lm_head.weight"], before["lm_head.weight"])

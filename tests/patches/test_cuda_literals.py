@@ -53,9 +53,16 @@ def test_forward_backward_no_pipelining(gloo_world, make_tiny):
 
 
 def test_scoped_to_the_named_modules():
+    from megatron_mm.patches import training_cuda
+
+    # one proxy, but where training_cuda gives a module (rerun_state_machine, once
+    # Megatron-LM's loop is imported) its own, with a torch.cuda of its own too
     proxies = {id(importlib.import_module(name).torch) for name in cuda_literals.MODULES
-               if importlib.util.find_spec(name) is not None}
+               if importlib.util.find_spec(name) is not None
+               and name not in training_cuda.CUDA}
     assert len(proxies) == 1 and schedules.torch is not torch
+    assert all(isinstance(importlib.import_module(name).torch, cuda_literals._CpuTorch)
+               for name in cuda_literals.MODULES if importlib.util.find_spec(name))
     assert schedules.torch.zeros([], dtype=torch.int, device="cuda").device.type == "cpu"
     assert schedules.torch.tensor([1.0], device=torch.device("cuda", 0)).device.type == "cpu"
     assert not rope_utils.torch.tensor([1, 2], device="cpu", pin_memory=True).is_pinned()

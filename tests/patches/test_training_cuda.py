@@ -1,6 +1,6 @@
 """Patch ``training_cuda``: the CUDA calls of Megatron-LM's training modules run on the CPU,
 scoped to those modules (torch itself keeps answering "no CUDA"). The whole loop under
-it: tests/megatron_lm/test_pretrain.py (Megatron-LM's pretrain on gloo ranks)."""
+it: tests/megatron_lm/test_megatron_lm_pretrain.py (Megatron-LM's pretrain on gloo ranks)."""
 
 import pytest
 import torch
