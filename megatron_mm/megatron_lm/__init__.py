@@ -8,9 +8,9 @@ Megatron-LM script needs, in Megatron-LM's contract.
     args = parse_and_validate_args(extra_args_provider=mm.add_args)
     mm.check_args(args)               # a bad flag: one line from rank 0, exit status 2
     with mm.use_encoder_schedule():   # --encoder-schedule coarse | bubble in train_step
-        pretrain(pretrain_cfg_container_from_args(args), mm.train_valid_test_datasets_provider,
-             ModelType.encoder_or_decoder, mm.forward_step,
-             mm.model_provider_for(my_gpt_provider))
+        pretrain(pretrain_cfg_container_from_args(args),
+                 mm.train_valid_test_datasets_provider, ModelType.encoder_or_decoder,
+                 mm.forward_step, mm.model_provider_for(my_gpt_provider))
 
 See docs/megatron_lm.md (adopting it step by step) and docs/api.md (what is stable).
 """
