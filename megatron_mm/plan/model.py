@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
+from ..config import ConfigError, LinearAttentionConfig
 from .errors import PlanError
 from .record import Record
 
@@ -50,16 +51,12 @@ class LinearAttentionSpec(Record):
 
 def linear_attention_pattern(linear_attention_freq, num_layers: int) -> List[int]:
     """Megatron-LM's ``--linear-attention-freq``: an int N (layer i full attention when
-    (i + 1) % N == 0, Gated DeltaNet otherwise) or one 0/1 per layer (1: linear)."""
-    if isinstance(linear_attention_freq, int):
-        if linear_attention_freq < 1:
-            raise PlanError(f"--linear-attention-freq must be >= 1, got {linear_attention_freq}")
-        return [0 if (i + 1) % linear_attention_freq == 0 else 1 for i in range(num_layers)]
-    pattern = [int(v) for v in linear_attention_freq]
-    if len(pattern) != num_layers or set(pattern) - {0, 1}:
-        raise PlanError(f"--linear-attention-freq as a list takes one 0/1 per layer "
-                        f"(--num-layers {num_layers}), got {pattern}")
-    return pattern
+    (i + 1) % N == 0, Gated DeltaNet otherwise) or one 0/1 per layer (1: linear); the rule
+    is the model config's (``config.LinearAttentionConfig.pattern``)."""
+    try:
+        return list(LinearAttentionConfig(linear_attention_freq).pattern(num_layers))
+    except ConfigError as e:
+        raise PlanError(str(e)) from None
 
 
 @dataclass
