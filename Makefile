@@ -11,6 +11,11 @@
 #   make demo-qwen3   the same digits in 32 px cells, each clip's frames after their time
 # and one for Qwen3.5 (the hybrid Gated DeltaNet + gated-attention LLM):
 #   make demo-qwen35  the Qwen3-VL demo's data
+# Every install takes the versions in requirements-lock.txt, the set the suite last passed
+# with (pip's constraints file); pyproject.toml keeps the ranges a library user installs from.
+#   make lock         rewrite the lock from the newest releases (then make test, then commit)
+#   make test-latest  the suite on the newest releases, in .venv-latest (not CI): an upstream
+#                     change shows here before a user meets it
 # Python 3.11 or newer, as pyproject.toml's requires-python says (tested: 3.11 on CPU, as CI
 # runs, and 3.12 on the GPU node); PYTHON=python3.12 picks another.
 PYTHON_MIN := 3.11
@@ -19,10 +24,13 @@ VENV   ?= .venv
 # On a GPU machine pass the CUDA build you want, e.g. TORCH="torch==2.13.0 --index-url ...".
 TORCH  ?= torch==2.13.0
 PIP    := $(VENV)/bin/python -m pip
+# The lock every install is constrained by; LOCK= (empty) installs the newest releases.
+LOCK   ?= requirements-lock.txt
+LOCKED := $(if $(LOCK),-c $(LOCK))
 NPROC  ?= 2
 
-.PHONY: demo demo-audio demo-qwen demo-qwen3 demo-qwen35 test test-fast lint setup espeak-ng clean \
-	print-demo-flags gpu-wheels gpu-check
+.PHONY: demo demo-audio demo-qwen demo-qwen3 demo-qwen35 test test-fast test-latest lint setup \
+	espeak-ng clean lock print-demo-flags gpu-wheels gpu-check
 
 setup: $(VENV)/.installed espeak-ng
 
@@ -43,17 +51,32 @@ espeak-ng:
 # for everything, pip would pick releases that need 3.12 and build them from source); its
 # own requirements come with the package's.
 # mistral-common only ships the demo's SentencePiece tokenizer file: --no-deps.
-$(VENV)/.installed: pyproject.toml
+# Every step is constrained by the lock, pip itself included.
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	@$(PYTHON) -c 'import sys; v = tuple(map(int, "$(PYTHON_MIN)".split("."))); \
 	  sys.exit(None if sys.version_info >= v else "megatron_mm needs Python >=$(PYTHON_MIN), " \
 	           f"{sys.executable} is {sys.version.split()[0]}: set PYTHON=python3.12")'
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $(TORCH)
-	$(PIP) install -q --no-deps --ignore-requires-python megatron-core==0.19.2
-	$(PIP) install -q --no-deps --no-warn-conflicts mistral-common==1.13.1
-	$(PIP) install -q --no-warn-conflicts -e ".[test,hf,energon]"
-	touch $@
+	$(PIP) install -q $(LOCKED) --upgrade pip
+	$(PIP) install -q $(LOCKED) $(TORCH)
+	$(PIP) install -q $(LOCKED) --no-deps --ignore-requires-python megatron-core==0.19.2
+	$(PIP) install -q $(LOCKED) --no-deps --no-warn-conflicts mistral-common==1.13.1
+	$(PIP) install -q $(LOCKED) --no-warn-conflicts -e ".[test,hf,energon]"
+	echo "$(LOCK)" > $@
+
+# A venv's packages as lock lines (the CPU build of torch named by its version alone).
+freeze = $(1)/bin/python -m pip freeze --all --exclude-editable | grep -v '^\#' \
+	| sed 's/^torch==\(.*\)+cpu$$/torch==\1/' | LC_ALL=C sort -f
+
+# The lock from the newest releases pyproject.toml admits (torch and megatron-core stay at
+# their pins): a fresh .venv-lock, frozen; the header comment is kept.
+lock:
+	rm -rf .venv-lock
+	$(MAKE) --no-print-directory .venv-lock/.installed VENV=.venv-lock LOCK=
+	{ grep '^#' requirements-lock.txt; $(call freeze,.venv-lock); } > requirements-lock.txt.new
+	mv requirements-lock.txt.new requirements-lock.txt
+	rm -rf .venv-lock
+	-git diff --stat -- requirements-lock.txt
 
 # The demos' optimiser and seed (the flags before and after set the model, data and schedule).
 DEMO_RECIPE = --lr 1e-3 --min-lr 1e-5 --lr-decay-style cosine --lr-warmup-iters 10 \
@@ -169,6 +192,17 @@ test: setup
 test-fast: setup
 	$(PYTEST) -m "not processes and not slow" tests
 
+# The suite on the newest releases (a fresh .venv-latest each time), not on the lock; first
+# the packages whose newest release is not the locked one.
+test-latest:
+	rm -rf .venv-latest
+	$(MAKE) --no-print-directory .venv-latest/.installed VENV=.venv-latest LOCK=
+	@$(call freeze,.venv-latest) > .venv-latest/freeze.txt
+	@echo "newest releases against the lock (< locked, > newest):"
+	@grep -v '^#' requirements-lock.txt | diff - .venv-latest/freeze.txt | grep '^[<>]' \
+	  || echo "  none: the newest releases are the locked ones"
+	$(MAKE) --no-print-directory test VENV=.venv-latest LOCK=
+
 # ruff with pyproject.toml's rules (tests/test_lint.py runs the same inside `make test`).
 lint: setup
 	$(VENV)/bin/python -m ruff check .
@@ -183,7 +217,8 @@ lint: setup
 WHEELS             ?= gpu-wheels
 GPU_PYTHON         ?= python3
 GPU_PYTHON_VERSION ?= 3.12
-GPU_WHEELS         ?= megatron-core==0.19.2 mistral-common==1.13.1
+# the pure-Python packages the node lacks, at their locked versions
+GPU_WHEELS         ?= $(shell grep -iE '^(megatron-core|mistral[-_]common)==' requirements-lock.txt)
 GPU_PLATFORMS      := $(foreach p,manylinux_2_28_x86_64 manylinux_2_27_x86_64 \
 	manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 any,--platform $(p))
 
@@ -197,4 +232,4 @@ gpu-check:
 		$(WHEELS)/*.whl),--wheels $(WHEELS))) --demo-flags "$(DEMO_FLAGS)"
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) .venv-lock .venv-latest runs

@@ -56,7 +56,10 @@ class TokenizedRecord:
 class ItemRuns:
     """An item's placeholder tokens as runs, each after its own text: Qwen3-VL's video,
     ``<t seconds>`` before each temporal patch's tokens. With item tags each run sits
-    between them too, inside the item's own pair (``Qwen3VLProcessor``'s layout)."""
+    between its own pair, and the item has no outer pair: the processor Qwen3-VL was
+    released with (transformers 4.57) replaces the chat template's whole
+    ``<|vision_start|><|video_pad|><|vision_end|>`` by the runs, and so does transformers
+    from 5.25 on (5.0-5.24 kept the outer pair, two tokens the released model never saw)."""
 
     runs: tuple[tuple[str, int], ...]  # (text before the run, its placeholder tokens)
 
@@ -124,14 +127,14 @@ def _append_text(text: str, loss: bool, out: TokenizedRecord, tokenizer: Multimo
 
 
 def _item_ids(runs, media_id: int, tag, tokenizer, inner_tags: bool) -> list[int]:
-    """One item's ids: each run's text then its placeholders (between the tags when
-    ``inner_tags``), the whole between the item tags (when the tokenizer has them)."""
+    """One item's ids: each run's text then its placeholders, between the item tags (when
+    the tokenizer has them): around each run when ``inner_tags``, else around the whole."""
     ids = []
     for text, n in runs:
         ids += tokenizer.tokenize(text)
         run = [media_id] * n
         ids += [tag.start_id] + run + [tag.end_id] if tag is not None and inner_tags else run
-    return [tag.start_id] + ids + [tag.end_id] if tag is not None else ids
+    return [tag.start_id] + ids + [tag.end_id] if tag is not None and not inner_tags else ids
 
 
 def tokenize_record(record: Record, tokenizer: MultimodalTokenizer,

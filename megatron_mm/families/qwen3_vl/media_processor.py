@@ -3,9 +3,9 @@
 Images are Qwen2.5-VL's processor (``Qwen2VLImageProcessor``) on Qwen3-VL's geometry
 (16 px patches, 32 px merge units) and statistics (mean and std 0.5). A video keeps the
 frames ``video.py``'s sampling picks, resized by Qwen3-VL's rule, and expands to one run a
-temporal patch, each after its ``<t seconds>`` text and between the vision tags
-(``ItemRuns``; the item's own pair of tags around them all, as the chat template's
-``<|vision_start|><|video_pad|><|vision_end|>``). Positions are Qwen3-VL's M-RoPE (every
+temporal patch, each after its ``<t seconds>`` text and between its own vision tags, with
+no pair around the whole clip (``ItemRuns``: the released processor replaces the chat
+template's ``<|vision_start|><|video_pad|><|vision_end|>`` by the runs). Positions are Qwen3-VL's M-RoPE (every
 temporal patch an item of its own)."""
 
 from __future__ import annotations

@@ -111,12 +111,17 @@ def test_placeholder_expansion_equals_internvl_processor(monkeypatch):
     assert np.array_equal(torch.cat(ours_pixels).numpy(), ref["pixel_values"])
     # 4 + 1 + 5 tiles here: the thumbnail only comes with a grid of several tiles
     assert [len(p) for p in ours_pixels] == [5, 5]
-    # the processor's own token count per image size (2 markers + tiles * tokens per tile)
+    # the processor's ids for one image of each size: 2 markers + tiles * tokens per tile,
+    # and the tiles it cut (its pixel rows); public outputs only, no private helper
     sizes = [(h, w) for h, w in SIZES] + [(31 * k, 1000 - 29 * k) for k in range(1, 30)]
-    counts = proc._get_num_multimodal_tokens(image_sizes=sizes)
-    assert counts["num_image_patches"] == [tile_count(h, w, tiling) for h, w in sizes]
-    assert counts["num_image_tokens"] == [image_tokens(tile_count(h, w, tiling), tiling)
-                                          for h, w in sizes]
+    ref = proc(images=[_image(h, w, i) for i, (h, w) in enumerate(sizes)],
+               text=["<IMG_CONTEXT>"] * len(sizes), padding=True, return_tensors="np")
+    tiles = [tile_count(h, w, tiling) for h, w in sizes]
+    ids = [row[mask.astype(bool)].tolist()
+           for row, mask in zip(ref["input_ids"], ref["attention_mask"])]
+    assert [len(row) for row in ids] == [image_tokens(t, tiling) for t in tiles]
+    assert [row.count(ctx) for row in ids] == [t * tiling.tokens_per_tile for t in tiles]
+    assert len(ref["pixel_values"]) == sum(tiles)
 
 
 def test_expansion_needs_one_placeholder_per_image():
