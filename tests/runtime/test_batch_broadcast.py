@@ -12,6 +12,9 @@ import pytest
 from dist_harness import run_distributed
 from tp_batch_runs import broadcast_cases
 
+from megatron_mm.runtime.batch_broadcast import BatchBroadcastError
+from megatron_mm.training.errors import peer_stopped
+
 pytestmark = pytest.mark.processes
 
 
@@ -43,3 +46,5 @@ def test_failure_on_the_first_rank_reaches_the_others(cases):
     assert other["ended"].startswith("BatchBroadcastError: tensor-parallel rank 0"), other
     assert "record 17 of a.jsonl: image not found" in other["ended"], other
     assert first["read"] == other["read"] == 1 and first["diffs"] == other["diffs"] == []
+    # the scripts stop the receivers without a word: the reading rank says why
+    assert peer_stopped(BatchBroadcastError(other["ended"]))
