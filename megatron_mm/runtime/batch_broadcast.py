@@ -85,13 +85,13 @@ class _Packer:
             return _Slot(where, value.dtype, tuple(value.shape), offset)
         if isinstance(value, dict):
             return {k: self.skeleton(v, path + (k,)) for k, v in value.items()}
-        if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        if type(value) in (list, tuple):
             return type(value)(self.skeleton(v, path + (i,)) for i, v in enumerate(value))
         return value
 
-    def buffer(self, where: str, prefix: bytes = b"") -> torch.Tensor:
+    def buffer(self, where: str, prefix: bytes = b"", pin: bool = False) -> torch.Tensor:
         start = _aligned(len(prefix))
-        out = torch.zeros(start + self.size[where], dtype=torch.uint8)
+        out = torch.empty(start + self.size[where], dtype=torch.uint8, pin_memory=pin)
         if prefix:
             out[:len(prefix)] = torch.frombuffer(bytearray(prefix), dtype=torch.uint8)
         for offset, data in self.parts[where]:
@@ -108,23 +108,26 @@ def _unpack(value, host: torch.Tensor, device: Optional[torch.Tensor]):
         return buf[value.offset:value.offset + n].view(value.dtype).view(value.shape)
     if isinstance(value, dict):
         return {k: _unpack(v, host, device) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) and any(isinstance(v, _Slot) for v in value):
+    if type(value) in (list, tuple):
         return type(value)(_unpack(v, host, device) for v in value)
     return value
 
 
-_HOST_GROUPS: Dict[Any, Any] = {}
+_HOST_GROUPS: Dict[tuple, Any] = {}  # ranks -> (the world it was made in, the gloo group)
 
 
 def host_group_of(group):
     """A gloo group of ``group``'s ranks (``group`` itself where its collectives take CPU
-    tensors): the host values travel there, no device round trip."""
+    tensors): the host values travel there, no device round trip. Made once per world,
+    by its members only."""
     if collective_device(group).type == "cpu":
         return group
-    if group not in _HOST_GROUPS:  # only its members create it
-        _HOST_GROUPS[group] = dist.new_group(dist.get_process_group_ranks(group),
-                                             backend="gloo", use_local_synchronization=True)
-    return _HOST_GROUPS[group]
+    ranks = tuple(dist.get_process_group_ranks(group))
+    world, made = _HOST_GROUPS.get(ranks, (None, None))
+    if world is not dist.group.WORLD:
+        made = dist.new_group(list(ranks), backend="gloo", use_local_synchronization=True)
+        _HOST_GROUPS[ranks] = (dist.group.WORLD, made)
+    return made
 
 
 class BatchBroadcast:
@@ -177,7 +180,8 @@ class BatchBroadcast:
         self._sizes(len(header), host.numel(), packer.size["device"])
         dist.broadcast(host, self.src, group=self.host_group)
         if packer.size["device"]:
-            device = to_device(packer.buffer("device"), self.device)
+            device = to_device(packer.buffer("device", pin=self.device.type == "cuda"),
+                               self.device)
             dist.broadcast(device, self.src, group=self.group)
             if self.device.type != "cpu":  # this rank's contents: the copy already there
                 moved = _unpack(pickle.loads(header), host[_aligned(len(header)):], device)
