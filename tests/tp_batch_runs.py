@@ -137,6 +137,24 @@ def broadcast_cases(rank: int) -> dict:
                      "batches": it.batches}
 
     run("contents")
+
+    class Loader:  # an Energon loader's iterator: its state goes into checkpoints
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            raise StopIteration
+
+        def save_state(self):
+            return {"rank": rank}
+
+    from megatron_mm.data.loaders import savable
+
+    it = read_on_first_tp_rank(lambda: [Loader(), Loader()], group, 2, contents, True)
+    saved = savable(it)
+    out["savable"] = None if saved is None else saved.save_state()
+    for copy in it:
+        assert next(copy, "end") == "end"
     run("shapes_only", send_contents=False)
     run("failure", make=_failing)
     import torch._lazy

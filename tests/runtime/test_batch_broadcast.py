@@ -4,7 +4,8 @@ equals what it would have read itself (every tensor by value, dtype and shape, t
 the Python lists), padded with M-RoPE positions, packed and text-only batches alike; a
 stage that reads no media contents gets stand-ins of their shape holding no memory; only
 rank 0 builds the iterator; the end of the data and a failure reading on rank 0 reach
-rank 1 (a StopIteration, an error naming the failure), not a hang. On an NCCL-like group
+rank 1 (a StopIteration, an error naming the failure), not a hang; an Energon loader's
+state (what checkpoints save) is rank 0's. On an NCCL-like group
 (its tensors on another device: torch's lazy device, host tensors refused as NCCL does)
 the media contents go on that device and stay there, the host values over a gloo group."""
 
@@ -38,6 +39,11 @@ def test_nccl_like_group_takes_device_tensors_only(cases):
     # batches have them) on the NCCL-like group
     for out in cases:
         assert out["nccl_like"]["collectives"] == {"host": 3 * 2 + 1, "device": 2}, out
+
+
+def test_the_loader_state_is_the_first_ranks(cases):
+    # the rank that saves it (tensor, pipeline and context-parallel rank 0) reads it
+    assert [out["savable"] for out in cases] == [{"rank": 0}, None]
 
 
 def test_failure_on_the_first_rank_reaches_the_others(cases):
