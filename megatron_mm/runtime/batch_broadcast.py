@@ -38,7 +38,6 @@ from typing import Any, Callable, Collection, Dict, Iterator, List, Optional, Un
 import torch
 import torch.distributed as dist
 
-from ..models.host_copy import to_device
 from .collective_device import collective_device
 
 ALIGN = 16  # bytes: every tensor starts aligned in its buffer (a dtype view needs it)
@@ -180,8 +179,9 @@ class BatchBroadcast:
         self._sizes(len(header), host.numel(), packer.size["device"])
         dist.broadcast(host, self.src, group=self.host_group)
         if packer.size["device"]:
-            device = to_device(packer.buffer("device", pin=self.device.type == "cuda"),
-                               self.device)
+            # from pinned memory: an asynchronous copy (no host sync)
+            device = packer.buffer("device", pin=self.device.type == "cuda").to(
+                self.device, non_blocking=True)
             dist.broadcast(device, self.src, group=self.group)
             if self.device.type != "cpu":  # this rank's contents: the copy already there
                 moved = _unpack(pickle.loads(header), host[_aligned(len(header)):], device)
