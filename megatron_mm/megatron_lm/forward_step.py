@@ -4,10 +4,11 @@ Data convention: every pipeline stage reads its own copy of each micro-batch (th
 datasets provider gives every rank an iterator, ``is_distributed``), not only the first
 and last stages as Megatron-LM's ``get_batch`` does: a chunk needs the batch's layout (its
 media and their placeholder positions) to know the shapes it receives and to merge the
-features; tensor-parallel ranks read the same samples, as their data-parallel rank gives
-them. The loss is Megatron-LM's per-token contract ``(loss sum, token count, {"lm loss":
-[sum, count]})``; with ``--calculate-per-token-loss`` the iteration's loss is the token
-mean over the global batch, as ``examples/pretrain_mllm.py`` computes it.
+features; within a stage the first tensor-parallel rank reads them, the others receive
+them by broadcast (``datasets``). The loss is Megatron-LM's per-token contract ``(loss sum,
+token count, {"lm loss": [sum, count]})``; with ``--calculate-per-token-loss`` the
+iteration's loss is the token mean over the global batch, as ``examples/pretrain_mllm.py``
+computes it.
 """
 
 from __future__ import annotations

@@ -19,12 +19,14 @@ from ..data.loaders import (EncodingSettings, EnergonTrainData, build_train_vali
                             load_dataloader_state)
 from ..data.sources import resolve_sources
 from ..families import builtin_data_for, family_of, modalities_of, resolve
+from ..runtime.batch_broadcast import read_on_first_tp_rank
 from ..runtime.collective_device import collective_device
 from .balanced_data import balanced_batch_iterators
 from .build_settings import transformer_impl
 from .checkpointing import iteration_dir, locate_checkpoint
 from .data_check import check_before_training
 from .fp8_args import llm_sequence_multiple
+from .planning.encoder_schedule import encoder_replicas
 from .rank_print import print_rank_0
 
 
@@ -120,6 +122,35 @@ def batch_iterators(config, dataset, tokenizer, consumed_samples: int, shuffle: 
                    replicas)
     vpp = config.parallel.virtual_pipeline_model_parallel_size
     return make() if vpp is None else [make() for _ in range(vpp)]
+
+
+def stage_reads_media(plan, pipeline_rank: int) -> bool:
+    """Whether pipeline rank ``pipeline_rank`` reads media contents (pixels, mel frames):
+    a chunk there embeds an encoder's input, or (--encoder-schedule coarse | bubble) an
+    encoder's first piece runs there. Elsewhere the layout needs only their shapes."""
+    pp = plan.partition.pipeline_model_parallel_size
+    if plan.encoder_plan is not None and any(
+            p.ranks and p.ranks[0] == pipeline_rank for p in plan.encoder_plan.pieces):
+        return True
+    return any(c.chunk % pp == pipeline_rank and not c.encoder_separate
+               and any(e.embed for e in c.encoders) for c in plan.placements)
+
+
+def tensor_parallel_batches(config, plan, make, copies: Optional[int] = None):
+    """``make()``'s iterator (``copies``: its list of one per model chunk) read and decoded
+    on the first tensor-parallel rank only, each micro-batch broadcast to the others
+    (``runtime/batch_broadcast.py``; media contents only to a stage that reads them), as
+    Megatron-LM's ``get_batch`` does. Every TP rank of a stage reads at the same points of
+    the same schedule; not so with encoder replicas (each reads a micro-batch when its own
+    encoder actions need it) or the separate placement's encoder ranks: there each rank
+    reads its own."""
+    group = parallel_state.get_tensor_model_parallel_group()
+    if (torch.distributed.get_world_size(group) == 1 or plan.separate is not None
+            or encoder_replicas(config) > 1):
+        return make()
+    contents = {m for enc in config.model_config.encoders.values() for m in modalities_of(enc)}
+    return read_on_first_tp_rank(make, group, copies, contents, stage_reads_media(
+        plan, parallel_state.get_pipeline_model_parallel_rank()))
 
 
 def batch_iterator(config, dataset, tokenizer, consumed_samples: int, shuffle: bool,

@@ -4,6 +4,7 @@ diverged). The entry points report them once, one line, without a traceback."""
 from ..config import ConfigError
 from ..data import DataRecordError
 from ..models.multimodal import MediaMismatchError
+from ..runtime.batch_broadcast import BatchBroadcastError
 from .checkpointing import CheckpointError
 from .nan_check import NonFiniteError
 
@@ -20,5 +21,7 @@ _PEER_STOPPED = ("Connection closed by peer", "Connection reset by peer", "ncclR
 
 
 def peer_stopped(error: BaseException) -> bool:
-    """Whether ``error`` is a collective failing because another rank stopped."""
-    return isinstance(error, RuntimeError) and any(s in str(error) for s in _PEER_STOPPED)
+    """Whether ``error`` is a collective failing because another rank stopped (or the
+    first TP rank failing to read the micro-batch it broadcasts: it says why)."""
+    return isinstance(error, BatchBroadcastError) or (
+        isinstance(error, RuntimeError) and any(s in str(error) for s in _PEER_STOPPED))

@@ -47,7 +47,7 @@ from .nan_check import check_losses
 from .planning.partition_trials import search_partition
 from ..data.loaders import savable
 from .build_settings import cp_attention_choice, fusions, transformer_impl
-from .data_setup import batch_iterators, build_datasets
+from .data_setup import batch_iterators, build_datasets, tensor_parallel_batches
 from .model_setup import build_model_chunks, setup_model_and_optimizer
 from .module_lr import module_learning_rates
 from .module_lr_args import module_rates
@@ -204,10 +204,15 @@ class Trainer:
 
     # -- data: the one place iterators are built ------------------------------------------
     def batches(self, dataset, consumed_samples: int, shuffle: bool):
-        """The iterator the schedule takes (one per model chunk with virtual stages)."""
-        return batch_iterators(self.config, dataset, self.tokenizer, consumed_samples,
-                               shuffle, replicas=self.executor.replicas
-                               if isinstance(self.executor, SeparateRun) else None)
+        """The iterator the schedule takes (one per model chunk with virtual stages), read
+        on the first tensor-parallel rank of each stage (``tensor_parallel_batches``)."""
+        if isinstance(self.executor, SeparateRun):
+            return batch_iterators(self.config, dataset, self.tokenizer, consumed_samples,
+                                   shuffle, replicas=self.executor.replicas)
+        return tensor_parallel_batches(
+            self.config, self.plan, lambda: batch_iterators(
+                self.config, dataset, self.tokenizer, consumed_samples, shuffle),
+            self.config.parallel.virtual_pipeline_model_parallel_size)
 
     # -- checkpoints -------------------------------------------------------------------------
     def run_state(self) -> dict:
