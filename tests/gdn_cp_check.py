@@ -4,7 +4,8 @@ CP ranks' summed), for both specs (local, and TE's with stand-ins for TE's linea
 norm, which are not installed here), on the planner's unequal token split of a causal
 mask, of packed samples (THD cu_seqlens in natural order), and on a micro-batch every
 rank holds whole (too short to split; validation). ``check_gdn_cp`` runs in every rank of
-a 2-rank gloo world; ``assert_gdn_cp_errors`` judges what it returns."""
+a 2-rank gloo world (after the training runs of ``train_runs`` in the same launch);
+``assert_gdn_cp_errors`` judges what it returns."""
 
 from __future__ import annotations
 
@@ -95,7 +96,8 @@ def check_gdn_cp(rank: int) -> dict:
     from megatron_mm.models.packed_sequences import packed_sequences
     from megatron_mm.plan.context_parallel.attention_mask import mask_codes
 
-    torch.distributed.init_process_group("gloo")
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo")
     parallel_state.initialize_model_parallel(1, 1, context_parallel_size=2)
     model_parallel_cuda_manual_seed(1234)
     cp_group = parallel_state.get_context_parallel_group()
@@ -161,3 +163,21 @@ def assert_gdn_cp_errors(ranks: list) -> None:
             assert err < 1e-5, (case, err)
     assert any(c[0] != c[1] for out in ranks for c in out["counts"]), \
         "no case gave the ranks unequal token counts"
+
+
+def train_runs(rank: int, runs: list, then=None) -> list:
+    """``train_workers.train(rank, argv, grad_steps)`` for each ``(argv, grad_steps)`` in
+    turn in this world (one launch for several runs), Megatron's state reset between;
+    then ``then(rank)``'s result (a check that needs no launch of its own) appended."""
+    from megatron.core import parallel_state
+    from train_workers import train
+
+    out = []
+    for argv, grad_steps in runs:
+        try:
+            out.append(train(rank, argv, grad_steps))
+        finally:
+            parallel_state.destroy_model_parallel()
+    if then is not None:
+        out.append(then(rank))
+    return out
