@@ -15,7 +15,9 @@ chunk of 64, a Python loop), on a GPU flash-linear-attention's kernels.
 ``--context-parallel-sizes 1 2`` adds context parallelism: each size runs in a world of
 that many ranks (spawned; gloo on CPU with the machine's cores shared out, NCCL on one GPU
 per rank), the causal sequence split by the training script's balanced assignment
-(``--context-parallel-block``), the full-attention layers on the package's CP attention
+(``--context-parallel-block``; on CPU every rank of every size gets the largest world's
+share of the cores, so a CP=N rank is set against one process on as many cores), the
+full-attention layers on the package's CP attention
 and the GDN layers head-parallel (``models/linear_attention_cp.py``), the gradients
 all-reduced over the CP ranks before Adam. Times and peaks are the busiest rank's; the
 last table sets each model's CP=N rank against CP=1.
@@ -173,8 +175,8 @@ def measure(args, cp: int = 1, rank: int = 0, port: int = 0) -> list:
     """(seq, {kind: median step s}, {kind: step peak bytes}) per length, on this rank of a
     CP world of ``cp`` ranks."""
     cuda = init_world(rank, cp, port)
-    if not cuda and cp > 1:  # the cores shared out: CP ranks never outnumber the cores
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // cp))
+    if not cuda:  # every rank of every size the same cores: the largest world's share
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(args.context_parallel_sizes)))
     device = torch.device("cuda" if cuda else "cpu")
     rows = []
     for seq in args.seq_lengths:
