@@ -1,7 +1,7 @@
 """Bad Qwen3.5 flags stop before any process starts, with one line naming the flag: GDN
-heads that TP x CP cannot split, a layer pattern that does
-not give each of the model's layers (and so each pipeline stage's) a kind, GDN heads that
-TP cannot split, the pattern without the variant."""
+heads that TP x CP cannot split, a layer pattern that does not give each of the model's
+layers (and so each pipeline stage's) a kind, GDN heads that TP cannot split, the pattern
+without the variant."""
 
 import pytest
 from qwen3_5_model import QWEN3_5_MODEL
