@@ -12,7 +12,18 @@ model's attention scores grow as S^2, the GDN layers' state as S: the ratios at 
 show it. On CPU the GDN layers run the CPU stand-ins (upstream's torch chunked rule per
 chunk of 64, a Python loop), on a GPU flash-linear-attention's kernels.
 
-    python tools/bench_hybrid.py                      # 2K and 8K tokens
+``--context-parallel-sizes 1 2`` adds context parallelism: each size runs in a world of
+that many ranks (spawned; gloo on CPU with the machine's cores shared out, NCCL on one GPU
+per rank), the causal sequence split by the training script's balanced assignment
+(``--context-parallel-block``; on CPU every rank of every size gets the largest world's
+share of the cores, so a CP=N rank is set against one process on as many cores), the
+full-attention layers on the package's CP attention
+and the GDN layers head-parallel (``models/linear_attention_cp.py``), the gradients
+all-reduced over the CP ranks before Adam. Times and peaks are the busiest rank's; the
+last table sets each model's CP=N rank against CP=1.
+
+    python tools/bench_hybrid.py                      # 2K and 8K tokens, CP=1
+    python tools/bench_hybrid.py --seq-lengths 8192 16384 --context-parallel-sizes 1 2
     python tools/bench_hybrid.py --seq-lengths 2048 8192 16384 --steps 5   # a GPU
 """
 
@@ -24,6 +35,7 @@ import os
 import socket
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -65,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--linear-num-value-heads", type=int, default=4)
     a("--linear-head-dim", type=int, default=64)
     a("--vocab-size", type=int, default=1024)
+    a("--context-parallel-sizes", type=int, nargs="+", default=[1],
+      help="a world of each size in turn (ranks spawned), the sequence split over its ranks")
+    a("--context-parallel-block", type=int, default=128)
     return p
 
 
@@ -83,16 +98,19 @@ def model_config(args, seq: int, hybrid: bool) -> MultimodalModelConfig:
     return MultimodalModelConfig(encoders={}, projectors={}, language=lm)
 
 
-def init_world() -> bool:
+def init_world(rank: int = 0, world: int = 1, port: int = 0) -> bool:
     cuda = torch.cuda.is_available()
     if not torch.distributed.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        if not port:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        torch.distributed.init_process_group("nccl" if cuda else "gloo", rank=0,
-                                             world_size=1)
-    parallel_state.initialize_model_parallel()
+        if cuda:
+            torch.cuda.set_device(rank)
+        torch.distributed.init_process_group("nccl" if cuda else "gloo", rank=rank,
+                                             world_size=world)
+    parallel_state.initialize_model_parallel(context_parallel_size=world)
     model_parallel_cuda_manual_seed(1234)
     return cuda
 
@@ -103,21 +121,36 @@ class Run:
     optimizer: torch.optim.Optimizer
     tokens: torch.Tensor
     positions: torch.Tensor
+    mask: object  # the CP split (ContextParallelMask), None at CP=1
 
 
-def make_run(args, seq: int, hybrid: bool, device) -> Run:
+def make_run(args, seq: int, hybrid: bool, device, cp: int = 1) -> Run:
+    from megatron_mm.training.attention import AttentionSettings
+
     torch.manual_seed(0)
-    model = build_model(model_config(args, seq, hybrid), BuildSettings(), {}).to(device)
+    settings = BuildSettings(context_parallel_size=cp)
+    model = build_model(model_config(args, seq, hybrid), settings, {}).to(device)
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, args.vocab_size, (1, seq), generator=gen).to(device)
     positions = torch.arange(seq, device=device)[None]
-    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-4), tokens, positions)
+    split = AttentionSettings({}, context_parallel_size=cp, block=args.context_parallel_block,
+                              linear_attention=hybrid)
+    mask = split.mask_for({"tokens": tokens}, device=device)
+    return Run(model, torch.optim.Adam(model.parameters(), lr=1e-4), tokens, positions, mask)
 
 
 def step(run: Run, cuda: bool) -> float:
     start = time.perf_counter()
-    loss = run.model(run.tokens, run.positions, labels=run.tokens).float().mean()
-    loss.backward()
+    loss = run.model(run.tokens, run.positions, labels=run.tokens, attention_mask=run.mask)
+    (loss.float().sum() / run.tokens.shape[1]).backward()  # this rank's share of the mean
+    if run.mask is not None:  # the CP ranks' gradients summed, as DDP does
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        grads = [p.grad for p in run.model.parameters() if p.grad is not None]
+        flat = _flatten_dense_tensors(grads)
+        torch.distributed.all_reduce(flat, group=run.mask.group)
+        for g, summed in zip(grads, _unflatten_dense_tensors(flat, grads)):
+            g.copy_(summed)
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=False)
     if cuda:
@@ -138,13 +171,16 @@ def step_peak(run: Run, cuda: bool) -> int:
     return peak.delta
 
 
-def main(argv=None) -> list:
-    args = build_parser().parse_args(argv)
-    cuda = init_world()
+def measure(args, cp: int = 1, rank: int = 0, port: int = 0) -> list:
+    """(seq, {kind: median step s}, {kind: step peak bytes}) per length, on this rank of a
+    CP world of ``cp`` ranks."""
+    cuda = init_world(rank, cp, port)
+    if not cuda:  # every rank of every size the same cores: the largest world's share
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(args.context_parallel_sizes)))
     device = torch.device("cuda" if cuda else "cpu")
     rows = []
     for seq in args.seq_lengths:
-        runs = {kind: make_run(args, seq, kind == "hybrid", device)
+        runs = {kind: make_run(args, seq, kind == "hybrid", device, cp)
                 for kind in ("hybrid", "full")}
         for run in runs.values():  # warm-up; Adam's state exists from here on
             for _ in range(args.warmup):
@@ -156,17 +192,55 @@ def main(argv=None) -> list:
         peaks = {kind: step_peak(run, cuda) for kind, run in runs.items()}
         rows.append((seq, {k: statistics.median(v) for k, v in times.items()}, peaks))
         del runs
-    print_table(rows, args, cuda)
+    parallel_state.destroy_model_parallel()
     return rows
 
 
-def print_table(rows, args, cuda) -> None:
+def _rank(rank: int, args, cp: int, port: int, out: str) -> None:
+    warnings.filterwarnings("ignore")
+    prepare_megatron_core()
+    torch.save(measure(args, cp, rank, port), os.path.join(out, f"{rank}.pt"))
+    torch.distributed.destroy_process_group()
+
+
+def measure_world(args, cp: int) -> list:
+    """``measure`` on ``cp`` spawned ranks; per length the busiest rank's time and peak."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(_rank, args=(args, cp, port, out), nprocs=cp,
+                           start_method="spawn", join=True)
+        ranks = [torch.load(os.path.join(out, f"{r}.pt")) for r in range(cp)]
+    return [(seq, {k: max(r[i][1][k] for r in ranks) for k in times},
+             {k: max(r[i][2][k] for r in ranks) for k in peaks})
+            for i, (seq, times, peaks) in enumerate(ranks[0])]
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    by_cp = {}
+    for cp in args.context_parallel_sizes:
+        by_cp[cp] = measure_world(args, cp) if cp > 1 else measure(args)
+    cuda = torch.cuda.is_available()
+    for cp, rows in by_cp.items():
+        print_table(rows, args, cuda, cp)
+    if len(by_cp) > 1:
+        print_cp_table(by_cp, args)
+    return by_cp
+
+
+def print_table(rows, args, cuda, cp: int = 1) -> None:
     pattern = LinearAttentionConfig(linear_attention_freq=args.linear_attention_freq
                                     ).pattern(args.num_layers)
+    where = "one process" if cp == 1 else (f"CP={cp} (the busiest of {cp} ranks, blocks of "
+                                           f"{args.context_parallel_block})")
     print(f"\n{'CUDA' if cuda else 'CPU'} fp32, {args.num_layers} layers of "
           f"{args.hidden_size} (hybrid pattern {list(pattern)}: 1 GDN, 0 full attention; "
           f"{args.num_attention_heads} heads of {args.kv_channels}), batch 1, "
-          f"median of {args.steps} steps")
+          f"median of {args.steps} steps, {where}")
     print("| tokens | hybrid step (s) | full step (s) | time full / hybrid | hybrid step peak "
           "(MiB) | full step peak (MiB) | memory full / hybrid |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -174,6 +248,24 @@ def print_table(rows, args, cuda) -> None:
         print(f"| {seq} | {t['hybrid']:.3f} | {t['full']:.3f} | {t['full'] / t['hybrid']:.2f} "
               f"| {m['hybrid'] / MiB:.0f} | {m['full'] / MiB:.0f} | "
               f"{m['full'] / max(m['hybrid'], 1):.2f} |")
+
+
+def print_cp_table(by_cp: dict, args) -> None:
+    """Each model's CP=N rank against CP=1: step time and step peak per rank."""
+    base = {seq: (t, m) for seq, t, m in by_cp[1]} if 1 in by_cp else None
+    if base is None:
+        return
+    print("\nper rank against CP=1 (time and step peak of the busiest rank / one process)")
+    print("| tokens | CP | hybrid time | full time | hybrid memory | full memory |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for cp, rows in by_cp.items():
+        if cp == 1:
+            continue
+        for seq, t, m in rows:
+            t1, m1 = base[seq]
+            print(f"| {seq} | {cp} | {t['hybrid'] / t1['hybrid']:.2f} | "
+                  f"{t['full'] / t1['full']:.2f} | {m['hybrid'] / max(m1['hybrid'], 1):.2f} | "
+                  f"{m['full'] / max(m1['full'], 1):.2f} |")
 
 
 if __name__ == "__main__":

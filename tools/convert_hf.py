@@ -56,7 +56,13 @@ def main(argv=None) -> int:
     cmp.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     cmp.add_argument("--expert-model-parallel-size", type=int, default=1,
                      help="an MoE LLM's experts split over this many ranks (TP x PP x EP "
-                          "processes in all)")
+                          "x CP processes in all)")
+    cmp.add_argument("--context-parallel-size", type=int, default=1,
+                     help="each sequence split over this many ranks by the training "
+                          "script's causal CP split")
+    cmp.add_argument("--context-parallel-block", type=int, default=None,
+                     help="tokens per CP block (default: the checkpoint's); a sequence of "
+                          "fewer blocks than ranks runs whole on every rank")
     args = p.parse_args(argv)
     if args.command == "compare":
         return _compare(args)
@@ -95,12 +101,14 @@ def _compare(args) -> int:
         diff, shape = compare(args.hf_dir, args.load, inputs,
                               args.tensor_model_parallel_size,
                               args.pipeline_model_parallel_size,
-                              args.expert_model_parallel_size)
+                              args.expert_model_parallel_size, args.context_parallel_size,
+                              args.context_parallel_block)
     except (ConversionError, *USER_ERRORS) as e:
         print(f"{sys.argv[0]}: error: {e}", file=sys.stderr, flush=True)
         return 2
     print(f"logits {list(shape)}, TP={args.tensor_model_parallel_size} "
-          f"PP={args.pipeline_model_parallel_size} EP={args.expert_model_parallel_size}")
+          f"PP={args.pipeline_model_parallel_size} EP={args.expert_model_parallel_size} "
+          f"CP={args.context_parallel_size}")
     print(f"max abs logit difference: {diff:.6g}", flush=True)
     return 0
 

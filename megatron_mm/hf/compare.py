@@ -92,9 +92,11 @@ def load_hf(hf_dir: str, family: Family):
 
 # ---------------------------------------------------------------- megatron_mm side
 
-def checkpoint_run_config(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1):
+def checkpoint_run_config(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1,
+                          cp_block: Optional[int] = None):
     """The training script's RunConfig for ``--load ckpt`` at TP / PP / EP (expert
-    parallelism: an MoE LLM's; ConfigError on a layout the checkpoint cannot take)."""
+    parallelism: an MoE LLM's) / CP (blocks of ``cp_block`` tokens; ConfigError on a
+    layout the checkpoint cannot take)."""
     from ..training.arguments import apply_checkpoint_args, validate_args
     from ..training.flag_values import flags_of_values
     from ..training.run_config import RunConfig
@@ -104,6 +106,9 @@ def checkpoint_run_config(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1):
              "pipeline_model_parallel_size": pp, "no_load_optim": True, "no_load_rng": True}
     if ep != 1:  # a dense checkpoint refuses it, naming the flag
         flags["expert_model_parallel_size"] = ep
+    flags["context_parallel_size"] = cp
+    if cp_block is not None:
+        flags["context_parallel_block"] = cp_block
     args = flags_of_values(flags)
     apply_checkpoint_args(args, set(flags))
     if args.max_position_embeddings:  # no training: any length the model takes
@@ -114,7 +119,7 @@ def checkpoint_run_config(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1):
         args.expert_tensor_parallel_size = expert_tensor_parallel_size(tp, ep)
         if args.sequence_parallel:  # the padded encoder shards' mask: the local attention
             args.transformer_impl = "local"
-    return RunConfig.from_flags(validate_args(args, world_size=world_size(tp, pp, ep)))
+    return RunConfig.from_flags(validate_args(args, world_size=world_size(tp, pp, ep, cp)))
 
 
 def expert_tensor_parallel_size(tp: int, ep: int) -> int:
@@ -124,16 +129,17 @@ def expert_tensor_parallel_size(tp: int, ep: int) -> int:
     return tp if ep == 1 else 1
 
 
-def world_size(tp: int, pp: int, ep: int) -> int:
-    """Ranks of a comparison at TP / PP / EP: the experts' grid (ETP x EP x PP x expert
-    DP) over the dense one (TP x PP x DP), each data-parallel rank running the same
-    inputs."""
-    return tp * pp * ep
+def world_size(tp: int, pp: int, ep: int, cp: int = 1) -> int:
+    """Ranks of a comparison at TP / PP / EP / CP: the experts' grid (ETP x EP x PP x
+    expert DP) over the dense one (TP x CP x PP x DP), each data-parallel rank running the
+    same inputs."""
+    return tp * pp * ep * cp
 
 
-def load_converted(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1):
+def load_converted(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1,
+                   cp_block: Optional[int] = None):
     """This rank's model chunk, loaded from ``ckpt``; the Megatron world must be set up
-    with the same TP / PP / EP."""
+    with the same TP / PP / EP / CP."""
     from megatron.core import parallel_state
 
     from ..models import build_model
@@ -141,7 +147,7 @@ def load_converted(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1):
     from ..training.build_settings import build_settings
     from ..training.planning.training_plan import plan_pipeline
 
-    config = checkpoint_run_config(ckpt, tp, pp, ep)
+    config = checkpoint_run_config(ckpt, tp, pp, ep, cp, cp_block)
     lm = config.model_config.language
     lm.padded_vocab_size = lm.vocab_size = saved_args(config.checkpoint)["padded_vocab_size"]
     media = media_token_ids(config.model_config, config.model)
@@ -153,6 +159,21 @@ def load_converted(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1):
     return model.eval()
 
 
+def context_parallel_split(config):
+    """How ``logits`` splits each sequence over the CP ranks of ``config`` (a
+    ``checkpoint_run_config``): the training script's split of a causal mask, or None
+    without context parallelism."""
+    from ..training.attention import AttentionSettings
+
+    par = config.parallel
+    if par.context_parallel_size == 1:
+        return None
+    return AttentionSettings(
+        {}, "causal", par.context_parallel_size, par.context_parallel_assignment,
+        par.context_parallel_block, par.context_parallel_block_overhead,
+        linear_attention=config.model_config.language.linear_attention is not None)
+
+
 def _device() -> torch.device:
     return (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
             else torch.device("cpu"))
@@ -160,9 +181,11 @@ def _device() -> torch.device:
 
 @torch.no_grad()
 def logits(model, tokens: torch.Tensor, media,
-           positions: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+           positions: Optional[torch.Tensor] = None, split=None) -> Optional[torch.Tensor]:
     """Full logits [B, S, padded vocab] on the last pipeline stage (None elsewhere):
-    stage 0 sends its hidden states on, TP ranks gather their vocabulary shards.
+    stage 0 sends its hidden states on, TP ranks gather their vocabulary shards; under
+    context parallelism (``split``: ``context_parallel_split``) each CP rank runs its
+    tokens of the planned split and the logits are gathered in sequence order.
     ``positions``: M-RoPE's [3, B, S] (default 0..S-1 on every axis)."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
@@ -177,50 +200,62 @@ def logits(model, tokens: torch.Tensor, media,
     positions = positions.to(device)
     first, last = (parallel_state.is_pipeline_first_stage(),
                    parallel_state.is_pipeline_last_stage())
+    cpm = None if split is None else split.mask_for({"tokens": tokens}, device=device)
+    split = cpm is not None and not cpm.replicated
+    rows = cpm.local.shape[0] if split else tokens.shape[1]
     if not first:  # its size first: a stage may send more than the hidden state
         prev = parallel_state.get_pipeline_model_parallel_prev_rank()
         size = torch.empty(1, dtype=torch.long, device=device)
         torch.distributed.recv(size, prev)
         hidden = torch.empty(int(size), device=device)
         torch.distributed.recv(hidden, prev)
-        whole = (tokens.shape[1], tokens.shape[0], model.config.hidden_size)
+        whole = (rows, tokens.shape[0], model.config.hidden_size)
         model.set_input_tensor(hidden.view(whole) if hidden.numel() == math.prod(whole)
                                else hidden.view(-1, 1, 1))
-    out = model(tokens, positions, media)
+    out = model(tokens, positions, media, attention_mask=cpm)
     if not last:
         following = parallel_state.get_pipeline_model_parallel_next_rank()
         torch.distributed.send(torch.tensor([out.numel()], device=device), following)
         torch.distributed.send(out.contiguous().reshape(-1), following)
         return None
-    return gather_from_tensor_model_parallel_region(out)
+    out = gather_from_tensor_model_parallel_region(out)
+    if split:  # [B, S_local, V] in the split's order -> [B, S, V]
+        from ..models.cp_gather import gather_rows
+
+        out = gather_rows(out.transpose(0, 1).contiguous(), cpm.counts, cpm.order,
+                          cpm.group).transpose(0, 1)
+    return out
 
 
 class _Layout:  # what initialize_distributed reads
     virtual_pipeline_model_parallel_size = None
     distributed_backend = None  # NCCL with CUDA, gloo without
-    context_parallel_size = 1
     distributed_timeout_minutes = 5
 
-    def __init__(self, tp: int, pp: int, ep: int = 1):
+    def __init__(self, tp: int, pp: int, ep: int = 1, cp: int = 1):
         self.tensor_model_parallel_size, self.pipeline_model_parallel_size = tp, pp
+        self.context_parallel_size = cp
         self.expert_model_parallel_size = ep
         self.expert_tensor_parallel_size = expert_tensor_parallel_size(tp, ep)
 
 
 def rank_logits(ckpt: str, tp: int, pp: int, tokens, media,
-                positions=None, ep: int = 1) -> Optional[torch.Tensor]:
-    """In a fresh Megatron world of TP * PP * EP ranks (torch.distributed's env variables
-    set): this rank's full logits (last stage) or None."""
+                positions=None, ep: int = 1, cp: int = 1,
+                cp_block: Optional[int] = None) -> Optional[torch.Tensor]:
+    """In a fresh Megatron world of TP * PP * EP * CP ranks (torch.distributed's env
+    variables set): this rank's full logits (last stage) or None."""
     from megatron.core import parallel_state
 
     from ..training.initialize import initialize_distributed, set_random_seed
 
     owns_group = not torch.distributed.is_initialized()
     parallel_state.destroy_model_parallel()
-    initialize_distributed(_Layout(tp, pp, ep))
+    initialize_distributed(_Layout(tp, pp, ep, cp))
     try:
         set_random_seed(1234)
-        out = logits(load_converted(ckpt, tp, pp, ep), tokens, media, positions)
+        split = context_parallel_split(checkpoint_run_config(ckpt, tp, pp, ep, cp, cp_block))
+        out = logits(load_converted(ckpt, tp, pp, ep, cp, cp_block), tokens, media,
+                     positions, split)
         return None if out is None else out.float().cpu()
     finally:
         parallel_state.destroy_model_parallel()
@@ -255,11 +290,11 @@ def _rank_entry(rank: int, world: int, port: int, out_dir: str, job: tuple) -> N
 
 def megatron_logits(ckpt: str, tokens: torch.Tensor, media, tp: int = 1,
                     pp: int = 1, positions: Optional[torch.Tensor] = None,
-                    ep: int = 1) -> torch.Tensor:
-    """The megatron_mm model's full logits, from TP * PP * EP processes forked here (this
-    process alone when all are 1)."""
-    world = world_size(tp, pp, ep)
-    job = (ckpt, tp, pp, tokens, media, positions, ep)
+                    ep: int = 1, cp: int = 1, cp_block: Optional[int] = None) -> torch.Tensor:
+    """The megatron_mm model's full logits, from TP * PP * EP * CP processes forked here
+    (this process alone when all are 1)."""
+    world = world_size(tp, pp, ep, cp)
+    job = (ckpt, tp, pp, tokens, media, positions, ep, cp, cp_block)
     if world == 1:
         return rank_logits(*job)
     import torch.multiprocessing as mp
@@ -284,15 +319,18 @@ def megatron_logits(ckpt: str, tokens: torch.Tensor, media, tp: int = 1,
 
 
 def compare(hf_dir: str, ckpt: str, inputs: Dict[str, torch.Tensor], tp: int = 1,
-            pp: int = 1, ep: int = 1) -> Tuple[float, torch.Size]:
-    """Max |logit difference| of the checkpoint (at TP / PP / EP) and the Hugging Face
+            pp: int = 1, ep: int = 1, cp: int = 1,
+            cp_block: Optional[int] = None) -> Tuple[float, torch.Size]:
+    """Max |logit difference| of the checkpoint (at TP / PP / EP / CP, the sequence split
+    in blocks of ``cp_block`` tokens: default the training script's) and the Hugging Face
     model on ``inputs``, with the logits' shape."""
     from .convert import _hf_config
 
     family = family_for(_hf_config(hf_dir))
     check_inputs(family, inputs)  # bad input fails before any work
     # and a layout it cannot take
-    longest = checkpoint_run_config(ckpt, tp, pp, ep).model.max_position_embeddings
+    longest = checkpoint_run_config(ckpt, tp, pp, ep, cp,
+                                    cp_block).model.max_position_embeddings
     if inputs["input_ids"].shape[-1] > longest:
         raise ConversionError(
             f"--inputs key 'input_ids' has {inputs['input_ids'].shape[-1]} tokens per "
@@ -306,7 +344,8 @@ def compare(hf_dir: str, ckpt: str, inputs: Dict[str, torch.Tensor], tp: int = 1
     del model
     media = (family.media or megatron_media)(inputs)
     positions = None if family.positions is None else family.positions(hf_config, inputs)
-    got = megatron_logits(ckpt, inputs["input_ids"], media, tp, pp, positions, ep)
+    got = megatron_logits(ckpt, inputs["input_ids"], media, tp, pp, positions, ep, cp,
+                          cp_block)
     got = got[..., :expected.shape[-1]]  # the padded vocabulary rows
     if got.shape != expected.shape:
         raise RuntimeError(f"logit shapes differ: megatron_mm {tuple(got.shape)}, "

@@ -17,6 +17,8 @@ the others.
   block-diagonal mask and drop the carrier (``DropsPackedSamples``). Upstream's cu_seqlens
   check reads the device (``.cpu().item()``); the carrier was checked on the host, so the
   subclass skips it.
+- Context parallelism (``--context-parallel-size`` > 1): head-parallel over the CP group
+  under the package's token assignment, ``models/linear_attention_cp.py``.
 - FLA is required where CUDA runs (``require_fla``): never a silent fallback to a torch
   rule.
 """
@@ -57,6 +59,11 @@ class SampleIsolatedGDN(GatedDeltaNet):
 
     def forward(self, hidden_states, attention_mask, inference_context=None,
                 packed_seq_params=None, sequence_len_offset=None, **kwargs):
+        if self.cp_size > 1 and inference_context is None:  # the package's token split
+            from .linear_attention_cp import head_parallel_forward
+
+            return head_parallel_forward(self, hidden_states, attention_mask,
+                                         packed_seq_params)
         if isinstance(packed_seq_params, PackedSequences):
             packed_seq_params = packed_seq_params.thd
         return super().forward(hidden_states, attention_mask, inference_context,

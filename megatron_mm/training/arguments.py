@@ -21,7 +21,7 @@ from ..plan.pipeline.partition import parse_partition_flag
 from .fp8_args import fp8_args, validate_fp8_args
 from .fusion_args import add_fusion_args
 from .linear_attention_args import CHECKPOINT_FLAGS as LINEAR_ATTENTION_FLAGS
-from .linear_attention_args import GDN_CP_REFUSAL, add_linear_attention_args
+from .linear_attention_args import add_linear_attention_args, check_gdn_context_parallel
 from .logging_args import logging_args, validate_logging_args
 from .model_config import build_model_config
 from .lora_args import add_lora_args, lora_config, lora_flags_from_checkpoint
@@ -454,8 +454,7 @@ def validate_args(args: argparse.Namespace,
     cp = args.context_parallel_size
     if cp < 1:
         raise ConfigError("--context-parallel-size must be >= 1")
-    if cp > 1 and args.experimental_attention_variant is not None:
-        raise ConfigError(GDN_CP_REFUSAL.format(cp=cp))
+    check_gdn_context_parallel(args)
     if args.context_parallel_block < 1:
         raise ConfigError("--context-parallel-block must be >= 1")
     if args.context_parallel_block_overhead < 0:

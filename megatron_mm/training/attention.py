@@ -16,6 +16,7 @@ from ..models.specs import uses_thd
 from ..models.context_parallel import (
     ContextParallelMask, batch_codes, context_parallel_mask, dense_mask)
 from ..models.flex_attention import MaskCodes
+from ..models.linear_attention_cp import with_gdn_tokens
 from ..models.host_copy import to_device
 from ..config import ConfigError
 from ..plan.context_parallel.cp_assignment import BLOCK_OVERHEAD
@@ -101,6 +102,8 @@ class AttentionSettings:
             tokens.device, self.block_overhead)
         if self.cp_attention == "transformer_engine":
             check_te_zigzag(cpm, codes.shape[1], self.block)
+        if self.linear_attention:  # the GDN layers' way to natural order (and samples)
+            cpm = with_gdn_tokens(cpm, batch.get("cu_seqlens"))
         return cpm
 
 

@@ -36,14 +36,23 @@ def add_linear_attention_args(g) -> None:
                    help="norms scale by 1 + weight (zero-centred gamma; Qwen3.5)")
 
 
-# Megatron-Core's GDN has context parallelism of its own (all-to-alls over the CP group),
-# for Megatron's zigzag split of every layer's tokens; this package's CP splits the tokens
-# by its own assignment for multimodal masks and keeps Megatron-Core's CP size at 1.
-GDN_CP_REFUSAL = (
-    "--context-parallel-size {cp} cannot run the Gated DeltaNet layers "
-    "(--experimental-attention-variant gated_delta_net): Megatron-Core's GDN context "
-    "parallelism needs Megatron's zigzag token split in every layer, which this package's "
-    "multimodal CP split is not; use --context-parallel-size 1")
+def check_gdn_context_parallel(args) -> None:
+    """The GDN layers under ``--context-parallel-size`` > 1 run head-parallel over the CP
+    ranks (``models/linear_attention_cp.py``): each TP rank's key and value heads split
+    again over CP. No sample length rule: each rank's tokens are padded to the longest
+    rank's for the all-to-all, whatever the token assignment."""
+    cp, tp = args.context_parallel_size, args.tensor_model_parallel_size
+    if cp == 1 or args.experimental_attention_variant is None:
+        return
+    for flag in ("linear_num_key_heads", "linear_num_value_heads"):
+        heads = getattr(args, flag)
+        if heads % (tp * cp):
+            raise ConfigError(
+                f"--context-parallel-size {cp}: the Gated DeltaNet layers split their heads "
+                f"over --tensor-model-parallel-size ({tp}) x --context-parallel-size ({cp}); "
+                f"--{flag.replace('_', '-')} ({heads}) is not divisible by {tp * cp}")
+
+
 CHECKPOINT_FLAGS = ("experimental_attention_variant", "linear_attention_freq",
                     "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
                     "linear_num_key_heads", "linear_num_value_heads", "attention_output_gate",

@@ -1,7 +1,7 @@
-"""Bad Qwen3.5 flags stop before any process starts, with one line naming the flag: a
-context-parallel request the Gated DeltaNet layers cannot run, a layer pattern that does
-not give each of the model's layers (and so each pipeline stage's) a kind, GDN heads that
-TP cannot split, the pattern without the variant."""
+"""Bad Qwen3.5 flags stop before any process starts, with one line naming the flag: GDN
+heads that TP x CP cannot split, a layer pattern that does not give each of the model's
+layers (and so each pipeline stage's) a kind, GDN heads that TP cannot split, the pattern
+without the variant."""
 
 import pytest
 from qwen3_5_model import QWEN3_5_MODEL
@@ -14,10 +14,11 @@ def _without(argv, flag, values):
 
 
 @pytest.mark.parametrize("argv, world, message", [
-    (["--context-parallel-size", "2"], 2,
-     "--context-parallel-size 2 cannot run the Gated DeltaNet layers "
-     "(--experimental-attention-variant gated_delta_net): Megatron-Core's GDN context "
-     "parallelism needs Megatron's zigzag token split in every layer"),
+    # 2 key heads over TP 2 x CP 2
+    (["--context-parallel-size", "2", "--tensor-model-parallel-size", "2"], 4,
+     "--context-parallel-size 2: the Gated DeltaNet layers split their heads over "
+     "--tensor-model-parallel-size (2) x --context-parallel-size (2); "
+     "--linear-num-key-heads (2) is not divisible by 4"),
     (["--pipeline-model-parallel-size", "2", "--linear-attention-freq", "[1,0,1]"], 2,
      "--linear-attention-freq as a list takes one 0/1 per layer (--num-layers 4), got "
      "[1, 0, 1]"),

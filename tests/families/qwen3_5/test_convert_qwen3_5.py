@@ -1,9 +1,10 @@
 """Qwen3.5 (Qwen3-VL's tower without DeepStack + the hybrid Gated DeltaNet / gated
 attention LLM with partial interleaved M-RoPE) -> megatron_mm: on Qwen3-VL's batch (two
 images, a two-frame clip with timestamps) ``compare``'s logits equal transformers' at TP=1,
-TP=2 (GDN's heads split) and PP=2 cut between a linear and a full-attention layer
-(max |diff| <= 1e-4, fp32); export gives back the same tensors; config fields the model
-does not reproduce are refused by name."""
+TP=2 (GDN's heads split), PP=2 cut between a linear and a full-attention layer and, by
+``convert_hf.py compare --context-parallel-size 2``, CP=2 (max |diff| <= 1e-4, fp32);
+export gives back the same tensors; config fields the model does not reproduce are
+refused by name."""
 
 import inspect
 
@@ -41,6 +42,32 @@ def test_logits_equal_transformers(converted, tp, pp):
     print(f"qwen3.5 TP={tp} PP={pp}: max abs logit difference {diff:.3g}")
     assert tuple(shape) == (2, SEQ, VOCAB)
     assert diff <= TOLERANCE
+
+
+@pytest.mark.processes
+def test_compare_context_parallel_equals_transformers(converted, tmp_path, capsys):
+    """``convert_hf.py compare --context-parallel-size 2``: each rank its tokens of the
+    training script's causal split (blocks of 8: the 56 tokens split 28 / 28 or unevenly),
+    the GDN layers head-parallel over the two ranks."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location("convert_hf", os.path.join(
+        os.path.dirname(__file__), "..", "..", "..", "tools", "convert_hf.py"))
+    convert_hf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(convert_hf)
+    _, hf_dir, ckpt = converted
+    torch.save(inputs(), str(tmp_path / "inputs.pt"))
+    code = convert_hf.main(["compare", "--hf-dir", hf_dir, "--load", ckpt, "--inputs",
+                            str(tmp_path / "inputs.pt"), "--context-parallel-size", "2",
+                            "--context-parallel-block", "8"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"logits [2, {SEQ}, {VOCAB}], TP=1 PP=1 EP=1 CP=2" in out
+    last = out.strip().splitlines()[-1]
+    with capsys.disabled():
+        print(f"qwen3.5 CP=2: {last}")
+    assert float(last.removeprefix("max abs logit difference: ")) <= TOLERANCE
 
 
 # (the round trips come after every in-process compare: a compare at world 1 tears down
