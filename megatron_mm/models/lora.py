@@ -64,6 +64,13 @@ class LoraPair(torch.nn.Module):
         self.lora_B = torch.nn.Parameter(torch.zeros(*b_shape, dtype=dtype))
         self.fresh = False
 
+    def forward(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(A, B), read through the module's call: the forward pre-hooks registered on it
+        run first. Megatron-Core's DDP waits there for the all-gather of their bucket
+        under ``--overlap-param-gather`` (and dispatches the next bucket's); reading the
+        attributes directly would use this rank's stale copy of other ranks' shards."""
+        return self.lora_A, self.lora_B
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         if self.fresh and not any(k.startswith(prefix) for k in state_dict):
             self.fresh = False  # saved from now on
@@ -129,11 +136,11 @@ class LoraAdapter(torch.nn.Module):
         with get_cuda_rng_tracker().fork():  # this rank's shard of x
             return self.dropout(x)
 
-    def delta(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """What the adapter adds to the base's output for its input ``x``."""
         x = self._input(x)
-        pairs = [getattr(self, p) for p in self.parts]
-        a = torch.cat([p.lora_A for p in pairs], dim=0)  # one GEMM for all projections
+        weights = [getattr(self, p)() for p in self.parts]  # each pair's (A, B), its hooks run
+        a = torch.cat([a for a, _ in weights], dim=0)  # one GEMM for all projections
         u = torch.nn.functional.linear(x, a)
         if self.column:
             u = (gather_from_sequence_parallel_region(u, group=self.tp_group)
@@ -143,8 +150,8 @@ class LoraAdapter(torch.nn.Module):
             u = (reduce_scatter_to_sequence_parallel_region(u, group=self.tp_group)
                  if self.sequence_parallel
                  else reduce_from_tensor_model_parallel_region(u, group=self.tp_group))
-        outs = [torch.nn.functional.linear(piece, p.lora_B)
-                for piece, p in zip(u.split(self.rank, dim=-1), pairs)]
+        outs = [torch.nn.functional.linear(piece, b)
+                for piece, (_, b) in zip(u.split(self.rank, dim=-1), weights)]
         return self._fused(outs) * self.scaling
 
     def _fused(self, outs: List[torch.Tensor]) -> torch.Tensor:
@@ -157,7 +164,8 @@ class LoraAdapter(torch.nn.Module):
 
     def _add(self, module, args, output):
         out, bias = output
-        return out + self.delta(args[0]).to(out.dtype), bias
+        # through the adapter's call, as the base's own forward goes through the base's
+        return out + self(args[0]).to(out.dtype), bias
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
         """A and B as ShardedTensors: split where they are split (resharded on load),
