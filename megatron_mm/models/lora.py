@@ -46,6 +46,14 @@ PARTS = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",
 SUFFIX = "_lora"  # the adapter of ``linear_qkv`` is its parent's ``linear_qkv_lora``
 
 
+def collective_device(group, device: torch.device) -> torch.device:
+    """Where a collective over ``group`` takes its tensors: NCCL refuses host tensors (the
+    current CUDA device), other backends take ``device``'s."""
+    if torch.distributed.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def parts_of(name: str, parent) -> Tuple[str, ...]:
     """The projections of the linear ``name`` in ``parent`` (an attention or an MLP)."""
     if name == "linear_fc1":
@@ -121,7 +129,11 @@ class LoraAdapter(torch.nn.Module):
         torch.nn.init.kaiming_uniform_(full, a=math.sqrt(5))
         if self.tp_size > 1:
             src = torch.distributed.get_global_rank(self.tp_group, 0)
-            torch.distributed.broadcast(full, src=src, group=self.tp_group)
+            # on the device the group's backend takes (NCCL: CUDA tensors only; the
+            # parameters are on the host under --use-cpu-initialization)
+            sent = full.to(collective_device(self.tp_group, full.device))
+            torch.distributed.broadcast(sent, src=src, group=self.tp_group)
+            full = sent.to(full.device)
             if not self.column:
                 rank = self.tp_group.rank()
                 full = full.chunk(self.tp_size, dim=1)[rank]
