@@ -12,7 +12,7 @@ import pytest
 import torch
 from balanced_runs import small_digits
 from dist_harness import run_distributed
-from lora_overlap_runs import run_recorded
+from lora_runs import run_recorded
 from megatron_lm_runs import TINY, megatron_lm_flags
 
 from megatron_mm.training.arguments import parse_args
@@ -33,7 +33,10 @@ def test_lora_trains_the_same_with_overlapped_param_gather(digits_dir, tmp_path)
     runs = {"megatron_lm/overlap": ("megatron_lm", megatron_lm_flags(*common, *OVERLAP,
                                                                      model=MODEL)),
             "megatron_lm": ("megatron_lm", megatron_lm_flags(*common, model=MODEL)),
-            "ours/overlap": ("ours", MODEL + common + OVERLAP)}
+            "ours/overlap": ("ours", MODEL + common + OVERLAP),
+            # TP=2 without SP: the column-parallel adapters' gradients summed over TP in the
+            # base's input-gradient all-reduce (models/lora.py: _SumGradsOverTP)
+            "ours/tp2": ("ours", MODEL + common + ["--tensor-model-parallel-size", "2"])}
     ranks = run_distributed(run_recorded, 2, list(runs.values()))
     got = {name: [rank[i] for rank in ranks] for i, name in enumerate(runs)}
     want = got["megatron_lm"][0]
@@ -46,6 +49,10 @@ def test_lora_trains_the_same_with_overlapped_param_gather(digits_dir, tmp_path)
             assert first["losses"][it] == pytest.approx(want["losses"][it], rel=1e-6), (name, it)
         for a, b in zip(first["trained"], want["trained"]):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    tp2 = got["ours/tp2"][0]
+    for key in ("losses", "grad_norms"):
+        for it in range(1, ITERS + 1):
+            assert tp2[key][it] == pytest.approx(want[key][it], rel=1e-5), (key, it)
 
 
 def test_overlap_param_gather_needs_the_distributed_optimizer(capsys):
