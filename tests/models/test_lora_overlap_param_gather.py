@@ -29,8 +29,11 @@ OVERLAP = ["--overlap-grad-reduce", "--overlap-param-gather"]
 @pytest.mark.slow
 def test_lora_trains_the_same_with_overlapped_param_gather(digits_dir, tmp_path):
     data = ["--data-path", small_digits(digits_dir, str(tmp_path / "digits"), n=64)]
-    common = [*data, "--train-iters", str(ITERS), *LORA, *DISTOPT]
-    runs = {"megatron_lm/overlap": ("megatron_lm", megatron_lm_flags(*common, *OVERLAP,
+    init = str(tmp_path / "init")  # one initial state (TP=2 builds draw other streams)
+    common = [*data, "--train-iters", str(ITERS), *LORA, *DISTOPT, "--load", init,
+              "--no-load-optim", "--no-load-rng"]
+    runs = {"init": ("ours", MODEL + [*data, *LORA, "--train-iters", "0", "--save", init]),
+            "megatron_lm/overlap": ("megatron_lm", megatron_lm_flags(*common, *OVERLAP,
                                                                      model=MODEL)),
             "megatron_lm": ("megatron_lm", megatron_lm_flags(*common, model=MODEL)),
             "ours/overlap": ("ours", MODEL + common + OVERLAP),
