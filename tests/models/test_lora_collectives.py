@@ -77,3 +77,22 @@ def test_initial_broadcast_goes_on_the_nccl_device(gloo_world, monkeypatch, line
     assert sent == [(2, 8 if linear == "column" else 16)]  # A whole: [r, in]
     a = adapter.q_proj.lora_A
     assert a.device.type == "cpu" and a.abs().sum() > 0
+
+
+@pytest.mark.processes
+def test_tp_collectives_lora_adds_per_layer():
+    """TP=2, one forward and backward, the LLM frozen with and without adapters on all its
+    linears: what LoRA adds per LLM layer. Without SP, the row-parallel adapters' forward
+    all-reduces (o_proj, down_proj); the column-parallel ones (q/k/v, gate/up) ride on their
+    base's input-gradient all-reduce (their input is replicated), where each added one before.
+    With SP, each adapter gathers (or reduce-scatters) its rank-sized product forward and
+    the reverse backward: 8."""
+    from dist_harness import run_distributed
+    from lora_runs import lora_collectives
+
+    layers = 2
+    counts = run_distributed(lora_collectives, 2, layers)[0]
+    added = {sp: sum(counts[(sp, True)].values()) - sum(counts[(sp, False)].values())
+             for sp in (False, True)}
+    assert added == {False: 2 * layers, True: 8 * layers}, counts
+    assert counts[(False, True)].keys() == {"all_reduce"}
