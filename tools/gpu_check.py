@@ -26,6 +26,8 @@ under its time budget (the budgets add up to at most 9 minutes on one H100), in 
   bidirectional`` and with packed samples on FlexAttention (one GPU, CP=1) against the
   local path: the same losses and gradients (``tests/gpu/test_flex_training.py``), and
   the kernels compiled for flex_attention in that process, of Dynamo's recompile limit;
+  LoRA's adapters trained on FlexAttention with the causal mask (``auto``'s pick for
+  LoRA's local layers on CUDA) against the local path (``tests/gpu/test_lora_flex.py``);
 - ``transformer-engine``: ``tests/gpu`` and ``bench_gpu``'s TE rows where TE imports;
   reported ABSENT, not failed, where it does not.
 
@@ -282,12 +284,13 @@ def judge_flex(ctx: Context, procs) -> Result:
 
 def flex_commands(ctx: Context) -> List[List[str]]:
     return [ctx.py("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
-                   "tests/gpu/test_flex_training.py")]
+                   "tests/gpu/test_flex_training.py", "tests/gpu/test_lora_flex.py")]
 
 
 def te_commands(ctx: Context) -> List[List[str]]:
     return [ctx.py("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu",
-                   "--deselect", "tests/gpu/test_flex_training.py"),
+                   "--deselect", "tests/gpu/test_flex_training.py",
+                   "--deselect", "tests/gpu/test_lora_flex.py"),
             *bench_commands(ctx, "te-bf16,te-fp8")]
 
 
@@ -320,9 +323,10 @@ CHECKS = [
     Check("bench-gpu", 55, "bench_gpu at hidden 2048: ours (local bf16) vs Megatron-Core's "
           "LLaVAModel, tokens/s, MFU, peak memory", bench_commands, judge_bench),
     # compiles flex_attention's forward and backward Triton kernels first
-    Check("flex-attention", 45, "a few training steps with bidirectional media and with "
-          "packed samples on FlexAttention against the local path: the same losses and "
-          "gradients; the kernels compiled for flex_attention, of Dynamo's recompile limit",
+    Check("flex-attention", 50, "a few training steps with bidirectional media, with "
+          "packed samples and with LoRA (causal mask: auto's pick for LoRA's local layers) "
+          "on FlexAttention against the local path: the same losses and gradients; the "
+          "kernels compiled for flex_attention, of Dynamo's recompile limit",
           flex_commands, judge_flex),
     Check("transformer-engine", 65, "tests/gpu and bench_gpu's TE rows (bf16, FP8), where "
           "Transformer Engine imports", te_commands, judge_te, needs_te=True),

@@ -119,4 +119,4 @@ def merge_adapters(model) -> None:
         parent, base_name = _base_of(model, name)
         weight = getattr(parent, base_name).weight
         eye = torch.eye(weight.shape[1], dtype=torch.float32, device=weight.device)
-        weight.add_(adapter.delta(eye).t().to(weight.dtype))
+        weight.add_(adapter(eye).t().to(weight.dtype))

@@ -10,7 +10,8 @@ mask (``models/flex_attention.py``).
 
 ``auto``: TE's fused / flash kernels where the mask is plain causal (and Megatron-Core's TE
 CP attention where it computes the same thing, ``choose_cp_attention``; packed causal
-samples on TE are THD); FlexAttention for the other masks and for our CP split on CUDA;
+samples on TE are THD); FlexAttention for the other masks, for our CP split and for LoRA's
+local layers (every mask) on CUDA;
 the local path (Megatron-Core's ``DotProductAttention`` with the dense mask, our einsum CP
 attention) elsewhere. FlexAttention needs no dropout, and on CPU it runs forward only
 (torch has no backward there): CPU training keeps the local path, and asking for flex
@@ -44,12 +45,15 @@ def choose_attention(backend: str, cp_size: int, transformer_impl: str, te_impor
                      cuda: bool, media_attention: str = "causal", packed: bool = False,
                      assignment: str = "ours", cp_comm_type: Optional[str] = None,
                      training: bool = True, attention_dropout: float = 0.0,
-                     half_precision: bool = True) -> CPAttentionChoice:
+                     half_precision: bool = True, lora: bool = False) -> CPAttentionChoice:
     """The LLM's core attention (``CPAttentionChoice``: kind ``flex``, or
     ``choose_cp_attention``'s ``transformer_engine`` / ``ours`` under CP and ``none``, the
     layers' own, without) and why, for the start-up log. ``half_precision``: --bf16 (or
     --fp16); a pinned TE kernel must be one TE enables for the LLM's mask and for the
-    encoders' (``te_attention_rules``), else an error naming the flag."""
+    encoders' (``te_attention_rules``), else an error naming the flag. ``lora``: LoRA
+    adapters (--lora-rank), which need the local layers: on CUDA, ``auto`` gives them
+    FlexAttention for the plain causal mask too, where Megatron-Core's local attention
+    would materialise the [B, heads, S, S] scores."""
     if backend not in ATTENTION_BACKENDS:
         raise ConfigError(f"--attention-backend must be one of {ATTENTION_BACKENDS}, "
                           f"got {backend!r}")
@@ -80,6 +84,11 @@ def choose_attention(backend: str, cp_size: int, transformer_impl: str, te_impor
         return base
     if cp_size == 1:
         own = f"the {transformer_impl} layers' own attention"
+        if not mask and lora and transformer_impl == "local" and backend == "auto" \
+                and cuda and not blockers:
+            return CPAttentionChoice("flex", f"{FLEX} for LoRA's local layers on CUDA "
+                                     "(Megatron-Core's local attention materialises the "
+                                     "scores)")
         if not mask:
             return CPAttentionChoice("none", f"{own} (plain causal mask)")
         if packed and media_attention == "causal" and transformer_impl == "transformer_engine":

@@ -46,6 +46,14 @@ PARTS = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",
 SUFFIX = "_lora"  # the adapter of ``linear_qkv`` is its parent's ``linear_qkv_lora``
 
 
+def collective_device(group, device: torch.device) -> torch.device:
+    """Where a collective over ``group`` takes its tensors: NCCL refuses host tensors (the
+    current CUDA device), other backends take ``device``'s."""
+    if torch.distributed.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def parts_of(name: str, parent) -> Tuple[str, ...]:
     """The projections of the linear ``name`` in ``parent`` (an attention or an MLP)."""
     if name == "linear_fc1":
@@ -63,6 +71,13 @@ class LoraPair(torch.nn.Module):
         self.lora_A = torch.nn.Parameter(torch.empty(*a_shape, dtype=dtype))
         self.lora_B = torch.nn.Parameter(torch.zeros(*b_shape, dtype=dtype))
         self.fresh = False
+
+    def forward(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(A, B), read through the module's call: the forward pre-hooks registered on it
+        run first. Megatron-Core's DDP waits there for the all-gather of their bucket
+        under ``--overlap-param-gather`` (and dispatches the next bucket's); reading the
+        attributes directly would use this rank's stale copy of other ranks' shards."""
+        return self.lora_A, self.lora_B
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         if self.fresh and not any(k.startswith(prefix) for k in state_dict):
@@ -105,6 +120,16 @@ class LoraAdapter(torch.nn.Module):
                     param.sequence_parallel = True
             pair.requires_grad_(part in trained)
             setattr(self, part, pair)
+        # Column-parallel without SP: the input is replicated over TP, so ``x A^T`` needs no
+        # collective, but three gradients are partial per rank (each holds some output
+        # rows): the base's input gradient, the adapter's, and A's. One all-reduce sums
+        # them all (``_SumGradsOverTP`` on the base's input and on A, the base's own
+        # input-gradient all-reduce turned off) instead of the base's plus the adapter's.
+        self.shared_input = self.column and self.tp_size > 1 and not self.sequence_parallel
+        self._stash = None  # (A, [(A, B)]) from the base's pre-hook for its forward hook
+        if self.shared_input:
+            base.allreduce_dgrad, base.disable_grad_reduce = False, True
+            base.register_forward_pre_hook(self._share_input, with_kwargs=True)
         base.register_forward_hook(self._add)
 
     def _init_a(self, a: torch.nn.Parameter, full_in: int, device) -> None:
@@ -114,7 +139,11 @@ class LoraAdapter(torch.nn.Module):
         torch.nn.init.kaiming_uniform_(full, a=math.sqrt(5))
         if self.tp_size > 1:
             src = torch.distributed.get_global_rank(self.tp_group, 0)
-            torch.distributed.broadcast(full, src=src, group=self.tp_group)
+            # on the device the group's backend takes (NCCL: CUDA tensors only; the
+            # parameters are on the host under --use-cpu-initialization)
+            sent = full.to(collective_device(self.tp_group, full.device))
+            torch.distributed.broadcast(sent, src=src, group=self.tp_group)
+            full = sent.to(full.device)
             if not self.column:
                 rank = self.tp_group.rank()
                 full = full.chunk(self.tp_size, dim=1)[rank]
@@ -129,23 +158,45 @@ class LoraAdapter(torch.nn.Module):
         with get_cuda_rng_tracker().fork():  # this rank's shard of x
             return self.dropout(x)
 
-    def delta(self, x: torch.Tensor) -> torch.Tensor:
+    def _weights(self):
+        weights = [getattr(self, p)() for p in self.parts]  # each pair's (A, B), its hooks run
+        return torch.cat([a for a, _ in weights], dim=0), weights  # one GEMM for all of A
+
+    def _share_input(self, module, args, kwargs):
+        """The base's pre-hook (``shared_input``): its input and A through one TP sum of
+        their gradients, kept for the adapter's forward (the base's forward hook)."""
+        key = "input_" if "input_" in kwargs else None
+        x = kwargs[key] if key else args[0]
+        a, weights = self._weights()
+        x, a = _SumGradsOverTP.apply(x, a, self.tp_group)
+        self._stash = (a, weights)
+        if key:
+            return args, {**kwargs, key: x}
+        return (x, *args[1:]), kwargs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """What the adapter adds to the base's output for its input ``x``."""
         x = self._input(x)
-        pairs = [getattr(self, p) for p in self.parts]
-        a = torch.cat([p.lora_A for p in pairs], dim=0)  # one GEMM for all projections
+        stash, self._stash = self._stash, None
+        a, weights = stash if stash is not None else self._weights()
         u = torch.nn.functional.linear(x, a)
-        if self.column:
-            u = (gather_from_sequence_parallel_region(u, group=self.tp_group)
-                 if self.sequence_parallel
-                 else copy_to_tensor_model_parallel_region(u, group=self.tp_group))
-        else:
-            u = (reduce_scatter_to_sequence_parallel_region(u, group=self.tp_group)
-                 if self.sequence_parallel
-                 else reduce_from_tensor_model_parallel_region(u, group=self.tp_group))
-        outs = [torch.nn.functional.linear(piece, p.lora_B)
-                for piece, p in zip(u.split(self.rank, dim=-1), pairs)]
+        if stash is None:  # (with it, _SumGradsOverTP sums the gradients over TP)
+            u = self._over_tp(u)
+        outs = [torch.nn.functional.linear(piece, b)
+                for piece, (_, b) in zip(u.split(self.rank, dim=-1), weights)]
         return self._fused(outs) * self.scaling
+
+    def _over_tp(self, u: torch.Tensor) -> torch.Tensor:
+        """``x A^T`` as B takes it: gathered over the sequence (column-parallel base, SP),
+        its gradient all-reduced (column, no SP), summed over TP (row-parallel base), or
+        reduce-scattered over the sequence (row, SP)."""
+        if self.column:
+            return (gather_from_sequence_parallel_region(u, group=self.tp_group)
+                    if self.sequence_parallel
+                    else copy_to_tensor_model_parallel_region(u, group=self.tp_group))
+        return (reduce_scatter_to_sequence_parallel_region(u, group=self.tp_group)
+                if self.sequence_parallel
+                else reduce_from_tensor_model_parallel_region(u, group=self.tp_group))
 
     def _fused(self, outs: List[torch.Tensor]) -> torch.Tensor:
         """The projections' outputs in the base's output layout."""
@@ -157,7 +208,8 @@ class LoraAdapter(torch.nn.Module):
 
     def _add(self, module, args, output):
         out, bias = output
-        return out + self.delta(args[0]).to(out.dtype), bias
+        # through the adapter's call, as the base's own forward goes through the base's
+        return out + self(args[0]).to(out.dtype), bias
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
         """A and B as ShardedTensors: split where they are split (resharded on load),
@@ -169,6 +221,33 @@ class LoraAdapter(torch.nn.Module):
         return make_sharded_tensors_for_checkpoint(
             self.state_dict(prefix="", keep_vars=True), prefix, axes, sharded_offsets,
             tp_group=self.tp_group, dp_cp_group=(metadata or {}).get("dp_cp_group"))
+
+
+class _SumGradsOverTP(torch.autograd.Function):
+    """Identity on (x, A); backward: both gradients summed over ``group`` in one
+    all-reduce (``LoraAdapter.shared_input``)."""
+
+    @staticmethod
+    def forward(ctx, x, a, group):
+        ctx.group = group
+        ctx.set_materialize_grads(False)
+        return x, a
+
+    @staticmethod
+    def backward(ctx, grad_x, grad_a):
+        grads = [g for g in (grad_x, grad_a) if g is not None]
+        if not grads:
+            return None, None, None
+        flat = torch.cat([g.reshape(-1).to(grads[0].dtype) for g in grads])
+        torch.distributed.all_reduce(flat, group=ctx.group)
+        out, start = [], 0
+        for g in (grad_x, grad_a):
+            if g is not None:
+                out.append(flat[start:start + g.numel()].view_as(g).to(g.dtype))
+                start += g.numel()
+            else:
+                out.append(None)
+        return out[0], out[1], None
 
 
 def _adapter_for(name: str, base, parent, wanted: Tuple[str, ...],

@@ -295,6 +295,12 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("parallelism")
     g.add_argument("--use-distributed-optimizer", action="store_true")
     g.add_argument("--overlap-grad-reduce", action="store_true")
+    g.add_argument("--overlap-param-gather", action="store_true",
+                   help="the distributed optimizer's parameter all-gather in the next "
+                        "forward, bucket by bucket, as each bucket is first used (needs "
+                        "--use-distributed-optimizer and --overlap-grad-reduce)")
+    g.add_argument("--ddp-bucket-size", type=int, default=None,
+                   help="parameters per DDP bucket (default: Megatron-Core's)")
     g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None,
                    help="default: nccl with CUDA, gloo without")
     g.add_argument("--distributed-timeout-minutes", type=int, default=10)
@@ -455,6 +461,10 @@ def validate_args(args: argparse.Namespace,
     if cp < 1:
         raise ConfigError("--context-parallel-size must be >= 1")
     check_gdn_context_parallel(args)
+    if args.overlap_param_gather and not (args.use_distributed_optimizer
+                                          and args.overlap_grad_reduce):
+        raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer and "
+                          "--overlap-grad-reduce (as in Megatron-LM)")
     if args.context_parallel_block < 1:
         raise ConfigError("--context-parallel-block must be >= 1")
     if args.context_parallel_block_overhead < 0:

@@ -51,7 +51,8 @@ def cp_attention_choice(config) -> CPAttentionChoice:
         assignment=parallel.context_parallel_assignment, cp_comm_type=parallel.cp_comm_type,
         training=config.training.train_iters > 0,
         attention_dropout=config.model.attention_dropout,
-        half_precision=config.training.bf16)
+        half_precision=config.training.bf16,
+        lora=getattr(config.model_config, "lora", None) is not None)
 
 
 def build_settings(config, placements=None, replicas=None) -> BuildSettings:

@@ -67,10 +67,27 @@ def build_model_chunks(config, tokenizer, model_config, plan, replicas=None
 def ddp_config(config) -> DistributedDataParallelConfig:
     """Megatron-LM's DDP settings for the run; ``--fp8-param-gather`` makes the distributed
     optimizer all-gather the FP8 parameters and requantise them after each step."""
+    # --overlap-param-gather: each bucket's all-gather finishes in the forward pre-hook of
+    # the first module using it (the next bucket's dispatched there), each chunk's first
+    # bucket at its first use (no param_sync_func: align_param_gather off)
     return DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=config.parallel.overlap_grad_reduce,
+        overlap_param_gather=config.parallel.overlap_param_gather,
         use_distributed_optimizer=config.parallel.use_distributed_optimizer,
+        bucket_size=config.parallel.ddp_bucket_size,
         fp8_param_gather=config.fp8.fp8_param_gather)
+
+
+def force_param_sync(config, chunks, optimizer) -> None:
+    """Under --overlap-param-gather, every parameter all-gathered now (Megatron-LM's
+    ``force_param_sync``; ``chunks``: the DDP-wrapped ones): before a checkpoint, an
+    evaluation or the end of the run reads the model, since the forward pre-hooks gather
+    a bucket only when a training forward first uses it."""
+    if not config.parallel.overlap_param_gather:
+        return
+    optimizer.prepare_model_params_for_param_sync()
+    for chunk in chunks:
+        chunk.start_param_sync(force_sync=True)
 
 
 def _encoder_optimizer_keys(optimizer, config) -> None:

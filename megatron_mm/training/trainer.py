@@ -48,7 +48,7 @@ from .planning.partition_trials import search_partition
 from ..data.loaders import savable
 from .build_settings import cp_attention_choice, fusions, transformer_impl
 from .data_setup import batch_iterators, build_datasets, tensor_parallel_batches
-from .model_setup import build_model_chunks, setup_model_and_optimizer
+from .model_setup import build_model_chunks, force_param_sync, setup_model_and_optimizer
 from .module_lr import module_learning_rates
 from .module_lr_args import module_rates
 from .moe_metrics import moe_metrics, read_moe
@@ -222,6 +222,7 @@ class Trainer:
                 "pipeline_plan": self.plan.to_checkpoint()}
 
     def save(self, iteration: int) -> None:
+        force_param_sync(self.config, self.model_chunks, self.optimizer)
         save_checkpoint(self.config, iteration, self.model, self.optimizer, self.scheduler,
                         self.model_config, self.run_state(), self.data_state)
         print_rank_0(f"  successfully saved checkpoint at iteration {iteration} to "
@@ -241,6 +242,7 @@ class Trainer:
     # -- evaluation --------------------------------------------------------------------------
     def evaluate(self, iteration: int, label: str = "") -> dict:
         config, gbs = self.config, self.config.training.global_batch_size
+        force_param_sync(config, self.model_chunks, self.optimizer)
         batches = self.batches(self.valid_ds, 0, shuffle=False)
         loss = evaluate_loss(config, self.model_chunks, batches, self.executor, self.attention)
         n = min(len(self.valid_ds), config.validation.eval_iters * gbs)
@@ -360,6 +362,7 @@ class Trainer:
                     print_rank_0(f" exiting program {stop}")
                     break
             self.timers("interval-time").stop()
+        force_param_sync(config, self.model_chunks, self.optimizer)  # the model as left
         self.take_read(log.read())  # the iterations since the last log interval
         if stop is None:
             if config.checkpoint.save and last_saved != iteration:

@@ -38,6 +38,21 @@ def test_auto_by_mask_family_and_device():
     assert kind(media_attention="bidirectional", attention_dropout=0.1) == "none"
 
 
+def test_lora_attends_with_flex_on_cuda():
+    # LoRA needs the local layers, whose own attention materialises the scores: on CUDA
+    # FlexAttention takes every mask, the plain causal one too; CPU training keeps the
+    # local path, a forced backend stays forced
+    local = {**GPU, "transformer_impl": "local"}
+    assert kind(machine=local) == "none"
+    choice = choose_attention("auto", 1, **local, lora=True)
+    assert choice.kind == "flex" and "LoRA" in choice.reason
+    assert kind(machine=local, lora=True, media_attention="bidirectional") == "flex"
+    assert kind(machine=local, lora=True, packed=True) == "flex"
+    assert kind(machine=CPU, lora=True) == "none"
+    assert kind(machine=local, lora=True, attention_dropout=0.1) == "none"
+    assert kind("local", machine=local, lora=True) == "none"
+
+
 def test_forced_backends():
     assert kind("flex") == "flex"  # causal too
     # FlexAttention on CPU where no gradient is needed (validation, generation)
@@ -130,3 +145,17 @@ def test_a_pinned_te_kernel_is_one_te_enables_for_the_mask(backend):
         kind(backend if backend != "unfused" else "flash", media_attention="bidirectional")
     with pytest.raises(ConfigError, match="bf16 / fp16 inputs only: pass --bf16"):
         choose_attention("fused", 1, **GPU, half_precision=False)
+
+
+def test_lora_flags_pick_flex_on_cuda(monkeypatch):
+    import torch
+
+    from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.build_settings import cp_attention_choice
+    from megatron_mm.training.run_config import RunConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for lora, want in (([], "none"), (["--lora-rank", "8"], "flex")):
+        config = RunConfig.from_flags(parse_args(
+            ["--transformer-impl", "local", "--bf16", *lora], world_size=1))
+        assert cp_attention_choice(config).kind == want

@@ -58,6 +58,10 @@ class VisionTransformer(EncoderParts, MegatronModule):
             self.position_embeddings = torch.nn.Embedding(self.seq_length, hidden,
                                                           dtype=config.params_dtype)
             config.init_method(self.position_embeddings.weight)
+            # looked up through the module's call, as CLIPViTModel does (not part of the
+            # state dict; moves with the module)
+            self.register_buffer("position_ids", torch.arange(self.seq_length),
+                                 persistent=False)
             if self.class_token_len:
                 self.class_token = torch.nn.Parameter(
                     torch.randn(1, 1, hidden, dtype=config.params_dtype))
@@ -71,12 +75,20 @@ class VisionTransformer(EncoderParts, MegatronModule):
                         if post and encoder.apply_post_layernorm else None)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """[N, 3, H, W] images -> [T, N, hidden] (Megatron's sequence-first layout)."""
+        """[N, 3, H, W] images -> [T, N, hidden] (Megatron's sequence-first layout).
+
+        Every parameter is read inside a call of the module that owns it, so the forward
+        pre-hooks registered on that module run before the read: Megatron-Core's DDP waits
+        there for the all-gather of the parameter's bucket under --overlap-param-gather.
+        ``class_token`` is this module's own: the embedding runs through its call."""
+        return self(images, embed_only=True)
+
+    def _embed(self, images: torch.Tensor) -> torch.Tensor:
         x = self.conv1(images.to(self.conv1.weight.dtype))
         x = x.flatten(2).transpose(1, 2)  # [N, patches, hidden]
         if self.class_token_len:
             x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1)
-        x = x + self.position_embeddings.weight.unsqueeze(0)
+        x = x + self.position_embeddings(self.position_ids).unsqueeze(0)
         x = self.to_sequence_parallel(x.transpose(0, 1))  # [T(/TP), N, hidden]
         if self.ln_pre is not None:
             x = self.ln_pre(x)
@@ -99,8 +111,11 @@ class VisionTransformer(EncoderParts, MegatronModule):
         hidden = hidden[:self.seq_length]  # drop the padding
         return self.select_output_tokens(self.shard_features(hidden).transpose(0, 1)).contiguous()
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """The whole encoder: [N, 3, H, W] images -> [N, T', hidden] features."""
+    def forward(self, images: torch.Tensor, embed_only: bool = False) -> torch.Tensor:
+        """The whole encoder: [N, 3, H, W] images -> [N, T', hidden] features; with
+        ``embed_only``, ``embed``'s output."""
+        if embed_only:
+            return self._embed(images)
         return self.features(self.layers(self.embed(images)))
 
 
