@@ -271,7 +271,14 @@ class InternViTParts(EncoderParts, MegatronModule):
     def embed(self, tiles: torch.Tensor) -> torch.Tensor:
         """[N, C, H, W] tiles (square, H a multiple of 2 patches; another size than the
         config's gets resized positions) -> [T, N, hidden], class token first. Training
-        batches hold tiles of ``--img-h``: the pipeline's message shapes assume it."""
+        batches hold tiles of ``--img-h``: the pipeline's message shapes assume it.
+
+        ``class_token`` and ``position_embeddings`` are this module's own parameters, so
+        the embedding runs through its call: Megatron-Core's DDP waits for their bucket's
+        all-gather in this module's forward pre-hook (``--overlap-param-gather``)."""
+        return self(tiles, embed_only=True)
+
+    def _embed(self, tiles: torch.Tensor) -> torch.Tensor:
         e = self.encoder_config
         side = self._check(tiles)
         n, p = tiles.shape[0], e.patch_size
@@ -294,9 +301,12 @@ class InternViTParts(EncoderParts, MegatronModule):
                                  e.downsample_ratio)
         return shuffled.reshape(n, -1, e.shuffled_size).contiguous()
 
-    def forward(self, tiles: torch.Tensor) -> torch.Tensor:
+    def forward(self, tiles: torch.Tensor, embed_only: bool = False) -> torch.Tensor:
         """The whole tower: tiles [N, C, H, W] (all images' tiles of the batch) ->
-        pixel-shuffled features [N, (H/P/2)^2, 4 x hidden] (before the projector)."""
+        pixel-shuffled features [N, (H/P/2)^2, 4 x hidden] (before the projector); with
+        ``embed_only``, ``embed``'s output."""
+        if embed_only:
+            return self._embed(tiles)
         return self.features(self.layers(self.embed(tiles)))
 
 

@@ -385,3 +385,32 @@ def test_encoder_tensor_parallel_of_its_own_is_refused(gloo_world):
         InternViTWithProjector(internvit_transformer_config(enc, s),
                                internvl_projector_transformer_config(enc, BuildSettings()),
                                enc)
+
+
+def test_embedding_reads_its_parameters_inside_their_owners_call(gloo_world, case):
+    """Megatron-Core DDP's ``--overlap-param-gather`` waits for a bucket's all-gather in the
+    forward pre-hook of a module that owns the parameter (``parameters(recurse=False)``);
+    the multimodal model calls the tower's ``embed`` directly, so the class token and the
+    position table must be read inside the tower's own call."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_flatten
+
+    tower = _build(case["config"]).vision_model
+    gathered, early = set(), []
+    for module in tower.modules():
+        module.register_forward_pre_hook(
+            lambda m, args: gathered.update(m.parameters(recurse=False)))
+    names = {p: n for n, p in tower.named_parameters()}
+
+    class ReadsBeforeHook(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") == "__get__":  # dtype, shape: not the values
+                return func(*args, **(kwargs or {}))
+            for v in tree_flatten((args, kwargs or {}))[0]:
+                if isinstance(v, torch.nn.Parameter) and v not in gathered:
+                    early.append(names[v])
+            return func(*args, **(kwargs or {}))
+
+    with ReadsBeforeHook():
+        tower.embed(case["pixels"])
+    assert early == []
