@@ -179,6 +179,22 @@ class MultimodalModel(MegatronModule):
         # YaRN's (angles, scale): the layers take the angles (Attention applies the scale)
         return emb[0] if isinstance(emb, tuple) else emb
 
+    # Read by Megatron-Core's schedules under --defer-embedding-wgrad-compute, on the
+    # module their post_process lookup finds (this one): the LLM's output layer and the
+    # buffers of its deferred weight gradient (``clear_embedding_activation_buffer``,
+    # ``finish_embedding_wgrad_compute``)
+    @property
+    def output_layer(self):
+        return self.language_model.output_layer
+
+    @property
+    def embedding_activation_buffer(self):
+        return self.language_model.embedding_activation_buffer
+
+    @property
+    def grad_output_buffer(self):
+        return self.language_model.grad_output_buffer
+
     def shared_embedding_or_output_weight(self):
         """For ``finalize_model_grads``: the tied weight whose grads meet across stages."""
         return self.language_model.shared_embedding_or_output_weight()

@@ -25,6 +25,14 @@ input all-reduces it), so only the owner's ranks take it in ``B(m, 0)`` and send
 are summed over the replicas (the loss is per token, so a sum is what one replica holding
 every micro-batch would have).
 
+What Megatron-LM sets on the model's config for its schedules is done here too:
+``no_sync_func`` (``_OverlappedGradSync``, also with ``force_all_reduce``),
+``param_sync_func`` (``--overlap-param-gather`` with its aligned gathers, VPP: each model
+chunk's all-gather dispatched ahead of its first forward, ``_ParamSync``) and
+``defer_embedding_wgrad_compute`` (the output layer's weight gradient computed from its
+buffers once the last chunk's backwards are done, ``_EmbeddingWgrad``); what needs
+Megatron-Core's own schedules is refused (``schedule_call.check_config``).
+
 ``ScheduleExecutor`` is called like the function ``get_forward_backward_func()`` returns,
 so training, evaluation and generation run through it unchanged.
 """
@@ -38,7 +46,8 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel.schedules import (backward_step,
                                                       deallocate_output_tensor, forward_step)
-from megatron.core.utils import get_attr_wrapped_model, get_model_config
+from megatron.core.utils import (drain_embedding_wgrad_compute, get_attr_wrapped_model,
+                               get_model_config)
 
 from ..plan.schedules.actions import Action, Kind, Schedule, validate
 from ..plan.errors import PlanError
@@ -52,7 +61,7 @@ from .encoder_replicas import EncoderReplicas
 from .mailbox import Mailbox, Spec
 from .message_specs import MessageSpecs
 from .microbatches import Microbatches, NoData
-from .schedule_call import ScheduleCall, check_call
+from .schedule_call import ScheduleCall, check_call, check_config
 from .timer import device_clock
 
 Key = Tuple[str, int, int]
@@ -160,6 +169,7 @@ class ScheduleExecutor:
                           force_all_reduce=force_all_reduce)
         schedule = self.schedule(num_microbatches)
         model = model if isinstance(model, list) else [model]
+        check_config(get_model_config(model[0]))
         iterators = data_iterator if isinstance(data_iterator, list) else [data_iterator]
         batches = Microbatches(iterators, num_microbatches, self.schedule_rank())
         run = _Iteration(self, schedule, model, batches, forward_step_func, call)
@@ -384,12 +394,15 @@ class _Iteration:
         if self.x.record_timeline:
             torch.distributed.barrier(group=self.x.exchange_group())
         overlap = _OverlappedGradSync(self, actions)
+        params = _ParamSync(self, actions)
+        wgrad = _EmbeddingWgrad(self, actions)
         if self.x.encoders:  # encoder pieces may run before their chunk's first forward,
             # which is where Megatron-Core's step marks the iteration's first micro-batch
             # (TE re-casts FP8 weights there): mark it for them up front
             get_attr_wrapped_model(self.model[0], "set_is_first_microbatch")()
         origin = self.now()
         for i, a in enumerate(actions):
+            params.before(i)
             self.exchange(i)
             if not self.x.owns(a):  # another encoder replica's: only its exchange point
                 overlap.after(i)
@@ -403,11 +416,13 @@ class _Iteration:
                 self.timeline.append(TimedAction(self.rank, a.kind, a.microbatch, a.chunk,
                                                  self.inputs_ready - origin,
                                                  self.now() - origin))
+            wgrad.after(i)  # before the reduction of its chunk starts
             overlap.after(i)
         self.exchange(len(actions))
         self.mailbox.finish()
         assert not self.local, f"local messages never used: {sorted(self.local)}"
         assert not self.inbox, f"messages received but never used: {sorted(self.inbox)}"
+        wgrad.after(len(actions))
         overlap.after(len(actions))  # a schedule without GRAD_SYNC: what had no backward
         if not self.forward_only and self.config.finalize_model_grads_func is not None:
             self.config.finalize_model_grads_func(
@@ -598,6 +613,10 @@ class _OverlappedGradSync:
 
     def __init__(self, it: "_Iteration", actions: List[Action]):
         self.chunks = it.model
+        # Megatron-LM's --save-wgrads-interval iterations: an all-reduce in place of the
+        # distributed optimizer's reduce-scatter, from the first bucket on (DDP's own
+        # start_grad_sync takes no such argument; its backward hooks pass the chunk's)
+        self.force_all_reduce = it.call.force_all_reduce
         no_sync = it.config.no_sync_func
         self.start_at: Dict[int, int] = {}
         if it.forward_only or no_sync is None:
@@ -625,7 +644,104 @@ class _OverlappedGradSync:
         for k, i in self.start_at.items():
             if i == index:
                 self.quiet[k].__exit__(None, None, None)
-                self.chunks[k].start_grad_sync()
+                _start_grad_sync(self.chunks[k], self.force_all_reduce)
+
+
+def _start_grad_sync(chunk, force_all_reduce: bool) -> None:
+    """DDP's ``start_grad_sync``, with ``force_all_reduce`` handed to each bucket group
+    as its backward hook hands it (``register_grad_ready``)."""
+    groups = getattr(chunk, "bucket_groups", None)
+    if not force_all_reduce or groups is None:
+        chunk.start_grad_sync()
+        return
+    for group in groups + getattr(chunk, "expert_parallel_bucket_groups", []):
+        group.start_grad_sync(force_all_reduce=True)
+
+
+class _ParamSync:
+    """``--overlap-param-gather`` with aligned gathers (Megatron-LM sets
+    ``config.param_sync_func``, each chunk's DDP ``start_param_sync``, where
+    ``align_param_gather`` holds: VPP): DDP's forward pre-hooks then only wait for the
+    gathers (they dispatch none ahead), so the schedule dispatches them, as Megatron-Core's
+    interleaved schedule does: the first two model chunks' before the first action, each
+    later chunk's at the first forward of the chunk before it (so it runs under that
+    chunk's work), always before its own first use. Once per chunk and training call
+    (a second dispatch while one is in flight is DDP's assertion); none in forward-only
+    calls (Megatron-Core clears the function there; the hooks gather)."""
+
+    def __init__(self, it: "_Iteration", actions: List[Action]):
+        self.at: Dict[int, List[int]] = {}  # action index -> model chunks dispatched there
+        funcs = it.config.param_sync_func
+        if funcs is None or it.forward_only:
+            return
+        chunks = it.model
+        funcs = funcs if isinstance(funcs, list) else [funcs] * len(chunks)
+        pp = it.s.pipeline_model_parallel_size
+        first_use: Dict[int, int] = {}
+        for i, a in enumerate(actions):
+            if it.x.owns(a) and a.kind in (Kind.F, Kind.EF, Kind.B, Kind.EB):
+                first_use.setdefault(a.chunk // pp if a.kind in (Kind.F, Kind.B) else 0, i)
+        for k in range(len(chunks)):
+            due = 0 if k < 2 else first_use.get(k - 1, 0)
+            due = min(due, first_use.get(k, len(actions)))
+            self.at.setdefault(due, []).append(k)
+        self.run = [(lambda f=f, c=c: f(c.parameters())) for f, c in zip(funcs, chunks)]
+
+    def before(self, index: int) -> None:
+        for k in self.at.get(index, ()):
+            self.run[k]()
+
+
+class _EmbeddingWgrad:
+    """``defer_embedding_wgrad_compute`` (``--defer-embedding-wgrad-compute``): the output
+    layer keeps each micro-batch's input (``embedding_activation_buffer``) and output
+    gradient (``grad_output_buffer``) and skips its weight-gradient GEMM; on the rank
+    holding the LLM's last chunk Megatron-Core's ``drain_embedding_wgrad_compute`` runs
+    those GEMMs during the pipeline's flush. Here: right after that chunk's last backward
+    (before its reduction starts under --overlap-grad-reduce), as Megatron-Core's
+    schedules do before ``finalize_model_grads``. Both buffers start each call empty (a
+    forward-only call's inputs are dropped at its end: no backward will read them)."""
+
+    def __init__(self, it: "_Iteration", actions: List[Action]):
+        self.lm, self.at = None, -1
+        if not getattr(it.config, "defer_embedding_wgrad_compute", False):
+            return
+        self.config = it.config
+        pp = it.s.pipeline_model_parallel_size
+        last = it.s.num_chunks - 1
+        if last // pp >= len(it.model) or it.s.rank_of(Action(Kind.F, 0, last)) != it.rank:
+            return  # the output layer is on another rank
+        self.lm = _language_model(it.model[last // pp])
+        self.lm.embedding_activation_buffer.clear()
+        self.lm.grad_output_buffer.clear()
+        if it.forward_only:
+            self.at = len(actions)
+            return
+        self.at = max((i for i, a in enumerate(actions) if a.kind == Kind.B and a.chunk == last),
+                      default=len(actions))
+
+    def after(self, index: int) -> None:
+        if index != self.at:
+            return
+        inputs, grads = self.lm.embedding_activation_buffer, self.lm.grad_output_buffer
+        if grads:  # Megatron-Core's finish_embedding_wgrad_compute, its weight choice
+            lm = self.lm
+            weight = (lm.output_layer.weight if lm.share_embeddings_and_output_weights
+                      else lm.shared_embedding_or_output_weight())
+            drain_embedding_wgrad_compute(self.config, inputs, grads, weight,
+                                          lm.output_layer.tp_group)
+        inputs.clear()  # a forward-only call's (no gradients came)
+        grads.clear()
+
+
+def _language_model(chunk):
+    """The module holding the output layer's deferral buffers (Megatron-Core's GPTModel,
+    inside MultimodalModel when the chunk is one)."""
+    try:
+        return get_attr_wrapped_model(chunk, "language_model")
+    except RuntimeError:
+        return get_attr_wrapped_model(chunk, "embedding_activation_buffer",
+                                      return_model_obj=True)
 
 
 def _device_of(module) -> torch.device:

@@ -23,6 +23,16 @@ error that names it; none is dropped:
 - ``decoder_seq_length`` (encoder-decoder models) and ``adjust_tensor_shapes_fn``
   (ModelOpt distillation's message shapes) are refused: the encoder schedules run a
   decoder-only LLM and size each message from its micro-batch.
+
+The schedule behaviour Megatron-LM sets on the model's config (``check_config``):
+``param_sync_func``, ``no_sync_func``, ``finalize_model_grads_func`` and
+``defer_embedding_wgrad_compute`` are honoured by the executor; a config asking for what
+only Megatron-Core's own schedules do is refused at the call, one error naming the flag:
+``--overlap-moe-expert-parallel-comm`` and ``--delay-wgrad-compute`` (the combined 1F1B
+schedule that overlaps one micro-batch's expert all-to-alls with another's compute, and
+calls TE's deferred weight-gradient GEMMs, ``backward_dw``), ``--cuda-graph-impl
+full_iteration`` (one CUDA graph of the whole forward-backward call on static buffers:
+media batches change shape).
 """
 
 from __future__ import annotations
@@ -55,6 +65,29 @@ class ScheduleCall:
         if self.first_val_step is not None and self.forward_only:
             return self.first_val_step and cond
         return cond
+
+
+def check_config(config) -> None:
+    """Refuse what the model's config asks of the schedule that the executor cannot do
+    (module docstring)."""
+    if getattr(config, "overlap_moe_expert_parallel_comm", False):
+        raise ScheduleCallError(
+            "--overlap-moe-expert-parallel-comm needs Megatron-Core's combined 1F1B schedule "
+            "(one micro-batch's expert all-to-alls under another's compute"
+            + (", and TE's deferred weight gradients of --delay-wgrad-compute"
+               if getattr(config, "delay_wgrad_compute", False) else "")
+            + "); the encoder schedules run one action at a time: use --encoder-schedule "
+            "megatron or leave it off")
+    if getattr(config, "delay_wgrad_compute", False):
+        raise ScheduleCallError(
+            "--delay-wgrad-compute: TE's deferred weight gradients run only in Megatron-Core's "
+            "combined 1F1B schedule (--overlap-moe-expert-parallel-comm); the encoder "
+            "schedules would never compute them: leave it off")
+    if getattr(config, "cuda_graph_impl", "none") == "full_iteration":
+        raise ScheduleCallError(
+            "--cuda-graph-impl full_iteration captures the whole forward-backward call on "
+            "static buffers, which cannot hold media batches of changing shapes: leave "
+            "it unset")
 
 
 def _ranks(group) -> list:

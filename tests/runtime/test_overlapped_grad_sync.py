@@ -26,6 +26,7 @@ def _run(actions, replicas=None, forward_only=False):
     log = []
     chunks = [_Chunk(k, log) for k in range(2)]
     it = SimpleNamespace(model=chunks, forward_only=forward_only, replicas=replicas,
+                         call=SimpleNamespace(force_all_reduce=False),
                          config=SimpleNamespace(no_sync_func=[c.no_sync for c in chunks]),
                          s=SimpleNamespace(pipeline_model_parallel_size=2))
     sync = _OverlappedGradSync(it, actions)
