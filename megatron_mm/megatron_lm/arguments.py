@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import shlex
 import sys
 from typing import Any, Callable, Dict, Optional
 
@@ -228,7 +229,7 @@ def _check_pipeline_layout(args: argparse.Namespace, run) -> None:
     raise ConfigError(
         f"--pipeline-partition {run.config.pipeline.pipeline_partition}: the package's plan "
         f"gives the pipeline chunks {planned} LLM layers, Megatron-LM's flags build {built}: "
-        f"pass {' '.join(flags)} (tools/plan.py --megatron-lm-args prints them) or "
+        f"pass {shlex.join(flags)} (tools/plan.py --megatron-lm-args prints them) or "
         "--pipeline-partition uniform")
 
 

@@ -112,7 +112,10 @@ def _uneven(counts: List[int], pp: int, vpp: int) -> Optional[List[str]]:
     for given, middle in options:
         if pp == 1 and given:
             continue
-        if len(set(middle)) <= 1 and (middle or given):
+        # Megatron-Core's TransformerConfig: a stage the counts give holds a layer
+        empty = (middle and middle[0] == 0) or ("first" in given and ranks[0] == 0) or (
+            "last" in given and ranks[-1] == 0)
+        if len(set(middle)) <= 1 and (middle or given) and not empty:
             flags = []
             if "first" in given:
                 flags += ["--decoder-first-pipeline-num-layers", str(ranks[0])]
