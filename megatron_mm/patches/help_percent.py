@@ -1,7 +1,8 @@
 """Let ``--help`` of a Megatron-LM script print.
 
 Megatron-LM (megatron-core 0.19.2's wheel) builds the flags of its config dataclasses with
-``ArgumentGroupFactory``, whose ``_build_argparse_kwargs_from_field`` takes each flag's help
+``ArgumentGroupFactory``, whose ``ArgumentGroupFactory._build_argparse_kwargs_from_field``
+takes each flag's help
 from the field's docstring as is. argparse formats help as a ``%``-template, so a docstring
 with a literal ``%`` breaks ``--help`` of every script: ``TransformerConfig.
 moe_paged_stash_buffer_size_factor_cuda``'s "(e.g. 1.10 = 10%)." stopped it with

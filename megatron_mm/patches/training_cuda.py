@@ -31,9 +31,10 @@ What each replaces, and why it cannot matter on a CPU:
   bound in ``arguments.py``, where ``validate_args`` asks it at TP or CP > 1 whether the
   GPU needs ``CUDA_DEVICE_MAX_CONNECTIONS=1``): a CPU has no kernel queues to order, so it
   answers as a device without that need (10, Blackwell's).
-* ``arguments.py``: ``add_megatron_arguments``' defaults that only a GPU can run (``CPU_DEFAULTS``:
-  ``--distributed-backend nccl``, which a CPU torch does not build; the rope, persistent
-  layer-norm and gradient-accumulation fusions, CUDA kernels) default to what a CPU runs,
+* ``arguments.py``: ``arguments.add_megatron_arguments``' defaults that only a GPU can run
+  (``CPU_DEFAULTS``: ``--distributed-backend nccl``, which a CPU torch does not build; the
+  rope, persistent layer-norm and gradient-accumulation fusions, CUDA kernels) default to
+  what a CPU runs,
   as if ``--distributed-backend gloo --no-rope-fusion --no-persist-layer-norm
   --no-gradient-accumulation-fusion`` were given; a flag on the command line still wins.
 """
