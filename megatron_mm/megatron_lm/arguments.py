@@ -173,7 +173,12 @@ def check_args(args: argparse.Namespace) -> None:
                 f"--dataloader-type {args.dataloader_type}: the package's data are batched "
                 "by its own collate, balancer or Energon loader: pass --dataloader-type "
                 "external")
-        run_config_from_args(args)
+        config = run_config_from_args(args)
+        if config.encoder_schedule.encoder_schedule == "separate":
+            raise ConfigError(
+                "--encoder-schedule separate puts the encoders on ranks of their own, a world "
+                "Megatron-LM's initialize_model_parallel does not build: run it with "
+                "examples/pretrain_mllm.py")
         if args.pipeline_model_parallel_size > 1:
             from .context import run_context
 

@@ -145,3 +145,21 @@ def test_the_package_vpp_flag_reaches_megatron_lm():
     assert args.virtual_pipeline_model_parallel_size == 2
     config = mm_args.run_config_from_args(args)
     assert config.parallel.virtual_pipeline_model_parallel_size == 2
+
+
+def test_check_args_refuses_the_separate_placement(capsys, monkeypatch):
+    parser = mm_args.add_args(megatron_lm_parser())
+    args = parser.parse_args(["--num-layers", "2", "--hidden-size", "64",
+                              "--num-attention-heads", "4", "--seq-length", "64",
+                              "--transformer-impl", "local", "--train-iters", "5", "--lr", "1e-3",
+                              "--position-embedding-type", "rope", "--dataloader-type",
+                              "external", "--encoder-schedule", "separate",
+                              "--tokenizer-type", "HuggingFaceTokenizer"])
+    args.world_size, args.micro_batch_size, args.global_batch_size = 2, 1, 1
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as stop:
+        mm_args.check_args(args)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--encoder-schedule separate" in err, err
+    assert "examples/pretrain_mllm.py" in err, err
