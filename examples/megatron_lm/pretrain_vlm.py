@@ -8,10 +8,11 @@ Megatron-LM flags: any norm, activation, biases, MoE, TE or local spec).
         --tensor-model-parallel-size 2 --num-layers 2 --hidden-size 64 \\
         --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 \\
         --micro-batch-size 2 --global-batch-size 4 --train-iters 20 --lr 1e-3 \\
-        --eval-iters 2 --transformer-impl local --dataloader-type external \\
-        --calculate-per-token-loss --tokenizer-type SentencePieceTokenizer \\
-        --tokenizer-model "$TOK" --vision-num-layers 2 --vision-hidden-size 32 \\
-        --vision-num-attention-heads 2 --img-h 16 --img-w 16 --patch-dim 4
+        --eval-interval 10 --eval-iters 2 --transformer-impl local \\
+        --dataloader-type external --calculate-per-token-loss \\
+        --tokenizer-type SentencePieceTokenizer --tokenizer-model "$TOK" \\
+        --vision-num-layers 2 --vision-hidden-size 32 --vision-num-attention-heads 2 \\
+        --img-h 16 --img-w 16 --patch-dim 4
 
 On a CPU as written (prepare_megatron_core() sets Megatron-LM's GPU-only defaults to what a
 CPU runs; --transformer-impl local: without Transformer Engine); the built-in digits data
