@@ -4,19 +4,22 @@ Data convention: every pipeline stage reads its own copy of each micro-batch (th
 datasets provider gives every rank an iterator, ``is_distributed``), not only the first
 and last stages as Megatron-LM's ``get_batch`` does: a chunk needs the batch's layout (its
 media and their placeholder positions) to know the shapes it receives and to merge the
-features; tensor-parallel ranks read the same samples, as their data-parallel rank gives
-them. ``get_batch`` is that read, timed as Megatron-LM's ``pretrain_gpt.py`` times its own
-(``batch-generator``: the batch fetch only, not the forward).
+features; within a stage the first tensor-parallel rank reads them, the others receive
+them by broadcast (``datasets``). The loss is Megatron-LM's per-token contract ``(loss sum,
+token count, {"lm loss": [sum, count]})``; with ``--calculate-per-token-loss`` the
+iteration's loss is the token mean over the global batch, as ``examples/pretrain_mllm.py``
+computes it.
 
-The loss is Megatron-LM's per-token contract ``(loss sum, token count, {"lm loss": [sum,
-count]})``. With ``--calculate-per-token-loss`` the iteration's loss is the token mean over
-the global batch, as ``examples/pretrain_mllm.py`` computes it. Without it Megatron-Core
-divides each micro-batch's loss by its token count and averages over micro-batches and
-data-parallel ranks: the mean of the micro-batches' token means, whatever the context-
-parallel size. Its division is by each CP rank's own count, though, and a multimodal
-sample's answer tokens (the only ones with a loss) often all fall on one CP rank, so each
-rank's share of the micro-batch is scaled to the micro-batch's count instead
-(``_micro_batch_mean``): the gradient equals the CP=1 run's.
+``get_batch`` is the read (and the broadcast), timed as Megatron-LM's ``pretrain_gpt.py``
+times its own: ``batch-generator`` covers the batch fetch only, not the forward.
+
+Without ``--calculate-per-token-loss`` Megatron-Core divides each micro-batch's loss by its
+token count and averages over micro-batches and data-parallel ranks: the mean of the
+micro-batches' token means, whatever the context-parallel size. Its division is by each
+CP rank's own count, though, and a multimodal sample's answer tokens (the only ones with a
+loss) often all fall on one CP rank, so each rank's share of the micro-batch is scaled to
+the micro-batch's count instead (``_micro_batch_mean``): the gradient equals the CP=1
+run's.
 """
 
 from __future__ import annotations
