@@ -33,7 +33,8 @@ from .context import run_context
 
 
 def get_batch(data_iterator) -> dict:
-    """This rank's copy of the next micro-batch (on the host, as the loader collated it)."""
+    """This rank's copy of the next micro-batch (read here, or received by broadcast from
+    the stage's first tensor-parallel rank: ``datasets``)."""
     return next(data_iterator)
 
 
