@@ -238,8 +238,13 @@ class LanguageModelConfig:
 
     def _validate_position_embedding(self) -> None:
         kind, section = self.position_embedding_type, self.mrope_section
-        require(kind in ("rope", "mrope", "yarn"),
-                 f"--position-embedding-type must be rope, mrope or yarn, got {kind!r}")
+        # learned_absolute / none: Megatron-LM's other GPT positions (its default is
+        # learned_absolute), for a GPT built by a Megatron-LM script: the learned table is
+        # read at the text tokens' sequence positions, media features replace their
+        # placeholders' rows (as Megatron-Core's LLaVAModel merges them)
+        require(kind in ("rope", "mrope", "yarn", "learned_absolute", "none"),
+                 "--position-embedding-type must be rope, mrope, yarn, learned_absolute or "
+                 f"none, got {kind!r}")
         require(not self.rope_scaling or kind == "rope",
                  f"--use-rope-scaling needs --position-embedding-type rope, got {kind}")
         require(self.rope_scaling_factor > 0,

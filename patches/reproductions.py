@@ -181,9 +181,24 @@ def recompute_non_tensor_arguments():
     assert torch.allclose(x.grad, expected)
 
 
+def argument_help_percent():
+    """0008: the help of Megatron-LM's flags built from TransformerConfig's docstrings
+    (``--help`` of every Megatron-LM script): one says "10%"."""
+    import argparse
+    import typing
+
+    if not hasattr(typing, "override"):  # Python 3.11 (the wheel declares 3.12): not the bug
+        typing.override = lambda f: f
+    from megatron.training.arguments import add_megatron_arguments
+
+    help_text = add_megatron_arguments(argparse.ArgumentParser()).format_help()
+    assert "(e.g. 1.10 = 10%)" in help_text
+
+
 REPRODUCTIONS = {fn.__name__: fn for fn in (
     moe_paged_stash_import, destroy_resets_embedding_ranks, clip_vit_norm_without_te,
-    distopt_load_with_torch_adam, moe_local_token_count, recompute_non_tensor_arguments)}
+    distopt_load_with_torch_adam, moe_local_token_count, recompute_non_tensor_arguments,
+    argument_help_percent)}
 
 
 def main(names) -> int:

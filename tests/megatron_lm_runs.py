@@ -37,8 +37,15 @@ MEGATRON_LM = [
     "--no-bias-swiglu-fusion", "--no-bias-gelu-fusion", "--no-masked-softmax-fusion",
     "--no-rope-fusion", "--tokenizer-type", "SentencePieceTokenizer", "--num-workers", "0",
 ]
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                      "examples", "megatron_lm", "pretrain_vlm.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "examples", "megatron_lm", "pretrain_vlm.py")
+# a user's own script (Megatron-LM's pretrain_vlm.py shape): its GPT Megatron-LM's defaults
+USER_SCRIPT = os.path.join(ROOT, "tests", "megatron_lm", "user_pretrain_vlm.py")
+# What a Megatron-LM run of the tiny model says beside the model: no CPU flag (the CPU
+# defaults of prepare_megatron_core), dropout 0 (runs of other layouts compare)
+USER = ["--dataloader-type", "external", "--eval-interval", "1000",
+        "--transformer-impl", "local", "--hidden-dropout", "0", "--attention-dropout", "0",
+        "--tokenizer-type", "SentencePieceTokenizer", "--num-workers", "0"]
 
 
 def ours_flags(*extra: str) -> list:
@@ -55,16 +62,25 @@ def megatron_lm_flags(*extra: str, llm=LLAMA, model=TINY) -> list:
         "--tokenizer-model", default_tokenizer_model()] + list(extra)
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("megatron_lm_pretrain_vlm", SCRIPT)
+def user_flags(*extra: str) -> list:
+    """The tiny model's flags for the user's script (``USER_SCRIPT``)."""
+    from megatron_mm.data.tokenizer import default_tokenizer_model
+
+    return TINY + USER + ["--tokenizer-model", default_tokenizer_model()] + list(extra)
+
+
+def _script(path: str = SCRIPT):
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(f"megatron_lm_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def run_megatron_lm(argv: list) -> dict:
-    """The example script's ``main()`` on ``argv``: losses and grad norms by iteration, as
-    Megatron-LM's ``training_log`` reports them (last pipeline stage: the loss)."""
+def run_megatron_lm(argv: list, script: str = SCRIPT, **main_kwargs) -> dict:
+    """``script``'s ``main(**main_kwargs)`` (default the example's) on ``argv``: losses and
+    grad norms by iteration, as Megatron-LM's ``training_log`` reports them (last pipeline
+    stage: the loss)."""
     from megatron.training import training
 
     seen = {"losses": {}, "grad_norms": {}}
@@ -81,9 +97,9 @@ def run_megatron_lm(argv: list) -> dict:
 
     training.training_log = training_log
     saved_argv = sys.argv
-    sys.argv = [SCRIPT] + list(argv)
+    sys.argv = [script] + list(argv)
     try:
-        _script().main()
+        _script(script).main(**main_kwargs)
     except SystemExit as e:  # --exit-interval: Megatron-LM's train() exits the process
         if e.code not in (0, None):
             raise
@@ -109,22 +125,43 @@ def run_ours(argv: list) -> dict:
     return {"losses": dict(summary["losses"]), "grad_norms": dict(summary["grad_norms"])}
 
 
+def run_user_script(argv: list, **main_kwargs) -> dict:
+    return run_megatron_lm(argv, USER_SCRIPT, **main_kwargs)
+
+
+def user_script_exits(argv: list, **main_kwargs) -> dict:
+    """The user's script expected to stop: its exit status (``run_steps`` adds stderr)."""
+    try:
+        run_user_script(argv, **main_kwargs)
+    except SystemExit as e:  # (Megatron-LM's state destroyed: run_megatron_lm)
+        return {"returncode": e.code}
+    return {"returncode": 0}
+
+
+RUNS = {"ours": run_ours, "megatron_lm": run_megatron_lm, "user": run_user_script,
+        "user_exits": user_script_exits}
+
+
 def run_steps(rank: int, steps: list) -> list:
-    """Each ``(kind, argv)`` in turn ("ours" or "megatron_lm"), its output captured."""
+    """Each ``(kind, argv[, main's keywords])`` in turn (``RUNS``), its output captured:
+    stderr and the log lines of the encoder schedule and validation kept."""
     from script_runs import captured_output
 
     import time
 
     results = []
-    for kind, argv in steps:
+    for kind, argv, *kwargs in steps:
         error, start = None, time.time()
         with captured_output() as out:
             try:
-                results.append((run_ours if kind == "ours" else run_megatron_lm)(argv))
+                results.append(RUNS[kind](argv, **(kwargs[0] if kwargs else {})))
             except BaseException as e:  # noqa: BLE001  (re-raised with the output)
                 error = e
         if error is not None:
             tail = (out["stdout"] + out["stderr"])[-6000:]
             raise RuntimeError(f"{kind} {argv}: {error!r}\n{tail}") from error
         results[-1]["seconds"] = time.time() - start  # for the report, never asserted
+        results[-1]["stderr"] = out["stderr"]
+        results[-1]["log"] = [line for line in out["stdout"].splitlines()
+                              if "encoder schedule" in line or "validation" in line]
     return results

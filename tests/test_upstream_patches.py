@@ -29,6 +29,7 @@ UPSTREAM_BUGS = {
                                       "moe_local_token_count"),
     "checkpoint_object_args": ("0006-checkpoint-function-non-tensor-arguments.patch",
                                "recompute_non_tensor_arguments"),
+    "help_percent": ("0008-argument-help-escapes-percent.patch", "argument_help_percent"),
 }
 
 
@@ -66,9 +67,11 @@ def test_every_runtime_workaround_of_an_upstream_bug_has_its_patch_file():
 def test_patches_apply_to_megatron_core_and_fix_their_reproductions(tmp_path):
     installed = _installed_megatron()  # .../site-packages/megatron
     copy = tmp_path / "megatron"
-    # megatron/core only (megatron is a namespace package: the rest stays installed); the
-    # bytecode too, valid for the files no patch changes
-    shutil.copytree(os.path.join(installed, "core"), copy / "core")
+    # megatron/core and Megatron-LM's megatron/training only (megatron is a namespace
+    # package: the rest stays installed); the bytecode too, valid for the files no patch
+    # changes
+    for part in ("core", "training"):
+        shutil.copytree(os.path.join(installed, part), copy / part)
     env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tmp_path.parent))
     for patch, _ in sorted(UPSTREAM_BUGS.values()):
         done = subprocess.run(["git", "apply", os.path.join(PATCHES, patch)], cwd=tmp_path,

@@ -3,13 +3,20 @@ Megatron-LM's ``pretrain_vlm.py`` with the package's encoders, projectors, data 
 forward step around the user's own GPT (here ``pretrain_gpt.py``'s, from the
 Megatron-LM flags: any norm, activation, biases, MoE, TE or local spec).
 
+    TOK=$(python -c "import megatron_mm.data.tokenizer as t;print(t.default_tokenizer_model())")
     torchrun --nproc-per-node 2 examples/megatron_lm/pretrain_vlm.py \\
         --tensor-model-parallel-size 2 --num-layers 2 --hidden-size 64 \\
         --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 \\
-        --micro-batch-size 2 --global-batch-size 4 --train-iters 100 --lr 1e-3 \\
-        --tokenizer-type SentencePieceTokenizer --tokenizer-model TOKENIZER \\
+        --micro-batch-size 2 --global-batch-size 4 --train-iters 20 --lr 1e-3 \\
+        --eval-interval 10 --eval-iters 2 --transformer-impl local \\
         --dataloader-type external --calculate-per-token-loss \\
-        --vision-model-type clip --vision-num-layers 2 ...
+        --tokenizer-type SentencePieceTokenizer --tokenizer-model "$TOK" \\
+        --vision-num-layers 2 --vision-hidden-size 32 --vision-num-attention-heads 2 \\
+        --img-h 16 --img-w 16 --patch-dim 4
+
+On a CPU as written (prepare_megatron_core() sets Megatron-LM's GPU-only defaults to what a
+CPU runs; --transformer-impl local: without Transformer Engine); the built-in digits data
+(--data-path for your own) with Megatron-LM's default GPT positions (learned_absolute).
 
 docs/megatron_lm.md: what changes against Megatron-LM's pretrain_vlm.py, step by step.
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import shlex
 import sys
 from typing import Any, Callable, Dict, Optional
 
@@ -90,6 +91,12 @@ CONVERSIONS: Dict[str, Callable[[Any], Any]] = {
 }
 
 
+# The package's flags Megatron-LM has under another flag of the same meaning, whose
+# attribute Megatron-LM reads: ``validate_args`` derives ``virtual_pipeline_model_parallel_size``
+# from its own VPP flags only (resetting it otherwise), so the package's flag sets Megatron-LM's
+ALIASES = {"virtual_pipeline_model_parallel_size": "num_virtual_stages_per_pipeline_rank"}
+
+
 def _own_actions(parser: argparse.ArgumentParser):
     """The package's flags that ``parser`` lacks, and those it has (Megatron-LM's)."""
     options = set(parser._option_string_actions)
@@ -108,9 +115,13 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Megatron-LM's ``extra_args_provider``: the package's flags that ``parser`` (Megatron-
     LM's, with the script's own) does not have, in one group; returns ``parser``."""
     own, _ = _own_actions(parser)
+    dests = {a.dest for a in parser._actions}
     group = parser.add_argument_group(GROUP_TITLE)
     for action in own:
-        group._add_action(copy.copy(action))
+        action = copy.copy(action)
+        if ALIASES.get(action.dest) in dests:
+            action.dest = ALIASES[action.dest]
+        group._add_action(action)
     return parser
 
 
@@ -162,9 +173,69 @@ def check_args(args: argparse.Namespace) -> None:
                 f"--dataloader-type {args.dataloader_type}: the package's data are batched "
                 "by its own collate, balancer or Energon loader: pass --dataloader-type "
                 "external")
-        run_config_from_args(args)
+        config = run_config_from_args(args)
+        if config.encoder_schedule.encoder_schedule == "separate":
+            raise ConfigError(
+                "--encoder-schedule separate puts the encoders on ranks of their own, a world "
+                "Megatron-LM's initialize_model_parallel does not build: run it with "
+                "examples/pretrain_mllm.py")
+        if args.pipeline_model_parallel_size > 1:
+            from .context import run_context
+
+            _check_pipeline_layout(args, run_context(args))
     except ConfigError as e:
         exit_with_user_error(e)
+
+
+def megatron_layers_per_chunk(args: argparse.Namespace) -> list:
+    """The LLM decoder layers Megatron-Core builds in each pipeline chunk (chunk v x PP + r:
+    virtual stage v of rank r) from Megatron-LM's flags, as ``get_num_layers_to_build``
+    counts them; no process group needed."""
+    from types import SimpleNamespace
+
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout)
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    pp = args.pipeline_model_parallel_size
+    vpp = args.virtual_pipeline_model_parallel_size or 1
+    layout = args.pipeline_model_parallel_layout
+    if isinstance(layout, str):
+        layout = PipelineParallelLayerLayout(layout, pp)
+    if layout is not None:
+        return [layout.layout[r][v].count(LayerType.decoder)
+                for v in range(vpp) for r in range(pp)]
+    config = SimpleNamespace(
+        pipeline_model_parallel_layout=None, num_layers=args.num_layers,
+        num_layers_in_first_pipeline_stage=args.decoder_first_pipeline_num_layers,
+        num_layers_in_last_pipeline_stage=args.decoder_last_pipeline_num_layers,
+        account_for_embedding_in_pipeline_split=args.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=args.account_for_loss_in_pipeline_split,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size)
+    return [get_num_layers_to_build(config, vp_stage=v if vpp > 1 else None, pp_rank=r)
+            for v in range(vpp) for r in range(pp)]
+
+
+def _check_pipeline_layout(args: argparse.Namespace, run) -> None:
+    """The package's plan (``--pipeline-partition``) gives each chunk the LLM layers the
+    user's GPT builds from Megatron-LM's flags; else one error with the flags that give
+    the plan's layout (``tools/plan.py --megatron-lm-args``)."""
+    from ..plan.pipeline.megatron_lm_args import llm_layout_args
+
+    pp = args.pipeline_model_parallel_size
+    vpp = args.virtual_pipeline_model_parallel_size or 1
+    planned = [len(range(*p.llm_layers)) for p in run.plan.placements]
+    built = megatron_layers_per_chunk(args)
+    if planned == built:
+        return
+    flags = llm_layout_args(planned, pp, vpp).flags()
+    raise ConfigError(
+        f"--pipeline-partition {run.config.pipeline.pipeline_partition}: the package's plan "
+        f"gives the pipeline chunks {planned} LLM layers, Megatron-LM's flags build {built}: "
+        f"pass {shlex.join(flags)} (tools/plan.py --megatron-lm-args prints them) or "
+        "--pipeline-partition uniform")
 
 
 def _given(argv: list) -> set:

@@ -5,7 +5,7 @@ settings. The model provider, forward step and datasets provider read it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from ..training.attention import AttentionSettings
@@ -24,6 +24,15 @@ class RunContext:
     model_config: object  # with the tokenizer's vocabulary
     plan: TrainingPlan
     attention: AttentionSettings
+    _valid: object = field(default=None, repr=False)
+
+    def valid_dataset(self):
+        """The validation samples (the answer accuracy decodes them), read once."""
+        if self._valid is None:
+            from ..training.data_setup import build_datasets
+
+            self._valid = build_datasets(self.config, self.tokenizer)[1]
+        return self._valid
 
 
 _context: Optional[RunContext] = None

@@ -82,6 +82,7 @@ class EncoderSchedule:
         self.executor: Optional[ScheduleExecutor] = (
             source if isinstance(source, ScheduleExecutor) else None)
         self._original = None
+        self._original_evaluate = None
 
     # -- what Megatron-LM calls --------------------------------------------------------
     def get_forward_backward_func(self, pp_size: Optional[int] = None,
@@ -112,15 +113,42 @@ class EncoderSchedule:
 
     def forward_backward_func(self, *, model, **kwargs) -> list:
         """The schedule executor, called as Megatron-LM calls Megatron-Core's schedules."""
-        if self.executor is None:
+        if self._executor(model) is None:
+            raise ScheduleCallError("the run's --encoder-schedule runs Megatron-Core's "
+                                    "schedules: nothing for the encoder schedule hook")
+        self.calls += 1
+        return self.executor(model=model, **kwargs)
+
+    def _executor(self, model) -> Optional[ScheduleExecutor]:
+        """The executor, built at the first call from the model chunks (None: the run keeps
+        Megatron-Core's schedules)."""
+        if self.executor is None and not self._built:
             chunks = model if isinstance(model, list) else [model]
             self.executor = self._source(chunks)
             self._built = True
-            if self.executor is None:
-                raise ScheduleCallError("the run's --encoder-schedule runs Megatron-Core's "
-                                        "schedules: nothing for the encoder schedule hook")
-        self.calls += 1
-        return self.executor(model=model, **kwargs)
+        return self.executor
+
+    def evaluate_and_print_results(self, prefix, forward_step_func, data_iterator, model,
+                                   iteration, *args, **kwargs):
+        """Megatron-LM's, then the package's answer accuracy (``--eval-max-new-tokens``)
+        through the same schedule (``validation.py``)."""
+        from .validation import report_answer_accuracy
+
+        out = self._original_evaluate(prefix, forward_step_func, data_iterator, model,
+                                      iteration, *args, **kwargs)
+        if data_iterator is not None:  # the validation set (the package has no test set)
+            report_answer_accuracy(prefix, model, iteration, self._schedule_for(model),
+                                   kwargs.get("write_to_tensorboard", True))
+        return out
+
+    def _schedule_for(self, model) -> Optional[ScheduleExecutor]:
+        if self._source is run_executor:
+            from .context import run_context
+
+            plan = run_context().plan
+            if plan.encoder_plan is None and plan.separate is None:
+                return None  # Megatron-Core's
+        return self._executor(model)
 
     # -- installing --------------------------------------------------------------------
     def install(self) -> "EncoderSchedule":
@@ -129,7 +157,9 @@ class EncoderSchedule:
                       EncoderSchedule):
             raise RuntimeError("use_encoder_schedule was called twice: remove() the first")
         self._original = training.get_forward_backward_func
+        self._original_evaluate = training.evaluate_and_print_results
         training.get_forward_backward_func = self.get_forward_backward_func
+        training.evaluate_and_print_results = self.evaluate_and_print_results
         return self
 
     def remove(self) -> None:
@@ -137,6 +167,7 @@ class EncoderSchedule:
         if self._original is not None:
             import megatron.training.training as training
             training.get_forward_backward_func = self._original
+            training.evaluate_and_print_results = self._original_evaluate
             self._original = None
 
     def __enter__(self) -> "EncoderSchedule":
@@ -148,7 +179,8 @@ class EncoderSchedule:
 
 def use_encoder_schedule(source: Optional[ExecutorSource] = None) -> EncoderSchedule:
     """Make Megatron-LM's ``train_step`` and ``evaluate`` run the package's encoder
-    schedule (module docstring). ``source``: a ``ScheduleExecutor``, or a function of the
+    schedule (module docstring), and its validation report the answer accuracy
+    (``--eval-max-new-tokens``). ``source``: a ``ScheduleExecutor``, or a function of the
     model chunks that builds one (``training.encoder_executor.executor_for``), called at
     the first step; None: the run's own (``run_executor``)."""
     return EncoderSchedule(source).install()

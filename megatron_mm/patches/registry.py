@@ -74,10 +74,13 @@ PATCHES: tuple[Patch, ...] = (
           " megatron.training.training, megatron.training.checkpointing,"
           " megatron.training.utils.common_utils, megatron.core.rerun_state_machine;"
           " megatron.training.training.set_jit_fusion_options,"
-          " megatron.training.utils.common_utils.get_device_arch_version", "training_cuda"),
+          " megatron.training.utils.common_utils.get_device_arch_version,"
+          " megatron.training.arguments.add_megatron_arguments (defaults)", "training_cuda"),
     Patch("prebuilt_helpers", "megatron.core.datasets.utils.compile_helpers (the wheel's"
           " helpers_cpp is prebuilt, its Makefile absent)", "prebuilt_helpers",
           needed_when=ALWAYS),
+    Patch("help_percent", "megatron.training.argument_utils.ArgumentGroupFactory."
+          "_build_argparse_kwargs_from_field (help text)", "help_percent", needed_when=ALWAYS),
 )
 
 _applied: list[str] = []

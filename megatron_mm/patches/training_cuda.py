@@ -31,6 +31,12 @@ What each replaces, and why it cannot matter on a CPU:
   bound in ``arguments.py``, where ``validate_args`` asks it at TP or CP > 1 whether the
   GPU needs ``CUDA_DEVICE_MAX_CONNECTIONS=1``): a CPU has no kernel queues to order, so it
   answers as a device without that need (10, Blackwell's).
+* ``arguments.py``: ``arguments.add_megatron_arguments``' defaults that only a GPU can run
+  (``CPU_DEFAULTS``: ``--distributed-backend nccl``, which a CPU torch does not build; the
+  rope, persistent layer-norm and gradient-accumulation fusions, CUDA kernels) default to
+  what a CPU runs,
+  as if ``--distributed-backend gloo --no-rope-fusion --no-persist-layer-norm
+  --no-gradient-accumulation-fusion`` were given; a flag on the command line still wins.
 """
 
 from __future__ import annotations
@@ -96,11 +102,27 @@ def _no_queue_ordering_arch() -> int:
     return 10
 
 
+# Megatron-LM's flag defaults a CPU cannot run -> what it runs (the parser's attribute names)
+CPU_DEFAULTS = {"distributed_backend": "gloo", "apply_rope_fusion": False,
+                "no_persist_layer_norm": True, "gradient_accumulation_fusion": False}
+
+
+def _cpu_defaults(add_megatron_arguments):
+    def add(parser):
+        parser = add_megatron_arguments(parser)
+        parser.set_defaults(**CPU_DEFAULTS)
+        return parser
+    add.__wrapped__ = add_megatron_arguments
+    return add
+
+
 def _patch(module) -> None:
     if module.__name__ in CUDA:
         module.torch = _torch_with(_Namespace(**CUDA[module.__name__]))
     if module.__name__ == "megatron.training.training":
         module.set_jit_fusion_options = _nothing
+    if module.__name__ == "megatron.training.arguments":
+        module.add_megatron_arguments = _cpu_defaults(module.add_megatron_arguments)
     if hasattr(module, "get_device_arch_version"):
         module.get_device_arch_version = _no_queue_ordering_arch
 

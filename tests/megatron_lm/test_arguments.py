@@ -123,3 +123,43 @@ def test_check_args_reports_one_line_and_exits(capsys, monkeypatch):
         assert "Traceback" not in err
     args.dataloader_type = "external"
     mm_args.check_args(args)  # valid: returns
+
+
+def test_the_package_vpp_flag_reaches_megatron_lm():
+    """``--virtual-pipeline-model-parallel-size`` (the package's flag) sets Megatron-LM's
+    ``--num-virtual-stages-per-pipeline-rank``: Megatron-LM's ``validate_args`` derives
+    its VPP from that (before: reset to None, the run trained without VPP)."""
+    from megatron.training.arguments import validate_args
+
+    parser = mm_args.add_args(megatron_lm_parser(vlm_flags=True))
+    args = parser.parse_args([
+        "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--seq-length", "64", "--max-position-embeddings", "64", "--micro-batch-size", "1",
+        "--global-batch-size", "2",
+        "--train-iters", "5", "--lr", "1e-3", "--transformer-impl", "local",
+        "--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "2",
+        "--tokenizer-type", "HuggingFaceTokenizer"])
+    assert args.num_virtual_stages_per_pipeline_rank == 2
+    args.rank, args.world_size = 0, 2
+    validate_args(args)
+    assert args.virtual_pipeline_model_parallel_size == 2
+    config = mm_args.run_config_from_args(args)
+    assert config.parallel.virtual_pipeline_model_parallel_size == 2
+
+
+def test_check_args_refuses_the_separate_placement(capsys, monkeypatch):
+    parser = mm_args.add_args(megatron_lm_parser())
+    args = parser.parse_args(["--num-layers", "2", "--hidden-size", "64",
+                              "--num-attention-heads", "4", "--seq-length", "64",
+                              "--transformer-impl", "local", "--train-iters", "5", "--lr", "1e-3",
+                              "--position-embedding-type", "rope", "--dataloader-type",
+                              "external", "--encoder-schedule", "separate",
+                              "--tokenizer-type", "HuggingFaceTokenizer"])
+    args.world_size, args.micro_batch_size, args.global_batch_size = 2, 1, 1
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as stop:
+        mm_args.check_args(args)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--encoder-schedule separate" in err, err
+    assert "examples/pretrain_mllm.py" in err, err

@@ -13,7 +13,7 @@ from megatron.core.transformer.transformer_block import get_num_layers_to_build
 
 from megatron_mm.plan import Workload, build_chain, plan_pipeline
 from megatron_mm.plan.errors import PlanError
-from megatron_mm.plan.pipeline.megatron_lm_args import megatron_lm_args
+from megatron_mm.plan.pipeline.megatron_lm_args import llm_layout_args, megatron_lm_args
 from megatron_mm.reproductions import model_zoo
 
 
@@ -102,3 +102,16 @@ def test_an_encoder_past_the_first_stage_is_refused():
     part = plan_pipeline(chain, 2, 1, [10, len(chain) - 10]).partition
     with pytest.raises(PlanError, match="past the first pipeline stage.*encoder-first-stage"):
         megatron_lm_args(chain, part)
+
+
+def test_a_stage_without_llm_layers_is_said_by_the_layout():
+    """[2, 0] LLM layers (the planner's auto for a tiny LLM at PP=2): the first-stage count
+    would leave the last stage none, which Megatron-Core's TransformerConfig refuses
+    ("0 middle layers remaining but 1 middle PP stages"): the layout says it."""
+    args = llm_layout_args([2, 0], 2, 1)
+    assert args.uneven_flags is None and args.pipeline_model_parallel_layout == "Et*2|L"
+    config = TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
+                               pipeline_model_parallel_size=2, pipeline_dtype=torch.float32,
+                               pipeline_model_parallel_layout=args.pipeline_model_parallel_layout)
+    layout = config.pipeline_model_parallel_layout.layout
+    assert [layout[r][0].count(LayerType.decoder) for r in range(2)] == [2, 0]

@@ -44,3 +44,21 @@ def test_rerun_state_machine_saves_and_restores_its_state():
     machine = rsm.RerunStateMachine(mode=rsm.RerunMode.VALIDATE_RESULTS)
     machine._save_state()  # upstream: torch.cuda.get_rng_state() -> CUDA_MISSING
     machine._restore_state()
+
+
+def test_megatron_lm_defaults_to_what_a_cpu_runs():
+    """Without CUDA, Megatron-LM's parser defaults to gloo and no GPU-only fusions (before:
+    nccl, "Distributed package doesn't have NCCL built in"); a flag given still wins."""
+    import argparse
+
+    from megatron.training.arguments import add_megatron_arguments
+
+    from megatron_mm.patches.training_cuda import CPU_DEFAULTS
+
+    parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    args = parser.parse_args([])
+    assert {name: getattr(args, name) for name in CPU_DEFAULTS} == {
+        "distributed_backend": "gloo", "apply_rope_fusion": False,
+        "no_persist_layer_norm": True, "gradient_accumulation_fusion": False}
+    given = parser.parse_args(["--distributed-backend", "nccl"])
+    assert given.distributed_backend == "nccl"

@@ -84,13 +84,20 @@ def megatron_lm_args(chain: Sequence[Layer], part: StagePartition,
                         "builds every encoder and projector there: plan with "
                         "--pipeline-partition encoder-first-stage")
     counts = [sum(1 for l in chain[s:e] if l.kind == "llm_layer") for s, e in bounds]
+    out = llm_layout_args(counts, pp, vpp)
+    out.recompute_flags, out.notes = _recompute(chain, bounds, recompute_num_layers)
+    return out
+
+
+def llm_layout_args(counts: Sequence[int], pp: int, vpp: int) -> MegatronLMArgs:
+    """The flags that give Megatron-Core's GPT ``counts`` decoder layers per chunk (chunk
+    v x PP + r), the embedding on the first and the loss on the last."""
     stages = []
     for c, n in enumerate(counts):
         text = ("E" if c == 0 else "") + ("t" * n if n < 2 else f"t*{n}")
         stages.append(text + ("L" if c == len(counts) - 1 else ""))
-    out = MegatronLMArgs(pp, vpp, counts, "|".join(stages), _uneven(counts, pp, vpp))
-    out.recompute_flags, out.notes = _recompute(chain, bounds, recompute_num_layers)
-    return out
+    counts = list(counts)
+    return MegatronLMArgs(pp, vpp, counts, "|".join(stages), _uneven(counts, pp, vpp))
 
 
 def _uneven(counts: List[int], pp: int, vpp: int) -> Optional[List[str]]:
@@ -105,7 +112,10 @@ def _uneven(counts: List[int], pp: int, vpp: int) -> Optional[List[str]]:
     for given, middle in options:
         if pp == 1 and given:
             continue
-        if len(set(middle)) <= 1 and (middle or given):
+        # Megatron-Core's TransformerConfig: a stage the counts give holds a layer
+        empty = (middle and middle[0] == 0) or ("first" in given and ranks[0] == 0) or (
+            "last" in given and ranks[-1] == 0)
+        if len(set(middle)) <= 1 and (middle or given) and not empty:
             flags = []
             if "first" in given:
                 flags += ["--decoder-first-pipeline-num-layers", str(ranks[0])]
