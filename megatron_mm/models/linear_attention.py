@@ -34,6 +34,7 @@ from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ..config import ConfigError
+from ..patches.tp_partial_grads import mark as mark_tp_partial
 from .norms import SequenceParallelNorm
 from .packed_sequences import PackedSequences
 
@@ -93,7 +94,10 @@ class PlainNorm:
         if getattr(config, "layernorm_zero_centered_gamma", False):
             config = copy.copy(config)
             config.layernorm_zero_centered_gamma = False
-        return cls.norm(config=config, hidden_size=hidden_size, eps=eps, **kwargs)
+        # one weight for every value head, TP splits the heads: summed over TP with or
+        # without sequence parallelism (patches/tp_partial_grads.py)
+        return mark_tp_partial(cls.norm(config=config, hidden_size=hidden_size, eps=eps,
+                                        **kwargs))
 
 
 @functools.lru_cache(maxsize=None)

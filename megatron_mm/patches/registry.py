@@ -78,6 +78,9 @@ PATCHES: tuple[Patch, ...] = (
     Patch("prebuilt_helpers", "megatron.core.datasets.utils.compile_helpers (the wheel's"
           " helpers_cpp is prebuilt, its Makefile absent)", "prebuilt_helpers",
           needed_when=ALWAYS),
+    Patch("tp_partial_grads", "megatron.core.distributed.finalize_model_grads."
+          "_allreduce_non_tensor_model_parallel_grads (and its _allreduce_layernorm_grads"
+          " alias)", "tp_partial_grads", needed_when=ALWAYS),
 )
 
 _applied: list[str] = []

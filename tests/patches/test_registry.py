@@ -13,7 +13,7 @@ ALL = [p.name for p in PATCHES]
 
 
 def test_fourteen_patches_all_applied_here():
-    assert len(ALL) == len(set(ALL)) == 20
+    assert len(ALL) == len(set(ALL)) == 21
     assert applied_patches() == ALL  # by conftest, in table order
     assert apply_cpu_patches() == ALL  # applying again changes nothing
     with pytest.raises(ValueError, match="unknown patches"):
@@ -26,7 +26,8 @@ def test_on_cuda_only_the_patches_whose_bug_is_not_about_cuda(registry_under_cud
     CLIPViTModel's norm without TE, the triton stub and the parallel_state reset go in."""
     got = registry_under_cuda
     expected = ["triton_stub", "distopt_load", "clip_vit_norm", "checkpoint_object_args",
-                "destroy_resets_embedding_ranks", "typing_override", "prebuilt_helpers"]
+                "destroy_resets_embedding_ranks", "typing_override", "prebuilt_helpers",
+                "tp_partial_grads"]
     assert got["returned"] == got["again"] == got["applied"] == expected
     assert got["stub_installed"]  # needed with CUDA too, when triton is missing
     assert all(got["torch_cuda_unchanged"].values()), got["torch_cuda_unchanged"]
@@ -40,13 +41,14 @@ def test_on_cuda_only_the_patches_whose_bug_is_not_about_cuda(registry_under_cud
 @pytest.mark.parametrize("cuda,installed,expected", [
     (False, (), ALL),
     (True, (), ["triton_stub", "distopt_load", "clip_vit_norm", "checkpoint_object_args",
-                "destroy_resets_embedding_ranks", "typing_override", "prebuilt_helpers"]),
+                "destroy_resets_embedding_ranks", "typing_override", "prebuilt_helpers",
+                "tp_partial_grads"]),
     (True, ("apex",), ["triton_stub", "clip_vit_norm", "checkpoint_object_args",
                        "destroy_resets_embedding_ranks", "typing_override",
-                       "prebuilt_helpers"]),
+                       "prebuilt_helpers", "tp_partial_grads"]),
     (True, ("transformer_engine",), ["triton_stub", "checkpoint_object_args",
                                      "destroy_resets_embedding_ranks", "typing_override",
-                                     "prebuilt_helpers"]),
+                                     "prebuilt_helpers", "tp_partial_grads"]),
     (False, ("transformer_engine",),
      [n for n in ALL if n not in ("distopt_load", "clip_vit_norm")]),
 ])
