@@ -29,6 +29,8 @@ UPSTREAM_BUGS = {
                                       "moe_local_token_count"),
     "checkpoint_object_args": ("0006-checkpoint-function-non-tensor-arguments.patch",
                                "recompute_non_tensor_arguments"),
+    "tp_partial_grads": ("0007-gdn-out-norm-grads-summed-over-tp-without-sequence-parallel.patch",
+                         "gdn_out_norm_tp_grads"),
 }
 
 
