@@ -35,6 +35,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ..config import ConfigError
 from ..patches.tp_partial_grads import mark as mark_tp_partial
+from .fla_host_lengths import host_lengths, install_conv, with_host_lengths
 from .norms import SequenceParallelNorm
 from .packed_sequences import PackedSequences
 
@@ -56,12 +57,20 @@ class SampleIsolatedGDN(GatedDeltaNet):
     """Megatron-Core's GDN taking the packed row's carrier: its THD params go to the
     kernels, so no state crosses a sample boundary."""
 
+    def _setup_variant_attrs(self):
+        super()._setup_variant_attrs()
+        # FLA's kernels get the host lengths the carrier holds (models/fla_host_lengths.py)
+        self.gated_delta_rule = with_host_lengths(self.gated_delta_rule)
+        install_conv()
+
     def forward(self, hidden_states, attention_mask, inference_context=None,
                 packed_seq_params=None, sequence_len_offset=None, **kwargs):
+        host = None
         if isinstance(packed_seq_params, PackedSequences):
-            packed_seq_params = packed_seq_params.thd
-        return super().forward(hidden_states, attention_mask, inference_context,
-                               packed_seq_params, sequence_len_offset, **kwargs)
+            host, packed_seq_params = packed_seq_params.cu_seqlens_cpu, packed_seq_params.thd
+        with host_lengths(host):
+            return super().forward(hidden_states, attention_mask, inference_context,
+                                   packed_seq_params, sequence_len_offset, **kwargs)
 
     def _resolve_cu_seqlens(self, cu_seqlens_padded, cu_seqlens_actual, total_seq_len, name,
                             cp_size: int = 1):
