@@ -291,11 +291,12 @@ def _check_bucket_layout(root: str, iteration: int, saved: dict, chunks, optimiz
 
 def saved_pipeline_plan(checkpoint, parallel) -> Optional[List[int]]:
     """The layers per chunk the checkpoint ``--load`` names was trained with, where it
-    has them for this run's pipeline (PP x VPP chunks); None otherwise. A resumed
-    ``--pipeline-partition search`` keeps them: its pick is timing-based, so a search
-    re-run may cut elsewhere, and the dp_reshardable optimizer state is tied to the cut."""
-    if not checkpoint.load:
-        return None
+    has them for this run's pipeline (PP x VPP chunks) and its optimizer state is loaded;
+    None otherwise. A resumed ``--pipeline-partition search`` keeps them: its pick is
+    timing-based, so a search re-run may cut elsewhere, and the dp_reshardable optimizer
+    state is tied to the cut."""
+    if not checkpoint.load or checkpoint.no_load_optim or checkpoint.finetune:
+        return None  # no optimizer state to keep the cut for: a search may pick anew
     try:
         saved = saved_args(checkpoint)
     except CheckpointError:
