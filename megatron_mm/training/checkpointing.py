@@ -667,14 +667,15 @@ def load_checkpoint(config, chunks, optimizer, scheduler, log=print,
     metadata = dist_checkpointing.load_content_metadata(path) or OPTIM_METADATA
     if with_optim:
         _check_optim_layout(root, iteration, saved, metadata, config)
-        if metadata.get("distrib_optim_sharding_type") == "dp_reshardable":
-            _check_bucket_layout(root, iteration, saved, chunks, optimizer, config, run_state)
     adapters_from(path, chunks, with_optim, log)  # LoRA adapters it lacks start fresh
     template = _state_dict(chunks, optimizer, scheduler, config, iteration, with_optim,
                            with_rng, loading=True, metadata=metadata)
     mismatches = _agreed(_model_mismatches(template, _model_keys(chunks), path))
     if mismatches:
         raise CheckpointError(_another_model(root, iteration, mismatches))
+    if with_optim and metadata.get("distrib_optim_sharding_type") == "dp_reshardable":
+        # the same model, in other buckets
+        _check_bucket_layout(root, iteration, saved, chunks, optimizer, config, run_state)
     # What the checks cannot see (a shard damaged inside, in a checkpoint without a
     # manifest) fails on the ranks that read it: all stop, with its cause.
     try:
