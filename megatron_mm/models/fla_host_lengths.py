@@ -6,10 +6,12 @@ per micro-batch, in forward and in backward. Since FLA's PR 775 (``[Misc] Add
 cu_seqlens_cpu parameter``) ``chunk_gated_delta_rule`` and ``causal_conv1d`` also take
 ``cu_seqlens_cpu`` and derive them from it. Megatron-Core 0.19.2's ``GatedDeltaNet``
 passes only ``cu_seqlens``; the packed carrier (``models/packed_sequences.py``) holds the
-host copy it was made from. ``SampleIsolatedGDN`` runs its forward inside
-``host_lengths(carrier.cu_seqlens_cpu)``, and its two kernels (``with_host_lengths``) add
-the keyword where the installed FLA declares it (an older FLA, the deterministic torch
-rule and the CPU stand-ins are called as before).
+host copy it was made from. ``HostLengthsGDN`` (the GDN specs' module: the hybrid LLM's
+``SampleIsolatedGDN``) runs its forward inside ``host_lengths(carrier.cu_seqlens_cpu)``,
+and its two kernels (``with_host_lengths``) add the keyword where the installed FLA
+declares it (an older FLA, the deterministic torch rule and the CPU stand-ins are called
+as before). Under context parallelism the kernels see other lengths than the carrier's:
+no host copy is passed there.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ import inspect
 from typing import Callable, Optional
 
 import torch
+
+from .linear_attention import SampleIsolatedGDN
+from .packed_sequences import PackedSequences
 
 _HOST = contextvars.ContextVar("megatron_mm_cu_seqlens_cpu", default=None)
 KEYWORD = "cu_seqlens_cpu"
@@ -66,3 +71,21 @@ def install_conv() -> None:
     from megatron.core.ssm.gated_delta_net import gdn
 
     gdn.causal_conv1d = with_host_lengths(gdn.causal_conv1d)
+
+
+class HostLengthsGDN(SampleIsolatedGDN):
+    """``SampleIsolatedGDN`` whose FLA kernels get the packed row's host lengths."""
+
+    def _setup_variant_attrs(self):
+        super()._setup_variant_attrs()
+        self.gated_delta_rule = with_host_lengths(self.gated_delta_rule)
+        install_conv()
+
+    def forward(self, hidden_states, attention_mask, inference_context=None,
+                packed_seq_params=None, sequence_len_offset=None, **kwargs):
+        host = (packed_seq_params.cu_seqlens_cpu
+                if isinstance(packed_seq_params, PackedSequences) and self.cp_size == 1
+                else None)
+        with host_lengths(host):
+            return super().forward(hidden_states, attention_mask, inference_context,
+                                   packed_seq_params, sequence_len_offset, **kwargs)

@@ -35,7 +35,6 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ..config import ConfigError
 from ..patches.tp_partial_grads import mark as mark_tp_partial
-from .fla_host_lengths import host_lengths, install_conv, with_host_lengths
 from .norms import SequenceParallelNorm
 from .packed_sequences import PackedSequences
 
@@ -57,20 +56,12 @@ class SampleIsolatedGDN(GatedDeltaNet):
     """Megatron-Core's GDN taking the packed row's carrier: its THD params go to the
     kernels, so no state crosses a sample boundary."""
 
-    def _setup_variant_attrs(self):
-        super()._setup_variant_attrs()
-        # FLA's kernels get the host lengths the carrier holds (models/fla_host_lengths.py)
-        self.gated_delta_rule = with_host_lengths(self.gated_delta_rule)
-        install_conv()
-
     def forward(self, hidden_states, attention_mask, inference_context=None,
                 packed_seq_params=None, sequence_len_offset=None, **kwargs):
-        host = None
         if isinstance(packed_seq_params, PackedSequences):
-            host, packed_seq_params = packed_seq_params.cu_seqlens_cpu, packed_seq_params.thd
-        with host_lengths(host):
-            return super().forward(hidden_states, attention_mask, inference_context,
-                                   packed_seq_params, sequence_len_offset, **kwargs)
+            packed_seq_params = packed_seq_params.thd
+        return super().forward(hidden_states, attention_mask, inference_context,
+                               packed_seq_params, sequence_len_offset, **kwargs)
 
     def _resolve_cu_seqlens(self, cu_seqlens_padded, cu_seqlens_actual, total_seq_len, name,
                             cp_size: int = 1):
@@ -116,6 +107,7 @@ def plain_norm(norm: type) -> type:
 
 def gdn_attention_spec(transformer_impl: str) -> ModuleSpec:
     """The GDN module's spec: TE's from Megatron-Core, or the same modules locally."""
+    from .fla_host_lengths import HostLengthsGDN  # SampleIsolatedGDN, FLA's host lengths
     if transformer_impl == "transformer_engine":
         from megatron.core.extensions.transformer_engine import (TELayerNormColumnParallelLinear,
                                                                  TENorm, TERowParallelLinear)
@@ -125,12 +117,12 @@ def gdn_attention_spec(transformer_impl: str) -> ModuleSpec:
         submodules = GatedDeltaNetSubmodules(in_proj=TELayerNormColumnParallelLinear,
                                              out_norm=plain_norm(TENorm),
                                              out_proj=TERowParallelLinear)
-        return ModuleSpec(module=SampleIsolatedGDN, submodules=submodules,
+        return ModuleSpec(module=HostLengthsGDN, submodules=submodules,
                           metainfo={"fuse_input_layernorm": True})
     submodules = GatedDeltaNetSubmodules(in_proj=ColumnParallelLinear,
                                          out_norm=plain_norm(SequenceParallelNorm),
                                          out_proj=RowParallelLinear)
-    return ModuleSpec(module=SampleIsolatedGDN, submodules=submodules,
+    return ModuleSpec(module=HostLengthsGDN, submodules=submodules,
                       metainfo={"fuse_input_layernorm": False})
 
 
