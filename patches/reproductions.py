@@ -181,6 +181,90 @@ def recompute_non_tensor_arguments():
     assert torch.allclose(x.grad, expected)
 
 
+def _gdn_out_norm_grads(rank, store_path, out_path):
+    import importlib
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.ssm.gated_delta_net import common
+    from megatron.core.ssm.gated_delta_net.gdn import GatedDeltaNet
+    from megatron.core.ssm.gated_delta_net.common import GatedDeltaNetSubmodules
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    fmg = importlib.import_module("megatron.core.distributed.finalize_model_grads")
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank,
+                            world_size=2)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    # CPU stand-ins: FLA's presence (deterministic mode runs torch's rule and conv1d, not
+    # FLA's kernels), the conv1d's CUDA device, eager instead of torch.compile
+    common.HAVE_FLA = True
+    torch.cuda.current_device = lambda: "cpu"
+    torch._dynamo.config.disable = True
+    config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2,
+                               normalization="RMSNorm", deterministic_mode=True,
+                               use_cpu_initialization=True, perform_initialization=False,
+                               tensor_model_parallel_size=2, linear_conv_kernel_dim=4,
+                               linear_key_head_dim=8, linear_value_head_dim=8,
+                               linear_num_key_heads=2, linear_num_value_heads=2)
+    submodules = GatedDeltaNetSubmodules(in_proj=ColumnParallelLinear,
+                                         out_norm=WrappedTorchNorm, out_proj=RowParallelLinear)
+    gdn = GatedDeltaNet(config, submodules, layer_number=1, use_qk_l2norm=False,
+                        pg_collection=ProcessGroupCollection.use_mpu_process_groups())
+    torch.manual_seed(rank)  # each TP rank its own heads' weights
+    with torch.no_grad():
+        for param in gdn.parameters():
+            param.uniform_(0.5, 1.0)
+    torch.manual_seed(0)  # the same input on both ranks
+    out, _ = gdn(torch.randn(6, 1, 16), attention_mask=None)
+    out.square().sum().backward()
+    for param in gdn.parameters():
+        param.main_grad = param.grad
+    partial = gdn.out_norm.weight.grad.clone()
+    partials = [torch.empty_like(partial) for _ in range(2)]
+    dist.all_gather(partials, partial)
+
+    class Chunk(torch.nn.Module):  # the DDP-wrapped model chunk finalize_model_grads reads
+        ddp_config = type("DDPConfig", (), {"use_megatron_fsdp": False})()
+
+    chunk = Chunk()
+    chunk.gdn = gdn
+    fmg._allreduce_non_tensor_model_parallel_grads([chunk], config)
+    with open(f"{out_path}.{rank}", "w") as f:
+        json.dump({"partials": [p.tolist() for p in partials],
+                   "finalized": gdn.out_norm.weight.main_grad.tolist()}, f)
+    dist.destroy_process_group()
+
+
+def gdn_out_norm_tp_grads():
+    """0007: at TP=2 without sequence parallelism, the GDN output norm's weight (one for
+    every value head; TP splits the heads) ends finalize_model_grads with the sum of both
+    ranks' gradients, the same on both (2 ranks)."""
+    import multiprocessing
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store, out = os.path.join(tmp, "store"), os.path.join(tmp, "grads")
+        # spawned: a fork would inherit the earlier reproductions' model-parallel groups
+        ctx = multiprocessing.get_context("spawn")
+        procs = [ctx.Process(target=_gdn_out_norm_grads, args=(r, store, out))
+                 for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(300)
+        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+        got = [json.load(open(f"{out}.{r}")) for r in range(2)]
+    total = torch.tensor(got[0]["partials"]).sum(0)
+    assert not torch.allclose(*map(torch.tensor, got[0]["partials"])), "ranks' shares equal"
+    for rank in range(2):
+        finalized = torch.tensor(got[rank]["finalized"])
+        assert torch.allclose(finalized, total), (
+            f"rank {rank}'s out_norm gradient after finalize_model_grads {finalized.tolist()}"
+            f", the sum over TP {total.tolist()}")
+
+
 def argument_help_percent():
     """0008: the help of Megatron-LM's flags built from TransformerConfig's docstrings
     (``--help`` of every Megatron-LM script): one says "10%"."""
@@ -198,7 +282,7 @@ def argument_help_percent():
 REPRODUCTIONS = {fn.__name__: fn for fn in (
     moe_paged_stash_import, destroy_resets_embedding_ranks, clip_vit_norm_without_te,
     distopt_load_with_torch_adam, moe_local_token_count, recompute_non_tensor_arguments,
-    argument_help_percent)}
+    gdn_out_norm_tp_grads, argument_help_percent)}
 
 
 def main(names) -> int:

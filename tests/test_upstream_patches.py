@@ -30,6 +30,8 @@ UPSTREAM_BUGS = {
     "checkpoint_object_args": ("0006-checkpoint-function-non-tensor-arguments.patch",
                                "recompute_non_tensor_arguments"),
     "help_percent": ("0008-argument-help-escapes-percent.patch", "argument_help_percent"),
+    "tp_partial_grads": ("0007-gdn-out-norm-grads-summed-over-tp-without-sequence-parallel.patch",
+                         "gdn_out_norm_tp_grads"),
 }
 
 

@@ -28,6 +28,10 @@ under its time budget (the budgets add up to at most 9 minutes on one H100), in 
   the kernels compiled for flex_attention in that process, of Dynamo's recompile limit;
   LoRA's adapters trained on FlexAttention with the causal mask (``auto``'s pick for
   LoRA's local layers on CUDA) against the local path (``tests/gpu/test_lora_flex.py``);
+- ``fla``: where flash-linear-attention imports, its varlen GDN kernels given the packed
+  lengths on the host (``cu_seqlens_cpu``) run forward and backward with no host sync,
+  and the package's GDN layer passes them (``tests/gpu/test_fla_gdn.py``); ABSENT, not
+  failed, where FLA does not import;
 - ``transformer-engine``: ``tests/gpu`` and ``bench_gpu``'s TE rows where TE imports;
   reported ABSENT, not failed, where it does not.
 
@@ -287,6 +291,27 @@ def flex_commands(ctx: Context) -> List[List[str]]:
                    "tests/gpu/test_flex_training.py", "tests/gpu/test_lora_flex.py")]
 
 
+FLA_SYNCS = re.compile(r"(FLA varlen|GDN layer) syncs[^:]*: (\d+)( with [\w ]+)?")
+
+
+def fla_commands(ctx: Context) -> List[List[str]]:
+    return [ctx.py("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", "-s",
+                   "tests/gpu/test_fla_gdn.py")]
+
+
+def judge_fla(ctx: Context, procs) -> Result:
+    """judge_pytest, ABSENT where flash-linear-attention does not import (both skipped),
+    with the host syncs the tests printed."""
+    out = procs[0].stdout
+    if procs[0].returncode == 0 and re.search(r"\d+ skipped", out) \
+            and not re.search(r"\d+ passed", out):
+        return Result(ABSENT, detail="flash-linear-attention does not import")
+    result = judge_pytest(ctx, procs)
+    for what, count, case in FLA_SYNCS.findall(procs[0].stdout):
+        result.figures[f"{what}{case}".replace(" ", "_").lower() + "_syncs"] = int(count)
+    return result
+
+
 def te_commands(ctx: Context) -> List[List[str]]:
     return [ctx.py("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu",
                    "--deselect", "tests/gpu/test_flex_training.py",
@@ -315,7 +340,7 @@ CHECKS = [
     Check("sync-free-step", 95, "one training step of the default model, the Qwen2.5-VL "
           "and Qwen3-VL models and an FP8-emulated LLM, every CUDA sync-debug warning "
           "recorded", sync_free_commands, judge_pytest),
-    Check("demo", 130, f"the demo on the GPU to its held-out accuracy (>= {DEMO_ACCURACY})",
+    Check("demo", 110, f"the demo on the GPU to its held-out accuracy (>= {DEMO_ACCURACY})",
           demo_commands, judge_demo),
     Check("profile-layers", 85, "layer profile at hidden 4096 and 8192: forward time "
           f"scales with FLOPs (ratio in {list(FLOP_SCALING)})", profile_commands,
@@ -328,6 +353,10 @@ CHECKS = [
           "on FlexAttention against the local path: the same losses and gradients; the "
           "kernels compiled for flex_attention, of Dynamo's recompile limit",
           flex_commands, judge_flex),
+    # FLA's Triton kernels compile and autotune first; not required (FLA is Qwen3.5's only)
+    Check("fla", 20, "flash-linear-attention's varlen GDN kernels given the host lengths "
+          "(cu_seqlens_cpu): no host sync forward or backward; the package's GDN layer "
+          "passes them, where FLA imports", fla_commands, judge_fla, required=False),
     Check("transformer-engine", 65, "tests/gpu and bench_gpu's TE rows (bf16, FP8), where "
           "Transformer Engine imports", te_commands, judge_te, needs_te=True),
 ]

@@ -36,6 +36,7 @@ from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ..config import ConfigError
+from ..patches.tp_partial_grads import mark as mark_tp_partial
 from .norms import SequenceParallelNorm
 from .packed_sequences import PackedSequences
 
@@ -100,7 +101,10 @@ class PlainNorm:
         if getattr(config, "layernorm_zero_centered_gamma", False):
             config = copy.copy(config)
             config.layernorm_zero_centered_gamma = False
-        return cls.norm(config=config, hidden_size=hidden_size, eps=eps, **kwargs)
+        # one weight for every value head, TP splits the heads: summed over TP with or
+        # without sequence parallelism (patches/tp_partial_grads.py)
+        return mark_tp_partial(cls.norm(config=config, hidden_size=hidden_size, eps=eps,
+                                        **kwargs))
 
 
 @functools.lru_cache(maxsize=None)
@@ -110,6 +114,7 @@ def plain_norm(norm: type) -> type:
 
 def gdn_attention_spec(transformer_impl: str) -> ModuleSpec:
     """The GDN module's spec: TE's from Megatron-Core, or the same modules locally."""
+    from .fla_host_lengths import HostLengthsGDN  # SampleIsolatedGDN, FLA's host lengths
     if transformer_impl == "transformer_engine":
         from megatron.core.extensions.transformer_engine import (TELayerNormColumnParallelLinear,
                                                                  TENorm, TERowParallelLinear)
@@ -119,12 +124,12 @@ def gdn_attention_spec(transformer_impl: str) -> ModuleSpec:
         submodules = GatedDeltaNetSubmodules(in_proj=TELayerNormColumnParallelLinear,
                                              out_norm=plain_norm(TENorm),
                                              out_proj=TERowParallelLinear)
-        return ModuleSpec(module=SampleIsolatedGDN, submodules=submodules,
+        return ModuleSpec(module=HostLengthsGDN, submodules=submodules,
                           metainfo={"fuse_input_layernorm": True})
     submodules = GatedDeltaNetSubmodules(in_proj=ColumnParallelLinear,
                                          out_norm=plain_norm(SequenceParallelNorm),
                                          out_proj=RowParallelLinear)
-    return ModuleSpec(module=SampleIsolatedGDN, submodules=submodules,
+    return ModuleSpec(module=HostLengthsGDN, submodules=submodules,
                       metainfo={"fuse_input_layernorm": False})
 
 

@@ -45,6 +45,9 @@ class PackedSequences(PackedSeqParams):
     # The dense block-diagonal mask of the local full-attention layers of a hybrid LLM,
     # whose Gated DeltaNet layers take ``thd`` (models/linear_attention.py); None: TE's THD.
     mask: Optional[torch.Tensor] = None
+    # ``thd``'s cu_seqlens on the host, kept when the carrier moves to the device: FLA's
+    # varlen kernels take it (``cu_seqlens_cpu``) instead of reading the device copy back
+    cu_seqlens_cpu: Optional[torch.Tensor] = None
 
     def to(self, device) -> "PackedSequences":
         cu = to_device(self.thd.cu_seqlens_q, device)
@@ -64,7 +67,8 @@ def packed_sequences(cu_seqlens: torch.Tensor) -> PackedSequences:
     # TE does not compare padded and plain cu_seqlens on the device to find out
     thd = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                           max_seqlen_q=longest, max_seqlen_kv=longest, pad_between_seqs=False)
-    return PackedSequences(qkv_format="sbhd", max_seqlen_q=total, max_seqlen_kv=total, thd=thd)
+    return PackedSequences(qkv_format="sbhd", max_seqlen_q=total, max_seqlen_kv=total, thd=thd,
+                           cu_seqlens_cpu=cu)
 
 
 class THDAttention:

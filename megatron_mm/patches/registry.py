@@ -81,6 +81,9 @@ PATCHES: tuple[Patch, ...] = (
           needed_when=ALWAYS),
     Patch("help_percent", "megatron.training.argument_utils.ArgumentGroupFactory."
           "_build_argparse_kwargs_from_field (help text)", "help_percent", needed_when=ALWAYS),
+    Patch("tp_partial_grads", "megatron.core.distributed.finalize_model_grads."
+          "_allreduce_non_tensor_model_parallel_grads (and its _allreduce_layernorm_grads"
+          " alias)", "tp_partial_grads", needed_when=ALWAYS),
 )
 
 _applied: list[str] = []

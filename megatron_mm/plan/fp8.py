@@ -107,6 +107,14 @@ def fp8_gemm_dims_error(shape: Tuple[int, ...], recipe: str) -> Optional[str]:
     return None
 
 
+def weight_shard_rows(recipe: str) -> int:
+    """What Transformer Engine needs each rank's FP8 weight shard's rows ([out / TP, in]
+    for a column-parallel linear) to be a multiple of: 8 for the per-tensor recipes (the
+    leading dims of ``assert_dim_for_fp8_exec``), MXFP8's block of 32 (the columns, the
+    in-features, are the GEMM input widths checked with the inputs)."""
+    return 32 if recipe == "mxfp8" else 8
+
+
 def fp8_dtypes(fp8_format: str) -> Tuple[str, str]:
     """(forward, backward) FP8 types: inputs and weights, then output gradients. Hybrid
     takes E5M2's range for gradients; e4m3 uses E4M3 everywhere."""

@@ -22,6 +22,7 @@ tensors, and the earlier iterations ``--ckpt-step`` can load instead.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -226,6 +227,88 @@ def _check_optim_layout(root: str, iteration: int, saved: dict, metadata: dict,
         f"to reshard the optimizer across TP/PP")
 
 
+# A dp_reshardable optimizer state is stored in DDP bucket space: each bucket's parameters
+# in order, flattened. What orders and groups them besides TP and PP: the layers on each
+# pipeline stage (--pipeline-partition; a search picks by timing), the virtual stages, the
+# trainable set (the --freeze-* flags, LoRA), the bucket size and overlap, expert
+# parallelism. The save records every (PP, TP, EP) rank's layout (a digest of its buckets'
+# parameter names and shapes); the load compares its own.
+BUCKET_LAYOUT = "optimizer_bucket_layout"
+LAYOUT_FLAGS = ("virtual_pipeline_model_parallel_size", "pipeline_partition",
+                "overlap_grad_reduce", "expert_model_parallel_size",
+                "expert_tensor_parallel_size", "freeze_LM", "freeze_ViT", "freeze_audio",
+                "freeze_projector", "lora_rank", "lora_target_modules")
+
+
+def _bucket_layout(chunks, optimizer) -> Optional[str]:
+    """A digest of this rank's DDP buckets (the distributed optimizer's buffers): each
+    bucket's parameters, by name in their chunk and shape, in order; None without them."""
+    optimizers = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    buffers = [b for o in optimizers for b in (getattr(o, "buffers", None) or [])]
+    if not buffers:
+        return None
+    names = {id(p): f"{i}.{n}" for i, chunk in enumerate(chunks)
+             for n, p in chunk.named_parameters()}
+    layout = [[[(names.get(id(p), "?"), tuple(p.shape)) for p in bucket.params_list]
+               for bucket in buffer.buckets] for buffer in buffers]
+    return hashlib.sha256(repr(layout).encode()).hexdigest()[:16]
+
+
+def _bucket_layouts(chunks, optimizer) -> list:
+    """[PP rank, TP rank, EP rank, digest] of every such rank (data-parallel replicas hold
+    the same buckets); a collective."""
+    mine = (parallel_state.get_pipeline_model_parallel_rank(),
+            parallel_state.get_tensor_model_parallel_rank(),
+            parallel_state.get_expert_model_parallel_rank(), _bucket_layout(chunks, optimizer))
+    return [list(x) for x in sorted(set(_everyone(mine)), key=str)]
+
+
+def _check_bucket_layout(root: str, iteration: int, saved: dict, chunks, optimizer, config,
+                         run_state: Optional[dict]) -> None:
+    """A dp_reshardable state loads only into the same DDP buckets: elsewhere one error
+    naming what changed and the ways out (not a shape error deep in the load, nor Adam
+    moments on other parameters where the sizes happen to match)."""
+    then = saved.get(BUCKET_LAYOUT)
+    if then is None:  # saved before the layout was recorded
+        return
+    now = _bucket_layouts(chunks, optimizer)
+    if sorted(map(tuple, then), key=str) == sorted(map(tuple, now), key=str):
+        return
+    flags = config.flags()
+    changed = [f"--{k.replace('_', '-')} {saved.get(k)} -> {flags.get(k)}"
+               for k in LAYOUT_FLAGS if saved.get(k) != flags.get(k)]
+    old_plan = (saved.get("pipeline_plan") or {}).get("layers_per_chunk")
+    new_plan = ((run_state or {}).get("pipeline_plan") or {}).get("layers_per_chunk")
+    if old_plan is not None and new_plan is not None and old_plan != new_plan:
+        changed.insert(0, f"the pipeline partition (layers per chunk) {old_plan} -> {new_plan}")
+    raise CheckpointError(
+        f"--load {root}: iteration {iteration}'s distributed-optimizer state is "
+        f"dp_reshardable, stored in the DDP buckets of the run that saved it, and this "
+        f"run's buckets differ ({'; '.join(changed) or 'the trainable parameters or their order'}"
+        f"): it loads into the same buckets only. Load the model alone with --no-load-optim, "
+        f"or save with --dist-ckpt-optim-fully-reshardable to reshard the optimizer")
+
+
+def saved_pipeline_plan(checkpoint, parallel) -> Optional[List[int]]:
+    """The layers per chunk the checkpoint ``--load`` names was trained with, where it
+    has them for this run's pipeline (PP x VPP chunks) and its optimizer state is loaded;
+    None otherwise. A resumed ``--pipeline-partition search`` keeps them: its pick is
+    timing-based, so a search re-run may cut elsewhere, and the dp_reshardable optimizer
+    state is tied to the cut."""
+    if not checkpoint.load or checkpoint.no_load_optim or checkpoint.finetune:
+        return None  # no optimizer state to keep the cut for: a search may pick anew
+    try:
+        saved = saved_args(checkpoint)
+    except CheckpointError:
+        return None  # the load reports it
+    layers = (saved.get("pipeline_plan") or {}).get("layers_per_chunk")
+    chunks = (parallel.pipeline_model_parallel_size
+              * (parallel.virtual_pipeline_model_parallel_size or 1))
+    same = all(saved.get(k) == getattr(parallel, k) for k in
+               ("pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size"))
+    return list(layers) if layers and same and len(layers) == chunks else None
+
+
 def _state_dict(chunks, optimizer, scheduler, config, iteration: int, with_optim: bool,
                 with_rng: bool, loading: bool, run_state: Optional[dict] = None,
                 metadata: Optional[dict] = None) -> dict:
@@ -247,6 +330,9 @@ def _state_dict(chunks, optimizer, scheduler, config, iteration: int, with_optim
         # What the run derived (the padded vocabulary, its pipeline plan), kept with the
         # flags as Megatron-LM keeps padded_vocab_size there.
         flags.update(run_state or {})
+        if with_optim and (metadata or {}).get("distrib_optim_sharding_type") == \
+                "dp_reshardable":
+            flags[BUCKET_LAYOUT] = _bucket_layouts(chunks, optimizer)
         # As Megatron-LM saves them (its load_checkpoint reads them as attributes:
         # check_checkpoint_args, consumed_train_samples), so it loads these checkpoints
         # without --finetune
@@ -543,9 +629,11 @@ def _load_model(template: dict, path: str, chunks) -> dict:
     return state
 
 
-def load_checkpoint(config, chunks, optimizer, scheduler, log=print) -> int:
+def load_checkpoint(config, chunks, optimizer, scheduler, log=print,
+                    run_state: Optional[dict] = None) -> int:
     """Load the checkpoint ``--load`` / ``--ckpt-step`` name (``config``: the RunConfig);
-    returns the iteration to resume at."""
+    returns the iteration to resume at. ``run_state``: what this run derived (its
+    pipeline plan), to name a changed partition."""
     ckpt = config.checkpoint
     iteration = locate_checkpoint(ckpt)
     if iteration is None:
@@ -585,6 +673,9 @@ def load_checkpoint(config, chunks, optimizer, scheduler, log=print) -> int:
     mismatches = _agreed(_model_mismatches(template, _model_keys(chunks), path))
     if mismatches:
         raise CheckpointError(_another_model(root, iteration, mismatches))
+    if with_optim and metadata.get("distrib_optim_sharding_type") == "dp_reshardable":
+        # the same model, in other buckets
+        _check_bucket_layout(root, iteration, saved, chunks, optimizer, config, run_state)
     # What the checks cannot see (a shard damaged inside, in a checkpoint without a
     # manifest) fails on the ranks that read it: all stop, with its cause.
     try:

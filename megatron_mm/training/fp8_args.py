@@ -24,6 +24,7 @@ from ..plan.fp8 import (
     fp8_align_size,
     parse_fp8_modules,
     sequence_multiple,
+    weight_shard_rows,
 )
 
 # dest -> default, for "--fp8-* needs --fp8-format" (Megatron-LM ignores them silently).
@@ -107,6 +108,7 @@ def validate_fp8_args(args: argparse.Namespace) -> None:
                                       f"and the {name} layers per pipeline stage ({limit})")
     _validate_media_alignment(args, modules)
     _validate_gemm_dims(args, modules)
+    _validate_weight_shards(args, modules)
     if args.fp8_emulation:
         _validate_emulation(args)
     else:
@@ -223,6 +225,60 @@ def _gdn_gemm_dims(la, tp: int, align: int) -> list:
             f"multiple of {align} (Megatron-Core's GDN FP8 rule); change the --linear-* "
             "sizes or keep llm out of --fp8-modules")
     return [("llm", value // tp, "--linear-value-head-dim x --linear-num-value-heads / TP")]
+
+
+def _validate_weight_shards(args: argparse.Namespace, modules) -> None:
+    """Transformer Engine checks each rank's FP8 weight as that rank holds it: a
+    column-parallel linear's [out / TP, in] shard, whose rows must be a multiple of
+    ``weight_shard_rows`` (8; MXFP8 32). The whole out-features may pass where the shard
+    does not (Qwen3.5's GDN in_proj: 12352 rows, 3088 per rank at TP=4, not a multiple of
+    32). Row-parallel weights ([out, in / TP]) hold the hidden size as rows and the GEMM
+    input width as columns, both checked by ``_validate_gemm_dims``."""
+    tp = args.tensor_model_parallel_size
+    multiple = weight_shard_rows(args.fp8_recipe)
+    lm = args.model_config.language
+    shards = []  # (module, weight, its out-features, the flags that set them, TP)
+    if "llm" in modules:
+        qkv = (lm.num_attention_heads + 2 * lm.num_query_groups) * lm.kv_channels
+        qkv += lm.num_attention_heads * lm.kv_channels if lm.attention_output_gate else 0
+        shards += [("llm", "linear_qkv", qkv, "--num-attention-heads, --num-query-groups, "
+                    "--kv-channels" + (", --attention-output-gate"
+                                       if lm.attention_output_gate else ""), tp),
+                   ("llm", "fc1", 2 * lm.ffn_hidden_size, "--ffn-hidden-size (gated)", tp)]
+        la = lm.linear_attention
+        if la is not None:
+            key = la.linear_key_head_dim * la.linear_num_key_heads
+            value = la.linear_value_head_dim * la.linear_num_value_heads
+            shards.append(("llm", "Gated DeltaNet in_proj",
+                           2 * key + 2 * value + 2 * la.linear_num_value_heads,
+                           "the --linear-* sizes", tp))
+        moe = lm.moe
+        if moe is not None:
+            etp = getattr(args, "expert_tensor_parallel_size", None) or tp
+            shards.append(("llm", "expert fc1", 2 * moe.ffn_hidden_size,
+                           "--moe-ffn-hidden-size (gated)", etp))
+            if moe.shared_expert_intermediate_size:
+                shards.append(("llm", "shared expert fc1",
+                               2 * moe.shared_expert_intermediate_size,
+                               "--moe-shared-expert-intermediate-size (gated)", tp))
+    for name, enc in args.model_config.encoders.items():
+        p = enc.flag_prefix
+        if name in modules:
+            shards += [(name, "linear_qkv", 3 * enc.hidden_size, f"{p}hidden-size", tp),
+                       (name, "fc1", enc.ffn_hidden_size, f"{p}ffn-hidden-size", tp)]
+    for module, weight, out, flags, size in shards:
+        if out % size:
+            continue  # not split evenly: Megatron-Core's own checks say so
+        rows = out // size
+        if rows % multiple:
+            flag = ("--expert-tensor-parallel-size" if weight == "expert fc1"
+                    else "--tensor-model-parallel-size")
+            raise ConfigError(
+                f"--fp8-modules {module}: each rank's {weight} weight shard has {out} / "
+                f"{size} ({flag}) = {rows} rows, not a multiple of {multiple} "
+                f"(Transformer Engine checks each TP rank's [out / TP, in] FP8 weight, "
+                f"--fp8-recipe {args.fp8_recipe}); change {flags} or {flag}, or keep "
+                f"{module} out of --fp8-modules")
 
 
 def _validate_media_alignment(args: argparse.Namespace, modules) -> None:

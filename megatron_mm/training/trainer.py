@@ -35,7 +35,8 @@ from ..models import model_chain
 from ..models.attention_backends import attention_backend_lines
 from ..models.linear_attention import describe_linear_attention
 from .attention import AttentionSettings
-from .checkpointing import load_checkpoint, locate_checkpoint, save_checkpoint, saved_args
+from .checkpointing import (load_checkpoint, locate_checkpoint, save_checkpoint, saved_args,
+                            saved_pipeline_plan)
 from .encoder_executor import build_executor
 from .evaluation import answer_accuracy, evaluate_loss
 from .validation_samples import samples_lines, samples_text
@@ -167,7 +168,13 @@ class Trainer:
             chunks = build_model_chunks(config, tokenizer, model_config, run_plan, replicas)
             return (chunks,) + setup_model_and_optimizer(config, chunks, timers)
 
-        if config.pipeline.pipeline_partition == "search":
+        resumed = (saved_pipeline_plan(config.checkpoint, config.parallel)
+                   if config.pipeline.pipeline_partition == "search" else None)
+        if resumed is not None:  # the checkpoint's pick: its optimizer state is tied to it
+            print_rank_0(f"> --pipeline-partition search: the checkpoint's partition "
+                         f"{','.join(map(str, resumed))}, not searched again")
+            plan = plan_pipeline(config, model_config, resumed, "search", plan.schedule)
+        elif config.pipeline.pipeline_partition == "search":
             best = search_partition(
                 config, plan.chain,
                 build=lambda layers: build_run(plan_pipeline(
@@ -234,7 +241,7 @@ class Trainer:
             return 0
         found = locate_checkpoint(self.config.checkpoint)  # None: a fresh auto-resume
         iteration = load_checkpoint(self.config, self.model, self.optimizer, self.scheduler,
-                                    log=print_rank_0)
+                                    log=print_rank_0, run_state=self.run_state())
         if found is not None:  # iteration 0 too (a converted checkpoint)
             print_rank_0(f" > loaded checkpoint from {load} at iteration {iteration}")
         return iteration

@@ -441,3 +441,20 @@ def test_frozen_module_updates_its_scales_when_training(gloo_world):
             linear(torch.full((8, 1, 16), 4.0))
         # TE reduces and updates only on leaving the region with gradients enabled
         assert fwd.scale[0].item() == (448.0 / 4.0 if training else 1.0)
+
+
+def test_the_weight_shard_is_checked_like_te(gloo_world):
+    """TE checks each rank's weight as it holds it ([out / TP, in]): 12 rows are not a
+    multiple of 8, though the 16-wide input passes."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=1,
+                               fp8="hybrid", fp8_recipe="tensorwise",
+                               use_cpu_initialization=True, gradient_accumulation_fusion=False)
+    linear = ColumnParallelLinear(16, 12, config=config, init_method=torch.nn.init.zeros_,
+                                  bias=False, gather_output=False)
+    assert emulate_linears(linear) == 1
+    fp8_state.reset_fp8_state()
+    with pytest.raises(ValueError, match=r"dims=\[12, 16\] \(product of leading dims = 12"):
+        _run(linear, torch.randn(8, 1, 16))

@@ -131,3 +131,17 @@ def test_flex_check_reports_the_compile_count():
     assert (result.figures["flex_compiles"], result.figures["recompile_limit"]) == (3, 8)
     silent = subprocess.CompletedProcess([], 0, "2 passed in 30.1s\n", "")
     assert gpu_check.judge_flex(ctx, [silent]).status == "FAIL"
+
+
+def test_fla_check_is_absent_without_fla_and_reports_the_syncs():
+    """judge_fla: both tests skipped (no FLA) is ABSENT; a run reports the syncs printed."""
+    ctx = gpu_check.Context(python=sys.executable, out=ROOT, wheels=None, demo_flags=[])
+    skipped = subprocess.CompletedProcess([], 0, "ss\n2 skipped in 0.3s\n", "")
+    assert gpu_check.judge_fla(ctx, [skipped]).status == "ABSENT"
+    out = ("FLA varlen syncs: 4 with cu_seqlens only\nFLA varlen syncs: 0 with cu_seqlens_cpu\n"
+           "GDN layer syncs (forward and backward, packed): 1\n2 passed in 40.0s\n")
+    result = gpu_check.judge_fla(ctx, [subprocess.CompletedProcess([], 0, out, "")])
+    assert result.status == "PASS"
+    assert result.figures["fla_varlen_with_cu_seqlens_only_syncs"] == 4
+    assert result.figures["fla_varlen_with_cu_seqlens_cpu_syncs"] == 0
+    assert result.figures["gdn_layer_syncs"] == 1

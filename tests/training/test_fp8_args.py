@@ -200,3 +200,44 @@ def test_megatron_defaults_and_settings():
     fields = s.transformer_config_fields()
     assert fields["fp8"] == "hybrid" and fields["tp_only_amax_red"] is True
     assert parse_args([], world_size=1).fp8_settings is None
+
+
+def _qwen3_5_default_gdn():
+    """The tiny Qwen3.5's flags with the --linear-* sizes left at their defaults (Qwen3.5's:
+    16 key heads, 32 value heads of 128: in_proj 12352 rows)."""
+    from qwen3_5_model import QWEN3_5_MODEL
+
+    argv, skip = [], False
+    for arg in QWEN3_5_MODEL:
+        if skip:
+            skip = False
+        elif arg.startswith("--linear-") and arg.endswith(("-dim", "-heads")):
+            skip = True
+        else:
+            argv.append(arg)
+    return argv + ["--hidden-size", "256", "--num-attention-heads", "8",
+                   "--num-query-groups", "4", "--ffn-hidden-size", "512", "--seq-length", "128",
+                   "--vision-hidden-size", "64", "--vision-num-attention-heads", "4"]
+
+
+@pytest.mark.parametrize("argv, world, message", [
+    # the GDN in_proj: 12352 rows pass whole, 3088 per rank at TP=4 are not MXFP8's 32s
+    (_qwen3_5_default_gdn() + EMU + ["--fp8-recipe", "mxfp8", "--tensor-model-parallel-size",
+                                     "4"], 4,
+     "--fp8-modules llm: each rank's Gated DeltaNet in_proj weight shard has 12352 / 4 "
+     "(--tensor-model-parallel-size) = 3088 rows, not a multiple of 32"),
+    (_qwen3_5_default_gdn() + EMU + ["--tensor-model-parallel-size", "4"], 4, None),
+    # per-tensor: linear_qkv with GQA, (16 + 2 x 2) x 2 / 2 = 20 rows, not a multiple of 8
+    (EMU + ["--num-attention-heads", "16", "--group-query-attention", "--num-query-groups",
+            "2", "--kv-channels", "2", "--tensor-model-parallel-size", "2"], 2,
+     "each rank's linear_qkv weight shard has 40 / 2 (--tensor-model-parallel-size) = 20 "
+     "rows, not a multiple of 8"),
+])
+def test_fp8_weight_shards_are_checked_per_tp_rank(capsys, argv, world, message):
+    if message is None:
+        parse_args(argv, world_size=world)
+        return
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv, world_size=world)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
