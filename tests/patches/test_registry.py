@@ -13,7 +13,7 @@ ALL = [p.name for p in PATCHES]
 
 
 def test_fourteen_patches_all_applied_here():
-    assert len(ALL) == len(set(ALL)) == 21
+    assert len(ALL) == len(set(ALL)) == 22
     assert applied_patches() == ALL  # by conftest, in table order
     assert apply_cpu_patches() == ALL  # applying again changes nothing
     with pytest.raises(ValueError, match="unknown patches"):
