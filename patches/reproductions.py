@@ -279,10 +279,106 @@ def argument_help_percent():
     assert "(e.g. 1.10 = 10%)" in help_text
 
 
+
+def defer_wgrad_local_linears():
+    """0009: under --defer-embedding-wgrad-compute a local ColumnParallelLinear other than
+    the output layer (no deferral buffers: a QKV or MLP projection) runs forward and
+    backward and computes its own weight gradient; the output layer still defers."""
+    from types import SimpleNamespace
+
+    from megatron.core import parallel_state
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    from megatron.core.tensor_parallel import ColumnParallelLinear, layers
+
+    _one_rank_world()
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel()
+    # CPU stand-in: Apex's fused weight-gradient kernel (main_grad += grad_output^T input),
+    # which the flag requires
+    layers._grad_accum_fusion_available = True
+    layers.fused_weight_gradient_mlp_cuda = SimpleNamespace(
+        wgrad_gemm_accum_fp32=lambda x, dy, main_grad: main_grad.add_(dy.t().matmul(x)))
+    config = ModelParallelConfig(pipeline_model_parallel_size=2,  # the flag needs PP > 1
+                                 pipeline_dtype=torch.float32,
+                                 gradient_accumulation_fusion=True,
+                                 defer_embedding_wgrad_compute=True,
+                                 use_cpu_initialization=True)  # CPU stand-in
+
+    def linear(**buffers):
+        module = ColumnParallelLinear(8, 4, config=config, init_method=torch.nn.init.ones_,
+                                      bias=False, **buffers)
+        module.weight.main_grad = torch.zeros_like(module.weight)  # as DDP gives it
+        return module
+
+    qkv = linear()
+    inputs, grads = [], []
+    output_layer = linear(embedding_activation_buffer=inputs, grad_output_buffer=grads)
+    out, _ = qkv(torch.ones(3, 1, 8))
+    logits, _ = output_layer(out.repeat(1, 1, 2))
+    logits.sum().backward()
+    assert torch.equal(qkv.weight.main_grad, torch.full((4, 8), 24.0)), qkv.weight.main_grad
+    assert len(inputs) == len(grads) == 1  # the output layer's, for the pipeline flush
+    assert not output_layer.weight.main_grad.any()
+
+
+def _broadcast(rank, store_path, out_path):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import data as tp_data
+
+    # the peer's failure ends the collective (gloo's default timeout is 30 minutes)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank,
+                            world_size=2, timeout=timedelta(seconds=60))
+    parallel_state.initialize_model_parallel()  # the default TP groups: one rank each
+
+    # CPU stand-ins: data.py's device="cuda" tensors, .cuda() and current_device()
+    class CpuTorch:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def tensor(*args, device=None, **kwargs):
+            return torch.tensor(*args, **kwargs)
+
+    tp_data.torch = CpuTorch()
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    torch.cuda.current_device = lambda: "cpu"
+    # a group of both ranks (e.g. a ProcessGroupCollection's TP group); only its first
+    # rank holds the batch, as in Megatron-LM's get_batch
+    group = dist.new_group([0, 1])
+    batch = {"tokens": torch.arange(6).view(2, 3)} if rank == 0 else None
+    got = tp_data.broadcast_data(["tokens"], batch, torch.int64, tp_group=group)
+    with open(f"{out_path}.{rank}", "w") as f:
+        json.dump(got["tokens"].tolist(), f)
+    dist.destroy_process_group()
+
+
+def broadcast_data_tp_group():
+    """0010: broadcast_data over a given TP group of 2 ranks, the default TP groups one
+    rank each: the second rank receives the first's batch (2 ranks)."""
+    import multiprocessing
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store, out = os.path.join(tmp, "store"), os.path.join(tmp, "batch")
+        # spawned: a fork would inherit the earlier reproductions' model-parallel groups
+        ctx = multiprocessing.get_context("spawn")
+        procs = [ctx.Process(target=_broadcast, args=(r, store, out)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(300)
+        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+        got = [json.load(open(f"{out}.{r}")) for r in range(2)]
+    assert got == [[[0, 1, 2], [3, 4, 5]]] * 2, f"the batch per rank: {got}"
+
+
 REPRODUCTIONS = {fn.__name__: fn for fn in (
     moe_paged_stash_import, destroy_resets_embedding_ranks, clip_vit_norm_without_te,
     distopt_load_with_torch_adam, moe_local_token_count, recompute_non_tensor_arguments,
-    gdn_out_norm_tp_grads, argument_help_percent)}
+    gdn_out_norm_tp_grads, argument_help_percent, defer_wgrad_local_linears,
+    broadcast_data_tp_group)}
 
 
 def main(names) -> int:

@@ -6,10 +6,8 @@ refused by name is a result too), with what a row asks to watch:
 - ``wgrad``: Apex's ``fused_weight_gradient_mlp_cuda`` stood in by its arithmetic (its
   ``wgrad_gemm_accum_fp32``: ``main_grad += grad_output^T input``), so that
   ``--defer-embedding-wgrad-compute`` (which Megatron-Core builds only with gradient
-  accumulation fusion) runs on a CPU;
-  and Megatron-Core's other column-parallel linears ignore the flag as TE's linears do (a
-  local ``ColumnParallelLinear`` that is not the output layer appends to a buffer it
-  does not have: ``tensor_parallel/layers.py`` ``forward``, 0.19.2; the GPU runs TE's);
+  accumulation fusion) runs on a CPU (Megatron-Core's local linears other than the output
+  layer compute their own weight gradients: the ``defer_wgrad_local_linears`` patch);
 - the output layers' deferral buffers after each iteration (``buffers``: their longest),
   and the aligned parameter gathers the schedule dispatched (``param_syncs``: DDP's
   ``start_param_sync`` calls without ``force_sync``, which only ``param_sync_func``
@@ -19,7 +17,6 @@ refused by name is a result too), with what a row asks to watch:
 from __future__ import annotations
 
 import contextlib
-import copy
 import sys
 import time
 import traceback
@@ -57,20 +54,8 @@ def wgrad_stand_in():
             layers.fused_weight_gradient_mlp_cuda = saved[2]
 
 
-def as_te_linears(model) -> None:
-    """The column-parallel linears of ``model`` other than output layers (no
-    ``grad_output_buffer``) see the deferral off, as TE's linears do not read it."""
-    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
-
-    for m in model.modules():
-        if isinstance(m, ColumnParallelLinear) and m.grad_output_buffer is None \
-                and m.config.defer_embedding_wgrad_compute:
-            m.config = copy.copy(m.config)
-            m.config.defer_embedding_wgrad_compute = False
-
-
 @contextlib.contextmanager
-def watched(seen: dict, te_linears: bool = False):
+def watched(seen: dict):
     """Record, in ``seen``, the deferral buffers' lengths per logged iteration and the
     aligned parameter gathers (module docstring)."""
     from megatron.core.distributed import DistributedDataParallel
@@ -88,8 +73,6 @@ def watched(seen: dict, te_linears: bool = False):
 
         def build(*args, **kwargs):
             model = provider(*args, **kwargs)
-            if te_linears:
-                as_te_linears(model)
             built.append(model)
             return model
         return build
@@ -130,7 +113,7 @@ def run_rows(rank: int, rows: list) -> list:
         stand_in = wgrad_stand_in() if "wgrad" in watch else contextlib.nullcontext()
         with captured_output() as out:
             try:
-                with stand_in, watched(seen, "wgrad" in watch):
+                with stand_in, watched(seen):
                     seen.update((run_ours if kind == "ours" else run_megatron_lm)(argv))
             except BaseException as e:  # noqa: BLE001  (a refusal is a row's result)
                 error = f"{type(e).__name__}: {e}"

@@ -32,6 +32,13 @@ UPSTREAM_BUGS = {
     "help_percent": ("0008-argument-help-escapes-percent.patch", "argument_help_percent"),
     "tp_partial_grads": ("0007-gdn-out-norm-grads-summed-over-tp-without-sequence-parallel.patch",
                          "gdn_out_norm_tp_grads"),
+    "defer_wgrad_local_linears": ("0009-defer-embedding-wgrad-compute-local-linears-without-buffer"
+                                  ".patch", "defer_wgrad_local_linears"),
+}
+# upstream bugs in code megatron_mm does not call (no runtime workaround) -> (patch, reproduction)
+NOT_CALLED = {
+    "megatron.core.tensor_parallel.broadcast_data": ("0010-broadcast-data-sizes-over-its-tp-group"
+                                                     ".patch", "broadcast_data_tp_group"),
 }
 
 
@@ -54,15 +61,16 @@ def test_every_runtime_workaround_of_an_upstream_bug_has_its_patch_file():
     from megatron_mm.patches import PATCHES as RUNTIME
 
     names = {p.name for p in RUNTIME}
-    for workaround, (patch, _) in UPSTREAM_BUGS.items():
-        assert workaround in names or importlib.util.find_spec(workaround), workaround
+    for workaround, (patch, _) in {**UPSTREAM_BUGS, **NOT_CALLED}.items():
+        assert (workaround in names or workaround in NOT_CALLED
+                or importlib.util.find_spec(workaround)), workaround
         assert os.path.isfile(os.path.join(PATCHES, patch)), f"{patch} is missing"
         with open(os.path.join(PATCHES, patch)) as f:
             assert f.readline().startswith("Subject: [PATCH] "), patch  # its one line
         with open(os.path.join(PATCHES, "README.md")) as f:
             assert patch in f.read(), f"README.md does not list {patch}"
     files = sorted(f for f in os.listdir(PATCHES) if f.endswith(".patch"))
-    assert files == sorted(p for p, _ in UPSTREAM_BUGS.values())
+    assert files == sorted(p for p, _ in (*UPSTREAM_BUGS.values(), *NOT_CALLED.values()))
 
 
 @pytest.mark.processes
@@ -75,13 +83,13 @@ def test_patches_apply_to_megatron_core_and_fix_their_reproductions(tmp_path):
     for part in ("core", "training"):
         shutil.copytree(os.path.join(installed, part), copy / part)
     env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tmp_path.parent))
-    for patch, _ in sorted(UPSTREAM_BUGS.values()):
+    for patch, _ in sorted((*UPSTREAM_BUGS.values(), *NOT_CALLED.values())):
         done = subprocess.run(["git", "apply", os.path.join(PATCHES, patch)], cwd=tmp_path,
                               capture_output=True, text=True, env=env)
         assert done.returncode == 0, f"{patch} no longer applies: {done.stderr}"
     patched = _reproductions(str(tmp_path))
     assert patched["megatron"] == str(copy)
-    wanted = {repro for _, repro in UPSTREAM_BUGS.values()}
+    wanted = {repro for _, repro in (*UPSTREAM_BUGS.values(), *NOT_CALLED.values())}
     assert set(patched["results"]) == wanted
     assert all(r == "ok" for r in patched["results"].values()), patched["results"]
     # the installed tree: each reproduction shows its bug

@@ -84,6 +84,8 @@ PATCHES: tuple[Patch, ...] = (
     Patch("tp_partial_grads", "megatron.core.distributed.finalize_model_grads."
           "_allreduce_non_tensor_model_parallel_grads (and its _allreduce_layernorm_grads"
           " alias)", "tp_partial_grads", needed_when=ALWAYS),
+    Patch("defer_wgrad_local_linears", "megatron.core.tensor_parallel.layers."
+          "ColumnParallelLinear.forward", "defer_wgrad_local_linears", needed_when=ALWAYS),
 )
 
 _applied: list[str] = []

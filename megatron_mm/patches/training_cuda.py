@@ -109,8 +109,13 @@ CPU_DEFAULTS = {"distributed_backend": "gloo", "apply_rope_fusion": False,
 
 def _cpu_defaults(add_megatron_arguments):
     def add(parser):
+        from megatron.core.tensor_parallel import layers
+
         parser = add_megatron_arguments(parser)
-        parser.set_defaults(**CPU_DEFAULTS)
+        # gradient accumulation fusion is Apex's kernel, not CUDA itself: off only where
+        # Megatron-Core's linears cannot import it (they refuse the flag there)
+        parser.set_defaults(**{**CPU_DEFAULTS, "gradient_accumulation_fusion":
+                               layers._grad_accum_fusion_available})
         return parser
     add.__wrapped__ = add_megatron_arguments
     return add

@@ -172,10 +172,7 @@ def _assert_same(got, want, rel):
             assert got[key][it] == pytest.approx(value, rel=rel, abs=1e-6), (key, it)
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(reason="fixed by the out_norm TP change",
-                                            strict=False))
-    if n == "qwen3_5/tp2" else n for n in sorted(EQUAL)])
+@pytest.mark.parametrize("name", sorted(EQUAL))
 def test_row_equals_the_plain_run(rows, name):
     reference, rel = EQUAL[name]
     _assert_same(_reported(rows[name]), _reported(rows[reference]), rel)

@@ -210,6 +210,18 @@ def main():
     # full recompute with an attention mask that is not a tensor (context parallelism's)
     record("checkpoint_object_arg", lambda: tensor_parallel.checkpoint(
         lambda x, mask: x * 2, False, torch.ones(2, requires_grad=True), object()).sum().item())
+    # --defer-embedding-wgrad-compute: a local column-parallel linear that is not the
+    # output layer (no deferral buffers)
+    from megatron.core.model_parallel_config import ModelParallelConfig
+
+    defer_cfg = ModelParallelConfig(pipeline_model_parallel_size=2, pipeline_dtype=torch.float32,
+                                    gradient_accumulation_fusion=True,
+                                    defer_embedding_wgrad_compute=True,
+                                    use_cpu_initialization=True)
+    defer_cfg.gradient_accumulation_fusion = False  # Apex's kernel; the forward fails first
+    record("defer_wgrad_local_linear", lambda: tensor_parallel.ColumnParallelLinear(
+        4, 4, config=defer_cfg, init_method=torch.nn.init.ones_, bias=False)(
+            torch.ones(2, 1, 4))[0].shape)
 
     # ---- stage 3 ------------------------------------------------------------------------
     apply_cpu_patches([p.name for p in PATCHES if p.name not in ("tensor_type_str",

@@ -13,7 +13,7 @@ ALL = [p.name for p in PATCHES]
 
 
 def test_fourteen_patches_all_applied_here():
-    assert len(ALL) == len(set(ALL)) == 22
+    assert len(ALL) == len(set(ALL)) == 23
     assert applied_patches() == ALL  # by conftest, in table order
     assert apply_cpu_patches() == ALL  # applying again changes nothing
     with pytest.raises(ValueError, match="unknown patches"):
@@ -27,7 +27,7 @@ def test_on_cuda_only_the_patches_whose_bug_is_not_about_cuda(registry_under_cud
     got = registry_under_cuda
     expected = ["triton_stub", "distopt_load", "clip_vit_norm", "checkpoint_object_args",
                 "destroy_resets_embedding_ranks", "typing_override", "prebuilt_helpers",
-                "help_percent", "tp_partial_grads"]
+                "help_percent", "tp_partial_grads", "defer_wgrad_local_linears"]
     assert got["returned"] == got["again"] == got["applied"] == expected
     assert got["stub_installed"]  # needed with CUDA too, when triton is missing
     assert all(got["torch_cuda_unchanged"].values()), got["torch_cuda_unchanged"]
@@ -42,13 +42,15 @@ def test_on_cuda_only_the_patches_whose_bug_is_not_about_cuda(registry_under_cud
     (False, (), ALL),
     (True, (), ["triton_stub", "distopt_load", "clip_vit_norm", "checkpoint_object_args",
                 "destroy_resets_embedding_ranks", "typing_override", "prebuilt_helpers",
-                "help_percent", "tp_partial_grads"]),
+                "help_percent", "tp_partial_grads", "defer_wgrad_local_linears"]),
     (True, ("apex",), ["triton_stub", "clip_vit_norm", "checkpoint_object_args",
                        "destroy_resets_embedding_ranks", "typing_override",
-                       "prebuilt_helpers", "help_percent", "tp_partial_grads"]),
+                       "prebuilt_helpers", "help_percent", "tp_partial_grads",
+                       "defer_wgrad_local_linears"]),
     (True, ("transformer_engine",), ["triton_stub", "checkpoint_object_args",
                                      "destroy_resets_embedding_ranks", "typing_override",
-                                     "prebuilt_helpers", "help_percent", "tp_partial_grads"]),
+                                     "prebuilt_helpers", "help_percent", "tp_partial_grads",
+                       "defer_wgrad_local_linears"]),
     (False, ("transformer_engine",),
      [n for n in ALL if n not in ("distopt_load", "clip_vit_norm")]),
 ])
