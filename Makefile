@@ -151,11 +151,12 @@ demo-qwen3: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
 		examples/pretrain_mllm.py $(DEMO_QWEN3_FLAGS)
 
-# The Qwen3.5 demo: Qwen3-VL's tower without DeepStack + a hybrid LLM (layer 0 Gated
-# DeltaNet, layer 1 gated full attention rotating a quarter of each head by interleaved
-# M-RoPE, zero-centred norms) on the Qwen3-VL demo's digits (docs/qwen3_5.md).
+# The Qwen3.5 demo: Qwen3-VL's tower without DeepStack + a hybrid LLM (layers 0 and 2 Gated
+# DeltaNet, 1 and 3 gated full attention rotating a quarter of each head by interleaved
+# M-RoPE, zero-centred norms) on the Qwen3-VL demo's digits (docs/qwen3_5.md: one full
+# layer after one GDN layer, the first recipe, did not learn).
 DEMO_QWEN35_FLAGS = \
-	--num-layers 2 --hidden-size 128 --num-attention-heads 8 --group-query-attention \
+	--num-layers 4 --hidden-size 128 --num-attention-heads 8 --group-query-attention \
 	--num-query-groups 4 --kv-channels 32 --qk-layernorm --seq-length 80 \
 	--position-embedding-type mrope --mrope-section 2 1 1 --mrope-interleaved \
 	--rotary-percent 0.25 --attention-output-gate --apply-layernorm-1p \

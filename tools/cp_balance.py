@@ -18,7 +18,18 @@ over micro-batches against the mean's; ``bound``: the same for the least any spl
 whole items can reach (the heaviest item, or the mean); ``worst``: the worst single
 micro-batch.
 
+With ``--hybrid-llm`` (a hybrid LLM of the model zoo, Qwen3.5-27B's: 48 Gated DeltaNet and
+16 full-attention layers) it prints instead the whole LLM's forward work per CP rank for a
+micro-batch of each mask (``plan/context_parallel/hybrid.py``): the full layers' attention
+on the token assignment, every layer's projections and MLP on the rank's tokens, the Gated
+DeltaNet layers' rule per head group; and the bytes each GDN layer's two all-to-alls
+(sequence shards to head shards and back) move on the busiest rank, per layer and per
+micro-batch (every GDN layer, forward and backward), with their time at
+``--a2a-bandwidth-gbps``.
+
     python tools/cp_balance.py --context-parallel-size 8 --seq-lengths 16384 32768 65536
+    python tools/cp_balance.py --hybrid-llm qwen3.5-27b --context-parallel-size 2 4 \
+        --seq-lengths 32768 131072 --families causal packed
 
 Pure Python + numpy, no torch.
 """
@@ -35,6 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from megatron_mm.plan.context_parallel.cp_assignment import (  # noqa: E402
     BLOCK_OVERHEAD, METHODS, assign_tokens, block_loads)
 from megatron_mm.plan.context_parallel.encoder_split import split_items  # noqa: E402
+from megatron_mm.plan.context_parallel.hybrid import (  # noqa: E402
+    gdn_step_seconds, hybrid_cp_balance)
+from megatron_mm.plan.costs.hardware import H100  # noqa: E402
+from megatron_mm.plan.errors import PlanError  # noqa: E402
+from megatron_mm.reproductions.model_zoo import LLMS  # noqa: E402
 from megatron_mm.reproductions.mask_families import FAMILIES, family_codes  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benchmarks' helpers
@@ -45,7 +61,8 @@ PATCH = 14  # Qwen2.5-VL's patch side in pixels
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--context-parallel-size", type=int, default=8)
+    p.add_argument("--context-parallel-size", type=int, nargs="+", default=[8],
+                   help="CP size(s); the attention table takes the first")
     p.add_argument("--seq-lengths", type=int, nargs="+", default=[16384, 32768, 65536])
     p.add_argument("--context-parallel-block", type=int, default=128)
     p.add_argument("--context-parallel-block-overhead", type=float, default=BLOCK_OVERHEAD,
@@ -60,7 +77,71 @@ def build_parser() -> argparse.ArgumentParser:
                    help="records of the native-resolution data (bench_balance --samples)")
     p.add_argument("--max-side", type=int, default=336,
                    help="largest image side of that data (bench_balance --max-side)")
+    hybrid = sorted(n for n, t in LLMS.items() if t.linear_attention is not None)
+    p.add_argument("--hybrid-llm", choices=hybrid, default=None,
+                   help="print the hybrid LLM's work and Gated DeltaNet traffic per CP rank")
+    p.add_argument("--tensor-model-parallel-size", type=int, default=1,
+                   help="with --hybrid-llm: TP (the heads and channels per rank)")
+    p.add_argument("--a2a-bandwidth-gbps", type=float, default=360.0,
+                   help="with --hybrid-llm: GB/s per GPU of the CP group's all-to-alls "
+                        "(default: NVLink 4 within a node, the planner's tp_bandwidth)")
     return p
+
+
+HYBRID_METHODS = ("zigzag", "ours")
+
+
+def hybrid_table(llm_name: str, cp_sizes: Sequence[int], lengths: Sequence[int],
+                 block: int, families: Sequence[str], seeds: int, tp: int = 1,
+                 block_overhead: float = BLOCK_OVERHEAD) -> List[dict]:
+    """Per CP size, mask family, length and method: the worst over ``seeds`` masks of the
+    max / mean attention work and whole-LLM work per rank, the GDN layers' share of the
+    work, and the busiest rank's GDN all-to-all bytes (``hybrid_cp_balance``)."""
+    llm = LLMS[llm_name]
+    rows = []
+    for cp in cp_sizes:
+        for family in families:
+            for s in lengths:
+                for m in HYBRID_METHODS:
+                    runs = [hybrid_cp_balance(llm, family_codes(family, s, seed), cp, m,
+                                              block, block_overhead, tp)
+                            for seed in range(seeds)]
+                    worst = max(runs, key=lambda r: r.imbalance())
+                    total = sum(worst.total_flops)
+                    rows.append({"cp": cp, "family": family, "seq_length": s, "method": m,
+                                 "attention": max(r.imbalance("attention_flops")
+                                                  for r in runs),
+                                 "llm": worst.imbalance(),
+                                 "attention_share": sum(worst.attention_flops) / total,
+                                 "a2a_layer_bytes": worst.a2a_bytes,
+                                 "a2a_step_bytes": worst.step_a2a_bytes(),
+                                 "balance": worst})
+    return rows
+
+
+def print_hybrid(args) -> None:
+    cps, tp = args.context_parallel_size, args.tensor_model_parallel_size
+    rows = hybrid_table(args.hybrid_llm, cps, args.seq_lengths, args.context_parallel_block,
+                        args.families, args.seeds, tp, args.context_parallel_block_overhead)
+    llm = rows[0]["balance"]
+    bandwidth = args.a2a_bandwidth_gbps * 1e9
+    print(f"{args.hybrid_llm}: {llm.gdn_layers} Gated DeltaNet + {llm.full_layers} full-"
+          f"attention layers, TP {tp}, block {args.context_parallel_block}; one micro-batch "
+          f"(1 sequence), forward work per CP rank, worst of {args.seeds} masks; GDN "
+          f"all-to-alls on the busiest rank, bf16, at {args.a2a_bandwidth_gbps:g} GB/s "
+          f"(forward + backward); compute: the busiest rank's forward + backward (3x its "
+          f"forward FLOPs) on {H100.name} at {H100.efficiency:g} of peak")
+    print("| CP | family | seq | method | attention max/mean | LLM max/mean | attention "
+          "share | a2a MiB per GDN layer | a2a GiB per micro-batch | a2a s | compute s | "
+          "a2a / compute |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        a2a = gdn_step_seconds(r["balance"], bandwidth)
+        compute = H100.seconds(3 * max(r["balance"].total_flops))  # forward + backward
+        print(f"| {r['cp']} | {r['family']} | {r['seq_length']} | {r['method']} | "
+              f"{r['attention']:.3f} | {r['llm']:.3f} | {r['attention_share']:.3f} | "
+              f"{r['a2a_layer_bytes'] / 2 ** 20:.1f} | {r['a2a_step_bytes'] / 2 ** 30:.2f} | "
+              f"{a2a:.3f} | {compute:.2f} | {a2a / compute:.3f} |")
 
 
 def vision_work_table(cp_sizes: Sequence[int], samples: int, max_side: int,
@@ -108,15 +189,24 @@ def table(cp: int, lengths: Sequence[int], block: int, families: Sequence[str],
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.context_parallel_size < 1 or args.context_parallel_block < 1 or args.seeds < 1:
-        raise SystemExit("--context-parallel-size, --context-parallel-block and --seeds "
-                         "must be >= 1")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (min(args.context_parallel_size) < 1 or args.context_parallel_block < 1
+            or args.seeds < 1):
+        parser.error("--context-parallel-size, --context-parallel-block and --seeds "
+                     "must be >= 1")
     if args.context_parallel_block_overhead < 0:
-        raise SystemExit("--context-parallel-block-overhead must be >= 0")
-    rows = table(args.context_parallel_size, args.seq_lengths, args.context_parallel_block,
+        parser.error("--context-parallel-block-overhead must be >= 0")
+    if args.hybrid_llm:
+        try:
+            print_hybrid(args)
+        except PlanError as e:
+            parser.error(str(e))
+        return 0
+    cp = args.context_parallel_size[0]
+    rows = table(cp, args.seq_lengths, args.context_parallel_block,
                  args.families, args.seeds, args.context_parallel_block_overhead)
-    print(f"max/mean attention work per rank, {args.context_parallel_size} ranks, "
+    print(f"max/mean attention work per rank, {cp} ranks, "
           f"block {args.context_parallel_block} (+ {args.context_parallel_block_overhead:g} "
           f"tiles each), worst of {args.seeds} masks")
     columns = METHODS + ("bound",)

@@ -22,6 +22,8 @@ frozen-aware one. Pure Python: no torch, runs anywhere.
                                          # its Gated DeltaNet layers are O(S), and not
     python tools/plan.py --model-pair Qwen3.5-27B --pipeline-model-parallel-size 4 \
         --tensor-model-parallel-size 4 --seq-length 32768 --num-microbatches 32
+    python tools/plan.py --model-pair Qwen3.5-27B --pipeline-model-parallel-size 4 \
+        --tensor-model-parallel-size 4 --context-parallel-size 2 --seq-length 65536
 
 The estimate's formula, the cost model and its assumptions are in megatron_mm/plan
 (estimate.py, flops.py, layers.py). ``--json PATH`` writes the plan(s) as data.
@@ -40,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from megatron_mm.plan import (  # noqa: E402
     EncoderSpec, Hardware, MemoryModel, ModelSpec, PlanError, TransformerSpec, Workload,
     build_chain, describe_chunk, parse_partition_flag, plan_pipeline)
+from megatron_mm.plan.context_parallel.hybrid import (  # noqa: E402
+    gdn_cp_error, gdn_step_seconds, hybrid_cp_balance)
 from megatron_mm.plan.model import (  # noqa: E402
     LinearAttentionSpec, linear_attention_pattern, patch_embed_flops)
 from megatron_mm.plan.pipeline.profile import MEASURED, LayerProfile, apply_profile  # noqa: E402
@@ -166,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--text-seq-length", type=int, default=1024,
                    help="text tokens when --seq-length is not given")
     g.add_argument("--recompute-granularity", choices=["full"], default=None)
+    g.add_argument("--context-parallel-size", type=int, default=1,
+                   help="CP ranks per LLM replica; a hybrid LLM's Gated DeltaNet layers run "
+                        "head-parallel over TP x CP (checked), and its work and all-to-alls "
+                        "per CP rank are printed (the stage table stays per whole sequence)")
+    g.add_argument("--context-parallel-block", type=int, default=128,
+                   help="tokens per block of the CP token assignment")
 
     g = p.add_argument_group("hardware and memory")
     g.add_argument("--peak-tflops", type=float, default=None,
@@ -341,8 +351,46 @@ def print_hybrid_layers(llm: TransformerSpec, chain) -> None:
                   f"forward each (per TP rank)")
 
 
+def check_context_parallel(args, llm: TransformerSpec) -> None:
+    """--context-parallel-size's rules for this LLM, up front (PlanError naming the flag)."""
+    cp = args.context_parallel_size
+    if cp < 1 or args.context_parallel_block < 1:
+        raise PlanError("--context-parallel-size and --context-parallel-block must be >= 1")
+    if cp > 1 and llm.linear_attention is not None:
+        error = gdn_cp_error(llm.linear_attention, args.tensor_model_parallel_size or 1, cp)
+        if error:
+            raise PlanError(error)
+
+
+def print_hybrid_context_parallel(args, llm: TransformerSpec, seq: int,
+                                  micro_batch_size: int, recompute: bool) -> None:
+    """A hybrid LLM at CP > 1: one micro-batch's work per CP rank (a causal mask, the
+    runtime's token assignment) and its Gated DeltaNet all-to-alls, timed on H100 links."""
+    from megatron_mm.plan.costs.hardware import H100_LINKS
+
+    cp, tp = args.context_parallel_size, args.tensor_model_parallel_size or 1
+    codes = [[0] * seq] * micro_batch_size  # causal rows
+    b = hybrid_cp_balance(llm, codes, cp, "ours", args.context_parallel_block,
+                          tensor_model_parallel_size=tp)
+    links = H100_LINKS
+    inside = tp * cp <= links.gpus_per_node
+    bandwidth = links.tp_bandwidth if inside else links.dp_bandwidth
+    latency = links.tp_latency_s if inside else links.p2p_latency_s
+    seconds = gdn_step_seconds(b, bandwidth, latency, recompute)
+    print(f"context parallelism {cp} (TP {tp}): tokens per rank {b.tokens} of {seq} x "
+          f"{micro_batch_size} rows; forward work max/mean: attention "
+          f"{b.imbalance('attention_flops'):.3f}, whole LLM {b.imbalance():.3f}")
+    print(f"  Gated DeltaNet x{b.gdn_layers}: heads {llm.linear_attention.linear_num_key_heads}"
+          f" key / {llm.linear_attention.linear_num_value_heads} value split over TP x CP; "
+          f"all-to-alls {b.a2a_bytes / 2 ** 20:.1f} MiB per layer forward on the busiest "
+          f"rank, {b.step_a2a_bytes(recompute) / 2 ** 30:.2f} GiB per micro-batch "
+          f"({seconds:.3f} s at {bandwidth / 1e9:g} GB/s, "
+          f"{'NVLink' if inside else 'between nodes'})")
+
+
 def print_plan(args, hardware: Hardware, memory: MemoryModel, limit) -> int:
     model = model_from_args(args)
+    check_context_parallel(args, model.llm)
     media = model.media_tokens_per_sample
     seq = args.seq_length or args.text_seq_length + media
     workload = Workload(seq_length=seq, micro_batch_size=args.micro_batch_size or 1,
@@ -372,6 +420,9 @@ def print_plan(args, hardware: Hardware, memory: MemoryModel, limit) -> int:
               f"({why(first)})")
     if model.llm.linear_attention_freq and not args.pipeline_profile:
         print_hybrid_layers(model.llm, chain)
+    if model.llm.linear_attention_freq and args.context_parallel_size > 1:
+        print_hybrid_context_parallel(args, model.llm, seq, workload.micro_batch_size,
+                                      workload.recompute)
     plan = plan_pipeline(chain, pp, vpp, chosen, m, hardware, memory, limit)
     print()
     print_stages(plan)

@@ -40,3 +40,30 @@ def test_table_without_torch_and_ours_balanced():
                                                                           abs=1e-3)
     assert rows[2][4] <= 1.1 and rows[2][3] <= 0.51
     assert vision.splitlines()[-3].endswith(f"CP=2: {rows[2][4]:.3f}")
+
+
+def test_hybrid_table_without_torch():
+    """--hybrid-llm: Qwen3.5-27B's work per CP rank and its GDN all-to-alls; ours no worse
+    than zigzag, the bytes those of plan/context_parallel/hybrid.py."""
+    code = ("import runpy, sys\n"
+            "sys.argv = ['cp_balance', '--hybrid-llm', 'qwen3.5-27b', '--seq-lengths', "
+            "'16384', '--seeds', '1', '--context-parallel-size', '2', '4', '--families', "
+            "'causal', 'packed']\n"
+            f"try:\n    runpy.run_path({str(TOOL)!r}, run_name='__main__')\n"
+            "except SystemExit as e:\n    assert not e.code\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
+            if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 8  # 2 CP sizes x 2 families x (zigzag, ours)
+    by = {(int(r[0]), r[1], r[3]): [float(x) for x in r[4:]] for r in rows}
+    for (cp, family, method), values in by.items():
+        attention, llm, share, mib = values[:4]
+        if method == "ours":
+            assert llm <= by[(cp, family, "zigzag")][1] + 1e-3 and attention <= 1.03
+        # an even split: 16384 / CP tokens a rank, (CP - 1) / CP^2 x 16384 x 22624 x 2
+        # bytes (more on the busiest rank of an uneven one)
+        even = (cp - 1) / cp ** 2 * 16384 * 22624 * 2 / 2 ** 20
+        assert mib == pytest.approx(even, abs=0.1) if family == "causal" else mib >= even - 0.1

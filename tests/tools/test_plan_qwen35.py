@@ -57,3 +57,25 @@ def test_bad_linear_attention_freq_is_one_line(tool, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.endswith(": error: --linear-attention-freq as a list takes one 0/1 per "
                         "layer (--num-layers 8), got [1, 2]")
+
+
+def test_context_parallel_of_the_hybrid_llm(tool, capsys):
+    """--context-parallel-size for a hybrid LLM: its GDN heads checked over TP x CP, its
+    work and all-to-alls per CP rank printed (the bytes of plan/context_parallel/hybrid)."""
+    pair = ["--model-pair", "Qwen3.5-27B", "--pipeline-model-parallel-size", "2",
+            "--num-microbatches", "4", "--tensor-model-parallel-size", "4",
+            "--seq-length", "32768"]
+    assert tool.main(pair + ["--context-parallel-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "context parallelism 2 (TP 4): tokens per rank [16384, 16384] of 32768" in out
+    # 16384 tokens a rank: (8240 + 3072) channels of each / TP 4, bf16
+    mib = 16384 * (8240 + 3072) * 2 / 4 / 2 ** 20
+    assert f"all-to-alls {mib:.1f} MiB per layer forward" in out
+    assert f"{96 * mib / 1024:.2f} GiB per micro-batch" in out
+    with pytest.raises(SystemExit) as exit_:
+        tool.main(pair + ["--context-parallel-size", "8"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith(": error: --linear-num-key-heads (16) is not divisible by "
+                        "--tensor-model-parallel-size x --context-parallel-size (4 x 8): "
+                        "the Gated DeltaNet layers run head-parallel over the CP ranks")

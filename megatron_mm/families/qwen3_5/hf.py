@@ -20,6 +20,10 @@ from .hf_table import hybrid_language_rules
 ARCH = "Qwen3_5ForConditionalGeneration"
 INPUTS = qwen3_vl.INPUTS
 LAYER_TYPES = {"linear_attention": 1, "full_attention": 0}
+# The published checkpoints' multi-token-prediction head (``mtp_num_hidden_layers``), which
+# transformers does not load either: kept verbatim beside the checkpoint, written back on
+# export.
+UNUSED = (r"mtp\..*",)
 
 # The hybrid decoder's own fields (the shared LLM fields: config_fields.language_fields).
 TEXT_FIELDS = (
@@ -78,6 +82,6 @@ TEXT_MODELS = {"qwen3_5_text": TextModel(
     mrope_section=(11, 11, 10), mrope_interleaved=True, partial_rotary=True)}
 
 ARCHITECTURES = {ARCH: Family(
-    ARCH, CAUSAL_LM, rules, True, inputs=INPUTS, flags=model_flags,
+    ARCH, CAUSAL_LM, rules, True, unused=UNUSED, inputs=INPUTS, flags=model_flags,
     config_rules=True, media=qwen3_vl.megatron_media, positions=qwen3_vl.position_ids,
     hf_inputs=qwen3_vl.hf_inputs, file_flags=qwen3_vl.processor_flags)}

@@ -62,6 +62,6 @@ TEXT_MODELS = {"qwen3_5_moe_text": qwen3_5.TEXT_MODELS["qwen3_5_text"]}
 
 ARCHITECTURES = {ARCH: Family(
     ARCH, ExpertLayout(aliases=CAUSAL_LM.aliases, export=CAUSAL_LM.export), rules, True,
-    inputs=qwen3_5.INPUTS, flags=model_flags, config_rules=True,
+    unused=qwen3_5.UNUSED, inputs=qwen3_5.INPUTS, flags=model_flags, config_rules=True,
     media=qwen3_5.qwen3_vl.megatron_media, positions=qwen3_5.qwen3_vl.position_ids,
     hf_inputs=qwen3_5.qwen3_vl.hf_inputs, file_flags=qwen3_5.qwen3_vl.processor_flags)}

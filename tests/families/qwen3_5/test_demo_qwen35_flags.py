@@ -1,6 +1,6 @@
 """``make demo-qwen35``'s flags (Makefile ``DEMO_QWEN35_FLAGS``) parse into the tiny Qwen3.5 the
-doc describes: Qwen3-VL's tower without DeepStack, layer 0 Gated DeltaNet and layer 1 gated
-full attention with a quarter of each head rotated, zero-centred norms; with no
+doc describes: Qwen3-VL's tower without DeepStack, layers 0 and 2 Gated DeltaNet and 1 and 3
+gated full attention with a quarter of each head rotated, zero-centred norms; with no
 --data-path it trains on the Qwen3-VL demo's built-in digits."""
 
 from makefile_flags import makefile_flags
@@ -12,7 +12,7 @@ def test_demo_flags_make_the_hybrid_model():
 
     args = parse_args(makefile_flags("DEMO_QWEN35_FLAGS"), world_size=2)
     lm = args.model_config.language
-    assert lm.linear_attention_pattern() == (1, 0)
+    assert lm.linear_attention_pattern() == (1, 0, 1, 0)
     assert lm.attention_output_gate and lm.apply_layernorm_1p and lm.rotary_percent == 0.25
     assert lm.mrope_interleaved and lm.mrope_section == (2, 1, 1)
     vision = args.model_config.encoders["vision"]
