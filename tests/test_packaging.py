@@ -16,8 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # What the build must not see: VCS data, environments, outputs, stale build folders.
-TOP_LEVEL_NOT_SOURCE = {".git", ".venv", ".venv-lock", ".venv-latest", "build", "dist", "runs", "checkpoints", "gpu-wheels",
-                        ".cache", ".pytest_cache"}
+TOP_LEVEL_NOT_SOURCE = {".git", ".venv", ".venv-lock", ".venv-latest", "build", "dist", "runs",
+                        "checkpoints", "gpu-wheels", ".cache", ".pytest_cache"}
 
 
 def not_source(folder, names):

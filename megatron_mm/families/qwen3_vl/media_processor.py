@@ -5,8 +5,8 @@ Images are Qwen2.5-VL's processor (``Qwen2VLImageProcessor``) on Qwen3-VL's geom
 frames ``video.py``'s sampling picks, resized by Qwen3-VL's rule, and expands to one run a
 temporal patch, each after its ``<t seconds>`` text and between its own vision tags, with
 no pair around the whole clip (``ItemRuns``: the released processor replaces the chat
-template's ``<|vision_start|><|video_pad|><|vision_end|>`` by the runs). Positions are Qwen3-VL's M-RoPE (every
-temporal patch an item of its own)."""
+template's ``<|vision_start|><|video_pad|><|vision_end|>`` by the runs). Positions are
+Qwen3-VL's M-RoPE (every temporal patch an item of its own)."""
 
 from __future__ import annotations
 
