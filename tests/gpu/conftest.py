@@ -67,3 +67,22 @@ def te_backends(monkeypatch):
     # TE asks again only for inputs unlike the last call's: forget those
     monkeypatch.setitem(dpa._attention_backends, "attention_params", None)
     return chosen
+
+
+@pytest.fixture(scope="module")
+def world(request):
+    """One CUDA rank where there is a GPU, else one gloo rank."""
+    import torch
+
+    return request.getfixturevalue("cuda_world" if torch.cuda.is_available() else "gloo_world")
+
+
+@pytest.fixture
+def fp32_matmuls():
+    """fp32 matmuls, not TF32, in both paths (flex's kernel reads the same switch)."""
+    import torch
+
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before

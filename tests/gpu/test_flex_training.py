@@ -21,20 +21,6 @@ IMAGES = ((4, 150), (30, 230))  # each row's images: first placeholder positions
 DOCS = (0, 100, 200)  # packed: sample starts in every row
 
 
-@pytest.fixture(scope="module")
-def world(request):
-    return request.getfixturevalue("cuda_world" if torch.cuda.is_available() else "gloo_world")
-
-
-@pytest.fixture
-def fp32_matmuls():
-    """fp32 matmuls, not TF32, in both paths (flex's kernel reads the same switch)."""
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = before
-
-
 def _build(flex: bool, device):
     from megatron_mm.models import BuildSettings, build_model
 

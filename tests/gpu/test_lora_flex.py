@@ -21,19 +21,6 @@ MEDIA_ID, ITEM, S, STEPS = 250, 16, 320, 3
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-@pytest.fixture(scope="module")
-def world(request):
-    return request.getfixturevalue("cuda_world" if torch.cuda.is_available() else "gloo_world")
-
-
-@pytest.fixture
-def fp32_matmuls():
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = before
-
-
 def _build(flex: bool, device):
     from megatron_mm.models import BuildSettings, build_model
 
