@@ -54,5 +54,7 @@ def test_qwen3_5_tp2_without_sequence_parallel_equals_one_process(tmp_path):
     for name, value in ref["params"].items():
         if ".in_proj." in name or ".conv1d." in name:  # gathered in the ranks' head order
             continue
-        torch.testing.assert_close(ranks[0]["params"][name], value, rtol=1e-4, atol=1e-5,
+        # 20 Adam steps amplify a last-bit difference of TP's sums (1.6e-5 seen on one
+        # patch-embedding weight); the bug moves out_norm by 1.5e-2, far outside both
+        torch.testing.assert_close(ranks[0]["params"][name], value, rtol=1e-4, atol=5e-5,
                                    msg=lambda m: f"{name}: {m}")
