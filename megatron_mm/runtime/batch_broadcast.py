@@ -78,6 +78,7 @@ class _Packer:
             where = "host" if not content else "device" if self.send_contents else "shape"
             if where == "shape":
                 return _Slot(where, value.dtype, tuple(value.shape))
+            # the loader's collated batch is on the host: .cpu() copies nothing, syncs nothing
             offset, data = self.size[where], _bytes(value.cpu())
             self.parts[where].append((offset, data))
             self.size[where] = _aligned(offset + data.numel())

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig, ProjectorConfig
-from megatron_mm.families.vit.config import VisionEncoderConfig
+from flex_models import flex_test_config
 
 pytestmark = pytest.mark.slow  # compiles flex_attention
 
@@ -24,14 +23,7 @@ DOCS = (0, 100, 200)  # packed: sample starts in every row
 def _build(flex: bool, device):
     from megatron_mm.models import BuildSettings, build_model
 
-    cfg = MultimodalModelConfig(
-        encoders={"vision": VisionEncoderConfig(model_type="siglip", hidden_size=64, num_layers=1,
-                                                num_attention_heads=4, img_h=32, img_w=32,
-                                                patch_dim=8)},
-        projectors={"vision": ProjectorConfig("mlp")},
-        language=LanguageModelConfig(vocab_size=256, hidden_size=128, num_layers=2,
-                                     num_attention_heads=4, num_query_groups=2,
-                                     seq_length=S))
+    cfg = flex_test_config(S)
     torch.manual_seed(0)
     settings = BuildSettings(media_attention="bidirectional",
                              cp_attention="flex" if flex else "ours")

@@ -11,9 +11,8 @@ comparison is test_flex_training.py's)."""
 import pytest
 import torch
 
-from megatron_mm.config import (LanguageModelConfig, LoraConfig, MultimodalModelConfig,
-                                ProjectorConfig)
-from megatron_mm.families.vit.config import VisionEncoderConfig
+from flex_models import flex_test_config
+from megatron_mm.config import LoraConfig
 
 pytestmark = pytest.mark.slow  # compiles flex_attention
 
@@ -24,15 +23,8 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 def _build(flex: bool, device):
     from megatron_mm.models import BuildSettings, build_model
 
-    cfg = MultimodalModelConfig(
-        encoders={"vision": VisionEncoderConfig(model_type="siglip", hidden_size=64, num_layers=1,
-                                                num_attention_heads=4, img_h=32, img_w=32,
-                                                patch_dim=8)},
-        projectors={"vision": ProjectorConfig("mlp")},
-        language=LanguageModelConfig(vocab_size=256, hidden_size=128, num_layers=2,
-                                     num_attention_heads=4, num_query_groups=2,
-                                     seq_length=S),
-        lora=LoraConfig(targets=(("language_model", TARGETS),), rank=4, alpha=8.0))
+    cfg = flex_test_config(S, LoraConfig(targets=(("language_model", TARGETS),), rank=4,
+                                          alpha=8.0))
     torch.manual_seed(0)
     return build_model(cfg, BuildSettings(cp_attention="flex" if flex else "none"),
                        {"image": MEDIA_ID}).to(device)
