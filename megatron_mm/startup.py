@@ -17,7 +17,7 @@ _prepared = False
 def prepare_megatron_core() -> list[str]:
     """Once per process, before any ``megatron.core`` import; returns the patches applied."""
     from megatron_mm import te_import
-    from megatron_mm.patches import apply_cpu_patches, applied_patches
+    from megatron_mm.runtime_patches import apply_cpu_patches, applied_patches
     from megatron_mm.quiet import silence_expected_warnings
 
     global _prepared

@@ -23,7 +23,7 @@ def small_digits(digits_dir, out, n=160):
 def train_on_both_ranks_plans(rank, argv, grad_steps):
     """One process that trains, each step, on both DP=2 ranks' packed micro-batches of the
     balanced plan (rank 0's, then rank 1's): what DP=2 computes together."""
-    import megatron_mm.training.balanced_data as balanced
+    import megatron_mm.training.assembly.balanced_data as balanced
 
     real = balanced.BalancedSampler
 

@@ -99,7 +99,7 @@ def train_through_megatron_lm(rank: int, argv: list, grad_steps=(), without_data
     """``train_workers.train`` with the schedule executor called as Megatron-LM calls its
     schedule; ``without_data``: the pipeline ranks handed ``None`` iterators. Also: what
     ``finalize_model_grads`` was handed, and the refusals (``refusals``)."""
-    import megatron_mm.training.trainer as trainer_module
+    import megatron_mm.training.loop.trainer as trainer_module
     from megatron.core import parallel_state
 
     log = {}

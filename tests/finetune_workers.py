@@ -10,12 +10,12 @@ from train_workers import full_state, norm_squares
 
 
 def train_finetune(rank: int, argv: list, grad_steps=(1, 3)) -> dict:
-    from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.module_lr import module_learning_rates
-    from megatron_mm.training.module_lr_args import module_rates
+    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.assembly.module_lr import module_learning_rates
+    from megatron_mm.training.config.module_lr_args import module_rates
     from megatron_mm.training.pretrain import pretrain
-    from megatron_mm.training.run_config import RunConfig
-    from megatron_mm.training.trainer import Trainer, TrainingCallbacks
+    from megatron_mm.training.config.run_config import RunConfig
+    from megatron_mm.training.loop.trainer import Trainer, TrainingCallbacks
 
     config = RunConfig.from_flags(parse_args(argv, world_size=int(os.environ["WORLD_SIZE"])))
     holder, grads, squares, params, rates = {}, {}, {}, {}, {}

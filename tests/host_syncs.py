@@ -394,7 +394,7 @@ def count_step_host_syncs(chunks, optimizer, holder):
     from megatron.core.pipeline_parallel import schedules
 
     from megatron_mm.runtime import executor
-    from megatron_mm.training import step
+    from megatron_mm.training.loop import step
 
     counter = count_model_host_syncs(chunks, optimizer, holder)
     prepare_batch = step.prepare_batch

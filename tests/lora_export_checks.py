@@ -15,7 +15,8 @@ def _lora_checkpoint(ckpt: str, targets) -> None:
     that train whole (neither frozen nor adapted: the projector) moved at random."""
     from megatron_mm.hf.convert import _build, _run_config
     from megatron_mm.models.lora import lora_adapters
-    from megatron_mm.training.checkpointing import load_checkpoint, save_checkpoint, saved_args
+    from megatron_mm.training.checkpoint.checkpointing import (load_checkpoint, save_checkpoint,
+                                                               saved_args)
 
     run = _run_config({"load": ckpt, "save": ckpt, "lora_rank": RANK, "lora_alpha": ALPHA,
                        "lora_target_modules": targets, "no_load_optim": True,

@@ -22,7 +22,7 @@ def run_recorded(rank: int, steps: list) -> list:
     """``megatron_lm_runs.run_steps`` with, in each result, ``trained``: the snapshots of
     every forward of this rank's model chunks, in order."""
     import megatron_mm.megatron_lm.model_provider as provider
-    import megatron_mm.training.model_setup as setup
+    import megatron_mm.training.assembly.model_setup as setup
     from megatron_lm_runs import run_steps
 
     seen: list = []

@@ -114,9 +114,9 @@ def run_ours(argv: list) -> dict:
     """examples/pretrain_mllm.py's pretrain on ``argv``: losses and grad norms."""
     from megatron.core import parallel_state
 
-    from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.config.arguments import parse_args
     from megatron_mm.training.pretrain import pretrain
-    from megatron_mm.training.run_config import RunConfig
+    from megatron_mm.training.config.run_config import RunConfig
 
     try:
         summary = pretrain(RunConfig.from_flags(parse_args(argv)))

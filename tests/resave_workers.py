@@ -8,8 +8,8 @@ def save_at(rank, ckpt, out, tp, pp, ep):
     import dataclasses
 
     from megatron_mm.hf.compare import _Layout, checkpoint_run_config, load_converted
-    from megatron_mm.training.checkpointing import save_checkpoint, saved_args
-    from megatron_mm.training.initialize import initialize_distributed, set_random_seed
+    from megatron_mm.training.checkpoint.checkpointing import save_checkpoint, saved_args
+    from megatron_mm.training.assembly.initialize import initialize_distributed, set_random_seed
 
     initialize_distributed(_Layout(tp, pp, ep))
     set_random_seed(1234)

@@ -12,13 +12,18 @@ PACKAGE = ROOT / "megatron_mm"
 # The registry's own modules; every other entry of families/ is a family's folder.
 REGISTRY = {"__init__", "registry", "record", "encoder", "errors", "model_spec"}
 
-GROUND = {"config", "quiet", "te_import", "patches"}
+GROUND = {"config", "quiet", "te_import", "runtime_patches"}
+# what training/'s nodes above its configs may import from the rest of the package
+LOWER = GROUND | {"startup", "plan", "data", "families", "models", "runtime"}
+TRAINING = {"training", "training/rank_print", "training/checkpoint", "training/config",
+            "training/assembly", "training/planning", "training/separate", "training/loop",
+            "training/errors", "training/pretrain"}
 ALLOWED = {
     "config": set(),
     "quiet": set(),
     "te_import": set(),
-    "patches": set(),
-    "startup": {"patches", "quiet", "te_import"},
+    "runtime_patches": set(),
+    "startup": {"runtime_patches", "quiet", "te_import"},
     "prepared": {"startup"},
     "plan": {"config"},
     "reproductions": {"config", "plan"},
@@ -26,10 +31,24 @@ ALLOWED = {
     "families": {"config", "plan"},
     "models": GROUND | {"startup", "plan", "families"},
     "runtime": GROUND | {"startup", "plan", "families"},
-    "training": GROUND | {"startup", "plan", "data", "families", "models", "runtime"},
-    "hf": GROUND | {"startup", "plan", "data", "families", "models", "training"},
-    "megatron_lm": GROUND | {"startup", "plan", "data", "families", "models", "runtime",
-                             "training", "hf"},
+    # training/ by concern, lowest first: its subpackages and top modules are nodes
+    "training": {"startup"},
+    "training/rank_print": set(),
+    "training/checkpoint": GROUND | {"startup", "data", "families", "models"},
+    "training/config": GROUND | {"startup", "plan", "data", "families", "training/checkpoint"},
+    "training/assembly": LOWER | {"training/config", "training/checkpoint",
+                                  "training/rank_print"},
+    "training/planning": LOWER | {"training/config", "training/assembly"},
+    "training/separate": LOWER | {"training/assembly", "training/planning"},
+    "training/loop": LOWER | {"training/config", "training/checkpoint", "training/assembly",
+                              "training/planning", "training/separate", "training/rank_print"},
+    "training/errors": GROUND | {"data", "models", "runtime", "training/checkpoint",
+                                 "training/loop"},
+    "training/pretrain": {"training/config", "training/loop"},
+    "hf": GROUND | {"startup", "plan", "data", "families", "models", "training",
+                    "training/checkpoint", "training/config", "training/assembly",
+                    "training/planning", "training/errors"},
+    "megatron_lm": LOWER | TRAINING | {"hf"},
     "families/*": GROUND | {"startup", "plan", "data", "families", "models", "runtime",
                             "hf"},
 }
@@ -39,6 +58,8 @@ def node_of(parts):
     """The layering node of a module (its dotted name's parts, ``megatron_mm`` first)."""
     if len(parts) == 1:
         return "<package>"
+    if parts[1] == "training" and len(parts) > 2:
+        return f"training/{parts[2]}"
     if parts[1] == "families" and len(parts) > 2 and parts[2] not in REGISTRY:
         return "families/*"
     return parts[1]

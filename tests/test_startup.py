@@ -11,7 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PROBE = """
 import sys
-from megatron_mm.patches import applied_patches
+from megatron_mm.runtime_patches import applied_patches
 try:
     __import__(sys.argv[1])
 except RuntimeError as e:

@@ -58,7 +58,7 @@ def _reproductions(megatron_parent: str) -> dict:
 
 
 def test_every_runtime_workaround_of_an_upstream_bug_has_its_patch_file():
-    from megatron_mm.patches import PATCHES as RUNTIME
+    from megatron_mm.runtime_patches import PATCHES as RUNTIME
 
     names = {p.name for p in RUNTIME}
     for workaround, (patch, _) in {**UPSTREAM_BUGS, **NOT_CALLED}.items():

@@ -176,7 +176,7 @@ def counting_decodes(old_path: bool):
     rank reads its own copy, as before the broadcast."""
     from megatron_mm.data.dataset import MultimodalDataset
     from megatron_mm.megatron_lm import datasets
-    from megatron_mm.training import trainer
+    from megatron_mm.training.loop import trainer
 
     count = {"decoded": 0}
     encode = MultimodalDataset.encode

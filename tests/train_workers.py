@@ -136,10 +136,10 @@ def norm_squares(chunks) -> dict:
 
 
 def train(rank: int, argv: list, grad_steps=(), hooks=None) -> dict:
-    from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.config.arguments import parse_args
     from megatron_mm.training.pretrain import pretrain
-    from megatron_mm.training.run_config import RunConfig
-    from megatron_mm.training.trainer import TrainingCallbacks
+    from megatron_mm.training.config.run_config import RunConfig
+    from megatron_mm.training.loop.trainer import TrainingCallbacks
 
     args = parse_args(argv, world_size=int(os.environ["WORLD_SIZE"]))
     grads, squares, holder = {}, {}, {}
@@ -248,7 +248,7 @@ def record_answers(chunks, optimizer, holder):
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-    from megatron_mm.training import evaluation, trainer
+    from megatron_mm.training.loop import evaluation, trainer
 
     answers, rows = holder["answers"], holder["answer_logits"] = [], []
     accuracy, generate, step = (trainer.answer_accuracy, evaluation.greedy_generate,

@@ -204,13 +204,13 @@ def worker(a) -> None:
     """One rank of one training run (``launch``): times steps, counts tokens."""
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    import megatron_mm.training.data_setup as data_setup
+    import megatron_mm.training.assembly.data_setup as data_setup
     from megatron_mm.training.pretrain import pretrain
-    from megatron_mm.training.run_config import RunConfig
-    from megatron_mm.training.trainer import TrainingCallbacks
+    from megatron_mm.training.config.run_config import RunConfig
+    from megatron_mm.training.loop.trainer import TrainingCallbacks
     from megatron_mm.data.processing import tokenize_record
-    from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.initialize import shutdown_distributed
+    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.assembly.initialize import shutdown_distributed
 
     args = parse_args(model_flags(a) + ["--data-path", str(a.data), *ROWS[a.row][1]])
     stamps, counts = [], {"real": 0, "computed": 0, "samples": 0}

@@ -73,7 +73,7 @@ def _clock() -> float:
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.runtime.timer import device_clock
-    from megatron_mm.training.initialize import device
+    from megatron_mm.training.assembly.initialize import device
 
     return device_clock(device())
 

@@ -132,11 +132,11 @@ def _tp_rank(rank: int, world: int, port: int, mode: str, path: str, micro_batch
     from megatron.core import parallel_state
 
     from megatron_mm.data.dataset import MultimodalDataset
-    from megatron_mm.training.data_setup import (batch_iterator, build_datasets,
+    from megatron_mm.training.assembly.data_setup import (batch_iterator, build_datasets,
                                                  tensor_parallel_batches)
     from megatron_mm.training.planning.training_plan import plan_pipeline
-    from megatron_mm.training.run_config import parse_run_config
-    from megatron_mm.training.trainer import model_config_for, tokenizer_from_config
+    from megatron_mm.training.config.run_config import parse_run_config
+    from megatron_mm.training.loop.trainer import model_config_for, tokenizer_from_config
 
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo")

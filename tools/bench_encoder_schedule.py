@@ -147,7 +147,7 @@ def _clock() -> float:
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.runtime.timer import device_clock
-    from megatron_mm.training.initialize import device
+    from megatron_mm.training.assembly.initialize import device
 
     return device_clock(device())
 
@@ -157,14 +157,14 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
 
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training import step
-    from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.data_setup import batch_iterator
+    from megatron_mm.training.loop import step
+    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.assembly.data_setup import batch_iterator
     from megatron_mm.training.pretrain import setup_training
-    from megatron_mm.training.run_config import RunConfig
-    from megatron_mm.training.separate_run import SeparateRun
+    from megatron_mm.training.config.run_config import RunConfig
+    from megatron_mm.training.separate.run import SeparateRun
     from megatron.core import parallel_state
-    from megatron_mm.training.initialize import shutdown_distributed
+    from megatron_mm.training.assembly.initialize import shutdown_distributed
 
     torch.set_num_threads(1)
     os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % os.cpu_count()})
@@ -307,12 +307,12 @@ def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float
     from megatron_mm.plan.schedules.simulate import simulate
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.config.arguments import parse_args
     from megatron_mm.training.planning.encoder_schedule import make_schedule
     from megatron_mm.training.planning.training_plan import plan_pipeline
-    from megatron_mm.training.run_config import RunConfig
-    from megatron_mm.training.separate_run import separate_program
-    from megatron_mm.training.separate_world import separate_ranks
+    from megatron_mm.training.config.run_config import RunConfig
+    from megatron_mm.training.separate.run import separate_program
+    from megatron_mm.training.assembly.separate_world import separate_ranks
 
     args = parse_args([*model, *schedule_flags(schedule), "--pipeline-profile", profile_path],
                       world_size=2)
@@ -529,7 +529,7 @@ def describe(args) -> str:
     """The run's first line: what the workload is (from its flags)."""
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.config.arguments import parse_args
 
     a = parse_args([*args.model, *schedule_flags("megatron")], world_size=2)
     vision = a.model_config.encoders["vision"]

@@ -50,7 +50,7 @@ from megatron_mm.models import BuildSettings, build_model, model_chain  # noqa: 
 from megatron_mm.models.specs import transformer_engine_importable  # noqa: E402
 from megatron_mm.models.te_names import is_module_state, to_te  # noqa: E402
 from megatron_mm.plan.fp8 import parse_fp8_modules  # noqa: E402
-from megatron_mm.training.fp8_args import fp8_args, fp8_settings  # noqa: E402
+from megatron_mm.training.config.fp8_args import fp8_args, fp8_settings  # noqa: E402
 
 ROWS = ("local-bf16", "te-bf16", "te-fp8", "llava-bf16")
 TITLES = {"local-bf16": "megatron_mm, local, bf16", "te-bf16": "megatron_mm, TE, bf16",

@@ -125,7 +125,7 @@ class Run:
 
 
 def make_run(args, seq: int, hybrid: bool, device, cp: int = 1) -> Run:
-    from megatron_mm.training.attention import AttentionSettings
+    from megatron_mm.training.assembly.attention import AttentionSettings
 
     torch.manual_seed(0)
     settings = BuildSettings(context_parallel_size=cp)

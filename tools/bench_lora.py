@@ -33,7 +33,7 @@ from megatron.core import parallel_state  # noqa: E402
 
 from megatron_mm.config import FreezeConfig, LoraConfig  # noqa: E402
 from megatron_mm.models import BuildSettings, build_model  # noqa: E402
-from megatron_mm.training.lora_args import TARGETS  # noqa: E402
+from megatron_mm.training.config.lora_args import TARGETS  # noqa: E402
 
 MiB = 2 ** 20
 LLAMA_7B = dict(layers=32, hidden=4096, ffn=11008, vocab=32000)

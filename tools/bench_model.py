@@ -60,7 +60,7 @@ from megatron_mm.models.transformer_configs import (  # noqa: E402
     projector_transformer_config,
 )
 from megatron_mm.families.vit.transformer_config import vision_transformer_config  # noqa: E402
-from megatron_mm.patches import apply_cpu_patches  # noqa: E402
+from megatron_mm.runtime_patches import apply_cpu_patches  # noqa: E402
 
 # CLIPViTModel defaults its ln_pre to torch.nn.LayerNorm without TE, which cannot be built;
 # CUDA boxes without TE need this fix too (the patch set skips it when CUDA is present).

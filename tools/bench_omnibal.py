@@ -173,9 +173,9 @@ def _tokenised(a, data: Path):
     from megatron_mm.data.processing import tokenize_record
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.data_setup import media_processors
-    from megatron_mm.training.run_config import RunConfig
+    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.assembly.data_setup import media_processors
+    from megatron_mm.training.config.run_config import RunConfig
 
     args = parse_args(model_flags(a, data, a.tokenizer_dir, 1), world_size=1)
     tok = build_tokenizer(args.tokenizer_type, args.tokenizer_model)
@@ -240,12 +240,12 @@ def worker(a, argv) -> None:
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from bench_recompute import LiveSavedBytes
-    from megatron_mm.training.activation_profile import parameter_storages
-    from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.initialize import shutdown_distributed
+    from megatron_mm.training.loop.activation_profile import parameter_storages
+    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.assembly.initialize import shutdown_distributed
     from megatron_mm.training.pretrain import setup_training
-    from megatron_mm.training.run_config import RunConfig
-    from megatron_mm.training.step import real_tokens, train_step
+    from megatron_mm.training.config.run_config import RunConfig
+    from megatron_mm.training.loop.step import real_tokens, train_step
     from megatron.core import parallel_state  # after megatron_mm (its import order)
 
     torch.set_num_threads(1)
@@ -345,9 +345,9 @@ def recompute_budget(a, base: list, layers: list) -> dict:
     from megatron_mm.plan.pipeline.recompute_budget import GB, chunk_activations, static_bytes
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.run_config import RunConfig
-    from megatron_mm.training.trainer import model_config_for
+    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.config.run_config import RunConfig
+    from megatron_mm.training.loop.trainer import model_config_for
     from megatron_mm.training.planning.training_plan import plan_pipeline
 
     args = parse_args(base + ["--pipeline-partition", ",".join(map(str, layers))],

@@ -51,7 +51,7 @@ def _clock() -> float:
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.runtime.timer import device_clock
-    from megatron_mm.training.initialize import device
+    from megatron_mm.training.assembly.initialize import device
 
     return device_clock(device())
 
@@ -61,12 +61,12 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
 
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.initialize import shutdown_distributed
-    from megatron_mm.training.data_setup import batch_iterator
+    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.assembly.initialize import shutdown_distributed
+    from megatron_mm.training.assembly.data_setup import batch_iterator
     from megatron_mm.training.pretrain import setup_training
-    from megatron_mm.training.run_config import RunConfig
-    from megatron_mm.training.step import train_step
+    from megatron_mm.training.config.run_config import RunConfig
+    from megatron_mm.training.loop.step import train_step
     # after megatron_mm.training: it patches megatron-core's CUDA-only calls on CPU
     from megatron.core import parallel_state
     from megatron.core.timers import Timers
@@ -125,9 +125,9 @@ def predicted(policy: str, profile_path: str):
     from megatron_mm.plan.pipeline.profile import MEASURED, LayerProfile, apply_profile
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.config.arguments import parse_args
     from megatron_mm.training.planning.chain import training_chain
-    from megatron_mm.training.run_config import RunConfig
+    from megatron_mm.training.config.run_config import RunConfig
 
     args = parse_args(MODEL + ["--pipeline-model-parallel-size", "2"], world_size=2)
     args.model_config.language.vocab_size = build_tokenizer(

@@ -74,7 +74,7 @@ def _clock() -> float:
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.runtime.timer import device_clock
-    from megatron_mm.training.initialize import device
+    from megatron_mm.training.assembly.initialize import device
 
     return device_clock(device())
 
@@ -105,17 +105,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from megatron_mm.plan.pipeline.recompute_budget import GB, chunk_activations, static_bytes
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.activation_profile import parameter_storages
-    from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.initialize import set_random_seed, shutdown_distributed
-    from megatron_mm.training.layer_profile import profile_layers
+    from megatron_mm.training.loop.activation_profile import parameter_storages
+    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.assembly.initialize import set_random_seed, shutdown_distributed
+    from megatron_mm.training.loop.layer_profile import profile_layers
     from megatron_mm.training.planning.chain import training_chain
-    from megatron_mm.training.data_setup import batch_iterator, batch_iterators
-    from megatron_mm.training.model_setup import build_model_chunks, setup_model_and_optimizer
+    from megatron_mm.training.assembly.data_setup import batch_iterator, batch_iterators
+    from megatron_mm.training.assembly.model_setup import (build_model_chunks,
+                                                           setup_model_and_optimizer)
     from megatron_mm.training.pretrain import setup_training
-    from megatron_mm.training.run_config import RunConfig
+    from megatron_mm.training.config.run_config import RunConfig
     from megatron_mm.training.planning.recompute import describe_choice
-    from megatron_mm.training.step import batch_to_device, train_step
+    from megatron_mm.training.assembly.initialize import batch_to_device
+    from megatron_mm.training.loop.step import train_step
     from megatron_mm.training.planning.training_plan import plan_pipeline
 
     args = parse_args(train_argv)
@@ -241,7 +243,7 @@ def run_tokenizer(args):
 def _datasets(config, tokenizer):
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.data_setup import build_datasets
+    from megatron_mm.training.assembly.data_setup import build_datasets
 
     if "train" not in _CACHE:
         _CACHE["train"] = build_datasets(config, tokenizer)[0]

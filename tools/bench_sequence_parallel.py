@@ -46,14 +46,15 @@ def _worker(rank: int, argv: Sequence[str], iters: int, port: int, out: str) -> 
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from bench_recompute import LiveSavedBytes
-    from megatron_mm.training.activation_profile import parameter_storages
-    from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.initialize import set_random_seed
-    from megatron_mm.training.data_setup import batch_iterators
-    from megatron_mm.training.model_setup import build_model_chunks, setup_model_and_optimizer
+    from megatron_mm.training.loop.activation_profile import parameter_storages
+    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.assembly.initialize import set_random_seed
+    from megatron_mm.training.assembly.data_setup import batch_iterators
+    from megatron_mm.training.assembly.model_setup import (build_model_chunks,
+                                                           setup_model_and_optimizer)
     from megatron_mm.training.pretrain import setup_training
-    from megatron_mm.training.run_config import RunConfig
-    from megatron_mm.training.step import train_step as step
+    from megatron_mm.training.config.run_config import RunConfig
+    from megatron_mm.training.loop.step import train_step as step
 
     args = parse_args(list(argv), world_size=2)
     run = setup_training(RunConfig.from_flags(args))

@@ -15,7 +15,7 @@ under its time budget (the budgets add up to at most 9 minutes on one H100), in 
   Qwen3-VL model (interleaved M-RoPE, DeepStack) and an FP8-emulated LLM: every action of
   the schedule counted by ``tests/host_syncs.py``, which on CUDA records each
   ``torch.cuda.set_sync_debug_mode`` warning (all of them listed, not the first raised)
-  (``tests/training/test_host_syncs.py``);
+  (``tests/training/loop/test_host_syncs.py``);
 - ``demo``: ``make demo``'s run on the GPU (bf16), to its held-out answer accuracy;
 - ``profile-layers``: ``tools/profile_layers.py`` at hidden sizes 4096 and 8192 (768
   samples a micro-batch): the LLM layers' forward time must scale with their FLOPs
@@ -167,7 +167,7 @@ def judge_smoke(ctx: Context, procs) -> Result:
 
 def sync_free_commands(ctx: Context) -> List[List[str]]:
     return [ctx.py("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
-                   "tests/training/test_host_syncs.py", "-k",
+                   "tests/training/loop/test_host_syncs.py", "-k",
                    "default or qwen2_5_vl or qwen3_vl or fp8_emulated or dense-mask")]
 
 

@@ -3,7 +3,7 @@
 - a bf16 matmul on the GPU, checked against an fp32 one and timed (TFLOP/s);
 - an NCCL world of one: an all-reduce on the GPU, then a barrier;
 - the CPU patches: ``prepare_megatron_core()`` on a CUDA machine applies only the
-  patches needed there (``megatron_mm/patches/registry.py``: none of the "no CUDA" ones).
+  patches needed there (``megatron_mm/runtime_patches/registry.py``: none of the "no CUDA" ones).
 
 Exits 1 with the failing part named when any part fails.
 """
@@ -60,8 +60,8 @@ def nccl_world_of_one() -> dict:
 
 
 def patches() -> dict:
-    from megatron_mm.patches import PATCHES
-    from megatron_mm.patches.registry import NO_CUDA
+    from megatron_mm.runtime_patches import PATCHES
+    from megatron_mm.runtime_patches.registry import NO_CUDA
     from megatron_mm.startup import prepare_megatron_core
 
     applied = prepare_megatron_core()  # what an entry point applies on this machine

@@ -28,7 +28,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.config.arguments import parse_args
 
     args = parse_args(train_argv, world_size=1)
     if args.pipeline_model_parallel_size != 1 or args.tensor_model_parallel_size != 1:
@@ -37,13 +37,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               file=sys.stderr)
         return 2
 
-    from megatron_mm.training.layer_profile import profile_layers
-    from megatron_mm.training.initialize import shutdown_distributed
+    from megatron_mm.training.loop.layer_profile import profile_layers
+    from megatron_mm.training.assembly.initialize import shutdown_distributed
     from megatron_mm.training.planning.chain import training_chain
-    from megatron_mm.training.data_setup import batch_iterator
+    from megatron_mm.training.assembly.data_setup import batch_iterator
     from megatron_mm.training.pretrain import setup_training
-    from megatron_mm.training.run_config import RunConfig
-    from megatron_mm.training.step import batch_to_device
+    from megatron_mm.training.config.run_config import RunConfig
+    from megatron_mm.training.assembly.initialize import batch_to_device
 
     run = setup_training(RunConfig.from_flags(args))
     chain = training_chain(run.config, run.model_config)  # the run's vocabulary

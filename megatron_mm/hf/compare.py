@@ -97,9 +97,9 @@ def checkpoint_run_config(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1, cp: 
     """The training script's RunConfig for ``--load ckpt`` at TP / PP / EP (expert
     parallelism: an MoE LLM's) / CP (blocks of ``cp_block`` tokens; ConfigError on a
     layout the checkpoint cannot take)."""
-    from ..training.arguments import apply_checkpoint_args, validate_args
-    from ..training.flag_values import flags_of_values
-    from ..training.run_config import RunConfig
+    from ..training.config.arguments import apply_checkpoint_args, validate_args
+    from ..training.config.flag_values import flags_of_values
+    from ..training.config.run_config import RunConfig
 
     # the model's weights only: a trained checkpoint's optimizer state and RNG stay unread
     flags = {"load": ckpt, "tensor_model_parallel_size": tp,
@@ -143,8 +143,8 @@ def load_converted(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1
     from megatron.core import parallel_state
 
     from ..models import build_model
-    from ..training.checkpointing import load_checkpoint, saved_args
-    from ..training.build_settings import build_settings
+    from ..training.checkpoint.checkpointing import load_checkpoint, saved_args
+    from ..training.assembly.build_settings import build_settings
     from ..training.planning.training_plan import plan_pipeline
 
     config = checkpoint_run_config(ckpt, tp, pp, ep, cp, cp_block)
@@ -163,7 +163,7 @@ def context_parallel_split(config):
     """How ``logits`` splits each sequence over the CP ranks of ``config`` (a
     ``checkpoint_run_config``): the training script's split of a causal mask, or None
     without context parallelism."""
-    from ..training.attention import AttentionSettings
+    from ..training.assembly.attention import AttentionSettings
 
     par = config.parallel
     if par.context_parallel_size == 1:
@@ -246,7 +246,7 @@ def rank_logits(ckpt: str, tp: int, pp: int, tokens, media,
     variables set): this rank's full logits (last stage) or None."""
     from megatron.core import parallel_state
 
-    from ..training.initialize import initialize_distributed, set_random_seed
+    from ..training.assembly.initialize import initialize_distributed, set_random_seed
 
     owns_group = not torch.distributed.is_initialized()
     parallel_state.destroy_model_parallel()

@@ -48,8 +48,8 @@ def _hf_config(directory: str):
 def _run_config(flags: Flags):
     """The training script's RunConfig of ``flags`` (its parser's defaults for the rest),
     validated as the command line is, without exiting on a bad flag."""
-    from ..training.flag_values import read_values
-    from ..training.run_config import RunConfig
+    from ..training.config.flag_values import read_values
+    from ..training.config.run_config import RunConfig
 
     return RunConfig.from_flags(read_values(flags, world_size=1))
 
@@ -142,7 +142,7 @@ def import_hf(hf_dir: str, save_dir: str, tensor_model_parallel_size: int = 1,
     """Convert ``hf_dir`` into a checkpoint under ``save_dir``; returns its iteration
     directory. Runs in a Megatron world with TP = PP = 1. ``tensor_model_parallel_size``
     is the largest TP the checkpoint will be loaded at (vocabulary padding, divisibility)."""
-    from ..training.checkpointing import save_checkpoint
+    from ..training.checkpoint.checkpointing import save_checkpoint
 
     hf_config = _hf_config(hf_dir)
     family = family_for(hf_config)
@@ -187,7 +187,7 @@ def export_hf(load_dir: str, out_dir: str, lora: str = None) -> str:
     directory ``out_dir``; one with LoRA adapters as a PEFT adapter for its base
     (``lora="adapter"``) or merged into the weights (``lora="merge"``). Runs in a Megatron
     world with TP = PP = 1."""
-    from ..training.checkpointing import load_checkpoint, saved_args
+    from ..training.checkpoint.checkpointing import load_checkpoint, saved_args
 
     hf_dir = os.path.join(load_dir, HF_SUBDIR)
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):

@@ -18,9 +18,9 @@ from typing import Any, Callable, Dict, Optional
 
 from ..config import ConfigError
 from ..data.tokenizer import MEGATRON_LM_TOKENIZERS
-from ..training.arguments import build_parser, validate_args
-from ..training.run_config import RunConfig
-from ..training.user_errors import exit_with_user_error
+from ..training.config.arguments import build_parser, validate_args
+from ..training.config.run_config import RunConfig
+from ..training.config.user_errors import exit_with_user_error
 
 GROUP_TITLE = "megatron_mm (multimodal: encoders, projectors, data, schedules)"
 
@@ -150,7 +150,7 @@ def run_config_from_args(args: argparse.Namespace, world_size: Optional[int] = N
         else:
             values[action.dest] = action.default
     if values.get("num_experts") is None:  # Megatron-LM derives them for a dense LLM too
-        from ..training.moe_args import MOE_ONLY
+        from ..training.config.moe_args import MOE_ONLY
 
         values.update(MOE_ONLY)
     if values.get("load"):
@@ -253,9 +253,9 @@ def _checkpoint_architecture(values: dict, argv: list) -> None:
     """``training.arguments.apply_checkpoint_args`` on the converted values: flags left out
     come from the checkpoint ``--load`` names (saved by either script, in either's form),
     flags given must agree with it."""
-    from ..training.arguments import CHECKPOINT_FLAGS, CHECKPOINT_PATH_FLAGS
-    from ..training.checkpointing import CheckpointError, saved_args
-    from ..training.run_config import group_of_flags
+    from ..training.config.arguments import CHECKPOINT_FLAGS, CHECKPOINT_PATH_FLAGS
+    from ..training.checkpoint.checkpointing import CheckpointError, saved_args
+    from ..training.config.run_config import group_of_flags
 
     try:
         saved = saved_args(group_of_flags("checkpoint", argparse.Namespace(**values)))

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..training.attention import AttentionSettings
-from ..training.build_settings import cp_attention_choice
+from ..training.assembly.attention import AttentionSettings
+from ..training.assembly.build_settings import cp_attention_choice
 from ..training.planning.training_plan import TrainingPlan, plan_pipeline
-from ..training.run_config import RunConfig
-from ..training.trainer import model_config_for, tokenizer_from_config
+from ..training.config.run_config import RunConfig
+from ..training.loop.trainer import model_config_for, tokenizer_from_config
 from .arguments import run_config_from_args
 
 
@@ -29,7 +29,7 @@ class RunContext:
     def valid_dataset(self):
         """The validation samples (the answer accuracy decodes them), read once."""
         if self._valid is None:
-            from ..training.data_setup import build_datasets
+            from ..training.assembly.data_setup import build_datasets
 
             self._valid = build_datasets(self.config, self.tokenizer)[1]
         return self._valid

@@ -22,7 +22,7 @@ whose chunks embed no encoder input is sent the media's shapes, not their pixels
 from __future__ import annotations
 
 from ..config import ConfigError
-from ..training.data_setup import batch_iterator, build_datasets, tensor_parallel_batches
+from ..training.assembly.data_setup import batch_iterator, build_datasets, tensor_parallel_batches
 from .context import run_context
 
 

@@ -28,7 +28,7 @@ from functools import partial
 
 import torch
 
-from ..training.step import forward_step as _forward_step
+from ..training.loop.step import forward_step as _forward_step
 from .context import run_context
 
 

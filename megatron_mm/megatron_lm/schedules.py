@@ -50,8 +50,8 @@ ExecutorSource = Union[ScheduleExecutor, Callable[[List], ScheduleExecutor]]
 def run_executor(model: List) -> Optional[ScheduleExecutor]:
     """The run's own schedule executor (``use_encoder_schedule()``): None where the run
     keeps Megatron-Core's schedules (``--encoder-schedule megatron``)."""
-    from ..training.encoder_executor import build_executor
-    from ..training.planning.encoder_schedule import encoder_replicas
+    from ..training.loop.encoder_executor import build_executor
+    from ..training.config.run_config import encoder_replicas
     from .context import run_context
 
     run = run_context()

@@ -6,7 +6,7 @@ accuracy`` on TensorBoard. ``use_encoder_schedule`` installs it."""
 
 from __future__ import annotations
 
-from ..training.evaluation import answer_accuracy
+from ..training.loop.evaluation import answer_accuracy
 from .context import run_context
 
 

@@ -36,7 +36,7 @@ from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from ..config import ConfigError
-from ..patches.tp_partial_grads import mark as mark_tp_partial
+from ..runtime_patches.tp_partial_grads import mark as mark_tp_partial
 from .norms import SequenceParallelNorm
 from .packed_sequences import PackedSequences
 

@@ -5,8 +5,8 @@ from ..config import ConfigError
 from ..data import DataRecordError
 from ..models.multimodal import MediaMismatchError
 from ..runtime.batch_broadcast import BatchBroadcastError
-from .checkpointing import CheckpointError
-from .nan_check import NonFiniteError
+from .checkpoint.errors import CheckpointError
+from .loop.nan_check import NonFiniteError
 
 # Errors caused by the user's flags or data (and a run that diverged); scripts report them
 # once, without a traceback.

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .run_config import RunConfig
-from .trainer import Trainer, TrainingCallbacks
+from .config.run_config import RunConfig
+from .loop.trainer import Trainer, TrainingCallbacks
 
 
 def setup_training(config: RunConfig) -> Trainer:

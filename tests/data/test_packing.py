@@ -12,7 +12,7 @@ IMAGE_ID = 250
 
 def packed_mask(batch):
     """The block-diagonal causal mask the training step makes from ``cu_seqlens``."""
-    from megatron_mm.training.step import CAUSAL
+    from megatron_mm.training.loop.step import CAUSAL
     return CAUSAL.mask_for(batch)
 
 

@@ -87,7 +87,7 @@ def test_a_family_from_a_folder_converts_and_trains(tmp_path):
     from megatron_mm.data import build_tokenizer
     from megatron_mm.hf.families import ConversionError, family_for
     from megatron_mm.data.digits import prepare_digits
-    from megatron_mm.training.checkpointing import iteration_dir
+    from megatron_mm.training.checkpoint.checkpointing import iteration_dir
 
     copy_family(FAMILIES / "vit", tmp_path / "toyvit")
     tok = build_tokenizer("MistralV1SentencePiece", None)  # the demo's: no tokenizer files

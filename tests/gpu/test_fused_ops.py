@@ -10,7 +10,7 @@ import torch
 from megatron_mm.config import LanguageModelConfig, MultimodalModelConfig, ProjectorConfig
 from megatron_mm.families.vit.config import VisionEncoderConfig
 from megatron_mm.models.fusions import Kernels, choose_fusions
-from megatron_mm.training.fusion_args import FUSION_FLAGS
+from megatron_mm.training.config.fusion_args import FUSION_FLAGS
 
 MEDIA_ID = 250
 

@@ -151,7 +151,7 @@ def test_te_thd_packed_row_equals_local_mask(cuda_world, mrope):
     TE's THD varlen attention (``PackedSequences`` from the host cu_seqlens) equals the
     local layers under the dense block-diagonal causal mask, with RoPE and M-RoPE."""
     from megatron_mm.models.packed_sequences import THDAttention
-    from megatron_mm.training.attention import AttentionSettings
+    from megatron_mm.training.assembly.attention import AttentionSettings
 
     language = dict(position_embedding_type="mrope", mrope_section=(4, 6, 6)) if mrope else {}
     local = _build("local", packed=True, **language)
@@ -175,10 +175,10 @@ def test_te_thd_packed_row_equals_local_mask(cuda_world, mrope):
 
 
 def test_local_checkpoint_loads_into_te_and_back(cuda_world, tmp_path):
-    from megatron_mm.training.checkpointing import load_checkpoint, save_checkpoint
+    from megatron_mm.training.checkpoint.checkpointing import load_checkpoint, save_checkpoint
 
     def args(path):
-        from megatron_mm.training.run_config import parse_run_config
+        from megatron_mm.training.config.run_config import parse_run_config
 
         flags = ["--save", str(path), "--no-save-optim", "--no-save-rng", "--no-load-optim",
                  "--no-load-rng", "--micro-batch-size", "1"]
@@ -300,10 +300,10 @@ def test_moe_local_experts_checkpoint_loads_into_grouped_gemm_and_back(cuda_worl
     """An MoE LLM (layer 0 MoE, layer 1 dense) saved with local experts (``SequentialMLP``)
     loads into TE's grouped GEMM (``TEGroupedMLP``, --moe-grouped-gemm) and computes the
     same loss; saved from there, it loads back into local experts bit for bit."""
-    from megatron_mm.training.checkpointing import load_checkpoint, save_checkpoint
+    from megatron_mm.training.checkpoint.checkpointing import load_checkpoint, save_checkpoint
 
     def args(path, grouped):
-        from megatron_mm.training.run_config import parse_run_config
+        from megatron_mm.training.config.run_config import parse_run_config
 
         flags = ["--save", str(path), "--no-save-optim", "--no-save-rng", "--no-load-optim",
                  "--no-load-rng", "--micro-batch-size", "1"]

@@ -16,9 +16,9 @@ def train(rank, argv):
     import io
     import warnings
 
-    from megatron_mm.training.arguments import parse_args
+    from megatron_mm.training.config.arguments import parse_args
     from megatron_mm.training.pretrain import pretrain
-    from megatron_mm.training.run_config import RunConfig
+    from megatron_mm.training.config.run_config import RunConfig
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), warnings.catch_warnings(record=True) as caught:
@@ -83,7 +83,7 @@ def _check_shown_answers(log, tmp_path):
     with its reference answer, and the answers shown agree with the accuracy printed."""
     import re
 
-    from megatron_mm.training.evaluation import normalize_answer
+    from megatron_mm.training.loop.evaluation import normalize_answer
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     lines = log.splitlines()

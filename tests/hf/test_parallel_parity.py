@@ -17,7 +17,7 @@ NAMES = ("llama", "mistral", "qwen2", "qwen3", "llava_llama", "onevision", "llav
 
 
 def logits_of_each(rank, checkpoints, tp, pp, inputs, ep=1):
-    from megatron_mm.training.initialize import initialize_distributed, set_random_seed
+    from megatron_mm.training.assembly.initialize import initialize_distributed, set_random_seed
     from parity import load_converted, logits
 
     class Layout:  # what initialize_distributed reads

@@ -150,9 +150,9 @@ def test_a_pinned_te_kernel_is_one_te_enables_for_the_mask(backend):
 def test_lora_flags_pick_flex_on_cuda(monkeypatch):
     import torch
 
-    from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.build_settings import cp_attention_choice
-    from megatron_mm.training.run_config import RunConfig
+    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.assembly.build_settings import cp_attention_choice
+    from megatron_mm.training.config.run_config import RunConfig
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for lora, want in (([], "none"), (["--lora-rank", "8"], "flex")):

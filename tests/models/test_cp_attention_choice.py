@@ -59,8 +59,8 @@ def test_te_cp_specs_take_te_core_attention():
 
 
 def test_flags_reach_the_choice_and_the_error_names_the_flag():
-    from megatron_mm.training.build_settings import cp_attention_choice
-    from megatron_mm.training.run_config import parse_run_config
+    from megatron_mm.training.assembly.build_settings import cp_attention_choice
+    from megatron_mm.training.config.run_config import parse_run_config
 
     config = parse_run_config(["--context-parallel-size", "2"], world_size=2)
     assert cp_attention_choice(config).kind == "ours"
@@ -82,7 +82,7 @@ def test_te_cp_config_only_for_te_cp():
 def test_te_zigzag_layout_check():
     from megatron_mm.models.context_parallel import context_parallel_mask
     from megatron_mm.reproductions.mask_families import family_codes
-    from megatron_mm.training.attention import check_te_zigzag
+    from megatron_mm.training.assembly.attention import check_te_zigzag
 
     codes = family_codes("causal", 64)[None]
     for rank in range(2):  # 8 blocks of 8 on 2 ranks: chunks r and 3 - r of 16 tokens

@@ -9,7 +9,7 @@ from test_linear_attention import HIDDEN, LENGTHS, _gdn
 
 
 def _fake_fla(calls):
-    from megatron_mm.patches import gated_delta_net as stand_in
+    from megatron_mm.runtime_patches import gated_delta_net as stand_in
 
     def causal_conv1d(x, weight, bias=None, residual=None, initial_state=None,
                       output_final_state=False, activation=None, backend="triton",

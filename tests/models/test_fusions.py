@@ -11,8 +11,8 @@ from megatron_mm.config import LanguageModelConfig, ProjectorConfig
 from megatron_mm.families.whisper.config import AudioEncoderConfig
 from megatron_mm.families.vit.config import VisionEncoderConfig
 from megatron_mm.models.fusions import Fusions, Kernels, choose_fusions, partial_tanh_gelu
-from megatron_mm.training.run_config import parse_run_config
-from megatron_mm.training.fusion_args import FUSION_FLAGS, fusion_flags
+from megatron_mm.training.config.run_config import parse_run_config
+from megatron_mm.training.config.fusion_args import FUSION_FLAGS, fusion_flags
 
 ALL_ON = dict.fromkeys(FUSION_FLAGS, True)
 CUDA_TE = Kernels(cuda=True, transformer_engine=True, fused_rope=True)
@@ -65,7 +65,7 @@ def test_cpu_path_unchanged():
     from megatron.core.activations import quick_gelu
 
     from megatron_mm.models import BuildSettings
-    from megatron_mm.training.build_settings import build_settings
+    from megatron_mm.training.assembly.build_settings import build_settings
 
     chosen = choose_fusions(ALL_ON, Kernels(), "local")
     assert chosen == Fusions() and "no CUDA" in chosen.describe()

@@ -83,7 +83,7 @@ def test_packed_row_through_the_model_equals_separate_samples(gloo_world):
                                     MultimodalModelConfig)
     from megatron_mm.models import BuildSettings, build_model
     from megatron_mm.models.packed_sequences import PackedSequences
-    from megatron_mm.training.attention import AttentionSettings
+    from megatron_mm.training.assembly.attention import AttentionSettings
 
     lm = LanguageModelConfig(
         vocab_size=128, hidden_size=HIDDEN, num_layers=3, num_attention_heads=4,

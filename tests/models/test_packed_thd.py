@@ -74,7 +74,7 @@ def _loss_and_grads(model, batch, mask):
 @pytest.mark.parametrize("mrope", [False, True], ids=["rope", "mrope"])
 def test_packed_row_on_thd_equals_the_masked_local_path(gloo_world, mrope):
     from megatron_mm.models.packed_sequences import PackedSequences
-    from megatron_mm.training.attention import AttentionSettings
+    from megatron_mm.training.assembly.attention import AttentionSettings
 
     local, thd = _model(mrope), _thd_model(mrope)
     batch = _batch(mrope)

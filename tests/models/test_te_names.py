@@ -233,7 +233,7 @@ def _give_extra_state(model):
 
 
 def _args(tmp_path):
-    from megatron_mm.training.run_config import parse_run_config
+    from megatron_mm.training.config.run_config import parse_run_config
 
     flags = ["--save", str(tmp_path), "--no-save-optim", "--no-save-rng", "--no-load-optim",
              "--no-load-rng", "--micro-batch-size", "1"]
@@ -248,7 +248,7 @@ def _args(tmp_path):
 def test_checkpoints_carry_te_names_and_load_across_impls(gloo_world, tmp_path):
     from megatron.core import dist_checkpointing
 
-    from megatron_mm.training.checkpointing import (
+    from megatron_mm.training.checkpoint.checkpointing import (
         CheckpointError, load_checkpoint, save_checkpoint)
 
     saved = _build()

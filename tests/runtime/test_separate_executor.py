@@ -77,7 +77,7 @@ def _one_process(rank, frozen):
 
     from dist_harness import one_rank_world
     from megatron_mm.models import BuildSettings, build_model
-    from megatron_mm.training.step import forward_step
+    from megatron_mm.training.loop.step import forward_step
 
     with one_rank_world("gloo"):
         torch.manual_seed(0)
@@ -105,7 +105,8 @@ def _separate(rank, world, edp, frozen, weights, pp):
     from megatron_mm.runtime.separate_executor import SeparateExecutor, global_grad_norm
     from megatron_mm.runtime.separate_placement import (SeparateRanks,
                                                          initialize_separate_parallel)
-    from megatron_mm.training.step import batch_to_device, forward_step
+    from megatron_mm.training.assembly.initialize import batch_to_device
+    from megatron_mm.training.loop.step import forward_step
     from train_workers import global_names
 
     dist.init_process_group("gloo")

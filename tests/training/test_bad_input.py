@@ -5,8 +5,8 @@ from bad_input_runs import conversation, good_records, run_entry, run_script, wr
 from plans import tokenizer
 
 from megatron_mm.config import ConfigError
-from megatron_mm.training.arguments import parse_args
-from megatron_mm.training.user_errors import exit_with_user_error
+from megatron_mm.training.config.arguments import parse_args
+from megatron_mm.training.config.user_errors import exit_with_user_error
 
 
 @pytest.mark.parametrize("argv, world, message", [
@@ -189,8 +189,8 @@ def test_a_bad_flag_is_reported_by_rank_0_only(capsys, monkeypatch):
 def validate_and_plan(argv, world):
     """What a run checks before any process group: the flags, then the plan (made once,
     on the model with the tokenizer's vocabulary)."""
-    from megatron_mm.training.run_config import RunConfig
-    from megatron_mm.training.trainer import model_config_for
+    from megatron_mm.training.config.run_config import RunConfig
+    from megatron_mm.training.loop.trainer import model_config_for
     from megatron_mm.training.planning.training_plan import plan_pipeline
 
     args = parse_args(argv, world_size=world)
@@ -240,8 +240,8 @@ def test_load_without_a_checkpoint(tmp_path):
 def test_mrope_flags_come_from_the_checkpoint(monkeypatch):
     """--mrope-section (a list on the command line, a tuple once taken from a checkpoint)
     agrees with the saved value when equal, and is refused when not."""
-    import megatron_mm.training.checkpointing as checkpointing
-    from megatron_mm.training.arguments import (apply_checkpoint_args, build_parser,
+    import megatron_mm.training.checkpoint.checkpointing as checkpointing
+    from megatron_mm.training.config.arguments import (apply_checkpoint_args, build_parser,
                                                 given_flags)
 
     monkeypatch.setattr(checkpointing, "saved_args", lambda args: {

@@ -16,7 +16,7 @@ from train_workers import TINY_MODEL, train
 def train_then_resume(rank, argv, save_dir):
     from megatron.core import parallel_state
 
-    import megatron_mm.training.data_setup as data_setup
+    import megatron_mm.training.assembly.data_setup as data_setup
 
     seen, real = [], data_setup.balanced_batch_iterators
 
@@ -60,7 +60,7 @@ def test_balanced_dp2_resumes_exactly(digits_dir, tmp_path):
 
 def test_flags_are_checked_up_front():
     from megatron_mm.config import ConfigError
-    from megatron_mm.training.arguments import build_parser, validate_args
+    from megatron_mm.training.config.arguments import build_parser, validate_args
 
     def check(*flags):
         args = build_parser().parse_args(["--data-balance", "isf", *flags])

@@ -13,7 +13,7 @@ from megatron_mm.plan.schedules.generate import megatron
 from megatron_mm.plan.costs.hardware import Hardware
 from megatron_mm.plan.pipeline.partition import partition
 from megatron_mm.plan.schedules.simulate import simulate
-from megatron_mm.training.arguments import parse_args
+from megatron_mm.training.config.arguments import parse_args
 from megatron_mm.training.planning.time_inputs import time_inputs
 
 from plans import plan_of, separate_profile, slow_link_profile
@@ -195,8 +195,8 @@ def test_the_run_orders_its_encoder_actions_as_auto_simulated(tmp_path):
     from megatron_mm.plan.schedules.separate_costs import separate_iteration_s
     from megatron_mm.training.planning.separate_auto import (separate_iteration,
                                                              separate_program_costs)
-    from megatron_mm.training.separate_run import separate_program
-    from megatron_mm.training.separate_world import separate_ranks
+    from megatron_mm.training.separate.run import separate_program
+    from megatron_mm.training.assembly.separate_world import separate_ranks
 
     argv = TINY_MODEL + AUDIO_MODEL + ["--encoder-schedule", "separate", "--micro-batch-size",
                                        "2", "--global-batch-size", "16"]

@@ -7,7 +7,7 @@ from train_workers import TINY_MODEL
 
 from megatron_mm.plan.errors import PlanError
 from megatron_mm.plan.schedules.problem import EncoderLayout, ScheduleProblem
-from megatron_mm.training.encoder_executor import build_executor, executor_for
+from megatron_mm.training.loop.encoder_executor import build_executor, executor_for
 from megatron_mm.training.planning.encoder_schedule import schedule_problem
 
 ARGV = TINY_MODEL + ["--micro-batch-size", "1", "--global-batch-size", "4",

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.processes
 
 
 def _train_or_error(rank, argv):
-    from megatron_mm.training.checkpointing import CheckpointError
+    from megatron_mm.training.checkpoint.errors import CheckpointError
 
     try:
         return train(rank, argv)["losses"]

@@ -2,8 +2,8 @@
 
 import dataclasses
 
-from megatron_mm.training.model_setup import ddp_config
-from megatron_mm.training.run_config import parse_run_config
+from megatron_mm.training.assembly.model_setup import ddp_config
+from megatron_mm.training.config.run_config import parse_run_config
 
 
 def test_fp8_param_gather_reaches_the_ddp_config():

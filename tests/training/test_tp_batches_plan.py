@@ -8,8 +8,8 @@ import pytest
 from plans import plan_of
 from train_workers import TINY_MODEL
 
-from megatron_mm.training.data_setup import stage_reads_media
-from megatron_mm.training.encoder_executor import build_executor
+from megatron_mm.training.assembly.data_setup import stage_reads_media
+from megatron_mm.training.loop.encoder_executor import build_executor
 
 ARGV = TINY_MODEL + ["--micro-batch-size", "1", "--global-batch-size", "4",
                      "--pipeline-model-parallel-size", "2", "--train-iters", "1"]

@@ -23,6 +23,7 @@ from ...plan.errors import PlanError
 from ...plan.schedules.generate import EncoderLayout, ScheduleProblem
 from ...plan.pipeline.partition import parse_partition_flag
 from ...plan.schedules.simulate import simulate
+from ..config.run_config import encoder_replicas
 from .chain import training_chain
 from .time_inputs import hardware, time_inputs
 
@@ -146,9 +147,3 @@ def schedule_problem(config, plan: EncoderPipelinePlan, num_microbatches: int, c
         encoder_trainable=plan.encoder_trainable, layouts=layouts,
         frozen_encoders=plan.frozen_encoders, encoder_replicas=encoder_replicas(config),
         grad_sync=True, costs=plan_costs(config, plan, chain))
-
-
-def encoder_replicas(config) -> int:
-    """Encoder replicas per LLM TP group (TP / encoder TP)."""
-    etp = config.encoder_schedule.encoder_tensor_model_parallel_size
-    return config.parallel.tensor_model_parallel_size // etp if etp else 1

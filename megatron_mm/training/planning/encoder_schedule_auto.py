@@ -46,8 +46,8 @@ from ...plan.schedules.generate import megatron
 from ...plan.pipeline.profile import MEASURED
 from ...plan.record import Record
 from ...plan.schedules.simulate import simulate
-from ..fp8_args import validate_fp8_args
-from ..sequence_parallel import validate_sequence_parallel
+from ..config.fp8_args import validate_fp8_args
+from ..config.sequence_parallel import validate_sequence_parallel
 from .encoder_schedule import encoder_pipeline_plan, make_schedule, plan_costs
 from .separate_auto import separate_alternatives, separate_run_config, with_separate
 from .time_inputs import hardware, time_basis, time_inputs

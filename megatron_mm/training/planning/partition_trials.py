@@ -22,7 +22,7 @@ from ...plan.errors import PlanError
 from ...plan.pipeline.partition_search import candidates, fastest, table
 from ...runtime.collective_device import collective_device
 from ...runtime.timer import DeviceTimer
-from ..initialize import device
+from ..assembly.initialize import device
 from .chain import training_chain
 from .time_inputs import hardware
 

@@ -34,9 +34,9 @@ def data_dir(tmp_path_factory):
 def demo():
     """The demo's parsed flags, its tokenizer and its family's media processors."""
     from megatron_mm.data.tokenizer import build_tokenizer
-    from megatron_mm.training.arguments import parse_args
-    from megatron_mm.training.data_setup import media_processors
-    from megatron_mm.training.run_config import RunConfig
+    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.assembly.data_setup import media_processors
+    from megatron_mm.training.config.run_config import RunConfig
 
     args = parse_args(demo_flags(), world_size=2)
     return args, build_tokenizer(), media_processors(RunConfig.from_flags(args))

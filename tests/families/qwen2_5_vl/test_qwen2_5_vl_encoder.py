@@ -128,8 +128,8 @@ def test_cp_ranks_items_put_together_give_the_batch_features(gloo_world):
 def test_flags_build_the_config():
     import dataclasses
 
-    from megatron_mm.training.arguments import build_parser
-    from megatron_mm.training.run_config import group_of_flags
+    from megatron_mm.training.config.arguments import build_parser
+    from megatron_mm.training.config.run_config import group_of_flags
 
     model = group_of_flags("model", build_parser().parse_args([
         "--vision-model-type", "qwen2_5_vl", "--vision-num-layers", "16", "--patch-dim", "14",
@@ -157,7 +157,7 @@ def test_bidirectional_media_attention_is_refused():
     Qwen2.5-VL's items have their own lengths (and its LLM attends causally)."""
     from types import SimpleNamespace
 
-    from megatron_mm.training.attention import AttentionSettings
+    from megatron_mm.training.assembly.attention import AttentionSettings
 
     config = MultimodalModelConfig(encoders={"vision": Qwen2_5VLVisionConfig(**ENC)})
     run = SimpleNamespace(model_config=config,

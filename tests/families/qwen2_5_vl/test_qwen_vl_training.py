@@ -253,11 +253,11 @@ def test_balancer_counts_patches(qwen_vl_dir):
     """The data balancer's vision work of a record is its items' patches (t * h * w)."""
     from megatron_mm.data.dataset import MultimodalDataset
     from megatron_mm.data.tokenizer import build_tokenizer
-    from megatron_mm.training.arguments import build_parser
-    from megatron_mm.training.balanced_data import sample_loads
-    from megatron_mm.training.data_setup import media_processors
-    from megatron_mm.training.model_config import build_model_config
-    from megatron_mm.training.run_config import RunConfig, group_of_flags
+    from megatron_mm.training.config.arguments import build_parser
+    from megatron_mm.training.assembly.balanced_data import sample_loads
+    from megatron_mm.training.assembly.data_setup import media_processors
+    from megatron_mm.training.config.model_config import build_model_config
+    from megatron_mm.training.config.run_config import RunConfig, group_of_flags
 
     args = build_parser().parse_args(_argv(qwen_vl_dir))
     args.model_config = build_model_config(group_of_flags("model", args))

@@ -1,0 +1,2 @@
+"""Checkpoints: saving, loading, their integrity, LoRA adapters and the Hugging Face sidecar, and
+their errors."""

@@ -1,0 +1,2 @@
+"""The command line and the run's typed configuration: flags, their validation, the model config
+they make."""

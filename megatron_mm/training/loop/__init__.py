@@ -1,0 +1,1 @@
+"""The training loop: the step, evaluation, logging and its checks."""

@@ -1,0 +1,1 @@
+"""Encoders on ranks of their own: the world, the run, generation."""
