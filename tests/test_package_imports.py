@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "megatron_mm"
 # The registry's own modules; every other entry of families/ is a family's folder.
-REGISTRY = {"__init__", "registry", "record", "encoder", "errors", "model_spec"}
+REGISTRY = {"__init__", "registry", "record", "encoder", "errors", "model_spec", "flags"}
 
 GROUND = {"config", "quiet", "te_import", "runtime_patches"}
 # what training/'s nodes above its configs may import from the rest of the package

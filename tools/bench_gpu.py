@@ -50,7 +50,9 @@ from megatron_mm.models import BuildSettings, build_model, model_chain  # noqa: 
 from megatron_mm.models.specs import transformer_engine_importable  # noqa: E402
 from megatron_mm.models.te_names import is_module_state, to_te  # noqa: E402
 from megatron_mm.plan.fp8 import parse_fp8_modules  # noqa: E402
-from megatron_mm.training.config.fp8_args import fp8_args, fp8_settings  # noqa: E402
+from megatron_mm.training.config.flag_factory import add_group  # noqa: E402
+from megatron_mm.training.config.fp8_args import fp8_settings  # noqa: E402
+from megatron_mm.training.config.groups import Fp8Args  # noqa: E402
 
 ROWS = ("local-bf16", "te-bf16", "te-fp8", "llava-bf16")
 TITLES = {"local-bf16": "megatron_mm, local, bf16", "te-bf16": "megatron_mm, TE, bf16",
@@ -66,7 +68,7 @@ def parse_args(argv=None):
                    help=f"comma-separated subset of {', '.join(ROWS)}")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the device's bf16 dense peak, for MFU (default: by device name)")
-    fp8_args(p)  # the te-fp8 row's settings: the training script's flags
+    add_group(p, Fp8Args, "FP8")  # the te-fp8 row's settings: the training script's flags
     p.set_defaults(fp8="hybrid", fp8_amax_history_len=1024, fp8_amax_compute_algo="max")
     args = p.parse_args(argv)
     args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]

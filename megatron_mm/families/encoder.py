@@ -45,9 +45,12 @@ class EncoderFamily:
     - ``slot``: "vision" or "audio" (``SLOTS``).
     - ``modality``: the media key of records, tokenizer placeholders and batches.
     - ``config_class`` / ``from_model_args``: its self-validating config dataclass, built
-      from the run's model group (``training/run_config.py: ModelArgs``, which holds the
-      family's own flags: ``add_arguments`` adds them to its slot's --help section;
-      ``checkpoint_flags`` are the dests of those a checkpoint fixes).
+      from the run's model group (``ModelArgs``; the family's own flags are
+      ``model.families[flags]``).
+    - ``flags``: the family's own flags, one frozen dataclass (each field a flag, its
+      docstring the ``--help`` text, ``argparse_meta`` where argparse needs more: Megatron-LM's
+      ``ArgumentGroupFactory`` makes the flags); ``checkpoint_flags``: the names of those a
+      checkpoint fixes.
     - ``planner_spec(name, config, items_per_sample, common)``: the planner's
       ``EncoderSpec`` (costs from the family's own shapes).
     - ``build``: ``build(config, settings, specs, part, name, vp_stage, pg_collection,
@@ -108,7 +111,7 @@ class EncoderFamily:
     check_sequence_parallel: Optional[Callable] = None  # None: every layout shards
     fp8_shard_token_counts: Optional[Callable] = None
     padded_features: bool = False
-    add_arguments: Optional[Callable] = None
+    flags: Optional[type] = None
     checkpoint_flags: Tuple[str, ...] = ()
     projector: Optional[str] = None
     extra_modalities: Tuple[str, ...] = ()

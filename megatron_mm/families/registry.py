@@ -88,6 +88,11 @@ def slot_families(slot: str) -> List[EncoderFamily]:
     return [f for f in FAMILIES.values() if f.slot == slot]
 
 
+def slot_choices(slot: str) -> List[str]:
+    """``--{slot}-model-type`` values: the registered families of the slot, and none."""
+    return sorted(f.model_type for f in slot_families(slot)) + ["none"]
+
+
 def modality_of(config) -> str:
     """The media key an encoder config reads (its first, for families reading several)."""
     return family_of(config).modality

@@ -51,7 +51,6 @@ def run_executor(model: List) -> Optional[ScheduleExecutor]:
     """The run's own schedule executor (``use_encoder_schedule()``): None where the run
     keeps Megatron-Core's schedules (``--encoder-schedule megatron``)."""
     from ..training.loop.encoder_executor import build_executor
-    from ..training.config.run_config import encoder_replicas
     from .context import run_context
 
     run = run_context()
@@ -62,7 +61,7 @@ def run_executor(model: List) -> Optional[ScheduleExecutor]:
             "examples/pretrain_mllm.py")
     if run.plan.encoder_plan is None:
         return None
-    if encoder_replicas(run.config) > 1:
+    if run.config.encoder_replicas > 1:
         raise ScheduleCallError(
             "--encoder-tensor-model-parallel-size below --tensor-model-parallel-size needs "
             "the encoder replicas' process groups, which Megatron-LM's initialize does not "

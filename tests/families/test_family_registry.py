@@ -66,14 +66,16 @@ class ToyConfig:
     ffn_hidden_size: int = 16
 
 
-def add_arguments(group):
-    group.add_argument("--toy-width", type=int, default=3)
+@dataclasses.dataclass(frozen=True)
+class ToyFlags:
+    toy_width: int = 3
+    """the toy's width"""
 
 
 FAMILY = Family("toy", encoders=(dataclasses.replace(
     CLIP, model_type="toy", config_class=ToyConfig,
-    from_model_args=lambda model: ToyConfig(width=model.toy_width),
-    add_arguments=add_arguments, checkpoint_flags=("toy_width",)),))
+    from_model_args=lambda model: ToyConfig(width=model.families[ToyFlags].toy_width),
+    flags=ToyFlags, checkpoint_flags=("toy_width",)),))
 """
 
 

@@ -9,45 +9,19 @@ where they exist (``--max-num-tiles``, ``--use-thumbnail``) and the same style o
 
 from __future__ import annotations
 
-import argparse
-
 from ...config import ConfigError
 from ...data.item_tags import IMAGE_TAGS
 from ...plan.model import EncoderSpec, patch_embed_flops
 from ..encoder import BuiltinData, EncoderFamily, encoder_transformer, fixed_feature_tokens
-from .config import NORM_TYPES, InternViTConfig
-
-
-def add_arguments(g) -> None:
-    g.add_argument("--vision-norm-type", choices=sorted(NORM_TYPES), default="layer_norm",
-                   help="internvit: the layers' norm (Hugging Face norm_type)")
-    g.add_argument("--vision-qk-norm", action="store_true",
-                   help="internvit: RMSNorm of q and k over all heads (use_qk_norm)")
-    g.add_argument("--vision-add-qkv-bias", action="store_true",
-                   help="internvit: biases on q / k / v (attention_bias)")
-    g.add_argument("--vision-final-layernorm", action="store_true",
-                   help="internvit: the tower's LayerNorm after its last layer "
-                        "(use_mean_pooling=False)")
-    g.add_argument("--vision-layerscale-init", type=float, default=0.1,
-                   help="internvit: initial layer scale of each branch when training from "
-                        "scratch (layer_scale_init_value)")
-    g.add_argument("--downsample-ratio", type=float, default=0.5,
-                   help="internvit: pixel shuffle; 0.5 folds 2x2 patches into one token "
-                        "(Megatron-LM's --pixel-shuffle)")
-    g.add_argument("--max-num-tiles", type=int, default=12,
-                   help="internvit: tiles an image is cut into at most (InternVL's "
-                        "max_patches; the thumbnail not counted)")
-    g.add_argument("--min-num-tiles", type=int, default=1,
-                   help="internvit: tiles an image is cut into at least (min_patches)")
-    g.add_argument("--use-thumbnail", action=argparse.BooleanOptionalAction, default=True,
-                   help="internvit: add the whole image resized to one tile after the "
-                        "tiles of an image cut into several")
+from .config import InternViTConfig
+from .flags import InternVLFlags
 
 
 def from_model_args(model) -> InternViTConfig:
     if model.img_w != model.img_h:
         raise ConfigError(f"internvit tiles are square: --img-w {model.img_w} must equal "
                           f"--img-h {model.img_h}")
+    own = model.families[InternVLFlags]
     return InternViTConfig(
         hidden_size=model.vision_hidden_size,
         num_layers=model.vision_num_layers,
@@ -55,15 +29,15 @@ def from_model_args(model) -> InternViTConfig:
         ffn_hidden_size=model.vision_ffn_hidden_size or 4 * model.vision_hidden_size,
         out_hidden_size=model.hidden_size,
         image_size=model.img_h, patch_size=model.patch_dim,
-        norm_type=model.vision_norm_type,
+        norm_type=own.vision_norm_type,
         norm_epsilon=1e-6 if model.vision_norm_epsilon is None else model.vision_norm_epsilon,
-        qk_norm=model.vision_qk_norm, attention_bias=model.vision_add_qkv_bias,
-        final_layernorm=model.vision_final_layernorm,
-        downsample_ratio=model.downsample_ratio,
+        qk_norm=own.vision_qk_norm, attention_bias=own.vision_add_qkv_bias,
+        final_layernorm=own.vision_final_layernorm,
+        downsample_ratio=own.downsample_ratio,
         feature_layer=model.vision_feature_layer,
-        layer_scale_init=model.vision_layerscale_init,
-        min_tiles=model.min_num_tiles, max_tiles=model.max_num_tiles,
-        use_thumbnail=model.use_thumbnail)
+        layer_scale_init=own.vision_layerscale_init,
+        min_tiles=own.min_num_tiles, max_tiles=own.max_num_tiles,
+        use_thumbnail=own.use_thumbnail)
 
 
 def planner_spec(name: str, enc: InternViTConfig, items_per_sample: int,
@@ -100,7 +74,7 @@ INTERNVIT = EncoderFamily(
     projector="megatron_mm.families.internvl.model:build_internvl_projector",
     media="megatron_mm.families.internvl.media:internvl_image_processor",
     feature_tokens=fixed_feature_tokens("image"), fp8_token_counts=fp8_token_counts,
-    check_sequence_parallel=check_sequence_parallel, add_arguments=add_arguments,
+    check_sequence_parallel=check_sequence_parallel, flags=InternVLFlags,
     checkpoint_flags=("vision_norm_type", "vision_qk_norm", "vision_add_qkv_bias",
                       "vision_final_layernorm", "downsample_ratio"),
     # the handwritten digits, each image one tile (its grid at any --max-num-tiles)

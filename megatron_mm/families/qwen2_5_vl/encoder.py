@@ -12,6 +12,7 @@ from ...data.item_tags import IMAGE_TAGS
 from ...plan.model import EncoderSpec, patch_embed_flops
 from ..encoder import BuiltinData, EncoderFamily, encoder_transformer
 from .config import Qwen2_5VLVisionConfig
+from .flags import Qwen2_5VLFlags
 from .geometry import QwenVLGeometry, image_grid
 
 # The batch's media keys (``data/media_processors.py: QwenVLProcessor``): patch rows of
@@ -21,37 +22,10 @@ IMAGE_GRID, VIDEO_GRID = "image_grid_thw", "video_grid_thw"
 SECONDS = "second_per_grid_ts"  # per video
 
 
-def add_arguments(g) -> None:
-    g.add_argument("--vision-window-size", type=int, default=112,
-                   help="qwen2_5_vl: window attention's window side in pixels")
-    g.add_argument("--vision-fullatt-block-indexes", type=int, nargs="+", default=None,
-                   help="qwen2_5_vl: 0-based layers attending over the whole frame "
-                        "(default: every 8th layer's last, 7 15 23 31 for 32 layers; the "
-                        "last layer with fewer than 8)")
-    g.add_argument("--vision-spatial-merge-size", type=int, default=2,
-                   help="qwen2_5_vl: patches per side merged into one LLM token")
-    g.add_argument("--vision-temporal-patch-size", type=int, default=2,
-                   help="qwen2_5_vl: video frames per patch (an image repeats its frame)")
-    g.add_argument("--vision-rope-theta", type=float, default=10000.0,
-                   help="qwen2_5_vl: base of the 2-D rotary embedding")
-    g.add_argument("--vision-tokens-per-second", type=float, default=2.0,
-                   help="qwen2_5_vl: M-RoPE temporal positions per second of video")
-    g.add_argument("--min-pixels", type=int, default=56 * 56,
-                   help="qwen2_5_vl: images are resized to at least this area")
-    g.add_argument("--max-pixels", type=int, default=28 * 28 * 1280,
-                   help="qwen2_5_vl: images are resized to at most this area")
-    g.add_argument("--video-min-pixels", type=int, default=128 * 28 * 28,
-                   help="qwen2_5_vl: video frames are resized to at least this area")
-    g.add_argument("--video-max-pixels", type=int, default=28 * 28 * 768,
-                   help="qwen2_5_vl: video frames are resized to at most this area")
-    g.add_argument("--video-token-id", type=int, default=None,
-                   help="the video placeholder's token id (default: the tokenizer's own)")
-
-
 CHECKPOINT_FLAGS = (
     "vision_window_size", "vision_fullatt_block_indexes", "vision_spatial_merge_size",
     "vision_temporal_patch_size", "vision_rope_theta", "vision_tokens_per_second",
-    "min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", "video_token_id",
+    "min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels",
 )
 
 
@@ -61,22 +35,22 @@ def default_fullatt_block_indexes(num_layers: int) -> tuple:
 
 
 def from_model_args(model) -> Qwen2_5VLVisionConfig:
-    layers = model.vision_num_layers
+    layers, own = model.vision_num_layers, model.families[Qwen2_5VLFlags]
     return Qwen2_5VLVisionConfig(
         hidden_size=model.vision_hidden_size, num_layers=layers,
         num_attention_heads=model.vision_num_attention_heads,
         ffn_hidden_size=model.vision_ffn_hidden_size or 4 * model.vision_hidden_size,
         out_hidden_size=model.hidden_size, patch_size=model.patch_dim,
-        temporal_patch_size=model.vision_temporal_patch_size,
-        spatial_merge_size=model.vision_spatial_merge_size,
-        window_size=model.vision_window_size,
-        fullatt_block_indexes=tuple(model.vision_fullatt_block_indexes
+        temporal_patch_size=own.vision_temporal_patch_size,
+        spatial_merge_size=own.vision_spatial_merge_size,
+        window_size=own.vision_window_size,
+        fullatt_block_indexes=tuple(own.vision_fullatt_block_indexes
                                     or default_fullatt_block_indexes(layers)),
-        rope_theta=model.vision_rope_theta,
+        rope_theta=own.vision_rope_theta,
         norm_epsilon=model.vision_norm_epsilon or 1e-6,
-        min_pixels=model.min_pixels, max_pixels=model.max_pixels,
-        video_min_pixels=model.video_min_pixels, video_max_pixels=model.video_max_pixels,
-        tokens_per_second=model.vision_tokens_per_second)
+        min_pixels=own.min_pixels, max_pixels=own.max_pixels,
+        video_min_pixels=own.video_min_pixels, video_max_pixels=own.video_max_pixels,
+        tokens_per_second=own.vision_tokens_per_second)
 
 
 def geometry(enc: Qwen2_5VLVisionConfig, **extra) -> QwenVLGeometry:
@@ -166,7 +140,7 @@ QWEN2_5_VL = EncoderFamily(
     media="megatron_mm.families.qwen2_5_vl.media_processor:qwen_vl_processor",
     feature_tokens=feature_tokens, hidden_shape=hidden_shape,
     fp8_token_counts=fp8_token_counts, check_sequence_parallel=check_sequence_parallel,
-    add_arguments=add_arguments, checkpoint_flags=CHECKPOINT_FLAGS,
+    flags=Qwen2_5VLFlags, checkpoint_flags=CHECKPOINT_FLAGS,
     builtin_data=BuiltinData("digits_qwen",
                              "megatron_mm.families.qwen2_5_vl.digits:prepare_digits_qwen",
                              (IMAGE, VIDEO)),

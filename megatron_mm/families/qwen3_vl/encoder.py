@@ -14,35 +14,14 @@ from ...plan.model import EncoderSpec, patch_embed_flops
 from ..encoder import BuiltinData, EncoderFamily, encoder_transformer
 from ..qwen2_5_vl.encoder import (IMAGE, VIDEO, check_sequence_parallel, feature_tokens,
                                   geometry, hidden_shape)
+from ..qwen2_5_vl.flags import Qwen2_5VLFlags
 from ..qwen2_5_vl.geometry import image_grid
 from .config import Qwen3VLVisionConfig
+from .flags import Qwen3VLFlags
 from .video import VideoSampling
 
 # Qwen3-VL-8B's DeepStack layers (of 27); a smaller tower keeps those below its last.
 DEEPSTACK_VISUAL_INDEXES = (8, 16, 24)
-
-
-def add_arguments(g) -> None:
-    # The shared native-resolution flags (merge, temporal patch, rope theta, pixel bounds,
-    # video token) are the qwen2_5_vl family's.
-    g.add_argument("--vision-deepstack-visual-indexes", type=int, nargs="*", default=None,
-                   help="qwen3_vl: 0-based tower layers whose outputs, each through its own "
-                        "merger, are added to the LLM's hidden state after its first layers "
-                        "(one LLM layer each; default 8 16 24, those below the last layer; "
-                        "the flag with no value: no DeepStack, Qwen3.5's tower)")
-    g.add_argument("--vision-num-position-embeddings", type=int, default=2304,
-                   help="qwen3_vl: rows of the learned position table (a square), resized "
-                        "to each image's grid")
-    # Qwen3VLVideoProcessor's sampling (fps, num_frames, min_frames, max_frames)
-    g.add_argument("--video-fps", type=float, default=2.0,
-                   help="qwen3_vl: video frames sampled per second of each clip (of the "
-                        "frames a record gives at its own fps)")
-    g.add_argument("--video-num-frames", type=int, default=None,
-                   help="qwen3_vl: sample this many frames of each clip instead")
-    g.add_argument("--video-min-frames", type=int, default=4,
-                   help="qwen3_vl: sample at least this many frames (at most the clip's)")
-    g.add_argument("--video-max-frames", type=int, default=768,
-                   help="qwen3_vl: sample at most this many frames")
 
 
 CHECKPOINT_FLAGS = ("vision_deepstack_visual_indexes", "vision_num_position_embeddings",
@@ -51,7 +30,8 @@ CHECKPOINT_FLAGS = ("vision_deepstack_visual_indexes", "vision_num_position_embe
 
 def from_model_args(model) -> Qwen3VLVisionConfig:
     layers = model.vision_num_layers
-    deepstack = model.vision_deepstack_visual_indexes
+    shared, own = model.families[Qwen2_5VLFlags], model.families[Qwen3VLFlags]
+    deepstack = own.vision_deepstack_visual_indexes
     if deepstack is None:
         deepstack = [i for i in DEEPSTACK_VISUAL_INDEXES if i < layers - 1]
     return Qwen3VLVisionConfig(
@@ -59,15 +39,15 @@ def from_model_args(model) -> Qwen3VLVisionConfig:
         num_attention_heads=model.vision_num_attention_heads,
         ffn_hidden_size=model.vision_ffn_hidden_size or 4 * model.vision_hidden_size,
         out_hidden_size=model.hidden_size, patch_size=model.patch_dim,
-        temporal_patch_size=model.vision_temporal_patch_size,
-        spatial_merge_size=model.vision_spatial_merge_size,
-        num_position_embeddings=model.vision_num_position_embeddings,
-        deepstack_visual_indexes=tuple(deepstack), rope_theta=model.vision_rope_theta,
+        temporal_patch_size=shared.vision_temporal_patch_size,
+        spatial_merge_size=shared.vision_spatial_merge_size,
+        num_position_embeddings=own.vision_num_position_embeddings,
+        deepstack_visual_indexes=tuple(deepstack), rope_theta=shared.vision_rope_theta,
         norm_epsilon=model.vision_norm_epsilon or 1e-6,
-        min_pixels=model.min_pixels, max_pixels=model.max_pixels,
-        video_min_pixels=model.video_min_pixels, video_max_pixels=model.video_max_pixels,
-        video_fps=model.video_fps, video_num_frames=model.video_num_frames,
-        video_min_frames=model.video_min_frames, video_max_frames=model.video_max_frames)
+        min_pixels=shared.min_pixels, max_pixels=shared.max_pixels,
+        video_min_pixels=shared.video_min_pixels, video_max_pixels=shared.video_max_pixels,
+        video_fps=own.video_fps, video_num_frames=own.video_num_frames,
+        video_min_frames=own.video_min_frames, video_max_frames=own.video_max_frames)
 
 
 def video_sampling(enc: Qwen3VLVisionConfig) -> VideoSampling:
@@ -112,7 +92,7 @@ QWEN3_VL = EncoderFamily(
     media="megatron_mm.families.qwen3_vl.media_processor:qwen3_vl_processor",
     feature_tokens=feature_tokens, hidden_shape=hidden_shape,
     fp8_token_counts=fp8_token_counts, check_sequence_parallel=check_sequence_parallel,
-    add_arguments=add_arguments, checkpoint_flags=CHECKPOINT_FLAGS,
+    flags=Qwen3VLFlags, checkpoint_flags=CHECKPOINT_FLAGS,
     builtin_data=BuiltinData("digits_qwen3",
                              "megatron_mm.families.qwen3_vl.digits:prepare_digits_qwen3",
                              (IMAGE, VIDEO)),

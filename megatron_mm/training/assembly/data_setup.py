@@ -26,7 +26,6 @@ from .build_settings import transformer_impl
 from ..checkpoint.checkpointing import iteration_dir, locate_checkpoint
 from .data_check import check_before_training
 from ..config.fp8_args import llm_sequence_multiple
-from ..config.run_config import encoder_replicas
 from ..rank_print import print_rank_0
 
 
@@ -146,7 +145,7 @@ def tensor_parallel_batches(config, plan, make, copies: Optional[int] = None):
     reads its own."""
     group = parallel_state.get_tensor_model_parallel_group()
     if (torch.distributed.get_world_size(group) == 1 or plan.separate is not None
-            or encoder_replicas(config) > 1):
+            or config.encoder_replicas > 1):
         return make()
     contents = {m for enc in config.model_config.encoders.values() for m in modalities_of(enc)}
     return read_on_first_tp_rank(make, group, copies, contents, stage_reads_media(

@@ -13,395 +13,42 @@ import os
 from typing import Optional, Sequence
 
 from ...config import ConfigError
-from ...data.item_tags import TAG_TYPES
-from ...families import FAMILIES, SLOTS, slot_families
-from .data_args import add_data_args, validate_data_args
-from ...plan.context_parallel.cp_assignment import BLOCK_OVERHEAD
+from ...families import FAMILIES, SLOTS
 from ...plan.pipeline.partition import parse_partition_flag
-from .fp8_args import fp8_args, validate_fp8_args
-from .fusion_args import add_fusion_args
+from .data_args import validate_data_args
+from .fp8_args import validate_fp8_args
+from .groups import SECTIONS, AudioEncoderArgs, VisionEncoderArgs
 from .linear_attention_args import CHECKPOINT_FLAGS as LINEAR_ATTENTION_FLAGS
-from .linear_attention_args import add_linear_attention_args, check_gdn_context_parallel
-from .logging_args import logging_args, validate_logging_args
+from .linear_attention_args import check_gdn_context_parallel
+from .logging_args import validate_logging_args
 from .model_config import build_model_config
-from .lora_args import add_lora_args, lora_config, lora_flags_from_checkpoint
-from .module_lr_args import add_module_lr_args, validate_module_lr_args
-from .moe_args import (add_expert_parallel_args, add_moe_args,
-                       refuse_moe_flags_given_to_dense, validate_moe_args)
+from .lora_args import lora_config, lora_flags_from_checkpoint
+from .module_lr_args import validate_module_lr_args
+from .moe_args import refuse_moe_flags_given_to_dense, validate_moe_args
 from .separate_args import validate_separate, validate_separate_sizes
-from .sequence_parallel import add_sequence_parallel_args, validate_sequence_parallel
+from .sequence_parallel import validate_sequence_parallel
 from .transformer_impl import validate_transformer_impl
 from .user_errors import ArgumentParser, exit_with_user_error
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("language model")
-    g.add_argument("--num-layers", type=int, default=2)
-    g.add_argument("--hidden-size", type=int, default=128)
-    g.add_argument("--ffn-hidden-size", type=int, default=None)
-    g.add_argument("--num-attention-heads", type=int, default=4)
-    g.add_argument("--group-query-attention", action="store_true")
-    g.add_argument("--num-query-groups", type=int, default=1)
-    g.add_argument("--kv-channels", type=int, default=None,
-                   help="attention head dimension (default: hidden size / heads)")
-    g.add_argument("--seq-length", type=int, default=128)
-    g.add_argument("--max-position-embeddings", type=int, default=None)
-    g.add_argument("--rotary-base", type=float, default=10000.0)
-    g.add_argument("--position-embedding-type", choices=["rope", "mrope", "yarn"],
-                   default="rope",
-                   help="mrope: Qwen2-VL's multimodal RoPE, rotating by 3-D (temporal, "
-                        "height, width) position ids; yarn: YaRN's scaled RoPE "
-                        "(Megatron-Core's YarnRotaryEmbedding)")
-    g.add_argument("--mrope-section", type=int, nargs="+", default=None,
-                   help="with mrope: rotary frequencies of the temporal, height and width "
-                        "positions (three ints summing to --kv-channels / 2)")
-    g.add_argument("--mrope-interleaved", action="store_true",
-                   help="with mrope: deal the rotary frequencies to the temporal, height and "
-                        "width positions in turn (Qwen3-VL) instead of in three sections")
-    g.add_argument("--use-rope-scaling", action="store_true",
-                   help="Apply rope scaling as used in llama3.x (Megatron-Core's: low / high "
-                        "frequency factors 1 and 4, original context 8192)")
-    g.add_argument("--rope-scaling-factor", type=float, default=8.0,
-                   help="Rope scaling factor in llama3.x models")
-    g.add_argument("--rotary-scaling-factor", type=float, default=1.0,
-                   help="with yarn: the scaling factor (Hugging Face's rope_parameters "
-                        "factor)")
-    g.add_argument("--yarn-original-max-position-embeddings", type=int, default=None,
-                   help="Original maximum position embeddings for YaRN RoPE frequency "
-                        "correction (default 4096)")
-    g.add_argument("--yarn-beta-fast", type=float, default=None,
-                   help="Beta fast for YaRN RoPE frequency correction (default 32)")
-    g.add_argument("--yarn-beta-slow", type=float, default=None,
-                   help="Beta slow for YaRN RoPE frequency correction (default 1)")
-    g.add_argument("--mscale", type=float, default=1.0,
-                   help="with yarn: scales the concentration factor (0.1 * mscale * "
-                        "ln(factor) + 1) applied to cos / sin")
-    g.add_argument("--mscale-all-dim", type=float, default=0.0,
-                   help="with yarn: the concentration factor is divided by 0.1 * "
-                        "mscale_all_dim * ln(factor) + 1")
-    g.add_argument("--yarn-correction-range-round-to-int", action="store_true", default=None,
-                   help="Round YaRN correction range endpoints to integers (the default)")
-    g.add_argument("--no-yarn-correction-range-round-to-int", action="store_false",
-                   dest="yarn_correction_range_round_to_int",
-                   help="Do not round YaRN correction range endpoints to integers")
-    g.add_argument("--add-qkv-bias", action="store_true")
-    g.add_argument("--qk-layernorm", action="store_true")
-    add_linear_attention_args(g)  # Qwen3.5's hybrid LLM (linear_attention_args.py)
-    g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
-    g.add_argument("--norm-epsilon", type=float, default=1e-6)
-    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
-    g.add_argument("--hidden-dropout", type=float, default=0.0)
-    g.add_argument("--attention-dropout", type=float, default=0.0)
-    g.add_argument("--init-method-std", type=float, default=0.02)
-    g.add_argument("--transformer-impl", choices=["local", "transformer_engine"], default=None,
-                   help="default: transformer_engine when TE and CUDA are available")
-    g.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto",
-                                                   "flex"], default="auto",
-                   help="the LLM's attention kernel (Megatron-LM's; flex: FlexAttention for "
-                        "every mask); auto: TE for causal masks, FlexAttention for the rest "
-                        "on CUDA, the local path elsewhere (models/attention_choice.py)")
-    g.add_argument("--use-cpu-initialization", action="store_true", default=None,
-                   help="build full weights on the CPU then split (TP-independent init; "
-                        "always on without CUDA)")
-
-    g = vision_group = p.add_argument_group("vision encoder")
-    g.add_argument("--vision-model-type", choices=slot_choices("vision"), default="clip",
-                   help="the vision encoder's family (megatron_mm.families); none: a "
-                        "language model only")
-    g.add_argument("--vision-hidden-size", type=int, default=64)
-    g.add_argument("--vision-num-layers", type=int, default=2)
-    g.add_argument("--vision-num-attention-heads", type=int, default=4)
-    g.add_argument("--vision-ffn-hidden-size", type=int, default=None)
-    g.add_argument("--vision-feature-layer", type=int, default=-1)
-    g.add_argument("--vision-norm-epsilon", type=float, default=None,
-                   help="default: 1e-5 for clip, 1e-6 for siglip")
-    g.add_argument("--img-h", type=int, default=28)
-    g.add_argument("--img-w", type=int, default=28)
-    g.add_argument("--patch-dim", type=int, default=7)
-    g.add_argument("--disable-vision-class-token", action="store_true",
-                   help="drop the class token from the encoder output (LLaVA does)")
-    g.add_argument("--projector-type", choices=["mlp", "affine"], default="mlp")
-    g.add_argument("--projector-ffn-hidden-size", type=int, default=None)
-    g.add_argument("--image-token-id", type=int, default=None,
-                   help="the image placeholder's token id (default: the tokenizer's own, "
-                        "after its vocabulary)")
-    g.add_argument("--image-tag-type", choices=TAG_TYPES, default="auto",
-                   help="tokens around each image's (and video's) placeholder tokens "
-                        "(Megatron-LM's flag): internvl <img> </img>, nvlm <Image> </Image>, "
-                        "qwen-vl <|vision_start|> <|vision_end|>; none (or \"\"): no tags, for "
-                        "records whose text carries them; auto: the encoder family's own "
-                        "(InternVL's, Qwen2.5-VL's) where the tokenizer has those tokens. A "
-                        "named style adds tokens a SentencePiece vocabulary lacks after it")
-
-    g = p.add_argument_group("audio encoder")
-    g.add_argument("--audio-model-type", choices=slot_choices("audio"), default="none",
-                   help="whisper: a Whisper-style encoder (conv stem, sinusoidal positions, "
-                        "pre-norm layers) as the \"audio\" encoder, fed <audio> clips")
-    g.add_argument("--audio-hidden-size", type=int, default=64)
-    g.add_argument("--audio-num-layers", type=int, default=2)
-    g.add_argument("--audio-num-attention-heads", type=int, default=4)
-    g.add_argument("--audio-ffn-hidden-size", type=int, default=None)
-    g.add_argument("--audio-num-mel-bins", type=int, default=80)
-    g.add_argument("--audio-max-source-positions", type=int, default=1500,
-                   help="encoder frames after the stride-2 convolution; clips are padded to "
-                        "twice this many 10 ms mel frames (Whisper: 1500 = 30 s) and longer "
-                        "clips are refused")
-    g.add_argument("--audio-pool-stride", type=int, default=1,
-                   help="average-pool encoder frames by this factor (Qwen2-Audio: 2)")
-    g.add_argument("--audio-norm-epsilon", type=float, default=1e-5)
-    g.add_argument("--audio-projector-type", choices=["mlp", "affine"], default=None,
-                   help="default: --projector-type")
-    g.add_argument("--audio-token-id", type=int, default=None,
-                   help="the audio placeholder's token id (default: the tokenizer's own)")
-    groups = {"vision": vision_group, "audio": g}
-    for fam in FAMILIES.values():  # each family's own flags, in its slot's group
-        if fam.add_arguments is not None:
-            fam.add_arguments(groups[fam.slot])
-
-    g = p.add_argument_group("freezing")
-    g.add_argument("--freeze-LM", action="store_true")
-    g.add_argument("--freeze-ViT", action="store_true")
-    g.add_argument("--freeze-audio", action="store_true",
-                   help="freeze the audio encoder (its projector: --freeze-projector)")
-    g.add_argument("--freeze-projector", action="store_true")
-    add_lora_args(g)  # --lora-rank ...: adapters, their modules' base weights frozen
-
-
-def _training_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("parallelism")
-    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    g.add_argument("--context-parallel-size", type=int, default=1,
-                   help="ranks sharing one sequence (any --media-attention mask; tokens "
-                        "assigned by --context-parallel-assignment)")
-    g.add_argument("--context-parallel-assignment", default="ours",
-                   choices=["contiguous", "zigzag", "lpt", "ours"],
-                   help="how tokens go to CP ranks: blocks by position (contiguous, zigzag) "
-                        "or by their attention work (lpt; ours = LPT + local search)")
-    g.add_argument("--context-parallel-block", type=int, default=128,
-                   help="tokens per assignment block; shorter sequences than "
-                        "block x CP size are not split")
-    g.add_argument("--context-parallel-block-overhead", type=float, default=BLOCK_OVERHEAD,
-                   help="fixed cost of one query block in the CP attention kernel, in "
-                        "attention tiles, for the token assignment's load model (measure "
-                        "with tools/bench_cp_attention.py --calibrate)")
-    g.add_argument("--cp-comm-type", choices=["p2p", "a2a", "allgather", "a2a+p2p"],
-                   default=None,
-                   help="Megatron-Core's TE CP attention only (TE on CUDA, --transformer-impl "
-                        "transformer_engine, causal mask, --context-parallel-assignment "
-                        "zigzag), one type for every layer; default p2p there. Our CP "
-                        "attention all-gathers K/V and rejects this flag")
-    g.add_argument("--vision-dp-when-cp", action="store_true",
-                   help="with --context-parallel-size > 1, each CP rank encodes a share of "
-                        "the micro-batch's media items (every encoder's), balanced by their "
-                        "vision work, and the features are all-gathered over the CP group "
-                        "(their gradients reduce-scattered); default: every CP rank encodes "
-                        "every item (Megatron-Bridge's vision_dp_when_cp)")
-    g.add_argument("--media-attention", choices=["causal", "bidirectional"], default="causal",
-                   help="how media tokens attend in the LLM: causally like text, or "
-                        "bidirectionally within their own item (text stays causal)")
-    g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None,
-                   help="model chunks per pipeline rank (interleaved 1F1B)")
-    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
-    g.add_argument("--pipeline-partition", default="uniform",
-                   help="which layers each pipeline stage holds: uniform (Megatron-Core: "
-                        "encoders on the first stage, LLM layers split evenly), auto "
-                        "(frozen-aware min-max over encoder, projector and LLM layers), "
-                        "balanced (min-max as if everything trained), search (OmniBal: "
-                        "time the best-ranked partitions near a greedy anchor, keep the "
-                        "fastest), or layers per stage in chunk order, e.g. 6,4 "
-                        "(tools/plan.py lists the chain)")
-    g.add_argument("--pipeline-search-radius", type=int, default=1,
-                   help="--pipeline-partition search: candidates move each stage boundary "
-                        "of the anchor by up to this many layers")
-    g.add_argument("--pipeline-search-candidates", type=int, default=3,
-                   help="--pipeline-partition search: how many best-ranked candidates are "
-                        "timed on the real model")
-    g.add_argument("--pipeline-search-iters", type=int, default=3,
-                   help="--pipeline-partition search: training iterations timed per "
-                        "candidate (their median; the max over ranks)")
-    g.add_argument("--memory-limit-gb", type=float, default=None,
-                   help="memory per pipeline stage the partition must fit (the planner's "
-                        "memory model: weights, gradients, optimizer state, in-flight "
-                        "activations)")
-    g.add_argument("--pipeline-profile", default=None, metavar="FILE",
-                   help="measured per-layer times (tools/profile_layers.py) for "
-                        "--pipeline-partition auto, instead of the FLOP cost model")
-    g.add_argument("--encoder-schedule",
-                   choices=["megatron", "coarse", "bubble", "separate", "auto"],
-                   default="megatron",
-                   help="megatron: Megatron-Core's schedules, encoders inside the pipeline "
-                        "chunks that --pipeline-partition gives them; coarse: the encoder as "
-                        "its own pipeline over the ranks, all its forwards before the LLM's "
-                        "work and its backwards after; bubble: its pieces placed in the "
-                        "LLM pipeline's bubbles (Optimus); separate: the encoders on ranks "
-                        "of their own (--encoder-data-parallel-size), next to the LLM's "
-                        "(planned and simulated; the training runtime refuses it yet); "
-                        "auto: the one of megatron, coarse, bubble (and its "
-                        "encoder PP and pieces) the simulator finds fastest on this run's "
-                        "costs")
-    g.add_argument("--encoder-pipeline-model-parallel-size", type=int, default=None,
-                   help="encoder pipeline stages for --encoder-schedule coarse|bubble; "
-                        "divides --pipeline-model-parallel-size (default: equal to it)")
-    g.add_argument("--encoder-tensor-model-parallel-size", type=int, default=None,
-                   help="the encoder layers' tensor parallelism with --encoder-schedule "
-                        "coarse|bubble; divides --tensor-model-parallel-size (default: equal "
-                        "to it). Smaller: each TP group holds TP / this many encoder "
-                        "replicas, each running the encoder for its share of the "
-                        "micro-batches. With separate: each encoder replica's ranks")
-    g.add_argument("--encoder-data-parallel-size", type=int, default=None,
-                   help="with --encoder-schedule separate: encoder replicas on ranks of "
-                        "their own, each of --encoder-tensor-model-parallel-size ranks "
-                        "(default 1 there), the world's first ranks; the LLM's data-"
-                        "parallel size is what the rest leave (Megatron-Bridge MIMO's "
-                        "per-module data_parallel_size)")
-    for slot in SLOTS:  # vision, audio: the chain's order, so the ranks' order
-        g.add_argument(f"--{slot}-encoder-data-parallel-size", type=int, default=None,
-                       help=f"with --encoder-schedule separate: the {slot} encoder on "
-                            "replicas of its own, this many (default 1 once any encoder's "
-                            "is given), each of --encoder-tensor-model-parallel-size ranks; "
-                            "the encoders' replica sets come first in chain order (vision, "
-                            "audio), the LLM after them (Megatron-Bridge MIMO's per-module "
-                            "data_parallel_size and rank_offset)")
-    g.add_argument("--encoder-virtual-pipeline-model-parallel-size", type=int, default=None,
-                   help="with coarse|bubble: interleave the encoder over its pipeline as "
-                        "--virtual-pipeline-model-parallel-size interleaves the LLM: its "
-                        "layers run this many rounds over the encoder's stages, each rank "
-                        "holding one range per round, so the first micro-batch's first "
-                        "piece (which the other ranks wait for) and the last one's backward "
-                        "are this many times shorter (default 1: not interleaved)")
-    g.add_argument("--encoder-pieces", type=int, default=1,
-                   help="pieces per encoder stage with coarse|bubble: finer pieces fit "
-                        "shorter bubbles")
-    g.add_argument("--encoder-placement", choices=["first", "last", "auto"], default="auto",
-                   help="which end of the pipeline the encoder's first stage sits at with "
-                        "coarse|bubble: first (rank 0) or last (its forwards start on the "
-                        "last rank, idle in the LLM's warm-up, and its backwards end on the "
-                        "first, idle in the cool-down); auto: the faster of the two in "
-                        "simulation for bubble, first for coarse")
-    g = p.add_argument_group("activation recomputation")
-    g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
-                   help="full: recompute whole transformer layers (--recompute-method, "
-                        "--recompute-num-layers); selective: only core attention")
-    g.add_argument("--recompute-method", choices=["uniform", "block"], default=None,
-                   help="uniform: layers in groups of --recompute-num-layers; block: the "
-                        "first --recompute-num-layers layers of each stack in each chunk")
-    g.add_argument("--recompute-num-layers", type=int, default=None)
-    g.add_argument("--recompute-memory-budget", type=float, default=None, metavar="GB",
-                   help="adaptive recompute (OmniBal): per pipeline stage, recompute the "
-                        "fewest leading layers (block method) that keep model state plus "
-                        "in-flight activations within this many GB per rank; activation "
-                        "bytes from --pipeline-profile when it has them, else the model")
-    g = p.add_argument_group("parallelism")
-    g.add_argument("--use-distributed-optimizer", action="store_true")
-    g.add_argument("--overlap-grad-reduce", action="store_true")
-    g.add_argument("--overlap-param-gather", action="store_true",
-                   help="the distributed optimizer's parameter all-gather in the next "
-                        "forward, bucket by bucket, as each bucket is first used (needs "
-                        "--use-distributed-optimizer and --overlap-grad-reduce)")
-    g.add_argument("--ddp-bucket-size", type=int, default=None,
-                   help="parameters per DDP bucket (default: Megatron-Core's)")
-    g.add_argument("--distributed-backend", choices=["nccl", "gloo"], default=None,
-                   help="default: nccl with CUDA, gloo without")
-    g.add_argument("--distributed-timeout-minutes", type=int, default=10)
-    add_expert_parallel_args(g)
-
-    g = p.add_argument_group("training")
-    g.add_argument("--micro-batch-size", type=int, default=8)
-    g.add_argument("--global-batch-size", type=int, default=None)
-    g.add_argument("--train-iters", type=int, default=100)
-    g.add_argument("--lr", type=float, default=1e-3)
-    g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--lr-decay-style", default="cosine",
-                   choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
-    g.add_argument("--lr-decay-iters", type=int, default=None)
-    g.add_argument("--lr-warmup-iters", type=int, default=0)
-    g.add_argument("--lr-warmup-init", type=float, default=0.0)
-    g.add_argument("--weight-decay", type=float, default=0.01)
-    add_module_lr_args(g)  # --vision-lr, --projector-lr ...
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.999)
-    g.add_argument("--adam-eps", type=float, default=1e-8)
-    g.add_argument("--clip-grad", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=1234)
-    g.add_argument("--bf16", action="store_true")
-
-    g = p.add_argument_group("checkpointing")
-    g.add_argument("--save", default=None)
-    g.add_argument("--load", default=None)
-    g.add_argument("--save-interval", type=int, default=None)
-    g.add_argument("--no-load-optim", action="store_true")
-    g.add_argument("--no-load-rng", action="store_true")
-    g.add_argument("--no-save-optim", action="store_true")
-    g.add_argument("--no-save-rng", action="store_true")
-    # Megatron-LM's: the distributed optimizer saves dp_reshardable (each rank its own
-    # shard, no gather) unless asked for the state resharded across TP/PP/EP too
-    g.add_argument("--dist-ckpt-optim-fully-reshardable", action="store_true",
-                   help="save the distributed optimizer's state reshardable across TP/PP "
-                        "(gathered over the data-parallel ranks at each save); default "
-                        "dp_reshardable: it loads at another data-parallel size only")
-    g.add_argument("--distrib-optim-fully-reshardable-mem-efficient", action="store_true",
-                   help="with --dist-ckpt-optim-fully-reshardable: gather over gloo to the "
-                        "first data-parallel rank only (less host and device memory, "
-                        "a serial save)")
-    g.add_argument("--ckpt-step", type=int, default=None,
-                   help="load iteration N of --load instead of the one its "
-                        "latest_checkpointed_iteration.txt names (Megatron-LM's; 0: that "
-                        "one): the way back from a damaged checkpoint")
-    g.add_argument("--finetune", action="store_true",
-                   help="load model weights only and start at iteration 0")
-    g.add_argument("--exit-on-missing-checkpoint", action="store_true",
-                   help="kept for Megatron compatibility: a --load without a checkpoint is "
-                        "always an error unless --load equals --save (auto-resume)")
-
-    g = p.add_argument_group("data, logging and evaluation")
-    g.add_argument("--data-path", nargs="+", default=None,
-                   help="a directory with train.jsonl and valid.jsonl, a train .jsonl (then "
-                        "pass --valid-data-path), or a Megatron-Energon dataset; a weighted "
-                        "blend as weight-path pairs: 0.7 A 0.3 B. Default: the built-in "
-                        "digits data")
-    g.add_argument("--valid-data-path", default=None)
-    g.add_argument("--data-cache-path", default=None,
-                   help="where the built-in dataset is written (default ~/.cache/megatron_mm)")
-    g.add_argument("--tokenizer-type", default="MistralV1SentencePiece",
-                   choices=["MistralV1SentencePiece", "SentencePiece", "HuggingFaceTokenizer"])
-    g.add_argument("--tokenizer-model", default=None,
-                   help="a SentencePiece .model, or a directory with tokenizer.json")
-    g.add_argument("--image-processor-config", default=None,
-                   help="a Hugging Face preprocessor_config.json (CLIP / SigLIP image "
-                        "processor); default: bicubic resize to --img-h with CLIP's mean/std")
-    g.add_argument("--num-workers", type=int, default=0)
-    g.add_argument("--data-balance", choices=["none", "isf", "isf-sorted"], default="none",
-                   help="pack training samples into sequences balanced on vision and LLM "
-                        "work across data-parallel ranks (OmniBal ISF); isf-sorted also "
-                        "gives each step's ranks groups of matched work. --micro-batch-size "
-                        "is then the mean samples per packed micro-batch")
-    g.add_argument("--data-balance-bounds", default="auto",
-                   help="auto (searched for the dataset) or Q_v,Q_t[,Q'_v,Q'_t]: images and "
-                        "tokens per packed sequence, and when a group counts as full")
-    g.add_argument("--data-balance-iters", type=int, default=10,
-                   help="ISF iterations (re-packing rounds)")
-    g.add_argument("--log-interval", type=int, default=10)
-    g.add_argument("--eval-interval", type=int, default=None)
-    g.add_argument("--eval-iters", type=int, default=10)
-    g.add_argument("--eval-max-new-tokens", type=int, default=8,
-                   help="greedy-decoding budget for the answer accuracy (0: no answer "
-                        "accuracy, the validation loss only)")
-    g.add_argument("--skip-final-eval", action="store_true")
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """The package's parser, made from the typed groups (``groups/``) by Megatron-LM's
+    ``ArgumentGroupFactory``: one --help section per group (the model group's four), each
+    encoder family's own flags after its slot's section."""
+    from .flag_factory import add_group  # Megatron-LM's factory imports megatron.core
+
     p = ArgumentParser(
         description="Train a multimodal LLM with Megatron-Core (megatron_mm)",
         allow_abbrev=False)
-    _model_args(p)
-    add_data_args(p)
-    _training_args(p)
-    fp8_args(p)
-    logging_args(p)
-    add_sequence_parallel_args(p)
-    add_fusion_args(p)
-    add_moe_args(p)
+    family_sections = {slot: [] for slot in SLOTS}
+    for fam in FAMILIES.values():
+        if fam.flags is not None and fam.flags not in family_sections[fam.slot]:
+            family_sections[fam.slot].append(fam.flags)
+    for cls, title in SECTIONS:
+        add_group(p, cls, title)
+        slot = {VisionEncoderArgs: "vision", AudioEncoderArgs: "audio"}.get(cls)
+        for flags in family_sections.get(slot, ()):
+            add_group(p, flags, f"{title}: {flags.__name__}")
     return p
 
 
@@ -669,7 +316,8 @@ CHECKPOINT_FLAGS = (
     "audio_model_type", "audio_hidden_size", "audio_num_layers", "audio_num_attention_heads",
     "audio_ffn_hidden_size", "audio_num_mel_bins", "audio_max_source_positions",
     "audio_pool_stride", "audio_norm_epsilon", "audio_projector_type", "audio_token_id",
-    "image_token_id", "tokenizer_type", "tokenizer_model", "image_processor_config",
+    "image_token_id", "video_token_id", "tokenizer_type", "tokenizer_model",
+    "image_processor_config",
     "num_experts", "moe_ffn_hidden_size", "moe_layer_freq", "moe_router_topk",
     "moe_router_pre_softmax", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
     *LINEAR_ATTENTION_FLAGS,
@@ -726,8 +374,3 @@ def _validate_data_balance(args: argparse.Namespace) -> None:
     parse_bounds(args.data_balance_bounds)  # a PlanError (ConfigError) names the flag
     if args.data_balance_iters < 1:
         raise ConfigError("--data-balance-iters must be >= 1")
-
-
-def slot_choices(slot: str) -> list:
-    """``--{slot}-model-type`` values: the registered families of the slot, and none."""
-    return sorted(f.model_type for f in slot_families(slot)) + ["none"]

@@ -5,21 +5,6 @@ from __future__ import annotations
 import argparse
 
 from ...config import ConfigError
-from ...data.records import BAD_RECORD_POLICIES
-
-
-def add_data_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("data sources")
-    g.add_argument("--bad-record-policy", choices=BAD_RECORD_POLICIES, default="fail",
-                   help="a record found bad when it is read (malformed, media missing or "
-                        "undecodable, too long): fail stops the run naming it; skip warns "
-                        "naming it and reads the next record instead")
-    g.add_argument("--packing-buffer-size", type=int, default=None,
-                   help="Energon data: pack samples into sequences of --packing-seq-length "
-                        "tokens, choosing from a buffer of this many samples (needs "
-                        "--micro-batch-size 1 and --transformer-impl local)")
-    g.add_argument("--packing-seq-length", type=int, default=None,
-                   help="tokens per packed sequence (default: --seq-length)")
 
 
 def validate_data_args(args: argparse.Namespace) -> None:

@@ -16,9 +16,6 @@ from ...config import ConfigError
 from ...families import family_of
 from ...plan.fp8 import (
     EMULATED_RECIPES,
-    FP8_AMAX_COMPUTE_ALGOS,
-    FP8_FORMATS,
-    FP8_RECIPES,
     Fp8Settings,
     cp_block_error,
     fp8_align_size,
@@ -35,40 +32,6 @@ _DEPENDENT_DEFAULTS = {
     "num_layers_at_end_in_bf16": 1, "tp_only_amax_red": False, "fp8_modules": "llm",
     "fp8_emulation": False,
 }
-
-
-def fp8_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("FP8 (Transformer Engine)")
-    g.add_argument("--fp8-format", default=None, choices=list(FP8_FORMATS), dest="fp8",
-                   help="FP8 for the --fp8-modules through Transformer Engine: e4m3 for every "
-                        "tensor, or hybrid (E4M3 forward, E5M2 gradients)")
-    g.add_argument("--fp8-recipe", default="delayed", choices=list(FP8_RECIPES),
-                   help="delayed: scales from the amax history; tensorwise: per-tensor "
-                        "current scaling; mxfp8 (Blackwell) and blockwise: block scales")
-    g.add_argument("--fp8-margin", type=int, default=0,
-                   help="delayed scaling: scale = fp8_max / amax / 2^margin")
-    g.add_argument("--fp8-amax-history-len", type=int, default=1,
-                   help="delayed scaling: amaxes kept per tensor")
-    g.add_argument("--fp8-amax-compute-algo", default="most_recent",
-                   choices=list(FP8_AMAX_COMPUTE_ALGOS),
-                   help="delayed scaling: the newest amax or the history's max")
-    g.add_argument("--fp8-param-gather", action="store_true",
-                   help="keep the FP8 modules' weights in FP8 (TE's fp8_model_init) and "
-                        "all-gather them in FP8; needs --use-distributed-optimizer")
-    g.add_argument("--first-last-layers-bf16", action="store_true",
-                   help="keep the first and last layers of each FP8 transformer stack in "
-                        "BF16 (not with --fp8-recipe delayed)")
-    g.add_argument("--num-layers-at-start-in-bf16", type=int, default=1)
-    g.add_argument("--num-layers-at-end-in-bf16", type=int, default=1)
-    g.add_argument("--tp-only-amax-red", action="store_true",
-                   help="reduce FP8 amaxes over the TP (x CP) group only, not TP x DP x CP")
-    g.add_argument("--fp8-modules", default="llm",
-                   help="modules that run FP8, comma-separated: llm, an encoder (vision, "
-                        "audio), <encoder>-projector, or all. Frozen encoders often stay BF16")
-    g.add_argument("--fp8-emulation", action="store_true",
-                   help="a CPU numerics check instead of Transformer Engine: the FP8 settings "
-                        "applied as quantise-dequantise in the local layers' linears "
-                        "(--transformer-impl local; recipes delayed and tensorwise)")
 
 
 def validate_fp8_args(args: argparse.Namespace) -> None:

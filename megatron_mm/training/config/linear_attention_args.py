@@ -8,32 +8,6 @@ from __future__ import annotations
 from typing import Optional
 
 from ...config import ConfigError, LinearAttentionConfig
-from .moe_args import moe_freq_type
-
-
-def add_linear_attention_args(g) -> None:
-    """Into the "language model" group (so the model group carries them)."""
-    g.add_argument("--experimental-attention-variant", choices=["gated_delta_net"],
-                   default=None,
-                   help="gated_delta_net: Megatron-Core's Gated DeltaNet (linear attention) "
-                        "in the layers --linear-attention-freq marks, full attention in the "
-                        "others (Qwen3.5)")
-    g.add_argument("--linear-attention-freq", type=moe_freq_type, default=None,
-                   help="an int N: layer i is full attention when (i + 1) %% N == 0, linear "
-                        "otherwise; or one 0/1 per layer as a list expression, e.g. "
-                        "\"([1]*3+[0])*2\" (1: linear, 0: full)")
-    g.add_argument("--linear-conv-kernel-dim", type=int, default=4)
-    g.add_argument("--linear-key-head-dim", type=int, default=128)
-    g.add_argument("--linear-value-head-dim", type=int, default=128)
-    g.add_argument("--linear-num-key-heads", type=int, default=16)
-    g.add_argument("--linear-num-value-heads", type=int, default=32)
-    g.add_argument("--attention-output-gate", action="store_true",
-                   help="gated attention: a sigmoid gate per head on the attention output "
-                        "(Qwen3.5's full-attention layers)")
-    g.add_argument("--rotary-percent", type=float, default=1.0,
-                   help="the share of each head's dimensions RoPE rotates (Qwen3.5: 0.25)")
-    g.add_argument("--apply-layernorm-1p", action="store_true",
-                   help="norms scale by 1 + weight (zero-centred gamma; Qwen3.5)")
 
 
 def check_gdn_context_parallel(args) -> None:

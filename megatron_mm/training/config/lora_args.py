@@ -26,19 +26,6 @@ FREEZE_FLAGS = {"language_model": "--freeze-LM", "vision_model": "--freeze-ViT",
                 "audio_projection": "--freeze-projector"}
 
 
-def add_lora_args(g) -> None:
-    g.add_argument("--lora-rank", type=int, default=None,
-                   help="LoRA adapters of this rank on --lora-target-modules (their "
-                        "modules' base weights frozen); default: none")
-    g.add_argument("--lora-alpha", type=float, default=32.0,
-                   help="LoRA scaling alpha: the adapters add alpha / rank * B A x")
-    g.add_argument("--lora-dropout", type=float, default=0.0)
-    g.add_argument("--lora-target-modules", nargs="+", default=list(TARGETS),
-                   help="[MODULE.]PROJECTION: q_proj ... down_proj or all-linear, in "
-                        "language_model (default), vision_model, audio_model, "
-                        "vision_projection or audio_projection")
-
-
 def parse_targets(entries) -> Dict[str, Tuple[str, ...]]:
     out: Dict[str, list] = {}
     for entry in entries:

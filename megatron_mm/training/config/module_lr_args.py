@@ -27,17 +27,6 @@ MODULES = {**{slot: (f"the {slot} encoder", f"--{flag.replace('_', '-')}")
 SETTINGS = ("lr", "min_lr", "weight_decay")
 
 
-def add_module_lr_args(g) -> None:
-    """The flags, in the "training" section (next to ``--lr``)."""
-    for module, (what, _) in MODULES.items():
-        g.add_argument(f"--{module}-lr", type=float, default=None,
-                       help=f"peak learning rate of {what} (default: --lr)")
-        g.add_argument(f"--{module}-min-lr", type=float, default=None,
-                       help=f"minimum learning rate of {what} (default: --min-lr)")
-        g.add_argument(f"--{module}-weight-decay", type=float, default=None,
-                       help=f"weight decay of {what} (default: --weight-decay)")
-
-
 @dataclass(frozen=True)
 class ModuleRate:
     """One module's optimizer settings, each None where the module takes the LLM's."""

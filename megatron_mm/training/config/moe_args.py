@@ -50,57 +50,6 @@ def moe_freq_type(text: str) -> Union[int, list]:
     return out
 
 
-def add_moe_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("mixture of experts (Megatron-LM's MoE flags; the LLM's MLPs)")
-    g.add_argument("--num-experts", type=int, default=None,
-                   help="experts per MoE layer (default: none, a dense LLM)")
-    g.add_argument("--moe-ffn-hidden-size", type=int, default=None,
-                   help="each expert's hidden size (default: --ffn-hidden-size); the dense "
-                        "layers keep --ffn-hidden-size")
-    g.add_argument("--moe-layer-freq", type=moe_freq_type, default=1,
-                   help="an int N: layer i is an MoE layer when i %% N == 0, the others "
-                        "dense; or one 0/1 per layer as a list expression, e.g. "
-                        "\"([0]+[1]*3)*2\" (1: MoE, 0: dense)")
-    g.add_argument("--moe-router-topk", type=int, default=2,
-                   help="experts each token is routed to")
-    g.add_argument("--moe-router-pre-softmax", action="store_true",
-                   help="softmax over all experts before the top-k (the top-k probabilities "
-                        "are not renormalised); default: softmax over the top-k logits "
-                        "(renormalised, Hugging Face's norm_topk_prob)")
-    g.add_argument("--moe-router-load-balancing-type", choices=LOAD_BALANCING,
-                   default="aux_loss",
-                   help="aux_loss: GShard / Switch Transformer's load-balancing loss per "
-                        "micro-batch (scaled by --moe-aux-loss-coeff); seq_aux_loss: per "
-                        "sample; global_aux_loss: over the data-parallel batch; sinkhorn: "
-                        "S-BASE; none")
-    g.add_argument("--moe-aux-loss-coeff", type=float, default=0.0,
-                   help="scaling coefficient for the aux loss (1e-2 is a good start)")
-    g.add_argument("--moe-token-dispatcher-type", choices=DISPATCHERS, default="allgather",
-                   help="how tokens reach their experts' ranks: allgather, or alltoall "
-                        "(needed with pipeline parallelism: micro-batches vary in length)")
-    g.add_argument("--moe-grouped-gemm", action="store_true",
-                   help="all local experts in one grouped GEMM (Transformer Engine's "
-                        "TEGroupedMLP: --transformer-impl transformer_engine on CUDA); "
-                        "default: one MLP per expert (SequentialMLP)")
-    g.add_argument("--moe-shared-expert-intermediate-size", type=int, default=None,
-                   help="a shared expert of this hidden size beside the routed ones, run "
-                        "for every token (Qwen3.5-MoE); default: none")
-    g.add_argument("--moe-shared-expert-gate", action="store_true",
-                   help="scale the shared expert's output by a sigmoid gate of the token")
-    g.add_argument("--moe-per-layer-logging", action="store_true",
-                   help="also write each MoE layer's load-balancing loss to TensorBoard "
-                        "(moe/load_balancing_loss_layer_<i>)")
-
-
-def add_expert_parallel_args(g) -> None:
-    """Into the parallelism section (Megatron-LM's distributed group)."""
-    g.add_argument("--expert-model-parallel-size", type=int, default=1,
-                   help="ranks the experts of each MoE layer are split over")
-    g.add_argument("--expert-tensor-parallel-size", type=int, default=None,
-                   help="tensor parallelism inside each expert (default: "
-                        "--tensor-model-parallel-size)")
-
-
 def moe_config(moe, model) -> Optional[MoEConfig]:
     """The LLM's ``MoEConfig`` from the RunConfig's moe group (``model``: its model group
     for the default expert size); None: a dense LLM."""

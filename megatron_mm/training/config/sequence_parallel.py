@@ -19,15 +19,6 @@ from ...config import ConfigError
 from ...families import family_of
 
 
-def add_sequence_parallel_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sequence parallelism")
-    g.add_argument("--sequence-parallel", action="store_true",
-                   help="split the sequence over the tensor-parallel ranks in the norms, "
-                        "residuals and dropouts of the LLM, the encoders and the projectors "
-                        "(Megatron's sequence parallelism; off at --tensor-model-parallel-size "
-                        "1, as in Megatron-LM)")
-
-
 def validate_sequence_parallel(args: argparse.Namespace) -> None:
     """After the model config and the encoder schedule flags are known."""
     tp = args.tensor_model_parallel_size

@@ -23,7 +23,6 @@ from ...plan.errors import PlanError
 from ...plan.schedules.generate import EncoderLayout, ScheduleProblem
 from ...plan.pipeline.partition import parse_partition_flag
 from ...plan.schedules.simulate import simulate
-from ..config.run_config import encoder_replicas
 from .chain import training_chain
 from .time_inputs import hardware, time_inputs
 
@@ -145,5 +144,5 @@ def schedule_problem(config, plan: EncoderPipelinePlan, num_microbatches: int, c
         pp, num_microbatches,
         virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size or 1,
         encoder_trainable=plan.encoder_trainable, layouts=layouts,
-        frozen_encoders=plan.frozen_encoders, encoder_replicas=encoder_replicas(config),
+        frozen_encoders=plan.frozen_encoders, encoder_replicas=config.encoder_replicas,
         grad_sync=True, costs=plan_costs(config, plan, chain))

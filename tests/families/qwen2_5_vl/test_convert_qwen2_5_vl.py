@@ -93,8 +93,10 @@ def test_pixel_bounds_come_from_the_processor_config(converted, tmp_path):
     from megatron_mm.hf.compare import checkpoint_run_config
     from megatron_mm.families.qwen2_5_vl.hf import processor_flags
 
-    model = checkpoint_run_config(converted[2]).model
-    assert (model.min_pixels, model.max_pixels) == (784, 50176)
+    from megatron_mm.families.qwen2_5_vl.flags import Qwen2_5VLFlags
+
+    own = checkpoint_run_config(converted[2]).model.families[Qwen2_5VLFlags]
+    assert (own.min_pixels, own.max_pixels) == (784, 50176)
     _processor_config(tmp_path, size={"shortest_edge": 1568, "longest_edge": 3136})
     assert processor_flags(str(tmp_path), _config()) == {"min_pixels": 1568,
                                                           "max_pixels": 3136}

@@ -128,6 +128,7 @@ def test_cp_ranks_items_put_together_give_the_batch_features(gloo_world):
 def test_flags_build_the_config():
     import dataclasses
 
+    from megatron_mm.families.qwen2_5_vl.flags import Qwen2_5VLFlags
     from megatron_mm.training.config.arguments import build_parser
     from megatron_mm.training.config.run_config import group_of_flags
 
@@ -137,7 +138,8 @@ def test_flags_build_the_config():
     enc = family("qwen2_5_vl").from_model_args(model)
     assert enc.fullatt_block_indexes == (7, 15)
     assert (enc.out_hidden_size, enc.max_pixels, enc.window_size) == (64, 50000, 56)
-    model = dataclasses.replace(model, vision_fullatt_block_indexes=[16])
+    model = dataclasses.replace(model, families=model.families.replace(
+        Qwen2_5VLFlags, vision_fullatt_block_indexes=[16]))
     with pytest.raises(ConfigError, match="fullatt-block-indexes"):
         family("qwen2_5_vl").from_model_args(model)
 

@@ -1,27 +1,31 @@
 """The typed run configuration: every flag in exactly one frozen group under its
-Megatron-LM name, the parser its one source of defaults, and the groups together holding
-what a checkpoint saves of the flags."""
+Megatron-LM name, the groups the one source of the parser's defaults, and the groups
+together holding what a checkpoint saves of the flags."""
 
 import dataclasses
 
 import pytest
 
 from megatron_mm.training.config.arguments import build_parser, parse_args
-from megatron_mm.training.config.run_config import FIELDS, GROUP_CLASSES, GROUPS, RunConfig
+from megatron_mm.families.flags import flag_classes
+from megatron_mm.training.config.groups import flag_fields
+from megatron_mm.training.config.run_config import GROUP_CLASSES, GROUPS, RunConfig
 
 
 def test_every_flag_is_in_one_group():
     dests = {a.dest for a in build_parser()._actions if a.dest != "help"}
-    placed = [name for group in GROUPS for name in FIELDS[group]]
-    derived = {"world_size", "data_parallel_size", "num_microbatches"}
+    placed = [f.name for cls in (*GROUP_CLASSES.values(), *flag_classes())
+              for f in flag_fields(cls)]
     assert len(placed) == len(set(placed))
-    assert set(placed) == dests | derived
+    assert set(placed) == dests
 
 
-def test_groups_have_no_defaults_of_their_own():
-    for cls in GROUP_CLASSES.values():
-        for f in dataclasses.fields(cls):
-            assert f.default is dataclasses.MISSING, (cls.__name__, f.name)
+def test_the_groups_are_the_parsers_defaults():
+    defaults = vars(build_parser().parse_args([]))
+    for cls in (*GROUP_CLASSES.values(), *flag_classes()):
+        group = cls()
+        for f in flag_fields(cls):
+            assert defaults[f.name] == getattr(group, f.name), (cls.__name__, f.name)
 
 
 def test_groups_hold_the_validated_flags():
