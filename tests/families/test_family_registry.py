@@ -69,7 +69,7 @@ class ToyConfig:
 @dataclasses.dataclass(frozen=True)
 class ToyFlags:
     toy_width: int = 3
-    """the toy's width"""
+    '''the toy's width'''
 
 
 FAMILY = Family("toy", encoders=(dataclasses.replace(
