@@ -18,8 +18,8 @@ prepare_megatron_core()  # TE checked, CPU patches applied: before any megatron.
 from megatron_mm.training.assembly.initialize import shutdown_distributed  # noqa: E402
 from megatron_mm.training.errors import USER_ERRORS, peer_stopped  # noqa: E402
 from megatron_mm.training.pretrain import pretrain  # noqa: E402
-from megatron_mm.training.config.run_config import parse_run_config  # noqa: E402
-from megatron_mm.training.config.user_errors import exit_with_user_error  # noqa: E402
+from megatron_mm.training.cli.arguments import parse_run_config  # noqa: E402
+from megatron_mm.training.cli.user_errors import exit_with_user_error  # noqa: E402
 
 if __name__ == "__main__":  # required: checkpoint saving spawns helper processes
     config = parse_run_config()

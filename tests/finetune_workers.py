@@ -10,7 +10,7 @@ from train_workers import full_state, norm_squares
 
 
 def train_finetune(rank: int, argv: list, grad_steps=(1, 3)) -> dict:
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.assembly.module_lr import module_learning_rates
     from megatron_mm.training.config.module_lr_args import module_rates
     from megatron_mm.training.pretrain import pretrain

@@ -114,7 +114,7 @@ def run_ours(argv: list) -> dict:
     """examples/pretrain_mllm.py's pretrain on ``argv``: losses and grad norms."""
     from megatron.core import parallel_state
 
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.pretrain import pretrain
     from megatron_mm.training.config.run_config import RunConfig
 

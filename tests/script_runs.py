@@ -65,12 +65,13 @@ def run_as_script(rank: int, argv: list, flags_from_checkpoint: bool = True) -> 
     """The script's entry on ``argv``: ``code`` (0, or the exit status of a user's error),
     ``losses``, and what this rank printed. ``flags_from_checkpoint=False``: the model is
     the flags' alone, as a caller that builds its own model has it."""
-    from megatron_mm.training.config.arguments import build_parser, parse_args, validate_args
+    from megatron_mm.training.cli.arguments import build_parser, parse_args
+    from megatron_mm.training.config.validation import validate_args
     from megatron_mm.training.errors import USER_ERRORS
     from megatron_mm.training.assembly.initialize import shutdown_distributed
     from megatron_mm.training.pretrain import pretrain
     from megatron_mm.training.config.run_config import RunConfig
-    from megatron_mm.training.config.user_errors import exit_with_user_error
+    from megatron_mm.training.cli.user_errors import exit_with_user_error
 
     world = int(os.environ["WORLD_SIZE"])
     result = {"code": 0, "losses": None}

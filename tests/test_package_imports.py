@@ -15,9 +15,9 @@ REGISTRY = {"__init__", "registry", "record", "encoder", "errors", "model_spec",
 GROUND = {"config", "quiet", "te_import", "runtime_patches"}
 # what training/'s nodes above its configs may import from the rest of the package
 LOWER = GROUND | {"startup", "plan", "data", "families", "models", "runtime"}
-TRAINING = {"training", "training/rank_print", "training/checkpoint", "training/config",
-            "training/assembly", "training/planning", "training/separate", "training/loop",
-            "training/errors", "training/pretrain"}
+TRAINING = {"training", "training/cli", "training/rank_print", "training/checkpoint",
+            "training/config", "training/assembly", "training/planning", "training/separate",
+            "training/loop", "training/errors", "training/pretrain"}
 ALLOWED = {
     "config": set(),
     "quiet": set(),
@@ -45,8 +45,11 @@ ALLOWED = {
     "training/errors": GROUND | {"data", "models", "runtime", "training/checkpoint",
                                  "training/loop"},
     "training/pretrain": {"training/config", "training/loop"},
+    "training/cli": GROUND | {"startup", "families", "plan", "training/config",
+                              "training/checkpoint"},
     "hf": GROUND | {"startup", "plan", "data", "families", "models", "training",
-                    "training/checkpoint", "training/config", "training/assembly",
+                    "training/checkpoint", "training/config", "training/cli",
+                    "training/assembly",
                     "training/planning", "training/errors"},
     "megatron_lm": LOWER | TRAINING | {"hf"},
     "families/*": GROUND | {"startup", "plan", "data", "families", "models", "runtime",

@@ -136,7 +136,7 @@ def norm_squares(chunks) -> dict:
 
 
 def train(rank: int, argv: list, grad_steps=(), hooks=None) -> dict:
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.pretrain import pretrain
     from megatron_mm.training.config.run_config import RunConfig
     from megatron_mm.training.loop.trainer import TrainingCallbacks

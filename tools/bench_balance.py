@@ -209,7 +209,7 @@ def worker(a) -> None:
     from megatron_mm.training.config.run_config import RunConfig
     from megatron_mm.training.loop.trainer import TrainingCallbacks
     from megatron_mm.data.processing import tokenize_record
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.assembly.initialize import shutdown_distributed
 
     args = parse_args(model_flags(a) + ["--data-path", str(a.data), *ROWS[a.row][1]])

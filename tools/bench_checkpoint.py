@@ -73,7 +73,7 @@ def worker(a, row: str, save: str, out: str) -> None:
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.loop import trainer
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.pretrain import pretrain
     from megatron_mm.training.config.run_config import RunConfig
 

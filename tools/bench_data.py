@@ -135,7 +135,7 @@ def _tp_rank(rank: int, world: int, port: int, mode: str, path: str, micro_batch
     from megatron_mm.training.assembly.data_setup import (batch_iterator, build_datasets,
                                                  tensor_parallel_batches)
     from megatron_mm.training.planning.training_plan import plan_pipeline
-    from megatron_mm.training.config.run_config import parse_run_config
+    from megatron_mm.training.cli.arguments import parse_run_config
     from megatron_mm.training.loop.trainer import model_config_for, tokenizer_from_config
 
     torch.set_num_threads(1)

@@ -158,7 +158,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.loop import step
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.assembly.data_setup import batch_iterator
     from megatron_mm.training.pretrain import setup_training
     from megatron_mm.training.config.run_config import RunConfig
@@ -307,7 +307,7 @@ def simulated(schedule: str, profile_path: str, p2p_s: float, grad_sync_s: float
     from megatron_mm.plan.schedules.simulate import simulate
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.planning.encoder_schedule import make_schedule
     from megatron_mm.training.planning.training_plan import plan_pipeline
     from megatron_mm.training.config.run_config import RunConfig
@@ -529,7 +529,7 @@ def describe(args) -> str:
     """The run's first line: what the workload is (from its flags)."""
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
 
     a = parse_args([*args.model, *schedule_flags("megatron")], world_size=2)
     vision = a.model_config.encoders["vision"]

@@ -50,7 +50,7 @@ from megatron_mm.models import BuildSettings, build_model, model_chain  # noqa: 
 from megatron_mm.models.specs import transformer_engine_importable  # noqa: E402
 from megatron_mm.models.te_names import is_module_state, to_te  # noqa: E402
 from megatron_mm.plan.fp8 import parse_fp8_modules  # noqa: E402
-from megatron_mm.training.config.flag_factory import add_group  # noqa: E402
+from megatron_mm.training.cli.flag_factory import add_group  # noqa: E402
 from megatron_mm.training.config.fp8_args import fp8_settings  # noqa: E402
 from megatron_mm.training.config.groups import Fp8Args  # noqa: E402
 

@@ -173,7 +173,7 @@ def _tokenised(a, data: Path):
     from megatron_mm.data.processing import tokenize_record
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.assembly.data_setup import media_processors
     from megatron_mm.training.config.run_config import RunConfig
 
@@ -241,7 +241,7 @@ def worker(a, argv) -> None:
     prepare_megatron_core()  # before any megatron.core import
     from bench_recompute import LiveSavedBytes
     from megatron_mm.training.loop.activation_profile import parameter_storages
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.assembly.initialize import shutdown_distributed
     from megatron_mm.training.pretrain import setup_training
     from megatron_mm.training.config.run_config import RunConfig
@@ -345,7 +345,7 @@ def recompute_budget(a, base: list, layers: list) -> dict:
     from megatron_mm.plan.pipeline.recompute_budget import GB, chunk_activations, static_bytes
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.config.run_config import RunConfig
     from megatron_mm.training.loop.trainer import model_config_for
     from megatron_mm.training.planning.training_plan import plan_pipeline

@@ -61,7 +61,7 @@ def worker(argv: Sequence[str], out: str, iters: int, warmup: int) -> None:
 
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.assembly.initialize import shutdown_distributed
     from megatron_mm.training.assembly.data_setup import batch_iterator
     from megatron_mm.training.pretrain import setup_training
@@ -125,7 +125,7 @@ def predicted(policy: str, profile_path: str):
     from megatron_mm.plan.pipeline.profile import MEASURED, LayerProfile, apply_profile
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.planning.chain import training_chain
     from megatron_mm.training.config.run_config import RunConfig
 

@@ -106,7 +106,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
     from megatron_mm.training.loop.activation_profile import parameter_storages
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.assembly.initialize import set_random_seed, shutdown_distributed
     from megatron_mm.training.loop.layer_profile import profile_layers
     from megatron_mm.training.planning.chain import training_chain

@@ -47,7 +47,7 @@ def _worker(rank: int, argv: Sequence[str], iters: int, port: int, out: str) -> 
     prepare_megatron_core()  # before any megatron.core import
     from bench_recompute import LiveSavedBytes
     from megatron_mm.training.loop.activation_profile import parameter_storages
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.assembly.initialize import set_random_seed
     from megatron_mm.training.assembly.data_setup import batch_iterators
     from megatron_mm.training.assembly.model_setup import (build_model_chunks,

@@ -28,7 +28,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from megatron_mm.startup import prepare_megatron_core
     prepare_megatron_core()  # before any megatron.core import
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
 
     args = parse_args(train_argv, world_size=1)
     if args.pipeline_model_parallel_size != 1 or args.tensor_model_parallel_size != 1:

@@ -97,8 +97,9 @@ def checkpoint_run_config(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1, cp: 
     """The training script's RunConfig for ``--load ckpt`` at TP / PP / EP (expert
     parallelism: an MoE LLM's) / CP (blocks of ``cp_block`` tokens; ConfigError on a
     layout the checkpoint cannot take)."""
-    from ..training.config.arguments import apply_checkpoint_args, validate_args
-    from ..training.config.flag_values import flags_of_values
+    from ..training.cli.arguments import apply_checkpoint_args
+    from ..training.config.validation import validate_args
+    from ..training.cli.flag_values import flags_of_values
     from ..training.config.run_config import RunConfig
 
     # the model's weights only: a trained checkpoint's optimizer state and RNG stay unread

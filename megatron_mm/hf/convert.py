@@ -48,7 +48,7 @@ def _hf_config(directory: str):
 def _run_config(flags: Flags):
     """The training script's RunConfig of ``flags`` (its parser's defaults for the rest),
     validated as the command line is, without exiting on a bad flag."""
-    from ..training.config.flag_values import read_values
+    from ..training.cli.flag_values import read_values
     from ..training.config.run_config import RunConfig
 
     return RunConfig.from_flags(read_values(flags, world_size=1))

@@ -18,9 +18,10 @@ from typing import Any, Callable, Dict, Optional
 
 from ..config import ConfigError
 from ..data.tokenizer import MEGATRON_LM_TOKENIZERS
-from ..training.config.arguments import build_parser, validate_args
+from ..training.cli.arguments import build_parser
+from ..training.config.validation import validate_args
 from ..training.config.run_config import RunConfig
-from ..training.config.user_errors import exit_with_user_error
+from ..training.cli.user_errors import exit_with_user_error
 
 GROUP_TITLE = "megatron_mm (multimodal: encoders, projectors, data, schedules)"
 
@@ -253,7 +254,7 @@ def _checkpoint_architecture(values: dict, argv: list) -> None:
     """``training.arguments.apply_checkpoint_args`` on the converted values: flags left out
     come from the checkpoint ``--load`` names (saved by either script, in either's form),
     flags given must agree with it."""
-    from ..training.config.arguments import CHECKPOINT_FLAGS, CHECKPOINT_PATH_FLAGS
+    from ..training.cli.arguments import CHECKPOINT_FLAGS, CHECKPOINT_PATH_FLAGS
     from ..training.checkpoint.checkpointing import CheckpointError, saved_args
     from ..training.config.run_config import group_of_flags
 

@@ -30,7 +30,7 @@ from ..models.flex_attention import FlexAttention
 from ..models.multimodal import MultimodalModel
 from ..models.specs import language_layer_for
 from ..training.assembly.build_settings import build_settings
-from ..training.config.user_errors import exit_with_user_error
+from ..training.cli.user_errors import exit_with_user_error
 from .context import run_context
 
 PROVIDER_ARGUMENTS = ("pre_process", "post_process", "vp_stage", "config", "pg_collection")

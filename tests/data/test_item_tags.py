@@ -298,7 +298,7 @@ def test_a_named_style_the_tokenizer_lacks_is_an_error(tmp_path, internvl):
 
 
 def test_the_flag_names_the_token_in_a_training_run(tmp_path, internvl):
-    from megatron_mm.training.config.run_config import parse_run_config
+    from megatron_mm.training.cli.arguments import parse_run_config
     from megatron_mm.training.loop.trainer import tokenizer_from_config
 
     _, tok, _ = internvl

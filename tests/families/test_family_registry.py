@@ -12,7 +12,7 @@ import pytest
 from megatron_mm.config import ConfigError
 from megatron_mm.families import FAMILIES, SLOTS, family, resolve
 from megatron_mm.plan.pipeline.layers import ENCODER_KINDS
-from megatron_mm.training.config.arguments import build_parser
+from megatron_mm.training.cli.arguments import build_parser
 from megatron_mm.training.config.model_config import build_model_config
 from megatron_mm.training.config.run_config import group_of_flags
 
@@ -86,7 +86,7 @@ def test_a_new_family_is_one_registry_entry(tmp_path):
     (tmp_path / "toyfam.py").write_text(TOY_FAMILY)
     code = ("from megatron_mm.startup import prepare_megatron_core\n"
             "prepare_megatron_core()\n"
-            "from megatron_mm.training.config.arguments import build_parser\n"
+            "from megatron_mm.training.cli.arguments import build_parser\n"
             "from megatron_mm.training.config.model_config import build_model_config\n"
             "from megatron_mm.training.config.run_config import group_of_flags\n"
             "args = build_parser().parse_args(['--vision-model-type', 'toy', '--toy-width', '5'])\n"

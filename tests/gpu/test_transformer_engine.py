@@ -178,7 +178,7 @@ def test_local_checkpoint_loads_into_te_and_back(cuda_world, tmp_path):
     from megatron_mm.training.checkpoint.checkpointing import load_checkpoint, save_checkpoint
 
     def args(path):
-        from megatron_mm.training.config.run_config import parse_run_config
+        from megatron_mm.training.cli.arguments import parse_run_config
 
         flags = ["--save", str(path), "--no-save-optim", "--no-save-rng", "--no-load-optim",
                  "--no-load-rng", "--micro-batch-size", "1"]
@@ -303,7 +303,7 @@ def test_moe_local_experts_checkpoint_loads_into_grouped_gemm_and_back(cuda_worl
     from megatron_mm.training.checkpoint.checkpointing import load_checkpoint, save_checkpoint
 
     def args(path, grouped):
-        from megatron_mm.training.config.run_config import parse_run_config
+        from megatron_mm.training.cli.arguments import parse_run_config
 
         flags = ["--save", str(path), "--no-save-optim", "--no-save-rng", "--no-load-optim",
                  "--no-load-rng", "--micro-batch-size", "1"]

@@ -191,7 +191,7 @@ def test_sliding_window_model_equals_hugging_face_up_to_its_window(capsys, tmp_p
     past 8 tokens; the converted model equals them on 8 tokens and refuses longer."""
     import torch
     import transformers
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
 
     torch.manual_seed(0)
     model = transformers.MistralForCausalLM(_lm("mistral", sliding_window=WINDOW)).eval()

@@ -16,7 +16,7 @@ def train(rank, argv):
     import io
     import warnings
 
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.pretrain import pretrain
     from megatron_mm.training.config.run_config import RunConfig
 

@@ -53,7 +53,7 @@ def test_tensor_parallel_size_must_divide_the_kv_heads(capsys, tmp_path):
 
 
 def test_loading_at_a_tp_that_does_not_divide_the_kv_heads(capsys, converted):
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--load", converted["qwen2"][2], "--tensor-model-parallel-size", "4"],
@@ -63,7 +63,7 @@ def test_loading_at_a_tp_that_does_not_divide_the_kv_heads(capsys, converted):
 
 
 def test_flags_that_disagree_with_the_checkpoint(capsys, converted):
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--load", converted["qwen2"][2], "--hidden-size", "128"], world_size=1)

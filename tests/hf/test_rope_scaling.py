@@ -45,7 +45,7 @@ def _built(hf_config):
     """The model of the converted flags (a language model alone)."""
     from megatron_mm.hf.families import model_flags
     from megatron_mm.models import BuildSettings, build_model
-    from megatron_mm.training.config.flag_values import read_values
+    from megatron_mm.training.cli.flag_values import read_values
     from megatron_mm.training.config.run_config import RunConfig
 
     run = RunConfig.from_flags(read_values(model_flags(hf_config), world_size=1))

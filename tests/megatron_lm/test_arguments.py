@@ -9,7 +9,7 @@ import pytest
 
 from megatron_mm.config import ConfigError
 from megatron_mm.megatron_lm import arguments as mm_args
-from megatron_mm.training.config.arguments import build_parser
+from megatron_mm.training.cli.arguments import build_parser
 
 pytestmark = pytest.mark.slow  # imports Megatron-LM's training package
 

@@ -210,7 +210,7 @@ def test_aligned_param_gathers_dispatched_by_the_schedule(rows):
 def test_pretrain_mllm_refuses_megatron_lm_only_flags_by_name(flag, capsys):
     """examples/pretrain_mllm.py's parser has none of these (Megatron-LM's pretrain runs
     them, above): one line naming the flag, exit status 2."""
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
 
     with pytest.raises(SystemExit) as e:
         parse_args(ours_flags(flag))

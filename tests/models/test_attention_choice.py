@@ -150,7 +150,7 @@ def test_a_pinned_te_kernel_is_one_te_enables_for_the_mask(backend):
 def test_lora_flags_pick_flex_on_cuda(monkeypatch):
     import torch
 
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.assembly.build_settings import cp_attention_choice
     from megatron_mm.training.config.run_config import RunConfig
 

@@ -60,7 +60,7 @@ def test_te_cp_specs_take_te_core_attention():
 
 def test_flags_reach_the_choice_and_the_error_names_the_flag():
     from megatron_mm.training.assembly.build_settings import cp_attention_choice
-    from megatron_mm.training.config.run_config import parse_run_config
+    from megatron_mm.training.cli.arguments import parse_run_config
 
     config = parse_run_config(["--context-parallel-size", "2"], world_size=2)
     assert cp_attention_choice(config).kind == "ours"

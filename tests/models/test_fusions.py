@@ -11,7 +11,7 @@ from megatron_mm.config import LanguageModelConfig, ProjectorConfig
 from megatron_mm.families.whisper.config import AudioEncoderConfig
 from megatron_mm.families.vit.config import VisionEncoderConfig
 from megatron_mm.models.fusions import Fusions, Kernels, choose_fusions, partial_tanh_gelu
-from megatron_mm.training.config.run_config import parse_run_config
+from megatron_mm.training.cli.arguments import parse_run_config
 from megatron_mm.training.config.fusion_args import FUSION_FLAGS, fusion_flags
 
 ALL_ON = dict.fromkeys(FUSION_FLAGS, True)

@@ -15,7 +15,7 @@ from dist_harness import run_distributed
 from lora_runs import run_recorded
 from megatron_lm_runs import TINY, megatron_lm_flags
 
-from megatron_mm.training.config.arguments import parse_args
+from megatron_mm.training.cli.arguments import parse_args
 
 ITERS = 3
 # four LLM layers: their adapters fill buckets of their own; the ViT trains, class token too

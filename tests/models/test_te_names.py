@@ -233,7 +233,7 @@ def _give_extra_state(model):
 
 
 def _args(tmp_path):
-    from megatron_mm.training.config.run_config import parse_run_config
+    from megatron_mm.training.cli.arguments import parse_run_config
 
     flags = ["--save", str(tmp_path), "--no-save-optim", "--no-save-rng", "--no-load-optim",
              "--no-load-rng", "--micro-batch-size", "1"]

@@ -12,7 +12,7 @@ def plan_of(argv, world):
     """The RunConfig of the flags and the training plan a run makes of them (with the real
     vocabulary)."""
     from megatron_mm.training.planning.training_plan import plan_pipeline
-    from megatron_mm.training.config.run_config import parse_run_config
+    from megatron_mm.training.cli.arguments import parse_run_config
     from megatron_mm.training.loop.trainer import model_config_for
 
     config = parse_run_config(argv, world_size=world)

@@ -5,8 +5,8 @@ from bad_input_runs import conversation, good_records, run_entry, run_script, wr
 from plans import tokenizer
 
 from megatron_mm.config import ConfigError
-from megatron_mm.training.config.arguments import parse_args
-from megatron_mm.training.config.user_errors import exit_with_user_error
+from megatron_mm.training.cli.arguments import parse_args
+from megatron_mm.training.cli.user_errors import exit_with_user_error
 
 
 @pytest.mark.parametrize("argv, world, message", [
@@ -241,7 +241,7 @@ def test_mrope_flags_come_from_the_checkpoint(monkeypatch):
     """--mrope-section (a list on the command line, a tuple once taken from a checkpoint)
     agrees with the saved value when equal, and is refused when not."""
     import megatron_mm.training.checkpoint.checkpointing as checkpointing
-    from megatron_mm.training.config.arguments import (apply_checkpoint_args, build_parser,
+    from megatron_mm.training.cli.arguments import (apply_checkpoint_args, build_parser,
                                                 given_flags)
 
     monkeypatch.setattr(checkpointing, "saved_args", lambda args: {

@@ -60,7 +60,8 @@ def test_balanced_dp2_resumes_exactly(digits_dir, tmp_path):
 
 def test_flags_are_checked_up_front():
     from megatron_mm.config import ConfigError
-    from megatron_mm.training.config.arguments import build_parser, validate_args
+    from megatron_mm.training.cli.arguments import build_parser
+    from megatron_mm.training.config.validation import validate_args
 
     def check(*flags):
         args = build_parser().parse_args(["--data-balance", "isf", *flags])

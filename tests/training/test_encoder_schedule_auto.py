@@ -13,7 +13,7 @@ from megatron_mm.plan.schedules.generate import megatron
 from megatron_mm.plan.costs.hardware import Hardware
 from megatron_mm.plan.pipeline.partition import partition
 from megatron_mm.plan.schedules.simulate import simulate
-from megatron_mm.training.config.arguments import parse_args
+from megatron_mm.training.cli.arguments import parse_args
 from megatron_mm.training.planning.time_inputs import time_inputs
 
 from plans import plan_of, separate_profile, slow_link_profile

@@ -68,7 +68,7 @@ def test_freezing(digits_dir, flags, frozen):
 
 
 def test_freezing_everything_is_refused(capsys):
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--freeze-LM", "--freeze-ViT", "--freeze-projector"], world_size=1)

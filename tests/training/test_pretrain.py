@@ -3,7 +3,7 @@
 import dataclasses
 
 from megatron_mm.training.assembly.model_setup import ddp_config
-from megatron_mm.training.config.run_config import parse_run_config
+from megatron_mm.training.cli.arguments import parse_run_config
 
 
 def test_fp8_param_gather_reaches_the_ddp_config():

@@ -53,7 +53,7 @@ def test_pattern_needs_the_variant(capsys):
     (["--linear-num-value-heads", "8"], None),  # 2 x (32 + 128 + 8) = 336; 128
 ])
 def test_fp8_shape_rules_of_the_gdn_layers(capsys, extra, message):
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
 
     argv = QWEN3_5_MODEL + ["--fp8-format", "hybrid", "--fp8-emulation",
                             "--seq-length", "96"] + extra

@@ -38,7 +38,7 @@ def _budget_and_choice(argv):
     """A budget (GB) at which recomputing the first layer of each stack just fits, and the
     N per stack the planner then picks (the cheapest choice that fits: maybe another)."""
     from megatron_mm.data import build_tokenizer
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.planning.chain import training_chain
     from megatron_mm.training.config.run_config import RunConfig
 

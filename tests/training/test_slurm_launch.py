@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from megatron_mm.training.config.arguments import parse_args
+from megatron_mm.training.cli.arguments import parse_args
 
 pytestmark = pytest.mark.processes
 

@@ -63,6 +63,13 @@ class RunConfig:
             out.update(to_values(getattr(self, group)))
         return out
 
+    def validated(self, world_size: Optional[int] = None) -> "RunConfig":
+        """This configuration checked for ``world_size`` ranks (default ``$WORLD_SIZE``), with
+        what validation derives: a ConfigError names the first bad flag."""
+        from .validation import validate_args
+
+        return RunConfig.from_flags(validate_args(self.namespace(), world_size))
+
     @property
     def encoder_replicas(self) -> int:
         """Encoder replicas per LLM TP group (TP / encoder TP)."""
@@ -75,11 +82,4 @@ class RunConfig:
         return argparse.Namespace(**self.flags(), model_config=self.model_config,
                                   fp8_settings=self.fp8_settings)
 
-
-def parse_run_config(argv=None, world_size: Optional[int] = None) -> RunConfig:
-    """The command line's RunConfig (``arguments.parse_args``: a bad flag exits with one
-    line naming it)."""
-    from .arguments import parse_args
-
-    return RunConfig.from_flags(parse_args(argv, world_size))
 

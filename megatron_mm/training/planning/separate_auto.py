@@ -26,7 +26,7 @@ from ...plan.schedules.problem import ScheduleProblem
 from ...plan.schedules.separate import separate
 from ...plan.schedules.separate_costs import (SeparateCosts, separate_costs,
                                                separate_iteration_s)
-from ..config.arguments import validate_args
+from ..config.validation import validate_args
 from ..config.run_config import RunConfig
 from ..assembly.separate_world import llm_lockstep_replicas
 from .time_inputs import hardware, time_inputs

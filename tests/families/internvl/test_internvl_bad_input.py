@@ -40,7 +40,7 @@ def test_corrupt_image_names_the_record_and_file(tmp_path):
 def test_max_num_tiles_that_no_image_fits_is_refused():
     from megatron_mm.config import ConfigError
     from megatron_mm.families.internvl.media import internvl_image_processor
-    from megatron_mm.training.config.run_config import parse_run_config
+    from megatron_mm.training.cli.arguments import parse_run_config
 
     config = parse_run_config(MODEL + ["--max-num-tiles", "12"], world_size=1)
     with pytest.raises(ConfigError, match="--max-num-tiles 12 lets one image take 13 tiles = "

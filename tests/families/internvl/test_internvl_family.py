@@ -10,8 +10,8 @@ import pytest
 from PIL import Image
 
 from megatron_mm.config import ConfigError
-from megatron_mm.training.config.arguments import CHECKPOINT_FLAGS, parse_args
-from megatron_mm.training.config.run_config import parse_run_config
+from megatron_mm.training.cli.arguments import CHECKPOINT_FLAGS, parse_args
+from megatron_mm.training.cli.arguments import parse_run_config
 
 FLAGS = ["--vision-model-type", "internvit", "--vision-hidden-size", "32",
          "--vision-num-layers", "2", "--vision-num-attention-heads", "2",
@@ -53,7 +53,8 @@ def test_flags_make_the_config():
     (["--downsample-ratio", "0.3"], "downsample_ratio 0.3 must be 1 / an integer"),
 ])
 def test_bad_flags_are_refused(extra, message):
-    from megatron_mm.training.config.arguments import build_parser, validate_args
+    from megatron_mm.training.cli.arguments import build_parser
+    from megatron_mm.training.config.validation import validate_args
 
     args = build_parser().parse_args(FLAGS + extra)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

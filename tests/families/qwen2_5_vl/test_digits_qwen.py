@@ -34,7 +34,7 @@ def data_dir(tmp_path_factory):
 def demo():
     """The demo's parsed flags, its tokenizer and its family's media processors."""
     from megatron_mm.data.tokenizer import build_tokenizer
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.assembly.data_setup import media_processors
     from megatron_mm.training.config.run_config import RunConfig
 

@@ -129,7 +129,7 @@ def test_flags_build_the_config():
     import dataclasses
 
     from megatron_mm.families.qwen2_5_vl.flags import Qwen2_5VLFlags
-    from megatron_mm.training.config.arguments import build_parser
+    from megatron_mm.training.cli.arguments import build_parser
     from megatron_mm.training.config.run_config import group_of_flags
 
     model = group_of_flags("model", build_parser().parse_args([

@@ -253,7 +253,7 @@ def test_balancer_counts_patches(qwen_vl_dir):
     """The data balancer's vision work of a record is its items' patches (t * h * w)."""
     from megatron_mm.data.dataset import MultimodalDataset
     from megatron_mm.data.tokenizer import build_tokenizer
-    from megatron_mm.training.config.arguments import build_parser
+    from megatron_mm.training.cli.arguments import build_parser
     from megatron_mm.training.assembly.balanced_data import sample_loads
     from megatron_mm.training.assembly.data_setup import media_processors
     from megatron_mm.training.config.model_config import build_model_config

@@ -8,7 +8,7 @@ from makefile_flags import makefile_flags
 
 def test_demo_flags_make_the_hybrid_model():
     from megatron_mm.families import builtin_data_for
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
 
     args = parse_args(makefile_flags("DEMO_QWEN35_FLAGS"), world_size=2)
     lm = args.model_config.language

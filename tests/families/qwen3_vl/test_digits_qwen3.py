@@ -31,7 +31,7 @@ def test_items_are_kept_as_drawn_under_the_demo_flags(data_dir):
     from megatron_mm.startup import prepare_megatron_core
 
     prepare_megatron_core()
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.assembly.data_setup import media_processors
     from megatron_mm.training.config.run_config import RunConfig
 

@@ -8,7 +8,7 @@ from PIL import Image
 from megatron_mm.data.records import MediaRef
 from megatron_mm.families.encoder import encoder_transformer
 from megatron_mm.plan.costs.flops import attention_pair_share
-from megatron_mm.training.config.run_config import parse_run_config
+from megatron_mm.training.cli.arguments import parse_run_config
 
 FLAGS = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
          "--seq-length", "256", "--max-position-embeddings", "256",

@@ -49,7 +49,7 @@ def _load(ckpt):
     from megatron_mm.models import build_model
     from megatron_mm.training.checkpoint.checkpointing import load_checkpoint, saved_args
     from megatron_mm.training.assembly.build_settings import build_settings
-    from megatron_mm.training.config.run_config import parse_run_config
+    from megatron_mm.training.cli.arguments import parse_run_config
 
     config = parse_run_config(["--load", ckpt], world_size=1)
     lm = config.model_config.language

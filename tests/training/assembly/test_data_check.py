@@ -96,7 +96,7 @@ def test_a_bad_record_read_by_a_loader_worker_is_one_line(capsys):
     from torch.utils.data import DataLoader
 
     from megatron_mm.data.records import DataRecordError
-    from megatron_mm.training.config.user_errors import report_user_error
+    from megatron_mm.training.cli.user_errors import report_user_error
 
     with pytest.raises(DataRecordError) as caught:
         next(iter(DataLoader(_BadRecords(), num_workers=1, batch_size=None)))

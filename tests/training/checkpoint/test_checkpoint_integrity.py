@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from megatron_mm.config import ConfigError
-from megatron_mm.training.config.arguments import build_parser, read_args
+from megatron_mm.training.cli.arguments import build_parser, read_args
 from megatron_mm.training.checkpoint.integrity import (
     checkpoint_files, damaged_files, file_entries, write_manifest)
 from megatron_mm.training.checkpoint.checkpointing import (

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from megatron_mm.training.config.arguments import parse_args
+from megatron_mm.training.cli.arguments import parse_args
 
 
 @pytest.fixture()

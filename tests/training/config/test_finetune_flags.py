@@ -2,7 +2,7 @@
 
 import pytest
 
-from megatron_mm.training.config.arguments import parse_args
+from megatron_mm.training.cli.arguments import parse_args
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -4,8 +4,8 @@ the command line, and a value the flag cannot take names the flag."""
 import pytest
 
 from megatron_mm.config import ConfigError
-from megatron_mm.training.config.arguments import read_args
-from megatron_mm.training.config.flag_values import read_values
+from megatron_mm.training.cli.arguments import read_args
+from megatron_mm.training.cli.flag_values import read_values
 
 
 def test_values_give_the_command_lines_flags():

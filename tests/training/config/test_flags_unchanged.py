@@ -8,7 +8,7 @@ import argparse
 import json
 import os
 
-from megatron_mm.training.config.arguments import build_parser
+from megatron_mm.training.cli.arguments import build_parser
 
 FIXTURE = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "fixtures",
                        "flags.json")

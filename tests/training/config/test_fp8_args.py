@@ -4,7 +4,7 @@ work checks that), so FP8 without --fp8-emulation must say so, never run BF16 si
 
 import pytest
 
-from megatron_mm.training.config.arguments import parse_args
+from megatron_mm.training.cli.arguments import parse_args
 
 EMU = ["--fp8-format", "hybrid", "--fp8-emulation"]
 # 16 x 16 images, patch 4: 16 patches (+ CLIP's class token inside the ViT = 17).
@@ -121,7 +121,7 @@ def test_megatron_rules_come_before_the_te_check(capsys):
 def test_fp8_llm_sequences_are_padded_by_the_collator():
     from megatron_mm.data.processing import Sample, collate
     from megatron_mm.training.config.fp8_args import llm_sequence_multiple
-    from megatron_mm.training.config.run_config import parse_run_config
+    from megatron_mm.training.cli.arguments import parse_run_config
 
     def multiple(argv):
         config = parse_run_config(argv, world_size=1)
@@ -176,7 +176,7 @@ def test_fp8_encoder_on_separate_replicas(capsys, extra, refused):
 def test_separate_llm_replicas_walk_together_under_fp8_delayed_scaling(extra, lockstep):
     """1 encoder rank and 2 LLM replicas: the program keeps the replicas' actions in step
     when collectives inside them span the replicas (``separate_world.llm_lockstep_replicas``)."""
-    from megatron_mm.training.config.run_config import parse_run_config
+    from megatron_mm.training.cli.arguments import parse_run_config
     from megatron_mm.training.assembly.separate_world import llm_lockstep_replicas
 
     config = parse_run_config(EMU + ["--fp8-modules", "llm,vision-projector",

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from megatron_mm.config import ConfigError
-from megatron_mm.training.config.arguments import read_args
+from megatron_mm.training.cli.arguments import read_args
 from megatron_mm.training.config.moe_args import moe_freq_type
 from megatron_mm.training.config.run_config import RunConfig
 
@@ -125,7 +125,7 @@ def test_expert_tensor_parallelism_with_ep_on_gloo_names_the_flag():
     """ETP 2 x EP 2: the all-to-all dispatcher's uneven all-gathers, which gloo refuses
     mid-run, are refused before the model is built; ETP 1 builds."""
     from megatron_mm.training.assembly.build_settings import build_settings
-    from megatron_mm.training.config.run_config import parse_run_config
+    from megatron_mm.training.cli.arguments import parse_run_config
 
     argv = MOE + ["--tensor-model-parallel-size", "2", "--sequence-parallel",
                   "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type",

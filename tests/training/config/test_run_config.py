@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from megatron_mm.training.config.arguments import build_parser, parse_args
+from megatron_mm.training.cli.arguments import build_parser, parse_args
 from megatron_mm.families.flags import flag_classes
 from megatron_mm.training.config.groups import flag_fields
 from megatron_mm.training.config.run_config import GROUP_CLASSES, GROUPS, RunConfig
@@ -46,7 +46,8 @@ def test_groups_hold_the_validated_flags():
 
 
 def test_validation_writes_nothing_into_the_namespace():
-    from megatron_mm.training.config.arguments import build_parser, validate_args
+    from megatron_mm.training.cli.arguments import build_parser
+    from megatron_mm.training.config.validation import validate_args
 
     args = build_parser().parse_args(["--micro-batch-size", "2", "--encoder-schedule",
                                       "coarse", "--pipeline-model-parallel-size", "2"])

@@ -20,7 +20,7 @@ from equivalence import REFERENCE_STEPS as STEPS
 from equivalence import assert_equal_runs, assert_norm_counted_once, merge_stages
 from train_workers import train
 
-from megatron_mm.training.config.arguments import parse_args
+from megatron_mm.training.cli.arguments import parse_args
 
 TP2_SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
 PP2 = ["--pipeline-model-parallel-size", "2"]
@@ -141,10 +141,10 @@ def test_greedy_decoding_reads_the_last_real_token(one_process_reference, digits
 def test_bad_flags_name_the_flags(capsys, monkeypatch, argv, world, message):
     from functools import partial
 
-    from megatron_mm.training.config import arguments, transformer_impl
+    from megatron_mm.training.config import transformer_impl, validation
 
     # as on a machine with TE installed (else its own check stops the TE case first)
-    monkeypatch.setattr(arguments, "validate_transformer_impl",
+    monkeypatch.setattr(validation, "validate_transformer_impl",
                         partial(transformer_impl.validate_transformer_impl, te_installed=True))
     with pytest.raises(SystemExit) as exit_info:
         parse_args(argv, world_size=world)
@@ -157,9 +157,9 @@ def test_te_takes_the_clip_padding(monkeypatch):
     type (tests/families/vit/test_vision.py), so the flags are not refused."""
     from functools import partial
 
-    from megatron_mm.training.config import arguments, transformer_impl
+    from megatron_mm.training.config import transformer_impl, validation
 
-    monkeypatch.setattr(arguments, "validate_transformer_impl",
+    monkeypatch.setattr(validation, "validate_transformer_impl",
                         partial(transformer_impl.validate_transformer_impl, te_installed=True))
     args = parse_args(TP2_SP + ["--transformer-impl", "transformer_engine"], world_size=2)
     assert args.sequence_parallel
@@ -174,7 +174,7 @@ def test_llm_padding_is_one_rule_with_fp8():
     """SP pads the LLM's sequences to a multiple of TP through FP8's rule
     (``llm_sequence_multiple``); without FP8 no CP factor, without SP nothing."""
     from megatron_mm.training.config.fp8_args import llm_sequence_multiple
-    from megatron_mm.training.config.run_config import parse_run_config
+    from megatron_mm.training.cli.arguments import parse_run_config
 
     def multiple(argv, world_size):
         config = parse_run_config(argv, world_size)

@@ -13,9 +13,10 @@ import torch
 from megatron_mm import te_import
 from megatron_mm.config import ConfigError
 from megatron_mm.models import specs
-from megatron_mm.training.config.arguments import parse_args
+from megatron_mm.training.cli.arguments import parse_args
 from megatron_mm.training.assembly.build_settings import build_settings
-from megatron_mm.training.config.run_config import RunConfig, parse_run_config
+from megatron_mm.training.config.run_config import RunConfig
+from megatron_mm.training.cli.arguments import parse_run_config
 
 TE_ERROR = "No module named 'transformer_engine_torch'"
 

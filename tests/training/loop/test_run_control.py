@@ -65,7 +65,7 @@ def test_tensorboard_holds_the_logged_scalars(reference):
 def train_signalled(rank, argv, at):
     """SIGTERM reaches rank 0 only, during iteration ``at``'s callback: the other rank
     must stop after the same iteration (the ranks agree), with one checkpoint."""
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.pretrain import pretrain
     from megatron_mm.training.config.run_config import RunConfig
     from megatron_mm.training.loop.trainer import TrainingCallbacks
@@ -160,7 +160,7 @@ def test_missing_optional_logging_packages_are_named(monkeypatch, tmp_path):
 
     from megatron_mm.config import ConfigError
     from megatron_mm.training.loop.metric_writers import build_writers
-    from megatron_mm.training.config.run_config import parse_run_config
+    from megatron_mm.training.cli.arguments import parse_run_config
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
     config = parse_run_config(["--wandb-project", "p", "--wandb-exp-name", "e",
@@ -209,7 +209,7 @@ def train_late(rank, argv, at):
 
     clock = trainer.time = Clock()
 
-    from megatron_mm.training.config.arguments import parse_args
+    from megatron_mm.training.cli.arguments import parse_args
     from megatron_mm.training.pretrain import pretrain
     from megatron_mm.training.config.run_config import RunConfig
     from megatron_mm.training.loop.trainer import TrainingCallbacks

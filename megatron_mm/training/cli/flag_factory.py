@@ -9,7 +9,7 @@ import typing
 
 from megatron.training.argument_utils import ArgumentGroupFactory
 
-from .groups import derived_names
+from ..config.groups import derived_names
 
 
 class FlagGroupFactory(ArgumentGroupFactory):

@@ -11,7 +11,8 @@ import argparse
 from typing import Any, Mapping, Optional
 
 from ...config import ConfigError
-from .arguments import apply_checkpoint_args, build_parser, validate_args
+from ..config.validation import validate_args
+from .arguments import apply_checkpoint_args, build_parser
 
 _SWITCHES = (argparse._StoreTrueAction, argparse._StoreFalseAction,
              argparse.BooleanOptionalAction)
