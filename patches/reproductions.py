@@ -20,6 +20,18 @@ import traceback
 import torch
 
 
+def _fresh_ranks():
+    """Ranks forked from one server started as a fresh interpreter (a fork of this process
+    would inherit the earlier reproductions' model-parallel groups and stand-ins), which
+    imported this file and Megatron-Core once for every such rank (where Megatron-Core does
+    not import, each rank's own import fails as before)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["__main__", "megatron.core"])
+    return ctx
+
+
 def _one_rank_world():
     """A gloo world of one process (Megatron-Core's groups need one)."""
     import torch.distributed as dist
@@ -242,13 +254,9 @@ def gdn_out_norm_tp_grads():
     """0007: at TP=2 without sequence parallelism, the GDN output norm's weight (one for
     every value head; TP splits the heads) ends finalize_model_grads with the sum of both
     ranks' gradients, the same on both (2 ranks)."""
-    import multiprocessing
-
     with tempfile.TemporaryDirectory() as tmp:
         store, out = os.path.join(tmp, "store"), os.path.join(tmp, "grads")
-        # spawned: a fork would inherit the earlier reproductions' model-parallel groups
-        ctx = multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=_gdn_out_norm_grads, args=(r, store, out))
+        procs = [_fresh_ranks().Process(target=_gdn_out_norm_grads, args=(r, store, out))
                  for r in range(2)]
         for p in procs:
             p.start()
@@ -358,13 +366,10 @@ def _broadcast(rank, store_path, out_path):
 def broadcast_data_tp_group():
     """0010: broadcast_data over a given TP group of 2 ranks, the default TP groups one
     rank each: the second rank receives the first's batch (2 ranks)."""
-    import multiprocessing
-
     with tempfile.TemporaryDirectory() as tmp:
         store, out = os.path.join(tmp, "store"), os.path.join(tmp, "batch")
-        # spawned: a fork would inherit the earlier reproductions' model-parallel groups
-        ctx = multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=_broadcast, args=(r, store, out)) for r in range(2)]
+        procs = [_fresh_ranks().Process(target=_broadcast, args=(r, store, out))
+                 for r in range(2)]
         for p in procs:
             p.start()
         for p in procs:

@@ -73,7 +73,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 from typing import List, Optional, Sequence
@@ -81,7 +80,7 @@ from typing import List, Optional, Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-from local_ranks import run_ranks  # noqa: E402
+from local_ranks import run_ranks, run_scripts  # noqa: E402
 
 MODEL = [
     "--num-layers", "4", "--hidden-size", "256", "--ffn-hidden-size", "1024",
@@ -258,15 +257,12 @@ def co_run_profile(workdir: str, model: Sequence[str]) -> str:
     from megatron_mm.plan.pipeline.profile import LayerProfile
 
     paths = [os.path.join(workdir, f"profile{core}.json") for core in (0, 1)]
-    procs = [subprocess.Popen(["taskset", "-c", str(core), sys.executable,
-                               os.path.join(ROOT, "tools", "profile_layers.py"), *model,
-                               "--profile-out", path, "--profile-micro-batches", "6"],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True) for core, path in zip((0, 1), paths)]
-    for proc in procs:
-        _, err = proc.communicate()
-        if proc.returncode:
-            raise SystemExit(f"profile_layers.py failed:\n{err[-3000:]}")
+    try:  # process r pinned to core r, forked from the rows' preloaded server
+        run_scripts(os.path.join(ROOT, "tools", "profile_layers.py"),
+                    [[*model, "--profile-out", path, "--profile-micro-batches", "6"]
+                     for path in paths], pin=True)
+    except RuntimeError as e:
+        raise SystemExit(f"profile_layers.py failed:\n{str(e)[-3000:]}")
     first, second = (LayerProfile.load(p) for p in paths)
     for a, b in zip(first.layers, second.layers):
         a.forward_s = (a.forward_s + b.forward_s) / 2

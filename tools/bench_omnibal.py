@@ -80,7 +80,6 @@ import os
 import random
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -91,7 +90,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(ROOT / "tools"))  # the other benchmarks' helpers
 
 from bench_balance import WORDS  # noqa: E402
-from local_ranks import run_ranks  # noqa: E402
+from local_ranks import run_ranks, run_scripts  # noqa: E402
 
 ROWS = ("megatron", "+ balanced data", "+ partition search", "+ adaptive recompute",
         "+ adaptive recompute, tighter memory")
@@ -327,11 +326,10 @@ def measure_profile(a, data: Path, out: Path) -> list:
     (the partition search's anchor, the recompute budget's bytes). Without it the planner
     sizes the LLM at ``--seq-length`` tokens and the ViT at one tile per sample."""
     flags = model_flags(a, data, a.tokenizer_dir, 1) + ["--data-balance", "isf-sorted"]
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "profile_layers.py"), *flags,
-                           "--profile-out", str(out)], cwd=ROOT, capture_output=True,
-                          text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if proc.returncode:
-        sys.exit(f"profile_layers.py failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    try:  # forked from the runs' preloaded server
+        run_scripts(ROOT / "tools" / "profile_layers.py", [[*flags, "--profile-out", out]])
+    except RuntimeError as e:
+        sys.exit(f"profile_layers.py failed:\n{str(e)[-8000:]}")
     return ["--pipeline-profile", str(out)]
 
 

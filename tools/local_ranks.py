@@ -52,6 +52,7 @@ def run_ranks(fn, world_size: int, *args, env: Optional[Dict[str, str]] = None,
     """``fn(*args)`` in ``world_size`` ranks (``fn`` a module-level function); returns each
     rank's output, or raises ``RuntimeError`` with each rank's log tail."""
     import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
 
     for name, value in FORKSERVER_ENV.items():  # inherited by the server it starts
         os.environ.setdefault(name, value)
@@ -61,7 +62,7 @@ def run_ranks(fn, world_size: int, *args, env: Optional[Dict[str, str]] = None,
             mp.start_processes(_entry, args=(fn, world_size, free_port(), log_dir, args,
                                              env or {}),
                                nprocs=world_size, start_method="forkserver", join=True)
-        except mp.ProcessException as e:  # a rank raised or exited
+        except ProcessException as e:  # a rank raised or exited
             tails = []
             for rank in range(world_size):
                 with open(os.path.join(log_dir, f"{rank}.log")) as f:
@@ -72,3 +73,39 @@ def run_ranks(fn, world_size: int, *args, env: Optional[Dict[str, str]] = None,
             with open(os.path.join(log_dir, f"{rank}.log")) as f:
                 logs.append(f.read())
         return logs
+
+
+def _script_rank(path: str, argvs: List[List[str]], ports: List[int], pin: bool) -> None:
+    """Rank r: ``python path *argvs[r]``, a world of one of its own on ``ports[r]``,
+    pinned to core r where ``pin`` (as ``taskset -c r``)."""
+    import runpy
+    import sys
+
+    rank = int(os.environ["RANK"])
+    if pin:
+        os.sched_setaffinity(0, {rank})
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_PORT=str(ports[rank]))
+    sys.argv = [path, *argvs[rank]]
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:  # the script's own exit: a failure only if not 0
+        if e.code:
+            raise
+
+
+def run_scripts(path, argvs: List[List[str]], pin: bool = False) -> List[str]:
+    """``python path *argv`` for each of ``argvs`` at once, each forked from the preloaded
+    server (a fresh interpreter's imports cost seconds), each its own world of one, rank r
+    on core r where ``pin``; returns their outputs, or raises ``RuntimeError`` as
+    ``run_ranks``."""
+    socks = [socket.socket() for _ in argvs]
+    try:  # held open together: distinct ports
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        ports = [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+    return run_ranks(_script_rank, len(argvs), str(path), [list(map(str, a)) for a in argvs],
+                     ports, pin)

@@ -35,7 +35,7 @@ def _stats(path: Path) -> Path:
 def test_bench_omnibal_tiny(tmp_path):
     proc = run_tool(
         ROOT / "tools" / "bench_omnibal.py", _stats(tmp_path),
-         "--samples", "48", "--rounds", "1", "--iters", "1", "--warmup", "1",
+         "--samples", "48", "--rounds", "1", "--iters", "1", "--warmup", "0",
          "--data-parallel-size", "1", "--hidden-size", "64", "--num-layers", "2",
          "--microbatches", "2", "--micro-batch-size", "2", "--search-candidates", "2",
          "--search-iters", "1", cwd=ROOT)
