@@ -19,7 +19,6 @@ from typing import Any, Callable, Dict, Optional
 from ..config import ConfigError
 from ..data.tokenizer import MEGATRON_LM_TOKENIZERS
 from ..training.cli.arguments import build_parser
-from ..training.config.validation import validate_args
 from ..training.config.run_config import RunConfig
 from ..training.cli.user_errors import exit_with_user_error
 
@@ -161,7 +160,7 @@ def run_config_from_args(args: argparse.Namespace, world_size: Optional[int] = N
     if values.get("eval_interval") is None:
         values["eval_interval"] = max(values.get("train_iters") or 1, 1)
     world = world_size if world_size is not None else getattr(args, "world_size", None)
-    return RunConfig.from_flags(validate_args(argparse.Namespace(**values), world))
+    return RunConfig.from_flags(argparse.Namespace(**values)).validated(world)
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -10,16 +10,16 @@ from typing import Optional
 from ...config import ConfigError, LinearAttentionConfig
 
 
-def check_gdn_context_parallel(args) -> None:
-    """The GDN layers under ``--context-parallel-size`` > 1 run head-parallel over the CP
-    ranks (``models/linear_attention_cp.py``): each TP rank's key and value heads split
-    again over CP. No sample length rule: each rank's tokens are padded to the longest
-    rank's for the all-to-all, whatever the token assignment."""
-    cp, tp = args.context_parallel_size, args.tensor_model_parallel_size
-    if cp == 1 or args.experimental_attention_variant is None:
+def check_gdn_context_parallel(config) -> None:
+    """(``config``: the RunConfig.) The GDN layers under ``--context-parallel-size`` > 1
+    run head-parallel over the CP ranks (``models/linear_attention_cp.py``): each TP rank's
+    key and value heads split again over CP. No sample length rule: each rank's tokens are
+    padded to the longest rank's for the all-to-all, whatever the token assignment."""
+    cp, tp = config.parallel.context_parallel_size, config.parallel.tensor_model_parallel_size
+    if cp == 1 or config.model.experimental_attention_variant is None:
         return
     for flag in ("linear_num_key_heads", "linear_num_value_heads"):
-        heads = getattr(args, flag)
+        heads = getattr(config.model, flag)
         if heads % (tp * cp):
             raise ConfigError(
                 f"--context-parallel-size {cp}: the Gated DeltaNet layers split their heads "

@@ -42,27 +42,27 @@ def parse_targets(entries) -> Dict[str, Tuple[str, ...]]:
     return {m: tuple(n for n in TARGETS if n in names) for m, names in out.items()}
 
 
-def lora_config(args: argparse.Namespace):
-    """The LoraConfig of the flags (None without ``--lora-rank``), checked against the
-    model config ``args.model_config``."""
-    if args.lora_rank is None:
+def lora_config(config):
+    """The LoraConfig of the RunConfig's flags (None without ``--lora-rank``), checked against the
+    model config ``config.model_config``."""
+    if config.model.lora_rank is None:
         return None
-    if args.lora_rank < 1:
+    if config.model.lora_rank < 1:
         raise ConfigError("--lora-rank must be >= 1")
-    if args.lora_alpha <= 0:
+    if config.model.lora_alpha <= 0:
         raise ConfigError("--lora-alpha must be positive")
-    if not 0 <= args.lora_dropout < 1:
+    if not 0 <= config.model.lora_dropout < 1:
         raise ConfigError("--lora-dropout must be in [0, 1)")
-    if getattr(args, "transformer_impl", None) == "transformer_engine":
+    if config.model.transformer_impl == "transformer_engine":
         raise ConfigError("--lora-rank needs --transformer-impl local: Transformer Engine's "
                           "linears fuse the layer norm into the QKV / fc1 GEMM, whose "
                           "normalised input the adapters would need")
-    targets = parse_targets(args.lora_target_modules)
-    config = args.model_config
-    freeze = config.freeze
+    targets = parse_targets(config.model.lora_target_modules)
+    model_config = config.model_config
+    freeze = model_config.freeze
     for module in targets:
         slot = MODULES[module]
-        if slot is not None and slot not in config.encoders:
+        if slot is not None and slot not in model_config.encoders:
             raise ConfigError(f"--lora-target-modules {module}.*: the model has no {slot} "
                               f"encoder (--{slot}-model-type)")
         frozen = (freeze.language_model if slot is None else
@@ -72,15 +72,15 @@ def lora_config(args: argparse.Namespace):
             raise ConfigError(f"{FREEZE_FLAGS[module]} would freeze the LoRA adapters of "
                               f"{module} too: drop it (LoRA freezes the base weights of the "
                               f"modules it adapts)")
-    moe = config.language.moe
+    moe = model_config.language.moe
     mlp = {"gate_proj", "up_proj", "down_proj"} & set(targets.get("language_model", ()))
     if moe is not None and mlp:
         raise ConfigError(f"--lora-target-modules {', '.join(sorted(mlp))}: LoRA on the "
                           f"experts of an MoE LLM is not supported (Megatron-Core's "
                           f"grouped expert GEMMs have no per-linear hook); adapt the "
                           f"attention only: --lora-target-modules q_proj k_proj v_proj o_proj")
-    return LoraConfig(targets=tuple(targets.items()), rank=args.lora_rank,
-                      alpha=args.lora_alpha, dropout=args.lora_dropout)
+    return LoraConfig(targets=tuple(targets.items()), rank=config.model.lora_rank,
+                      alpha=config.model.lora_alpha, dropout=config.model.lora_dropout)
 
 
 LORA_FLAGS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules")

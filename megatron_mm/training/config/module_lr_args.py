@@ -13,7 +13,6 @@ Every module follows the one ``--lr-decay-style`` / warm-up schedule between its
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -68,11 +67,11 @@ def _trains(module: str, model_config, lora_modules) -> Optional[str]:
     return None
 
 
-def validate_module_lr_args(args: argparse.Namespace, lora_modules=()) -> None:
+def validate_module_lr_args(config, lora_modules=()) -> None:
     """Each module flag names a module that trains (``lora_modules``: those with LoRA
     adapters, which train although their base weights are frozen), with min <= peak."""
-    for rate in module_rates(args):
-        why = _trains(rate.module, args.model_config, lora_modules)
+    for rate in module_rates(config.training):
+        why = _trains(rate.module, config.model_config, lora_modules)
         if why is not None:
             given = next(rate.flag(s) for s in SETTINGS if getattr(rate, s) is not None)
             raise ConfigError(f"{given} sets the optimizer of {MODULES[rate.module][0]}, "
@@ -83,8 +82,8 @@ def validate_module_lr_args(args: argparse.Namespace, lora_modules=()) -> None:
                 raise ConfigError(f"{rate.flag(s)} must not be negative")
         if rate.min_lr is not None and rate.lr is None:
             raise ConfigError(f"{rate.flag('min_lr')} needs {rate.flag('lr')}")
-        peak = args.lr if rate.lr is None else rate.lr
-        low = args.min_lr if rate.min_lr is None else rate.min_lr
+        peak = config.training.lr if rate.lr is None else rate.lr
+        low = config.training.min_lr if rate.min_lr is None else rate.min_lr
         if low > peak:
             raise ConfigError(f"{rate.flag('min_lr') if rate.min_lr is not None else '--min-lr'}"
                               f" ({low}) exceeds {rate.flag('lr')} ({peak})"

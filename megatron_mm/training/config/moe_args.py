@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 from typing import Optional, Union
 
 from ...config import ConfigError, MoEConfig
@@ -111,45 +112,51 @@ def refuse_uneven_expert_gathers(moe, parallel, backend: str) -> None:
             "take the experts' uneven token counts; pass --expert-tensor-parallel-size 1")
 
 
-def validate_moe_args(args: argparse.Namespace) -> None:
-    """After the world's sizes are known; sets Megatron-LM's default
-    ``--expert-tensor-parallel-size`` (the TP size) for an MoE LLM."""
-    if args.num_experts is None:
+def validate_moe_args(config):
+    """After the world's sizes are known: ``config`` (the RunConfig) with Megatron-LM's
+    default ``--expert-tensor-parallel-size`` (the TP size) for an MoE LLM."""
+    if config.moe.num_experts is None:
         for dest, default in MOE_ONLY.items():
-            if getattr(args, dest) != default:
+            group = config.parallel if dest.startswith("expert_") else config.moe
+            if getattr(group, dest) != default:
                 _refuse_on_dense(dest)
-        return
-    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-    ep = args.expert_model_parallel_size
-    if args.expert_tensor_parallel_size is None:
-        args.expert_tensor_parallel_size = tp
-    etp = args.expert_tensor_parallel_size
+        return config
+    par = config.parallel
+    tp, pp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size
+    ep = config.parallel.expert_model_parallel_size
+    if config.parallel.expert_tensor_parallel_size is None:
+        config = dataclasses.replace(config, parallel=dataclasses.replace(
+            config.parallel, expert_tensor_parallel_size=tp))
+    etp = config.parallel.expert_tensor_parallel_size
     if ep < 1 or etp < 1:
         raise ConfigError("--expert-model-parallel-size and --expert-tensor-parallel-size "
                           "must be >= 1")
-    if args.num_experts % ep:
-        raise ConfigError(f"--num-experts ({args.num_experts}) is not divisible by "
+    if config.moe.num_experts % ep:
+        raise ConfigError(f"--num-experts ({config.moe.num_experts}) is not divisible by "
                           f"--expert-model-parallel-size ({ep}): each rank holds the same "
                           "number of experts")
-    if args.world_size % (etp * ep * pp):
+    if config.parallel.world_size % (etp * ep * pp):
         raise ConfigError(
-            f"world size {args.world_size} is not divisible by --expert-tensor-parallel-size"
+            f"world size {config.parallel.world_size} is not divisible by "
+            f"--expert-tensor-parallel-size"
             f" ({etp}) x --expert-model-parallel-size ({ep}) x "
             f"--pipeline-model-parallel-size ({pp})")
-    expert_ffn = args.moe_ffn_hidden_size or args.ffn_hidden_size or 4 * args.hidden_size
+    expert_ffn = (config.moe.moe_ffn_hidden_size or config.model.ffn_hidden_size
+                  or 4 * config.model.hidden_size)
     if expert_ffn % etp:
         raise ConfigError(f"--moe-ffn-hidden-size ({expert_ffn}) is not divisible by "
                           f"--expert-tensor-parallel-size ({etp})")
-    if tp > 1 and not args.sequence_parallel:  # Megatron-Core's MoELayer refuses it
+    if tp > 1 and not config.parallel.sequence_parallel:  # Megatron-Core's MoELayer refuses it
         raise ConfigError(f"--num-experts with --tensor-model-parallel-size {tp} needs "
                           "--sequence-parallel (Megatron-Core's MoE layers)")
-    if pp > 1 and args.moe_token_dispatcher_type == "allgather":
+    if pp > 1 and config.moe.moe_token_dispatcher_type == "allgather":
         raise ConfigError("--moe-token-dispatcher-type allgather does not take micro-batches "
                           "of varying length, which pipeline parallelism sends: pass "
                           "--moe-token-dispatcher-type alltoall")
-    if args.moe_grouped_gemm and args.transformer_impl != "transformer_engine":
+    if config.moe.moe_grouped_gemm and config.model.transformer_impl != "transformer_engine":
         raise ConfigError("--moe-grouped-gemm is Transformer Engine's grouped GEMM: it needs "
                           "--transformer-impl transformer_engine (CUDA and TE); drop it for "
                           "one local MLP per expert")
-    if args.fp8 is not None or args.fp8_emulation:
+    if config.fp8.fp8 is not None or config.fp8.fp8_emulation:
         raise ConfigError("--num-experts does not combine with FP8 yet: drop one of them")
+    return config

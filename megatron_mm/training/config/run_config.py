@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
-from ...config import MultimodalModelConfig
+from ...config import ConfigError, MultimodalModelConfig
 from ...plan.fp8 import Fp8Settings
 from .groups import (GROUP_CLASSES, GROUPS, CheckpointArgs, DataArgs, EncoderScheduleArgs,
                      ExitsArgs, Fp8Args, FusionArgs, LoggingArgs, ModelArgs, MoeArgs,
@@ -63,12 +63,29 @@ class RunConfig:
             out.update(to_values(getattr(self, group)))
         return out
 
-    def validated(self, world_size: Optional[int] = None) -> "RunConfig":
-        """This configuration checked for ``world_size`` ranks (default ``$WORLD_SIZE``), with
-        what validation derives: a ConfigError names the first bad flag."""
-        from .validation import validate_args
+    def errors(self, world_size: Optional[int] = None) -> List[ConfigError]:
+        """What is wrong with this configuration for ``world_size`` ranks (default
+        ``$WORLD_SIZE``), each error naming its flag: every group's own errors, else the
+        first of the checks across groups (they read what validation derives)."""
+        from .validation import derive, group_errors
 
-        return RunConfig.from_flags(validate_args(self.namespace(), world_size))
+        errors = group_errors(self)
+        if errors:
+            return errors
+        try:
+            derive(self, world_size)
+        except ConfigError as e:
+            return [e]
+        return []
+
+    def validated(self, world_size: Optional[int] = None) -> "RunConfig":
+        """This configuration checked for ``world_size`` ranks (default ``$WORLD_SIZE``): a
+        new RunConfig with what validation derives (the world's sizes, the micro-batches per
+        step, the flags' dependent defaults, ``model_config``, ``fp8_settings``); a
+        ConfigError names the first bad flag. ``self`` is not changed."""
+        from .validation import validated
+
+        return validated(self, world_size)
 
     @property
     def encoder_replicas(self) -> int:
@@ -77,8 +94,8 @@ class RunConfig:
         return self.parallel.tensor_model_parallel_size // etp if etp else 1
 
     def namespace(self) -> argparse.Namespace:
-        """A fresh namespace of these flags, for the flags' validators to check a variant
-        (``--encoder-schedule auto`` trying encoder TPs); the run reads the groups."""
+        """A fresh namespace of these flags, for the namespace entry points (Megatron-LM's
+        args); the run reads the groups."""
         return argparse.Namespace(**self.flags(), model_config=self.model_config,
                                   fp8_settings=self.fp8_settings)
 

@@ -13,35 +13,33 @@ refused.
 
 from __future__ import annotations
 
-import argparse
-
 from ...config import ConfigError
 from ...families import family_of
 
 
-def validate_sequence_parallel(args: argparse.Namespace) -> None:
+def validate_sequence_parallel(config) -> None:
     """After the model config and the encoder schedule flags are known."""
-    tp = args.tensor_model_parallel_size
-    if not args.sequence_parallel:
+    tp = config.parallel.tensor_model_parallel_size
+    if not config.parallel.sequence_parallel:
         return
-    if tp == 1:  # Megatron-LM turns it off there
-        args.sequence_parallel = False
+    if tp == 1:  # Megatron-LM turns it off there (validation.py: already off)
         return
-    etp = args.encoder_tensor_model_parallel_size
+    etp = config.encoder_schedule.encoder_tensor_model_parallel_size
     # the separate placement's encoder ranks run without it and send their output whole
-    if etp is not None and etp != tp and args.encoder_schedule != "separate":
+    if etp is not None and etp != tp and config.encoder_schedule.encoder_schedule != "separate":
         raise ConfigError(
             f"--sequence-parallel with --encoder-tensor-model-parallel-size {etp} below "
             f"--tensor-model-parallel-size {tp} is not supported: each encoder replica would "
             "hold only a shard of its output, which the LLM's TP group takes whole; drop one "
             "of the flags")
-    if args.context_parallel_size > 1 and args.context_parallel_block % tp:
+    cp, block = config.parallel.context_parallel_size, config.parallel.context_parallel_block
+    if cp > 1 and block % tp:
         raise ConfigError(
-            f"--sequence-parallel with --context-parallel-size {args.context_parallel_size} "
-            f"needs --context-parallel-block ({args.context_parallel_block}) to be a "
+            f"--sequence-parallel with --context-parallel-size {cp} "
+            f"needs --context-parallel-block ({block}) to be a "
             f"multiple of --tensor-model-parallel-size ({tp}): each CP rank's tokens are "
             "then split over the TP ranks")
-    for name, enc in args.model_config.encoders.items():
+    for name, enc in config.model_config.encoders.items():
         check = family_of(enc).check_sequence_parallel
         if check is not None:
-            check(name, enc, tp, args.transformer_impl)
+            check(name, enc, tp, config.model.transformer_impl)

@@ -14,10 +14,10 @@ from ...config import ConfigError
 from ...te_import import INSTALL, transformer_engine_installed
 
 
-def validate_transformer_impl(args, te_installed: Optional[bool] = None) -> None:
+def validate_transformer_impl(config, te_installed: Optional[bool] = None) -> None:
     if te_installed is None:
         te_installed = transformer_engine_installed()
-    if args.transformer_impl == "transformer_engine" and not te_installed:
+    if config.model.transformer_impl == "transformer_engine" and not te_installed:
         raise ConfigError(
             "--transformer-impl transformer_engine needs Transformer Engine, which is not "
             f"installed: {INSTALL}; or pass --transformer-impl local")

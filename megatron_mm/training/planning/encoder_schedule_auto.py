@@ -170,8 +170,8 @@ def encoder_tp_options(config) -> List[int]:
         return [config.encoder_schedule.encoder_tensor_model_parallel_size]
     options = []
     for etp in [d for d in range(tp, 0, -1) if tp % d == 0]:
-        trial = config.namespace()  # what the flags' validators take
-        trial.encoder_tensor_model_parallel_size = etp
+        trial = dataclasses.replace(config, encoder_schedule=dataclasses.replace(
+            config.encoder_schedule, encoder_tensor_model_parallel_size=etp))
         try:
             if etp < tp and config.parallel.context_parallel_size > 1:
                 continue  # the replicas' groups assume one CP rank (arguments.py)

@@ -7,7 +7,7 @@ TP and CP and takes PP = the flags' where the rest allows it, else each divisor 
 (world - E) / (TP x CP) below it (a 2-rank world at PP 2 still has "1 encoder rank + the
 LLM at PP 1"). An alternative is offered only when the run can execute it: its flags
 (``--encoder-schedule separate`` with these sizes, on the same world) pass the flags' own
-validation (``arguments.validate_args``: ``separate_args``' refusals, the global batch
+validation (``RunConfig.validated``: ``separate_args``' refusals, the global batch
 dividing into the LLM's data-parallel size) and the LLM's layers split over its PP. The
 run of the chosen one is that validation's RunConfig (``separate_run_config``), so what
 was simulated is what runs.
@@ -26,7 +26,6 @@ from ...plan.schedules.problem import ScheduleProblem
 from ...plan.schedules.separate import separate
 from ...plan.schedules.separate_costs import (SeparateCosts, separate_costs,
                                                separate_iteration_s)
-from ..config.validation import validate_args
 from ..config.run_config import RunConfig
 from ..assembly.separate_world import llm_lockstep_replicas
 from .time_inputs import hardware, time_inputs
@@ -35,12 +34,13 @@ from .time_inputs import hardware, time_inputs
 def separate_run_config(config, encoder_tp: int, encoder_dp: int, pp: int) -> RunConfig:
     """``config`` (the RunConfig) as ``--encoder-schedule separate`` with these sizes on
     the same world, validated as the flags are (a ConfigError names what refuses it)."""
-    trial = config.namespace()
-    trial.encoder_schedule = "separate"
-    trial.encoder_tensor_model_parallel_size = encoder_tp
-    trial.encoder_data_parallel_size = encoder_dp
-    trial.pipeline_model_parallel_size = pp
-    return RunConfig.from_flags(validate_args(trial, config.parallel.world_size))
+    trial = dataclasses.replace(
+        config, encoder_schedule=dataclasses.replace(
+            config.encoder_schedule, encoder_schedule="separate",
+            encoder_tensor_model_parallel_size=encoder_tp,
+            encoder_data_parallel_size=encoder_dp),
+        parallel=dataclasses.replace(config.parallel, pipeline_model_parallel_size=pp))
+    return trial.validated(config.parallel.world_size)
 
 
 def separate_partition(config, chain, policy=None):

@@ -1,7 +1,9 @@
 """Where checkpoints are saved and loaded from, and what they hold."""
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
+
+from ....config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -30,3 +32,14 @@ class CheckpointArgs:
     exit_on_missing_checkpoint: bool = False
     """kept for Megatron compatibility: a --load without a checkpoint is always an error unless
     --load equals --save (auto-resume)"""
+
+    def errors(self) -> List[ConfigError]:
+        """This group's own checks, each naming its flag."""
+        out = []
+        if self.save_interval is not None and self.save is None:
+            out.append(ConfigError("--save-interval needs --save DIR"))
+        if self.ckpt_step is not None and self.ckpt_step < 0:
+            out.append(ConfigError("--ckpt-step must not be negative"))
+        if self.ckpt_step and self.load is None:
+            out.append(ConfigError("--ckpt-step needs --load DIR"))
+        return out

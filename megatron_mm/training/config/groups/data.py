@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 from typing import List, Literal, Optional
 
+from ....config import ConfigError
+
 from ....data.records import BAD_RECORD_POLICIES
 from .fields import flag
 
@@ -40,3 +42,18 @@ class DataArgs:
     sequence, and when a group counts as full"""
     data_balance_iters: int = 10
     """ISF iterations (re-packing rounds)"""
+
+    def errors(self) -> List[ConfigError]:
+        """This group's own checks, each naming its flag (the data paths':
+        ``data_args.validate_data_args``, which needs the model's sequence length)."""
+        from ....plan.balance import parse_bounds  # pure Python
+
+        if self.data_balance == "none":
+            return []
+        try:
+            parse_bounds(self.data_balance_bounds)
+        except ConfigError as e:  # a PlanError names the flag
+            return [e]
+        if self.data_balance_iters < 1:
+            return [ConfigError("--data-balance-iters must be >= 1")]
+        return []

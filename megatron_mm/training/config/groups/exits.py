@@ -1,11 +1,14 @@
 """When the run exits early and what it checks as it goes."""
 
 import argparse
+import signal
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
+
+from ....config import ConfigError
 
 from ..logging_args import EXIT_SIGNALS
-from .fields import flag
+from .fields import flag, not_positive
 
 
 @dataclass(frozen=True)
@@ -25,3 +28,11 @@ class ExitsArgs:
     check_for_nan_in_loss_and_grad: bool = flag(True, action=argparse.BooleanOptionalAction)
     """stop the run, naming the iteration, when the loss or a gradient is NaN or Inf (on by
     default, as in Megatron-LM)"""
+
+    def errors(self) -> List[ConfigError]:
+        """This group's own checks, each naming its flag."""
+        out = not_positive(self, "exit_interval", "exit_duration_in_mins")
+        if self.exit_signal_handler and not hasattr(signal, self.exit_signal):
+            out.append(ConfigError(f"--exit-signal {self.exit_signal} does not exist on this "
+                                   "system"))
+        return out

@@ -4,7 +4,9 @@ from a dict of flag values (a parsed namespace's, or a checkpoint's saved args).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Tuple
+from typing import Any, List, Mapping, Tuple
+
+from ....config import ConfigError
 
 from ....families.flags import FamilyFlags, flag  # noqa: F401 (flag: the groups' fields)
 
@@ -46,3 +48,13 @@ def to_values(group) -> dict:
             out[f.name] = value
     return out
 
+
+def flag_name(dest: str) -> str:
+    """The flag of a field: ``--`` and its name with dashes."""
+    return "--" + dest.replace("_", "-")
+
+
+def not_positive(group, *names) -> List[ConfigError]:
+    """"must be positive" for each of ``names`` set at or below 0 (None: not given)."""
+    return [ConfigError(f"{flag_name(n)} must be positive") for n in names
+            if getattr(group, n) is not None and getattr(group, n) <= 0]

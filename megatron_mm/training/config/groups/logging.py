@@ -1,8 +1,10 @@
 """The iteration line, its metrics and where they are written."""
 
 from dataclasses import dataclass
-from typing import Literal, Optional
-from .fields import flag
+from typing import List, Literal, Optional
+
+from ....config import ConfigError
+from .fields import flag, not_positive
 
 
 @dataclass(frozen=True)
@@ -51,3 +53,12 @@ class LoggingArgs:
     wandb_save_dir: Optional[str] = None
     """where wandb writes its files (default: <--save>/wandb)"""
     wandb_entity: Optional[str] = None
+
+    def errors(self) -> List[ConfigError]:
+        """This group's own checks, each naming its flag (with the others:
+        ``logging_args.validate_logging_args``)."""
+        out = not_positive(self, "log_interval", "tensorboard_log_interval",
+                           "tensorboard_queue_size")
+        if self.log_validation_samples < 0:
+            out.append(ConfigError("--log-validation-samples must not be negative"))
+        return out

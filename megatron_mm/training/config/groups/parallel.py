@@ -1,7 +1,9 @@
 """How the ranks share the model and the data (TP, PP, CP, EP, DP) and their communication."""
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import List, Literal, Optional
+
+from ....config import ConfigError
 
 from ....plan.context_parallel.cp_assignment import BLOCK_OVERHEAD
 from .fields import DERIVED
@@ -61,3 +63,18 @@ class ParallelArgs:
     """Derived by validation (not a flag)."""
     data_parallel_size: Optional[int] = field(default=None, metadata=DERIVED)
     """Derived by validation (not a flag)."""
+
+    def errors(self) -> List[ConfigError]:
+        """This group's own checks, each naming its flag."""
+        out = []
+        if self.context_parallel_size < 1:
+            out.append(ConfigError("--context-parallel-size must be >= 1"))
+        if self.overlap_param_gather and not (self.use_distributed_optimizer
+                                              and self.overlap_grad_reduce):
+            out.append(ConfigError("--overlap-param-gather needs --use-distributed-optimizer "
+                                   "and --overlap-grad-reduce (as in Megatron-LM)"))
+        if self.context_parallel_block < 1:
+            out.append(ConfigError("--context-parallel-block must be >= 1"))
+        if self.context_parallel_block_overhead < 0:
+            out.append(ConfigError("--context-parallel-block-overhead must be >= 0"))
+        return out

@@ -1,8 +1,10 @@
 """Which layers each pipeline stage holds, and the partition search."""
 
 from dataclasses import dataclass
-from typing import Optional
-from .fields import flag
+from typing import List, Optional
+
+from ....config import ConfigError
+from .fields import flag, flag_name
 
 
 @dataclass(frozen=True)
@@ -29,3 +31,12 @@ class PipelineArgs:
     pipeline_profile: Optional[str] = flag(None, metavar="FILE")
     """measured per-layer times (tools/profile_layers.py) for --pipeline-partition auto, instead of
     the FLOP cost model"""
+
+    def errors(self) -> List[ConfigError]:
+        """This group's own checks, each naming its flag."""
+        out = [ConfigError(f"{flag_name(n)} must be >= 1")
+               for n in ("pipeline_search_candidates", "pipeline_search_iters")
+               if getattr(self, n) < 1]
+        if self.pipeline_search_radius < 0:
+            out.append(ConfigError("--pipeline-search-radius must be >= 0"))
+        return out

@@ -1,7 +1,9 @@
 """The batch, the iterations, the optimizer and its learning-rate schedule."""
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import List, Literal, Optional
+
+from ....config import ConfigError
 
 from .fields import DERIVED
 
@@ -46,3 +48,21 @@ class TrainingArgs:
     bf16: bool = False
     num_microbatches: Optional[int] = field(default=None, metadata=DERIVED)
     """Derived by validation (not a flag)."""
+
+    @property
+    def decay_iters(self) -> int:
+        """``--lr-decay-iters``, by default ``--train-iters`` (at least 1)."""
+        return self.lr_decay_iters if self.lr_decay_iters is not None else max(self.train_iters, 1)
+
+    def errors(self) -> List[ConfigError]:
+        """This group's own checks, each naming its flag (the module rates':
+        ``module_lr_args``, which needs the model)."""
+        out = []
+        if self.lr_warmup_iters > self.decay_iters:
+            out.append(ConfigError(f"--lr-warmup-iters ({self.lr_warmup_iters}) exceeds "
+                                   f"--lr-decay-iters ({self.decay_iters})"))
+        if self.min_lr > self.lr:
+            out.append(ConfigError(f"--min-lr ({self.min_lr}) exceeds --lr ({self.lr})"))
+        if self.train_iters < 0:  # 0 with --save writes the initial checkpoint
+            out.append(ConfigError("--train-iters must not be negative"))
+        return out
