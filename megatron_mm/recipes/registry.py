@@ -1,0 +1,50 @@
+"""The recipe registry: ``RECIPES`` {name: function}, each function returning a complete
+``RunConfig`` (``model_config`` None until ``validated``), and the world size each is sized
+for (``WORLD_SIZES``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict
+
+from ..config import ConfigError
+from ..training.config.groups import GROUP_CLASSES
+from ..training.config.run_config import RunConfig
+
+RECIPES: Dict[str, Callable[[], RunConfig]] = {}
+# The ranks a recipe is sized for (its TP x PP x CP x DP); the demos: any (1 or 2 on CPU).
+WORLD_SIZES: Dict[str, int] = {}
+
+
+def recipe(name: str, world_size: int):
+    """Registers the decorated function as the recipe ``name`` for ``world_size`` ranks."""
+    def register(fn: Callable[[], RunConfig]) -> Callable[[], RunConfig]:
+        RECIPES[name] = fn
+        WORLD_SIZES[name] = world_size
+        return fn
+    return register
+
+
+def get_recipe(name: str) -> RunConfig:
+    """The recipe ``name``'s RunConfig; a ConfigError names the known ones."""
+    if name not in RECIPES:
+        raise ConfigError(f"--recipe {name}: no such recipe; known: {', '.join(RECIPES)}")
+    return RECIPES[name]()
+
+
+def defaults() -> RunConfig:
+    """Every group at its flags' defaults: what the command line gives with no flag."""
+    return RunConfig(**{group: cls() for group, cls in GROUP_CLASSES.items()})
+
+
+def with_fields(config: RunConfig, group: str, **changes) -> RunConfig:
+    """``config`` with the fields ``changes`` of its group ``group`` replaced
+    (``dataclasses.replace`` on the group, then on the config)."""
+    return dataclasses.replace(
+        config, **{group: dataclasses.replace(getattr(config, group), **changes)})
+
+
+def with_family(config: RunConfig, flags_class: type, **changes) -> RunConfig:
+    """``config`` with an encoder family's own flags (``Qwen2_5VLFlags`` ...) changed."""
+    families = config.model.families.replace(flags_class, **changes)
+    return with_fields(config, "model", families=families)
