@@ -89,7 +89,7 @@ def qwen3_llm(config: RunConfig, layers: int, hidden: int, heads: int, groups: i
     return hf_tokenizer(config)
 
 
-@recipe("llava_7b_stage2", world_size=8)
+@recipe("llava_7b_stage2", world_size=8, vocab_size=32000)
 def llava_7b_stage2() -> RunConfig:
     """LLaVA-1.5's stage 2 (visual instruction tuning, 665K samples: one epoch at global
     batch 128): CLIP ViT-L/14-336 (frozen, features of its second-to-last layer) + an MLP
@@ -108,7 +108,7 @@ def llava_7b_stage2() -> RunConfig:
                     min_lr=0.0, iters=5198, warmup=156, sequence_parallel=True)
 
 
-@recipe("qwen2_5_vl_7b_sft", world_size=8)
+@recipe("qwen2_5_vl_7b_sft", world_size=8, vocab_size=152064)
 def qwen2_5_vl_7b_sft() -> RunConfig:
     """Qwen2.5-VL-7B-Instruct SFT: its ViT (32 layers of 1280, window attention but in
     layers 7, 15, 23, 31) frozen, merger and LLM trained (M-RoPE [16, 24, 24])."""
@@ -127,7 +127,7 @@ def qwen2_5_vl_7b_sft() -> RunConfig:
                     min_lr=1e-6, iters=2000, warmup=50)
 
 
-@recipe("qwen3_vl_8b_sft", world_size=8)
+@recipe("qwen3_vl_8b_sft", world_size=8, vocab_size=151936)
 def qwen3_vl_8b_sft() -> RunConfig:
     """Qwen3-VL-8B-Instruct SFT: its ViT (DeepStack from layers 8, 16, 24) frozen, mergers
     and LLM (36 layers of 4096, 32 heads in 8 groups, MLP 12288) trained."""
@@ -137,7 +137,7 @@ def qwen3_vl_8b_sft() -> RunConfig:
                     min_lr=1e-6, iters=2000, warmup=50)
 
 
-@recipe("qwen3_5_9b_lora", world_size=8)
+@recipe("qwen3_5_9b_lora", world_size=8, vocab_size=248320)
 def qwen3_5_9b_lora() -> RunConfig:
     """Qwen3.5-9B with LoRA adapters (rank 32, alpha 64, every linear of the LLM), tower
     frozen: 32 layers of 4096, three Gated DeltaNet layers (16 key / 32 value heads of 128)
@@ -155,7 +155,7 @@ def qwen3_5_9b_lora() -> RunConfig:
                     min_lr=1e-5, iters=1000, warmup=30)
 
 
-@recipe("internvl3_8b", world_size=8)
+@recipe("internvl3_8b", world_size=8, vocab_size=151674)
 def internvl3_8b() -> RunConfig:
     """InternVL3-8B SFT: InternViT-300M-448px-V2.5 (24 layers of 1024, layer scale,
     dynamic 448 px tiles up to 12 plus a thumbnail, pixel shuffle 0.5) frozen, MLP
@@ -172,16 +172,17 @@ def internvl3_8b() -> RunConfig:
                     min_lr=0.0, iters=2000, warmup=60, weight_decay=0.05)
 
 
-@recipe("qwen3_vl_30b_a3b_ep", world_size=16)
+@recipe("qwen3_vl_30b_a3b_ep", world_size=16, vocab_size=151936)
 def qwen3_vl_30b_a3b_ep() -> RunConfig:
     """Qwen3-VL-30B-A3B-Instruct SFT with expert parallelism: 48 MoE layers of 2048 (128
     experts of 768, top 8, 32 heads in 4 groups) on two 8-GPU nodes: the planner's layout
     of docs/moe.md (TP 1, EP 8 within a node, DP 16; it beat Megatron-Bridge's TP 4, PP 2,
-    EP 4 there), all-to-all dispatch, grouped GEMM."""
+    EP 4 there), all-to-all dispatch. On GPUs with Transformer Engine add
+    ``--transformer-impl transformer_engine --moe-grouped-gemm``."""
     config = qwen3_vl_vision(qwen3_llm(defaults(), 48, 2048, 32, 4, 6144), [8, 16, 24])
     config = with_fields(config, "model", freeze_ViT=True)
     config = with_fields(config, "moe", num_experts=128, moe_ffn_hidden_size=768,
-                         moe_router_topk=8, moe_grouped_gemm=True,
+                         moe_router_topk=8,
                          moe_token_dispatcher_type="alltoall",
                          moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-3)
     return finetune(config, tp=1, ep=8, micro=1, global_batch=64, seq_length=4096,

@@ -5,22 +5,25 @@ for (``WORLD_SIZES``)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 from ..config import ConfigError
 from ..training.config.groups import GROUP_CLASSES
 from ..training.config.run_config import RunConfig
 
 RECIPES: Dict[str, Callable[[], RunConfig]] = {}
-# The ranks a recipe is sized for (its TP x PP x CP x DP); the demos: any (1 or 2 on CPU).
+# The ranks a recipe is sized for (its TP x PP x CP x DP); the demos: 2 (any fits).
 WORLD_SIZES: Dict[str, int] = {}
+# The tokenizer's vocabulary (the run reads it from the tokenizer; the planner needs it).
+VOCAB_SIZES: Dict[str, Optional[int]] = {}
 
 
-def recipe(name: str, world_size: int):
+def recipe(name: str, world_size: int, vocab_size: Optional[int] = None):
     """Registers the decorated function as the recipe ``name`` for ``world_size`` ranks."""
     def register(fn: Callable[[], RunConfig]) -> Callable[[], RunConfig]:
         RECIPES[name] = fn
         WORLD_SIZES[name] = world_size
+        VOCAB_SIZES[name] = vocab_size
         return fn
     return register
 
