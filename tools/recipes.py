@@ -13,7 +13,7 @@ from megatron_mm.startup import prepare_megatron_core
 def main(argv=None) -> int:
     prepare_megatron_core()  # the recipes import megatron_mm.training
     from megatron_mm.recipes import RECIPES, WORLD_SIZES
-    from megatron_mm.recipes.flags import recipe_argv
+    from megatron_mm.training.cli.recipe_flags import recipe_argv
 
     names = list(sys.argv[1:] if argv is None else argv)
     if not names:

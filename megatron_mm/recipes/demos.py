@@ -4,8 +4,6 @@ the shared optimiser); the others replace its fields. Any world size (1 or 2 on 
 
 from __future__ import annotations
 
-from ..families.qwen2_5_vl.flags import Qwen2_5VLFlags
-from ..families.qwen3_vl.flags import Qwen3VLFlags
 from ..training.config.run_config import RunConfig
 from .registry import defaults, recipe, with_family, with_fields
 
@@ -59,7 +57,7 @@ def demo_qwen() -> RunConfig:
     config = with_fields(qwen_llm(demo(), 64), "model", vision_model_type="qwen2_5_vl",
                          patch_dim=14, img_h=28, img_w=28,
                          disable_vision_class_token=False)  # the flags' defaults
-    config = with_family(config, Qwen2_5VLFlags, min_pixels=784, max_pixels=7056,
+    config = with_family(config, "qwen2_5_vl", min_pixels=784, max_pixels=7056,
                          video_min_pixels=784, video_max_pixels=3136)
     return demo_schedule(config, 3000, 1000, "runs/demo-qwen/checkpoints")
 
@@ -70,9 +68,9 @@ def demo_qwen3() -> RunConfig:
     DeepStack + a Qwen3 LLM (q / k norms) with interleaved M-RoPE, digits in 32 px cells."""
     config = with_fields(qwen_llm(demo_qwen(), 80), "model", qk_layernorm=True,
                          mrope_interleaved=True, vision_model_type="qwen3_vl", patch_dim=16)
-    config = with_family(config, Qwen2_5VLFlags, min_pixels=1024, max_pixels=9216,
+    config = with_family(config, "qwen2_5_vl", min_pixels=1024, max_pixels=9216,
                          video_min_pixels=2048, video_max_pixels=16384)
-    config = with_family(config, Qwen3VLFlags, vision_deepstack_visual_indexes=[0],
+    config = with_family(config, "qwen3_vl", vision_deepstack_visual_indexes=[0],
                          vision_num_position_embeddings=64)
     return demo_schedule(config, 4000, 1000, "runs/demo-qwen3/checkpoints")
 
@@ -87,5 +85,5 @@ def demo_qwen35() -> RunConfig:
         experimental_attention_variant="gated_delta_net", linear_attention_freq=2,
         linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=4,
         linear_num_value_heads=8)
-    config = with_family(config, Qwen3VLFlags, vision_deepstack_visual_indexes=[])
+    config = with_family(config, "qwen3_vl", vision_deepstack_visual_indexes=[])
     return demo_schedule(config, 3000, 1000, "runs/demo-qwen35/checkpoints")

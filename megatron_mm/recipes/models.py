@@ -8,9 +8,6 @@ given)."""
 
 from __future__ import annotations
 
-from ..families.internvl.flags import InternVLFlags
-from ..families.qwen2_5_vl.flags import Qwen2_5VLFlags
-from ..families.qwen3_vl.flags import Qwen3VLFlags
 from ..training.config.run_config import RunConfig
 from .registry import defaults, recipe, with_family, with_fields
 
@@ -70,9 +67,9 @@ def qwen3_vl_vision(config: RunConfig, deepstack) -> RunConfig:
                          vision_num_attention_heads=16, vision_ffn_hidden_size=4304,
                          patch_dim=16, vision_norm_epsilon=1e-6, image_token_id=151655,
                          video_token_id=151656)
-    config = with_family(config, Qwen2_5VLFlags, min_pixels=65536, max_pixels=16777216,
+    config = with_family(config, "qwen2_5_vl", min_pixels=65536, max_pixels=16777216,
                          video_min_pixels=128 * 32 * 32, video_max_pixels=768 * 32 * 32)
-    return with_family(config, Qwen3VLFlags, vision_deepstack_visual_indexes=deepstack,
+    return with_family(config, "qwen3_vl", vision_deepstack_visual_indexes=deepstack,
                        vision_num_position_embeddings=2304)
 
 
@@ -99,9 +96,10 @@ def llava_7b_stage2() -> RunConfig:
         defaults(), "model", num_layers=32, hidden_size=4096, ffn_hidden_size=11008,
         num_attention_heads=32, group_query_attention=False, rotary_base=10000.0,
         norm_epsilon=1e-5, max_position_embeddings=4096,
-        untie_embeddings_and_output_weights=True, vision_model_type="clip", vision_hidden_size=1024, vision_num_layers=24,
-        vision_num_attention_heads=16, vision_ffn_hidden_size=4096, img_h=336, img_w=336,
-        patch_dim=14, vision_feature_layer=-2, projector_type="mlp", freeze_ViT=True)
+        untie_embeddings_and_output_weights=True, vision_model_type="clip",
+        vision_hidden_size=1024, vision_num_layers=24, vision_num_attention_heads=16,
+        vision_ffn_hidden_size=4096, img_h=336, img_w=336, patch_dim=14,
+        vision_feature_layer=-2, projector_type="mlp", freeze_ViT=True)
     config = with_fields(config, "data", tokenizer_type="SentencePiece",
                          tokenizer_model=HF_DIR + "/tokenizer.model")
     return finetune(config, tp=2, micro=4, global_batch=128, seq_length=2048, lr=2e-5,
@@ -119,7 +117,7 @@ def qwen2_5_vl_7b_sft() -> RunConfig:
         vision_num_attention_heads=16, vision_ffn_hidden_size=3420, patch_dim=14,
         vision_norm_epsilon=1e-6, image_token_id=151655, video_token_id=151656,
         freeze_ViT=True)
-    config = with_family(config, Qwen2_5VLFlags, vision_window_size=112,
+    config = with_family(config, "qwen2_5_vl", vision_window_size=112,
                          vision_fullatt_block_indexes=[7, 15, 23, 31],
                          vision_tokens_per_second=2.0, min_pixels=3136,
                          max_pixels=12845056)
@@ -165,7 +163,7 @@ def internvl3_8b() -> RunConfig:
         vision_hidden_size=1024, vision_num_layers=24, vision_num_attention_heads=16,
         vision_ffn_hidden_size=4096, img_h=448, img_w=448, patch_dim=14,
         vision_norm_epsilon=1e-6, image_token_id=151667, freeze_ViT=True)
-    config = with_family(config, InternVLFlags, vision_norm_type="layer_norm",
+    config = with_family(config, "internvit", vision_norm_type="layer_norm",
                          vision_add_qkv_bias=True, vision_layerscale_init=0.1,
                          downsample_ratio=0.5, max_num_tiles=12, use_thumbnail=True)
     return finetune(config, tp=2, micro=1, global_batch=64, seq_length=8192, lr=2e-5,

@@ -8,6 +8,7 @@ import dataclasses
 from typing import Callable, Dict, Optional
 
 from ..config import ConfigError
+from ..families import FAMILIES
 from ..training.config.groups import GROUP_CLASSES
 from ..training.config.run_config import RunConfig
 
@@ -47,7 +48,8 @@ def with_fields(config: RunConfig, group: str, **changes) -> RunConfig:
         config, **{group: dataclasses.replace(getattr(config, group), **changes)})
 
 
-def with_family(config: RunConfig, flags_class: type, **changes) -> RunConfig:
-    """``config`` with an encoder family's own flags (``Qwen2_5VLFlags`` ...) changed."""
-    families = config.model.families.replace(flags_class, **changes)
+def with_family(config: RunConfig, family: str, **changes) -> RunConfig:
+    """``config`` with the encoder family ``family``'s own flags (its ``EncoderFamily.flags``:
+    ``qwen2_5_vl``'s ``Qwen2_5VLFlags`` ...) changed."""
+    families = config.model.families.replace(FAMILIES[family].flags, **changes)
     return with_fields(config, "model", families=families)

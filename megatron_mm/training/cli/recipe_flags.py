@@ -43,3 +43,33 @@ def recipe_defaults(parser: argparse.ArgumentParser, name: str) -> None:
     values = get_recipe(name).flags()
     dests = {action.dest for action in parser._actions}
     parser.set_defaults(**{dest: value for dest, value in values.items() if dest in dests})
+
+
+def recipe_argv(name: str) -> List[str]:
+    """The flags that give the recipe ``name`` on an empty command line (its values that
+    differ from the defaults)."""
+    from ...recipes import get_recipe
+    from .arguments import build_parser
+
+    values = get_recipe(name).flags()
+    out: List[str] = []
+    for action in build_parser()._actions:
+        if not action.option_strings or action.dest not in values:
+            continue
+        value = values[action.dest]
+        if value == action.default or (isinstance(value, (list, tuple))
+                                       and list(value) == list(action.default or [])
+                                       and action.default is not None):
+            continue
+        option = action.option_strings[0]
+        if isinstance(action, argparse.BooleanOptionalAction):
+            out.append(option if value else "--no-" + option[2:])
+        elif action.nargs == 0:  # store_true / store_false
+            if value == action.const:
+                out.append(option)
+        elif isinstance(value, (list, tuple)):
+            out += [option, *map(str, value)]
+        else:
+            out += [option, str(value)]
+    return out
+
