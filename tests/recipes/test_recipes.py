@@ -80,7 +80,9 @@ def test_makefile_demos_run_their_recipes():
     for var, name in (("DEMO_FLAGS", "demo"), ("DEMO_AUDIO_FLAGS", "demo_audio"),
                       ("DEMO_QWEN_FLAGS", "demo_qwen"), ("DEMO_QWEN3_FLAGS", "demo_qwen3"),
                       ("DEMO_QWEN35_FLAGS", "demo_qwen35")):
-        assert makefile_flags(var) == ["--recipe", name]
+        assert makefile_flags(var, expand_recipe=False) == ["--recipe", name]
+        assert read_args(makefile_flags(var), world_size=2).model_config == read_args(
+            ["--recipe", name], world_size=2).model_config
 
 
 def load_plan_tool():
