@@ -78,21 +78,13 @@ lock:
 	rm -rf .venv-lock
 	-git diff --stat -- requirements-lock.txt
 
-# The demos' optimiser and seed (the flags before and after set the model, data and schedule).
-DEMO_RECIPE = --lr 1e-3 --min-lr 1e-5 --lr-decay-style cosine --lr-warmup-iters 10 \
-	--weight-decay 0.01 --clip-grad 1.0 --seed 1234
+# The demos: typed configs in Python (megatron_mm/recipes/demos.py, docs/recipes.md), run
+# by name; flags after --recipe override its values (make demo DEMO_FLAGS="--recipe demo
+# --train-iters 100").
 
 # The demo: CLIP-style ViT + MLP projector + Llama-style LLM on real handwritten digits,
 # data-parallel over $(NPROC) processes (gloo on CPU, NCCL on GPUs).
-DEMO_FLAGS = \
-	--num-layers 2 --hidden-size 128 --num-attention-heads 4 --group-query-attention \
-	--num-query-groups 2 --seq-length 64 \
-	--vision-hidden-size 64 --vision-num-layers 2 --vision-num-attention-heads 4 \
-	--img-h 16 --img-w 16 --patch-dim 8 --disable-vision-class-token \
-	--micro-batch-size 16 --global-batch-size 32 --train-iters 600 \
-	$(DEMO_RECIPE) \
-	--log-interval 50 --eval-interval 200 --eval-iters 10 \
-	--save runs/demo/checkpoints --save-interval 600
+DEMO_FLAGS = --recipe demo
 
 demo: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
@@ -100,10 +92,7 @@ demo: setup
 
 # The vision + audio demo: the ViT above plus a Whisper-style audio encoder, on handwritten
 # digits paired with digits spoken by espeak-ng ("seven plus three is ten").
-DEMO_AUDIO_FLAGS = $(subst --save runs/demo/,--save runs/demo-audio/,$(DEMO_FLAGS)) \
-	--audio-model-type whisper --audio-hidden-size 64 --audio-num-layers 2 \
-	--audio-num-attention-heads 4 --audio-num-mel-bins 80 --audio-max-source-positions 64 \
-	--audio-pool-stride 4
+DEMO_AUDIO_FLAGS = --recipe demo_audio
 
 demo-audio: setup
 	@command -v espeak-ng >/dev/null 2>&1 || { echo "make demo-audio needs espeak-ng:" \
@@ -115,16 +104,7 @@ demo-audio: setup
 # image's own size + an M-RoPE LLM, on digit images of sides 28-84 px (the digit in every
 # 28 px cell: 1-9 tokens), 1-3 per question, and on clips of 2 or 4 digit frames
 # (families/qwen2_5_vl/digits.py); the pixel bounds keep every image and frame as it is drawn.
-DEMO_QWEN_FLAGS = \
-	--num-layers 2 --hidden-size 128 --num-attention-heads 8 --group-query-attention \
-	--num-query-groups 4 --seq-length 64 --position-embedding-type mrope --mrope-section 2 3 3 \
-	--vision-model-type qwen2_5_vl --vision-hidden-size 64 --vision-num-layers 2 \
-	--vision-num-attention-heads 4 --patch-dim 14 --min-pixels 784 --max-pixels 7056 \
-	--video-min-pixels 784 --video-max-pixels 3136 \
-	--micro-batch-size 16 --global-batch-size 32 --train-iters 3000 \
-	$(DEMO_RECIPE) \
-	--log-interval 50 --eval-interval 1000 --eval-iters 10 \
-	--save runs/demo-qwen/checkpoints --save-interval 3000
+DEMO_QWEN_FLAGS = --recipe demo_qwen
 
 demo-qwen: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
@@ -134,18 +114,7 @@ demo-qwen: setup
 # frame) whose layer 0 also feeds DeepStack (added after LLM layer 0) + a Qwen3 LLM (q / k
 # norms) with interleaved M-RoPE, on the digits above drawn in 32 px cells
 # (families/qwen3_vl/digits.py); each clip's temporal patches follow their "<t seconds>" text.
-DEMO_QWEN3_FLAGS = \
-	--num-layers 2 --hidden-size 128 --num-attention-heads 8 --group-query-attention \
-	--num-query-groups 4 --qk-layernorm --seq-length 80 --position-embedding-type mrope \
-	--mrope-section 2 3 3 --mrope-interleaved \
-	--vision-model-type qwen3_vl --vision-hidden-size 64 --vision-num-layers 2 \
-	--vision-num-attention-heads 4 --patch-dim 16 --vision-deepstack-visual-indexes 0 \
-	--vision-num-position-embeddings 64 --min-pixels 1024 --max-pixels 9216 \
-	--video-min-pixels 2048 --video-max-pixels 16384 \
-	--micro-batch-size 16 --global-batch-size 32 --train-iters 4000 \
-	$(DEMO_RECIPE) \
-	--log-interval 50 --eval-interval 1000 --eval-iters 10 \
-	--save runs/demo-qwen3/checkpoints --save-interval 4000
+DEMO_QWEN3_FLAGS = --recipe demo_qwen3
 
 demo-qwen3: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
@@ -155,28 +124,15 @@ demo-qwen3: setup
 # DeltaNet, 1 and 3 gated full attention rotating a quarter of each head by interleaved
 # M-RoPE, zero-centred norms) on the Qwen3-VL demo's digits (docs/qwen3_5.md: one full
 # layer after one GDN layer, the first recipe, did not learn).
-DEMO_QWEN35_FLAGS = \
-	--num-layers 4 --hidden-size 128 --num-attention-heads 8 --group-query-attention \
-	--num-query-groups 4 --kv-channels 32 --qk-layernorm --seq-length 80 \
-	--position-embedding-type mrope --mrope-section 2 1 1 --mrope-interleaved \
-	--rotary-percent 0.25 --attention-output-gate --apply-layernorm-1p \
-	--experimental-attention-variant gated_delta_net --linear-attention-freq 2 \
-	--linear-key-head-dim 16 --linear-value-head-dim 16 --linear-num-key-heads 4 \
-	--linear-num-value-heads 8 \
-	--vision-model-type qwen3_vl --vision-hidden-size 64 --vision-num-layers 2 \
-	--vision-num-attention-heads 4 --patch-dim 16 --vision-deepstack-visual-indexes \
-	--vision-num-position-embeddings 64 --min-pixels 1024 --max-pixels 9216 \
-	--video-min-pixels 2048 --video-max-pixels 16384 \
-	--micro-batch-size 16 --global-batch-size 32 --train-iters 3000 \
-	$(DEMO_RECIPE) \
-	--log-interval 50 --eval-interval 1000 --eval-iters 10 \
-	--save runs/demo-qwen35/checkpoints --save-interval 3000
+DEMO_QWEN35_FLAGS = --recipe demo_qwen35
 
 demo-qwen35: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node $(NPROC) \
 		examples/pretrain_mllm.py $(DEMO_QWEN35_FLAGS)
 
-# The demo's flags, for the GPU checks of docs/gpu.md: DEMO="$(make -s print-demo-flags)".
+# The demo's flags, for the GPU checks of docs/gpu.md: DEMO="$(make -s print-demo-flags)"
+# (--recipe demo: the flags given after it win; `python -m megatron_mm.recipes demo` prints
+# the recipe as the flags it sets).
 print-demo-flags:
 	@echo $(DEMO_FLAGS)
 

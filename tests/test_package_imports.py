@@ -46,7 +46,9 @@ ALLOWED = {
                                  "training/loop"},
     "training/pretrain": {"training/config", "training/loop"},
     "training/cli": GROUND | {"startup", "families", "plan", "training/config",
-                              "training/checkpoint"},
+                              "training/checkpoint", "recipes"},
+    # recipes: typed RunConfigs (the cli's --recipe reads them)
+    "recipes": GROUND | {"families", "training/config"},
     "hf": GROUND | {"startup", "plan", "data", "families", "models", "training",
                     "training/checkpoint", "training/config", "training/cli",
                     "training/assembly",

@@ -504,16 +504,15 @@ def replace_flag(flags: List[str], flag: str, value: Optional[str]) -> List[str]
 
 
 def demo_flags() -> List[str]:
-    """``make demo``'s flags: the Makefile's DEMO_FLAGS (read from the file where the node
-    has no make)."""
+    """``make demo``'s flags: the Makefile's DEMO_FLAGS, ``--recipe demo`` (read from the file
+    where the node has no make)."""
     try:
         proc = subprocess.run(["make", "-s", "-C", str(ROOT), "print-demo-flags"],
                               capture_output=True, text=True, check=True)
         return proc.stdout.split()
     except (OSError, subprocess.CalledProcessError):
         text = (ROOT / "Makefile").read_text()
-        block = re.search(r"^DEMO_FLAGS = \\\n((?:.*\\\n)*.*)$", text, re.M).group(1)
-        return block.replace("\\\n", " ").split()
+        return re.search(r"^DEMO_FLAGS = (.*)$", text, re.M).group(1).split()
 
 
 def dry_run(names: List[str], out) -> int:

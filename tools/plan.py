@@ -12,6 +12,7 @@ frozen-aware one. Pure Python: no torch, runs anywhere.
         --vocab-size 128256 --vision-num-layers 24 --vision-hidden-size 1024 \\
         --vision-num-attention-heads 16 --img-h 336 --img-w 336 --patch-dim 14 \\
         --freeze-ViT --freeze-LM --pipeline-partition 20,14,14,12
+    python tools/plan.py --recipe qwen3_vl_8b_sft  # a recipe's model and layout (docs/recipes.md)
     python tools/plan.py --cornstarch-table        # the nine Cornstarch MLLMs
     python tools/plan.py --optimus-table           # Optimus' ViT + LLaMA / GPT models
     python tools/plan.py --optimus-schedule-table  # Optimus' encoder plan + bubble schedule
@@ -193,9 +194,75 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def recipe_flags(argv: Optional[Sequence[str]]) -> List[str]:
+    """``--recipe NAME``: the recipe's model, freezing and layout as this tool's flags, then
+    the other flags of ``argv`` (they win). Imports the package's training configs (torch):
+    only with --recipe."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--recipe" not in argv:
+        return argv
+    i = argv.index("--recipe")
+    name, rest = argv[i + 1], argv[:i] + argv[i + 2:]
+    from megatron_mm.startup import prepare_megatron_core
+
+    prepare_megatron_core()  # the recipes import megatron_mm.training
+    from megatron_mm.recipes import VOCAB_SIZES, WORLD_SIZES, get_recipe
+
+    values = get_recipe(name).flags()
+    v = values.get
+    experts = v("num_experts") or 1
+    model_parallel = (v("tensor_model_parallel_size") * v("pipeline_model_parallel_size")
+                      * v("context_parallel_size"))
+    out = {"num_layers": v("num_layers"), "hidden_size": v("hidden_size"),
+           # an MoE layer's expert MLP (the planner's FFN with --num-experts)
+           "ffn_hidden_size": v("moe_ffn_hidden_size") if experts > 1 else v("ffn_hidden_size"),
+           "num_attention_heads": v("num_attention_heads"),
+           "num_query_groups": v("num_query_groups") if v("group_query_attention") else None,
+           "kv_channels": v("kv_channels"), "vocab_size": VOCAB_SIZES[name],
+           "num_experts": experts,
+           "moe_router_topk": v("moe_router_topk") if experts > 1 else None,
+           "experimental_attention_variant": v("experimental_attention_variant"),
+           "tensor_model_parallel_size": v("tensor_model_parallel_size"),
+           "pipeline_model_parallel_size": v("pipeline_model_parallel_size"),
+           "context_parallel_size": v("context_parallel_size"),
+           "data_parallel_size": WORLD_SIZES[name] // model_parallel,
+           "micro_batch_size": v("micro_batch_size"),
+           "global_batch_size": v("global_batch_size"), "seq_length": v("seq_length"),
+           "recompute_granularity": v("recompute_granularity")}
+    if v("use_distributed_optimizer"):  # bf16 weights, fp32 grads; fp32 master + Adam over DP
+        out["bytes_per_trainable_param"] = 6 + 12 / out["data_parallel_size"]
+    if v("experimental_attention_variant"):
+        out.update({k: v(k) for k in ("linear_attention_freq", "linear_conv_kernel_dim",
+                                      "linear_key_head_dim", "linear_value_head_dim",
+                                      "linear_num_key_heads", "linear_num_value_heads")})
+    if v("vision_model_type") != "none":
+        out.update(vision_num_layers=v("vision_num_layers"),
+                   vision_hidden_size=v("vision_hidden_size"),
+                   vision_ffn_hidden_size=v("vision_ffn_hidden_size"),
+                   vision_num_attention_heads=v("vision_num_attention_heads"),
+                   patch_dim=v("patch_dim"))
+        if v("vision_model_type") in ("clip", "internvit", "siglip"):  # fixed-size tiles
+            out.update(img_h=v("img_h"), img_w=v("img_w"))
+    flags = ["--swiglu"]  # the package's LLM: Llama-style, gated MLP
+    for dest, value in out.items():
+        if value is not None:
+            flags += [f"--{dest.replace('_', '-')}", str(value)]
+    switches = {"group_query_attention": v("group_query_attention"),
+                "attention_output_gate": v("attention_output_gate"),
+                "disable_vision_class_token": v("disable_vision_class_token"),
+                # LoRA trains adapters only: the base LLM is frozen for the planner
+                "freeze_LM": v("freeze_LM") or bool(v("lora_rank")),
+                "freeze_ViT": v("freeze_ViT"), "freeze_projector": v("freeze_projector")}
+    flags += [f"--{dest.replace('_', '-')}" for dest, on in switches.items() if on]
+    return flags + rest
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    parser.add_argument("--recipe", default=None, metavar="NAME",
+                        help="a recipe's model and layout (megatron_mm/recipes); the flags "
+                             "given win")
+    args = parser.parse_args(recipe_flags(argv))
     try:
         if args.omnibal_table:
             return print_omnibal_table(args)

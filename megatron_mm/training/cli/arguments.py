@@ -20,6 +20,7 @@ from ..config.lora_args import lora_flags_from_checkpoint
 from ..config.moe_args import refuse_moe_flags_given_to_dense
 from ..config.run_config import RunConfig
 from ..config.validation import validate_args
+from .recipe_flags import recipe_defaults, split_recipe
 from .user_errors import ArgumentParser, exit_with_user_error
 
 
@@ -31,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = ArgumentParser(
         description="Train a multimodal LLM with Megatron-Core (megatron_mm)",
+        epilog="--recipe NAME: a recipe's values (megatron_mm/recipes, "
+               "docs/recipes.md) as the defaults; the flags given win",
         allow_abbrev=False)
     family_sections = {slot: [] for slot in SLOTS}
     for fam in FAMILIES.values():
@@ -64,8 +67,12 @@ def read_args(argv: Optional[Sequence[str]] = None,
               world_size: Optional[int] = None) -> argparse.Namespace:
     """The flags of ``argv`` with those the checkpoint ``--load`` names fixes, checked
     (a ConfigError names the flag), with Megatron's derived values; the run reads them as
-    a ``run_config.RunConfig``."""
-    args = build_parser().parse_args(argv)
+    a ``run_config.RunConfig``. ``--recipe NAME``: that recipe's values are the defaults."""
+    recipe, argv = split_recipe(argv)
+    parser = build_parser()
+    if recipe is not None:
+        recipe_defaults(parser, recipe)
+    args = parser.parse_args(argv)
     given = given_flags(argv)
     apply_checkpoint_args(args, given)
     refuse_moe_flags_given_to_dense(args, given)
