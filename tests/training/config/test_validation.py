@@ -47,6 +47,11 @@ def test_each_group_names_its_own_flag():
                                                 "need --recompute-granularity full"),
         (ParallelArgs(context_parallel_block=0), "--context-parallel-block must be >= 1"),
         (TrainingArgs(lr=1e-4, min_lr=1e-3), "--min-lr (0.001) exceeds --lr (0.0001)"),
+        # Megatron-Core's OptimizerParamScheduler asserts warmup < decay steps
+        (TrainingArgs(train_iters=10, lr_warmup_iters=10),
+         "--lr-warmup-iters (10) must be below --lr-decay-iters (10, default --train-iters)"),
+        (TrainingArgs(lr=1e-4, lr_warmup_init=1e-3), "--lr-warmup-init (0.001) exceeds --lr "
+                                                     "(0.0001)"),
         (CheckpointArgs(save_interval=5), "--save-interval needs --save DIR"),
         (ValidationArgs(eval_interval=0), "--eval-interval must be positive"),
         (LoggingArgs(log_interval=0), "--log-interval must be positive"),

@@ -58,9 +58,13 @@ class TrainingArgs:
         """This group's own checks, each naming its flag (the module rates':
         ``module_lr_args``, which needs the model)."""
         out = []
-        if self.lr_warmup_iters > self.decay_iters:
-            out.append(ConfigError(f"--lr-warmup-iters ({self.lr_warmup_iters}) exceeds "
-                                   f"--lr-decay-iters ({self.decay_iters})"))
+        if self.lr_warmup_iters >= self.decay_iters:  # Megatron-Core's scheduler asserts <
+            out.append(ConfigError(f"--lr-warmup-iters ({self.lr_warmup_iters}) must be below "
+                                   f"--lr-decay-iters ({self.decay_iters}, default "
+                                   "--train-iters)"))
+        if self.lr_warmup_init > self.lr:
+            out.append(ConfigError(f"--lr-warmup-init ({self.lr_warmup_init}) exceeds --lr "
+                                   f"({self.lr})"))
         if self.min_lr > self.lr:
             out.append(ConfigError(f"--min-lr ({self.min_lr}) exceeds --lr ({self.lr})"))
         if self.train_iters < 0:  # 0 with --save writes the initial checkpoint
