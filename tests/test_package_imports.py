@@ -17,13 +17,14 @@ GROUND = {"config", "quiet", "te_import", "runtime_patches"}
 LOWER = GROUND | {"startup", "plan", "data", "families", "models", "runtime"}
 TRAINING = {"training", "training/cli", "training/rank_print", "training/checkpoint",
             "training/config", "training/assembly", "training/planning", "training/separate",
-            "training/loop", "training/errors", "training/pretrain"}
+            "training/loop", "training/errors", "training/pretrain", "training/run_config"}
 ALLOWED = {
     "config": set(),
     "quiet": set(),
     "te_import": set(),
     "runtime_patches": set(),
     "startup": {"runtime_patches", "quiet", "te_import"},
+    "patches": {"runtime_patches"},  # the old name, deprecated
     "prepared": {"startup"},
     "plan": {"config"},
     "reproductions": {"config", "plan"},
@@ -45,6 +46,7 @@ ALLOWED = {
     "training/errors": GROUND | {"data", "models", "runtime", "training/checkpoint",
                                  "training/loop"},
     "training/pretrain": {"training/config", "training/loop"},
+    "training/run_config": {"training/cli", "training/config"},  # the old place, deprecated
     "training/cli": GROUND | {"startup", "families", "plan", "training/config",
                               "training/checkpoint", "recipes"},
     # recipes: typed RunConfigs (the cli's --recipe reads them)
