@@ -97,30 +97,27 @@ def checkpoint_run_config(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1, cp: 
     """The training script's RunConfig for ``--load ckpt`` at TP / PP / EP (expert
     parallelism: an MoE LLM's) / CP (blocks of ``cp_block`` tokens; ConfigError on a
     layout the checkpoint cannot take)."""
-    from ..training.cli.arguments import apply_checkpoint_args
-    from ..training.config.validation import validate_args
-    from ..training.cli.flag_values import flags_of_values
-    from ..training.config.run_config import RunConfig
+    from ..training.config.values import checkpoint_values, run_config_of
 
     # the model's weights only: a trained checkpoint's optimizer state and RNG stay unread
-    flags = {"load": ckpt, "tensor_model_parallel_size": tp,
-             "pipeline_model_parallel_size": pp, "no_load_optim": True, "no_load_rng": True}
+    values = {"load": ckpt, "tensor_model_parallel_size": tp,
+              "pipeline_model_parallel_size": pp, "no_load_optim": True, "no_load_rng": True}
     if ep != 1:  # a dense checkpoint refuses it, naming the flag
-        flags["expert_model_parallel_size"] = ep
-    flags["context_parallel_size"] = cp
+        values["expert_model_parallel_size"] = ep
+    values["context_parallel_size"] = cp
     if cp_block is not None:
-        flags["context_parallel_block"] = cp_block
-    args = flags_of_values(flags)
-    apply_checkpoint_args(args, set(flags))
-    if args.max_position_embeddings:  # no training: any length the model takes
-        args.seq_length = args.max_position_embeddings
-    if args.num_experts is not None:  # an MoE LLM: what every layout takes
-        args.moe_token_dispatcher_type = "alltoall"
-        args.sequence_parallel = tp > 1  # Megatron-Core's MoE layers need it at TP > 1
-        args.expert_tensor_parallel_size = expert_tensor_parallel_size(tp, ep)
-        if args.sequence_parallel:  # the padded encoder shards' mask: the local attention
-            args.transformer_impl = "local"
-    return RunConfig.from_flags(validate_args(args, world_size=world_size(tp, pp, ep, cp)))
+        values["context_parallel_block"] = cp_block
+    saved = checkpoint_values(ckpt, values)
+    model = run_config_of(values, saved).flags()
+    if model["max_position_embeddings"]:  # no training: any length the model takes
+        values["seq_length"] = model["max_position_embeddings"]
+    if model["num_experts"] is not None:  # an MoE LLM: what every layout takes
+        values["moe_token_dispatcher_type"] = "alltoall"
+        values["sequence_parallel"] = tp > 1  # Megatron-Core's MoE layers need it at TP > 1
+        values["expert_tensor_parallel_size"] = expert_tensor_parallel_size(tp, ep)
+        if values["sequence_parallel"]:  # the padded encoder shards' mask: local attention
+            values["transformer_impl"] = "local"
+    return run_config_of(values, saved).validated(world_size(tp, pp, ep, cp))
 
 
 def expert_tensor_parallel_size(tp: int, ep: int) -> int:
