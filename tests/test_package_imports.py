@@ -47,9 +47,9 @@ ALLOWED = {
     "training/pretrain": {"training/config", "training/loop"},
     "training/cli": GROUND | {"startup", "families", "plan", "training/config",
                               "training/checkpoint"},
+    # the converter states its config as typed values: nothing of the command line
     "hf": GROUND | {"startup", "plan", "data", "families", "models", "training",
-                    "training/checkpoint", "training/config", "training/cli",
-                    "training/assembly",
+                    "training/checkpoint", "training/config", "training/assembly",
                     "training/planning", "training/errors"},
     "megatron_lm": LOWER | TRAINING | {"hf"},
     "families/*": GROUND | {"startup", "plan", "data", "families", "models", "runtime",

@@ -74,8 +74,11 @@ def typed_value(f: dataclasses.Field, value: Any) -> Any:
     """``value`` as the parser stores it for ``f``'s flag (a ConfigError names the flag
     where it cannot take it)."""
     flag = "--" + f.name.replace("_", "-")
-    kind = _base(f.type)
-    if value is None or "type" in f.metadata.get("argparse_meta", {}):
+    kind, meta = _base(f.type), f.metadata.get("argparse_meta", {})
+    if meta.get("choices") is not None and value not in meta["choices"]:
+        raise ConfigError(f"{flag}: invalid choice: {value!r} (choose from "
+                          f"{', '.join(map(repr, meta['choices']))})")
+    if value is None or "type" in meta:
         return value  # a default None, or a flag with its own parser (read as given)
     if kind is bool:
         if not isinstance(value, bool):
