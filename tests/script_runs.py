@@ -67,26 +67,22 @@ def run_as_script(rank: int, argv: list, flags_from_checkpoint: bool = True) -> 
     the flags' alone, as a caller that builds its own model has it."""
     from megatron_mm.training.cli.arguments import build_parser, parse_args
     from megatron_mm.training.config.validation import validate_args
-    from megatron_mm.training.errors import USER_ERRORS
-    from megatron_mm.training.assembly.initialize import shutdown_distributed
+    from megatron_mm.training.main import run_job
     from megatron_mm.training.pretrain import pretrain
     from megatron_mm.training.config.run_config import RunConfig
-    from megatron_mm.training.cli.user_errors import exit_with_user_error
 
     world = int(os.environ["WORLD_SIZE"])
     result = {"code": 0, "losses": None}
+
+    def job():
+        args = (parse_args(argv, world) if flags_from_checkpoint else
+                validate_args(build_parser().parse_args(argv), world))
+        return pretrain(RunConfig.from_flags(args))
+
     with captured_output() as out:
-        try:
-            args = (parse_args(argv, world) if flags_from_checkpoint else
-                    validate_args(build_parser().parse_args(argv), world))
-            result["losses"] = pretrain(RunConfig.from_flags(args))["losses"]
-        except USER_ERRORS as e:  # examples/pretrain_mllm.py's except clause
-            shutdown_distributed(barrier=False)
-            try:
-                exit_with_user_error(e)
-            except SystemExit as exit_:
-                result["code"] = exit_.code
-        except SystemExit as exit_:  # a bad flag
+        try:  # the script's error reporting and shutdown (training/main.py)
+            result["losses"] = run_job(job)["losses"]
+        except SystemExit as exit_:  # a bad flag, a user's error, a peer's stop
             result["code"] = exit_.code
     return {**result, **out}
 

@@ -17,7 +17,8 @@ GROUND = {"config", "quiet", "te_import", "runtime_patches"}
 LOWER = GROUND | {"startup", "plan", "data", "families", "models", "runtime"}
 TRAINING = {"training", "training/cli", "training/rank_print", "training/checkpoint",
             "training/config", "training/assembly", "training/planning", "training/separate",
-            "training/loop", "training/errors", "training/pretrain", "training/run_config"}
+            "training/loop", "training/errors", "training/pretrain", "training/run_config",
+            "training/run_context", "training/main"}
 ALLOWED = {
     "config": set(),
     "quiet": set(),
@@ -41,20 +42,27 @@ ALLOWED = {
                                   "training/rank_print"},
     "training/planning": LOWER | {"training/config", "training/assembly"},
     "training/separate": LOWER | {"training/assembly", "training/planning"},
+    # one run's assembly before any process group: every entry point builds it
+    "training/run_context": LOWER | {"training/config", "training/checkpoint",
+                                     "training/assembly", "training/planning"},
     "training/loop": LOWER | {"training/config", "training/checkpoint", "training/assembly",
-                              "training/planning", "training/separate", "training/rank_print"},
+                              "training/planning", "training/separate", "training/rank_print",
+                              "training/run_context"},
     "training/errors": GROUND | {"data", "models", "runtime", "training/checkpoint",
                                  "training/loop"},
     "training/pretrain": {"training/config", "training/loop"},
     "training/run_config": {"training/cli", "training/config"},  # the old place, deprecated
+    # the training script's main(): parse, train, report errors, shut down
+    "training/main": {"startup", "training/cli", "training/config", "training/assembly",
+                      "training/errors", "training/pretrain"},
     "training/cli": GROUND | {"startup", "families", "plan", "training/config",
                               "training/checkpoint", "recipes"},
     # recipes: typed RunConfigs (the cli's --recipe reads them)
     "recipes": GROUND | {"families", "training/config"},
+    # the converter states its config as typed values: nothing of the command line
     "hf": GROUND | {"startup", "plan", "data", "families", "models", "training",
-                    "training/checkpoint", "training/config", "training/cli",
-                    "training/assembly",
-                    "training/planning", "training/errors"},
+                    "training/checkpoint", "training/config", "training/assembly",
+                    "training/planning", "training/errors", "training/run_context"},
     "megatron_lm": LOWER | TRAINING | {"hf"},
     "families/*": GROUND | {"startup", "plan", "data", "families", "models", "runtime",
                             "hf"},

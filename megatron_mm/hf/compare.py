@@ -97,30 +97,27 @@ def checkpoint_run_config(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1, cp: 
     """The training script's RunConfig for ``--load ckpt`` at TP / PP / EP (expert
     parallelism: an MoE LLM's) / CP (blocks of ``cp_block`` tokens; ConfigError on a
     layout the checkpoint cannot take)."""
-    from ..training.cli.arguments import apply_checkpoint_args
-    from ..training.config.validation import validate_args
-    from ..training.cli.flag_values import flags_of_values
-    from ..training.config.run_config import RunConfig
+    from ..training.config.values import checkpoint_values, run_config_of
 
     # the model's weights only: a trained checkpoint's optimizer state and RNG stay unread
-    flags = {"load": ckpt, "tensor_model_parallel_size": tp,
-             "pipeline_model_parallel_size": pp, "no_load_optim": True, "no_load_rng": True}
+    values = {"load": ckpt, "tensor_model_parallel_size": tp,
+              "pipeline_model_parallel_size": pp, "no_load_optim": True, "no_load_rng": True}
     if ep != 1:  # a dense checkpoint refuses it, naming the flag
-        flags["expert_model_parallel_size"] = ep
-    flags["context_parallel_size"] = cp
+        values["expert_model_parallel_size"] = ep
+    values["context_parallel_size"] = cp
     if cp_block is not None:
-        flags["context_parallel_block"] = cp_block
-    args = flags_of_values(flags)
-    apply_checkpoint_args(args, set(flags))
-    if args.max_position_embeddings:  # no training: any length the model takes
-        args.seq_length = args.max_position_embeddings
-    if args.num_experts is not None:  # an MoE LLM: what every layout takes
-        args.moe_token_dispatcher_type = "alltoall"
-        args.sequence_parallel = tp > 1  # Megatron-Core's MoE layers need it at TP > 1
-        args.expert_tensor_parallel_size = expert_tensor_parallel_size(tp, ep)
-        if args.sequence_parallel:  # the padded encoder shards' mask: the local attention
-            args.transformer_impl = "local"
-    return RunConfig.from_flags(validate_args(args, world_size=world_size(tp, pp, ep, cp)))
+        values["context_parallel_block"] = cp_block
+    saved = checkpoint_values(ckpt, values)
+    model = run_config_of(values, saved).flags()
+    if model["max_position_embeddings"]:  # no training: any length the model takes
+        values["seq_length"] = model["max_position_embeddings"]
+    if model["num_experts"] is not None:  # an MoE LLM: what every layout takes
+        values["moe_token_dispatcher_type"] = "alltoall"
+        values["sequence_parallel"] = tp > 1  # Megatron-Core's MoE layers need it at TP > 1
+        values["expert_tensor_parallel_size"] = expert_tensor_parallel_size(tp, ep)
+        if values["sequence_parallel"]:  # the padded encoder shards' mask: local attention
+            values["transformer_impl"] = "local"
+    return run_config_of(values, saved).validated(world_size(tp, pp, ep, cp))
 
 
 def expert_tensor_parallel_size(tp: int, ep: int) -> int:
@@ -137,42 +134,35 @@ def world_size(tp: int, pp: int, ep: int, cp: int = 1) -> int:
     return tp * pp * ep * cp
 
 
+def checkpoint_context(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1,
+                       cp_block: Optional[int] = None):
+    """The run context (``training/run_context.py``) of ``--load ckpt`` at TP / PP / EP / CP,
+    weights only: the checkpoint's vocabulary, Megatron's pipeline layout
+    (``--pipeline-partition uniform``) and the causal CP split."""
+    from ..training.run_context import RunContext
+
+    return RunContext.build(checkpoint_run_config(ckpt, tp, pp, ep, cp, cp_block),
+                            weights_only=True)
+
+
 def load_converted(ckpt: str, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1,
-                   cp_block: Optional[int] = None):
+                   cp_block: Optional[int] = None, run=None):
     """This rank's model chunk, loaded from ``ckpt``; the Megatron world must be set up
-    with the same TP / PP / EP / CP."""
+    with the same TP / PP / EP / CP. ``run``: its ``checkpoint_context`` (default: made
+    here)."""
     from megatron.core import parallel_state
 
     from ..models import build_model
-    from ..training.checkpoint.checkpointing import load_checkpoint, saved_args
+    from ..training.checkpoint.checkpointing import load_checkpoint
     from ..training.assembly.build_settings import build_settings
-    from ..training.planning.training_plan import plan_pipeline
 
-    config = checkpoint_run_config(ckpt, tp, pp, ep, cp, cp_block)
-    lm = config.model_config.language
-    lm.padded_vocab_size = lm.vocab_size = saved_args(config.checkpoint)["padded_vocab_size"]
-    media = media_token_ids(config.model_config, config.model)
-    # --pipeline-partition uniform: Megatron's layout
-    placements = plan_pipeline(config, config.model_config).placements
-    model = build_model(config.model_config, build_settings(config, placements), media,
+    run = run or checkpoint_context(ckpt, tp, pp, ep, cp, cp_block)
+    media = media_token_ids(run.model_config, run.config.model)
+    placements = run.plan.placements
+    model = build_model(run.model_config, build_settings(run.config, placements), media,
                         placement=placements[parallel_state.get_pipeline_model_parallel_rank()])
-    load_checkpoint(config, [model], None, None)
+    load_checkpoint(run.config, [model], None, None)
     return model.eval()
-
-
-def context_parallel_split(config):
-    """How ``logits`` splits each sequence over the CP ranks of ``config`` (a
-    ``checkpoint_run_config``): the training script's split of a causal mask, or None
-    without context parallelism."""
-    from ..training.assembly.attention import AttentionSettings
-
-    par = config.parallel
-    if par.context_parallel_size == 1:
-        return None
-    return AttentionSettings(
-        {}, "causal", par.context_parallel_size, par.context_parallel_assignment,
-        par.context_parallel_block, par.context_parallel_block_overhead,
-        linear_attention=config.model_config.language.linear_attention is not None)
 
 
 def _device() -> torch.device:
@@ -185,8 +175,8 @@ def logits(model, tokens: torch.Tensor, media,
            positions: Optional[torch.Tensor] = None, split=None) -> Optional[torch.Tensor]:
     """Full logits [B, S, padded vocab] on the last pipeline stage (None elsewhere):
     stage 0 sends its hidden states on, TP ranks gather their vocabulary shards; under
-    context parallelism (``split``: ``context_parallel_split``) each CP rank runs its
-    tokens of the planned split and the logits are gathered in sequence order.
+    context parallelism (``split``: a ``checkpoint_context``'s ``attention``) each CP rank
+    runs its tokens of the planned split and the logits are gathered in sequence order.
     ``positions``: M-RoPE's [3, B, S] (default 0..S-1 on every axis)."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
@@ -254,9 +244,8 @@ def rank_logits(ckpt: str, tp: int, pp: int, tokens, media,
     initialize_distributed(_Layout(tp, pp, ep, cp))
     try:
         set_random_seed(1234)
-        split = context_parallel_split(checkpoint_run_config(ckpt, tp, pp, ep, cp, cp_block))
-        out = logits(load_converted(ckpt, tp, pp, ep, cp, cp_block), tokens, media,
-                     positions, split)
+        run = checkpoint_context(ckpt, tp, pp, ep, cp, cp_block)
+        out = logits(load_converted(ckpt, run=run), tokens, media, positions, run.attention)
         return None if out is None else out.float().cpu()
     finally:
         parallel_state.destroy_model_parallel()

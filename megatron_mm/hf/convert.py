@@ -46,12 +46,13 @@ def _hf_config(directory: str):
 
 
 def _run_config(flags: Flags):
-    """The training script's RunConfig of ``flags`` (its parser's defaults for the rest),
-    validated as the command line is, without exiting on a bad flag."""
-    from ..training.cli.flag_values import read_values
-    from ..training.config.run_config import RunConfig
+    """The training script's RunConfig of ``flags`` (the typed groups' defaults for the
+    rest; with ``load``, the architecture its checkpoint saved), validated as the command
+    line is, without exiting on a bad flag."""
+    from ..training.config.values import checkpoint_values, run_config_of
 
-    return RunConfig.from_flags(read_values(flags, world_size=1))
+    saved = checkpoint_values(flags.get("load"), flags)
+    return run_config_of(flags, saved).validated(world_size=1)
 
 
 def _context(config: MultimodalModelConfig, vocab_size: int) -> Context:

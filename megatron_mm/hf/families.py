@@ -22,7 +22,7 @@ from .rope_scaling import rope_scaling_flags
 from .tables import causal_lm_rules
 
 # megatron_mm flags as typed values: parser dest -> value (``--num-layers 2`` is
-# {"num_layers": 2}; an on/off flag takes a bool; ``training/flag_values.py`` reads them).
+# {"num_layers": 2}; an on/off flag takes a bool; ``training/config/values.py`` reads them).
 Flags = Dict[str, Any]
 
 # The Hugging Face forward's arguments of an image model with fixed-size items.

@@ -1,7 +1,8 @@
 """What the package derives once per Megatron-LM run from its parsed arguments: the
+package's run context (``training/run_context.py``, as the Trainer builds it: the
 RunConfig, the tokenizer the data are encoded with, the model config with its
-vocabulary, the pipeline plan (which modules each chunk holds) and the attention
-settings. The model provider, forward step and datasets provider read it."""
+vocabulary, the pipeline plan and the attention settings) of Megatron-LM's namespace.
+The model provider, forward step and datasets provider read it."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..training.assembly.attention import AttentionSettings
-from ..training.assembly.build_settings import cp_attention_choice
-from ..training.planning.training_plan import TrainingPlan, plan_pipeline
+from ..training.planning.training_plan import TrainingPlan
 from ..training.config.run_config import RunConfig
-from ..training.loop.trainer import model_config_for, tokenizer_from_config
+from ..training.run_context import RunContext as TrainingContext
 from .arguments import run_config_from_args
 
 
@@ -47,12 +47,7 @@ def run_context(args=None) -> RunContext:
 
         args = get_args()
     if _context is None or _context.args is not args:
-        config = run_config_from_args(args)
-        tokenizer = tokenizer_from_config(config)
-        model_config = model_config_for(config, tokenizer)
-        plan = plan_pipeline(config, model_config)
-        config = plan.run_config(config)
-        attention = AttentionSettings.from_config(config, tokenizer,
-                                                  cp_attention_choice(config).kind)
-        _context = RunContext(args, config, tokenizer, model_config, plan, attention)
+        run = TrainingContext.build(run_config_from_args(args))
+        _context = RunContext(args, run.config, run.tokenizer, run.model_config, run.plan,
+                              run.attention)
     return _context

@@ -45,10 +45,9 @@ def _built(hf_config):
     """The model of the converted flags (a language model alone)."""
     from megatron_mm.hf.families import model_flags
     from megatron_mm.models import BuildSettings, build_model
-    from megatron_mm.training.cli.flag_values import read_values
-    from megatron_mm.training.config.run_config import RunConfig
+    from megatron_mm.training.config.values import run_config_of
 
-    run = RunConfig.from_flags(read_values(model_flags(hf_config), world_size=1))
+    run = run_config_of(model_flags(hf_config)).validated(world_size=1)
     run.model_config.language.vocab_size = _TEXT["vocab_size"]
     return build_model(run.model_config, BuildSettings(), {})
 

@@ -9,17 +9,16 @@ process group exists, once per job.
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Optional, Sequence
 
 from ...config import ConfigError
 from ...families import FAMILIES, SLOTS
 from ..config.groups import SECTIONS, AudioEncoderArgs, VisionEncoderArgs
-from ..config.linear_attention_args import CHECKPOINT_FLAGS as LINEAR_ATTENTION_FLAGS
-from ..config.lora_args import lora_flags_from_checkpoint
 from ..config.moe_args import refuse_moe_flags_given_to_dense
 from ..config.run_config import RunConfig
 from ..config.validation import validate_args
+from ..config.values import (CHECKPOINT_FLAGS, CHECKPOINT_PATH_FLAGS,  # noqa: F401
+                             checkpoint_values)
 from .recipe_flags import recipe_defaults, split_recipe
 from .user_errors import ArgumentParser, exit_with_user_error
 
@@ -79,34 +78,6 @@ def read_args(argv: Optional[Sequence[str]] = None,
     return validate_args(args, world_size)
 
 
-# What a checkpoint's saved flags decide when --load names it (Megatron-LM's
-# --use-checkpoint-args, always on): the architecture, its tokenizer and image processor.
-CHECKPOINT_FLAGS = (
-    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-    "group_query_attention", "num_query_groups", "kv_channels", "max_position_embeddings",
-    "rotary_base", "position_embedding_type", "mrope_section", "mrope_interleaved",
-    "use_rope_scaling",
-    "rope_scaling_factor", "rotary_scaling_factor", "yarn_original_max_position_embeddings",
-    "yarn_beta_fast", "yarn_beta_slow", "mscale", "mscale_all_dim",
-    "yarn_correction_range_round_to_int", "add_qkv_bias", "qk_layernorm",
-    "untie_embeddings_and_output_weights", "norm_epsilon", "make_vocab_size_divisible_by",
-    "vision_model_type", "vision_hidden_size",
-    "vision_num_layers", "vision_num_attention_heads", "vision_ffn_hidden_size",
-    "vision_feature_layer", "vision_norm_epsilon", "img_h", "img_w", "patch_dim",
-    "disable_vision_class_token", "projector_type", "projector_ffn_hidden_size",
-    "audio_model_type", "audio_hidden_size", "audio_num_layers", "audio_num_attention_heads",
-    "audio_ffn_hidden_size", "audio_num_mel_bins", "audio_max_source_positions",
-    "audio_pool_stride", "audio_norm_epsilon", "audio_projector_type", "audio_token_id",
-    "image_token_id", "video_token_id", "tokenizer_type", "tokenizer_model",
-    "image_processor_config",
-    "num_experts", "moe_ffn_hidden_size", "moe_layer_freq", "moe_router_topk",
-    "moe_router_pre_softmax", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
-    *LINEAR_ATTENTION_FLAGS,
-) + tuple(dest for f in FAMILIES.values() for dest in f.checkpoint_flags)
-# Saved relative to the checkpoint directory (files the converter put there).
-CHECKPOINT_PATH_FLAGS = ("tokenizer_model", "image_processor_config")
-
-
 def given_flags(argv: Optional[Sequence[str]]) -> set:
     """The dests of the flags written on the command line (not left at their default)."""
     probe = build_parser()
@@ -117,31 +88,10 @@ def given_flags(argv: Optional[Sequence[str]]) -> set:
 
 def apply_checkpoint_args(args: argparse.Namespace, given: set) -> None:
     """Take the architecture from the checkpoint ``--load`` names: flags left out come
-    from it, flags given must agree with it."""
-    if not args.load:
-        return
-    from ..checkpoint.checkpointing import CheckpointError, saved_args  # torch: only with --load
-    from ..config.run_config import group_of_flags  # its groups are made from this parser
+    from it, flags given must agree with it (``config/values.py: checkpoint_values``)."""
+    from ..config.run_config import group_of_flags
 
-    try:
-        saved = saved_args(group_of_flags("checkpoint", args))
-    except CheckpointError:
-        return  # reported with the other --load problems when loading
-    for dest in CHECKPOINT_FLAGS:
-        if dest not in saved:
-            continue
-        value = saved[dest]
-        if dest in CHECKPOINT_PATH_FLAGS and value and not os.path.isabs(value):
-            value = os.path.join(args.load, value)
-        if isinstance(value, list):
-            value = tuple(value)
-        given_value = getattr(args, dest)
-        if isinstance(given_value, list):  # nargs flags: compare as the saved tuple
-            given_value = tuple(given_value)
-        if dest in given and given_value != value:
-            flag = "--" + dest.replace("_", "-")
-            raise ConfigError(f"{flag} {getattr(args, dest)} disagrees with the checkpoint in "
-                              f"--load {args.load} ({value}); drop the flag to use the "
-                              f"checkpoint's value")
+    values = checkpoint_values(args.load, {dest: getattr(args, dest) for dest in given},
+                               group_of_flags("checkpoint", args) if args.load else None)
+    for dest, value in values.items():
         setattr(args, dest, value)
-    lora_flags_from_checkpoint(args, saved, given)  # its adapters, as it was saved

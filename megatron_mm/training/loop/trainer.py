@@ -7,15 +7,15 @@ datasets, the model chunks, optimizer, scheduler, timers and metric writers. The
 namespace stays what the user typed (plus Megatron's derived sizes) and is never written
 to: the run reads the typed RunConfig of it, with the plan's encoder schedule
 (``TrainingPlan.run_config``).
-The pieces it is built from are the data set-up (``data_setup.py``), the model and
-optimizer set-up (``model_setup.py``) and the plan (``planning/``).
+The pieces it is built from are the run's context (``run_context.py``: attention,
+tokenizer, model config, plan, as every entry point builds them), the data set-up
+(``data_setup.py``) and the model and optimizer set-up (``model_setup.py``).
 ``train()`` is Megatron-LM's loop: step, log, evaluate, then save and decide to exit
 (``--exit-interval``, ``--exit-duration-in-mins``, ``--exit-signal-handler``).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import signal
 import time
@@ -27,16 +27,13 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.timers import Timers
 
-from ...config import ConfigError
-from ...data import build_tokenizer
-from ...data.item_tags import MissingTagToken, describe as describe_tags, tag_request
-from ...families import family_of
+from ...data.item_tags import describe as describe_tags
 from ...models import model_chain
 from ...models.attention_backends import attention_backend_lines
 from ...models.linear_attention import describe_linear_attention
 from ..assembly.attention import AttentionSettings
 from ..checkpoint.checkpointing import (load_checkpoint, locate_checkpoint, save_checkpoint,
-                                        saved_args, saved_pipeline_plan)
+                                        saved_pipeline_plan)
 from .encoder_executor import build_executor
 from .evaluation import answer_accuracy, evaluate_loss
 from .validation_samples import samples_lines, samples_text
@@ -47,7 +44,7 @@ from .metric_writers import build_writers
 from .nan_check import check_losses
 from ..planning.partition_trials import search_partition
 from ...data.loaders import savable
-from ..assembly.build_settings import cp_attention_choice, fusions, transformer_impl
+from ..assembly.build_settings import fusions, transformer_impl
 from ..assembly.data_setup import batch_iterators, build_datasets, tensor_parallel_batches
 from ..assembly.model_setup import build_model_chunks, force_param_sync, setup_model_and_optimizer
 from ..assembly.module_lr import module_learning_rates
@@ -61,18 +58,7 @@ from .signal_handler import DistributedSignalHandler
 from .step import TokenCounter, train_step
 from .training_log import TrainingLog, report_memory, validation_scalars
 from ..planning.training_plan import TrainingPlan, plan_pipeline
-
-
-def model_config_for(config, tokenizer):
-    """The flags' model config (``config``: the RunConfig) with the tokenizer's
-    vocabulary (and, loading a checkpoint, its vocabulary padding, whatever TP it was
-    saved at)."""
-    model_config = copy.deepcopy(config.model_config)
-    model_config.language.vocab_size = tokenizer.vocab_size
-    if config.checkpoint.load:
-        model_config.language.padded_vocab_size = saved_args(config.checkpoint).get(
-            "padded_vocab_size")
-    return model_config
+from ..run_context import RunContext, model_config_for, tokenizer_from_config  # noqa: F401
 
 
 def model_flops_per_iteration(config, model_config) -> float:
@@ -83,22 +69,6 @@ def model_flops_per_iteration(config, model_config) -> float:
     chain = model_chain(model_config, config.model.seq_length, train.micro_batch_size, 1)
     per_micro_batch = sum(layer.fwd_flops + layer.bwd_flops for layer in chain)
     return per_micro_batch * train.num_microbatches * config.parallel.data_parallel_size
-
-
-def tokenizer_from_config(config):
-    """The run's tokenizer: --tokenizer-type / --tokenizer-model, the placeholder ids of
-    --{image,audio,video}-token-id, and the item tags of --image-tag-type for its
-    encoders (a tag a named style needs and the tokenizer cannot hold: a ConfigError)."""
-    model, data = config.model, config.data
-    families = [family_of(enc) for enc in config.model_config.encoders.values()]
-    try:
-        return build_tokenizer(data.tokenizer_type, data.tokenizer_model,
-                               image_token_id=model.image_token_id,
-                               audio_token_id=model.audio_token_id,
-                               video_token_id=model.video_token_id,
-                               item_tags=tag_request(model.image_tag_type, families))
-    except MissingTagToken as e:
-        raise ConfigError(f"{e} (--tokenizer-model {data.tokenizer_model})") from None
 
 
 @dataclass
@@ -138,22 +108,17 @@ class Trainer:
     @classmethod
     def build(cls, config: RunConfig) -> "Trainer":
         started = time.time()
-        # The LLM's attention first: what cannot run on this machine (FlexAttention's
-        # backward on CPU) stops the run before any process group exists.
-        cp = cp_attention_choice(config)
-        tokenizer = tokenizer_from_config(config)
-        model_config = model_config_for(config, tokenizer)
-        plan = plan_pipeline(config, model_config)  # a ConfigError here names the flag
-        # The run reads its encoder schedule (the flags', or auto's pick) from the plan, before
-        # any process group: auto's separate pick brings its own parallel sizes.
-        config = plan.run_config(config)
+        # attention, tokenizer, model config and plan, before any process group
+        run = RunContext.build(config)
+        config, tokenizer, model_config, plan = (run.config, run.tokenizer, run.model_config,
+                                                 run.plan)
+        cp, attention = run.cp, run.attention
         replicas = initialize_distributed(config.parallel, config.encoder_schedule)
         print_rank_0("> " + describe_tags(tokenizer.item_tags, tokenizer.missing_tags,
                                           tokenizer.tag_request))
         set_random_seed(config.training.seed)
         writers = build_writers(config)  # a missing package fails before the model is built
         train_ds, valid_ds = build_datasets(config, tokenizer)
-        attention = AttentionSettings.from_config(config, tokenizer, cp.kind)
         print_rank_0(f"> LLM attention: {cp.reason}")
         if model_config.language.linear_attention is not None:
             print_rank_0(f"> {describe_linear_attention(model_config.language)}")
