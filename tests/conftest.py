@@ -81,7 +81,8 @@ def one_process_reference(tmp_path_factory):
     equivalence tests."""
     from dist_harness import run_distributed
     from equivalence import REFERENCE_STEPS
-    from train_workers import TINY_MODEL, train
+    from gdn_cp_check import train_runs
+    from train_workers import TINY_MODEL
 
     made = {}
 
@@ -91,10 +92,12 @@ def one_process_reference(tmp_path_factory):
             init = str(tmp_path_factory.mktemp("init"))
             common = TINY_MODEL + ["--data-path", data_dir, "--micro-batch-size", "2",
                                    "--global-batch-size", "8", *model]
-            run_distributed(train, 1, common + ["--train-iters", "0", "--save", init])
             argv = common + ["--train-iters", str(REFERENCE_STEPS), "--load", init,
                              "--no-load-optim"]
-            made[key] = argv, run_distributed(train, 1, argv, (1, REFERENCE_STEPS))[0]
+            # the checkpoint, then the run from it: one launch
+            made[key] = argv, run_distributed(train_runs, 1, [
+                (common + ["--train-iters", "0", "--save", init], ()),
+                (argv, (1, REFERENCE_STEPS))])[0][1]
         return made[key]
     return reference
 

@@ -79,8 +79,11 @@ def _entry(rank, fn, world_size, port, out_dir, args, env):
 # imports from its working directory, the repository root under ``make test`` (from
 # elsewhere the import fails quietly there, and each rank probes for itself).
 # megatron_mm.hf.compare: compare's ranks fork from the same server (tests/conftest.py).
+# megatron.training: Megatron-LM's training package (the flag factory's, Megatron-LM's
+# pretrain), imported once rather than in each rank's first run.
+# tests.compile_warmup: Megatron-Core's compiled quick_gelu, traced once for every rank.
 PRELOAD = ["megatron_mm.prepared", "megatron_mm.training.pretrain", "megatron_mm.hf.compare",
-           "tests.inductor_isa"]
+           "megatron.training", "tests.inductor_isa", "tests.compile_warmup"]
 # The fork server imports PRELOAD and forks every rank: nothing there may initialise CUDA
 # (a forked child's CUDA then fails). Megatron-Core asks torch.cuda.is_available() at
 # import (dist_checkpointing), which initialises the driver unless torch asks NVML instead

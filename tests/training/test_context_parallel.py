@@ -8,7 +8,8 @@ and text-only samples; ranks hold unequal token counts, and batches too short to
 run replicated; with --vision-dp-when-cp (each CP rank encoding its share of the images:
 CP=2, CP=2 x PP=2, a frozen ViT) too. The CP=4 run also checks the CP attention itself
 against dense attention on every mask family, CP=2 and CP=4 (cp_attention_check), saving
-a launch of its own."""
+a launch of its own; the six 4-rank layouts run in one launch, as do the reference's
+checkpoint and run."""
 
 import json
 import os
@@ -18,6 +19,7 @@ import torch
 from cp_attention_check import assert_attention_errors, check_attention
 from dist_harness import run_distributed
 from equivalence import REFERENCE_STEPS
+from gdn_cp_check import train_runs
 from train_workers import TINY_MODEL, count_encoded_rows, train
 
 pytestmark = pytest.mark.processes
@@ -97,15 +99,33 @@ def reference(mixed_dir, tmp_path_factory):
     model = [a for a in TINY_MODEL if a != "--skip-final-eval"]
     common = model + ["--data-path", mixed_dir, "--micro-batch-size", "4",
                            "--global-batch-size", "8", *CP_FLAGS]
-    initial = run_distributed(train, 1, common + ["--train-iters", "0", "--save", str(init)])[0]
     argv = common + ["--train-iters", str(STEPS), "--load", str(init), "--no-load-optim"]
-    return argv, run_distributed(train, 1, argv, (1, STEPS))[0], initial
+    initial, run = run_distributed(train_runs, 1, [
+        (common + ["--train-iters", "0", "--save", str(init)], ()), (argv, (1, STEPS))])[0]
+    return argv, run, initial
+
+
+def _runs_with_hooks(rank, runs):
+    """``train(rank, argv, grad_steps, hooks)`` for each ``(argv, grad_steps, hooks)`` in
+    turn in this world (one launch for several layouts), Megatron's state and the
+    MessageSpecs that ``_watch_masks`` wraps reset between."""
+    from megatron.core import parallel_state
+    from megatron_mm.runtime import message_specs
+
+    out = []
+    for argv, grad_steps, hooks in runs:
+        specs_init = message_specs.MessageSpecs.__init__
+        try:
+            out.append(train(rank, argv, grad_steps, hooks))
+        finally:
+            message_specs.MessageSpecs.__init__ = specs_init
+            parallel_state.destroy_model_parallel()
+    return out
 
 
 CP2 = ["--context-parallel-size", "2"]
 
-
-@pytest.mark.parametrize("world, layout, some_unsplit", [
+LAYOUTS = [
     # Blocks of 12: micro-batches with a two-image sample (37 tokens) split 4 ways,
     # shorter ones (32-35 tokens: 3 blocks) run replicated on every CP rank.
     (4, ["--context-parallel-size", "4", "--context-parallel-block", "12"], True),
@@ -120,12 +140,31 @@ CP2 = ["--context-parallel-size", "2"]
     # the ViT as its own pipeline over both stages, in the LLM's bubbles (whole on each
     # CP rank, as the encoders are)
     (4, CP2 + ["--pipeline-model-parallel-size", "2", "--encoder-schedule", "bubble"], False),
-], ids=["cp4", "cp2-tp2", "cp2-tp2-sp", "cp2-pp2", "cp2-pp2-vpp2", "cp2-pp2-bubble"])
-def test_context_parallel_equals_one_process(reference, world, layout, some_unsplit):
+]
+LAYOUT_IDS = ["cp4", "cp2-tp2", "cp2-tp2-sp", "cp2-pp2", "cp2-pp2-vpp2", "cp2-pp2-bubble"]
+
+
+def _hosts_attention_check(world, layout):
+    return world == 4 and "4" in layout  # the CP=4 run
+
+
+@pytest.fixture(scope="module")
+def layout_runs(reference):
+    """Every 4-rank layout in one launch, in ``LAYOUTS``' order."""
+    argv = reference[0]
+    return run_distributed(_runs_with_hooks, 4, [
+        (argv + layout, (1, STEPS), _watch_masks_and_check_attention
+         if _hosts_attention_check(world, layout) else _watch_masks)
+        for world, layout, _ in LAYOUTS])
+
+
+@pytest.mark.parametrize("world, layout, some_unsplit", LAYOUTS, ids=LAYOUT_IDS)
+def test_context_parallel_equals_one_process(reference, layout_runs, world, layout,
+                                             some_unsplit):
     argv, ref, _ = reference
-    check = world == 4 and "4" in layout  # the CP=4 run hosts the attention check
-    ranks = run_distributed(train, world, argv + layout, (1, STEPS),
-                            _watch_masks_and_check_attention if check else _watch_masks)
+    check = _hosts_attention_check(world, layout)
+    i = [entry[1] for entry in LAYOUTS].index(layout)
+    ranks = [rank[i] for rank in layout_runs]
     if check:
         assert_attention_errors([out["observed"]["attention"] for out in ranks])
     pp = 2 if "--pipeline-model-parallel-size" in layout else 1
