@@ -18,6 +18,13 @@ class FlagGroupFactory(ArgumentGroupFactory):
     field whose ``argparse_meta`` sets its action keeping its own flag name (the factory
     names a flag whose default is not False ``--no-*`` / ``--disable-*``)."""
 
+    _docstrings: dict = {}  # class -> its fields' docstrings (read from its source once)
+
+    def _get_field_docstrings(self, src_cfg_class: type) -> dict:
+        if src_cfg_class not in self._docstrings:
+            self._docstrings[src_cfg_class] = super()._get_field_docstrings(src_cfg_class)
+        return self._docstrings[src_cfg_class]
+
     def __init__(self, src_cfg_class: type) -> None:
         super().__init__(src_cfg_class, exclude=list(derived_names(src_cfg_class)))
         self.hints = typing.get_type_hints(src_cfg_class)
