@@ -13,7 +13,6 @@ MLP. A module with adapters has its base weights frozen; the others train as the
 
 from __future__ import annotations
 
-import argparse
 from typing import Dict, Tuple
 
 from ...config import ConfigError, LoraConfig
@@ -84,14 +83,3 @@ def lora_config(config):
 
 
 LORA_FLAGS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules")
-
-
-def lora_flags_from_checkpoint(args: argparse.Namespace, saved: dict, given: set) -> None:
-    """A checkpoint with LoRA adapters (``saved``: its flags) is loaded with its adapters:
-    its LoRA flags unless ``--lora-rank`` is given (compare, export and a resumed run
-    build the same adapters)."""
-    if saved.get("lora_rank") is None or "lora_rank" in given:
-        return
-    for dest in LORA_FLAGS:
-        if dest in saved:
-            setattr(args, dest, saved[dest])
