@@ -150,9 +150,9 @@ def run_config_from_args(args: argparse.Namespace, world_size: Optional[int] = N
         else:
             values[action.dest] = action.default
     if values.get("num_experts") is None:  # Megatron-LM derives them for a dense LLM too
-        from ..training.config.moe_args import MOE_ONLY
+        from ..training.config.moe_args import moe_only
 
-        values.update(MOE_ONLY)
+        values.update(moe_only())
     if values.get("load"):
         _checkpoint_architecture(values, sys.argv[1:] if argv is None else argv)
     if values.get("virtual_pipeline_model_parallel_size") is not None:

@@ -4,16 +4,14 @@ its kernel exists (``models/fusions.py``). No torch import."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict
 
-FUSION_FLAGS = {  # dest -> flag
-    "masked_softmax_fusion": "--no-masked-softmax-fusion",
-    "bias_gelu_fusion": "--no-bias-gelu-fusion",
-    "bias_swiglu_fusion": "--no-bias-swiglu-fusion",
-    "bias_dropout_fusion": "--no-bias-dropout-fusion",
-    "apply_rope_fusion": "--no-rope-fusion",
-    "gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
-}
+from .groups.fusion import FusionArgs
+
+# dest -> flag, from the group's fields
+FUSION_FLAGS = {f.name: f.metadata["argparse_meta"]["arg_names"][0]
+                for f in dataclasses.fields(FusionArgs)}
 
 
 def fusion_flags(fusion) -> Dict[str, bool]:

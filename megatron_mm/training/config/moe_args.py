@@ -73,12 +73,18 @@ def moe_config(moe, model) -> Optional[MoEConfig]:
 
 
 # Flags that only mean something with --num-experts: their parser defaults.
-MOE_ONLY = {"moe_ffn_hidden_size": None, "moe_layer_freq": 1, "moe_router_topk": 2,
-            "moe_router_pre_softmax": False, "moe_router_load_balancing_type": "aux_loss",
-            "moe_aux_loss_coeff": 0.0, "moe_token_dispatcher_type": "allgather",
-            "moe_grouped_gemm": False, "moe_per_layer_logging": False,
-            "moe_shared_expert_intermediate_size": None, "moe_shared_expert_gate": False,
-            "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None}
+def moe_only() -> dict:
+    """The flags only an MoE model reads (every MoE flag but --num-experts, and the expert
+    parallel sizes) -> their defaults, from the groups (which import this module)."""
+    from .groups import MoeArgs, ParallelArgs
+
+    moe, parallel = MoeArgs(), ParallelArgs()
+    out = {f.name: getattr(moe, f.name) for f in dataclasses.fields(MoeArgs)
+           if f.name != "num_experts"}
+    for name in ("expert_model_parallel_size", "expert_tensor_parallel_size"):
+        out[name] = getattr(parallel, name)
+    return out
+
 
 
 def _flag(dest: str) -> str:
@@ -93,7 +99,7 @@ def refuse_moe_flags_given_to_dense(args: argparse.Namespace, given: set) -> Non
     """An MoE flag written on a dense LLM's command line, even at its default value
     (``--moe-router-topk 2``), which ``validate_moe_args`` cannot tell from its absence."""
     if args.num_experts is None:
-        for dest in MOE_ONLY:
+        for dest in moe_only():
             if dest in given:
                 _refuse_on_dense(dest)
 
@@ -116,7 +122,7 @@ def validate_moe_args(config):
     """After the world's sizes are known: ``config`` (the RunConfig) with Megatron-LM's
     default ``--expert-tensor-parallel-size`` (the TP size) for an MoE LLM."""
     if config.moe.num_experts is None:
-        for dest, default in MOE_ONLY.items():
+        for dest, default in moe_only().items():
             group = config.parallel if dest.startswith("expert_") else config.moe
             if getattr(group, dest) != default:
                 _refuse_on_dense(dest)
