@@ -131,7 +131,7 @@ demo-qwen35: setup
 		examples/pretrain_mllm.py $(DEMO_QWEN35_FLAGS)
 
 # The demo's flags, for the GPU checks of docs/gpu.md: DEMO="$(make -s print-demo-flags)"
-# (--recipe demo: the flags given after it win; `python -m megatron_mm.recipes demo` prints
+# (--recipe demo: the flags given after it win; `python tools/recipes.py demo` prints
 # the recipe as the flags it sets).
 print-demo-flags:
 	@echo $(DEMO_FLAGS)

@@ -26,10 +26,12 @@ def not_source(folder, names):
             or n.endswith(".egg-info")]
 
 
-def source_modules() -> list[str]:
-    """Every module of the source tree, as a path under the package root."""
-    return sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "megatron_mm").rglob("*.py")
-                  if "__pycache__" not in p.parts)
+def source_files(data: bool = False) -> list[str]:
+    """Every module (``data``: every other file) of the source tree, as a path under the
+    package root."""
+    return sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "megatron_mm").rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts
+                  and (p.suffix == ".py") != data)
 
 
 def module_name(path: str) -> str:
@@ -65,10 +67,12 @@ def test_wheel_installs_and_imports_every_module(tmp_path):
                     str(src)], check=True, cwd=tmp_path, timeout=120)
     (wheel,) = dist.glob("megatron_mm-*.whl")
 
-    modules = source_modules()
-    in_wheel = sorted(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".py"))
+    modules, data = source_files(), source_files(data=True)
+    names = zipfile.ZipFile(wheel).namelist()
+    in_wheel = sorted(n for n in names if n.endswith(".py"))
     assert in_wheel == modules, (f"missing from the wheel: {sorted(set(modules) - set(in_wheel))}"
                                  f"; extra: {sorted(set(in_wheel) - set(modules))}")
+    assert set(data) <= set(names), f"data missing from the wheel: {set(data) - set(names)}"
 
     # Its dependencies are those of this environment (a fresh one would need the network).
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)],

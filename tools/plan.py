@@ -171,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--text-seq-length", type=int, default=1024,
                    help="text tokens when --seq-length is not given")
     g.add_argument("--recompute-granularity", choices=["full"], default=None)
+    g.add_argument("--expert-model-parallel-size", type=int, default=1,
+                   help="an MoE LLM's routed experts split over EP ranks (their all-to-alls "
+                        "charged)")
+    g.add_argument("--expert-tensor-parallel-size", type=int, default=None,
+                   help="each expert's weights split over this many ranks (default: TP)")
     g.add_argument("--context-parallel-size", type=int, default=1,
                    help="CP ranks per LLM replica; a hybrid LLM's Gated DeltaNet layers run "
                         "head-parallel over TP x CP (checked), and its work and all-to-alls "
@@ -188,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--memory-limit-gb", type=float, default=None,
                    help="GiB per GPU the partition must fit")
     g.add_argument("--bytes-per-trainable-param", type=float, default=16.0)
+    g.add_argument("--bytes-per-trainable-expert-param", type=float, default=None,
+                   help="a routed expert's (default: --bytes-per-trainable-param); the "
+                        "distributed optimizer shards its state over the expert data-parallel "
+                        "group")
     g.add_argument("--pipeline-profile", default=None, metavar="FILE",
                    help="measured per-layer times (tools/profile_layers.py) instead of FLOPs "
                         "and the hardware model; the sizes must describe the profiled model")
@@ -229,8 +238,15 @@ def recipe_flags(argv: Optional[Sequence[str]]) -> List[str]:
            "micro_batch_size": v("micro_batch_size"),
            "global_batch_size": v("global_batch_size"), "seq_length": v("seq_length"),
            "recompute_granularity": v("recompute_granularity")}
+    ep = v("expert_model_parallel_size") or 1
+    etp = v("expert_tensor_parallel_size") or v("tensor_model_parallel_size")
+    if experts > 1:
+        out.update(expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
     if v("use_distributed_optimizer"):  # bf16 weights, fp32 grads; fp32 master + Adam over DP
         out["bytes_per_trainable_param"] = 6 + 12 / out["data_parallel_size"]
+        if experts > 1:  # the experts' over the expert data-parallel group
+            expert_dp = WORLD_SIZES[name] // (v("pipeline_model_parallel_size") * ep * etp)
+            out["bytes_per_trainable_expert_param"] = 6 + 12 / expert_dp
     if v("experimental_attention_variant"):
         out.update({k: v(k) for k in ("linear_attention_freq", "linear_conv_kernel_dim",
                                       "linear_key_head_dim", "linear_value_head_dim",
@@ -271,7 +287,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             p2p_bandwidth=(args.p2p_bandwidth_gbps * 1e9
                                            if args.p2p_bandwidth_gbps else None),
                             p2p_latency_s=args.p2p_latency_us * 1e-6)
-        memory = MemoryModel(bytes_per_trainable_param=args.bytes_per_trainable_param)
+        memory = MemoryModel(bytes_per_trainable_param=args.bytes_per_trainable_param,
+                             bytes_per_trainable_expert_param=(
+                                 args.bytes_per_trainable_expert_param))
         limit = args.memory_limit_gb * GiB if args.memory_limit_gb else None
         if args.optimus_schedule_table:
             return print_schedule_table(args)
@@ -462,7 +480,9 @@ def print_plan(args, hardware: Hardware, memory: MemoryModel, limit) -> int:
     seq = args.seq_length or args.text_seq_length + media
     workload = Workload(seq_length=seq, micro_batch_size=args.micro_batch_size or 1,
                         recompute=args.recompute_granularity == "full",
-                        tensor_model_parallel_size=args.tensor_model_parallel_size or 1)
+                        tensor_model_parallel_size=args.tensor_model_parallel_size or 1,
+                        expert_model_parallel_size=args.expert_model_parallel_size,
+                        expert_tensor_parallel_size=args.expert_tensor_parallel_size)
     chain = build_chain(model, workload)
     if args.pipeline_profile:
         chain = apply_profile(chain, LayerProfile.load(args.pipeline_profile))

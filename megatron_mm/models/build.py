@@ -205,12 +205,14 @@ def whole_model_placement(config: MultimodalModelConfig) -> ChunkPlacement:
 
 def model_chain(config: MultimodalModelConfig, seq_length: Optional[int] = None,
                 micro_batch_size: int = 1, tensor_model_parallel_size: int = 1,
-                expert_model_parallel_size: int = 1):
+                expert_model_parallel_size: int = 1,
+                expert_tensor_parallel_size: Optional[int] = None):
     """The planner's layer chain of this model (module names and per-layer costs)."""
     spec = model_spec(config)
     workload = Workload(seq_length=seq_length or max(config.language.seq_length,
                                                      spec.media_tokens_per_sample),
                         micro_batch_size=micro_batch_size,
                         tensor_model_parallel_size=tensor_model_parallel_size,
-                        expert_model_parallel_size=expert_model_parallel_size)
+                        expert_model_parallel_size=expert_model_parallel_size,
+                        expert_tensor_parallel_size=expert_tensor_parallel_size)
     return build_chain(spec, workload)

@@ -227,12 +227,22 @@ class Workload(Record):
     recompute: bool = False  # --recompute-granularity full: every transformer layer
     tensor_model_parallel_size: int = 1  # ideal split of FLOPs, weights and activations
     expert_model_parallel_size: int = 1  # ranks the experts are split over (all-to-alls)
+    # Ranks each expert's weights are split over (Megatron's default: the TP size)
+    expert_tensor_parallel_size: Optional[int] = None
 
     def __post_init__(self):
         for name in ("seq_length", "micro_batch_size", "tensor_model_parallel_size",
                      "expert_model_parallel_size"):
             if getattr(self, name) <= 0:
                 raise PlanError(f"--{name.replace('_', '-')} must be positive")
+        if self.expert_tensor_parallel_size is not None and self.expert_tensor_parallel_size <= 0:
+            raise PlanError("--expert-tensor-parallel-size must be positive")
+
+    @property
+    def expert_shards(self) -> int:
+        """Ranks one MoE layer's routed experts are split over: EP x expert TP."""
+        etp = self.expert_tensor_parallel_size or self.tensor_model_parallel_size
+        return self.expert_model_parallel_size * etp
 
 
 def patch_embed_flops(patch: int, hidden: int, channels: int = 3, frames: int = 1) -> float:

@@ -4,6 +4,7 @@ the shared optimiser); the others replace its fields. Any world size (1 or 2 on 
 
 from __future__ import annotations
 
+from ..families.qwen3_5.digits_tokenizer import MODEL as DIGITS_TOKENIZER
 from ..training.config.run_config import RunConfig
 from .registry import defaults, recipe, with_family, with_fields
 
@@ -78,7 +79,9 @@ def demo_qwen3() -> RunConfig:
 @recipe("demo_qwen35", world_size=2)
 def demo_qwen35() -> RunConfig:
     """Qwen3-VL's tower without DeepStack + a hybrid LLM (layers 0 and 2 Gated DeltaNet, 1
-    and 3 gated full attention rotating a quarter of each head, zero-centred norms)."""
+    and 3 gated full attention rotating a quarter of each head, zero-centred norms), with a
+    tokenizer of the digits' text (512 ids, not Mistral's 32,128: the embedding table was
+    most of the step on CPU)."""
     config = with_fields(
         demo_qwen3(), "model", num_layers=4, kv_channels=32, mrope_section=[2, 1, 1],
         rotary_percent=0.25, attention_output_gate=True, apply_layernorm_1p=True,
@@ -86,4 +89,6 @@ def demo_qwen35() -> RunConfig:
         linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=4,
         linear_num_value_heads=8)
     config = with_family(config, "qwen3_vl", vision_deepstack_visual_indexes=[])
+    config = with_fields(config, "data", tokenizer_type="SentencePiece",
+                         tokenizer_model=str(DIGITS_TOKENIZER))
     return demo_schedule(config, 3000, 1000, "runs/demo-qwen35/checkpoints")

@@ -56,10 +56,20 @@ class MemoryModel(Record):
 
     bytes_per_trainable_param: float = 16.0
     bytes_per_frozen_param: float = 2.0
+    # A routed expert's (None: as any other): the distributed optimizer divides its fp32
+    # part by the expert data-parallel size, world / (PP x EP x expert TP), not by DP.
+    bytes_per_trainable_expert_param: Optional[float] = None
 
     def param_bytes(self, params: float, trainable: bool) -> float:
         per = self.bytes_per_trainable_param if trainable else self.bytes_per_frozen_param
         return params * per
+
+    def layer_param_bytes(self, params: float, expert_params: float, trainable: bool) -> float:
+        """A layer's ``params``, of which ``expert_params`` are routed experts'."""
+        expert = self.bytes_per_trainable_expert_param
+        if not trainable or expert is None:
+            return self.param_bytes(params, trainable)
+        return self.param_bytes(params - expert_params, True) + expert_params * expert
 
 
 @dataclass

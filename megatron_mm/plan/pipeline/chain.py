@@ -67,6 +67,10 @@ def build_chain(model: ModelSpec, workload: Workload) -> List[Layer]:
         add("llm_layer", f"language_model.decoder.layers.{i}", LLM,  # its own kind's cost
             flops.llm_layer(model.llm, i, b, workload.seq_length), llm_trainable,
             workload.recompute)
+        if moe:  # a rank holds 1 / (EP x expert TP) of the routed experts, not 1 / TP
+            experts = flops.expert_params(model.llm)
+            chain[-1].expert_params = experts / workload.expert_shards
+            chain[-1].params += chain[-1].expert_params - experts / tp
         if moe and a2a:
             chain[-1].a2a_bytes, chain[-1].a2a_span = a2a, tp * ep
         if deepstack:  # the merged features of the LLM layers after it that add them

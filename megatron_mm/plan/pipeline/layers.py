@@ -61,6 +61,10 @@ class Layer(Record):
     # expert-parallel group spanning ``a2a_span`` GPUs (Megatron's ranks TP x EP).
     a2a_bytes: float = 0.0
     a2a_span: int = 1
+    # Of ``params``, the routed experts' share this rank holds (1 / (EP x expert TP) of
+    # them): the distributed optimizer shards their state over the expert data-parallel
+    # group, not the data-parallel one (``MemoryModel.bytes_per_trainable_expert_param``).
+    expert_params: float = 0.0
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -25,7 +25,8 @@ class ChunkMemory:
     def __init__(self, chain: Sequence[Layer], pp: int, vpp: int,
                  num_microbatches: Optional[int], memory: MemoryModel):
         self.pp, self.vpp = pp, vpp
-        self.params = prefix_sums([memory.param_bytes(l.params, l.trainable) for l in chain])
+        self.params = prefix_sums([memory.layer_param_bytes(l.params, l.expert_params,
+                                                            l.trainable) for l in chain])
         # A chunk holding both ends holds a tied output weight once (the embedding's).
         self.tied = memory.param_bytes(chain[-1].tied_params, chain[-1].trainable)
         self.length = len(chain)

@@ -36,6 +36,7 @@ class _Runner:
         self.hidden: Dict[str, torch.Tensor] = {}  # encoder name -> [T, N, H]
         self.rope = model.rotary_embedding(batch["position_ids"])
         self.layout = model.layout(batch["tokens"], batch["media"], batch["loss_mask"])
+        model.bind_batches(self.layout)  # a family's host-side batch (Qwen's windows, rope)
 
     def detach_inputs(self, layer: Layer) -> None:
         """Cut the graph before ``layer``; its inputs need a gradient iff one flows there."""
@@ -63,11 +64,10 @@ class _Runner:
         if kind == "llm_embed":
             return self.lm.embedding(input_ids=b["tokens"], position_ids=b["position_ids"])
         if kind.endswith("_embed"):
-            return m.encoder(layer.branch).embed(b["media"][m._modality(layer.branch)])
-        if kind in ("vision_layer", "audio_layer"):
-            mod = m.encoder(layer.branch).decoder.layers[index]
-            with _fp8(mod):
-                return mod(hidden_states=self.hidden[layer.branch], attention_mask=None)[0]
+            media = self.layout.encoder_media.get(layer.branch, b["media"])
+            return m.encoder(layer.branch).embed(m._items(layer.branch, media))
+        if kind in ("vision_layer", "audio_layer"):  # with the family's layer inputs
+            return m.encoder(layer.branch).layers(self.hidden[layer.branch], index, index + 1)
         if kind == "projector":
             return m.merge(layer.branch, self.text, self.layout, self.hidden[layer.branch])
         if kind == "llm_layer":
@@ -82,6 +82,9 @@ class _Runner:
     def store(self, layer: Layer, out: torch.Tensor) -> None:
         if layer.kind in ("vision_embed", "audio_embed", "vision_layer", "audio_layer"):
             self.hidden[layer.branch] = out.detach()
+            kept = getattr(self.model.encoder(layer.branch), "kept", None)
+            if kept:  # DeepStack outputs: the projector's backward ends at them too
+                kept.update({i: t.detach() for i, t in kept.items()})
         elif layer.kind != "llm_head":
             self.text = out.detach()
 

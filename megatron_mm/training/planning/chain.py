@@ -15,7 +15,8 @@ def training_chain(config, model_config=None):
     chain = model_chain(model_config or config.model_config, config.model.seq_length,
                         config.training.micro_batch_size,
                         config.parallel.tensor_model_parallel_size,
-                        getattr(config.parallel, "expert_model_parallel_size", 1))
+                        config.parallel.expert_model_parallel_size,
+                        config.parallel.expert_tensor_parallel_size)
     if config.pipeline.pipeline_profile:
         chain = apply_profile(chain, LayerProfile.load(config.pipeline.pipeline_profile))
     return chain

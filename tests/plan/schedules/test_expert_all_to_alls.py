@@ -184,3 +184,35 @@ def test_the_cluster_cost_model_charges_the_all_to_alls_and_splits_the_experts()
     moe = simulate(add_expert_all_to_alls(megatron(2, 1, m, grad_sync=True),
                                           four.expert_chunks()), four.baseline(), False)
     assert moe.iteration_s - plain.iteration_s >= fwd[1] + bwd[1] - 1e-12
+
+
+def test_a_rank_holds_its_share_of_the_experts_and_their_sharded_state():
+    """Memory: an MoE layer's routed experts split over EP x expert TP (Megatron's default
+    expert TP: the TP size), the rest over TP; the distributed optimizer's state of the
+    experts at its own bytes per parameter (the expert data-parallel group's)."""
+    from megatron_mm.plan.costs.hardware import MemoryModel
+    from megatron_mm.plan.pipeline.memory import stage_memory
+
+    experts = flops.expert_params(MOE)
+
+    def layers(**work):
+        chain = build_chain(_model(), Workload(seq_length=4096, **work))
+        return chain, [l for l in chain if l.kind == "llm_layer"]
+
+    _, plain = layers(tensor_model_parallel_size=2)
+    chain, split = layers(tensor_model_parallel_size=2, expert_model_parallel_size=4)
+    _, own_tp = layers(tensor_model_parallel_size=2, expert_model_parallel_size=4,
+                       expert_tensor_parallel_size=1)
+    assert split[0].params == plain[0].params and split[0].expert_params == 0  # dense
+    for p, s, o in zip(plain[1:], split[1:], own_tp[1:]):
+        assert s.expert_params == pytest.approx(experts / 8)
+        assert p.params - s.params == pytest.approx(experts / 2 - experts / 8)
+        assert o.expert_params == pytest.approx(experts / 4)
+    bounds = [(0, len(chain))]
+    dense_bytes = stage_memory(chain, bounds, 1, 1, 1, MemoryModel(7.5))[0][0]
+    sharded = MemoryModel(7.5, bytes_per_trainable_expert_param=18.0)
+    held = sum(l.expert_params for l in chain)
+    assert stage_memory(chain, bounds, 1, 1, 1, sharded)[0][0] == pytest.approx(
+        dense_bytes + held * (18.0 - 7.5))
+    with pytest.raises(PlanError, match="--expert-tensor-parallel-size"):
+        Workload(seq_length=8, expert_tensor_parallel_size=0)
