@@ -122,8 +122,9 @@ demo-qwen3: setup
 
 # The Qwen3.5 demo: Qwen3-VL's tower without DeepStack + a hybrid LLM (layers 0 and 2 Gated
 # DeltaNet, 1 and 3 gated full attention rotating a quarter of each head by interleaved
-# M-RoPE, zero-centred norms) on the Qwen3-VL demo's digits (docs/qwen3_5.md: one full
-# layer after one GDN layer, the first recipe, did not learn).
+# M-RoPE, zero-centred norms) on the Qwen3-VL demo's digits, with a tokenizer of their text
+# that has Qwen's vision tags around each item (docs/qwen3_5.md: why the earlier recipes did
+# not reach 0.90 in 15 minutes).
 DEMO_QWEN35_FLAGS = --recipe demo_qwen35
 
 demo-qwen35: setup

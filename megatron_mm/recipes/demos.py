@@ -80,8 +80,9 @@ def demo_qwen3() -> RunConfig:
 def demo_qwen35() -> RunConfig:
     """Qwen3-VL's tower without DeepStack + a hybrid LLM (layers 0 and 2 Gated DeltaNet, 1
     and 3 gated full attention rotating a quarter of each head, zero-centred norms), with a
-    tokenizer of the digits' text (512 ids, not Mistral's 32,128: the embedding table was
-    most of the step on CPU)."""
+    tokenizer of the digits' text that has Qwen's vision tags (each item between
+    ``<|vision_start|>`` and ``<|vision_end|>``; 512 ids, not Mistral's 32,128, whose
+    embedding table was most of a CPU step): 2,500 iterations (docs/qwen3_5.md)."""
     config = with_fields(
         demo_qwen3(), "model", num_layers=4, kv_channels=32, mrope_section=[2, 1, 1],
         rotary_percent=0.25, attention_output_gate=True, apply_layernorm_1p=True,
@@ -91,4 +92,4 @@ def demo_qwen35() -> RunConfig:
     config = with_family(config, "qwen3_vl", vision_deepstack_visual_indexes=[])
     config = with_fields(config, "data", tokenizer_type="SentencePiece",
                          tokenizer_model=str(DIGITS_TOKENIZER))
-    return demo_schedule(config, 3000, 1000, "runs/demo-qwen35/checkpoints")
+    return demo_schedule(config, 2500, 500, "runs/demo-qwen35/checkpoints")

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 REAL = [name for name in RECIPES if not name.startswith("demo")]
 
 # The Makefile's flag strings before the recipes (DEMO_RECIPE expanded); the Qwen3.5 demo's
-# since given its own tokenizer.
+# since given its own tokenizer and 2,500 iterations.
 _SCHEDULE = ("--lr 1e-3 --min-lr 1e-5 --lr-decay-style cosine --lr-warmup-iters 10 "
              "--weight-decay 0.01 --clip-grad 1.0 --seed 1234 --log-interval 50 "
              "--eval-iters 10 --micro-batch-size 16 --global-batch-size 32 ")
@@ -59,9 +59,9 @@ MAKEFILE_FLAGS = {
     "--experimental-attention-variant gated_delta_net --linear-attention-freq 2 "
     "--linear-key-head-dim 16 --linear-value-head-dim 16 --linear-num-key-heads 4 "
     "--linear-num-value-heads 8 " + _QWEN3_VISION + "--vision-deepstack-visual-indexes "
-    f"--tokenizer-type SentencePiece --tokenizer-model {DIGITS_TOKENIZER} --train-iters 3000 "
-    "--eval-interval 1000 --save runs/demo-qwen35/checkpoints "
-    "--save-interval 3000 " + _SCHEDULE,
+    f"--tokenizer-type SentencePiece --tokenizer-model {DIGITS_TOKENIZER} --train-iters 2500 "
+    "--eval-interval 500 --save runs/demo-qwen35/checkpoints "
+    "--save-interval 2500 " + _SCHEDULE,
 }
 
 

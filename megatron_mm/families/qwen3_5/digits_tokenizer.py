@@ -1,6 +1,6 @@
 """The Qwen3.5 demo's tokenizer (``digits_tokenizer.model``): a SentencePiece BPE trained
-on the text of the digits data, every merge it has (474 pieces; 512 ids padded, with the
-three media tokens).
+on the text of the digits data, every merge it has (476 pieces with Qwen's two vision tags;
+512 ids padded, with the three media tokens).
 
 Why not the other demos' Mistral v1 tokenizer: its 32,000 pieces make the demo's embedding
 table 4.1 M of its 5.6 M parameters (128 wide), and on CPU a step's cost is then largely

@@ -67,7 +67,10 @@ class _Runner:
             media = self.layout.encoder_media.get(layer.branch, b["media"])
             return m.encoder(layer.branch).embed(m._items(layer.branch, media))
         if kind in ("vision_layer", "audio_layer"):  # with the family's layer inputs
-            return m.encoder(layer.branch).layers(self.hidden[layer.branch], index, index + 1)
+            encoder, hidden = m.encoder(layer.branch), self.hidden[layer.branch]
+            mod = encoder.decoder.layers[index]
+            with _fp8(mod):  # never recomputed here: the planner adds recompute itself
+                return mod(hidden_states=hidden, **encoder.layer_inputs(hidden))[0]
         if kind == "projector":
             return m.merge(layer.branch, self.text, self.layout, self.hidden[layer.branch])
         if kind == "llm_layer":
