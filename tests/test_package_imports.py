@@ -58,7 +58,7 @@ ALLOWED = {
     "training/cli": GROUND | {"startup", "families", "plan", "training/config",
                               "training/checkpoint", "recipes"},
     # recipes: typed RunConfigs (the cli's --recipe reads them)
-    "recipes": GROUND | {"families", "training/config"},
+    "recipes": GROUND | {"data", "families", "training/config"},
     # the converter states its config as typed values: nothing of the command line
     "hf": GROUND | {"startup", "plan", "data", "families", "models", "training",
                     "training/checkpoint", "training/config", "training/assembly",

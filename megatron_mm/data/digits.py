@@ -28,6 +28,9 @@ QUESTIONS = (
     "<image>\nWhich digit is written in this image?",
     "<image>\nWhat number is shown here?",
 )
+# The Qwen demos' (families/qwen2_5_vl/digits.py): several items a question, in order
+IMAGE_QUESTION = "Which digits are shown, in order?"
+VIDEO_QUESTION = "Which digits appear, in order?"
 MANIFEST = "digits_manifest.json"
 
 

@@ -4,7 +4,7 @@ the shared optimiser); the others replace its fields. Any world size (1 or 2 on 
 
 from __future__ import annotations
 
-from ..families.qwen3_5.digits_tokenizer import MODEL as DIGITS_TOKENIZER
+from ..data.digits_tokenizer import MODEL as DIGITS_TOKENIZER
 from ..training.config.run_config import RunConfig
 from .registry import defaults, recipe, with_family, with_fields
 

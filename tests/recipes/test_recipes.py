@@ -12,7 +12,7 @@ import shlex
 import pytest
 
 from megatron_mm.config import ConfigError
-from megatron_mm.families.qwen3_5.digits_tokenizer import MODEL as DIGITS_TOKENIZER
+from megatron_mm.data.digits_tokenizer import MODEL as DIGITS_TOKENIZER
 from megatron_mm.recipes import RECIPES, WORLD_SIZES, get_recipe, with_fields
 from megatron_mm.training.cli.arguments import build_parser, read_args
 

@@ -23,8 +23,9 @@ import os
 import numpy as np
 from PIL import Image
 
-from ...data.digits import (MANIFEST, WORDS, _sha256, _write_atomic, load_digits_arrays,
-                            manifest_matches, png_bytes, split_indices)
+from ...data.digits import (IMAGE_QUESTION, MANIFEST, VIDEO_QUESTION, WORDS, _sha256,
+                            _write_atomic, load_digits_arrays, manifest_matches, png_bytes,
+                            split_indices)
 
 DIGITS_QWEN_VERSION = 3  # bump when the output changes, to force regeneration
 NUM_RECORDS = {"train": 4000, "valid": 320}
@@ -33,8 +34,6 @@ UNIT = 28  # patch 14 x merge 2: sides in multiples of it are kept as drawn
 IMAGE_CELLS = (1, 2, 3)  # each image its own width and height: 1 to 9 LLM tokens
 FRAME_CELLS = (1, 2)  # all frames of a clip share one size
 VIDEO_FPS = 2.0
-IMAGE_QUESTION = "Which digits are shown, in order?"
-VIDEO_QUESTION = "Which digits appear, in order?"
 # The record kinds, in turn: (modality, items, sides): 1-3 images, or a clip of 2 or 4
 # frames.
 KINDS = (("image", 1, IMAGE_CELLS), ("image", 2, IMAGE_CELLS), ("image", 3, IMAGE_CELLS),

@@ -1,6 +1,6 @@
 """The Qwen3.5 demo's tokenizer (``digits_tokenizer.model``): a SentencePiece BPE trained
-on the text of the digits data, every merge it has (476 pieces with Qwen's two vision tags;
-512 ids padded, with the three media tokens).
+on the text of the Qwen demos' digits data, every merge it has (476 pieces with Qwen's two
+vision tags; 512 ids padded, with the three media tokens).
 
 Why not the other demos' Mistral v1 tokenizer: its 32,000 pieces make the demo's embedding
 table 4.1 M of its 5.6 M parameters (128 wide), and on CPU a step's cost is then largely
@@ -12,7 +12,7 @@ between ``<|vision_start|>`` and ``<|vision_end|>`` as Qwen3.5's chat template w
 
 The file is generated (deterministically: one thread, a fixed corpus) and checked in:
 
-    python -m megatron_mm.families.qwen3_5.digits_tokenizer --out DIR
+    python -m megatron_mm.data.digits_tokenizer --out DIR
 """
 from __future__ import annotations
 
@@ -21,10 +21,9 @@ import io
 import os
 from pathlib import Path
 
-from ...data.digits import WORDS
-from ...data.item_tags import IMAGE_TAGS
-from ...data.processing import ASSISTANT_PREFIX, USER_PREFIX
-from ..qwen2_5_vl.digits import IMAGE_QUESTION, VIDEO_QUESTION
+from .digits import IMAGE_QUESTION, VIDEO_QUESTION, WORDS
+from .item_tags import IMAGE_TAGS
+from .processing import ASSISTANT_PREFIX, USER_PREFIX
 
 MODEL = Path(__file__).with_name("digits_tokenizer.model")
 VOCAB_LIMIT = 509  # + <image>, <audio>, <video>: at most 512, a multiple of Megatron's 128

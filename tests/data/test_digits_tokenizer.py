@@ -11,7 +11,7 @@ from megatron_mm.data.digits import WORDS
 from megatron_mm.data.item_tags import IMAGE_TAGS, tag_request
 from megatron_mm.data.tokenizer import build_tokenizer
 from megatron_mm.families.qwen3_vl.encoder import QWEN3_VL
-from megatron_mm.families.qwen3_5.digits_tokenizer import MODEL, corpus, train
+from megatron_mm.data.digits_tokenizer import MODEL, corpus, train
 
 
 def pieces(processor):
