@@ -121,6 +121,23 @@ def fp8_dtypes(fp8_format: str) -> Tuple[str, str]:
     return ("e4m3", "e5m2") if fp8_format == "hybrid" else ("e4m3", "e4m3")
 
 
+# Each ``Fp8Settings`` field of a Megatron-LM flag: (the flag's attribute, the field of
+# Megatron-Core's ``TransformerConfig`` it sets), one copy of each name for both directions.
+MEGATRON_NAMES = {
+    "fp8_format": ("fp8", "fp8"),
+    "recipe": ("fp8_recipe", "fp8_recipe"),
+    "margin": ("fp8_margin", "fp8_margin"),
+    "amax_history_len": ("fp8_amax_history_len", "fp8_amax_history_len"),
+    "amax_compute_algo": ("fp8_amax_compute_algo", "fp8_amax_compute_algo"),
+    "param_gather": ("fp8_param_gather", "fp8_param"),
+    "first_last_layers_bf16": ("first_last_layers_bf16", "first_last_layers_bf16"),
+    "num_layers_at_start_in_bf16": ("num_layers_at_start_in_bf16",
+                                    "num_layers_at_start_in_bf16"),
+    "num_layers_at_end_in_bf16": ("num_layers_at_end_in_bf16", "num_layers_at_end_in_bf16"),
+    "tp_only_amax_red": ("tp_only_amax_red", "tp_only_amax_red"),
+}
+
+
 @dataclass(frozen=True)
 class Fp8Settings:
     """Megatron-LM's FP8 flags for one run, and the modules they apply to.
@@ -147,14 +164,7 @@ class Fp8Settings:
 
     def transformer_config_fields(self) -> dict:
         """The FP8 fields of Megatron-Core's ``TransformerConfig`` for an FP8 module."""
-        return dict(
-            fp8=self.fp8_format, fp8_recipe=self.recipe, fp8_margin=self.margin,
-            fp8_amax_history_len=self.amax_history_len,
-            fp8_amax_compute_algo=self.amax_compute_algo, fp8_param=self.param_gather,
-            first_last_layers_bf16=self.first_last_layers_bf16,
-            num_layers_at_start_in_bf16=self.num_layers_at_start_in_bf16,
-            num_layers_at_end_in_bf16=self.num_layers_at_end_in_bf16,
-            tp_only_amax_red=self.tp_only_amax_red)
+        return {field: getattr(self, name) for name, (_, field) in MEGATRON_NAMES.items()}
 
     def describe(self) -> str:
         how = ("EMULATION (quantise-dequantise in Megatron-Core's local linear layers on "

@@ -16,6 +16,7 @@ from ...config import ConfigError
 from ...families import family_of
 from ...plan.fp8 import (
     EMULATED_RECIPES,
+    MEGATRON_NAMES,
     Fp8Settings,
     cp_block_error,
     fp8_align_size,
@@ -97,15 +98,9 @@ def validate_fp8_args(config):
 def fp8_settings(fp8, modules) -> Fp8Settings:
     """The ``--fp8-*`` flags (``fp8``: the Fp8Args, or flags of its names) as
     ``Fp8Settings`` for ``modules`` (``parse_fp8_modules``)."""
-    return Fp8Settings(
-        fp8_format=fp8.fp8, recipe=fp8.fp8_recipe, margin=fp8.fp8_margin,
-        amax_history_len=fp8.fp8_amax_history_len,
-        amax_compute_algo=fp8.fp8_amax_compute_algo, param_gather=fp8.fp8_param_gather,
-        first_last_layers_bf16=fp8.first_last_layers_bf16,
-        num_layers_at_start_in_bf16=fp8.num_layers_at_start_in_bf16,
-        num_layers_at_end_in_bf16=fp8.num_layers_at_end_in_bf16,
-        tp_only_amax_red=fp8.tp_only_amax_red, modules=tuple(modules),
-        emulation=fp8.fp8_emulation)
+    return Fp8Settings(**{name: getattr(fp8, flag)
+                          for name, (flag, _) in MEGATRON_NAMES.items()},
+                       modules=tuple(modules), emulation=fp8.fp8_emulation)
 
 
 def transformer_engine_installed() -> bool:
